@@ -1,0 +1,39 @@
+# Berth build, run and test targets. Everything the project needs is
+# installed by these targets; nothing is expected on the machine but Go.
+
+GO        ?= go
+BIN       := bin
+PKGS      := ./...
+# Packages with concurrency run under the race detector in `make test`.
+RACE_PKGS := ./ring/... ./shards/... ./server/... ./client/... ./journal/... ./controlplane/...
+
+.PHONY: all build run test test-race test-plain bench fuzz vet soak clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+run: build
+	./$(BIN)/berthd
+
+test: vet test-plain test-race
+
+vet:
+	$(GO) vet $(PKGS)
+
+test-plain:
+	$(GO) test -count=1 -timeout 8m $(PKGS)
+
+test-race:
+	$(GO) test -count=1 -race -timeout 8m $(RACE_PKGS)
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS)
+
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test ./wire -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
+
+clean:
+	rm -rf $(BIN)
