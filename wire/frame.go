@@ -130,3 +130,26 @@ func ReadHeader(b []byte, maxFrame uint32) (Header, error) {
 // Type is a frame type. Client protocol types are below 0x80; peer
 // (broker-to-broker and controller) types are 0x80 and above.
 type Type uint8
+
+// Next splits the first complete frame off buf. It returns the header, the
+// body (aliasing buf) and the total number of bytes the frame takes. If buf
+// does not yet hold a whole frame, n is 0 and err is nil: read more. A
+// header error (bad magic, oversize length, unknown major version) is
+// returned at once, so a caller never waits for a body it will refuse.
+func Next(buf []byte, maxFrame uint32) (h Header, body []byte, n int, err error) {
+	if len(buf) < HeaderSize {
+		return Header{}, nil, 0, nil
+	}
+	h, err = ReadHeader(buf, maxFrame)
+	if err != nil {
+		return h, nil, 0, err
+	}
+	if h.Version.Major() != VersionMajor {
+		return h, nil, 0, ErrMajorVersion
+	}
+	total := HeaderSize + int(h.Length)
+	if len(buf) < total {
+		return h, nil, 0, nil
+	}
+	return h, buf[HeaderSize:total:total], total, nil
+}

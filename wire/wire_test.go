@@ -1,0 +1,218 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+)
+
+func mustNext(t *testing.T, b []byte) (Header, []byte) {
+	t.Helper()
+	h, body, n, err := Next(b, FrameSizeDefault)
+	if err != nil || n != len(b) {
+		t.Fatalf("Next: n=%d len=%d err=%v", n, len(b), err)
+	}
+	return h, body
+}
+
+func TestHelloWelcomeRoundTrip(t *testing.T) {
+	b := AppendHello(nil, []Version{MakeVersion(1, 0), MakeVersion(2, 3)}, "cli", "none", []byte("x"), 1<<16, 500)
+	h, body := mustNext(t, b)
+	if h.Type != TypeHello {
+		t.Fatalf("type %v", h.Type)
+	}
+	var hello Hello
+	if err := DecodeHello(body, &hello); err != nil {
+		t.Fatal(err)
+	}
+	if len(hello.Versions) != 2 || string(hello.ClientName) != "cli" || hello.FrameSizeMax != 1<<16 || hello.HeartbeatMs != 500 {
+		t.Fatalf("bad hello %+v", hello)
+	}
+	v, ok := Negotiate(hello.Versions)
+	if !ok || v != MakeVersion(1, 0) {
+		t.Fatalf("negotiate = %v %v", v, ok)
+	}
+	if _, ok := Negotiate([]Version{MakeVersion(2, 0), MakeVersion(1, 9)}); ok {
+		t.Fatal("negotiated a version we do not speak")
+	}
+	w := Welcome{Version: Current, FrameSizeMax: 4096, HeartbeatMs: 100, CreditMax: 7, WindowMax: 9,
+		ServerName: []byte("s"), Addrs: [][]byte{[]byte("127.0.0.1:1"), []byte("127.0.0.1:2")}}
+	_, body = mustNext(t, AppendWelcome(nil, &w))
+	var w2 Welcome
+	if err := DecodeWelcome(body, &w2); err != nil {
+		t.Fatal(err)
+	}
+	if w2.FrameSizeMax != 4096 || w2.WindowMax != 9 || len(w2.Addrs) != 2 || string(w2.Addrs[1]) != "127.0.0.1:2" {
+		t.Fatalf("bad welcome %+v", w2)
+	}
+}
+
+func TestPublishRoundTrip(t *testing.T) {
+	b, s := AppendPublishStart(nil, Current, 41, "ex", 3)
+	for i := 0; i < 3; i++ {
+		b = AppendPublishMessage(b, MsgPersistent, uint64(i), "k"+string(rune('a'+i)), []byte{byte(i)}, bytes.Repeat([]byte{'p'}, i*10))
+	}
+	EndFrame(b, s, 0)
+	_, body := mustNext(t, b)
+	var p Publish
+	if err := DecodePublish(body, &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.FirstID != 41 || string(p.Exchange) != "ex" || p.Count != 3 {
+		t.Fatalf("bad publish %+v", p)
+	}
+	var m PublishMessage
+	i := 0
+	for p.Next(&m) {
+		if m.TTLMs != uint64(i) || string(m.RoutingKey) != "k"+string(rune('a'+i)) || len(m.Payload) != i*10 || m.Props[0] != byte(i) {
+			t.Fatalf("msg %d: %+v", i, m)
+		}
+		i++
+	}
+	if i != 3 {
+		t.Fatalf("iterated %d", i)
+	}
+}
+
+func TestDeliverRoundTripOutOfBandPayload(t *testing.T) {
+	payloads := [][]byte{[]byte("hello"), []byte("world!")}
+	b, s := AppendDeliverStart(nil, Current, 7, 2)
+	extra := 0
+	var frame []byte
+	for i, p := range payloads {
+		b = AppendDeliverMessageHead(b, uint64(100+i), uint32(i), MsgRedelivered, []byte("ex"), []byte("rk"), nil, len(p))
+		// Simulate writev: the payload is not in b, but goes out after it.
+		frame = append(frame, b[len(frame):]...)
+		frame = append(frame, p...)
+		extra += len(p)
+		b = b[:len(b):len(b)]
+		b = append(b[:0:0], frame...)
+		extra = 0
+	}
+	EndFrame(b, s, extra)
+	_, body := mustNext(t, b)
+	var d Deliver
+	if err := DecodeDeliver(body, &d); err != nil {
+		t.Fatal(err)
+	}
+	var m DeliverMessage
+	i := 0
+	for d.Next(&m) {
+		if m.Tag != uint64(100+i) || !bytes.Equal(m.Payload, payloads[i]) || string(m.RoutingKey) != "rk" {
+			t.Fatalf("msg %d: %+v", i, m)
+		}
+		i++
+	}
+	if i != 2 || d.ConsumerID != 7 {
+		t.Fatalf("count %d consumer %d", i, d.ConsumerID)
+	}
+}
+
+func TestSettleAndComplete(t *testing.T) {
+	rs := []Range{{1, 5}, {9, 9}}
+	_, body := mustNext(t, AppendSettle(nil, Current, TypeAccept, 3, 4, rs))
+	var s Settle
+	if err := DecodeSettle(body, &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.CommandID != 3 || s.ConsumerID != 4 || s.Tags.Len() != 2 || s.Tags.At(1) != (Range{9, 9}) {
+		t.Fatalf("bad settle %+v", s)
+	}
+	_, body = mustNext(t, AppendComplete(nil, Current, rs))
+	l, err := DecodeComplete(body)
+	if err != nil || l.Len() != 2 || l.At(0) != (Range{1, 5}) {
+		t.Fatalf("complete %v %v", l, err)
+	}
+	// A backwards range is malformed.
+	_, body = mustNext(t, AppendComplete(nil, Current, []Range{{5, 1}}))
+	if _, err := DecodeComplete(body); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("backwards range: %v", err)
+	}
+}
+
+func TestCommandsRoundTrip(t *testing.T) {
+	dq := DeclareQueue{CommandID: 1, Name: []byte("q"), Flags: QueueDurable, MaxDeliveries: 3, MessageTTLMs: 10,
+		MaxLength: 100, MaxLengthBytes: 1000, Overflow: OverflowDropHead, DeadLetterExchange: []byte("dlx"), DeadLetterKey: []byte("dk")}
+	_, body := mustNext(t, AppendDeclareQueue(nil, Current, &dq))
+	var dq2 DeclareQueue
+	if err := DecodeDeclareQueue(body, &dq2); err != nil || string(dq2.DeadLetterKey) != "dk" || dq2.MaxLength != 100 || dq2.Overflow != OverflowDropHead {
+		t.Fatalf("%+v %v", dq2, err)
+	}
+	de := DeclareExchange{CommandID: 2, Name: []byte("e"), Kind: ExchangeTopic, Flags: ExchangeDurable}
+	_, body = mustNext(t, AppendDeclareExchange(nil, Current, &de))
+	var de2 DeclareExchange
+	if err := DecodeDeclareExchange(body, &de2); err != nil || de2.Kind != ExchangeTopic || string(de2.Name) != "e" {
+		t.Fatalf("%+v %v", de2, err)
+	}
+	bd := Bind{CommandID: 3, Exchange: []byte("e"), Queue: []byte("q"), Key: []byte("a.*")}
+	h, body := mustNext(t, AppendBind(nil, Current, TypeUnbind, &bd))
+	var bd2 Bind
+	if err := DecodeBind(body, &bd2); err != nil || h.Type != TypeUnbind || string(bd2.Key) != "a.*" {
+		t.Fatalf("%+v %v", bd2, err)
+	}
+	del := Delete{CommandID: 4, What: DeleteExchange, Flags: DeleteIfUnused, Name: []byte("e")}
+	_, body = mustNext(t, AppendDelete(nil, Current, &del))
+	var del2 Delete
+	if err := DecodeDelete(body, &del2); err != nil || del2.What != DeleteExchange || del2.Flags != DeleteIfUnused {
+		t.Fatalf("%+v %v", del2, err)
+	}
+	sub := Subscribe{CommandID: 5, ConsumerID: 6, Queue: []byte("q"), Credit: 10, AckMode: AckNone, Flags: SubscribeExclusive}
+	_, body = mustNext(t, AppendSubscribe(nil, Current, &sub))
+	var sub2 Subscribe
+	if err := DecodeSubscribe(body, &sub2); err != nil || sub2.Credit != 10 || sub2.ConsumerID != 6 || sub2.AckMode != AckNone {
+		t.Fatalf("%+v %v", sub2, err)
+	}
+	_, body = mustNext(t, AppendError(nil, Current, 9, CodeNotFound, "no queue"))
+	var e Error
+	if err := DecodeError(body, &e); err != nil || e.CommandID != 9 || e.Code != CodeNotFound || string(e.Text) != "no queue" {
+		t.Fatalf("%+v %v", e, err)
+	}
+	_, body = mustNext(t, AppendCredit(nil, Current, 6, 100))
+	var c Credit
+	if err := DecodeCredit(body, &c); err != nil || c.Credit != 100 {
+		t.Fatalf("%+v %v", c, err)
+	}
+}
+
+func TestHeaderErrors(t *testing.T) {
+	b := AppendHeartbeat(nil, Current)
+	bad := append([]byte(nil), b...)
+	bad[0] = 0
+	if _, _, _, err := Next(bad, FrameSizeDefault); !errors.Is(err, ErrMagic) {
+		t.Fatalf("magic: %v", err)
+	}
+	big := append([]byte(nil), b...)
+	big[8], big[9] = 0x7f, 0xff // 2 GiB body
+	if _, _, _, err := Next(big, FrameSizeDefault); !errors.Is(err, ErrFrameTooBig) {
+		t.Fatalf("size: %v", err)
+	}
+	maj := append([]byte(nil), b...)
+	maj[2] = 9
+	if _, _, _, err := Next(maj, FrameSizeDefault); !errors.Is(err, ErrMajorVersion) {
+		t.Fatalf("major: %v", err)
+	}
+	if _, _, n, err := Next(b[:5], FrameSizeDefault); n != 0 || err != nil {
+		t.Fatalf("partial: %d %v", n, err)
+	}
+}
+
+func TestTruncatedBodiesFail(t *testing.T) {
+	b, s := AppendPublishStart(nil, Current, 1, "ex", 1)
+	b = AppendPublishMessage(b, 0, 0, "k", nil, []byte("payload"))
+	EndFrame(b, s, 0)
+	body := b[HeaderSize:]
+	for i := 0; i < len(body); i++ {
+		var p Publish
+		if err := DecodePublish(body[:i], &p); err == nil {
+			t.Fatalf("truncated at %d decoded", i)
+		}
+	}
+	// Count larger than the messages present.
+	body = append([]byte(nil), body...)
+	body[8+2+2] = 0
+	body[8+2+3] = 2
+	var p Publish
+	if err := DecodePublish(body, &p); err == nil {
+		t.Fatal("count mismatch decoded")
+	}
+}
