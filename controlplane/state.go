@@ -1,0 +1,544 @@
+package controlplane
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+)
+
+// State is the controller state machine. It is pure: Apply depends only on
+// the event and the current state, never on a clock, a heartbeat table or
+// local configuration, so every controller that applies the same log ends in
+// the same state. State is not safe for concurrent use; Node guards it.
+type State struct {
+	brokers      map[uint32]*Broker
+	nextBrokerID uint32
+	version      uint16 // lowest version among registered brokers; 0 if none
+	groups       []Group
+	// masterOf indexes groups by master so that a dead broker's groups are
+	// found without scanning all groups. Derived; not in snapshots.
+	masterOf  map[uint32]map[uint32]struct{}
+	exchanges map[string]DeclareExchange
+	queues    map[string]QueueOptions
+	// bindings are indexed both ways so that deleting a queue or exchange
+	// does not scan every binding.
+	byExchange map[string]map[Binding]struct{}
+	byQueue    map[string]map[Binding]struct{}
+	config     ClusterConfig
+	attrs      map[string]string
+}
+
+// Broker is a registered broker.
+type Broker struct {
+	ID      uint32
+	Addrs   []string
+	Version uint16
+}
+
+// Group is a replication group's controller record.
+type Group struct {
+	ID           uint32
+	Master       uint32 // 0: no master
+	Epoch        uint32
+	SyncStateSet []uint32 // sorted
+	// ElectedLogEnd is the winner's log end when it was elected.
+	ElectedLogEnd LogEnd
+}
+
+// Binding binds a queue to an exchange with a key.
+type Binding struct{ Exchange, Queue, Key string }
+
+// ClusterConfig is the cluster-wide configuration.
+type ClusterConfig struct {
+	Groups          uint32
+	Mode            uint8
+	UncleanElection bool
+}
+
+// Result codes of applying an event.
+const (
+	CodeOK uint8 = iota
+	CodeNotFound
+	CodeConflict
+	CodeStaleEpoch
+	CodeInvalid
+)
+
+// Result is what applying one event returned.
+type Result struct {
+	Code  uint8
+	Value uint64 // event-specific: the assigned broker id, groups elected
+	Msg   string
+}
+
+// Err turns a non-OK result into an error.
+func (r Result) Err() error {
+	if r.Code == CodeOK {
+		return nil
+	}
+	return &ResultError{Code: r.Code, Msg: r.Msg}
+}
+
+// ResultError is a state machine refusal: the event was applied and refused.
+type ResultError struct {
+	Code uint8
+	Msg  string
+}
+
+func (e *ResultError) Error() string { return "controlplane: " + e.Msg }
+
+func fail(code uint8, format string, args ...any) Result {
+	return Result{Code: code, Msg: fmt.Sprintf(format, args...)}
+}
+
+// NewState returns an empty state machine.
+func NewState() *State {
+	return &State{
+		brokers:      map[uint32]*Broker{},
+		nextBrokerID: 1,
+		masterOf:     map[uint32]map[uint32]struct{}{},
+		exchanges:    map[string]DeclareExchange{},
+		queues:       map[string]QueueOptions{},
+		byExchange:   map[string]map[Binding]struct{}{},
+		byQueue:      map[string]map[Binding]struct{}{},
+		attrs:        map[string]string{},
+	}
+}
+
+// Apply applies one event and returns its result.
+func (s *State) Apply(ev Event) Result {
+	switch ev := ev.(type) {
+	case *ApplyBrokerID:
+		return s.applyBrokerID(ev)
+	case *RegisterBroker:
+		return s.registerBroker(ev)
+	case *ElectMaster:
+		return s.electMaster(ev)
+	case *AlterSyncStateSet:
+		return s.alterSyncStateSet(ev)
+	case *CleanBrokerData:
+		return s.cleanBroker(ev.ID)
+	case *DeclareExchange:
+		return s.declareExchange(ev)
+	case *DeclareQueue:
+		return s.declareQueue(ev)
+	case *Bind:
+		return s.bind(ev)
+	case *Unbind:
+		return s.unbind(Binding(*ev))
+	case *DeleteQueue:
+		return s.deleteQueue(ev.Name)
+	case *DeleteExchange:
+		return s.deleteExchange(ev.Name)
+	case *SetClusterConfig:
+		return s.setClusterConfig(ev)
+	case *SetAttribute:
+		if ev.Value == "" {
+			delete(s.attrs, ev.Key)
+		} else {
+			s.attrs[ev.Key] = ev.Value
+		}
+		return Result{}
+	}
+	return fail(CodeInvalid, "unknown event %T", ev)
+}
+
+func (s *State) applyBrokerID(ev *ApplyBrokerID) Result {
+	id := ev.Requested
+	if id == 0 {
+		id = s.nextBrokerID
+	} else if _, ok := s.brokers[id]; ok {
+		return fail(CodeConflict, "broker id %d is taken", id)
+	}
+	if id == 0 || id == ^uint32(0) {
+		return fail(CodeInvalid, "broker id space exhausted")
+	}
+	s.brokers[id] = &Broker{ID: id}
+	if id >= s.nextBrokerID {
+		s.nextBrokerID = id + 1
+	}
+	return Result{Value: uint64(id)}
+}
+
+func (s *State) registerBroker(ev *RegisterBroker) Result {
+	b, ok := s.brokers[ev.ID]
+	if !ok {
+		return fail(CodeNotFound, "broker %d has no id; apply for one first", ev.ID)
+	}
+	b.Addrs = slices.Clone(ev.Addrs)
+	b.Version = ev.Version
+	s.recomputeVersion()
+	return Result{Value: uint64(ev.ID)}
+}
+
+// recomputeVersion is O(brokers); brokers register rarely and are few.
+func (s *State) recomputeVersion() {
+	s.version = 0
+	for _, b := range s.brokers {
+		if b.Version != 0 && (s.version == 0 || b.Version < s.version) {
+			s.version = b.Version
+		}
+	}
+}
+
+func (s *State) setMaster(g *Group, master uint32) {
+	if g.Master != 0 {
+		if m := s.masterOf[g.Master]; m != nil {
+			delete(m, g.ID)
+			if len(m) == 0 {
+				delete(s.masterOf, g.Master)
+			}
+		}
+	}
+	g.Master = master
+	if master != 0 {
+		m := s.masterOf[master]
+		if m == nil {
+			m = map[uint32]struct{}{}
+			s.masterOf[master] = m
+		}
+		m[g.ID] = struct{}{}
+	}
+}
+
+func (s *State) electMaster(ev *ElectMaster) Result {
+	unclean := ev.Unclean || s.config.UncleanElection
+	var elected uint64
+	for i := range ev.Groups {
+		eg := &ev.Groups[i]
+		if eg.Group >= uint32(len(s.groups)) {
+			continue
+		}
+		g := &s.groups[eg.Group]
+		if g.Epoch != eg.Epoch {
+			continue // decided from a stale view; a newer election won
+		}
+		winner, logEnd, ok := decideMaster(g, eg, unclean, s.brokers)
+		if !ok {
+			continue
+		}
+		firstElection := g.Epoch == 0
+		g.Epoch++
+		g.ElectedLogEnd = logEnd
+		s.setMaster(g, winner)
+		if winner == 0 {
+			g.SyncStateSet = nil
+		} else if firstElection {
+			// An empty group: every live candidate holds all of it.
+			g.SyncStateSet = eligible(g, eg, true, s.brokers)
+		} else {
+			// Followers rejoin the set through AlterSyncStateSet once the
+			// new master sees them caught up.
+			g.SyncStateSet = []uint32{winner}
+		}
+		elected++
+	}
+	return Result{Value: elected}
+}
+
+func candidateAlive(eg *ElectGroup, id uint32) bool {
+	for _, c := range eg.Candidates {
+		if c.Broker == id {
+			return c.Alive
+		}
+	}
+	return false
+}
+
+// eligible lists, sorted, the candidates allowed to become master.
+func eligible(g *Group, eg *ElectGroup, unclean bool, brokers map[uint32]*Broker) []uint32 {
+	var out []uint32
+	for _, c := range eg.Candidates {
+		if !c.Alive || brokers[c.Broker] == nil || slices.Contains(out, c.Broker) {
+			continue
+		}
+		if g.Epoch == 0 || unclean || slices.Contains(g.SyncStateSet, c.Broker) {
+			out = append(out, c.Broker)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// decideMaster is the election rule. It reports ok=false when nothing should
+// change. A live master keeps its group unless a preferred broker is named.
+// Otherwise the eligible candidate with the highest log end wins; ties go to
+// the preferred broker, else rotate by group id so masters spread out. With
+// no eligible candidate the group is left without a master under a new epoch,
+// which fences the dead one.
+func decideMaster(g *Group, eg *ElectGroup, unclean bool, brokers map[uint32]*Broker) (uint32, LogEnd, bool) {
+	if g.Master != 0 && candidateAlive(eg, g.Master) && brokers[g.Master] != nil &&
+		(eg.Preferred == 0 || eg.Preferred == g.Master) {
+		return 0, LogEnd{}, false
+	}
+	elig := eligible(g, eg, false, brokers)
+	if len(elig) == 0 && unclean {
+		elig = eligible(g, eg, true, brokers)
+	}
+	if len(elig) == 0 {
+		if g.Master == 0 && g.Epoch > 0 {
+			return 0, LogEnd{}, false // already fenced; nothing to do
+		}
+		if g.Master == 0 {
+			return 0, LogEnd{}, false // never elected and nobody alive
+		}
+		return 0, LogEnd{}, true
+	}
+	var best LogEnd
+	var top []uint32
+	for _, id := range elig {
+		var le LogEnd
+		for _, c := range eg.Candidates {
+			if c.Broker == id {
+				le = c.LogEnd
+				break
+			}
+		}
+		switch {
+		case len(top) == 0 || best.Less(le):
+			best, top = le, append(top[:0], id)
+		case le == best:
+			top = append(top, id)
+		}
+	}
+	if eg.Preferred != 0 && slices.Contains(top, eg.Preferred) {
+		return eg.Preferred, best, true
+	}
+	return top[int(g.ID)%len(top)], best, true
+}
+
+func (s *State) alterSyncStateSet(ev *AlterSyncStateSet) Result {
+	if ev.Group >= uint32(len(s.groups)) {
+		return fail(CodeNotFound, "group %d does not exist", ev.Group)
+	}
+	g := &s.groups[ev.Group]
+	if g.Master != ev.Master || g.Epoch != ev.Epoch {
+		return fail(CodeStaleEpoch, "group %d is at master %d epoch %d, not %d/%d", ev.Group, g.Master, g.Epoch, ev.Master, ev.Epoch)
+	}
+	set := slices.Clone(ev.Set)
+	slices.Sort(set)
+	set = slices.Compact(set)
+	if !slices.Contains(set, g.Master) {
+		return fail(CodeInvalid, "SyncStateSet of group %d must hold its master", ev.Group)
+	}
+	for _, id := range set {
+		if s.brokers[id] == nil {
+			return fail(CodeNotFound, "broker %d is not registered", id)
+		}
+	}
+	g.SyncStateSet = set
+	return Result{}
+}
+
+func (s *State) cleanBroker(id uint32) Result {
+	if s.brokers[id] == nil {
+		return fail(CodeNotFound, "broker %d is not registered", id)
+	}
+	delete(s.brokers, id)
+	// Admin operation: a full pass over the groups is acceptable here.
+	for i := range s.groups {
+		g := &s.groups[i]
+		if g.Master == id {
+			s.setMaster(g, 0)
+			g.Epoch++
+		}
+		if j := slices.Index(g.SyncStateSet, id); j >= 0 {
+			g.SyncStateSet = slices.Delete(slices.Clone(g.SyncStateSet), j, j+1)
+		}
+	}
+	s.recomputeVersion()
+	return Result{}
+}
+
+func (s *State) declareExchange(ev *DeclareExchange) Result {
+	if old, ok := s.exchanges[ev.Name]; ok {
+		if old != *ev {
+			return fail(CodeConflict, "exchange %q exists with different settings", ev.Name)
+		}
+		return Result{}
+	}
+	s.exchanges[ev.Name] = *ev
+	return Result{}
+}
+
+func (s *State) declareQueue(ev *DeclareQueue) Result {
+	if old, ok := s.queues[ev.Name]; ok {
+		if old != ev.Options {
+			return fail(CodeConflict, "queue %q exists with different options", ev.Name)
+		}
+		return Result{}
+	}
+	s.queues[ev.Name] = ev.Options
+	return Result{}
+}
+
+func addIndex(m map[string]map[Binding]struct{}, k string, b Binding) {
+	set := m[k]
+	if set == nil {
+		set = map[Binding]struct{}{}
+		m[k] = set
+	}
+	set[b] = struct{}{}
+}
+
+func delIndex(m map[string]map[Binding]struct{}, k string, b Binding) {
+	if set := m[k]; set != nil {
+		delete(set, b)
+		if len(set) == 0 {
+			delete(m, k)
+		}
+	}
+}
+
+func (s *State) bind(ev *Bind) Result {
+	if _, ok := s.exchanges[ev.Exchange]; !ok {
+		return fail(CodeNotFound, "exchange %q does not exist", ev.Exchange)
+	}
+	if _, ok := s.queues[ev.Queue]; !ok {
+		return fail(CodeNotFound, "queue %q does not exist", ev.Queue)
+	}
+	b := Binding(*ev)
+	addIndex(s.byExchange, b.Exchange, b)
+	addIndex(s.byQueue, b.Queue, b)
+	return Result{}
+}
+
+func (s *State) unbind(b Binding) Result {
+	if _, ok := s.byQueue[b.Queue][b]; !ok {
+		return fail(CodeNotFound, "binding %s->%s (%q) does not exist", b.Exchange, b.Queue, b.Key)
+	}
+	delIndex(s.byExchange, b.Exchange, b)
+	delIndex(s.byQueue, b.Queue, b)
+	return Result{}
+}
+
+func (s *State) deleteQueue(name string) Result {
+	if _, ok := s.queues[name]; !ok {
+		return fail(CodeNotFound, "queue %q does not exist", name)
+	}
+	for b := range s.byQueue[name] {
+		delIndex(s.byExchange, b.Exchange, b)
+	}
+	delete(s.byQueue, name)
+	delete(s.queues, name)
+	return Result{}
+}
+
+func (s *State) deleteExchange(name string) Result {
+	if _, ok := s.exchanges[name]; !ok {
+		return fail(CodeNotFound, "exchange %q does not exist", name)
+	}
+	for b := range s.byExchange[name] {
+		delIndex(s.byQueue, b.Queue, b)
+	}
+	delete(s.byExchange, name)
+	delete(s.exchanges, name)
+	return Result{}
+}
+
+func (s *State) setClusterConfig(ev *SetClusterConfig) Result {
+	if ev.Groups == 0 || ev.Groups > groupCountMax {
+		return fail(CodeInvalid, "group count %d out of range", ev.Groups)
+	}
+	if s.config.Groups != 0 && s.config.Groups != ev.Groups {
+		return fail(CodeConflict, "group count is fixed at %d", s.config.Groups)
+	}
+	if s.config.Groups == 0 {
+		s.groups = make([]Group, ev.Groups)
+		for i := range s.groups {
+			s.groups[i].ID = uint32(i)
+		}
+	}
+	s.config = ClusterConfig(*ev)
+	return Result{}
+}
+
+// Read accessors. They return copies, so callers may keep them after the
+// lock guarding the state is released.
+
+// NextBrokerID returns the id ApplyBrokerID{0} would assign.
+func (s *State) NextBrokerID() uint32 { return s.nextBrokerID }
+
+// ClusterVersion is the lowest protocol version among registered brokers.
+func (s *State) ClusterVersion() uint16 { return s.version }
+
+// Config returns the cluster configuration.
+func (s *State) Config() ClusterConfig { return s.config }
+
+// Broker returns a registered broker.
+func (s *State) Broker(id uint32) (Broker, bool) {
+	b, ok := s.brokers[id]
+	if !ok {
+		return Broker{}, false
+	}
+	return Broker{ID: b.ID, Addrs: slices.Clone(b.Addrs), Version: b.Version}, true
+}
+
+// Brokers returns all registered brokers by id.
+func (s *State) Brokers() []Broker {
+	out := make([]Broker, 0, len(s.brokers))
+	for _, id := range slices.Sorted(maps.Keys(s.brokers)) {
+		b, _ := s.Broker(id)
+		out = append(out, b)
+	}
+	return out
+}
+
+// Group returns one group.
+func (s *State) Group(id uint32) (Group, bool) {
+	if id >= uint32(len(s.groups)) {
+		return Group{}, false
+	}
+	g := s.groups[id]
+	g.SyncStateSet = slices.Clone(g.SyncStateSet)
+	return g, true
+}
+
+// GroupCount returns G.
+func (s *State) GroupCount() int { return len(s.groups) }
+
+// GroupsMasteredBy returns, sorted, the groups whose master is id.
+func (s *State) GroupsMasteredBy(id uint32) []uint32 {
+	return slices.Sorted(maps.Keys(s.masterOf[id]))
+}
+
+// Attribute returns a cluster attribute.
+func (s *State) Attribute(key string) (string, bool) {
+	v, ok := s.attrs[key]
+	return v, ok
+}
+
+// Wiring is a copy of all exchanges, queues and bindings.
+type Wiring struct {
+	Exchanges []DeclareExchange
+	Queues    []DeclareQueue
+	Bindings  []Binding
+}
+
+// Wiring returns the wiring sorted by name.
+func (s *State) Wiring() Wiring {
+	var w Wiring
+	for _, n := range slices.Sorted(maps.Keys(s.exchanges)) {
+		w.Exchanges = append(w.Exchanges, s.exchanges[n])
+	}
+	for _, n := range slices.Sorted(maps.Keys(s.queues)) {
+		w.Queues = append(w.Queues, DeclareQueue{Name: n, Options: s.queues[n]})
+	}
+	for _, set := range s.byQueue {
+		for b := range set {
+			w.Bindings = append(w.Bindings, b)
+		}
+	}
+	sort.Slice(w.Bindings, func(i, j int) bool {
+		a, b := w.Bindings[i], w.Bindings[j]
+		if a.Exchange != b.Exchange {
+			return a.Exchange < b.Exchange
+		}
+		if a.Queue != b.Queue {
+			return a.Queue < b.Queue
+		}
+		return a.Key < b.Key
+	})
+	return w
+}
