@@ -42,8 +42,8 @@ type mpscSlot[T any] struct {
 }
 
 // NewMPSC returns an MPSC ring holding capacity items, rounded up to a
-// power of two, with its own consumer Signal. It panics if capacity is not
-// in 1..CapacityMax.
+// power of two and to at least 2, with its own consumer Signal. It panics
+// if capacity is not in 1..CapacityMax.
 func NewMPSC[T any](capacity int) *MPSC[T] {
 	return NewMPSCSignal[T](capacity, NewSignal())
 }
@@ -51,7 +51,9 @@ func NewMPSC[T any](capacity int) *MPSC[T] {
 // NewMPSCSignal is NewMPSC with a consumer Signal shared with other rings,
 // so one consumer can park on all of them (see Signal.Wait).
 func NewMPSCSignal[T any](capacity int, signal *Signal) *MPSC[T] {
-	size := roundCapacity(capacity)
+	// With one slot, "filled at lap n" (seq n+1) would read as "free at
+	// lap n+1", so a producer could overwrite an unpopped item.
+	size := max(roundCapacity(capacity), 2)
 	if signal == nil {
 		panic("ring: nil signal")
 	}
