@@ -547,14 +547,16 @@ func TestPopWaitCancel(t *testing.T) {
 	}
 }
 
-// TestBlockedProducersAllProceed parks several producers on a full MPSC
-// and frees one slot at a time: the single token per pop must be passed
-// along so that no producer stays parked while there is room.
+// TestBlockedProducersAllProceed parks several producers on a full ring,
+// then frees every slot with one PopBatch, which sends a single token. The
+// producers must pass the token along so that all of them get a slot while
+// the consumer pops nothing more.
 func TestBlockedProducersAllProceed(t *testing.T) {
 	const producers = 4
-	r := NewMPSC[uint64](2)
-	r.TryPush(100)
-	r.TryPush(101)
+	r := NewMPSC[uint64](producers)
+	for i := range uint64(producers) {
+		r.TryPush(100 + i)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
 	errs := make(chan error, producers)
@@ -562,18 +564,22 @@ func TestBlockedProducersAllProceed(t *testing.T) {
 		go func() { errs <- r.Push(ctx, p) }()
 	}
 	waitFor(t, "producers to park", func() bool { return r.space.Waiters() == producers })
-	seen := map[uint64]bool{}
-	for len(seen) < producers+2 {
-		buf := make([]uint64, 1)
-		if _, err := r.PopWait(ctx, buf); err != nil {
-			t.Fatalf("after %d items: %v (a producer stayed parked?)", len(seen), err)
-		}
-		seen[buf[0]] = true
+	buf := make([]uint64, producers)
+	if n := r.PopBatch(buf); n != producers {
+		t.Fatalf("PopBatch = %d, want %d", n, producers)
 	}
 	for range producers {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
+		select {
+		case err := <-errs:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(testTimeout):
+			t.Fatalf("a producer stayed parked with %d free slots", r.Cap()-r.Len())
 		}
+	}
+	if r.Len() != producers {
+		t.Fatalf("Len = %d, want %d", r.Len(), producers)
 	}
 }
 
