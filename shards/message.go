@@ -1,0 +1,74 @@
+package shards
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// Body is a message's immutable content, shared by every queue the message
+// was routed to. It is copied once from the connection's read buffer into a
+// pooled buffer, and goes back to the pool when its last reference is
+// dropped. References are held by queue entries and by writes in flight.
+type Body struct {
+	refs       atomic.Int32
+	buf        []byte
+	Exchange   []byte // aliases buf
+	RoutingKey []byte // aliases buf
+	Props      []byte // aliases buf
+	Payload    []byte // aliases buf
+	Persistent bool
+}
+
+// bodyBufMax is the largest buffer the pool keeps; bigger ones are left to
+// the garbage collector so that one huge message does not pin memory.
+const bodyBufMax = 256 << 10
+
+var bodyPool = sync.Pool{New: func() any { return new(Body) }}
+
+// NewBody copies the parts into a pooled Body with one reference.
+func NewBody(exchange, key, props, payload []byte, persistent bool) *Body {
+	b := bodyPool.Get().(*Body)
+	n := len(exchange) + len(key) + len(props) + len(payload)
+	if cap(b.buf) < n {
+		b.buf = make([]byte, 0, n)
+	}
+	buf := b.buf[:0]
+	buf = append(buf, exchange...)
+	buf = append(buf, key...)
+	buf = append(buf, props...)
+	buf = append(buf, payload...)
+	b.buf = buf
+	o := 0
+	b.Exchange = buf[o : o+len(exchange) : o+len(exchange)]
+	o += len(exchange)
+	b.RoutingKey = buf[o : o+len(key) : o+len(key)]
+	o += len(key)
+	b.Props = buf[o : o+len(props) : o+len(props)]
+	o += len(props)
+	b.Payload = buf[o : o+len(payload) : o+len(payload)]
+	b.Persistent = persistent
+	b.refs.Store(1)
+	return b
+}
+
+// Ref adds a reference.
+func (b *Body) Ref() { b.refs.Add(1) }
+
+// Unref drops a reference, and returns the body to the pool with the last.
+func (b *Body) Unref() {
+	n := b.refs.Add(-1)
+	if n > 0 {
+		return
+	}
+	if n < 0 {
+		panic("shards: body reference count below zero")
+	}
+	if cap(b.buf) > bodyBufMax {
+		b.buf = nil
+	}
+	b.Exchange, b.RoutingKey, b.Props, b.Payload = nil, nil, nil, nil
+	bodyPool.Put(b)
+}
+
+// Size is the number of content bytes, used for max-length-bytes.
+func (b *Body) Size() int { return len(b.Payload) + len(b.Props) }

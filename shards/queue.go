@@ -1,0 +1,437 @@
+package shards
+
+import (
+	"container/heap"
+	"errors"
+)
+
+// QueueOptions are fixed when a queue is declared.
+type QueueOptions struct {
+	Durable            bool
+	Exclusive          bool
+	AutoDelete         bool
+	MaxDeliveries      uint32 // 0 = unlimited
+	MessageTTLNanos    int64  // 0 = none
+	MaxLength          uint64 // 0 = unlimited
+	MaxLengthBytes     uint64 // 0 = unlimited
+	Overflow           uint8  // wire.OverflowRejectPublish or wire.OverflowDropHead
+	DeadLetterExchange string
+	DeadLetterKey      string
+}
+
+// Errors of the queue state machine.
+var (
+	ErrQueueFull     = errors.New("shards: queue is full")
+	ErrNoSuchMessage = errors.New("shards: no such message")
+)
+
+// EventKind names a change to a queue's state.
+type EventKind uint8
+
+const (
+	// EvEnqueue adds a message at the tail (Seq, Body, ExpiresAt,
+	// DeliveryCount).
+	EvEnqueue EventKind = iota + 1
+	// EvAcquire hands the ready message Seq to Consumer under Tag.
+	EvAcquire
+	// EvRelease puts the acquired message Seq back at its old position and
+	// counts a delivery (Redelivered false: not delivered, as on cancel of a
+	// write that never left).
+	EvRelease
+	// EvReject dead-letters or discards the acquired message Seq.
+	EvReject
+	// EvDequeue forgets the acquired message Seq (accept).
+	EvDequeue
+	// EvExpire removes expired messages from the head, as of Now.
+	EvExpire
+	// EvPurge removes every ready message.
+	EvPurge
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case EvEnqueue:
+		return "enqueue"
+	case EvAcquire:
+		return "acquire"
+	case EvRelease:
+		return "release"
+	case EvReject:
+		return "reject"
+	case EvDequeue:
+		return "dequeue"
+	case EvExpire:
+		return "expire"
+	case EvPurge:
+		return "purge"
+	}
+	return "unknown"
+}
+
+// Event is one change to a queue. Events carry everything apply needs,
+// the time included, so applying the same events in the same order gives
+// the same state on every broker and on every replay of the journal.
+type Event struct {
+	Kind          EventKind
+	Seq           uint64
+	Body          *Body // EvEnqueue; the queue takes over the caller's reference
+	ExpiresAt     int64 // EvEnqueue; unix nanoseconds, 0 = never
+	DeliveryCount uint32
+	Consumer      *Consumer // EvAcquire
+	Tag           uint64    // EvAcquire
+	Now           int64     // EvExpire
+	JournalPos    uint64    // EvEnqueue of a journaled message
+}
+
+// DeadLetterReason says why a message left its queue without an accept.
+type DeadLetterReason uint8
+
+const (
+	ReasonRejected DeadLetterReason = iota + 1
+	ReasonExpired
+	ReasonMaxLength
+	ReasonMaxDeliveries
+)
+
+// Effects receives what applying an event does beyond the queue itself.
+// It is implemented by the shard; the queue does no I/O.
+type Effects interface {
+	// DeadLetter is called for a message that leaves the queue for its
+	// dead-letter exchange. The effect owns the entry's body reference
+	// only for the duration of the call; Ref it to keep it.
+	DeadLetter(q *Queue, e *Entry, reason DeadLetterReason)
+	// Removed is called for every entry that leaves the queue, after
+	// DeadLetter if any. The entry is recycled afterwards.
+	Removed(q *Queue, e *Entry)
+}
+
+// Entry is one message in one queue.
+type Entry struct {
+	Seq           uint64
+	Body          *Body
+	ExpiresAt     int64
+	DeliveryCount uint32
+	JournalPos    uint64
+	consumer      *Consumer // non-nil while acquired
+	tag           uint64
+	heapIndex     int
+}
+
+// Queue is a queue's state. It is owned by one shard goroutine; nothing
+// else reads or writes it.
+type Queue struct {
+	Name    string
+	Options QueueOptions
+	shard   int
+
+	ready    deque       // in Seq order, all Seqs above those in released
+	released releaseHeap // released messages, back in their old positions
+	acquired map[uint64]*Entry
+	nextSeq  uint64
+
+	readyBytes uint64
+	totalBytes uint64
+
+	consumers []*Consumer
+	rr        int
+
+	deleted      bool
+	everConsumed bool
+	owner        any // exclusive owner (a session), or nil
+	free         *entryPool
+
+	// counters
+	Enqueued, Delivered, Acked, DeadLettered, Expired uint64
+}
+
+// NewQueue returns an empty queue.
+func NewQueue(name string, opts QueueOptions, shard int, pool *entryPool) *Queue {
+	if pool == nil {
+		pool = &entryPool{}
+	}
+	return &Queue{Name: name, Options: opts, shard: shard, acquired: make(map[uint64]*Entry), nextSeq: 1, free: pool}
+}
+
+// Shard returns the index of the shard that owns the queue.
+func (q *Queue) Shard() int { return q.shard }
+
+// Ready is the number of messages waiting for a consumer.
+func (q *Queue) Ready() int { return q.ready.len() + len(q.released) }
+
+// Unacked is the number of acquired messages.
+func (q *Queue) Unacked() int { return len(q.acquired) }
+
+// Depth is every message the queue holds.
+func (q *Queue) Depth() int { return q.Ready() + q.Unacked() }
+
+// Consumers is the number of consumers.
+func (q *Queue) Consumers() int { return len(q.consumers) }
+
+// NextSeq is the Seq the next enqueue takes.
+func (q *Queue) NextSeq() uint64 { return q.nextSeq }
+
+// CheckEnqueue says whether an enqueue of size bytes is allowed now: under
+// reject-publish a full queue refuses it. Drop-head always allows it.
+func (q *Queue) CheckEnqueue(size int) error {
+	o := &q.Options
+	if o.Overflow == 0 && q.full(1, uint64(size)) {
+		return ErrQueueFull
+	}
+	return nil
+}
+
+func (q *Queue) full(extraCount, extraBytes uint64) bool {
+	o := &q.Options
+	if o.MaxLength > 0 && uint64(q.Depth())+extraCount > o.MaxLength {
+		return true
+	}
+	if o.MaxLengthBytes > 0 && q.totalBytes+extraBytes > o.MaxLengthBytes {
+		return true
+	}
+	return false
+}
+
+// Apply applies one event. It never reads a clock and does no I/O.
+func (q *Queue) Apply(ev *Event, fx Effects) error {
+	switch ev.Kind {
+	case EvEnqueue:
+		return q.enqueue(ev, fx)
+	case EvAcquire:
+		return q.acquire(ev)
+	case EvRelease:
+		e, ok := q.acquired[ev.Seq]
+		if !ok {
+			return ErrNoSuchMessage
+		}
+		q.unacquire(e)
+		e.DeliveryCount++
+		if q.Options.MaxDeliveries > 0 && e.DeliveryCount >= q.Options.MaxDeliveries {
+			q.remove(e, ReasonMaxDeliveries, fx)
+			return nil
+		}
+		q.readyBytes += uint64(e.Body.Size())
+		heap.Push(&q.released, e)
+		return nil
+	case EvReject:
+		e, ok := q.acquired[ev.Seq]
+		if !ok {
+			return ErrNoSuchMessage
+		}
+		q.unacquire(e)
+		q.remove(e, ReasonRejected, fx)
+		return nil
+	case EvDequeue:
+		e, ok := q.acquired[ev.Seq]
+		if !ok {
+			return ErrNoSuchMessage
+		}
+		q.unacquire(e)
+		q.Acked++
+		q.remove(e, 0, fx)
+		return nil
+	case EvExpire:
+		for {
+			e := q.peek()
+			if e == nil || e.ExpiresAt == 0 || e.ExpiresAt > ev.Now {
+				return nil
+			}
+			q.pop()
+			q.Expired++
+			q.remove(e, ReasonExpired, fx)
+		}
+	case EvPurge:
+		for e := q.pop(); e != nil; e = q.pop() {
+			q.remove(e, 0, fx)
+		}
+		return nil
+	}
+	panic("shards: unknown event kind")
+}
+
+func (q *Queue) enqueue(ev *Event, fx Effects) error {
+	size := uint64(ev.Body.Size())
+	if q.full(1, size) {
+		if q.Options.Overflow == 0 {
+			return ErrQueueFull
+		}
+		// Drop head: make room from the front of the ready messages.
+		for q.full(1, size) {
+			e := q.pop()
+			if e == nil {
+				break // everything left is acquired; admit past the bound
+			}
+			q.remove(e, ReasonMaxLength, fx)
+		}
+	}
+	e := q.free.get()
+	e.Seq = ev.Seq
+	if e.Seq == 0 {
+		e.Seq = q.nextSeq
+	}
+	if e.Seq >= q.nextSeq {
+		q.nextSeq = e.Seq + 1
+	}
+	e.Body = ev.Body
+	e.ExpiresAt = ev.ExpiresAt
+	e.DeliveryCount = ev.DeliveryCount
+	e.JournalPos = ev.JournalPos
+	q.ready.push(e)
+	q.readyBytes += size
+	q.totalBytes += size
+	q.Enqueued++
+	return nil
+}
+
+func (q *Queue) acquire(ev *Event) error {
+	e := q.peek()
+	if e == nil || e.Seq != ev.Seq {
+		return ErrNoSuchMessage
+	}
+	q.pop()
+	e.consumer = ev.Consumer
+	e.tag = ev.Tag
+	q.acquired[e.Seq] = e
+	q.Delivered++
+	return nil
+}
+
+func (q *Queue) unacquire(e *Entry) {
+	delete(q.acquired, e.Seq)
+	e.consumer = nil
+	e.tag = 0
+}
+
+// remove drops e from the queue's accounting, dead-lettering it for a
+// non-zero reason.
+func (q *Queue) remove(e *Entry, reason DeadLetterReason, fx Effects) {
+	q.totalBytes -= uint64(e.Body.Size())
+	if reason != 0 {
+		q.DeadLettered++
+		fx.DeadLetter(q, e, reason)
+	}
+	fx.Removed(q, e)
+	e.Body = nil
+	q.free.put(e)
+}
+
+// peek returns the ready message with the lowest Seq.
+func (q *Queue) peek() *Entry {
+	h := q.ready.front()
+	if len(q.released) > 0 {
+		r := q.released[0]
+		if h == nil || r.Seq < h.Seq {
+			return r
+		}
+	}
+	return h
+}
+
+func (q *Queue) pop() *Entry {
+	e := q.peek()
+	if e == nil {
+		return nil
+	}
+	if len(q.released) > 0 && q.released[0] == e {
+		heap.Pop(&q.released)
+	} else {
+		q.ready.popFront()
+	}
+	q.readyBytes -= uint64(e.Body.Size())
+	return e
+}
+
+// Head returns the next message a consumer would get, or nil.
+func (q *Queue) Head() *Entry { return q.peek() }
+
+// Acquired returns the acquired entry Seq, or nil.
+func (q *Queue) Acquired(seq uint64) *Entry { return q.acquired[seq] }
+
+// deque is a growable ring of entries.
+type deque struct {
+	buf        []*Entry
+	head, size int
+}
+
+func (d *deque) len() int { return d.size }
+
+func (d *deque) push(e *Entry) {
+	if d.size == len(d.buf) {
+		n := len(d.buf) * 2
+		if n == 0 {
+			n = 16
+		}
+		nb := make([]*Entry, n)
+		for i := 0; i < d.size; i++ {
+			nb[i] = d.buf[(d.head+i)%len(d.buf)]
+		}
+		d.buf, d.head = nb, 0
+	}
+	d.buf[(d.head+d.size)%len(d.buf)] = e
+	d.size++
+}
+
+func (d *deque) front() *Entry {
+	if d.size == 0 {
+		return nil
+	}
+	return d.buf[d.head]
+}
+
+func (d *deque) popFront() *Entry {
+	if d.size == 0 {
+		return nil
+	}
+	e := d.buf[d.head]
+	d.buf[d.head] = nil
+	d.head = (d.head + 1) % len(d.buf)
+	d.size--
+	if d.size == 0 {
+		d.head = 0
+	}
+	return e
+}
+
+// releaseHeap orders released messages by Seq, so a release puts a message
+// back at its old position.
+type releaseHeap []*Entry
+
+func (h releaseHeap) Len() int           { return len(h) }
+func (h releaseHeap) Less(i, j int) bool { return h[i].Seq < h[j].Seq }
+func (h releaseHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].heapIndex = i
+	h[j].heapIndex = j
+}
+func (h *releaseHeap) Push(x any) {
+	e := x.(*Entry)
+	e.heapIndex = len(*h)
+	*h = append(*h, e)
+}
+func (h *releaseHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return e
+}
+
+// entryPool recycles entries. It belongs to one shard goroutine.
+type entryPool struct{ free []*Entry }
+
+const entryPoolMax = 1 << 16
+
+func (p *entryPool) get() *Entry {
+	if n := len(p.free); n > 0 {
+		e := p.free[n-1]
+		p.free = p.free[:n-1]
+		return e
+	}
+	return new(Entry)
+}
+
+func (p *entryPool) put(e *Entry) {
+	*e = Entry{}
+	if len(p.free) < entryPoolMax {
+		p.free = append(p.free, e)
+	}
+}

@@ -1,0 +1,154 @@
+package shards
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/berthmq/berth/wire"
+)
+
+// Writer sends bytes on a session's connection. WriteAsync queues bufs to
+// be written in order and calls done once they are written or dropped; it is
+// safe from any goroutine and never blocks. The bufs stay untouched by the
+// caller until done runs.
+type Writer interface {
+	WriteAsync(bufs [][]byte, done func()) error
+}
+
+// Session is a client session as the shards see it. The server creates it
+// at HELLO and tells every shard when it closes.
+type Session struct {
+	ID       uint64
+	Version  wire.Version
+	FrameMax uint32
+	Out      Writer
+	closed   atomic.Bool
+
+	// Inflight counts commands sent to shards and not yet completed; the
+	// server bounds it by the negotiated window.
+	Inflight atomic.Int64
+}
+
+// Closed reports whether the session has ended.
+func (s *Session) Closed() bool { return s.closed.Load() }
+
+// MarkClosed records that the session ended.
+func (s *Session) MarkClosed() { s.closed.Store(true) }
+
+// Error is a failure reported to a client with a wire error code.
+type Error struct {
+	Code wire.ErrorCode
+	Text string
+}
+
+func (e *Error) Error() string { return "shards: " + e.Text }
+
+// Errorf builds an *Error.
+func Errorf(code wire.ErrorCode, format string, args ...any) *Error {
+	return &Error{Code: code, Text: fmt.Sprintf(format, args...)}
+}
+
+// CodeOf maps an error to the wire code a client gets for it.
+func CodeOf(err error) wire.ErrorCode {
+	switch e := err.(type) {
+	case *Error:
+		return e.Code
+	}
+	switch err {
+	case ErrQueueFull:
+		return wire.CodeResourceLimit
+	case ErrNoExchange, ErrNoSuchMessage:
+		return wire.CodeNotFound
+	}
+	return wire.CodeInternal
+}
+
+// delivery is one message on its way to a consumer in this cycle.
+type delivery struct {
+	tag   uint64
+	count uint32
+	flags uint8
+	body  *Body // referenced until the write is done
+}
+
+// sessOut gathers what one shard sends one session during one cycle, so it
+// goes out as one COMPLETE, any ERRORs and one DELIVER per consumer, in a
+// single writev.
+type sessOut struct {
+	sess      *Session
+	ranges    []wire.Range
+	errs      []byte
+	consumers []*Consumer
+	queued    bool
+}
+
+func (o *sessOut) complete(id uint64) {
+	if n := len(o.ranges); n > 0 && o.ranges[n-1].Last+1 == id {
+		o.ranges[n-1].Last = id
+		return
+	}
+	o.ranges = append(o.ranges, wire.Range{First: id, Last: id})
+}
+
+func (o *sessOut) fail(id uint64, code wire.ErrorCode, text string) {
+	o.errs = wire.AppendError(o.errs, o.sess.Version, id, code, text)
+}
+
+// outBatch is one writev in flight: its buffer, the vector that points
+// into the buffer and at message payloads, and the bodies to release when
+// the write is done. Batches are pooled.
+type outBatch struct {
+	buf    []byte
+	vec    [][]byte
+	cuts   []int // offsets in buf where a payload goes
+	pays   [][]byte
+	bodies []*Body
+	done   func()
+}
+
+var outBatchPool sync.Pool
+
+func getOutBatch() *outBatch {
+	if v := outBatchPool.Get(); v != nil {
+		return v.(*outBatch)
+	}
+	ob := &outBatch{}
+	ob.done = ob.release
+	return ob
+}
+
+func (ob *outBatch) release() {
+	for i, b := range ob.bodies {
+		b.Unref()
+		ob.bodies[i] = nil
+	}
+	for i := range ob.vec {
+		ob.vec[i] = nil
+	}
+	for i := range ob.pays {
+		ob.pays[i] = nil
+	}
+	ob.buf, ob.vec, ob.cuts, ob.pays, ob.bodies = ob.buf[:0], ob.vec[:0], ob.cuts[:0], ob.pays[:0], ob.bodies[:0]
+	if cap(ob.buf) > 4<<20 {
+		ob.buf = nil
+	}
+	outBatchPool.Put(ob)
+}
+
+// build turns the buffer and the payload cuts into the write vector.
+func (ob *outBatch) build() {
+	prev := 0
+	for i, cut := range ob.cuts {
+		if cut > prev {
+			ob.vec = append(ob.vec, ob.buf[prev:cut])
+		}
+		if len(ob.pays[i]) > 0 {
+			ob.vec = append(ob.vec, ob.pays[i])
+		}
+		prev = cut
+	}
+	if len(ob.buf) > prev {
+		ob.vec = append(ob.vec, ob.buf[prev:])
+	}
+}

@@ -1,0 +1,649 @@
+package shards
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/berthmq/berth/ring"
+	"github.com/berthmq/berth/wire"
+)
+
+// Op is what a Command asks a shard to do.
+type Op uint8
+
+const (
+	OpPublish Op = iota + 1
+	OpSubscribe
+	OpCancel
+	OpCredit
+	OpSettle
+	OpSessionClosed
+	OpTick
+	opCall // run Call on the shard goroutine (management)
+)
+
+// Settle kinds.
+const (
+	SettleAccept  uint8 = 1
+	SettleRelease uint8 = 2
+	SettleReject  uint8 = 3
+)
+
+// RangesInline is how many tag ranges one Command carries; a settle with
+// more is split over several Commands, of which only the last completes.
+const RangesInline = 4
+
+// Command travels by value through a shard's ring.
+type Command struct {
+	Op         Op
+	Settle     uint8
+	AckMode    uint8
+	Exclusive  bool
+	Last       bool // the last part of a split settle: it completes the command
+	NRanges    uint8
+	ConsumerID uint32
+	Credit     uint32
+	Sess       *Session
+	CmdID      uint64
+	Queue      *Queue
+	Body       *Body // OpPublish: one reference, given to the shard
+	Now        int64 // unix nanoseconds at receipt
+	TTLNanos   int64 // per-message TTL, 0 = none
+	Fanout     *Fanout
+	Ranges     [RangesInline]wire.Range
+	Call       func(*Shard)
+}
+
+// Consumer is a subscription of one session to one queue. It lives on the
+// queue's shard.
+type Consumer struct {
+	ID        uint32
+	Session   *Session
+	queue     *Queue
+	credit    uint32
+	ackNone   bool
+	exclusive bool
+	nextTag   uint64
+	unacked   map[uint64]uint64 // tag -> queue Seq
+	pending   []delivery
+	out       *sessOut
+}
+
+type consumerKey struct {
+	sess *Session
+	id   uint32
+}
+
+// ShardConfig configures a shard.
+type ShardConfig struct {
+	RingSize  int
+	CreditMax uint32
+	Logger    *slog.Logger
+}
+
+// Shard owns a set of queues and runs them on one goroutine.
+type Shard struct {
+	idx    int
+	broker *Broker
+	cfg    ShardConfig
+	log    *slog.Logger
+
+	sig  *ring.Signal
+	in   *ring.MPSC[Command]
+	cmds []Command
+
+	queues    map[*Queue]struct{}
+	consumers map[consumerKey]*Consumer
+	outs      map[*Session]*sessOut
+	dirtyOuts []*sessOut
+	dirtyQs   []*Queue
+	qDirty    map[*Queue]bool
+	pool      entryPool
+	deferred  []Command // dead letters for other shards whose rings were full
+	now       int64
+
+	stats ShardStats
+}
+
+// ShardStats are counters read by the metrics endpoint (approximate).
+type ShardStats struct {
+	Published, Delivered, Accepted, DeadLettered, DroppedDeadLetters uint64
+}
+
+// deferredMax bounds dead letters waiting for room in another shard's
+// ring; past it they are dropped and counted.
+const deferredMax = 1 << 16
+
+func newShard(idx int, b *Broker, cfg ShardConfig) *Shard {
+	sig := ring.NewSignal()
+	return &Shard{
+		idx: idx, broker: b, cfg: cfg, log: cfg.Logger,
+		sig:       sig,
+		in:        ring.NewMPSCSignal[Command](cfg.RingSize, sig),
+		cmds:      make([]Command, 256),
+		queues:    map[*Queue]struct{}{},
+		consumers: map[consumerKey]*Consumer{},
+		outs:      map[*Session]*sessOut{},
+		qDirty:    map[*Queue]bool{},
+	}
+}
+
+// TryPush hands cmd to the shard without blocking; false if its ring is full.
+func (s *Shard) TryPush(cmd Command) bool { return s.in.TryPush(cmd) }
+
+// Push hands cmd to the shard, waiting for room. Never call it from an
+// event loop.
+func (s *Shard) Push(ctx context.Context, cmd Command) error { return s.in.Push(ctx, cmd) }
+
+func (s *Shard) run(ctx context.Context) {
+	ready := func() bool { return s.in.Ready() }
+	for {
+		n := s.in.PopBatch(s.cmds)
+		if n > 0 {
+			for i := 0; i < n; i++ {
+				s.handle(&s.cmds[i])
+				s.cmds[i] = Command{}
+			}
+			s.dispatchDirty()
+			s.flush()
+			continue
+		}
+		if len(s.deferred) > 0 {
+			s.retryDeferred()
+		}
+		if err := s.sig.Wait(ctx, ready); err != nil {
+			return
+		}
+	}
+}
+
+func (s *Shard) handle(c *Command) {
+	if c.Now > s.now {
+		s.now = c.Now
+	}
+	switch c.Op {
+	case OpPublish:
+		s.publish(c)
+	case OpSubscribe:
+		s.subscribe(c)
+	case OpCancel:
+		s.cancel(c)
+	case OpCredit:
+		if con := s.consumers[consumerKey{c.Sess, c.ConsumerID}]; con != nil {
+			con.credit += c.Credit
+			if con.credit > s.cfg.CreditMax {
+				con.credit = s.cfg.CreditMax
+			}
+			s.markDirty(con.queue)
+		}
+	case OpSettle:
+		s.settle(c)
+	case OpSessionClosed:
+		s.sessionClosed(c.Sess)
+	case OpTick:
+		s.tick()
+	case opCall:
+		c.Call(s)
+	}
+}
+
+func (s *Shard) out(sess *Session) *sessOut {
+	o := s.outs[sess]
+	if o == nil {
+		o = &sessOut{sess: sess}
+		s.outs[sess] = o
+	}
+	if !o.queued {
+		o.queued = true
+		s.dirtyOuts = append(s.dirtyOuts, o)
+	}
+	return o
+}
+
+func (s *Shard) markDirty(q *Queue) {
+	if !s.qDirty[q] {
+		s.qDirty[q] = true
+		s.dirtyQs = append(s.dirtyQs, q)
+	}
+}
+
+// completeCmd completes a command, or fails it when err is not nil.
+func (s *Shard) completeCmd(sess *Session, id uint64, fan *Fanout, err error) {
+	if fan != nil {
+		if !fan.done(err) {
+			return
+		}
+		err = fan.err()
+		fan.release()
+	}
+	if sess == nil || id == 0 {
+		return
+	}
+	o := s.out(sess)
+	if err != nil {
+		o.fail(id, CodeOf(err), err.Error())
+	} else {
+		o.complete(id)
+	}
+}
+
+func (s *Shard) publish(c *Command) {
+	q := c.Queue
+	if q.deleted {
+		c.Body.Unref()
+		s.completeCmd(c.Sess, c.CmdID, c.Fanout, Errorf(wire.CodeNotFound, "queue %q was deleted", q.Name))
+		return
+	}
+	ev := Event{Kind: EvEnqueue, Body: c.Body}
+	if c.TTLNanos > 0 {
+		ev.ExpiresAt = c.Now + c.TTLNanos
+	}
+	if t := q.Options.MessageTTLNanos; t > 0 && (ev.ExpiresAt == 0 || c.Now+t < ev.ExpiresAt) {
+		ev.ExpiresAt = c.Now + t
+	}
+	if err := q.Apply(&ev, s); err != nil {
+		c.Body.Unref()
+		if err == ErrQueueFull {
+			err = Errorf(wire.CodeResourceLimit, "queue %q is full", q.Name)
+		}
+		s.completeCmd(c.Sess, c.CmdID, c.Fanout, err)
+		return
+	}
+	s.stats.Published++
+	s.completeCmd(c.Sess, c.CmdID, c.Fanout, nil)
+	if len(q.consumers) > 0 {
+		s.markDirty(q)
+	}
+}
+
+func (s *Shard) subscribe(c *Command) {
+	q := c.Queue
+	key := consumerKey{c.Sess, c.ConsumerID}
+	if q.deleted {
+		s.completeCmd(c.Sess, c.CmdID, nil, Errorf(wire.CodeNotFound, "queue %q was deleted", q.Name))
+		return
+	}
+	if s.consumers[key] != nil {
+		s.completeCmd(c.Sess, c.CmdID, nil, Errorf(wire.CodeInvalid, "consumer id %d is in use", c.ConsumerID))
+		return
+	}
+	if q.owner != nil && q.owner != c.Sess {
+		s.completeCmd(c.Sess, c.CmdID, nil, Errorf(wire.CodeNotAllowed, "queue %q is exclusive to another session", q.Name))
+		return
+	}
+	for _, other := range q.consumers {
+		if other.exclusive || c.Exclusive {
+			s.completeCmd(c.Sess, c.CmdID, nil, Errorf(wire.CodeNotAllowed, "queue %q has an exclusive consumer", q.Name))
+			return
+		}
+	}
+	credit := c.Credit
+	if credit > s.cfg.CreditMax {
+		credit = s.cfg.CreditMax
+	}
+	con := &Consumer{ID: c.ConsumerID, Session: c.Sess, queue: q, credit: credit,
+		ackNone: c.AckMode == wire.AckNone, exclusive: c.Exclusive, unacked: map[uint64]uint64{}}
+	s.consumers[key] = con
+	q.consumers = append(q.consumers, con)
+	q.everConsumed = true
+	s.completeCmd(c.Sess, c.CmdID, nil, nil)
+	s.markDirty(q)
+}
+
+func (s *Shard) cancel(c *Command) {
+	con := s.consumers[consumerKey{c.Sess, c.ConsumerID}]
+	if con == nil {
+		s.completeCmd(c.Sess, c.CmdID, nil, Errorf(wire.CodeNotFound, "no consumer %d", c.ConsumerID))
+		return
+	}
+	// Deliveries already made stay acquired and can still be settled; the
+	// consumer only stops receiving.
+	con.credit = 0
+	s.detach(con)
+	s.completeCmd(c.Sess, c.CmdID, nil, nil)
+}
+
+// detach removes a consumer from its queue's dispatch list.
+func (s *Shard) detach(con *Consumer) {
+	q := con.queue
+	for i, x := range q.consumers {
+		if x == con {
+			copy(q.consumers[i:], q.consumers[i+1:])
+			q.consumers[len(q.consumers)-1] = nil
+			q.consumers = q.consumers[:len(q.consumers)-1]
+			break
+		}
+	}
+	if q.rr >= len(q.consumers) {
+		q.rr = 0
+	}
+	if len(q.consumers) == 0 && q.Options.AutoDelete && q.everConsumed && !q.deleted {
+		s.broker.autoDelete(q)
+	}
+}
+
+func (s *Shard) settle(c *Command) {
+	con := s.consumers[consumerKey{c.Sess, c.ConsumerID}]
+	if con == nil {
+		if c.Last {
+			s.completeCmd(c.Sess, c.CmdID, nil, Errorf(wire.CodeNotFound, "no consumer %d", c.ConsumerID))
+		}
+		return
+	}
+	q := con.queue
+	settleOne := func(tag uint64) {
+		seq, ok := con.unacked[tag]
+		if !ok {
+			return // settled already or unknown: settles are idempotent
+		}
+		delete(con.unacked, tag)
+		ev := Event{Seq: seq}
+		switch c.Settle {
+		case SettleAccept:
+			ev.Kind = EvDequeue
+			s.stats.Accepted++
+		case SettleRelease:
+			ev.Kind = EvRelease
+		case SettleReject:
+			ev.Kind = EvReject
+		}
+		_ = q.Apply(&ev, s)
+	}
+	for i := 0; i < int(c.NRanges); i++ {
+		r := c.Ranges[i]
+		if r.Last-r.First >= uint64(len(con.unacked)) {
+			// A wide range: walk what is acquired, not the range.
+			for tag := range con.unacked {
+				if tag >= r.First && tag <= r.Last {
+					settleOne(tag)
+				}
+			}
+			continue
+		}
+		for tag := r.First; ; tag++ {
+			settleOne(tag)
+			if tag == r.Last {
+				break
+			}
+		}
+	}
+	if c.Settle != SettleAccept {
+		s.markDirty(q)
+	}
+	if con.queue.deleted || (len(con.unacked) == 0 && !containsConsumer(q.consumers, con)) {
+		// A cancelled consumer with nothing left to settle is gone.
+		delete(s.consumers, consumerKey{con.Session, con.ID})
+	}
+	if c.Last {
+		s.completeCmd(c.Sess, c.CmdID, nil, nil)
+	}
+}
+
+func containsConsumer(cs []*Consumer, c *Consumer) bool {
+	for _, x := range cs {
+		if x == c {
+			return true
+		}
+	}
+	return false
+}
+
+// sessionClosed requeues everything the session acquired on this shard and
+// drops its consumers (guarantee 6).
+func (s *Shard) sessionClosed(sess *Session) {
+	for key, con := range s.consumers {
+		if key.sess != sess {
+			continue
+		}
+		s.requeueAll(con)
+		if containsConsumer(con.queue.consumers, con) {
+			s.detach(con)
+		}
+		delete(s.consumers, key)
+	}
+	delete(s.outs, sess)
+}
+
+func (s *Shard) requeueAll(con *Consumer) {
+	q := con.queue
+	for tag, seq := range con.unacked {
+		delete(con.unacked, tag)
+		ev := Event{Kind: EvRelease, Seq: seq}
+		_ = q.Apply(&ev, s)
+	}
+	s.markDirty(q)
+}
+
+func (s *Shard) tick() {
+	if s.now == 0 {
+		s.now = time.Now().UnixNano()
+	}
+	for q := range s.queues {
+		if q.Ready() == 0 {
+			continue
+		}
+		if h := q.Head(); h != nil && h.ExpiresAt != 0 && h.ExpiresAt <= s.now {
+			ev := Event{Kind: EvExpire, Now: s.now}
+			_ = q.Apply(&ev, s)
+		}
+	}
+	s.retryDeferred()
+}
+
+// dispatchDirty hands ready messages to consumers with credit, round robin.
+func (s *Shard) dispatchDirty() {
+	for _, q := range s.dirtyQs {
+		delete(s.qDirty, q)
+		s.dispatch(q)
+	}
+	s.dirtyQs = s.dirtyQs[:0]
+}
+
+func (s *Shard) dispatch(q *Queue) {
+	if q.deleted {
+		return
+	}
+	n := len(q.consumers)
+	for n > 0 {
+		h := q.Head()
+		if h == nil {
+			return
+		}
+		if h.ExpiresAt != 0 && h.ExpiresAt <= s.now {
+			ev := Event{Kind: EvExpire, Now: s.now}
+			_ = q.Apply(&ev, s)
+			continue
+		}
+		var con *Consumer
+		for i := 0; i < n; i++ {
+			c := q.consumers[(q.rr+i)%n]
+			if c.credit > 0 {
+				con = c
+				q.rr = (q.rr + i + 1) % n
+				break
+			}
+		}
+		if con == nil {
+			return
+		}
+		con.credit--
+		con.nextTag++
+		tag := con.nextTag
+		flags := uint8(0)
+		if h.DeliveryCount > 0 {
+			flags |= wire.MsgRedelivered
+		}
+		if h.Body.Persistent {
+			flags |= wire.MsgPersistent
+		}
+		h.Body.Ref()
+		con.pending = append(con.pending, delivery{tag: tag, count: h.DeliveryCount, flags: flags, body: h.Body})
+		seq := h.Seq
+		ev := Event{Kind: EvAcquire, Seq: seq, Consumer: con, Tag: tag}
+		if err := q.Apply(&ev, s); err != nil {
+			panic("shards: acquire of the head failed: " + err.Error())
+		}
+		s.stats.Delivered++
+		if con.ackNone {
+			ev = Event{Kind: EvDequeue, Seq: seq}
+			_ = q.Apply(&ev, s)
+		} else {
+			con.unacked[tag] = seq
+		}
+		o := s.out(con.Session)
+		if len(con.pending) == 1 {
+			o.consumers = append(o.consumers, con)
+		}
+	}
+}
+
+// DeadLetter implements Effects: route the message to the queue's
+// dead-letter exchange.
+func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
+	s.stats.DeadLettered++
+	dlx := q.Options.DeadLetterExchange
+	if dlx == "" && q.Options.DeadLetterKey == "" {
+		return
+	}
+	key := e.Body.RoutingKey
+	if q.Options.DeadLetterKey != "" {
+		key = []byte(q.Options.DeadLetterKey)
+	}
+	var buf [8]*Queue
+	targets, err := s.broker.Routing().Route([]byte(dlx), key, buf[:0])
+	if err != nil {
+		return
+	}
+	for _, t := range targets {
+		if t == q {
+			continue // never dead-letter a queue into itself
+		}
+		e.Body.Ref()
+		body := e.Body
+		if q.Options.DeadLetterKey != "" {
+			// The dead letter carries its new routing key.
+			e.Body.Unref()
+			body = NewBody(e.Body.Exchange, key, e.Body.Props, e.Body.Payload, e.Body.Persistent)
+		}
+		cmd := Command{Op: OpPublish, Queue: t, Body: body, Now: s.now}
+		if t.shard == s.idx {
+			s.publish(&cmd)
+		} else if !s.broker.shards[t.shard].TryPush(cmd) {
+			if len(s.deferred) >= deferredMax {
+				body.Unref()
+				s.stats.DroppedDeadLetters++
+				continue
+			}
+			s.deferred = append(s.deferred, cmd)
+		}
+	}
+}
+
+// Removed implements Effects.
+func (s *Shard) Removed(q *Queue, e *Entry) { e.Body.Unref() }
+
+func (s *Shard) retryDeferred() {
+	kept := s.deferred[:0]
+	for _, cmd := range s.deferred {
+		if !s.broker.shards[cmd.Queue.shard].TryPush(cmd) {
+			kept = append(kept, cmd)
+		}
+	}
+	for i := len(kept); i < len(s.deferred); i++ {
+		s.deferred[i] = Command{}
+	}
+	s.deferred = kept
+}
+
+// flush sends every session what this cycle produced for it.
+func (s *Shard) flush() {
+	for _, o := range s.dirtyOuts {
+		o.queued = false
+		if o.sess.Closed() {
+			s.dropOut(o)
+			continue
+		}
+		ob := getOutBatch()
+		v := o.sess.Version
+		if len(o.ranges) > 0 {
+			for len(o.ranges) > 0 {
+				n := len(o.ranges)
+				if n > wire.RangesMax {
+					n = wire.RangesMax
+				}
+				ob.buf = wire.AppendComplete(ob.buf, v, o.ranges[:n])
+				o.ranges = o.ranges[n:]
+			}
+			o.ranges = o.ranges[:0]
+		}
+		ob.buf = append(ob.buf, o.errs...)
+		o.errs = o.errs[:0]
+		frameMax := int(o.sess.FrameMax)
+		for _, con := range o.consumers {
+			s.appendDeliver(ob, v, con, frameMax)
+		}
+		for i := range o.consumers {
+			o.consumers[i] = nil
+		}
+		o.consumers = o.consumers[:0]
+		ob.build()
+		if err := o.sess.Out.WriteAsync(ob.vec, ob.done); err != nil {
+			ob.release()
+		}
+	}
+	for i := range s.dirtyOuts {
+		s.dirtyOuts[i] = nil
+	}
+	s.dirtyOuts = s.dirtyOuts[:0]
+}
+
+func (s *Shard) dropOut(o *sessOut) {
+	o.ranges = o.ranges[:0]
+	o.errs = o.errs[:0]
+	for _, con := range o.consumers {
+		for i := range con.pending {
+			con.pending[i].body.Unref()
+			con.pending[i] = delivery{}
+		}
+		con.pending = con.pending[:0]
+	}
+	o.consumers = o.consumers[:0]
+}
+
+// appendDeliver writes a consumer's pending deliveries as DELIVER frames no
+// larger than frameMax, leaving the payloads out of the buffer for writev.
+func (s *Shard) appendDeliver(ob *outBatch, v wire.Version, con *Consumer, frameMax int) {
+	p := con.pending
+	for len(p) > 0 {
+		// Count how many fit in one frame.
+		n, size := 0, wire.HeaderSize+4+2
+		for n < len(p) && n < wire.BatchMax {
+			b := p[n].body
+			m := wire.DeliverMessageOverhead + len(b.Exchange) + len(b.RoutingKey) + len(b.Props) + len(b.Payload)
+			if n > 0 && size+m > frameMax {
+				break
+			}
+			size += m
+			n++
+		}
+		var start int
+		ob.buf, start = wire.AppendDeliverStart(ob.buf, v, con.ID, n)
+		extra := 0
+		for i := 0; i < n; i++ {
+			d := &p[i]
+			b := d.body
+			ob.buf = wire.AppendDeliverMessageHead(ob.buf, d.tag, d.count, d.flags, b.Exchange, b.RoutingKey, b.Props, len(b.Payload))
+			ob.cuts = append(ob.cuts, len(ob.buf))
+			ob.pays = append(ob.pays, b.Payload)
+			ob.bodies = append(ob.bodies, b)
+			extra += len(b.Payload)
+		}
+		wire.EndFrame(ob.buf, start, extra)
+		p = p[n:]
+	}
+	for i := range con.pending {
+		con.pending[i] = delivery{}
+	}
+	con.pending = con.pending[:0]
+}
