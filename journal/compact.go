@@ -1,0 +1,276 @@
+package journal
+
+import (
+	"cmp"
+	"fmt"
+	"os"
+	"slices"
+)
+
+// compactLoop reclaims disk space on a goroutine of its own, so neither the
+// owner nor the writer ever waits for it. It runs when the writer seals a
+// segment or a Free leaves a sealed segment sparse or empty.
+func (j *Journal) compactLoop() {
+	defer close(j.compDone)
+	for {
+		select {
+		case <-j.stop:
+			return
+		case <-j.kick:
+		}
+		for {
+			select {
+			case <-j.stop:
+				return
+			default:
+			}
+			did, err := j.compactOnce()
+			if err != nil {
+				j.fail(err)
+				return
+			}
+			if !did {
+				break
+			}
+		}
+	}
+}
+
+func (j *Journal) fail(err error) {
+	j.mu.Lock()
+	if j.mu.err == nil {
+		j.mu.err = err
+		j.log.Error("journal: failed; all further records complete with an error", "err", err)
+	}
+	j.mu.space.Broadcast()
+	j.mu.Unlock()
+}
+
+// compactOnce does one step of work: delete the segments that hold nothing
+// that must survive, or else rewrite the live records of sparse segments
+// into one new segment. It reports whether it did anything.
+func (j *Journal) compactOnce() (bool, error) {
+	j.mu.Lock()
+	if j.mu.err != nil {
+		j.mu.Unlock()
+		return false, nil
+	}
+	var dead, sparse []*segment
+	for _, s := range j.mu.segs {
+		if !s.sealed || s.compacting {
+			continue
+		}
+		if s.live == 0 {
+			dead = append(dead, s)
+		} else if s.live < j.compactLive {
+			sparse = append(sparse, s)
+		}
+	}
+	if len(dead) > 0 {
+		// No record in a dead segment is needed by another segment: a ref
+		// to a record still on disk keeps its own segment alive, so these
+		// files may go in any order.
+		for _, s := range dead {
+			s.compacting = true
+		}
+		j.mu.Unlock()
+		return true, j.removeSegments(dead)
+	}
+	slices.SortFunc(sparse, func(a, b *segment) int { return cmp.Compare(a.id, b.id) })
+	var sel []*segment
+	var live, deadBytes int64
+	for _, s := range sparse {
+		if live+s.live > j.segmentBytes-segmentHeaderSize {
+			break
+		}
+		sel = append(sel, s)
+		live += s.live
+		deadBytes += s.size - s.live
+	}
+	// Rewriting only pays once it frees a real amount of disk; this also
+	// keeps a fresh, dense output from being rewritten again and again.
+	if deadBytes < j.compactLive || len(sel) == 0 {
+		j.mu.Unlock()
+		return false, nil
+	}
+	for _, s := range sel {
+		s.compacting = true
+	}
+	type move struct {
+		pos    Pos
+		src    *segment
+		srcOff int64
+		size   int
+		newOff int64
+	}
+	var moves []move
+	for _, s := range sel {
+		for _, pos := range s.positions {
+			e, ok := j.mu.index[pos]
+			if !ok || e.seg != s.id || !j.countedLocked(e) {
+				continue
+			}
+			if e.flags&flagRef != 0 {
+				// A ref whose freed target sits in the same file vanishes
+				// with it in one unlink, so it need not be copied.
+				if t := j.mu.index[e.ref]; t.seg == s.id && t.flags&flagFreed != 0 {
+					continue
+				}
+			}
+			moves = append(moves, move{pos: pos, src: s, srcOff: int64(e.off), size: int(e.size)})
+		}
+	}
+	out := &segment{id: j.mu.nextSeg, compacting: true}
+	j.mu.nextSeg++
+	j.mu.Unlock()
+
+	slices.SortFunc(moves, func(a, b move) int { return cmp.Compare(a.pos, b.pos) })
+
+	// The copy is written under a temporary name and renamed once durable:
+	// recovery deletes a leftover temporary file, and treats a complete
+	// output next to its sources as a finished rewrite.
+	final := j.path(out.id)
+	tmp := final + ".tmp"
+	f, err := j.fs.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o644)
+	if err != nil {
+		return true, fmt.Errorf("journal: compaction create %s: %w", tmp, err)
+	}
+	const flushBytes = 1 << 20
+	buf := appendSegmentHeader(make([]byte, 0, flushBytes+RecordBytesMax/64), 0)
+	off := int64(0)
+	flush := func() error {
+		n, err := f.Write(buf)
+		off += int64(n)
+		buf = buf[:0]
+		if err != nil {
+			return fmt.Errorf("journal: compaction write %s: %w", tmp, err)
+		}
+		return nil
+	}
+	for i := range moves {
+		m := &moves[i]
+		m.newOff = off + int64(len(buf))
+		start := len(buf)
+		buf = growBytes(buf, m.size)
+		if _, err := m.src.file.ReadAt(buf[start:], m.srcOff); err != nil {
+			f.Close()
+			return true, fmt.Errorf("journal: compaction read %s: %w", segmentName(m.src.id), err)
+		}
+		// Check the data again after the read: a copy must never turn a
+		// bad record into one with a fresh, valid place.
+		if err := checkRecord(buf[start:]); err != nil {
+			f.Close()
+			return true, fmt.Errorf("journal: compaction read %s+%d: %w", segmentName(m.src.id), m.srcOff, err)
+		}
+		if len(buf) >= flushBytes {
+			if err := flush(); err != nil {
+				f.Close()
+				return true, err
+			}
+		}
+	}
+	if err := flush(); err != nil {
+		f.Close()
+		return true, err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return true, fmt.Errorf("journal: compaction fsync %s: %w", tmp, err)
+	}
+	if err := j.fs.Rename(tmp, final); err != nil {
+		f.Close()
+		return true, fmt.Errorf("journal: compaction rename %s: %w", tmp, err)
+	}
+	if err := j.fs.SyncDir(j.opts.Dir); err != nil {
+		f.Close()
+		return true, fmt.Errorf("journal: compaction sync dir: %w", err)
+	}
+
+	j.mu.Lock()
+	out.file = f
+	out.size = off
+	out.written = off
+	out.positions = make([]Pos, 0, len(moves))
+	for _, m := range moves {
+		out.positions = append(out.positions, m.pos)
+		e, ok := j.mu.index[m.pos]
+		if !ok || e.seg != m.src.id || int64(e.off) != m.srcOff {
+			continue
+		}
+		counted := j.countedLocked(e)
+		e.seg = out.id
+		e.off = uint32(m.newOff)
+		j.mu.index[m.pos] = e
+		if counted {
+			m.src.live -= int64(m.size)
+			out.live += int64(m.size)
+		}
+	}
+	out.sealed = true
+	out.compacting = false
+	j.mu.segs[out.id] = out
+	j.mu.stats.Compactions++
+	j.mu.stats.BytesRelocated += uint64(off)
+	j.mu.Unlock()
+	j.log.Debug("journal: compacted", "sources", len(sel), "output", segmentName(out.id), "records", len(moves), "bytes", off)
+	return true, j.removeSegments(sel)
+}
+
+// removeSegments deletes the files durably, then forgets the records that
+// were only in them, and with each plain record the refs to it.
+func (j *Journal) removeSegments(segs []*segment) error {
+	j.filesMu.Lock()
+	for _, s := range segs {
+		if s.file != nil {
+			s.file.Close()
+		}
+		s.removed = true
+	}
+	j.filesMu.Unlock()
+	for _, s := range segs {
+		if err := j.fs.Remove(j.path(s.id)); err != nil {
+			return fmt.Errorf("journal: remove %s: %w", segmentName(s.id), err)
+		}
+	}
+	// Until the removals are durable the records may come back after a
+	// crash, so refs to them must stay.
+	if err := j.fs.SyncDir(j.opts.Dir); err != nil {
+		return fmt.Errorf("journal: sync dir after remove: %w", err)
+	}
+	j.mu.Lock()
+	for _, s := range segs {
+		j.forgetSegmentLocked(s)
+	}
+	j.mu.Unlock()
+	return nil
+}
+
+func (j *Journal) forgetSegmentLocked(s *segment) {
+	for _, pos := range s.positions {
+		if e, ok := j.mu.index[pos]; ok && e.seg == s.id {
+			j.dropLocked(pos, e)
+		}
+	}
+	delete(j.mu.segs, s.id)
+	j.mu.stats.SegmentsReclaimed++
+}
+
+// dropLocked forgets a record that is gone from disk. Refs to a plain
+// record die with it.
+func (j *Journal) dropLocked(pos Pos, e entry) {
+	delete(j.mu.index, pos)
+	if e.flags&flagRef != 0 {
+		return
+	}
+	for r := e.ref; r != 0; {
+		re, ok := j.mu.index[r]
+		if !ok || re.flags&flagRef == 0 || re.ref != pos {
+			break
+		}
+		delete(j.mu.index, r)
+		if rs := j.mu.segs[re.seg]; rs != nil {
+			rs.live -= int64(re.size)
+		}
+		r = re.next
+	}
+}

@@ -1,0 +1,508 @@
+package journal
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/bits"
+	"path/filepath"
+	"sync"
+)
+
+// Pos is the logical position of a record. Positions are assigned at append
+// in increasing order starting at 1 and never change, not even when
+// compaction moves a record to another segment.
+type Pos uint64
+
+// FsyncPolicy says when a record counts as done.
+type FsyncPolicy uint8
+
+const (
+	// FsyncAlways completes a record after an fsync (fdatasync) covers it.
+	FsyncAlways FsyncPolicy = iota
+	// FsyncNever completes a record after write(2) returns. UNSAFE: a
+	// machine crash or power loss loses completed records. Only for
+	// benchmarks that compare like with like, and for data that may be lost.
+	FsyncNever
+)
+
+// Completion is called once per record, in append order, on the journal's
+// writer goroutine, after the fsync (or the write, under FsyncNever) that
+// covers the record, or with a non-nil error if the record is not durable.
+// It must not block.
+type Completion func(pos Pos, err error)
+
+// Options configure a journal. Zero values take the defaults.
+type Options struct {
+	Dir string
+	// FS is the file system; nil means OSFS. Tests pass a FaultFS.
+	FS FS
+	// SegmentBytes is the size at which the active segment is sealed.
+	SegmentBytes int64
+	Fsync        FsyncPolicy
+	// PendingBytesMax bounds the bytes appended but not yet handed to the
+	// writer. Append parks while the bound is reached. The batch being
+	// written is held apart, so up to twice this much is in memory.
+	PendingBytesMax int
+	Logger          *slog.Logger
+	// CompactLiveRatio: sealed segments whose live bytes are below this
+	// fraction of SegmentBytes are rewritten into fewer, denser segments.
+	CompactLiveRatio float64
+}
+
+const (
+	segmentBytesDefault    = 64 << 20
+	segmentBytesMin        = 4 << 10
+	segmentBytesMax        = 1 << 31 // offsets are kept as uint32
+	pendingBytesMaxDefault = 16 << 20
+	pendingBytesMin        = 64 << 10
+	compactRatioDefault    = 0.25
+	// batchHistogramBuckets: bucket i counts fsyncs that covered
+	// [2^i, 2^(i+1)) records; the last bucket takes the rest.
+	batchHistogramBuckets = 20
+)
+
+// Errors returned by the journal. I/O errors are wrapped with the
+// operation and file.
+var (
+	ErrClosed    = errors.New("journal: closed")
+	ErrFailed    = errors.New("journal: failed after an I/O error, no further records are accepted")
+	ErrTooLarge  = errors.New("journal: record too large")
+	ErrBadTarget = errors.New("journal: ref target is not a live plain record")
+	ErrNotFound  = errors.New("journal: no such live record")
+)
+
+// Stats is a snapshot of the journal's counters.
+type Stats struct {
+	Segments    int
+	DiskBytes   int64 // bytes in segment files, pending bytes included
+	LiveBytes   int64 // bytes of records that must stay on disk
+	LiveRecords int   // records in the index (live, or freed but still on disk)
+	Appends     uint64
+	Fsyncs      uint64 // fsyncs that covered records
+	// RecordsSynced counts records covered by those fsyncs; divided by
+	// Fsyncs it gives the mean records per fsync.
+	RecordsSynced uint64
+	// BatchHistogram[i] counts fsyncs covering [2^i, 2^(i+1)) records.
+	BatchHistogram    [batchHistogramBuckets]uint64
+	Compactions       uint64 // rewrites of sparse segments
+	SegmentsReclaimed uint64 // segment files deleted
+	BytesRelocated    uint64
+	DroppedBytes      int64 // torn or corrupt bytes truncated by recovery
+	Err               error // non-nil once the journal has failed
+}
+
+// RecordsPerFsync is the mean number of records one fsync covered.
+func (s Stats) RecordsPerFsync() float64 {
+	if s.Fsyncs == 0 {
+		return 0
+	}
+	return float64(s.RecordsSynced) / float64(s.Fsyncs)
+}
+
+const (
+	flagRef   = 1
+	flagFreed = 2
+)
+
+// entry locates a record on disk. For a plain record ref is the head of the
+// list of refs pointing at it; for a ref, ref is its target and next links
+// the target's list.
+type entry struct {
+	seg   uint32
+	off   uint32
+	size  uint32 // header and data
+	flags uint32
+	ref   Pos
+	next  Pos
+}
+
+type segment struct {
+	id      uint32
+	size    int64 // bytes placed, header included, pending ones too
+	written int64 // bytes handed to write(2)
+	live    int64 // bytes of records that must survive
+	// positions lists every record placed here, in increasing order; an
+	// index entry that points elsewhere marks a dead or moved copy.
+	positions  []Pos
+	file       File
+	sealed     bool // no record will be added and all are durable
+	compacting bool // owned by the compactor
+	removed    bool // file closed and deleted; guarded by filesMu
+}
+
+type pending struct {
+	pos  Pos
+	done Completion
+	err  error
+}
+
+type chunk struct {
+	seg        *segment
+	start, end int   // in batch.buf
+	segOff     int64 // offset of start within the segment
+}
+
+type batch struct {
+	buf    []byte
+	chunks []chunk
+	comps  []pending
+	bytes  int
+}
+
+func (b *batch) reset() {
+	b.buf = b.buf[:0]
+	clear(b.chunks)
+	b.chunks = b.chunks[:0]
+	clear(b.comps) // drop the callbacks for the collector
+	b.comps = b.comps[:0]
+	b.bytes = 0
+}
+
+// Journal is a write-ahead journal; see the package documentation for the
+// caller's contract.
+type Journal struct {
+	opts         Options
+	fs           FS
+	log          *slog.Logger
+	segmentBytes int64
+	recordMax    int
+	pendingMax   int
+	compactLive  int64 // live-byte threshold for rewriting a segment
+
+	mu struct {
+		sync.Mutex
+		work     sync.Cond // writer waits for a batch
+		space    sync.Cond // appenders wait for room; Sync waits for durability
+		nextPos  Pos
+		nextSeg  uint32
+		active   *segment
+		index    map[Pos]entry
+		segs     map[uint32]*segment
+		fill     *batch // being appended to
+		inflight *batch // being written by the writer
+		err      error  // first I/O error; sticky
+		closing  bool
+		idle     bool // writer waits on work
+
+		syncWanted bool
+		donePos    Pos // every record up to here has been completed
+		syncedPos  Pos // every record up to here is durable
+
+		stats Stats
+	}
+
+	// filesMu keeps a segment file open while Read uses it.
+	filesMu sync.RWMutex
+
+	writerCur  *segment // writer's open segment; writer goroutine only
+	kick       chan struct{}
+	stop       chan struct{}
+	writerDone chan struct{}
+	compDone   chan struct{}
+}
+
+func segmentName(id uint32) string { return fmt.Sprintf("%016x.seg", id) }
+
+func (j *Journal) path(id uint32) string { return filepath.Join(j.opts.Dir, segmentName(id)) }
+
+// Append adds a plain record and returns its position. The record is live
+// until Free(pos). data is copied before Append returns. done is called
+// later on the writer goroutine.
+func (j *Journal) Append(data []byte, done Completion) Pos {
+	return j.add(kindPlain, data, 0, done)
+}
+
+// AppendRef adds a record that refers to target, a live plain record. It
+// stays on disk exactly as long as target does: a replay never shows it
+// without its target, nor the target without it.
+func (j *Journal) AppendRef(data []byte, target Pos, done Completion) Pos {
+	return j.add(kindRef, data, target, done)
+}
+
+func (j *Journal) add(kind uint8, data []byte, target Pos, done Completion) Pos {
+	size := recordHeaderSize + len(data)
+	j.mu.Lock()
+	for j.mu.fill.bytes > 0 && j.mu.fill.bytes+size > j.pendingMax && !j.mu.closing && j.mu.err == nil {
+		j.mu.space.Wait()
+	}
+	if j.mu.closing {
+		j.mu.Unlock()
+		done(0, ErrClosed)
+		return 0
+	}
+	pos := j.mu.nextPos
+	j.mu.nextPos++
+	var err error
+	switch {
+	case j.mu.err != nil:
+		err = fmt.Errorf("%w: %v", ErrFailed, j.mu.err)
+	case len(data) > j.recordMax:
+		err = fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(data), j.recordMax)
+	case kind == kindRef:
+		if t, ok := j.mu.index[target]; !ok || t.flags != 0 {
+			err = fmt.Errorf("%w: %d", ErrBadTarget, target)
+		}
+	}
+	b := j.mu.fill
+	if err != nil {
+		b.comps = append(b.comps, pending{pos: pos, done: done, err: err})
+		b.bytes += recordHeaderSize
+		j.wakeWriterLocked()
+		j.mu.Unlock()
+		return pos
+	}
+	seg := j.mu.active
+	if seg.size+int64(size) > j.segmentBytes && seg.size > segmentHeaderSize {
+		seg = j.rollLocked(pos)
+	}
+	off := seg.size
+	start := len(b.buf)
+	b.buf = appendRecord(b.buf, kind, pos, target, data)
+	if n := len(b.chunks); n > 0 && b.chunks[n-1].seg == seg {
+		b.chunks[n-1].end = len(b.buf)
+	} else {
+		b.chunks = append(b.chunks, chunk{seg: seg, start: start, end: len(b.buf), segOff: off})
+	}
+	seg.size += int64(size)
+	seg.live += int64(size)
+	seg.positions = append(seg.positions, pos)
+	e := entry{seg: seg.id, off: uint32(off), size: uint32(size)}
+	if kind == kindRef {
+		t := j.mu.index[target]
+		e.flags = flagRef
+		e.ref = target
+		e.next = t.ref
+		t.ref = pos
+		j.mu.index[target] = t
+	}
+	j.mu.index[pos] = e
+	b.comps = append(b.comps, pending{pos: pos, done: done})
+	b.bytes += size
+	j.mu.stats.Appends++
+	j.wakeWriterLocked()
+	j.mu.Unlock()
+	return pos
+}
+
+func (j *Journal) wakeWriterLocked() {
+	if j.mu.idle {
+		j.mu.idle = false
+		j.mu.work.Signal()
+	}
+}
+
+// rollLocked starts a new active segment. Its header goes into the batch so
+// the writer creates the file when it reaches it.
+func (j *Journal) rollLocked(basePos Pos) *segment {
+	seg := &segment{id: j.mu.nextSeg, size: segmentHeaderSize}
+	j.mu.nextSeg++
+	j.mu.segs[seg.id] = seg
+	j.mu.active = seg
+	b := j.mu.fill
+	start := len(b.buf)
+	b.buf = appendSegmentHeader(b.buf, basePos)
+	b.chunks = append(b.chunks, chunk{seg: seg, start: start, end: len(b.buf), segOff: 0})
+	return seg
+}
+
+// Free marks a plain record dead and, with it, every ref to it. The bytes
+// are reclaimed by compaction. Freeing an unknown position, a ref, or a
+// record twice does nothing.
+func (j *Journal) Free(pos Pos) {
+	j.mu.Lock()
+	e, ok := j.mu.index[pos]
+	if !ok || e.flags != 0 {
+		j.mu.Unlock()
+		return
+	}
+	e.flags |= flagFreed
+	j.mu.index[pos] = e
+	seg := j.mu.segs[e.seg]
+	before := seg.live
+	seg.live -= int64(e.size)
+	kick := seg.sealed && !seg.compacting && (seg.live == 0 || (before >= j.compactLive && seg.live < j.compactLive))
+	j.mu.Unlock()
+	if kick {
+		j.kickCompactor()
+	}
+}
+
+func (j *Journal) kickCompactor() {
+	select {
+	case j.kick <- struct{}{}:
+	default:
+	}
+}
+
+// countedLocked says whether a record's bytes must survive: a plain record
+// until freed, a ref while its target is on disk.
+func (j *Journal) countedLocked(e entry) bool {
+	if e.flags&flagRef == 0 {
+		return e.flags&flagFreed == 0
+	}
+	_, ok := j.mu.index[e.ref]
+	return ok
+}
+
+// Read appends the data of the record at pos to dst. The record must be in
+// the index (not freed, or a ref whose target is on disk). It may be called
+// from the owner's goroutine only.
+func (j *Journal) Read(pos Pos, dst []byte) ([]byte, error) {
+	for {
+		j.mu.Lock()
+		e, ok := j.mu.index[pos]
+		if !ok || e.flags&flagFreed != 0 {
+			j.mu.Unlock()
+			return dst, fmt.Errorf("%w: %d", ErrNotFound, pos)
+		}
+		seg := j.mu.segs[e.seg]
+		off, size := int64(e.off), int(e.size)
+		if off+int64(size) > seg.written {
+			out, err := j.readPendingLocked(seg, off, size, pos, dst)
+			j.mu.Unlock()
+			return out, err
+		}
+		file := seg.file
+		j.mu.Unlock()
+
+		j.filesMu.RLock()
+		if seg.removed {
+			// Moved by compaction meanwhile; look again.
+			j.filesMu.RUnlock()
+			continue
+		}
+		start := len(dst)
+		dst = growBytes(dst, size)
+		rec := dst[start:]
+		_, err := file.ReadAt(rec, off)
+		j.filesMu.RUnlock()
+		if err != nil {
+			return dst[:start], fmt.Errorf("journal: read %d from %s: %w", pos, segmentName(seg.id), err)
+		}
+		return finishRead(dst, start, pos)
+	}
+}
+
+func finishRead(dst []byte, start int, pos Pos) ([]byte, error) {
+	rec := dst[start:]
+	rh, err := parseHeader(rec, len(rec)-recordHeaderSize)
+	if err == nil && rh.pos != pos {
+		err = fmt.Errorf("%w: found position %d", errBadRecord, rh.pos)
+	}
+	if err == nil {
+		err = checkRecord(rec)
+	}
+	if err != nil {
+		return dst[:start], fmt.Errorf("journal: read %d: %w", pos, err)
+	}
+	n := copy(rec, rec[recordHeaderSize:])
+	return dst[:start+n], nil
+}
+
+func (j *Journal) readPendingLocked(seg *segment, off int64, size int, pos Pos, dst []byte) ([]byte, error) {
+	for _, b := range [2]*batch{j.mu.inflight, j.mu.fill} {
+		for _, c := range b.chunks {
+			if c.seg == seg && off >= c.segOff && off+int64(size) <= c.segOff+int64(c.end-c.start) {
+				s := c.start + int(off-c.segOff)
+				start := len(dst)
+				dst = append(dst, b.buf[s:s+size]...)
+				return finishRead(dst, start, pos)
+			}
+		}
+	}
+	return dst, fmt.Errorf("journal: pending record at %s+%d not found", segmentName(seg.id), off)
+}
+
+func growBytes(b []byte, n int) []byte {
+	if cap(b)-len(b) >= n {
+		return b[:len(b)+n]
+	}
+	nb := make([]byte, len(b)+n, 2*cap(b)+n)
+	copy(nb, b)
+	return nb
+}
+
+// Sync waits until every record appended so far is durable, forcing an
+// fsync under FsyncNever. It returns the journal's error if it failed.
+func (j *Journal) Sync() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	target := j.mu.nextPos - 1
+	j.mu.syncWanted = true
+	j.mu.idle = false
+	j.mu.work.Signal()
+	for j.mu.err == nil && !(j.mu.donePos >= target && j.mu.syncedPos >= target) {
+		if j.mu.closing && j.writerExited() {
+			return ErrClosed
+		}
+		j.mu.space.Wait()
+	}
+	return j.mu.err
+}
+
+func (j *Journal) writerExited() bool {
+	select {
+	case <-j.writerDone:
+		return true
+	default:
+		return false
+	}
+}
+
+// Close writes and syncs what is pending, completes it, stops the
+// goroutines and closes the files. It returns the error that failed the
+// journal, if any.
+func (j *Journal) Close() error {
+	j.mu.Lock()
+	if j.mu.closing {
+		j.mu.Unlock()
+		return ErrClosed
+	}
+	j.mu.closing = true
+	j.mu.syncWanted = true
+	j.mu.idle = false
+	j.mu.work.Signal()
+	j.mu.space.Broadcast()
+	j.mu.Unlock()
+	<-j.writerDone
+	close(j.stop)
+	<-j.compDone
+
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.mu.space.Broadcast()
+	for _, seg := range j.mu.segs {
+		if seg.file != nil {
+			seg.file.Close()
+			seg.file = nil
+		}
+	}
+	return j.mu.err
+}
+
+// Stats returns a snapshot of the counters.
+func (j *Journal) Stats() Stats {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	s := j.mu.stats
+	s.Segments = len(j.mu.segs)
+	s.LiveRecords = len(j.mu.index)
+	for _, seg := range j.mu.segs {
+		s.DiskBytes += seg.size
+		s.LiveBytes += seg.live
+	}
+	s.Err = j.mu.err
+	return s
+}
+
+func batchBucket(n int) int {
+	b := bits.Len(uint(n)) - 1
+	if b < 0 {
+		b = 0
+	}
+	if b >= batchHistogramBuckets {
+		b = batchHistogramBuckets - 1
+	}
+	return b
+}
