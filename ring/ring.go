@@ -21,6 +21,11 @@ const cacheLinePad = 128
 // longer only burns a core that, on a small machine, the consumer needs.
 const pushSpinMax = 4
 
+// popSpinMax is how many times PopWait yields before it parks. A
+// producer that is running often pushes within a yield or two, and a park
+// and wake costs far more than a yield.
+const popSpinMax = 2
+
 // roundCapacity returns capacity rounded up to a power of two. A capacity
 // outside 1..CapacityMax is a programmer error.
 func roundCapacity(capacity int) int {
@@ -69,6 +74,12 @@ func popWait[T any](ctx context.Context, signal *Signal, dst []T, popBatch func(
 	for {
 		if n := popBatch(dst); n > 0 {
 			return n, nil
+		}
+		for range popSpinMax {
+			runtime.Gosched()
+			if n := popBatch(dst); n > 0 {
+				return n, nil
+			}
 		}
 		if err := signal.Wait(ctx, ready); err != nil {
 			return 0, err
