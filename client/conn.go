@@ -1,0 +1,755 @@
+package client
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/berthmq/berth/wire"
+)
+
+// Config tunes a connection. The zero value is usable.
+type Config struct {
+	// Name is the client name sent in HELLO; the server shows it in its
+	// status pages. At most wire.NameLenMax bytes.
+	Name string
+	// Heartbeat is the interval asked of the server; 0 takes the server's
+	// default. The server's answer is what both sides use.
+	Heartbeat time.Duration
+	// MaxFrameSize is the largest frame (header plus body) asked for; 0 asks
+	// for wire.FrameSizeDefault. It must lie within wire.FrameSizeMin and
+	// wire.FrameSizeMax. The server may lower it.
+	MaxFrameSize uint32
+	// DialTimeout bounds the TCP connect to each address; default 5 s.
+	DialTimeout time.Duration
+	// HandshakeTimeout bounds HELLO/WELCOME; default 5 s.
+	HandshakeTimeout time.Duration
+	// CloseTimeout bounds how long Close waits for in-flight completions
+	// and the server's CLOSE; default 5 s.
+	CloseTimeout time.Duration
+	// Window is the most uncompleted commands this connection keeps
+	// (publishes count one per message). 0 means WindowDefault. It is
+	// lowered to the server's WindowMax and capped at 65536.
+	Window int
+	// WriteBufferSize is how many encoded bytes may wait for the writer
+	// goroutine before callers block; default 1 MiB.
+	WriteBufferSize int
+	// ErrorHandler, if set, receives server errors that concern the
+	// connection rather than a command (ERROR with command id 0) and
+	// deliveries for consumers this side no longer knows. It runs on the
+	// reader goroutine and must not block.
+	ErrorHandler func(error)
+}
+
+func (cfg *Config) withDefaults() (Config, error) {
+	c := *cfg
+	if len(c.Name) > wire.NameLenMax {
+		return c, fmt.Errorf("%w: client name longer than %d bytes", ErrInvalid, wire.NameLenMax)
+	}
+	if c.MaxFrameSize == 0 {
+		c.MaxFrameSize = wire.FrameSizeDefault
+	}
+	if c.MaxFrameSize < wire.FrameSizeMin || c.MaxFrameSize > wire.FrameSizeMax {
+		return c, fmt.Errorf("%w: MaxFrameSize %d outside [%d, %d]", ErrInvalid, c.MaxFrameSize, wire.FrameSizeMin, wire.FrameSizeMax)
+	}
+	if c.Heartbeat < 0 || c.Heartbeat/time.Millisecond > 1<<31 {
+		return c, fmt.Errorf("%w: heartbeat %v", ErrInvalid, c.Heartbeat)
+	}
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = 5 * time.Second
+	}
+	if c.HandshakeTimeout <= 0 {
+		c.HandshakeTimeout = 5 * time.Second
+	}
+	if c.CloseTimeout <= 0 {
+		c.CloseTimeout = 5 * time.Second
+	}
+	if c.Window <= 0 {
+		c.Window = WindowDefault
+	}
+	c.Window = min(c.Window, windowLimitMax)
+	if c.WriteBufferSize <= 0 {
+		c.WriteBufferSize = writeBufferDefault
+	}
+	return c, nil
+}
+
+// Conn is one session with a Berth server. All methods are safe for
+// concurrent use. A Conn does not reconnect: once it fails, every call
+// returns an error wrapping ErrClosed; dial again (ServerAddrs lists the
+// cluster's addresses).
+//
+// Each Conn runs three goroutines: a writer that coalesces every queued
+// command into as few writes as it can, a reader that decodes completions
+// and deliveries, and a heartbeat timer.
+type Conn struct {
+	nc        net.Conn
+	cfg       Config
+	addr      string
+	version   wire.Version
+	frameMax  uint32
+	heartbeat time.Duration
+	creditMax uint32
+	// windowMaxFromServer is the server's WindowMax, kept apart from
+	// cfg.Window so the client's own wish stays visible.
+	windowMaxFromServer uint32
+	serverName          string
+	addrs               []string
+	start               time.Time
+
+	kick chan struct{} // cap 1: there is something for the writer
+	done chan struct{} // closed once the connection failed or closed
+
+	lastRead  atomic.Int64 // nanoseconds since start
+	lastWrite atomic.Int64
+
+	wg sync.WaitGroup
+
+	mu struct {
+		sync.Mutex
+		win         window
+		out         []byte // frames waiting for the writer
+		spare       []byte // the writer's other buffer, when not in use
+		pubStart    int    // offset of the open PUBLISH frame in out, or -1
+		pubCountOff int
+		pubCount    int
+		pubExchange string
+		kicked      bool
+		closing     bool  // Close was called: no new commands
+		sentClose   bool  // our CLOSE is queued: the server's CLOSE is its answer
+		err         error // why the connection ended; nil while it is up
+		waitCh      chan struct{}
+		consumers   map[uint32]*Consumer
+		nextCons    uint32
+	}
+
+	// Reader goroutine only.
+	scratch []completion
+	dec     wire.Deliver
+	msgs    []wire.DeliverMessage
+}
+
+// Dial connects to the first address that accepts a session, trying them
+// in order, with a default Config. It blocks until a session is up, every
+// address failed, or ctx ends.
+func Dial(ctx context.Context, addrs ...string) (*Conn, error) {
+	return DialConfig(ctx, Config{}, addrs...)
+}
+
+// DialConfig is Dial with a Config. The returned error joins the failure of
+// every address tried; a refusal by a server is an *Error inside it.
+func DialConfig(ctx context.Context, cfg Config, addrs ...string) (*Conn, error) {
+	if len(addrs) == 0 {
+		return nil, ErrNoAddress
+	}
+	full, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, a := range addrs {
+		c, err := dialOne(ctx, full, a)
+		if err == nil {
+			return c, nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", a, err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, fmt.Errorf("client: dial failed: %w", errors.Join(errs...))
+}
+
+func dialOne(ctx context.Context, cfg Config, addr string) (*Conn, error) {
+	d := net.Dialer{Timeout: cfg.DialTimeout}
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	c := &Conn{nc: nc, cfg: cfg, addr: addr, start: time.Now()}
+	leftover, err := c.handshake(ctx)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	c.kick = make(chan struct{}, 1)
+	c.done = make(chan struct{})
+	c.mu.win = newWindow(min(cfg.Window, int(min(uint32(windowLimitMax), c.windowMaxFromServer))))
+	c.mu.pubStart = -1
+	c.mu.consumers = make(map[uint32]*Consumer)
+	c.msgs = make([]wire.DeliverMessage, 0, 64)
+	c.wg.Add(3)
+	go c.writeLoop()
+	go c.readLoop(leftover)
+	go c.heartbeatLoop()
+	return c, nil
+}
+
+// handshake sends HELLO and reads the answer. It returns bytes read past
+// the WELCOME, which belong to the reader.
+func (c *Conn) handshake(ctx context.Context) ([]byte, error) {
+	deadline := time.Now().Add(c.cfg.HandshakeTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	c.nc.SetDeadline(deadline)
+	defer c.nc.SetDeadline(time.Time{})
+	stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+
+	hb := uint32(c.cfg.Heartbeat / time.Millisecond)
+	if c.cfg.Heartbeat > 0 && hb == 0 {
+		hb = 1
+	}
+	hello := wire.AppendHello(nil, []wire.Version{wire.Current}, c.cfg.Name, "none", nil, c.cfg.MaxFrameSize, hb)
+	if _, err := c.nc.Write(hello); err != nil {
+		return nil, c.ctxOr(ctx, err)
+	}
+	buf := make([]byte, 0, 4096)
+	for {
+		h, body, n, err := wire.Next(buf, wire.FrameSizeMax)
+		if err != nil {
+			return nil, fmt.Errorf("%w: handshake: %v", ErrProtocol, err)
+		}
+		if n == 0 {
+			if len(buf) == cap(buf) {
+				buf = append(buf, 0)[:len(buf)]
+			}
+			m, err := c.nc.Read(buf[len(buf):cap(buf)])
+			buf = buf[:len(buf)+m]
+			if err != nil {
+				return nil, c.ctxOr(ctx, fmt.Errorf("handshake: %w", err))
+			}
+			continue
+		}
+		switch h.Type {
+		case wire.TypeWelcome:
+			var w wire.Welcome
+			if err := wire.DecodeWelcome(body, &w); err != nil {
+				return nil, fmt.Errorf("%w: WELCOME: %v", ErrProtocol, err)
+			}
+			if err := c.accept(&w); err != nil {
+				return nil, err
+			}
+			return buf[n:], nil
+		case wire.TypeError:
+			var e wire.Error
+			if err := wire.DecodeError(body, &e); err != nil {
+				return nil, fmt.Errorf("%w: ERROR: %v", ErrProtocol, err)
+			}
+			return nil, &Error{Code: e.Code, Text: string(e.Text)}
+		case wire.TypeClose:
+			var cl wire.Close
+			if err := wire.DecodeClose(body, &cl); err != nil {
+				return nil, fmt.Errorf("%w: CLOSE: %v", ErrProtocol, err)
+			}
+			return nil, &Error{Code: cl.Code, Text: string(cl.Reason)}
+		default:
+			return nil, fmt.Errorf("%w: %v before WELCOME", ErrProtocol, h.Type)
+		}
+	}
+}
+
+func (c *Conn) ctxOr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
+}
+
+// accept checks and adopts the server's WELCOME.
+func (c *Conn) accept(w *wire.Welcome) error {
+	if w.Version != wire.Current {
+		return fmt.Errorf("%w: server chose version %v, offered %v", ErrProtocol, w.Version, wire.Current)
+	}
+	if w.FrameSizeMax < wire.FrameSizeMin || w.FrameSizeMax > wire.FrameSizeMax {
+		return fmt.Errorf("%w: WELCOME frame size %d", ErrProtocol, w.FrameSizeMax)
+	}
+	if w.WindowMax == 0 || w.CreditMax == 0 {
+		return fmt.Errorf("%w: WELCOME window %d credit %d", ErrProtocol, w.WindowMax, w.CreditMax)
+	}
+	c.version = w.Version
+	c.frameMax = w.FrameSizeMax
+	c.heartbeat = time.Duration(w.HeartbeatMs) * time.Millisecond
+	c.creditMax = w.CreditMax
+	c.windowMaxFromServer = w.WindowMax
+	c.serverName = string(w.ServerName)
+	for _, a := range w.Addrs {
+		c.addrs = append(c.addrs, string(a))
+	}
+	return nil
+}
+
+// Addr is the address this Conn dialled.
+func (c *Conn) Addr() string { return c.addr }
+
+// ServerName is the name the server gave in WELCOME.
+func (c *Conn) ServerName() string { return c.serverName }
+
+// ServerAddrs are the cluster addresses the server listed for failover.
+// The slice is the caller's.
+func (c *Conn) ServerAddrs() []string { return append([]string(nil), c.addrs...) }
+
+// MaxFrameSize is the negotiated maximum frame size.
+func (c *Conn) MaxFrameSize() uint32 { return c.frameMax }
+
+// Heartbeat is the negotiated heartbeat interval; 0 means none.
+func (c *Conn) Heartbeat() time.Duration { return c.heartbeat }
+
+// CreditMax is the most credit the server lets one consumer hold.
+func (c *Conn) CreditMax() uint32 { return c.creditMax }
+
+// Window is the most uncompleted commands this Conn allows itself.
+func (c *Conn) Window() int { return c.mu.win.max }
+
+// Done is closed once the connection has ended.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// Err is why the connection ended, or nil while it is up.
+func (c *Conn) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.err
+}
+
+// Flush blocks until every command issued before the call has completed
+// (or failed), or ctx ends. It returns ctx.Err() in the latter case, or the
+// connection's error if it ended with commands still out.
+func (c *Conn) Flush(ctx context.Context) error {
+	c.mu.Lock()
+	target := c.mu.win.next
+	for c.mu.win.tail < target {
+		if c.mu.err != nil {
+			err := c.mu.err
+			c.mu.Unlock()
+			return err
+		}
+		ch := c.waitChLocked()
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		c.mu.Lock()
+	}
+	c.mu.Unlock()
+	return nil
+}
+
+// Close ends the session gracefully: no new commands are taken, commands
+// in flight get up to Config.CloseTimeout to complete, then CLOSE is sent
+// and the server's CLOSE awaited (within the same timeout). Commands still
+// out after that fail with ErrClosed. It blocks until the connection's
+// goroutines have exited. Calling it again is a no-op returning nil.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	if c.mu.closing || c.mu.err != nil {
+		c.mu.Unlock()
+		c.wg.Wait()
+		return nil
+	}
+	c.mu.closing = true
+	c.mu.Unlock()
+
+	timer := time.NewTimer(c.cfg.CloseTimeout)
+	defer timer.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.CloseTimeout)
+	_ = c.Flush(ctx)
+	cancel()
+
+	c.mu.Lock()
+	if c.mu.err == nil {
+		c.sealPublishLocked()
+		c.mu.out = wire.AppendClose(c.mu.out, c.version, wire.CodeOK, "client closing")
+		c.mu.sentClose = true
+		c.kickLocked()
+	}
+	c.mu.Unlock()
+	select {
+	case <-c.done:
+	case <-timer.C:
+		c.fail(fmt.Errorf("%w: no CLOSE from server within %v", ErrClosed, c.cfg.CloseTimeout))
+	}
+	c.wg.Wait()
+	return nil
+}
+
+// fail ends the connection once, with err as the reason every pending and
+// future call reports.
+func (c *Conn) fail(err error) {
+	if !errors.Is(err, ErrClosed) {
+		err = fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	c.mu.Lock()
+	if c.mu.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.mu.err = err
+	var fired []completion
+	w := &c.mu.win
+	for id := w.tail; id < w.next; id++ {
+		if s, ok := w.take(id); ok {
+			if cp, ok := resolve(s, err); ok {
+				fired = append(fired, cp)
+			}
+		}
+	}
+	c.wakeLocked()
+	cons := make([]*Consumer, 0, len(c.mu.consumers))
+	for _, s := range c.mu.consumers {
+		cons = append(cons, s)
+	}
+	c.mu.Unlock()
+	close(c.done)
+	c.nc.Close()
+	for _, cp := range fired {
+		cp.fire()
+	}
+	for _, s := range cons {
+		s.fail(err)
+	}
+}
+
+// waitChLocked returns a channel closed at the next state change that may
+// free window or buffer space or complete commands. c.mu must be held.
+func (c *Conn) waitChLocked() chan struct{} {
+	if c.mu.waitCh == nil {
+		c.mu.waitCh = make(chan struct{})
+	}
+	return c.mu.waitCh
+}
+
+func (c *Conn) wakeLocked() {
+	if c.mu.waitCh != nil {
+		close(c.mu.waitCh)
+		c.mu.waitCh = nil
+	}
+}
+
+func (c *Conn) kickLocked() {
+	if !c.mu.kicked {
+		c.mu.kicked = true
+		select {
+		case c.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// reserveLocked blocks (releasing c.mu while it waits) until one more
+// command fits in the window and the write buffer has room. c.mu must be
+// held; it is held again on return.
+func (c *Conn) reserveLocked(ctx context.Context) error {
+	for {
+		if c.mu.err != nil {
+			return c.mu.err
+		}
+		if c.mu.closing {
+			return ErrClosed
+		}
+		if c.mu.win.canAdd() && len(c.mu.out) < c.cfg.WriteBufferSize {
+			return nil
+		}
+		ch := c.waitChLocked()
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			c.mu.Lock()
+			return ctx.Err()
+		}
+		c.mu.Lock()
+	}
+}
+
+// sealPublishLocked finishes the open PUBLISH frame, if any.
+func (c *Conn) sealPublishLocked() {
+	if c.mu.pubStart < 0 {
+		return
+	}
+	binary.BigEndian.PutUint16(c.mu.out[c.mu.pubCountOff:], uint16(c.mu.pubCount))
+	wire.EndFrame(c.mu.out, c.mu.pubStart, 0)
+	c.mu.pubStart = -1
+	c.mu.pubCount = 0
+}
+
+// command queues one command that carries a command id and reports its
+// result to fn or cl. build appends the frame for the given id. It blocks
+// only while the window or write buffer is full.
+func (c *Conn) command(ctx context.Context, build func(b []byte, id uint64) []byte, fn func(error), cl *call, grp *group) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	if err := c.reserveLocked(ctx); err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	c.sealPublishLocked()
+	id := c.mu.win.add(fn, cl, grp)
+	c.mu.out = build(c.mu.out, id)
+	c.kickLocked()
+	c.mu.Unlock()
+	return nil
+}
+
+// roundTrip issues one command and waits for its completion.
+func (c *Conn) roundTrip(ctx context.Context, build func(b []byte, id uint64) []byte) error {
+	cl := getCall()
+	if err := c.command(ctx, build, nil, cl, nil); err != nil {
+		putCall(cl)
+		return err
+	}
+	return c.wait(ctx, cl)
+}
+
+// wait receives the result of cl. If ctx ends first the command stays out
+// (the server will still answer it) and cl is abandoned to the collector.
+func (c *Conn) wait(ctx context.Context, cl *call) error {
+	select {
+	case err := <-cl.ch:
+		putCall(cl)
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// control queues a frame without a command id (CREDIT, HEARTBEAT). It does
+// not wait for buffer space: such frames are small and bounded by the
+// commands that cause them.
+func (c *Conn) control(build func(b []byte) []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.mu.err != nil {
+		return c.mu.err
+	}
+	c.sealPublishLocked()
+	c.mu.out = build(c.mu.out)
+	c.kickLocked()
+	return nil
+}
+
+func (c *Conn) now() int64 { return int64(time.Since(c.start)) }
+
+func (c *Conn) writeLoop() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.kick:
+		case <-c.done:
+			return
+		}
+		c.mu.Lock()
+		c.mu.kicked = false
+		c.sealPublishLocked()
+		buf := c.mu.out
+		c.mu.out = c.mu.spare
+		c.mu.spare = nil
+		if c.mu.out == nil {
+			c.mu.out = make([]byte, 0, min(c.cfg.WriteBufferSize+int(c.frameMax), 2*c.cfg.WriteBufferSize))
+		}
+		c.wakeLocked()
+		c.mu.Unlock()
+		if len(buf) > 0 {
+			if _, err := c.nc.Write(buf); err != nil {
+				c.fail(fmt.Errorf("write: %w", err))
+				return
+			}
+			c.lastWrite.Store(c.now())
+		}
+		// A buffer that grew far past its bound for one huge frame is
+		// dropped rather than kept for the life of the connection.
+		if cap(buf) <= 4*c.cfg.WriteBufferSize+int(c.frameMax) {
+			c.mu.Lock()
+			c.mu.spare = buf[:0]
+			c.mu.Unlock()
+		}
+	}
+}
+
+func (c *Conn) heartbeatLoop() {
+	defer c.wg.Done()
+	if c.heartbeat <= 0 {
+		return
+	}
+	tick := time.NewTicker(max(c.heartbeat/3, time.Millisecond))
+	defer tick.Stop()
+	hb := int64(c.heartbeat)
+	c.lastRead.Store(c.now())
+	c.lastWrite.Store(c.now())
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-tick.C:
+		}
+		now := c.now()
+		if now-c.lastRead.Load() > 3*hb {
+			c.nc.SetWriteDeadline(time.Now().Add(c.heartbeat))
+			c.nc.Write(wire.AppendClose(nil, c.version, wire.CodeHeartbeatTimeout, "no frame from server for 3 heartbeats"))
+			c.fail(ErrHeartbeatTimeout)
+			return
+		}
+		if now-c.lastWrite.Load() >= hb {
+			if c.control(func(b []byte) []byte { return wire.AppendHeartbeat(b, c.version) }) != nil {
+				return
+			}
+		}
+	}
+}
+
+func (c *Conn) readLoop(leftover []byte) {
+	defer c.wg.Done()
+	buf := make([]byte, max(readBufferInitial, len(leftover)))
+	w := copy(buf, leftover)
+	r := 0
+	for {
+		for {
+			h, body, n, err := wire.Next(buf[r:w], c.frameMax)
+			if err != nil {
+				c.protocolError(wire.CodeMalformed, err.Error())
+				return
+			}
+			if n == 0 {
+				break
+			}
+			if err := c.handleFrame(h, body); err != nil {
+				if errors.Is(err, ErrClosed) {
+					c.fail(err)
+				} else {
+					c.protocolError(wire.CodeMalformed, err.Error())
+				}
+				return
+			}
+			r += n
+		}
+		if r > 0 {
+			w = copy(buf, buf[r:w])
+			r = 0
+		}
+		if w >= wire.HeaderSize {
+			// The header was checked by wire.Next, so total is within
+			// the negotiated maximum.
+			total := wire.HeaderSize + int(binary.BigEndian.Uint32(buf[8:]))
+			if total > len(buf) {
+				nb := make([]byte, total)
+				copy(nb, buf[:w])
+				buf = nb
+			}
+		}
+		n, err := c.nc.Read(buf[w:])
+		if n > 0 {
+			w += n
+			c.lastRead.Store(c.now())
+		}
+		if err != nil {
+			c.fail(fmt.Errorf("read: %w", err))
+			return
+		}
+	}
+}
+
+// protocolError tells the server why we are leaving, then leaves.
+func (c *Conn) protocolError(code wire.ErrorCode, text string) {
+	c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+	c.nc.Write(wire.AppendClose(nil, c.version, code, text))
+	c.fail(fmt.Errorf("%w: %s", ErrProtocol, text))
+}
+
+func (c *Conn) handleFrame(h wire.Header, body []byte) error {
+	if h.Version.Minor() > c.version.Minor() {
+		return nil // a newer minor version's frame: skipped by its length
+	}
+	if h.Channel != 0 {
+		return fmt.Errorf("frame on channel %d", h.Channel)
+	}
+	switch h.Type {
+	case wire.TypeHeartbeat:
+		return nil
+	case wire.TypeComplete:
+		rl, err := wire.DecodeComplete(body)
+		if err != nil {
+			return fmt.Errorf("COMPLETE: %w", err)
+		}
+		c.complete(rl)
+		return nil
+	case wire.TypeError:
+		var e wire.Error
+		if err := wire.DecodeError(body, &e); err != nil {
+			return fmt.Errorf("ERROR: %w", err)
+		}
+		se := &Error{Code: e.Code, Text: string(e.Text), CommandID: e.CommandID}
+		if e.CommandID == 0 {
+			if c.cfg.ErrorHandler != nil {
+				c.cfg.ErrorHandler(se)
+			}
+			return nil
+		}
+		c.mu.Lock()
+		s, ok := c.mu.win.take(e.CommandID)
+		var cp completion
+		if ok {
+			cp, ok = resolve(s, se)
+			c.wakeLocked()
+		}
+		c.mu.Unlock()
+		if ok {
+			cp.fire()
+		}
+		return nil
+	case wire.TypeDeliver:
+		return c.deliver(body)
+	case wire.TypeClose:
+		var cl wire.Close
+		if err := wire.DecodeClose(body, &cl); err != nil {
+			return fmt.Errorf("CLOSE: %w", err)
+		}
+		c.mu.Lock()
+		answer := !c.mu.sentClose
+		c.mu.Unlock()
+		if answer {
+			c.nc.SetWriteDeadline(time.Now().Add(time.Second))
+			c.nc.Write(wire.AppendClose(nil, c.version, wire.CodeOK, ""))
+		}
+		if cl.Code == wire.CodeOK {
+			return ErrClosed
+		}
+		return fmt.Errorf("%w: %w", ErrClosed, &Error{Code: cl.Code, Text: string(cl.Reason)})
+	default:
+		return fmt.Errorf("unexpected frame %v (type 0x%02x)", h.Type, uint8(h.Type))
+	}
+}
+
+// complete retires the command ids of a COMPLETE and fires their callbacks
+// outside the lock.
+func (c *Conn) complete(rl wire.RangeList) {
+	fired := c.scratch[:0]
+	c.mu.Lock()
+	w := &c.mu.win
+	for i := 0; i < rl.Len(); i++ {
+		rg := rl.At(i)
+		lo, hi := max(rg.First, w.tail), min(rg.Last, w.next-1)
+		for id := lo; id <= hi; id++ {
+			if s, ok := w.take(id); ok {
+				if cp, ok := resolve(s, nil); ok {
+					fired = append(fired, cp)
+				}
+			}
+		}
+	}
+	c.wakeLocked()
+	c.mu.Unlock()
+	for i := range fired {
+		fired[i].fire()
+		fired[i] = completion{}
+	}
+	c.scratch = fired[:0]
+}

@@ -1,0 +1,542 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/berthmq/berth/wire"
+)
+
+// AckMode is how a consumer settles its messages.
+type AckMode uint8
+
+const (
+	// AckExplicit keeps each delivered message acquired until the client
+	// accepts, releases or rejects it (or the session ends: then it is
+	// requeued).
+	AckExplicit = AckMode(wire.AckExplicit)
+	// AckNone settles messages on delivery: at-most-once.
+	AckNone = AckMode(wire.AckNone)
+)
+
+// SubscribeOptions are the options of Subscribe.
+type SubscribeOptions struct {
+	// Credit is the initial credit: how many messages the server may send
+	// before it is given more. 0 starts with none (grant it with
+	// Consumer.Credit). It is lowered to the server's CreditMax and to
+	// 65536, the most a consumer buffers.
+	Credit uint32
+	// AckMode is AckExplicit (the zero value) or AckNone.
+	AckMode AckMode
+	// Exclusive asks to be the queue's only consumer.
+	Exclusive bool
+	// AutoCredit gives credit back as messages are settled (for AckNone: as
+	// Next hands them out), like a prefetch count: at most Credit messages
+	// are then delivered and unsettled at any time. Credit goes back in
+	// batches of a quarter of Credit, or at once when the buffer runs dry.
+	AutoCredit bool
+}
+
+// Delivery is one delivered message. Its fields are the caller's to keep;
+// Payload and Props may share a backing array with other messages of the
+// same batch, so slicing beyond their length is not allowed.
+type Delivery struct {
+	Tag           uint64 // unique and increasing per consumer, from 1
+	DeliveryCount uint32 // earlier deliveries of this message
+	Redelivered   bool
+	Exchange      string
+	RoutingKey    string
+	Props         []byte
+	Payload       []byte
+
+	consumer *Consumer
+}
+
+// Consumer receives the messages of one subscription. Its methods are safe
+// for concurrent use.
+type Consumer struct {
+	c          *Conn
+	id         uint32
+	queue      string
+	ackMode    AckMode
+	autoCredit bool
+	grantAt    uint32 // AutoCredit: credit owed is sent once it reaches this
+
+	mu struct {
+		sync.Mutex
+		q         []*Delivery // buffered deliveries; live ones are q[head:]
+		head      int
+		credit    uint32              // the server's credit as far as we know; never below it
+		unsettled map[uint64]struct{} // AutoCredit with AckExplicit: delivered, not yet settled
+		grant     uint32              // AutoCredit: credit owed to the server
+		cancelled bool                // CANCEL completed: nothing more will arrive
+		err       error
+		waitCh    chan struct{}
+	}
+}
+
+// Subscribe starts a consumer on queue and blocks until the server
+// confirmed it or ctx ends. It returns an *Error not-found if the queue
+// does not exist, not-allowed if it is another session's exclusive queue
+// or already has an exclusive consumer. If ctx ends first the subscription
+// is cancelled in the background.
+func (c *Conn) Subscribe(ctx context.Context, queue string, opts SubscribeOptions) (*Consumer, error) {
+	if err := checkName("queue", queue); err != nil {
+		return nil, err
+	}
+	if opts.AckMode > AckNone {
+		return nil, fmt.Errorf("%w: ack mode %d", ErrInvalid, opts.AckMode)
+	}
+	credit := min(opts.Credit, c.creditMax, consumerBufferMax)
+	s := &Consumer{c: c, queue: queue, ackMode: opts.AckMode, autoCredit: opts.AutoCredit, grantAt: max(1, credit/4)}
+	s.mu.credit = credit
+	if opts.AutoCredit && opts.AckMode == AckExplicit {
+		s.mu.unsettled = make(map[uint64]struct{}, credit)
+	}
+	c.mu.Lock()
+	if c.mu.err != nil {
+		err := c.mu.err
+		c.mu.Unlock()
+		return nil, err
+	}
+	if c.mu.nextCons == ^uint32(0) {
+		c.mu.Unlock()
+		return nil, fmt.Errorf("%w: consumer ids exhausted on this connection", ErrInvalid)
+	}
+	c.mu.nextCons++
+	s.id = c.mu.nextCons
+	// Registered before SUBSCRIBE goes out: deliveries may precede its
+	// completion.
+	c.mu.consumers[s.id] = s
+	c.mu.Unlock()
+
+	d := wire.Subscribe{ConsumerID: s.id, Queue: []byte(queue), Credit: credit, AckMode: uint8(opts.AckMode)}
+	if opts.Exclusive {
+		d.Flags |= wire.SubscribeExclusive
+	}
+	cl := getCall()
+	err := c.command(ctx, func(b []byte, id uint64) []byte {
+		d.CommandID = id
+		return wire.AppendSubscribe(b, c.version, &d)
+	}, nil, cl, nil)
+	if err != nil {
+		putCall(cl)
+		c.forget(s.id)
+		return nil, err
+	}
+	if err := c.wait(ctx, cl); err != nil {
+		if ctx.Err() != nil && err == ctx.Err() {
+			go func() {
+				cctx, cancel := context.WithTimeout(context.Background(), c.cfg.CloseTimeout)
+				defer cancel()
+				s.Cancel(cctx)
+			}()
+			return nil, err
+		}
+		c.forget(s.id)
+		return nil, err
+	}
+	return s, nil
+}
+
+func (c *Conn) forget(id uint32) {
+	c.mu.Lock()
+	delete(c.mu.consumers, id)
+	c.mu.Unlock()
+}
+
+// ID is the consumer id on the wire.
+func (s *Consumer) ID() uint32 { return s.id }
+
+// Queue is the queue this consumer reads.
+func (s *Consumer) Queue() string { return s.queue }
+
+// Buffered is how many delivered messages wait for Next.
+func (s *Consumer) Buffered() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.mu.q) - s.mu.head
+}
+
+// Next returns the next delivered message, blocking until one arrives or
+// ctx ends. After Cancel it returns what was delivered before, then
+// ErrConsumerClosed; after the connection ends, what was buffered, then the
+// connection's error. Messages of an AckExplicit consumer must be settled
+// (Accept, Release, Reject); unsettled ones are requeued when the session
+// ends.
+func (s *Consumer) Next(ctx context.Context) (*Delivery, error) {
+	s.mu.Lock()
+	for {
+		if s.mu.head < len(s.mu.q) {
+			d := s.mu.q[s.mu.head]
+			s.mu.q[s.mu.head] = nil
+			s.mu.head++
+			if s.mu.head == len(s.mu.q) {
+				s.mu.q = s.mu.q[:0]
+				s.mu.head = 0
+			}
+			var n uint32
+			if s.autoCredit && s.ackMode == AckNone {
+				s.mu.grant++
+				n = s.takeGrantLocked()
+			}
+			s.mu.Unlock()
+			s.sendCredit(n)
+			return d, nil
+		}
+		if s.mu.err != nil {
+			err := s.mu.err
+			s.mu.Unlock()
+			return nil, err
+		}
+		if s.mu.cancelled {
+			s.mu.Unlock()
+			return nil, ErrConsumerClosed
+		}
+		// About to wait with nothing buffered: credit still owed must go
+		// out now or the server may have nothing to send.
+		n := s.takeGrantLocked()
+		if n > 0 {
+			s.mu.Unlock()
+			s.sendCredit(n)
+			s.mu.Lock()
+			continue
+		}
+		if s.mu.waitCh == nil {
+			s.mu.waitCh = make(chan struct{})
+		}
+		ch := s.mu.waitCh
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		s.mu.Lock()
+	}
+}
+
+// takeGrantLocked returns the owed credit to send now, if it is time:
+// once it reached grantAt, or when nothing is buffered. s.mu must be held.
+func (s *Consumer) takeGrantLocked() uint32 {
+	g := s.mu.grant
+	if g == 0 || (g < s.grantAt && s.mu.head < len(s.mu.q)) {
+		return 0
+	}
+	s.mu.grant = 0
+	return s.addCreditLocked(g)
+}
+
+// addCreditLocked raises our view of the server's credit by up to n,
+// keeping it within CreditMax and keeping credit plus buffered messages
+// within consumerBufferMax, and returns how much was added.
+func (s *Consumer) addCreditLocked(n uint32) uint32 {
+	buffered := uint64(len(s.mu.q) - s.mu.head)
+	limit := min(uint64(s.c.creditMax), consumerBufferMax-min(buffered, consumerBufferMax))
+	room := uint64(0)
+	if limit > uint64(s.mu.credit) {
+		room = limit - uint64(s.mu.credit)
+	}
+	add := uint32(min(uint64(n), room))
+	s.mu.credit += add
+	return add
+}
+
+func (s *Consumer) sendCredit(n uint32) {
+	if n == 0 {
+		return
+	}
+	id := s.id
+	s.c.control(func(b []byte) []byte { return wire.AppendCredit(b, s.c.version, id, n) })
+}
+
+// Credit lets the server send n more messages. It does not block and has
+// no completion. The grant is lowered so the consumer never holds more
+// than CreditMax credit, nor more than 65536 credit plus buffered
+// messages; it returns how much was granted.
+func (s *Consumer) Credit(n uint32) (uint32, error) {
+	s.mu.Lock()
+	if s.mu.err != nil {
+		err := s.mu.err
+		s.mu.Unlock()
+		return 0, err
+	}
+	if s.mu.cancelled {
+		s.mu.Unlock()
+		return 0, ErrConsumerClosed
+	}
+	add := s.addCreditLocked(n)
+	s.mu.Unlock()
+	if add > 0 {
+		if err := s.c.control(func(b []byte) []byte { return wire.AppendCredit(b, s.c.version, s.id, add) }); err != nil {
+			return 0, err
+		}
+	}
+	return add, nil
+}
+
+// Cancel stops deliveries and blocks until the server confirmed it or ctx
+// ends. Messages delivered before stay acquired and may still be settled;
+// Next hands out those already buffered. Cancelling twice is a no-op.
+func (s *Consumer) Cancel(ctx context.Context) error {
+	s.mu.Lock()
+	done := s.mu.cancelled
+	s.mu.Unlock()
+	if done {
+		return nil
+	}
+	c := s.c
+	err := c.roundTrip(ctx, func(b []byte, id uint64) []byte {
+		return wire.AppendCancel(b, c.version, id, s.id)
+	})
+	if err != nil {
+		return err
+	}
+	c.forget(s.id)
+	s.mu.Lock()
+	s.mu.cancelled = true
+	s.wakeLocked()
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Consumer) wakeLocked() {
+	if s.mu.waitCh != nil {
+		close(s.mu.waitCh)
+		s.mu.waitCh = nil
+	}
+}
+
+func (s *Consumer) fail(err error) {
+	s.mu.Lock()
+	if s.mu.err == nil {
+		s.mu.err = err
+	}
+	s.wakeLocked()
+	s.mu.Unlock()
+}
+
+// push hands a batch of deliveries to the consumer. A batch beyond the
+// credit we gave is a server bug and ends the connection.
+func (s *Consumer) push(ds []Delivery) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if uint64(len(ds)) > uint64(s.mu.credit) {
+		return fmt.Errorf("consumer %d got %d messages with %d credit", s.id, len(ds), s.mu.credit)
+	}
+	s.mu.credit -= uint32(len(ds))
+	if s.mu.head > 0 && len(s.mu.q)+len(ds) > cap(s.mu.q) {
+		n := copy(s.mu.q, s.mu.q[s.mu.head:])
+		clear(s.mu.q[n:])
+		s.mu.q = s.mu.q[:n]
+		s.mu.head = 0
+	}
+	for i := range ds {
+		s.mu.q = append(s.mu.q, &ds[i])
+		if s.mu.unsettled != nil {
+			s.mu.unsettled[ds[i].Tag] = struct{}{}
+		}
+	}
+	s.wakeLocked()
+	return nil
+}
+
+// deliverScratch locates one message's strings in the batch's string block.
+type deliverScratch struct{ ex0, ex1, key0, key1 int }
+
+// deliver copies a DELIVER batch out of the read buffer: one block for
+// payloads and props, one string for exchanges and keys (repeated ones are
+// shared), one slab of Delivery structs.
+func (c *Conn) deliver(body []byte) error {
+	if err := wire.DecodeDeliver(body, &c.dec); err != nil {
+		return fmt.Errorf("DELIVER: %w", err)
+	}
+	c.mu.Lock()
+	s := c.mu.consumers[c.dec.ConsumerID]
+	c.mu.Unlock()
+	if s == nil {
+		if c.cfg.ErrorHandler != nil {
+			c.cfg.ErrorHandler(fmt.Errorf("%w: %d deliveries for unknown consumer %d ignored", ErrProtocol, c.dec.Count, c.dec.ConsumerID))
+		}
+		return nil
+	}
+	msgs := c.msgs[:0]
+	var m wire.DeliverMessage
+	nbytes := 0
+	for c.dec.Next(&m) {
+		msgs = append(msgs, m)
+		nbytes += len(m.Props) + len(m.Payload)
+	}
+	c.msgs = msgs
+	pos := make([]deliverScratch, len(msgs))
+	var strs []byte
+	for i := range msgs {
+		if i > 0 && bytes.Equal(msgs[i].Exchange, msgs[i-1].Exchange) {
+			pos[i].ex0, pos[i].ex1 = pos[i-1].ex0, pos[i-1].ex1
+		} else {
+			pos[i].ex0 = len(strs)
+			strs = append(strs, msgs[i].Exchange...)
+			pos[i].ex1 = len(strs)
+		}
+		if i > 0 && bytes.Equal(msgs[i].RoutingKey, msgs[i-1].RoutingKey) {
+			pos[i].key0, pos[i].key1 = pos[i-1].key0, pos[i-1].key1
+		} else {
+			pos[i].key0 = len(strs)
+			strs = append(strs, msgs[i].RoutingKey...)
+			pos[i].key1 = len(strs)
+		}
+	}
+	str := string(strs)
+	block := make([]byte, nbytes)
+	slab := make([]Delivery, len(msgs))
+	off := 0
+	for i := range msgs {
+		m := &msgs[i]
+		d := &slab[i]
+		d.Tag = m.Tag
+		d.DeliveryCount = m.DeliveryCount
+		d.Redelivered = m.Flags&wire.MsgRedelivered != 0
+		d.Exchange = str[pos[i].ex0:pos[i].ex1]
+		d.RoutingKey = str[pos[i].key0:pos[i].key1]
+		if len(m.Props) > 0 {
+			d.Props = block[off : off+len(m.Props) : off+len(m.Props)]
+			off += copy(d.Props, m.Props)
+		}
+		d.Payload = block[off : off+len(m.Payload) : off+len(m.Payload)]
+		off += copy(d.Payload, m.Payload)
+		d.consumer = s
+		*m = wire.DeliverMessage{}
+	}
+	return s.push(slab)
+}
+
+// Accept settles the message for good and blocks until the server
+// completed it (its dequeue is durable) or ctx ends. Settling a message
+// twice, or one of an AckNone consumer, is accepted and ignored.
+func (d *Delivery) Accept(ctx context.Context) error {
+	return d.consumer.settle(ctx, wire.TypeAccept, []uint64{d.Tag}, nil, true)
+}
+
+// Release puts the message back at its old place in the queue; it blocks
+// like Accept.
+func (d *Delivery) Release(ctx context.Context) error {
+	return d.consumer.settle(ctx, wire.TypeRelease, []uint64{d.Tag}, nil, true)
+}
+
+// Reject dead-letters the message (or discards it when its queue has no
+// dead-letter exchange); it blocks like Accept.
+func (d *Delivery) Reject(ctx context.Context) error {
+	return d.consumer.settle(ctx, wire.TypeReject, []uint64{d.Tag}, nil, true)
+}
+
+// Accept settles the messages with the given tags (any order; duplicates
+// are fine) and blocks until the server completed it or ctx ends. Tags
+// already settled or unknown to the server are ignored by it. It returns
+// ErrNoTags for an empty list, or the first error of the server.
+func (s *Consumer) Accept(ctx context.Context, tags ...uint64) error {
+	return s.settle(ctx, wire.TypeAccept, tags, nil, true)
+}
+
+// Release is Accept for RELEASE: the messages go back to their places.
+func (s *Consumer) Release(ctx context.Context, tags ...uint64) error {
+	return s.settle(ctx, wire.TypeRelease, tags, nil, true)
+}
+
+// Reject is Accept for REJECT: the messages are dead-lettered or dropped.
+func (s *Consumer) Reject(ctx context.Context, tags ...uint64) error {
+	return s.settle(ctx, wire.TypeReject, tags, nil, true)
+}
+
+// AcceptAsync queues an ACCEPT of tags and returns without waiting for the
+// server; it blocks only while the connection's window is full, until ctx
+// ends. tags is read before it returns. done, if not nil, gets the result
+// exactly once, under the same rules as PublishAsync's done.
+func (s *Consumer) AcceptAsync(ctx context.Context, tags []uint64, done func(error)) error {
+	return s.settle(ctx, wire.TypeAccept, tags, done, false)
+}
+
+// ReleaseAsync is AcceptAsync for RELEASE.
+func (s *Consumer) ReleaseAsync(ctx context.Context, tags []uint64, done func(error)) error {
+	return s.settle(ctx, wire.TypeRelease, tags, done, false)
+}
+
+// RejectAsync is AcceptAsync for REJECT.
+func (s *Consumer) RejectAsync(ctx context.Context, tags []uint64, done func(error)) error {
+	return s.settle(ctx, wire.TypeReject, tags, done, false)
+}
+
+func (s *Consumer) settle(ctx context.Context, t wire.Type, tags []uint64, done func(error), wait bool) error {
+	if len(tags) == 0 {
+		return ErrNoTags
+	}
+	c := s.c
+	ranges := buildRanges(nil, tags)
+	per := rangesPerFrame(c.frameMax)
+	chunks := (len(ranges) + per - 1) / per
+	var cl *call
+	if wait {
+		cl = getCall()
+	}
+	var grp *group
+	if chunks > 1 {
+		grp = &group{remaining: chunks, fn: done, call: cl}
+	}
+	for i := 0; i < chunks; i++ {
+		part := ranges[i*per : min(len(ranges), (i+1)*per)]
+		build := func(b []byte, id uint64) []byte {
+			return wire.AppendSettle(b, c.version, t, id, s.id, part)
+		}
+		var err error
+		if grp != nil {
+			err = c.command(ctx, build, nil, nil, grp)
+		} else {
+			err = c.command(ctx, build, done, cl, nil)
+		}
+		if err != nil {
+			if i == 0 {
+				if cl != nil {
+					putCall(cl)
+				}
+				return err
+			}
+			// Some parts are out: the group ends when they do, carrying
+			// this error for the parts never sent.
+			c.mu.Lock()
+			grp.remaining -= chunks - i - 1
+			cp, fire := resolve(slot{grp: grp}, err)
+			c.mu.Unlock()
+			if fire {
+				cp.fire()
+			}
+			return c.waitIf(ctx, cl)
+		}
+	}
+	s.settled(tags)
+	return c.waitIf(ctx, cl)
+}
+
+func (c *Conn) waitIf(ctx context.Context, cl *call) error {
+	if cl == nil {
+		return nil
+	}
+	return c.wait(ctx, cl)
+}
+
+// settled returns credit for tags under AutoCredit.
+func (s *Consumer) settled(tags []uint64) {
+	if !s.autoCredit || s.ackMode != AckExplicit {
+		return
+	}
+	s.mu.Lock()
+	for _, t := range tags {
+		if _, ok := s.mu.unsettled[t]; ok {
+			delete(s.mu.unsettled, t)
+			s.mu.grant++
+		}
+	}
+	n := s.takeGrantLocked()
+	s.mu.Unlock()
+	s.sendCredit(n)
+}

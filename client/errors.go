@@ -1,0 +1,60 @@
+package client
+
+import (
+	"errors"
+
+	"github.com/berthmq/berth/wire"
+)
+
+// Sentinel errors. Every error this package returns either is one of these,
+// wraps one of them, or is an *Error from the server.
+var (
+	// ErrClosed is returned once the connection has ended, by Close, by the
+	// server, or by a failure. Errors for commands that were still in flight
+	// wrap it, together with the cause when there is one.
+	ErrClosed = errors.New("client: connection closed")
+	// ErrNoAddress is returned by Dial when it is given no address.
+	ErrNoAddress = errors.New("client: no address to dial")
+	// ErrProtocol means the server sent something the protocol forbids; the
+	// connection is closed.
+	ErrProtocol = errors.New("client: protocol violation by server")
+	// ErrHeartbeatTimeout means nothing arrived from the server for three
+	// heartbeat intervals; the connection is closed.
+	ErrHeartbeatTimeout = errors.New("client: server missed its heartbeats")
+	// ErrTooLarge means a message or command does not fit in one frame of
+	// the negotiated maximum size.
+	ErrTooLarge = errors.New("client: command exceeds the negotiated maximum frame size")
+	// ErrInvalid means an argument cannot be encoded (a name or key too
+	// long, an unknown option value).
+	ErrInvalid = errors.New("client: invalid argument")
+	// ErrConsumerClosed is returned by Consumer.Next once the consumer was
+	// cancelled and every message delivered before that was handed out.
+	ErrConsumerClosed = errors.New("client: consumer cancelled")
+	// ErrNoTags is returned by the batch settle calls when given no tags.
+	ErrNoTags = errors.New("client: no delivery tags given")
+)
+
+// Error is an ERROR frame from the server: a command failed, or (CommandID
+// 0) the connection is in trouble. Use errors.As to get at it.
+type Error struct {
+	Code      wire.ErrorCode
+	Text      string
+	CommandID uint64 // 0 for errors that concern the connection
+}
+
+func (e *Error) Error() string {
+	if e.Text == "" {
+		return "client: server error " + e.Code.String()
+	}
+	return "client: server error " + e.Code.String() + ": " + e.Text
+}
+
+// Code returns the server error code carried by err, or wire.CodeOK when
+// err is nil or carries no *Error.
+func Code(err error) wire.ErrorCode {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return wire.CodeOK
+}

@@ -1,0 +1,119 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/berthmq/berth/wire"
+)
+
+// PublishOptions are per-message options.
+type PublishOptions struct {
+	// Persistent asks for the message to be journalled when it lands on a
+	// durable queue; its publish then completes only once it is durable.
+	Persistent bool
+	// TTL expires the message if it is not consumed in time; 0 = none.
+	// Rounded up to whole milliseconds.
+	TTL time.Duration
+	// Props are opaque application properties handed to consumers
+	// unchanged; at most wire.PropsLenMax bytes.
+	Props []byte
+}
+
+// durationMs converts d to wire milliseconds, rounding a positive
+// sub-millisecond duration up so it is not read as "none".
+func durationMs(d time.Duration) uint64 {
+	if d <= 0 {
+		return 0
+	}
+	return uint64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// Publish sends one message to exchange ("" is the default exchange, where
+// key names the queue) and blocks until the server completed it, or until
+// ctx ends. It returns nil once the message is enqueued on every queue it
+// routes to (durable, if Persistent and the queue is durable), or was
+// dropped because it routed nowhere; an *Error (not-found, resource-limit,
+// store, ...) if the server refused it. If ctx ends first it returns
+// ctx.Err() and the message may still be published.
+//
+// payload and opts.Props are copied before Publish queues the message.
+func (c *Conn) Publish(ctx context.Context, exchange, key string, payload []byte, opts PublishOptions) error {
+	cl := getCall()
+	if err := c.publish(ctx, exchange, key, payload, &opts, nil, cl); err != nil {
+		putCall(cl)
+		return err
+	}
+	return c.wait(ctx, cl)
+}
+
+// PublishAsync queues one message and returns without waiting for the
+// server. It blocks only while the connection's window of uncompleted
+// commands (or its write buffer) is full, until ctx ends; then it returns
+// ctx.Err() and the message is not sent. On any other error the message is
+// not sent and done is not called.
+//
+// payload and opts.Props are copied into the outgoing frame before
+// PublishAsync returns, so the caller may reuse them at once.
+//
+// done, if not nil, is called exactly once with the result Publish would
+// return. It runs on the connection's reader goroutine (or on whichever
+// goroutine notices the connection fail), in completion order; it must be
+// quick and must not call methods of this Conn that wait (Publish,
+// PublishAsync, Flush, declares, Close, ...). Messages may complete out of
+// order when they go to different queues.
+//
+// With a done that does not capture per-message state, PublishAsync does
+// not allocate in steady state.
+func (c *Conn) PublishAsync(ctx context.Context, exchange, key string, payload []byte, opts PublishOptions, done func(error)) error {
+	return c.publish(ctx, exchange, key, payload, &opts, done, nil)
+}
+
+func (c *Conn) publish(ctx context.Context, exchange, key string, payload []byte, opts *PublishOptions, fn func(error), cl *call) error {
+	if len(exchange) > wire.NameLenMax {
+		return fmt.Errorf("%w: exchange name longer than %d bytes", ErrInvalid, wire.NameLenMax)
+	}
+	if len(key) > wire.RoutingKeyLenMax {
+		return fmt.Errorf("%w: routing key longer than %d bytes", ErrInvalid, wire.RoutingKeyLenMax)
+	}
+	if len(opts.Props) > wire.PropsLenMax {
+		return fmt.Errorf("%w: props longer than %d bytes", ErrInvalid, wire.PropsLenMax)
+	}
+	// The whole message must fit in a PUBLISH frame of its own.
+	msgLen := wire.PublishMessageOverhead + len(key) + len(opts.Props) + len(payload)
+	if wire.HeaderSize+8+2+len(exchange)+2+msgLen > int(c.frameMax) {
+		return ErrTooLarge
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var flags uint8
+	if opts.Persistent {
+		flags |= wire.MsgPersistent
+	}
+	ttl := durationMs(opts.TTL)
+
+	c.mu.Lock()
+	if err := c.reserveLocked(ctx); err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	// Join the open PUBLISH frame when it is for the same exchange and has
+	// room; ids stay consecutive because any other frame seals it.
+	if c.mu.pubStart < 0 || c.mu.pubExchange != exchange || c.mu.pubCount >= wire.BatchMax ||
+		len(c.mu.out)-c.mu.pubStart+msgLen > int(c.frameMax) {
+		c.sealPublishLocked()
+		var start int
+		c.mu.out, start = wire.AppendPublishStart(c.mu.out, c.version, c.mu.win.next, exchange, 0)
+		c.mu.pubStart = start
+		c.mu.pubCountOff = len(c.mu.out) - 2
+		c.mu.pubExchange = exchange
+	}
+	c.mu.win.add(fn, cl, nil)
+	c.mu.out = wire.AppendPublishMessage(c.mu.out, flags, ttl, key, opts.Props, payload)
+	c.mu.pubCount++
+	c.kickLocked()
+	c.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,174 @@
+package client
+
+import (
+	"slices"
+	"sync"
+
+	"github.com/berthmq/berth/wire"
+)
+
+// Client-side bounds.
+const (
+	// WindowDefault is the most uncompleted commands a Conn keeps when
+	// Config.Window is 0 (the server's WindowMax lowers it further).
+	WindowDefault = 8192
+	// windowLimitMax bounds Config.Window, and so the pending ring.
+	windowLimitMax = 1 << 16
+	// writeBufferDefault is how many encoded bytes may wait for the writer
+	// before callers block, when Config.WriteBufferSize is 0.
+	writeBufferDefault = 1 << 20
+	// consumerBufferMax bounds the deliveries one consumer buffers; credit
+	// is clamped so that the server can never send more than this.
+	consumerBufferMax = 1 << 16
+	// readBufferInitial is the reader's starting buffer; it grows up to the
+	// negotiated maximum frame size when a larger frame arrives.
+	readBufferInitial = 64 << 10
+)
+
+// call is a synchronous waiter for one command (or a group of commands).
+// It is pooled; it returns to the pool only after its result was received,
+// so a slot can never point at a recycled call.
+type call struct{ ch chan error }
+
+var callPool = sync.Pool{New: func() any { return &call{ch: make(chan error, 1)} }}
+
+func getCall() *call  { return callPool.Get().(*call) }
+func putCall(c *call) { callPool.Put(c) }
+
+// group joins several commands (a settle split over many frames) into one
+// result: the first error, delivered once the last command finished.
+type group struct {
+	remaining int
+	err       error
+	fn        func(error)
+	call      *call
+}
+
+// slot is one uncompleted command.
+type slot struct {
+	id   uint64
+	used bool
+	fn   func(error)
+	call *call
+	grp  *group
+}
+
+// completion is a finished command whose waiter or callback still has to be
+// told; it is fired outside any lock.
+type completion struct {
+	fn   func(error)
+	call *call
+	err  error
+}
+
+func (c completion) fire() {
+	if c.fn != nil {
+		c.fn(c.err)
+	}
+	if c.call != nil {
+		c.call.ch <- c.err // cap 1, told exactly once: never blocks
+	}
+}
+
+// window is the ring of uncompleted commands, indexed by command id. Ids
+// are handed out in order; completions come in any order. The ring is twice
+// the window so that a slow old command does not stop the session while
+// newer ones complete, yet a slot is never reused while its command is out.
+type window struct {
+	slots    []slot
+	mask     uint64
+	tail     uint64 // every id below tail is completed
+	next     uint64 // the next id to hand out
+	inflight int
+	max      int
+}
+
+func newWindow(max int) window {
+	size := 1
+	for size < 2*max {
+		size <<= 1
+	}
+	return window{slots: make([]slot, size), mask: uint64(size - 1), tail: 1, next: 1, max: max}
+}
+
+// canAdd reports whether one more command fits.
+func (w *window) canAdd() bool {
+	return w.inflight < w.max && w.next-w.tail < uint64(len(w.slots))
+}
+
+// add hands out the next id. The caller checked canAdd.
+func (w *window) add(fn func(error), cl *call, grp *group) uint64 {
+	id := w.next
+	w.next++
+	s := &w.slots[id&w.mask]
+	*s = slot{id: id, used: true, fn: fn, call: cl, grp: grp}
+	w.inflight++
+	return id
+}
+
+// take removes command id and returns it; ok is false if id is not out.
+func (w *window) take(id uint64) (slot, bool) {
+	if id < w.tail || id >= w.next {
+		return slot{}, false
+	}
+	s := &w.slots[id&w.mask]
+	if !s.used || s.id != id {
+		return slot{}, false
+	}
+	out := *s
+	*s = slot{}
+	w.inflight--
+	for w.tail < w.next && !w.slots[w.tail&w.mask].used {
+		w.tail++
+	}
+	return out, true
+}
+
+// resolve turns a finished slot into the completion to fire, if any: a
+// grouped command only fires when its group's last command finishes.
+func resolve(s slot, err error) (completion, bool) {
+	if s.grp == nil {
+		return completion{fn: s.fn, call: s.call, err: err}, true
+	}
+	g := s.grp
+	if err != nil && g.err == nil {
+		g.err = err
+	}
+	g.remaining--
+	if g.remaining > 0 {
+		return completion{}, false
+	}
+	return completion{fn: g.fn, call: g.call, err: g.err}, true
+}
+
+// buildRanges merges tags into sorted inclusive ranges, appended to dst.
+// tags is not modified; duplicates collapse.
+func buildRanges(dst []wire.Range, tags []uint64) []wire.Range {
+	if len(tags) == 0 {
+		return dst
+	}
+	if !slices.IsSorted(tags) {
+		tags = slices.Clone(tags)
+		slices.Sort(tags)
+	}
+	cur := wire.Range{First: tags[0], Last: tags[0]}
+	for _, t := range tags[1:] {
+		switch {
+		case t <= cur.Last:
+			// duplicate
+		case t == cur.Last+1:
+			cur.Last = t
+		default:
+			dst = append(dst, cur)
+			cur = wire.Range{First: t, Last: t}
+		}
+	}
+	return append(dst, cur)
+}
+
+// rangesPerFrame is how many tag ranges fit in one settle frame of the
+// given maximum size, bounded by wire.RangesMax.
+func rangesPerFrame(frameMax uint32) int {
+	n := (int(frameMax) - wire.HeaderSize - 8 - 4 - 2) / 16
+	return max(1, min(n, wire.RangesMax))
+}
