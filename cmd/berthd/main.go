@@ -1,0 +1,76 @@
+// Command berthd runs a Berth broker. With no flags it runs a single node
+// with embedded defaults: clients on 127.0.0.1:7400, admin HTTP on
+// 127.0.0.1:7480.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+
+	"github.com/berthmq/berth/server"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func envOr(key, def string) string {
+	if v, ok := os.LookupEnv(key); ok {
+		return v
+	}
+	return def
+}
+
+func envInt(key string, def int) int {
+	if v, ok := os.LookupEnv(key); ok {
+		if n, err := strconv.Atoi(v); err == nil {
+			return n
+		}
+	}
+	return def
+}
+
+func run(args []string) int {
+	d := server.DefaultConfig()
+	fs := flag.NewFlagSet("berthd", flag.ContinueOnError)
+	listen := fs.String("listen", envOr("BERTH_LISTEN", d.ClientAddr), "client listen address (env BERTH_LISTEN)")
+	admin := fs.String("admin", envOr("BERTH_ADMIN", d.AdminAddr), "admin HTTP listen address, empty to disable (env BERTH_ADMIN)")
+	dataDir := fs.String("data", envOr("BERTH_DATA", d.DataDir), "data directory (env BERTH_DATA)")
+	shardCount := fs.Int("shards", envInt("BERTH_SHARDS", 0), "shard count, 0 = one per core (env BERTH_SHARDS)")
+	loops := fs.Int("loops", envInt("BERTH_LOOPS", 0), "event loop count, 0 = one per core (env BERTH_LOOPS)")
+	heartbeat := fs.Int("heartbeat-ms", envInt("BERTH_HEARTBEAT_MS", int(d.HeartbeatMs)), "default heartbeat interval in ms (env BERTH_HEARTBEAT_MS)")
+	logLevel := fs.String("log-level", envOr("BERTH_LOG_LEVEL", "info"), "debug, info, warn or error (env BERTH_LOG_LEVEL)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintln(os.Stderr, "berthd: bad -log-level:", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	cfg := d
+	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir = *listen, *admin, *dataDir
+	cfg.Shards, cfg.Loops, cfg.HeartbeatMs = *shardCount, *loops, uint32(*heartbeat)
+	cfg.Logger = log
+	srv, err := server.Start(cfg)
+	if err != nil {
+		log.Error("berthd: start failed", "err", err)
+		return 1
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	sig := <-sigs
+	log.Info("berthd: shutting down", "signal", sig.String())
+	if err := srv.Close(); err != nil {
+		log.Error("berthd: shutdown", "err", err)
+		return 1
+	}
+	log.Info("berthd: stopped")
+	return 0
+}

@@ -1,0 +1,106 @@
+package server
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/berthmq/berth/shards"
+	"github.com/berthmq/berth/wire"
+)
+
+// connState is one client connection. Everything but lastRecv and closed
+// belongs to the connection's event loop.
+type connState struct {
+	s    *Server
+	c    gnet.Conn
+	sess *shards.Session // nil until HELLO
+
+	version     wire.Version
+	frameMax    uint32
+	heartbeatNs int64
+	lastRecv    atomic.Int64
+	closing     atomic.Bool
+
+	consumers map[uint32]int // consumer id -> shard
+	usedIDs   map[uint32]bool
+
+	// resume counts the items of the frame at the head of the inbound
+	// buffer that already went to shards, when a full ring stopped us
+	// part-way through it.
+	resume int
+
+	out     []byte       // frames written at the end of OnTraffic
+	ranges  []wire.Range // completions the loop itself makes
+	targets []*shards.Queue
+}
+
+// connWriter lets shards write to a connection from their goroutines.
+type connWriter struct{ c gnet.Conn }
+
+func (w connWriter) WriteAsync(bufs [][]byte, done func()) error {
+	return w.c.AsyncWritev(bufs, func(gnet.Conn, error) error {
+		done()
+		return nil
+	})
+}
+
+func (cs *connState) heartbeat(now int64) {
+	if cs.closing.Load() {
+		return
+	}
+	hb := cs.heartbeatNs
+	if hb == 0 {
+		hb = int64(cs.s.cfg.HeartbeatMs) * int64(time.Millisecond)
+	}
+	if now-cs.lastRecv.Load() > 3*hb {
+		cs.closing.Store(true)
+		cs.s.metrics.heartbeatTimeouts.Inc()
+		frame := wire.AppendClose(nil, cs.versionOr(), wire.CodeHeartbeatTimeout, "no traffic for 3 heartbeat intervals")
+		_ = cs.c.AsyncWrite(frame, func(c gnet.Conn, _ error) error { return c.Close() })
+		return
+	}
+	if cs.sess != nil {
+		_ = cs.c.AsyncWrite(wire.AppendHeartbeat(nil, cs.version), nil)
+	}
+}
+
+func (cs *connState) versionOr() wire.Version {
+	if cs.version != 0 {
+		return cs.version
+	}
+	return wire.Current
+}
+
+func (cs *connState) complete(id uint64) {
+	if n := len(cs.ranges); n > 0 && cs.ranges[n-1].Last+1 == id {
+		cs.ranges[n-1].Last = id
+		return
+	}
+	cs.ranges = append(cs.ranges, wire.Range{First: id, Last: id})
+}
+
+func (cs *connState) fail(id uint64, code wire.ErrorCode, text string) {
+	cs.flushRanges()
+	cs.out = wire.AppendError(cs.out, cs.versionOr(), id, code, text)
+}
+
+func (cs *connState) flushRanges() {
+	for len(cs.ranges) > 0 {
+		n := min(len(cs.ranges), wire.RangesMax)
+		cs.out = wire.AppendComplete(cs.out, cs.version, cs.ranges[:n])
+		cs.ranges = cs.ranges[n:]
+	}
+	cs.ranges = cs.ranges[:0]
+}
+
+// protocolError sends ERROR then CLOSE, and tells the loop to close.
+func (cs *connState) protocolError(code wire.ErrorCode, text string) gnet.Action {
+	cs.s.metrics.protocolErrors.Inc()
+	cs.flushRanges()
+	cs.out = wire.AppendError(cs.out, cs.versionOr(), 0, code, text)
+	cs.out = wire.AppendClose(cs.out, cs.versionOr(), code, text)
+	cs.closing.Store(true)
+	return gnet.Close
+}

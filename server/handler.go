@@ -1,0 +1,348 @@
+package server
+
+import (
+	"context"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/berthmq/berth/shards"
+	"github.com/berthmq/berth/wire"
+)
+
+type handler struct {
+	gnet.BuiltinEventEngine
+	s *Server
+}
+
+func (h *handler) OnBoot(eng gnet.Engine) gnet.Action {
+	h.s.eng = eng
+	addr, err := boundAddr(eng)
+	if err != nil {
+		h.s.log.Error("server: cannot read bound address", "err", err)
+		return gnet.Shutdown
+	}
+	h.s.addr = addr
+	close(h.s.booted)
+	return gnet.None
+}
+
+func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
+	cs := &connState{s: h.s, c: c, consumers: map[uint32]int{}, usedIDs: map[uint32]bool{}}
+	cs.lastRecv.Store(time.Now().UnixNano())
+	c.SetContext(cs)
+	h.s.conns.Lock()
+	h.s.conns.set[cs] = struct{}{}
+	h.s.conns.Unlock()
+	h.s.metrics.connections.Inc()
+	return nil, gnet.None
+}
+
+func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
+	cs, _ := c.Context().(*connState)
+	if cs == nil {
+		return gnet.None
+	}
+	cs.closing.Store(true)
+	h.s.conns.Lock()
+	delete(h.s.conns.set, cs)
+	h.s.conns.Unlock()
+	h.s.metrics.connections.Dec()
+	if cs.sess != nil {
+		sess := cs.sess
+		// Requeueing may wait on shard rings: never on the loop.
+		go h.s.broker.SessionClosed(sess)
+	}
+	return gnet.None
+}
+
+func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
+	cs := c.Context().(*connState)
+	cs.lastRecv.Store(time.Now().UnixNano())
+	buf, _ := c.Peek(-1)
+	if len(buf) > h.s.cfg.InboundMax {
+		act := cs.protocolError(wire.CodeResourceLimit, "inbound buffer limit exceeded")
+		h.writeOut(cs)
+		return act
+	}
+	consumed := 0
+	action := gnet.None
+	stalled := false
+	maxFrame := h.s.cfg.FrameSizeMax
+	if cs.frameMax != 0 {
+		maxFrame = cs.frameMax
+	}
+	for !cs.closing.Load() {
+		hd, body, n, err := wire.Next(buf[consumed:], maxFrame)
+		if err != nil {
+			code := wire.CodeMalformed
+			switch err {
+			case wire.ErrFrameTooBig:
+				code = wire.CodeFrameTooLarge
+			case wire.ErrMajorVersion:
+				code = wire.CodeVersion
+			}
+			action = cs.protocolError(code, err.Error())
+			break
+		}
+		if n == 0 {
+			break
+		}
+		done, act := h.frame(cs, hd, body)
+		if act != gnet.None {
+			action = act
+			break
+		}
+		if !done {
+			stalled = true
+			break
+		}
+		consumed += n
+		cs.resume = 0
+	}
+	if consumed > 0 {
+		_, _ = c.Discard(consumed)
+	}
+	h.writeOut(cs)
+	if stalled && action == gnet.None {
+		// A shard ring is full: come back once the loop has run its other
+		// work, and carry on where we stopped.
+		h.s.metrics.ringFull.Inc()
+		_ = c.Wake(nil)
+	}
+	return action
+}
+
+func (h *handler) writeOut(cs *connState) {
+	cs.flushRanges()
+	if len(cs.out) > 0 {
+		_, _ = cs.c.Write(cs.out)
+		cs.out = cs.out[:0]
+	}
+}
+
+// frame handles one frame. done is false when a full ring stopped it
+// part-way; cs.resume then says how far it got.
+func (h *handler) frame(cs *connState, hd wire.Header, body []byte) (done bool, act gnet.Action) {
+	if cs.sess == nil {
+		if hd.Type != wire.TypeHello {
+			return true, cs.protocolError(wire.CodeUnexpected, "the first frame must be HELLO, not "+hd.Type.String())
+		}
+		return true, h.hello(cs, body)
+	}
+	if hd.Version.Minor() > cs.version.Minor() {
+		return true, gnet.None // a newer minor version: skip it by its size
+	}
+	switch hd.Type {
+	case wire.TypePublish:
+		return h.publish(cs, body)
+	case wire.TypeAccept, wire.TypeRelease, wire.TypeReject:
+		return h.settle(cs, hd.Type, body)
+	case wire.TypeCredit:
+		var m wire.Credit
+		if err := wire.DecodeCredit(body, &m); err != nil {
+			return true, cs.protocolError(wire.CodeMalformed, "CREDIT: "+err.Error())
+		}
+		shard, ok := cs.consumers[m.ConsumerID]
+		if !ok {
+			return true, gnet.None // credit for a cancelled consumer: harmless
+		}
+		return h.push(cs, shard, shards.Command{Op: shards.OpCredit, Sess: cs.sess, ConsumerID: m.ConsumerID, Credit: m.Credit}), gnet.None
+	case wire.TypeSubscribe:
+		return h.subscribe(cs, body)
+	case wire.TypeCancel:
+		var m wire.Cancel
+		if err := wire.DecodeCancel(body, &m); err != nil {
+			return true, cs.protocolError(wire.CodeMalformed, "CANCEL: "+err.Error())
+		}
+		shard, ok := cs.consumers[m.ConsumerID]
+		if !ok {
+			cs.fail(m.CommandID, wire.CodeNotFound, "no such consumer")
+			return true, gnet.None
+		}
+		// The id keeps its shard: deliveries made before the cancel can
+		// still be settled.
+		return h.push(cs, shard, shards.Command{Op: shards.OpCancel, Sess: cs.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID}), gnet.None
+	case wire.TypeHeartbeat:
+		return true, gnet.None
+	case wire.TypeClose:
+		var m wire.Close
+		_ = wire.DecodeClose(body, &m)
+		cs.flushRanges()
+		cs.out = wire.AppendClose(cs.out, cs.version, wire.CodeOK, "bye")
+		cs.closing.Store(true)
+		return true, gnet.Close
+	case wire.TypeDeclareQueue, wire.TypeDeclareExchange, wire.TypeBind, wire.TypeUnbind, wire.TypeDelete, wire.TypePurge:
+		return true, h.management(cs, hd.Type, body)
+	case wire.TypeHello:
+		return true, cs.protocolError(wire.CodeUnexpected, "HELLO twice")
+	}
+	return true, cs.protocolError(wire.CodeMalformed, "unknown frame type "+hd.Type.String())
+}
+
+func (h *handler) hello(cs *connState, body []byte) gnet.Action {
+	var m wire.Hello
+	if err := wire.DecodeHello(body, &m); err != nil {
+		return cs.protocolError(wire.CodeMalformed, "HELLO: "+err.Error())
+	}
+	v, ok := wire.Negotiate(m.Versions)
+	if !ok {
+		return cs.protocolError(wire.CodeVersion, "no common protocol version; this server speaks "+wire.Current.String())
+	}
+	cfg := &h.s.cfg
+	frameMax := cfg.FrameSizeMax
+	if m.FrameSizeMax != 0 && m.FrameSizeMax < frameMax {
+		frameMax = max(m.FrameSizeMax, wire.FrameSizeMin)
+	}
+	hb := cfg.HeartbeatMs
+	if m.HeartbeatMs != 0 {
+		hb = max(m.HeartbeatMs, 10)
+	}
+	cs.version = v
+	cs.frameMax = frameMax
+	cs.heartbeatNs = int64(hb) * int64(time.Millisecond)
+	cs.sess = &shards.Session{ID: h.s.nextSession.Add(1), Version: v, FrameMax: frameMax, Out: connWriter{cs.c}}
+	w := wire.Welcome{Version: v, FrameSizeMax: frameMax, HeartbeatMs: hb, CreditMax: cfg.CreditMax,
+		WindowMax: cfg.WindowMax, ServerName: []byte(cfg.ServerName), Addrs: [][]byte{[]byte(h.s.addr)}}
+	cs.out = wire.AppendWelcome(cs.out, &w)
+	return gnet.None
+}
+
+func (h *handler) push(cs *connState, shard int, cmd shards.Command) bool {
+	return h.s.broker.Shards()[shard].TryPush(cmd)
+}
+
+func (h *handler) publish(cs *connState, body []byte) (bool, gnet.Action) {
+	var p wire.Publish
+	if err := wire.DecodePublish(body, &p); err != nil {
+		return true, cs.protocolError(wire.CodeMalformed, "PUBLISH: "+err.Error())
+	}
+	routing := h.s.broker.Routing()
+	shardList := h.s.broker.Shards()
+	now := time.Now().UnixNano()
+	var m wire.PublishMessage
+	for i := 0; p.Next(&m); i++ {
+		if i < cs.resume {
+			continue
+		}
+		id := p.FirstID + uint64(i)
+		targets, err := routing.Route(p.Exchange, m.RoutingKey, cs.targets[:0])
+		cs.targets = targets[:0]
+		if err != nil {
+			cs.fail(id, wire.CodeNotFound, "no exchange "+string(p.Exchange))
+			continue
+		}
+		if len(targets) == 0 {
+			if len(p.Exchange) == 0 {
+				cs.fail(id, wire.CodeNotFound, "no queue "+string(m.RoutingKey))
+			} else {
+				h.s.metrics.unroutable.Inc()
+				cs.complete(id)
+			}
+			continue
+		}
+		persistent := m.Flags&wire.MsgPersistent != 0
+		b := shards.NewBody(p.Exchange, m.RoutingKey, m.Props, m.Payload, persistent)
+		cmd := shards.Command{Op: shards.OpPublish, Sess: cs.sess, CmdID: id, Body: b, Now: now, TTLNanos: int64(m.TTLMs) * int64(time.Millisecond)}
+		if len(targets) > 1 {
+			cmd.Fanout = shards.NewFanout(len(targets))
+			for range targets[1:] {
+				b.Ref()
+			}
+		}
+		for j, q := range targets {
+			cmd.Queue = q
+			if shardList[q.Shard()].TryPush(cmd) {
+				continue
+			}
+			if j == 0 && cmd.Fanout == nil {
+				// Nothing went out: stop here and retry this message later.
+				b.Unref()
+				cs.resume = i
+				return false, gnet.None
+			}
+			// Part of a fan-out went out already: finish it off the loop.
+			rest := append([]*shards.Queue(nil), targets[j:]...)
+			c := cmd
+			go func() {
+				for _, q := range rest {
+					c.Queue = q
+					_ = shardList[q.Shard()].Push(context.Background(), c)
+				}
+			}()
+			break
+		}
+	}
+	return true, gnet.None
+}
+
+func (h *handler) subscribe(cs *connState, body []byte) (bool, gnet.Action) {
+	var m wire.Subscribe
+	if err := wire.DecodeSubscribe(body, &m); err != nil {
+		return true, cs.protocolError(wire.CodeMalformed, "SUBSCRIBE: "+err.Error())
+	}
+	if cs.usedIDs[m.ConsumerID] {
+		cs.fail(m.CommandID, wire.CodeInvalid, "consumer id already used in this session")
+		return true, gnet.None
+	}
+	if m.AckMode > wire.AckNone {
+		cs.fail(m.CommandID, wire.CodeInvalid, "unknown ack mode")
+		return true, gnet.None
+	}
+	q := h.s.broker.Routing().Queue(m.Queue)
+	if q == nil {
+		cs.fail(m.CommandID, wire.CodeNotFound, "no queue "+string(m.Queue))
+		return true, gnet.None
+	}
+	cmd := shards.Command{Op: shards.OpSubscribe, Sess: cs.sess, CmdID: m.CommandID, Queue: q, ConsumerID: m.ConsumerID,
+		Credit: m.Credit, AckMode: m.AckMode, Exclusive: m.Flags&wire.SubscribeExclusive != 0}
+	if !h.push(cs, q.Shard(), cmd) {
+		return false, gnet.None
+	}
+	cs.usedIDs[m.ConsumerID] = true
+	cs.consumers[m.ConsumerID] = q.Shard()
+	return true, gnet.None
+}
+
+func (h *handler) settle(cs *connState, t wire.Type, body []byte) (bool, gnet.Action) {
+	var m wire.Settle
+	if err := wire.DecodeSettle(body, &m); err != nil {
+		return true, cs.protocolError(wire.CodeMalformed, t.String()+": "+err.Error())
+	}
+	shard, ok := cs.consumers[m.ConsumerID]
+	if !ok {
+		cs.fail(m.CommandID, wire.CodeNotFound, "no such consumer")
+		return true, gnet.None
+	}
+	kind := shards.SettleAccept
+	switch t {
+	case wire.TypeRelease:
+		kind = shards.SettleRelease
+	case wire.TypeReject:
+		kind = shards.SettleReject
+	}
+	n := m.Tags.Len()
+	if n == 0 {
+		cs.complete(m.CommandID)
+		return true, gnet.None
+	}
+	// Each Command carries a few ranges; the last part completes.
+	parts := (n + shards.RangesInline - 1) / shards.RangesInline
+	for part := cs.resume; part < parts; part++ {
+		cmd := shards.Command{Op: shards.OpSettle, Sess: cs.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID, Settle: kind}
+		for k := 0; k < shards.RangesInline; k++ {
+			r := part*shards.RangesInline + k
+			if r >= n {
+				break
+			}
+			cmd.Ranges[k] = m.Tags.At(r)
+			cmd.NRanges++
+		}
+		cmd.Last = part == parts-1
+		if !h.push(cs, shard, cmd) {
+			cs.resume = part
+			return false, gnet.None
+		}
+	}
+	return true, gnet.None
+}

@@ -1,0 +1,127 @@
+package server
+
+import (
+	"github.com/panjf2000/gnet/v2"
+
+	"github.com/berthmq/berth/shards"
+	"github.com/berthmq/berth/wire"
+)
+
+// mgmtQueueMax bounds management commands waiting for the management
+// goroutine; past it a command fails with resource-limit.
+const mgmtQueueMax = 4096
+
+// mgmtReq is a wiring command decoded on a loop. Names are copied out of
+// the read buffer, which the loop reuses.
+type mgmtReq struct {
+	cs   *connState
+	typ  wire.Type
+	id   uint64
+	run  func() error
+	conn gnet.Conn
+}
+
+// management decodes a wiring command and hands it to the management
+// goroutine: wiring changes can wait on shards and, later, on the
+// controller, and a loop never waits.
+func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Action {
+	b := h.s.broker
+	var req mgmtReq
+	req.cs, req.typ, req.conn = cs, t, cs.c
+	switch t {
+	case wire.TypeDeclareQueue:
+		var m wire.DeclareQueue
+		if err := wire.DecodeDeclareQueue(body, &m); err != nil {
+			return cs.protocolError(wire.CodeMalformed, "DECLARE_QUEUE: "+err.Error())
+		}
+		if m.Overflow > wire.OverflowDropHead {
+			cs.fail(m.CommandID, wire.CodeInvalid, "unknown overflow policy")
+			return gnet.None
+		}
+		name := string(m.Name)
+		opts := shards.QueueOptions{
+			Durable:            m.Flags&wire.QueueDurable != 0,
+			Exclusive:          m.Flags&wire.QueueExclusive != 0,
+			AutoDelete:         m.Flags&wire.QueueAutoDelete != 0,
+			MaxDeliveries:      m.MaxDeliveries,
+			MessageTTLNanos:    int64(m.MessageTTLMs) * 1e6,
+			MaxLength:          m.MaxLength,
+			MaxLengthBytes:     m.MaxLengthBytes,
+			Overflow:           m.Overflow,
+			DeadLetterExchange: string(m.DeadLetterExchange),
+			DeadLetterKey:      string(m.DeadLetterKey),
+		}
+		passive := m.Flags&wire.QueuePassive != 0
+		sess := cs.sess
+		req.id = m.CommandID
+		req.run = func() error { _, err := b.DeclareQueue(name, opts, passive, sess); return err }
+	case wire.TypeDeclareExchange:
+		var m wire.DeclareExchange
+		if err := wire.DecodeDeclareExchange(body, &m); err != nil {
+			return cs.protocolError(wire.CodeMalformed, "DECLARE_EXCHANGE: "+err.Error())
+		}
+		name, kind := string(m.Name), m.Kind
+		opts := shards.ExchangeOptions{Durable: m.Flags&wire.ExchangeDurable != 0, AutoDelete: m.Flags&wire.ExchangeAutoDelete != 0}
+		passive := m.Flags&wire.ExchangePassive != 0
+		req.id = m.CommandID
+		req.run = func() error { return b.DeclareExchange(name, kind, opts, passive) }
+	case wire.TypeBind, wire.TypeUnbind:
+		var m wire.Bind
+		if err := wire.DecodeBind(body, &m); err != nil {
+			return cs.protocolError(wire.CodeMalformed, t.String()+": "+err.Error())
+		}
+		ex, q, key := string(m.Exchange), string(m.Queue), string(m.Key)
+		req.id = m.CommandID
+		if t == wire.TypeBind {
+			req.run = func() error { return b.Bind(ex, q, key) }
+		} else {
+			req.run = func() error { return b.Unbind(ex, q, key) }
+		}
+	case wire.TypeDelete:
+		var m wire.Delete
+		if err := wire.DecodeDelete(body, &m); err != nil {
+			return cs.protocolError(wire.CodeMalformed, "DELETE: "+err.Error())
+		}
+		name := string(m.Name)
+		ifUnused, ifEmpty := m.Flags&wire.DeleteIfUnused != 0, m.Flags&wire.DeleteIfEmpty != 0
+		req.id = m.CommandID
+		switch m.What {
+		case wire.DeleteQueue:
+			req.run = func() error { _, err := b.DeleteQueue(name, ifUnused, ifEmpty); return err }
+		case wire.DeleteExchange:
+			req.run = func() error { return b.DeleteExchange(name, ifUnused) }
+		default:
+			cs.fail(m.CommandID, wire.CodeInvalid, "DELETE of an unknown kind")
+			return gnet.None
+		}
+	case wire.TypePurge:
+		var m wire.Purge
+		if err := wire.DecodePurge(body, &m); err != nil {
+			return cs.protocolError(wire.CodeMalformed, "PURGE: "+err.Error())
+		}
+		name := string(m.Queue)
+		req.id = m.CommandID
+		req.run = func() error { _, err := b.Purge(name); return err }
+	}
+	select {
+	case h.s.mgmt <- req:
+	default:
+		cs.fail(req.id, wire.CodeResourceLimit, "too many management commands in flight")
+	}
+	return gnet.None
+}
+
+func (s *Server) runMgmt() {
+	defer s.mgmtWG.Done()
+	for req := range s.mgmt {
+		err := req.run()
+		var frame []byte
+		v := req.cs.version
+		if err != nil {
+			frame = wire.AppendError(nil, v, req.id, shards.CodeOf(err), err.Error())
+		} else {
+			frame = wire.AppendComplete(nil, v, []wire.Range{{First: req.id, Last: req.id}})
+		}
+		_ = req.conn.AsyncWrite(frame, nil)
+	}
+}

@@ -1,0 +1,276 @@
+// Package server runs Berth's client listener on gnet event loops, turns
+// frames into shard commands, and serves the admin HTTP endpoints.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/panjf2000/gnet/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/berthmq/berth/shards"
+	"github.com/berthmq/berth/wire"
+)
+
+// Config configures a Server.
+type Config struct {
+	ClientAddr   string // host:port; port 0 picks a free one
+	AdminAddr    string // "" = no admin HTTP
+	DataDir      string
+	Shards       int
+	Loops        int
+	HeartbeatMs  uint32 // default heartbeat interval offered to clients
+	FrameSizeMax uint32 // largest frame the server accepts
+	WindowMax    uint32 // most uncompleted commands per session
+	CreditMax    uint32 // most credit per consumer
+	// InboundMax bounds the bytes buffered from one connection that the
+	// server has not yet taken; past it the connection is closed.
+	InboundMax int
+	Logger     *slog.Logger
+	ServerName string
+}
+
+// DefaultConfig returns the embedded defaults: clients on 127.0.0.1:7400,
+// admin HTTP on 127.0.0.1:7480, one shard and one loop per core.
+func DefaultConfig() Config {
+	return Config{
+		ClientAddr:   "127.0.0.1:7400",
+		AdminAddr:    "127.0.0.1:7480",
+		DataDir:      "data",
+		HeartbeatMs:  5000,
+		FrameSizeMax: wire.FrameSizeDefault,
+		WindowMax:    1 << 16,
+		CreditMax:    1 << 16,
+		InboundMax:   64 << 20,
+		ServerName:   "berthd",
+	}
+}
+
+func (c *Config) fill() {
+	d := DefaultConfig()
+	if c.ClientAddr == "" {
+		c.ClientAddr = "127.0.0.1:0"
+	}
+	if c.HeartbeatMs == 0 {
+		c.HeartbeatMs = d.HeartbeatMs
+	}
+	if c.FrameSizeMax == 0 {
+		c.FrameSizeMax = d.FrameSizeMax
+	}
+	if c.FrameSizeMax < wire.FrameSizeMin {
+		c.FrameSizeMax = wire.FrameSizeMin
+	}
+	if c.FrameSizeMax > wire.FrameSizeMax {
+		c.FrameSizeMax = wire.FrameSizeMax
+	}
+	if c.WindowMax == 0 {
+		c.WindowMax = d.WindowMax
+	}
+	if c.CreditMax == 0 {
+		c.CreditMax = d.CreditMax
+	}
+	if c.InboundMax == 0 {
+		c.InboundMax = d.InboundMax
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.ServerName == "" {
+		c.ServerName = d.ServerName
+	}
+	if c.Shards <= 0 {
+		c.Shards = numCPU()
+	}
+	if c.Loops <= 0 {
+		c.Loops = numCPU()
+	}
+}
+
+// Server is a running broker.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	broker *shards.Broker
+	eng    gnet.Engine
+	addr   string
+
+	booted   chan struct{}
+	runErr   chan error
+	admin    *http.Server
+	adminLn  net.Listener
+	mgmt     chan mgmtReq
+	mgmtWG   sync.WaitGroup
+	stopOnce sync.Once
+	stopHB   chan struct{}
+	hbWG     sync.WaitGroup
+
+	conns struct {
+		sync.Mutex // guards set; taken on open, close and heartbeat scans
+		set        map[*connState]struct{}
+	}
+	nextSession atomic.Uint64
+	metrics     *metrics
+}
+
+// Start starts a broker and returns once it accepts clients.
+func Start(cfg Config) (*Server, error) {
+	cfg.fill()
+	s := &Server{
+		cfg:    cfg,
+		log:    cfg.Logger,
+		booted: make(chan struct{}),
+		runErr: make(chan error, 1),
+		mgmt:   make(chan mgmtReq, mgmtQueueMax),
+		stopHB: make(chan struct{}),
+	}
+	s.conns.set = map[*connState]struct{}{}
+	s.broker = shards.New(shards.Config{Shards: cfg.Shards, CreditMax: cfg.CreditMax, Logger: cfg.Logger})
+	s.broker.Start()
+	s.metrics = newMetrics(s)
+
+	s.mgmtWG.Add(1)
+	go s.runMgmt()
+
+	h := &handler{s: s}
+	go func() {
+		err := gnet.Run(h, "tcp4://"+cfg.ClientAddr,
+			gnet.WithNumEventLoop(cfg.Loops),
+			gnet.WithReusePort(false),
+			gnet.WithTCPNoDelay(gnet.TCPNoDelay),
+			gnet.WithReadBufferCap(256<<10),
+			gnet.WithWriteBufferCap(256<<10),
+			gnet.WithLogger(gnetLogger{s.log}),
+		)
+		s.runErr <- err
+	}()
+	select {
+	case <-s.booted:
+	case err := <-s.runErr:
+		s.broker.Stop()
+		close(s.mgmt)
+		s.mgmtWG.Wait()
+		return nil, fmt.Errorf("server: listen on %s: %w", cfg.ClientAddr, err)
+	}
+	if cfg.AdminAddr != "" {
+		if err := s.startAdmin(); err != nil {
+			_ = s.Close()
+			return nil, err
+		}
+	}
+	s.hbWG.Add(1)
+	go s.heartbeats()
+	s.log.Info("berth: broker started", "clients", s.addr, "admin", s.AdminAddr(), "shards", cfg.Shards, "loops", cfg.Loops)
+	return s, nil
+}
+
+// ClientAddr is the bound client address.
+func (s *Server) ClientAddr() string { return s.addr }
+
+// AdminAddr is the bound admin HTTP address, or "".
+func (s *Server) AdminAddr() string {
+	if s.adminLn == nil {
+		return ""
+	}
+	return s.adminLn.Addr().String()
+}
+
+// Broker exposes the core, for tests and tools.
+func (s *Server) Broker() *shards.Broker { return s.broker }
+
+// Close shuts down gracefully: it stops accepting, lets the shards finish
+// what they hold (their completions go out), then closes the connections.
+func (s *Server) Close() error {
+	var err error
+	s.stopOnce.Do(func() {
+		close(s.stopHB)
+		s.hbWG.Wait()
+		if s.admin != nil {
+			_ = s.admin.Close()
+		}
+		// Finish what is in flight, then stop the loops.
+		s.broker.Stop()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		err = s.eng.Stop(ctx)
+		<-s.runErr
+		close(s.mgmt)
+		s.mgmtWG.Wait()
+	})
+	return err
+}
+
+func (s *Server) heartbeats() {
+	defer s.hbWG.Done()
+	interval := time.Duration(s.cfg.HeartbeatMs) * time.Millisecond / 2
+	if interval < 10*time.Millisecond {
+		interval = 10 * time.Millisecond
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var list []*connState
+	for {
+		select {
+		case <-s.stopHB:
+			return
+		case <-t.C:
+		}
+		now := time.Now().UnixNano()
+		list = list[:0]
+		s.conns.Lock()
+		for cs := range s.conns.set {
+			list = append(list, cs)
+		}
+		s.conns.Unlock()
+		for _, cs := range list {
+			cs.heartbeat(now)
+		}
+	}
+}
+
+func numCPU() int {
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err == nil && set.Count() > 0 {
+		return set.Count()
+	}
+	return 1
+}
+
+// boundAddr reads the listener's address from the engine.
+func boundAddr(eng gnet.Engine) (string, error) {
+	fd, err := eng.Dup()
+	if err != nil {
+		return "", err
+	}
+	defer unix.Close(fd)
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return "", err
+	}
+	if a, ok := sa.(*unix.SockaddrInet4); ok {
+		return net.JoinHostPort(net.IP(a.Addr[:]).String(), strconv.Itoa(a.Port)), nil
+	}
+	return "", errors.New("server: listener is not IPv4")
+}
+
+type gnetLogger struct{ l *slog.Logger }
+
+func (g gnetLogger) Debugf(format string, args ...any) {}
+func (g gnetLogger) Infof(format string, args ...any)  {}
+func (g gnetLogger) Warnf(format string, args ...any) {
+	g.l.Warn("gnet: " + fmt.Sprintf(format, args...))
+}
+func (g gnetLogger) Errorf(format string, args ...any) {
+	g.l.Error("gnet: " + fmt.Sprintf(format, args...))
+}
+func (g gnetLogger) Fatalf(format string, args ...any) {
+	g.l.Error("gnet: " + fmt.Sprintf(format, args...))
+}
