@@ -110,13 +110,6 @@ func (j *Journal) compactOnce() (bool, error) {
 			if !ok || e.seg != s.id || !j.countedLocked(e) {
 				continue
 			}
-			if e.flags&flagRef != 0 {
-				// A ref whose freed target sits in the same file vanishes
-				// with it in one unlink, so it need not be copied.
-				if t := j.mu.index[e.ref]; t.seg == s.id && t.flags&flagFreed != 0 {
-					continue
-				}
-			}
 			moves = append(moves, move{pos: pos, src: s, srcOff: int64(e.off), size: int(e.size)})
 		}
 	}
@@ -268,7 +261,8 @@ func (j *Journal) dropLocked(pos Pos, e entry) {
 			break
 		}
 		delete(j.mu.index, r)
-		if rs := j.mu.segs[re.seg]; rs != nil {
+		// A ref in the target's own file stopped counting at Free.
+		if rs := j.mu.segs[re.seg]; rs != nil && re.seg != e.seg {
 			rs.live -= int64(re.size)
 		}
 		r = re.next

@@ -321,6 +321,13 @@ func (j *Journal) Free(pos Pos) {
 	seg := j.mu.segs[e.seg]
 	before := seg.live
 	seg.live -= int64(e.size)
+	for r := e.ref; r != 0; {
+		re := j.mu.index[r]
+		if re.seg == e.seg {
+			seg.live -= int64(re.size)
+		}
+		r = re.next
+	}
 	kick := seg.sealed && !seg.compacting && (seg.live == 0 || (before >= j.compactLive && seg.live < j.compactLive))
 	j.mu.Unlock()
 	if kick {
@@ -336,13 +343,15 @@ func (j *Journal) kickCompactor() {
 }
 
 // countedLocked says whether a record's bytes must survive: a plain record
-// until freed, a ref while its target is on disk.
+// until freed, a ref while its target is on disk. A ref whose freed target
+// sits in the same file does not count: one unlink removes both, and
+// counting it would keep the file alive forever.
 func (j *Journal) countedLocked(e entry) bool {
 	if e.flags&flagRef == 0 {
 		return e.flags&flagFreed == 0
 	}
-	_, ok := j.mu.index[e.ref]
-	return ok
+	t, ok := j.mu.index[e.ref]
+	return ok && !(t.flags&flagFreed != 0 && t.seg == e.seg)
 }
 
 // Read appends the data of the record at pos to dst. The record must be in
