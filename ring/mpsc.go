@@ -95,7 +95,8 @@ func (r *MPSC[T]) TryPush(v T) bool {
 	}
 }
 
-// Push appends v, parking while the ring is full, until ctx is done. Any
+// Push appends v, parking while the ring is full, until ctx is done. It
+// succeeds without looking at ctx when there is room. Any
 // goroutine except event loops (they use TryPush).
 func (r *MPSC[T]) Push(ctx context.Context, v T) error {
 	if r.TryPush(v) {

@@ -69,7 +69,8 @@ func (r *SPSC[T]) TryPush(v T) bool {
 	return true
 }
 
-// Push appends v, parking while the ring is full, until ctx is done.
+// Push appends v, parking while the ring is full, until ctx is done. It
+// succeeds without looking at ctx when there is room.
 // Producer only; never call it from an event loop (use TryPush there).
 func (r *SPSC[T]) Push(ctx context.Context, v T) error {
 	if r.TryPush(v) {
