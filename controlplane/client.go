@@ -1,0 +1,556 @@
+package controlplane
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/berthmq/berth/wire"
+)
+
+const (
+	// clientInflightMax bounds requests waiting on one connection.
+	clientInflightMax = 4096
+	// callAttemptsMax bounds the retries and redirects of one call.
+	callAttemptsMax = 32
+	retryDelay      = 25 * time.Millisecond
+	// callTimeoutDefault applies when the caller's context has no deadline.
+	callTimeoutDefault = 10 * time.Second
+)
+
+// Client talks to a controller group. It finds the leader, follows
+// redirects and retries what is safe to retry. Safe for concurrent use.
+type Client struct {
+	addrs  []string
+	local  *Node // in-process; no TCP
+	rr     atomic.Uint32
+	mu     sync.Mutex
+	leader string
+	conns  map[string]*clientConn
+	closed bool
+}
+
+// NewClient returns a client for the controllers at addrs.
+func NewClient(addrs []string) *Client {
+	return &Client{addrs: append([]string(nil), addrs...), conns: map[string]*clientConn{}}
+}
+
+// LocalClient returns a client that calls this node in-process, for a
+// broker that embeds its controller (single-node mode).
+func (n *Node) LocalClient() *Client {
+	return &Client{local: n, addrs: []string{"local"}, conns: map[string]*clientConn{}}
+}
+
+// Close closes the client's connections.
+func (c *Client) Close() {
+	c.mu.Lock()
+	c.closed = true
+	conns := c.conns
+	c.conns = map[string]*clientConn{}
+	c.mu.Unlock()
+	for _, cc := range conns {
+		cc.close(errors.New("controlplane: client closed"))
+	}
+}
+
+// Leader returns the leader address the client last learned, if any.
+func (c *Client) Leader() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.leader
+}
+
+type clientConn struct {
+	c       net.Conn
+	wmu     sync.Mutex
+	w       *bufio.Writer
+	buf     []byte
+	sem     chan struct{}
+	mu      sync.Mutex
+	nextID  uint64
+	waiters map[uint64]chan wire.CtlResponse
+	err     error
+	done    chan struct{}
+}
+
+func dialClientConn(ctx context.Context, addr string) (*clientConn, error) {
+	d := net.Dialer{Timeout: dialTimeout}
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	cc := &clientConn{c: nc, w: bufio.NewWriterSize(nc, 32<<10), sem: make(chan struct{}, clientInflightMax),
+		waiters: map[uint64]chan wire.CtlResponse{}, done: make(chan struct{})}
+	go cc.readLoop()
+	return cc, nil
+}
+
+func (cc *clientConn) close(err error) {
+	cc.mu.Lock()
+	if cc.err == nil {
+		cc.err = err
+		close(cc.done)
+	}
+	cc.mu.Unlock()
+	cc.c.Close()
+}
+
+func (cc *clientConn) readLoop() {
+	r := bufio.NewReaderSize(cc.c, 64<<10)
+	var hdr [wire.HeaderSize]byte
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			cc.close(err)
+			return
+		}
+		h, err := wire.ReadHeader(hdr[:], peerFrameMax)
+		if err != nil {
+			cc.close(err)
+			return
+		}
+		body := make([]byte, h.Length)
+		if _, err := io.ReadFull(r, body); err != nil {
+			cc.close(err)
+			return
+		}
+		if h.Type != wire.TypeCtlResponse {
+			continue
+		}
+		resp, err := wire.DecodeCtlResponse(body)
+		if err != nil {
+			cc.close(err)
+			return
+		}
+		cc.mu.Lock()
+		ch := cc.waiters[resp.ID]
+		delete(cc.waiters, resp.ID)
+		cc.mu.Unlock()
+		if ch != nil {
+			ch <- resp
+		}
+	}
+}
+
+// errNotSent marks a request that never left this process, so retrying it
+// cannot apply it twice.
+var errNotSent = errors.New("controlplane: request not sent")
+
+func (cc *clientConn) do(ctx context.Context, op uint8, body []byte) (wire.CtlResponse, error) {
+	select {
+	case cc.sem <- struct{}{}:
+	case <-ctx.Done():
+		return wire.CtlResponse{}, fmt.Errorf("%w: %v", errNotSent, ctx.Err())
+	}
+	defer func() { <-cc.sem }()
+	ch := make(chan wire.CtlResponse, 1)
+	cc.mu.Lock()
+	if cc.err != nil {
+		cc.mu.Unlock()
+		return wire.CtlResponse{}, fmt.Errorf("%w: %v", errNotSent, cc.err)
+	}
+	cc.nextID++
+	id := cc.nextID
+	cc.waiters[id] = ch
+	cc.mu.Unlock()
+	cc.wmu.Lock()
+	cc.buf = wire.AppendCtlRequest(cc.buf[:0], wire.CtlRequest{ID: id, Op: op, Body: body})
+	cc.c.SetWriteDeadline(time.Now().Add(writeTimeout))
+	_, err := cc.w.Write(cc.buf)
+	if err == nil {
+		err = cc.w.Flush()
+	}
+	cc.wmu.Unlock()
+	if err != nil {
+		cc.close(err)
+		return wire.CtlResponse{}, fmt.Errorf("%w: %v", errNotSent, err)
+	}
+	select {
+	case r := <-ch:
+		return r, nil
+	case <-cc.done:
+		return wire.CtlResponse{}, cc.err
+	case <-ctx.Done():
+		cc.mu.Lock()
+		delete(cc.waiters, id)
+		cc.mu.Unlock()
+		return wire.CtlResponse{}, ctx.Err()
+	}
+}
+
+func (c *Client) conn(ctx context.Context, addr string) (*clientConn, error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, errors.New("controlplane: client closed")
+	}
+	cc := c.conns[addr]
+	c.mu.Unlock()
+	if cc != nil {
+		select {
+		case <-cc.done:
+		default:
+			return cc, nil
+		}
+	}
+	cc, err := dialClientConn(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if old := c.conns[addr]; old != nil && old != cc {
+		select {
+		case <-old.done:
+		default:
+			c.mu.Unlock()
+			cc.close(errors.New("controlplane: duplicate connection"))
+			return old, nil
+		}
+	}
+	c.conns[addr] = cc
+	c.mu.Unlock()
+	return cc, nil
+}
+
+func (c *Client) pick(anyNode bool) string {
+	if !anyNode {
+		c.mu.Lock()
+		l := c.leader
+		c.mu.Unlock()
+		if l != "" {
+			return l
+		}
+	}
+	return c.addrs[int(c.rr.Add(1))%len(c.addrs)]
+}
+
+func (c *Client) setLeader(addr string) {
+	c.mu.Lock()
+	c.leader = addr
+	c.mu.Unlock()
+}
+
+// call sends one request, following redirects until it succeeds, fails for
+// good, or runs out of attempts or time. anyNode spreads follower reads.
+func (c *Client) call(ctx context.Context, op uint8, body []byte, anyNode bool) ([]byte, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, callTimeoutDefault)
+		defer cancel()
+	}
+	addr := c.pick(anyNode)
+	var lastErr error
+	for attempt := 0; attempt < callAttemptsMax; attempt++ {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("%w: %v (last error: %v)", ErrTimeout, ctx.Err(), lastErr)
+			case <-time.After(retryDelay):
+			}
+		}
+		var resp wire.CtlResponse
+		if c.local != nil {
+			resp.Status, resp.Leader, resp.Body = c.local.handle(ctx, op, body)
+		} else {
+			cc, err := c.conn(ctx, addr)
+			if err == nil {
+				resp, err = cc.do(ctx, op, body)
+			}
+			if err != nil {
+				lastErr = err
+				if op == opPropose && cc != nil && !errors.Is(err, errNotSent) {
+					// The request may have reached the leader.
+					return nil, fmt.Errorf("%w: %v", ErrLeaderChanged, err)
+				}
+				c.setLeader("")
+				addr = c.pick(true)
+				continue
+			}
+		}
+		switch resp.Status {
+		case statusOK:
+			if !anyNode && c.local == nil {
+				c.setLeader(addr)
+			}
+			return resp.Body, nil
+		case statusNotLeader:
+			lastErr = &NotLeaderError{Leader: resp.Leader}
+			if resp.Leader != "" && c.local == nil {
+				c.setLeader(resp.Leader)
+				addr = resp.Leader
+				attempt-- // a redirect is progress, not a failure; still bounded by ctx
+				if attempt < -callAttemptsMax {
+					return nil, lastErr
+				}
+			} else {
+				c.setLeader("")
+				addr = c.pick(true)
+			}
+		case statusLagging:
+			d := decoder{b: resp.Body}
+			lastErr = &LaggingError{Leader: resp.Leader, Behind: d.u64()}
+			if resp.Leader != "" {
+				addr = resp.Leader
+			} else {
+				addr = c.pick(true)
+			}
+		case statusBusy:
+			lastErr = ErrBusy
+		case statusUnavailable, statusStopped:
+			lastErr = fmt.Errorf("controlplane: %s unavailable: %s", addr, resp.Body)
+			addr = c.pick(anyNode)
+		case statusAmbiguous:
+			return nil, fmt.Errorf("%w: %s", ErrLeaderChanged, resp.Body)
+		default:
+			return nil, fmt.Errorf("%w: %s", ErrBadRequest, resp.Body)
+		}
+	}
+	return nil, fmt.Errorf("controlplane: gave up after %d attempts: %w", callAttemptsMax, lastErr)
+}
+
+// Propose sends a write event and returns its result. A refusal by the
+// state machine is returned as a *ResultError. An ErrLeaderChanged error
+// means the event may or may not have been applied.
+func (c *Client) Propose(ctx context.Context, ev Event) (Result, error) {
+	if err := ValidateEvent(ev); err != nil {
+		return Result{}, err
+	}
+	out, err := c.call(ctx, opPropose, EncodeEvent(nil, ev), false)
+	if err != nil {
+		return Result{}, err
+	}
+	res, err := decodeResult(out)
+	if err != nil {
+		return Result{}, err
+	}
+	return res, res.Err()
+}
+
+// ApplyBrokerID asks for a broker id; 0 takes the next free one.
+func (c *Client) ApplyBrokerID(ctx context.Context, requested uint32) (uint32, error) {
+	r, err := c.Propose(ctx, &ApplyBrokerID{Requested: requested})
+	return uint32(r.Value), err
+}
+
+// RegisterBroker records a broker's addresses and protocol version.
+func (c *Client) RegisterBroker(ctx context.Context, id uint32, addrs []string, version uint16) error {
+	_, err := c.Propose(ctx, &RegisterBroker{ID: id, Addrs: addrs, Version: version})
+	return err
+}
+
+// Heartbeat reports a broker alive with each group's log end.
+func (c *Client) Heartbeat(ctx context.Context, broker uint32, logEnds []GroupLogEnd) error {
+	e := encoder{}
+	e.u32(broker)
+	e.u32(uint32(len(logEnds)))
+	for _, l := range logEnds {
+		e.u32(l.Group)
+		e.u32(l.LogEnd.Epoch)
+		e.u64(l.LogEnd.Index)
+	}
+	if len(e.b) > ctlFrameMax-64 {
+		return fmt.Errorf("controlplane: heartbeat with %d groups is too large", len(logEnds))
+	}
+	_, err := c.call(ctx, opHeartbeat, e.b, false)
+	return err
+}
+
+// ElectMaster asks the leader to elect masters for groups from its heartbeat
+// data; preferred, if not 0, wins ties. It returns how many groups got a
+// new master.
+func (c *Client) ElectMaster(ctx context.Context, groups []uint32, preferred uint32) (uint64, error) {
+	if len(groups) > groupsPerReplyMax {
+		return 0, fmt.Errorf("controlplane: at most %d groups per election call", groupsPerReplyMax)
+	}
+	e := encoder{}
+	e.u32(preferred)
+	encodeIDs(&e, groups)
+	out, err := c.call(ctx, opElect, e.b, false)
+	if err != nil {
+		return 0, err
+	}
+	r, err := decodeResult(out)
+	return r.Value, err
+}
+
+// AlterSyncStateSet replaces a group's SyncStateSet; master and epoch must
+// be current.
+func (c *Client) AlterSyncStateSet(ctx context.Context, group, master, epoch uint32, set []uint32) error {
+	_, err := c.Propose(ctx, &AlterSyncStateSet{Group: group, Master: master, Epoch: epoch, Set: set})
+	return err
+}
+
+// CleanBrokerData removes a broker.
+func (c *Client) CleanBrokerData(ctx context.Context, id uint32) error {
+	_, err := c.Propose(ctx, &CleanBrokerData{ID: id})
+	return err
+}
+
+// DeclareExchange declares an exchange.
+func (c *Client) DeclareExchange(ctx context.Context, name, typ string, durable bool) error {
+	_, err := c.Propose(ctx, &DeclareExchange{Name: name, Type: typ, Durable: durable})
+	return err
+}
+
+// DeclareQueue declares a queue.
+func (c *Client) DeclareQueue(ctx context.Context, name string, opts QueueOptions) error {
+	_, err := c.Propose(ctx, &DeclareQueue{Name: name, Options: opts})
+	return err
+}
+
+// Bind binds a queue to an exchange.
+func (c *Client) Bind(ctx context.Context, exchange, queue, key string) error {
+	_, err := c.Propose(ctx, &Bind{exchange, queue, key})
+	return err
+}
+
+// Unbind removes a binding.
+func (c *Client) Unbind(ctx context.Context, exchange, queue, key string) error {
+	_, err := c.Propose(ctx, &Unbind{exchange, queue, key})
+	return err
+}
+
+// DeleteQueue deletes a queue and its bindings.
+func (c *Client) DeleteQueue(ctx context.Context, name string) error {
+	_, err := c.Propose(ctx, &DeleteQueue{Name: name})
+	return err
+}
+
+// DeleteExchange deletes an exchange and its bindings.
+func (c *Client) DeleteExchange(ctx context.Context, name string) error {
+	_, err := c.Propose(ctx, &DeleteExchange{Name: name})
+	return err
+}
+
+// SetClusterConfig sets G (once), the mode and the unclean election default.
+func (c *Client) SetClusterConfig(ctx context.Context, cfg ClusterConfig) error {
+	_, err := c.Propose(ctx, &SetClusterConfig{Groups: cfg.Groups, Mode: cfg.Mode, UncleanElection: cfg.UncleanElection})
+	return err
+}
+
+// SetAttribute sets a cluster attribute; an empty value deletes it.
+func (c *Client) SetAttribute(ctx context.Context, key, value string) error {
+	_, err := c.Propose(ctx, &SetAttribute{Key: key, Value: value})
+	return err
+}
+
+func (c *Client) read(ctx context.Context, mode ReadMode, query uint8, args func(e *encoder)) (*decoder, error) {
+	e := encoder{}
+	e.u8(uint8(mode))
+	e.u8(query)
+	if args != nil {
+		args(&e)
+	}
+	out, err := c.call(ctx, opRead, e.b, mode == ReadFollower)
+	if err != nil {
+		return nil, err
+	}
+	return &decoder{b: out}, nil
+}
+
+// GetAttribute reads a cluster attribute.
+func (c *Client) GetAttribute(ctx context.Context, mode ReadMode, key string) (string, bool, error) {
+	d, err := c.read(ctx, mode, queryAttribute, func(e *encoder) { e.str(key) })
+	if err != nil {
+		return "", false, err
+	}
+	ok, v := d.boolean(), d.str()
+	return v, ok, d.finish()
+}
+
+// GetWiring reads all exchanges, queues and bindings.
+func (c *Client) GetWiring(ctx context.Context, mode ReadMode) (Wiring, error) {
+	d, err := c.read(ctx, mode, queryWiring, nil)
+	if err != nil {
+		return Wiring{}, err
+	}
+	w := decodeWiring(d)
+	return w, d.finish()
+}
+
+// GetGroups reads up to count groups from start, and the group count G.
+func (c *Client) GetGroups(ctx context.Context, mode ReadMode, start, count uint32) ([]Group, uint32, error) {
+	d, err := c.read(ctx, mode, queryGroups, func(e *encoder) { e.u32(start); e.u32(count) })
+	if err != nil {
+		return nil, 0, err
+	}
+	total := d.u32()
+	n := d.count(24)
+	gs := make([]Group, n)
+	for i := range gs {
+		gs[i] = decodeGroup(d)
+	}
+	return gs, total, d.finish()
+}
+
+// GetReplicaInfo reads one group consistently.
+func (c *Client) GetReplicaInfo(ctx context.Context, mode ReadMode, group uint32) (Group, error) {
+	d, err := c.read(ctx, mode, querySyncStateSet, func(e *encoder) { e.u32(group) })
+	if err != nil {
+		return Group{}, err
+	}
+	ok := d.boolean()
+	g := decodeGroup(d)
+	if err := d.finish(); err != nil {
+		return Group{}, err
+	}
+	if !ok {
+		return Group{}, &ResultError{Code: CodeNotFound, Msg: fmt.Sprintf("group %d does not exist", group)}
+	}
+	return g, nil
+}
+
+// GetSyncStateSet reads one group from the leader without a consistency
+// check (an unsafe read, for admin tools).
+func (c *Client) GetSyncStateSet(ctx context.Context, group uint32) (Group, error) {
+	return c.GetReplicaInfo(ctx, ReadUnsafe, group)
+}
+
+// GetBrokers reads the registered brokers.
+func (c *Client) GetBrokers(ctx context.Context, mode ReadMode) ([]Broker, error) {
+	d, err := c.read(ctx, mode, queryBrokers, nil)
+	if err != nil {
+		return nil, err
+	}
+	n := d.count(10)
+	out := make([]Broker, n)
+	for i := range out {
+		var rb RegisterBroker
+		rb.decode(d)
+		out[i] = Broker(rb)
+	}
+	return out, d.finish()
+}
+
+// GetNextBrokerID reads the id the next ApplyBrokerID{0} would get.
+func (c *Client) GetNextBrokerID(ctx context.Context, mode ReadMode) (uint32, error) {
+	d, err := c.read(ctx, mode, queryNextBrokerID, nil)
+	if err != nil {
+		return 0, err
+	}
+	v := d.u32()
+	return v, d.finish()
+}
+
+// ClusterInfo is the cluster configuration and version.
+type ClusterInfo struct {
+	Config  ClusterConfig
+	Version uint16
+}
+
+// GetClusterInfo reads the cluster configuration and version.
+func (c *Client) GetClusterInfo(ctx context.Context, mode ReadMode) (ClusterInfo, error) {
+	d, err := c.read(ctx, mode, queryClusterInfo, nil)
+	if err != nil {
+		return ClusterInfo{}, err
+	}
+	var sc SetClusterConfig
+	sc.decode(d)
+	info := ClusterInfo{Config: ClusterConfig(sc), Version: d.u16()}
+	return info, d.finish()
+}

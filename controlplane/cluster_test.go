@@ -1,0 +1,229 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+func quietLogger() *slog.Logger {
+	if os.Getenv("CONTROLPLANE_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// checkFor polls f until it returns nil or total passes.
+func checkFor(t testing.TB, total, sleep time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(sleep)
+	}
+	t.Fatalf("condition not met after %v: %v", total, err)
+}
+
+type testCluster struct {
+	t      testing.TB
+	dir    string
+	addrs  map[uint64]string
+	nodes  map[uint64]*Node
+	faults *Faults
+	tweak  func(*Config)
+}
+
+func newTestCluster(t testing.TB, size int, tweak func(*Config)) *testCluster {
+	t.Helper()
+	c := &testCluster{t: t, dir: t.TempDir(), addrs: map[uint64]string{}, nodes: map[uint64]*Node{},
+		faults: NewFaults(), tweak: tweak}
+	lns := map[uint64]net.Listener{}
+	for id := uint64(1); id <= uint64(size); id++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns[id] = ln
+		c.addrs[id] = ln.Addr().String()
+	}
+	for id := uint64(1); id <= uint64(size); id++ {
+		c.start(id, lns[id])
+	}
+	t.Cleanup(c.stopAll)
+	return c
+}
+
+func (c *testCluster) config(id uint64, ln net.Listener) Config {
+	cfg := Config{ID: id, Peers: c.addrs, Dir: filepath.Join(c.dir, fmt.Sprint(id)), Listener: ln,
+		Faults: c.faults, Logger: quietLogger(), TickInterval: 10 * time.Millisecond}
+	if c.tweak != nil {
+		c.tweak(&cfg)
+	}
+	return cfg
+}
+
+func (c *testCluster) start(id uint64, ln net.Listener) {
+	c.t.Helper()
+	var err error
+	if ln == nil {
+		// The old port is free again after Stop; retry briefly in case
+		// the kernel has not released it yet.
+		checkFor(c.t, 5*time.Second, 20*time.Millisecond, func() error {
+			ln, err = net.Listen("tcp", c.addrs[id])
+			return err
+		})
+	}
+	n, err := Start(c.config(id, ln))
+	if err != nil {
+		c.t.Fatalf("start node %d: %v", id, err)
+	}
+	c.nodes[id] = n
+}
+
+func (c *testCluster) stop(id uint64) {
+	if n := c.nodes[id]; n != nil {
+		n.Stop()
+		delete(c.nodes, id)
+	}
+}
+
+func (c *testCluster) stopAll() {
+	for id := range c.nodes {
+		c.stop(id)
+	}
+}
+
+func (c *testCluster) addrList() []string {
+	var out []string
+	for id := uint64(1); id <= uint64(len(c.addrs)); id++ {
+		out = append(out, c.addrs[id])
+	}
+	return out
+}
+
+// leader waits for a leader that every running node agrees on.
+func (c *testCluster) leader() *Node {
+	c.t.Helper()
+	var l *Node
+	checkFor(c.t, 10*time.Second, 10*time.Millisecond, func() error {
+		l = nil
+		for _, n := range c.nodes {
+			if n.IsLeader() {
+				l = n
+			}
+		}
+		if l == nil {
+			return errors.New("no leader")
+		}
+		for _, n := range c.nodes {
+			if n.Leader() != l.ID() {
+				return fmt.Errorf("node %d follows %d, not %d", n.ID(), n.Leader(), l.ID())
+			}
+		}
+		return nil
+	})
+	return l
+}
+
+func ctxT(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestSingleNode(t *testing.T) {
+	dir := t.TempDir()
+	n, err := StartSingle(dir, "127.0.0.1:0", quietLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctxT(t, 10*time.Second)
+	lc := n.LocalClient()
+	if err := lc.DeclareExchange(ctx, "orders", "topic", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := lc.DeclareQueue(ctx, "q1", QueueOptions{Durable: true, MaxLength: 100}); err != nil {
+		t.Fatal(err)
+	}
+	if err := lc.Bind(ctx, "orders", "q1", "eu.*"); err != nil {
+		t.Fatal(err)
+	}
+	var re *ResultError
+	if err := lc.Bind(ctx, "orders", "missing", "k"); !errors.As(err, &re) || re.Code != CodeNotFound {
+		t.Fatalf("bind to missing queue: %v", err)
+	}
+	// The TCP service sees the same state.
+	tc := NewClient([]string{n.Addr()})
+	defer tc.Close()
+	w, err := tc.GetWiring(ctx, ReadConsistent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Queues) != 1 || len(w.Bindings) != 1 || w.Bindings[0].Key != "eu.*" {
+		t.Fatalf("wiring %+v", w)
+	}
+	n.Stop()
+	// Restart replays the log.
+	n, err = StartSingle(dir, "127.0.0.1:0", quietLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop()
+	w, err = n.LocalClient().GetWiring(ctx, ReadConsistent)
+	if err != nil || len(w.Queues) != 1 || len(w.Exchanges) != 1 {
+		t.Fatalf("after restart: %+v %v", w, err)
+	}
+}
+
+func TestThreeNodeBasic(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	c.leader()
+	cl := NewClient(c.addrList())
+	defer cl.Close()
+	ctx := ctxT(t, 20*time.Second)
+	for i := 0; i < 20; i++ {
+		if err := cl.SetAttribute(ctx, "k", fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, mode := range []ReadMode{ReadConsistent, ReadFollower, ReadUnsafe} {
+		v, ok, err := cl.GetAttribute(ctx, mode, "k")
+		if err != nil || !ok || v != "19" {
+			t.Fatalf("mode %d: %q %v %v", mode, v, ok, err)
+		}
+	}
+	// Every follower serves a follower read after catching up.
+	for _, n := range c.nodes {
+		fc := NewClient([]string{n.Addr()})
+		v, _, err := fc.GetAttribute(ctx, ReadFollower, "k")
+		fc.Close()
+		if err != nil || v != "19" {
+			t.Fatalf("follower read at %d: %q %v", n.ID(), v, err)
+		}
+	}
+	// Kill the leader: a new one takes over and keeps the data.
+	old := c.leader()
+	c.stop(old.ID())
+	if err := cl.SetAttribute(ctx, "k", "after"); err != nil {
+		t.Fatal(err)
+	}
+	c.start(old.ID(), nil)
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		var got string
+		err := c.nodes[old.ID()].Read(ctx, ReadFollower, func(s *State) { got, _ = s.Attribute("k") })
+		if err != nil || got != "after" {
+			return fmt.Errorf("restarted node reads %q, %v", got, err)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,285 @@
+package controlplane
+
+import (
+	"container/heap"
+	"context"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+)
+
+// heartbeatShards splits the heartbeat table so that brokers heartbeating at
+// once rarely meet on a lock.
+const heartbeatShards = 16
+
+// GroupLogEnd is one group's log end as a broker reports it.
+type GroupLogEnd struct {
+	Group  uint32
+	LogEnd LogEnd
+}
+
+// heartbeats is the leader's failure detector. It lives outside the state
+// machine: its data reaches the log only inside ElectMaster events. Each
+// shard keeps its brokers in a deadline heap, so finding the dead is
+// O(dead · log n) per scan and never walks all brokers or groups.
+type heartbeats struct {
+	timeout time.Duration
+	shards  [heartbeatShards]hbShard
+}
+
+type hbShard struct {
+	mu      sync.Mutex
+	brokers map[uint32]*hbEntry
+	heap    hbHeap // live brokers by deadline
+}
+
+type hbEntry struct {
+	id       uint32
+	deadline time.Time
+	dead     bool
+	logEnds  []GroupLogEnd // sorted by group
+	index    int           // position in heap; -1 when not in it
+}
+
+type hbHeap []*hbEntry
+
+func (h hbHeap) Len() int           { return len(h) }
+func (h hbHeap) Less(i, j int) bool { return h[i].deadline.Before(h[j].deadline) }
+func (h hbHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i]; h[i].index = i; h[j].index = j }
+func (h *hbHeap) Push(x any)        { e := x.(*hbEntry); e.index = len(*h); *h = append(*h, e) }
+func (h *hbHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	e.index = -1
+	return e
+}
+
+func newHeartbeats(timeout time.Duration) *heartbeats {
+	h := &heartbeats{timeout: timeout}
+	for i := range h.shards {
+		h.shards[i].brokers = map[uint32]*hbEntry{}
+	}
+	return h
+}
+
+func (h *heartbeats) shard(id uint32) *hbShard { return &h.shards[id%heartbeatShards] }
+
+// becomeLeader forgets what an earlier term knew and gives every registered
+// broker one timeout to heartbeat to this leader.
+func (h *heartbeats) becomeLeader(brokers []Broker, now time.Time) {
+	for i := range h.shards {
+		s := &h.shards[i]
+		s.mu.Lock()
+		s.brokers = map[uint32]*hbEntry{}
+		s.heap = nil
+		s.mu.Unlock()
+	}
+	for _, b := range brokers {
+		h.beat(b.ID, nil, now)
+	}
+}
+
+// beat records a heartbeat. logEnds may be nil to keep the last reported.
+func (h *heartbeats) beat(id uint32, logEnds []GroupLogEnd, now time.Time) {
+	if logEnds != nil && !sort.SliceIsSorted(logEnds, func(i, j int) bool { return logEnds[i].Group < logEnds[j].Group }) {
+		logEnds = slices.Clone(logEnds)
+		sort.Slice(logEnds, func(i, j int) bool { return logEnds[i].Group < logEnds[j].Group })
+	}
+	s := h.shard(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.brokers[id]
+	if e == nil {
+		e = &hbEntry{id: id, index: -1}
+		s.brokers[id] = e
+	}
+	e.deadline = now.Add(h.timeout)
+	e.dead = false
+	if logEnds != nil {
+		e.logEnds = logEnds
+	}
+	if e.index >= 0 {
+		heap.Fix(&s.heap, e.index)
+	} else {
+		heap.Push(&s.heap, e)
+	}
+}
+
+// expired pops and returns the brokers whose deadline has passed.
+func (h *heartbeats) expired(now time.Time) []uint32 {
+	var out []uint32
+	for i := range h.shards {
+		s := &h.shards[i]
+		s.mu.Lock()
+		for len(s.heap) > 0 && s.heap[0].deadline.Before(now) {
+			e := heap.Pop(&s.heap).(*hbEntry)
+			e.dead = true
+			out = append(out, e.id)
+		}
+		s.mu.Unlock()
+	}
+	slices.Sort(out)
+	return out
+}
+
+// candidate is broker id's entry in an election's heartbeat snapshot.
+func (h *heartbeats) candidate(id, group uint32, now time.Time) Candidate {
+	s := h.shard(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := Candidate{Broker: id}
+	e := s.brokers[id]
+	if e == nil {
+		return c
+	}
+	c.Alive = !e.dead && now.Before(e.deadline)
+	if i, ok := slices.BinarySearchFunc(e.logEnds, group, func(g GroupLogEnd, t uint32) int {
+		return int(int64(g.Group) - int64(t))
+	}); ok {
+		c.LogEnd = e.logEnds[i].LogEnd
+	}
+	return c
+}
+
+// electionsFor builds ElectMaster events for every group mastered by one of
+// dead, at most electChunk groups per event.
+func (n *Node) electionsFor(dead []uint32, now time.Time) []*ElectMaster {
+	const electChunk = 2048
+	var events []*ElectMaster
+	cur := &ElectMaster{Unclean: n.cfg.UncleanElection}
+	n.mu.RLock()
+	var all []Broker
+	if n.cfg.UncleanElection || n.state.Config().UncleanElection {
+		all = n.state.Brokers()
+	}
+	for _, b := range dead {
+		for _, gid := range n.state.GroupsMasteredBy(b) {
+			g, _ := n.state.Group(gid)
+			eg := ElectGroup{Group: gid, Epoch: g.Epoch}
+			for _, id := range g.SyncStateSet {
+				eg.Candidates = append(eg.Candidates, n.hb.candidate(id, gid, now))
+			}
+			for _, br := range all {
+				if !slices.Contains(g.SyncStateSet, br.ID) && len(eg.Candidates) < candidatesMax {
+					eg.Candidates = append(eg.Candidates, n.hb.candidate(br.ID, gid, now))
+				}
+			}
+			if !slices.ContainsFunc(eg.Candidates, func(c Candidate) bool { return c.Broker == b }) {
+				eg.Candidates = append(eg.Candidates, Candidate{Broker: b})
+			}
+			cur.Groups = append(cur.Groups, eg)
+			if len(cur.Groups) == electChunk {
+				events = append(events, cur)
+				cur = &ElectMaster{Unclean: cur.Unclean}
+			}
+		}
+	}
+	n.mu.RUnlock()
+	if len(cur.Groups) > 0 {
+		events = append(events, cur)
+	}
+	return events
+}
+
+// scanLoop is the leader's inactive-master scan.
+func (n *Node) scanLoop() {
+	defer n.wg.Done()
+	interval := n.cfg.BrokerTimeout / 8
+	if interval < 5*time.Millisecond {
+		interval = 5 * time.Millisecond
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var retry []uint32
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-t.C:
+		}
+		if !n.isLdr.Load() {
+			retry = nil
+			continue
+		}
+		now := time.Now()
+		dead := append(n.hb.expired(now), retry...)
+		retry = nil
+		if len(dead) == 0 {
+			continue
+		}
+		slices.Sort(dead)
+		dead = slices.Compact(dead)
+		events := n.electionsFor(dead, now)
+		errs := make(chan error, len(events))
+		for _, ev := range events {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_, err := n.Propose(ctx, ev)
+				errs <- err
+			}()
+		}
+		failed := false
+		for range events {
+			if err := <-errs; err != nil {
+				failed = true
+			}
+		}
+		if failed {
+			retry = dead // stale epochs make a repeated election harmless
+		}
+	}
+}
+
+// Heartbeat records a broker heartbeat. Only the leader takes heartbeats.
+func (n *Node) Heartbeat(broker uint32, logEnds []GroupLogEnd) error {
+	if !n.isLdr.Load() {
+		return &NotLeaderError{Leader: n.leaderAddr()}
+	}
+	n.hb.beat(broker, logEnds, time.Now())
+	return nil
+}
+
+// ElectNow proposes elections for the given groups from the current
+// heartbeat data; preferred, if not 0, wins ties. Brokers call it for
+// groups without a master, admins to move a master.
+func (n *Node) ElectNow(ctx context.Context, groups []uint32, preferred uint32) (Result, error) {
+	if !n.isLdr.Load() {
+		return Result{}, &NotLeaderError{Leader: n.leaderAddr()}
+	}
+	const electChunk = 2048
+	now := time.Now()
+	var events []*ElectMaster
+	n.mu.RLock()
+	brokers := n.state.Brokers()
+	for _, gid := range groups {
+		g, ok := n.state.Group(gid)
+		if !ok {
+			continue
+		}
+		eg := ElectGroup{Group: gid, Epoch: g.Epoch, Preferred: preferred}
+		for _, b := range brokers {
+			if len(eg.Candidates) < candidatesMax {
+				eg.Candidates = append(eg.Candidates, n.hb.candidate(b.ID, gid, now))
+			}
+		}
+		if len(events) == 0 || len(events[len(events)-1].Groups) == electChunk {
+			events = append(events, &ElectMaster{Unclean: n.cfg.UncleanElection})
+		}
+		last := events[len(events)-1]
+		last.Groups = append(last.Groups, eg)
+	}
+	n.mu.RUnlock()
+	var total Result
+	for _, ev := range events {
+		res, err := n.Propose(ctx, ev)
+		if err != nil {
+			return total, err
+		}
+		total.Value += res.Value
+	}
+	return total, nil
+}

@@ -1,0 +1,845 @@
+package controlplane
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+)
+
+// Bounds on the node's queues.
+const (
+	// proposalQueueMax bounds proposals waiting for the raft goroutine.
+	proposalQueueMax = 1 << 16
+	// readQueueMax bounds reads waiting for a ReadIndex.
+	readQueueMax = 1 << 16
+	// readBatchesMax bounds ReadIndex requests in flight.
+	readBatchesMax = 1024
+	// entryBytesMax bounds one log entry; a batch of proposals is split
+	// into entries of at most this size.
+	entryBytesMax = 256 << 10
+	// recvQueueMax bounds raft messages received and not yet stepped.
+	recvQueueMax = 4096
+	// readyProposalsMax bounds the proposals packed into one Ready, so a
+	// burst does not make one giant fsync.
+	readyProposalsMax = 8192
+)
+
+// ReadMode picks how a read is served.
+type ReadMode uint8
+
+const (
+	// ReadConsistent is linearizable: the leader confirms it is still
+	// leader by ReadIndex (a heartbeat round) or, when the node runs with
+	// LeaseRead, by its lease.
+	ReadConsistent ReadMode = iota
+	// ReadFollower is linearizable and served by any controller: it asks
+	// the leader for a ReadIndex and waits to apply up to it, or redirects
+	// when too far behind.
+	ReadFollower
+	// ReadUnsafe is served from the leader's state with no check.
+	ReadUnsafe
+)
+
+// Config configures a controller node.
+type Config struct {
+	// ID is this controller's raft id, 1-based.
+	ID uint64
+	// Peers maps every controller's id, this one included, to its address.
+	// The same address serves raft traffic and the controller service.
+	Peers map[uint64]string
+	// Dir holds the pebble log.
+	Dir string
+	// Listener, if set, is used instead of listening on Peers[ID]; tests
+	// pass one bound to port 0.
+	Listener net.Listener
+
+	TickInterval   time.Duration // default 20ms
+	ElectionTicks  int           // default 10
+	HeartbeatTicks int           // default 2
+	// LeaseRead serves consistent reads by raft's lease (ReadOnlyLeaseBased)
+	// instead of a heartbeat round per ReadIndex.
+	LeaseRead bool
+	// DisableBatching puts each proposal in its own entry and its own
+	// Ready. It exists to measure what batching buys.
+	DisableBatching bool
+	// SnapshotEntries: snapshot after this many applied entries (default
+	// 10000; 0 takes the default, negative disables).
+	SnapshotEntries int
+	// SnapshotTrailing entries stay in the log after a snapshot so that a
+	// slightly slow follower catches up from the log (default 1000).
+	SnapshotTrailing int
+	// FollowerLagMax: a follower further behind the leader's commit than
+	// this redirects a follower read to the leader (default 1000).
+	FollowerLagMax uint64
+	// BrokerTimeout: a broker silent this long is dead (default 3s).
+	BrokerTimeout time.Duration
+	// UncleanElection lets the failure detector elect masters from outside
+	// the SyncStateSet when none inside is alive. Off by default.
+	UncleanElection bool
+	// Faults, if set, cuts raft links (tests only).
+	Faults *Faults
+	Logger *slog.Logger
+}
+
+func (c *Config) defaults() error {
+	if c.ID == 0 || c.Peers[c.ID] == "" {
+		return fmt.Errorf("controlplane: node id %d has no address in peers", c.ID)
+	}
+	switch len(c.Peers) {
+	case 1, 3, 5:
+	default:
+		return fmt.Errorf("controlplane: a controller group has 1, 3 or 5 members, not %d", len(c.Peers))
+	}
+	if c.Dir == "" {
+		return fmt.Errorf("controlplane: no data directory")
+	}
+	if c.TickInterval <= 0 {
+		c.TickInterval = 20 * time.Millisecond
+	}
+	if c.ElectionTicks <= 0 {
+		c.ElectionTicks = 10
+	}
+	if c.HeartbeatTicks <= 0 {
+		c.HeartbeatTicks = 2
+	}
+	if c.SnapshotEntries == 0 {
+		c.SnapshotEntries = 10000
+	}
+	if c.SnapshotTrailing <= 0 {
+		c.SnapshotTrailing = 1000
+	}
+	if c.FollowerLagMax == 0 {
+		c.FollowerLagMax = 1000
+	}
+	if c.BrokerTimeout <= 0 {
+		c.BrokerTimeout = 3 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+type proposal struct {
+	data []byte
+	seq  uint64
+	done chan proposeResult // cap 1: the raft goroutine never blocks on it
+}
+
+type proposeResult struct {
+	res Result
+	err error
+}
+
+type readRequest struct {
+	follower bool
+	done     chan readIndexResult // cap 1
+}
+
+type readIndexResult struct {
+	index uint64
+	err   error
+}
+
+// Node is one controller: a raft member, its state machine, its service
+// endpoint and, while leader, the broker failure detector.
+//
+// Goroutines: the raft goroutine owns rn, pending and readBatches; the
+// listener and one goroutine per connection serve requests; the scanner
+// watches broker heartbeats. Requests from any goroutine meet the raft
+// goroutine only through the proposal and read queues.
+type Node struct {
+	cfg       Config
+	self      uint64
+	rn        *raft.RawNode
+	storage   *diskStorage
+	transport *transport
+	confState *pb.ConfState
+	listener  net.Listener
+
+	// mu guards state and applied; appliedCh is closed and replaced each
+	// time applied moves, waking readers waiting for an index.
+	mu        sync.RWMutex
+	state     *State
+	applied   uint64
+	appliedCh chan struct{}
+
+	snapIndex uint64 // raft goroutine only
+
+	lead  atomic.Uint64
+	term  atomic.Uint64
+	isLdr atomic.Bool
+
+	propMu     sync.Mutex
+	propQ      []*proposal
+	propSignal chan struct{}
+	nextSeq    uint64 // guarded by propMu
+	pending    map[uint64]*proposal
+
+	readMu      sync.Mutex
+	readQ       []*readRequest
+	readSignal  chan struct{}
+	nextReadID  uint64
+	readBatches map[uint64][]*readRequest
+
+	msgIn chan *pb.Message
+
+	hb *heartbeats
+
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+	fatalErr atomic.Pointer[error]
+
+	connsMu sync.Mutex
+	conns   map[net.Conn]struct{}
+}
+
+type raftLogger struct{ l *slog.Logger }
+
+func (r raftLogger) Debug(...any)          {}
+func (r raftLogger) Debugf(string, ...any) {}
+func (r raftLogger) Info(...any)           {}
+func (r raftLogger) Infof(string, ...any)  {}
+func (r raftLogger) Warning(v ...any)      { r.l.Debug("controlplane: raft: " + fmt.Sprint(v...)) }
+func (r raftLogger) Warningf(f string, v ...any) {
+	r.l.Debug("controlplane: raft: " + fmt.Sprintf(f, v...))
+}
+func (r raftLogger) Error(v ...any) { r.l.Error("controlplane: raft: " + fmt.Sprint(v...)) }
+func (r raftLogger) Errorf(f string, v ...any) {
+	r.l.Error("controlplane: raft: " + fmt.Sprintf(f, v...))
+}
+func (r raftLogger) Fatal(v ...any)            { panic("controlplane: raft: " + fmt.Sprint(v...)) }
+func (r raftLogger) Fatalf(f string, v ...any) { panic("controlplane: raft: " + fmt.Sprintf(f, v...)) }
+func (r raftLogger) Panic(v ...any)            { panic("controlplane: raft: " + fmt.Sprint(v...)) }
+func (r raftLogger) Panicf(f string, v ...any) { panic("controlplane: raft: " + fmt.Sprintf(f, v...)) }
+
+// Start opens the log in cfg.Dir, restores the state from the latest
+// snapshot and the log tail, and starts serving on Peers[ID].
+func Start(cfg Config) (*Node, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	voters := make([]uint64, 0, len(cfg.Peers))
+	for id := range cfg.Peers {
+		voters = append(voters, id)
+	}
+	slices.Sort(voters)
+	st, err := openStorage(cfg.Dir, voters, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	snap, _ := st.Snapshot()
+	raw, err := decompressSnapshot(snap.GetData())
+	if err != nil {
+		st.close()
+		return nil, err
+	}
+	state, err := DecodeState(raw)
+	if err != nil {
+		st.close()
+		return nil, err
+	}
+	n := &Node{
+		cfg: cfg, self: cfg.ID, storage: st, state: state,
+		confState:   snap.GetMetadata().GetConfState(),
+		applied:     snap.GetMetadata().GetIndex(),
+		snapIndex:   snap.GetMetadata().GetIndex(),
+		appliedCh:   make(chan struct{}),
+		propSignal:  make(chan struct{}, 1),
+		readSignal:  make(chan struct{}, 1),
+		pending:     map[uint64]*proposal{},
+		readBatches: map[uint64][]*readRequest{},
+		msgIn:       make(chan *pb.Message, recvQueueMax),
+		stop:        make(chan struct{}),
+		conns:       map[net.Conn]struct{}{},
+		// Sequence numbers start from the clock so that entries proposed by
+		// an earlier incarnation of this node never match a new waiter.
+		nextSeq: uint64(time.Now().UnixNano()),
+	}
+	n.hb = newHeartbeats(cfg.BrokerTimeout)
+	ro := raft.ReadOnlySafe
+	if cfg.LeaseRead {
+		ro = raft.ReadOnlyLeaseBased
+	}
+	rn, err := raft.NewRawNode(&raft.Config{
+		ID:              cfg.ID,
+		ElectionTick:    cfg.ElectionTicks,
+		HeartbeatTick:   cfg.HeartbeatTicks,
+		Storage:         st,
+		Applied:         n.applied,
+		MaxSizePerMsg:   1 << 20,
+		MaxInflightMsgs: 256,
+		CheckQuorum:     true,
+		PreVote:         true,
+		ReadOnlyOption:  ro,
+		Logger:          raftLogger{cfg.Logger},
+	})
+	if err != nil {
+		st.close()
+		return nil, fmt.Errorf("controlplane: start raft: %w", err)
+	}
+	n.rn = rn
+	if len(voters) == 1 {
+		// Alone, there is nobody to wait for.
+		rn.Campaign()
+	}
+	ln := cfg.Listener
+	if ln == nil {
+		ln, err = net.Listen("tcp", cfg.Peers[cfg.ID])
+		if err != nil {
+			st.close()
+			return nil, fmt.Errorf("controlplane: listen: %w", err)
+		}
+	}
+	n.listener = ln
+	n.transport = newTransport(cfg.ID, cfg.Peers, cfg.Faults, cfg.Logger)
+	n.wg.Add(3)
+	go n.run()
+	go n.serve()
+	go n.scanLoop()
+	return n, nil
+}
+
+// Stop stops the node and closes its log. In-flight requests fail.
+func (n *Node) Stop() {
+	n.stopOnce.Do(func() {
+		close(n.stop)
+		n.listener.Close()
+		n.connsMu.Lock()
+		for c := range n.conns {
+			c.Close()
+		}
+		n.connsMu.Unlock()
+		n.wg.Wait()
+		n.transport.close()
+		n.storage.close()
+	})
+}
+
+// ID returns the node's raft id.
+func (n *Node) ID() uint64 { return n.self }
+
+// Addr returns the address the node serves on.
+func (n *Node) Addr() string { return n.listener.Addr().String() }
+
+// Leader returns the current leader's id, 0 if unknown.
+func (n *Node) Leader() uint64 { return n.lead.Load() }
+
+// IsLeader reports whether this node is the leader.
+func (n *Node) IsLeader() bool { return n.isLdr.Load() }
+
+// Applied returns the applied index.
+func (n *Node) Applied() uint64 {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return n.applied
+}
+
+func (n *Node) leaderAddr() string {
+	if l := n.lead.Load(); l != 0 {
+		return n.cfg.Peers[l]
+	}
+	return ""
+}
+
+func (n *Node) fail(err error) {
+	n.cfg.Logger.Error("controlplane: node stopping on fatal error", "node", n.self, "err", err)
+	n.fatalErr.Store(&err)
+	go n.Stop()
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// run is the raft goroutine.
+func (n *Node) run() {
+	defer n.wg.Done()
+	defer n.abortAll(ErrStopped)
+	ticker := time.NewTicker(n.cfg.TickInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-ticker.C:
+			n.rn.Tick()
+		case m := <-n.msgIn:
+			n.step(m)
+			for i := 0; i < recvQueueMax; i++ {
+				select {
+				case m = <-n.msgIn:
+					n.step(m)
+					continue
+				default:
+				}
+				break
+			}
+		case r := <-n.transport.reports:
+			if r.unreachable {
+				n.rn.ReportUnreachable(r.to)
+			}
+			if r.snapshot {
+				status := raft.SnapshotFinish
+				if r.snapFailed {
+					status = raft.SnapshotFailure
+				}
+				n.rn.ReportSnapshot(r.to, status)
+			}
+		case <-n.propSignal:
+		case <-n.readSignal:
+		}
+		n.drainProposals()
+		n.drainReads()
+		for n.rn.HasReady() {
+			if err := n.handleReady(); err != nil {
+				n.fail(err)
+				return
+			}
+		}
+	}
+}
+
+func (n *Node) step(m *pb.Message) {
+	if m.GetType() == pb.MsgHeartbeat {
+		// A controller whose data was wiped has an empty log while the
+		// leader still remembers its old match index. Raft would panic on
+		// a commit index past the log end; drop the commit instead and let
+		// the following append or snapshot bring the log up.
+		if last, _ := n.storage.LastIndex(); m.GetCommit() > last {
+			m.Commit = nil
+		}
+	}
+	if err := n.rn.Step(m); err != nil && err != raft.ErrStepPeerNotFound {
+		n.cfg.Logger.Debug("controlplane: step", "err", err)
+	}
+}
+
+// Propose puts ev through the log and returns its result once applied on
+// this node. Only the leader accepts proposals.
+func (n *Node) Propose(ctx context.Context, ev Event) (Result, error) {
+	if err := ValidateEvent(ev); err != nil {
+		return Result{}, err
+	}
+	return n.proposeRaw(ctx, EncodeEvent(nil, ev))
+}
+
+func (n *Node) proposeRaw(ctx context.Context, data []byte) (Result, error) {
+	if !n.isLdr.Load() {
+		return Result{}, &NotLeaderError{Leader: n.leaderAddr()}
+	}
+	p := &proposal{data: data, done: make(chan proposeResult, 1)}
+	n.propMu.Lock()
+	if len(n.propQ) >= proposalQueueMax {
+		n.propMu.Unlock()
+		return Result{}, ErrBusy
+	}
+	n.nextSeq++
+	p.seq = n.nextSeq
+	n.propQ = append(n.propQ, p)
+	n.propMu.Unlock()
+	signal(n.propSignal)
+	select {
+	case r := <-p.done:
+		return r.res, r.err
+	case <-ctx.Done():
+		return Result{}, fmt.Errorf("%w: %v", ErrTimeout, ctx.Err())
+	case <-n.stop:
+		return Result{}, ErrStopped
+	}
+}
+
+const entryFormat = 1
+
+// An entry carries a batch of events: format, proposer id, first sequence
+// number, count, then each event as a uint32 length and bytes. Events of one
+// entry have consecutive sequence numbers.
+func (n *Node) drainProposals() {
+	n.propMu.Lock()
+	q := n.propQ
+	if n.cfg.DisableBatching && len(q) > 1 {
+		n.propQ = q[1:]
+		q = q[:1]
+		signal(n.propSignal)
+	} else if len(q) > readyProposalsMax {
+		n.propQ = slices.Clone(q[readyProposalsMax:])
+		q = q[:readyProposalsMax]
+		signal(n.propSignal)
+	} else {
+		n.propQ = nil
+	}
+	n.propMu.Unlock()
+	if len(q) == 0 {
+		return
+	}
+	if !n.isLdr.Load() {
+		for _, p := range q {
+			p.done <- proposeResult{err: &NotLeaderError{Leader: n.leaderAddr()}}
+		}
+		return
+	}
+	for len(q) > 0 {
+		// q's sequence numbers are consecutive: they were assigned in queue
+		// order under propMu.
+		size := 21
+		k := 0
+		for k < len(q) && (k == 0 || size+4+len(q[k].data) <= entryBytesMax) {
+			size += 4 + len(q[k].data)
+			k++
+		}
+		batch := q[:k]
+		q = q[k:]
+		buf := make([]byte, 0, size)
+		buf = append(buf, entryFormat)
+		buf = binary.BigEndian.AppendUint64(buf, n.self)
+		buf = binary.BigEndian.AppendUint64(buf, batch[0].seq)
+		buf = binary.BigEndian.AppendUint32(buf, uint32(len(batch)))
+		for _, p := range batch {
+			buf = binary.BigEndian.AppendUint32(buf, uint32(len(p.data)))
+			buf = append(buf, p.data...)
+		}
+		if err := n.rn.Propose(buf); err != nil {
+			for _, p := range batch {
+				p.done <- proposeResult{err: &NotLeaderError{Leader: n.leaderAddr()}}
+			}
+			continue
+		}
+		for _, p := range batch {
+			n.pending[p.seq] = p
+		}
+	}
+}
+
+// ReadIndex returns an index such that the state at or after it reflects
+// every write completed before the call. With follower set it may run on a
+// follower; it fails with *LaggingError if the follower is too far behind.
+func (n *Node) ReadIndex(ctx context.Context, follower bool) (uint64, error) {
+	if !follower && !n.isLdr.Load() {
+		return 0, &NotLeaderError{Leader: n.leaderAddr()}
+	}
+	if n.lead.Load() == 0 {
+		return 0, &NotLeaderError{}
+	}
+	r := &readRequest{follower: follower, done: make(chan readIndexResult, 1)}
+	n.readMu.Lock()
+	if len(n.readQ) >= readQueueMax {
+		n.readMu.Unlock()
+		return 0, ErrBusy
+	}
+	n.readQ = append(n.readQ, r)
+	n.readMu.Unlock()
+	signal(n.readSignal)
+	var res readIndexResult
+	select {
+	case res = <-r.done:
+	case <-ctx.Done():
+		return 0, fmt.Errorf("%w: %v", ErrTimeout, ctx.Err())
+	case <-n.stop:
+		return 0, ErrStopped
+	}
+	if res.err != nil {
+		return 0, res.err
+	}
+	if follower {
+		if applied := n.Applied(); res.index > applied+n.cfg.FollowerLagMax {
+			return 0, &LaggingError{Leader: n.leaderAddr(), Behind: res.index - applied}
+		}
+	}
+	return res.index, n.waitApplied(ctx, res.index)
+}
+
+func (n *Node) waitApplied(ctx context.Context, index uint64) error {
+	for {
+		n.mu.RLock()
+		applied, ch := n.applied, n.appliedCh
+		n.mu.RUnlock()
+		if applied >= index {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %v", ErrTimeout, ctx.Err())
+		case <-n.stop:
+			return ErrStopped
+		}
+	}
+}
+
+// drainReads turns every waiting reader into one ReadIndex request.
+func (n *Node) drainReads() {
+	n.readMu.Lock()
+	q := n.readQ
+	n.readQ = nil
+	n.readMu.Unlock()
+	if len(q) == 0 {
+		return
+	}
+	if len(n.readBatches) >= readBatchesMax {
+		for _, r := range q {
+			r.done <- readIndexResult{err: ErrBusy}
+		}
+		return
+	}
+	n.nextReadID++
+	id := n.nextReadID
+	var ctx [16]byte
+	binary.BigEndian.PutUint64(ctx[:], n.self)
+	binary.BigEndian.PutUint64(ctx[8:], id)
+	n.readBatches[id] = q
+	n.rn.ReadIndex(ctx[:])
+}
+
+// Read runs fn on the state once the read mode's consistency is met. fn runs
+// under the state's read lock and must not keep references into it.
+func (n *Node) Read(ctx context.Context, mode ReadMode, fn func(*State)) error {
+	switch mode {
+	case ReadUnsafe:
+		if !n.isLdr.Load() {
+			return &NotLeaderError{Leader: n.leaderAddr()}
+		}
+	case ReadConsistent, ReadFollower:
+		if _, err := n.ReadIndex(ctx, mode == ReadFollower); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("%w: unknown read mode %d", ErrBadRequest, mode)
+	}
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	fn(n.state)
+	return nil
+}
+
+func (n *Node) handleReady() error {
+	rd := n.rn.Ready()
+	if rd.SoftState != nil {
+		wasLeader := n.isLdr.Load()
+		n.lead.Store(rd.SoftState.Lead)
+		isLeader := rd.SoftState.RaftState == raft.StateLeader
+		n.isLdr.Store(isLeader)
+		if wasLeader && !isLeader {
+			n.abortPending(ErrLeaderChanged)
+		}
+		if !isLeader || rd.SoftState.Lead == raft.None {
+			n.abortReads(ErrReadAborted)
+		}
+		if isLeader && !wasLeader {
+			n.mu.RLock()
+			brokers := n.state.Brokers()
+			n.mu.RUnlock()
+			n.hb.becomeLeader(brokers, time.Now())
+		}
+	}
+	if rd.HardState != nil {
+		n.term.Store(rd.HardState.GetTerm())
+	}
+	if err := n.storage.save(rd.HardState, rd.Entries, rd.Snapshot); err != nil {
+		return err
+	}
+	for _, m := range rd.Messages {
+		n.transport.send(m)
+	}
+	if !raft.IsEmptySnap(rd.Snapshot) {
+		if err := n.restoreSnapshot(rd.Snapshot); err != nil {
+			return err
+		}
+	}
+	if err := n.apply(rd.CommittedEntries); err != nil {
+		return err
+	}
+	for _, rs := range rd.ReadStates {
+		if len(rs.RequestCtx) != 16 || binary.BigEndian.Uint64(rs.RequestCtx) != n.self {
+			continue
+		}
+		id := binary.BigEndian.Uint64(rs.RequestCtx[8:])
+		for _, r := range n.readBatches[id] {
+			r.done <- readIndexResult{index: rs.Index}
+		}
+		delete(n.readBatches, id)
+	}
+	n.rn.Advance(rd)
+	return n.maybeSnapshot()
+}
+
+func (n *Node) abortPending(err error) {
+	for seq, p := range n.pending {
+		p.done <- proposeResult{err: err}
+		delete(n.pending, seq)
+	}
+}
+
+func (n *Node) abortReads(err error) {
+	for id, rs := range n.readBatches {
+		for _, r := range rs {
+			r.done <- readIndexResult{err: err}
+		}
+		delete(n.readBatches, id)
+	}
+}
+
+func (n *Node) abortAll(err error) {
+	n.abortPending(err)
+	n.abortReads(err)
+	n.propMu.Lock()
+	for _, p := range n.propQ {
+		p.done <- proposeResult{err: err}
+	}
+	n.propQ = nil
+	n.propMu.Unlock()
+	n.readMu.Lock()
+	for _, r := range n.readQ {
+		r.done <- readIndexResult{err: err}
+	}
+	n.readQ = nil
+	n.readMu.Unlock()
+}
+
+func (n *Node) restoreSnapshot(snap *pb.Snapshot) error {
+	raw, err := decompressSnapshot(snap.GetData())
+	if err != nil {
+		return err
+	}
+	state, err := DecodeState(raw)
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	n.state = state
+	n.applied = snap.GetMetadata().GetIndex()
+	close(n.appliedCh)
+	n.appliedCh = make(chan struct{})
+	n.mu.Unlock()
+	n.snapIndex = snap.GetMetadata().GetIndex()
+	n.confState = snap.GetMetadata().GetConfState()
+	return nil
+}
+
+type delivery struct {
+	p   *proposal
+	res Result
+}
+
+func (n *Node) apply(ents []*pb.Entry) error {
+	if len(ents) == 0 {
+		return nil
+	}
+	var out []delivery
+	n.mu.Lock()
+	for _, e := range ents {
+		if e.GetIndex() <= n.applied {
+			continue
+		}
+		switch e.GetType() {
+		case pb.EntryNormal:
+			if len(e.GetData()) > 0 {
+				out = n.applyBatchLocked(e.GetData(), out)
+			}
+		default:
+			// Membership is fixed at start; a configuration change entry
+			// cannot come from this code.
+			n.cfg.Logger.Error("controlplane: unexpected conf change entry", "index", e.GetIndex())
+		}
+		n.applied = e.GetIndex()
+	}
+	close(n.appliedCh)
+	n.appliedCh = make(chan struct{})
+	n.mu.Unlock()
+	for _, d := range out {
+		d.p.done <- proposeResult{res: d.res}
+	}
+	return nil
+}
+
+// applyBatchLocked applies one entry's events. A malformed event is skipped
+// with a logged error on every node alike, so state stays identical.
+func (n *Node) applyBatchLocked(data []byte, out []delivery) []delivery {
+	if len(data) < 21 || data[0] != entryFormat {
+		n.cfg.Logger.Error("controlplane: malformed log entry")
+		return out
+	}
+	proposer := binary.BigEndian.Uint64(data[1:])
+	seq := binary.BigEndian.Uint64(data[9:])
+	count := binary.BigEndian.Uint32(data[17:])
+	rest := data[21:]
+	for i := uint32(0); i < count; i++ {
+		if len(rest) < 4 {
+			n.cfg.Logger.Error("controlplane: truncated log entry")
+			return out
+		}
+		ln := binary.BigEndian.Uint32(rest)
+		if uint64(ln) > uint64(len(rest)-4) {
+			n.cfg.Logger.Error("controlplane: truncated log entry")
+			return out
+		}
+		raw := rest[4 : 4+ln]
+		rest = rest[4+ln:]
+		var res Result
+		if ev, err := DecodeEvent(raw); err != nil {
+			res = fail(CodeInvalid, "undecodable event: %v", err)
+		} else {
+			res = n.state.Apply(ev)
+		}
+		if proposer == n.self {
+			if p := n.pending[seq+uint64(i)]; p != nil {
+				delete(n.pending, p.seq)
+				out = append(out, delivery{p, res})
+			}
+		}
+	}
+	return out
+}
+
+func (n *Node) maybeSnapshot() error {
+	if n.cfg.SnapshotEntries < 0 {
+		return nil
+	}
+	n.mu.RLock()
+	applied := n.applied
+	if applied < n.snapIndex+uint64(n.cfg.SnapshotEntries) {
+		n.mu.RUnlock()
+		return nil
+	}
+	raw := n.state.Encode()
+	n.mu.RUnlock()
+	data := compressSnapshot(raw)
+	compactTo := n.snapIndex
+	if applied > uint64(n.cfg.SnapshotTrailing) && applied-uint64(n.cfg.SnapshotTrailing) > compactTo {
+		compactTo = applied - uint64(n.cfg.SnapshotTrailing)
+	}
+	if err := n.storage.compact(applied, compactTo, n.confState, data); err != nil {
+		return err
+	}
+	n.snapIndex = applied
+	return nil
+}
+
+// Status is a point-in-time view of a node, for tests and admin tools.
+type Status struct {
+	ID, Leader, Term, Applied, SnapshotIndex, FirstIndex, LastIndex uint64
+}
+
+// Status returns the node's status. Safe from any goroutine.
+func (n *Node) Status() Status {
+	first, _ := n.storage.FirstIndex()
+	last, _ := n.storage.LastIndex()
+	snap, _ := n.storage.Snapshot()
+	return Status{ID: n.self, Leader: n.lead.Load(), Term: n.term.Load(), Applied: n.Applied(),
+		SnapshotIndex: snap.GetMetadata().GetIndex(), FirstIndex: first, LastIndex: last}
+}
+
+var _ = sort.Ints

@@ -1,0 +1,351 @@
+package controlplane
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/berthmq/berth/wire"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// Service operations (wire.CtlRequest.Op). Persisted nowhere, but brokers
+// of other versions send them: never renumber.
+const (
+	opPropose   uint8 = 1 // body: an event; reply: a Result
+	opRead      uint8 = 2 // body: mode, query, args; reply: per query
+	opHeartbeat uint8 = 3 // body: broker, log ends
+	opElect     uint8 = 4 // body: preferred broker, group ids; reply: a Result
+	opStatus    uint8 = 5 // reply: a Status
+)
+
+// Read queries.
+const (
+	queryWiring uint8 = iota + 1
+	queryGroups
+	queryBrokers
+	queryNextBrokerID
+	queryAttribute
+	queryClusterInfo
+	querySyncStateSet
+)
+
+// Response statuses (wire.CtlResponse.Status).
+const (
+	statusOK uint8 = iota
+	statusNotLeader
+	statusLagging
+	statusBusy
+	statusBadRequest
+	statusUnavailable // not served; safe to retry
+	statusAmbiguous   // a write whose outcome is unknown
+	statusStopped
+)
+
+const (
+	// ctlFrameMax bounds a service request frame.
+	ctlFrameMax = 1 << 20
+	// connInflightMax bounds requests served at once per connection.
+	connInflightMax = 1024
+	// requestTimeout bounds the time the server spends on one request.
+	requestTimeout = 5 * time.Second
+	// groupsPerReplyMax bounds the groups in one GetGroups reply.
+	groupsPerReplyMax = 16384
+)
+
+func (n *Node) serve() {
+	defer n.wg.Done()
+	for {
+		c, err := n.listener.Accept()
+		if err != nil {
+			select {
+			case <-n.stop:
+				return
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return
+		}
+		n.connsMu.Lock()
+		select {
+		case <-n.stop:
+			n.connsMu.Unlock()
+			c.Close()
+			return
+		default:
+		}
+		n.conns[c] = struct{}{}
+		n.connsMu.Unlock()
+		n.wg.Add(1)
+		go n.serveConn(c)
+	}
+}
+
+type serverConn struct {
+	c   net.Conn
+	wmu sync.Mutex
+	w   *bufio.Writer
+	buf []byte
+}
+
+func (sc *serverConn) reply(r wire.CtlResponse) {
+	sc.wmu.Lock()
+	defer sc.wmu.Unlock()
+	sc.buf = wire.AppendCtlResponse(sc.buf[:0], r)
+	sc.c.SetWriteDeadline(time.Now().Add(writeTimeout))
+	if _, err := sc.w.Write(sc.buf); err == nil {
+		sc.w.Flush()
+	}
+}
+
+func (n *Node) serveConn(c net.Conn) {
+	defer n.wg.Done()
+	defer func() {
+		c.Close()
+		n.connsMu.Lock()
+		delete(n.conns, c)
+		n.connsMu.Unlock()
+	}()
+	sc := &serverConn{c: c, w: bufio.NewWriterSize(c, 32<<10)}
+	r := bufio.NewReaderSize(c, 64<<10)
+	sem := make(chan struct{}, connInflightMax)
+	var reqs sync.WaitGroup
+	defer reqs.Wait()
+	var hdr [wire.HeaderSize]byte
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return
+		}
+		h, err := wire.ReadHeader(hdr[:], peerFrameMax)
+		if err != nil || h.Version.Major() != wire.VersionMajor {
+			return
+		}
+		if h.Type != wire.TypeRaftMessage && h.Length > ctlFrameMax {
+			return
+		}
+		body := make([]byte, h.Length)
+		if _, err := io.ReadFull(r, body); err != nil {
+			return
+		}
+		switch h.Type {
+		case wire.TypeRaftMessage:
+			m := &pb.Message{}
+			if err := proto.Unmarshal(body, m); err != nil {
+				n.cfg.Logger.Warn("controlplane: bad raft message", "err", err)
+				return
+			}
+			select {
+			case n.msgIn <- m:
+			case <-n.stop:
+				return
+			default: // raft retransmits what is dropped here
+			}
+		case wire.TypeCtlRequest:
+			req, err := wire.DecodeCtlRequest(body)
+			if err != nil {
+				return
+			}
+			select {
+			case sem <- struct{}{}:
+			case <-n.stop:
+				return
+			}
+			reqs.Add(1)
+			go func() {
+				defer func() { <-sem; reqs.Done() }()
+				ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+				defer cancel()
+				status, leader, out := n.handle(ctx, req.Op, req.Body)
+				sc.reply(wire.CtlResponse{ID: req.ID, Status: status, Leader: leader, Body: out})
+			}()
+		default:
+			// A frame of a type this build does not know is skipped by size.
+		}
+	}
+}
+
+// handle serves one request. It is what both the TCP service and the
+// in-process client call.
+func (n *Node) handle(ctx context.Context, op uint8, body []byte) (status uint8, leader string, out []byte) {
+	var e encoder
+	var err error
+	switch op {
+	case opPropose:
+		var ev Event
+		ev, err = DecodeEvent(body)
+		if err != nil {
+			return statusBadRequest, "", []byte(err.Error())
+		}
+		var res Result
+		res, err = n.Propose(ctx, ev)
+		if err == nil {
+			encodeResult(&e, res)
+		}
+	case opRead:
+		err = n.handleRead(ctx, body, &e)
+	case opHeartbeat:
+		d := decoder{b: body}
+		broker := d.u32()
+		cnt := d.count(16)
+		logEnds := make([]GroupLogEnd, cnt)
+		for i := range logEnds {
+			logEnds[i] = GroupLogEnd{d.u32(), LogEnd{d.u32(), d.u64()}}
+		}
+		if err = d.finish(); err == nil {
+			err = n.Heartbeat(broker, logEnds)
+		} else {
+			err = ErrBadRequest
+		}
+	case opElect:
+		d := decoder{b: body}
+		preferred := d.u32()
+		groups := decodeIDs(&d)
+		if err = d.finish(); err != nil {
+			err = ErrBadRequest
+			break
+		}
+		var res Result
+		res, err = n.ElectNow(ctx, groups, preferred)
+		if err == nil {
+			encodeResult(&e, res)
+		}
+	case opStatus:
+		s := n.Status()
+		for _, v := range []uint64{s.ID, s.Leader, s.Term, s.Applied, s.SnapshotIndex, s.FirstIndex, s.LastIndex} {
+			e.u64(v)
+		}
+	default:
+		return statusBadRequest, "", []byte("controlplane: unknown operation")
+	}
+	if err != nil {
+		return errorStatus(err)
+	}
+	return statusOK, "", e.b
+}
+
+func errorStatus(err error) (uint8, string, []byte) {
+	var nl *NotLeaderError
+	var lag *LaggingError
+	switch {
+	case errors.As(err, &nl):
+		return statusNotLeader, nl.Leader, nil
+	case errors.As(err, &lag):
+		var e encoder
+		e.u64(lag.Behind)
+		return statusLagging, lag.Leader, e.b
+	case errors.Is(err, ErrBusy):
+		return statusBusy, "", nil
+	case errors.Is(err, ErrLeaderChanged):
+		return statusAmbiguous, "", []byte(err.Error())
+	case errors.Is(err, ErrTimeout):
+		// A proposal that timed out may still apply.
+		return statusAmbiguous, "", []byte(err.Error())
+	case errors.Is(err, ErrStopped):
+		return statusStopped, "", nil
+	case errors.Is(err, ErrReadAborted):
+		return statusUnavailable, "", []byte(err.Error())
+	}
+	return statusBadRequest, "", []byte(err.Error())
+}
+
+func encodeResult(e *encoder, r Result) {
+	e.u8(r.Code)
+	e.u64(r.Value)
+	e.str(r.Msg)
+}
+
+func decodeResult(b []byte) (Result, error) {
+	d := decoder{b: b}
+	r := Result{Code: d.u8(), Value: d.u64(), Msg: d.str()}
+	return r, d.finish()
+}
+
+func encodeGroup(e *encoder, g Group) {
+	e.u32(g.ID)
+	e.u32(g.Master)
+	e.u32(g.Epoch)
+	e.u32(g.ElectedLogEnd.Epoch)
+	e.u64(g.ElectedLogEnd.Index)
+	encodeIDs(e, g.SyncStateSet)
+}
+
+func decodeGroup(d *decoder) Group {
+	g := Group{ID: d.u32(), Master: d.u32(), Epoch: d.u32()}
+	g.ElectedLogEnd = LogEnd{d.u32(), d.u64()}
+	g.SyncStateSet = decodeIDs(d)
+	return g
+}
+
+func (n *Node) handleRead(ctx context.Context, body []byte, e *encoder) error {
+	d := decoder{b: body}
+	mode := ReadMode(d.u8())
+	query := d.u8()
+	var start, count, group uint32
+	var key string
+	switch query {
+	case queryGroups:
+		start, count = d.u32(), d.u32()
+		if count > groupsPerReplyMax {
+			count = groupsPerReplyMax
+		}
+	case queryAttribute:
+		key = d.str()
+	case querySyncStateSet:
+		group = d.u32()
+	case queryWiring, queryBrokers, queryNextBrokerID, queryClusterInfo:
+	default:
+		return ErrBadRequest
+	}
+	if err := d.finish(); err != nil {
+		return ErrBadRequest
+	}
+	return n.Read(ctx, mode, func(s *State) {
+		switch query {
+		case queryWiring:
+			encodeWiring(e, s.Wiring())
+		case queryGroups:
+			total := uint32(s.GroupCount())
+			e.u32(total)
+			end := uint64(start) + uint64(count)
+			if end > uint64(total) {
+				end = uint64(total)
+			}
+			if uint64(start) > end {
+				start = uint32(end)
+			}
+			e.u32(uint32(end) - start)
+			for id := start; uint64(id) < end; id++ {
+				g, _ := s.Group(id)
+				encodeGroup(e, g)
+			}
+		case queryBrokers:
+			bs := s.Brokers()
+			e.u32(uint32(len(bs)))
+			for _, b := range bs {
+				(&RegisterBroker{ID: b.ID, Addrs: b.Addrs, Version: b.Version}).encode(e)
+			}
+		case queryNextBrokerID:
+			e.u32(s.NextBrokerID())
+		case queryAttribute:
+			v, ok := s.Attribute(key)
+			e.boolean(ok)
+			e.str(v)
+		case queryClusterInfo:
+			c := s.Config()
+			(&SetClusterConfig{Groups: c.Groups, Mode: c.Mode, UncleanElection: c.UncleanElection}).encode(e)
+			e.u16(s.ClusterVersion())
+		case querySyncStateSet:
+			g, ok := s.Group(group)
+			e.boolean(ok)
+			encodeGroup(e, g)
+		}
+	})
+}

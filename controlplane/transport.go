@@ -1,0 +1,230 @@
+package controlplane
+
+import (
+	"bufio"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/berthmq/berth/wire"
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+const (
+	// sendQueueMax bounds the raft messages waiting for one peer. Raft
+	// retransmits, so a message dropped at this bound only costs time.
+	sendQueueMax = 4096
+	// peerFrameMax bounds a frame between controllers; snapshots are the
+	// largest thing sent.
+	peerFrameMax = wire.FrameSizeMax
+	dialTimeout  = time.Second
+	redialDelay  = 50 * time.Millisecond
+	writeTimeout = 5 * time.Second
+)
+
+// Faults cuts links between controllers in tests. A nil *Faults cuts nothing.
+// Only raft traffic is cut; client requests still reach a cut controller,
+// which is how a stale leader would meet clients in a real partition.
+type Faults struct {
+	mu  sync.Mutex
+	cut map[[2]uint64]bool
+}
+
+// NewFaults returns a fault injector with every link up.
+func NewFaults() *Faults { return &Faults{cut: map[[2]uint64]bool{}} }
+
+// Cut drops raft messages both ways between a and b.
+func (f *Faults) Cut(a, b uint64) {
+	f.mu.Lock()
+	f.cut[[2]uint64{a, b}], f.cut[[2]uint64{b, a}] = true, true
+	f.mu.Unlock()
+}
+
+// Isolate cuts id from every controller in peers.
+func (f *Faults) Isolate(id uint64, peers []uint64) {
+	for _, p := range peers {
+		if p != id {
+			f.Cut(id, p)
+		}
+	}
+}
+
+// Heal restores every link.
+func (f *Faults) Heal() {
+	f.mu.Lock()
+	clear(f.cut)
+	f.mu.Unlock()
+}
+
+func (f *Faults) blocked(from, to uint64) bool {
+	if f == nil {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cut[[2]uint64{from, to}]
+}
+
+// report is sent back to the raft goroutine about a peer.
+type report struct {
+	to          uint64
+	unreachable bool
+	snapshot    bool
+	snapFailed  bool
+}
+
+// transport sends raft messages to peers, one goroutine and one TCP
+// connection per peer. Receiving happens in the node's listener.
+type transport struct {
+	self    uint64
+	faults  *Faults
+	logger  *slog.Logger
+	reports chan report // read by the raft goroutine
+	peers   map[uint64]*peer
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+type peer struct {
+	id   uint64
+	addr string
+	q    chan *pb.Message
+}
+
+func newTransport(self uint64, addrs map[uint64]string, faults *Faults, logger *slog.Logger) *transport {
+	t := &transport{self: self, faults: faults, logger: logger, peers: map[uint64]*peer{},
+		reports: make(chan report, sendQueueMax), stop: make(chan struct{})}
+	for id, a := range addrs {
+		if id == self {
+			continue
+		}
+		p := &peer{id: id, addr: a, q: make(chan *pb.Message, sendQueueMax)}
+		t.peers[id] = p
+		t.wg.Add(1)
+		go t.run(p)
+	}
+	return t
+}
+
+func (t *transport) report(r report) {
+	select {
+	case t.reports <- r:
+	default: // raft recovers from a lost report by its own probing
+	}
+}
+
+// send queues m for its peer. It never blocks: the raft goroutine calls it.
+func (t *transport) send(m *pb.Message) {
+	p := t.peers[m.GetTo()]
+	if p == nil {
+		return
+	}
+	select {
+	case p.q <- m:
+	default:
+		t.report(report{to: p.id, unreachable: true})
+		if m.GetType() == pb.MsgSnap {
+			t.report(report{to: p.id, snapshot: true, snapFailed: true})
+		}
+	}
+}
+
+func (t *transport) close() {
+	close(t.stop)
+	t.wg.Wait()
+}
+
+func (t *transport) run(p *peer) {
+	defer t.wg.Done()
+	var conn net.Conn
+	var w *bufio.Writer
+	var buf []byte
+	defer func() {
+		if conn != nil {
+			conn.Close()
+		}
+	}()
+	for {
+		var m *pb.Message
+		select {
+		case <-t.stop:
+			return
+		case m = <-p.q:
+		}
+		for m != nil {
+			isSnap := m.GetType() == pb.MsgSnap
+			if t.faults.blocked(t.self, p.id) {
+				if isSnap {
+					t.report(report{to: p.id, snapshot: true, snapFailed: true})
+				}
+			} else {
+				if conn == nil {
+					c, err := net.DialTimeout("tcp", p.addr, dialTimeout)
+					if err != nil {
+						t.report(report{to: p.id, unreachable: true})
+						if isSnap {
+							t.report(report{to: p.id, snapshot: true, snapFailed: true})
+						}
+						drain(p.q)
+						select {
+						case <-t.stop:
+							return
+						case <-time.After(redialDelay):
+						}
+						break
+					}
+					conn, w = c, bufio.NewWriterSize(c, 64<<10)
+				}
+				raw, err := proto.MarshalOptions{}.MarshalAppend(buf[:0], m)
+				if err == nil && len(raw)+wire.HeaderSize > peerFrameMax {
+					t.logger.Error("controlplane: raft message too large", "to", p.id, "bytes", len(raw))
+					err = io.ErrShortBuffer
+				}
+				if err == nil {
+					buf = raw
+					var hdr [wire.HeaderSize]byte
+					wire.PutHeader(hdr[:], wire.Header{Version: wire.Current, Type: wire.TypeRaftMessage, Length: uint32(len(raw))})
+					conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+					if _, err = w.Write(hdr[:]); err == nil {
+						_, err = w.Write(raw)
+					}
+					if err == nil && (len(p.q) == 0 || isSnap) {
+						err = w.Flush()
+					}
+				}
+				if err != nil {
+					conn.Close()
+					conn, w = nil, nil
+					t.report(report{to: p.id, unreachable: true})
+				}
+				if isSnap {
+					t.report(report{to: p.id, snapshot: true, snapFailed: err != nil})
+				}
+			}
+			select {
+			case m = <-p.q:
+			default:
+				m = nil
+			}
+		}
+		if buf != nil && cap(buf) > 1<<20 {
+			buf = nil // do not pin a snapshot-sized buffer
+		}
+	}
+}
+
+func drain(q chan *pb.Message) {
+	for {
+		select {
+		case <-q:
+		default:
+			return
+		}
+	}
+}
+
+var _ = raft.SnapshotFinish
