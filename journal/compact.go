@@ -184,18 +184,35 @@ func (j *Journal) compactOnce() (bool, error) {
 	out.size = off
 	out.written = off
 	out.positions = make([]Pos, 0, len(moves))
-	for _, m := range moves {
+	// Whether a ref counts depends on where its target is, so decide what
+	// counted before any record moves and what counts after all have.
+	moved := make([]bool, len(moves))
+	wasCounted := make([]bool, len(moves))
+	for i, m := range moves {
 		out.positions = append(out.positions, m.pos)
 		e, ok := j.mu.index[m.pos]
 		if !ok || e.seg != m.src.id || int64(e.off) != m.srcOff {
 			continue
 		}
-		counted := j.countedLocked(e)
-		e.seg = out.id
-		e.off = uint32(m.newOff)
-		j.mu.index[m.pos] = e
-		if counted {
+		moved[i] = true
+		wasCounted[i] = j.countedLocked(e)
+	}
+	for i, m := range moves {
+		if moved[i] {
+			e := j.mu.index[m.pos]
+			e.seg = out.id
+			e.off = uint32(m.newOff)
+			j.mu.index[m.pos] = e
+		}
+	}
+	for i, m := range moves {
+		if !moved[i] {
+			continue
+		}
+		if wasCounted[i] {
 			m.src.live -= int64(m.size)
+		}
+		if j.countedLocked(j.mu.index[m.pos]) {
 			out.live += int64(m.size)
 		}
 	}

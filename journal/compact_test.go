@@ -208,6 +208,9 @@ func TestCompactionReclaims(t *testing.T) {
 			}
 			waitFor(t, func() error {
 				st := j.Stats()
+				if keepEvery == 0 && st.Segments != 1 {
+					return fmt.Errorf("%d segments, live %d", st.Segments, st.LiveBytes)
+				}
 				if got := dirBytes(t, dir); got > bound {
 					return fmt.Errorf("disk %d bytes in %d segments, bound %d (written %d, live %d)", got, st.Segments, bound, written, liveBytes)
 				}

@@ -272,6 +272,9 @@ func dirBytes(t testing.TB, dir string) int64 {
 	var n int64
 	for _, f := range segmentFiles(t, dir) {
 		st, err := os.Stat(f)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // removed by compaction meanwhile
+		}
 		if err != nil {
 			t.Fatal(err)
 		}

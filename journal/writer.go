@@ -42,8 +42,29 @@ func (j *Journal) writeLoop() {
 			synced, err = j.writeBatch(b, forceSync)
 		}
 
-		var last Pos
 		ok := 0
+		if err == nil {
+			for i := range b.comps {
+				if b.comps[i].err == nil {
+					ok++
+				}
+			}
+		}
+		// Counters and the sticky error are set before any completion runs,
+		// so a completed record is always reflected in Stats.
+		j.mu.Lock()
+		if err != nil && j.mu.err == nil {
+			j.mu.err = err
+			j.log.Error("journal: failed; all further records complete with an error", "err", err)
+		}
+		if synced && ok > 0 {
+			j.mu.stats.Fsyncs++
+			j.mu.stats.RecordsSynced += uint64(ok)
+			j.mu.stats.BatchHistogram[batchBucket(ok)]++
+		}
+		j.mu.Unlock()
+
+		var last Pos
 		for i := range b.comps {
 			p := &b.comps[i]
 			last = p.pos
@@ -51,27 +72,15 @@ func (j *Journal) writeLoop() {
 			if cerr == nil {
 				cerr = err
 			}
-			if cerr == nil {
-				ok++
-			}
 			p.done(p.pos, cerr)
 		}
 
 		j.mu.Lock()
-		if err != nil && j.mu.err == nil {
-			j.mu.err = err
-			j.log.Error("journal: failed; all further records complete with an error", "err", err)
-		}
 		if last != 0 {
 			j.mu.donePos = last
 		}
 		if synced {
 			j.mu.syncedPos = j.mu.donePos
-			if ok > 0 {
-				j.mu.stats.Fsyncs++
-				j.mu.stats.RecordsSynced += uint64(ok)
-				j.mu.stats.BatchHistogram[batchBucket(ok)]++
-			}
 		}
 		j.mu.space.Broadcast()
 		j.mu.Unlock()
