@@ -22,6 +22,9 @@ type connState struct {
 	heartbeatNs int64
 	lastRecv    atomic.Int64
 	closing     atomic.Bool
+	// Copies for the heartbeat goroutine, set once at HELLO.
+	hbNs     atomic.Int64
+	helloVer atomic.Uint32
 
 	consumers map[uint32]int // consumer id -> shard
 	usedIDs   map[uint32]bool
@@ -39,7 +42,18 @@ type connState struct {
 // connWriter lets shards write to a connection from their goroutines.
 type connWriter struct{ c gnet.Conn }
 
+// iovecMax keeps each writev under the kernel's IOV_MAX (1024).
+const iovecMax = 1000
+
 func (w connWriter) WriteAsync(bufs [][]byte, done func()) error {
+	// The loop runs queued writes in order, so only the last part needs
+	// the callback.
+	for len(bufs) > iovecMax {
+		if err := w.c.AsyncWritev(bufs[:iovecMax:iovecMax], nil); err != nil {
+			return err
+		}
+		bufs = bufs[iovecMax:]
+	}
 	return w.c.AsyncWritev(bufs, func(gnet.Conn, error) error {
 		done()
 		return nil
@@ -50,19 +64,23 @@ func (cs *connState) heartbeat(now int64) {
 	if cs.closing.Load() {
 		return
 	}
-	hb := cs.heartbeatNs
+	hb := cs.hbNs.Load()
 	if hb == 0 {
 		hb = int64(cs.s.cfg.HeartbeatMs) * int64(time.Millisecond)
 	}
 	if now-cs.lastRecv.Load() > 3*hb {
 		cs.closing.Store(true)
 		cs.s.metrics.heartbeatTimeouts.Inc()
-		frame := wire.AppendClose(nil, cs.versionOr(), wire.CodeHeartbeatTimeout, "no traffic for 3 heartbeat intervals")
+		v := wire.Version(cs.helloVer.Load())
+		if v == 0 {
+			v = wire.Current
+		}
+		frame := wire.AppendClose(nil, v, wire.CodeHeartbeatTimeout, "no traffic for 3 heartbeat intervals")
 		_ = cs.c.AsyncWrite(frame, func(c gnet.Conn, _ error) error { return c.Close() })
 		return
 	}
-	if cs.sess != nil {
-		_ = cs.c.AsyncWrite(wire.AppendHeartbeat(nil, cs.version), nil)
+	if v := cs.helloVer.Load(); v != 0 {
+		_ = cs.c.AsyncWrite(wire.AppendHeartbeat(nil, wire.Version(v)), nil)
 	}
 }
 
@@ -97,6 +115,7 @@ func (cs *connState) flushRanges() {
 
 // protocolError sends ERROR then CLOSE, and tells the loop to close.
 func (cs *connState) protocolError(code wire.ErrorCode, text string) gnet.Action {
+	cs.s.log.Debug("server: protocol error", "code", code.String(), "text", text)
 	cs.s.metrics.protocolErrors.Inc()
 	cs.flushRanges()
 	cs.out = wire.AppendError(cs.out, cs.versionOr(), 0, code, text)

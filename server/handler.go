@@ -38,7 +38,8 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	return nil, gnet.None
 }
 
-func (h *handler) OnClose(c gnet.Conn, _ error) gnet.Action {
+func (h *handler) OnClose(c gnet.Conn, closeErr error) gnet.Action {
+	h.s.log.Debug("server: connection closed", "err", closeErr)
 	cs, _ := c.Context().(*connState)
 	if cs == nil {
 		return gnet.None
@@ -201,6 +202,8 @@ func (h *handler) hello(cs *connState, body []byte) gnet.Action {
 	cs.version = v
 	cs.frameMax = frameMax
 	cs.heartbeatNs = int64(hb) * int64(time.Millisecond)
+	cs.hbNs.Store(cs.heartbeatNs)
+	cs.helloVer.Store(uint32(v))
 	cs.sess = &shards.Session{ID: h.s.nextSession.Add(1), Version: v, FrameMax: frameMax, Out: connWriter{cs.c}}
 	w := wire.Welcome{Version: v, FrameSizeMax: frameMax, HeartbeatMs: hb, CreditMax: cfg.CreditMax,
 		WindowMax: cfg.WindowMax, ServerName: []byte(cfg.ServerName), Addrs: [][]byte{[]byte(h.s.addr)}}
