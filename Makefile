@@ -37,3 +37,7 @@ fuzz:
 
 clean:
 	rm -rf $(BIN)
+
+# Perf tooling targets (berth-bench, bench-compare, flamegraph) live with
+# the perf package.
+-include perf/perf.mk
