@@ -89,7 +89,10 @@ type Stats struct {
 	SegmentsReclaimed uint64 // segment files deleted
 	BytesRelocated    uint64
 	DroppedBytes      int64 // torn or corrupt bytes truncated by recovery
-	Err               error // non-nil once the journal has failed
+	// SourcesFinished counts segments that recovery deleted because a
+	// rewrite had already copied them when the process stopped.
+	SourcesFinished int
+	Err             error // non-nil once the journal has failed
 }
 
 // RecordsPerFsync is the mean number of records one fsync covered.

@@ -364,6 +364,7 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 		}
 		slices.SortFunc(segs, func(a, b *segment) int { return cmp.Compare(a.id, b.id) })
 		j.log.Info("journal: finishing an interrupted compaction", "sources", len(segs))
+		j.mu.stats.SourcesFinished = len(segs)
 		if err := j.removeSegments(segs); err != nil {
 			return err
 		}
