@@ -601,6 +601,7 @@ func (n *Node) drainReads() {
 	binary.BigEndian.PutUint64(ctx[:], n.self)
 	binary.BigEndian.PutUint64(ctx[8:], id)
 	n.readBatches[id] = q
+	n.cfg.Logger.Debug("controlplane: read index", "node", n.self, "id", id, "readers", len(q))
 	n.rn.ReadIndex(ctx[:])
 }
 
@@ -663,6 +664,7 @@ func (n *Node) handleReady() error {
 		return err
 	}
 	for _, rs := range rd.ReadStates {
+		n.cfg.Logger.Debug("controlplane: read state", "node", n.self, "index", rs.Index)
 		if len(rs.RequestCtx) != 16 || binary.BigEndian.Uint64(rs.RequestCtx) != n.self {
 			continue
 		}

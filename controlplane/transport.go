@@ -30,12 +30,22 @@ const (
 // Only raft traffic is cut; client requests still reach a cut controller,
 // which is how a stale leader would meet clients in a real partition.
 type Faults struct {
-	mu  sync.Mutex
-	cut map[[2]uint64]bool
+	mu        sync.Mutex
+	cut       map[[2]uint64]bool
+	noAppends map[uint64]bool
 }
 
 // NewFaults returns a fault injector with every link up.
-func NewFaults() *Faults { return &Faults{cut: map[[2]uint64]bool{}} }
+func NewFaults() *Faults { return &Faults{cut: map[[2]uint64]bool{}, noAppends: map[uint64]bool{}} }
+
+// BlockAppends drops log appends and snapshots sent to id while letting
+// heartbeats and ReadIndex traffic through, so id falls behind while still
+// following the leader: the case a follower read's lag check is for.
+func (f *Faults) BlockAppends(id uint64, on bool) {
+	f.mu.Lock()
+	f.noAppends[id] = on
+	f.mu.Unlock()
+}
 
 // Cut drops raft messages both ways between a and b.
 func (f *Faults) Cut(a, b uint64) {
@@ -57,15 +67,19 @@ func (f *Faults) Isolate(id uint64, peers []uint64) {
 func (f *Faults) Heal() {
 	f.mu.Lock()
 	clear(f.cut)
+	clear(f.noAppends)
 	f.mu.Unlock()
 }
 
-func (f *Faults) blocked(from, to uint64) bool {
+func (f *Faults) blocked(from, to uint64, typ pb.MessageType) bool {
 	if f == nil {
 		return false
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.noAppends[to] && (typ == pb.MsgApp || typ == pb.MsgSnap) {
+		return true
+	}
 	return f.cut[[2]uint64{from, to}]
 }
 
@@ -157,7 +171,7 @@ func (t *transport) run(p *peer) {
 		}
 		for m != nil {
 			isSnap := m.GetType() == pb.MsgSnap
-			if t.faults.blocked(t.self, p.id) {
+			if t.faults.blocked(t.self, p.id, m.GetType()) {
 				if isSnap {
 					t.report(report{to: p.id, snapshot: true, snapFailed: true})
 				}
