@@ -1,0 +1,209 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// heartbeater sends heartbeats for one broker until stopped.
+type heartbeater struct {
+	stop chan struct{}
+	done chan struct{}
+}
+
+func startHeartbeats(cl *Client, broker uint32, groups uint32, index uint64, every time.Duration) *heartbeater {
+	h := &heartbeater{stop: make(chan struct{}), done: make(chan struct{})}
+	ends := make([]GroupLogEnd, groups)
+	for g := range ends {
+		ends[g] = GroupLogEnd{Group: uint32(g), LogEnd: LogEnd{Epoch: 1, Index: index}}
+	}
+	go func() {
+		defer close(h.done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			cl.Heartbeat(ctx, broker, ends) // a missed beat is what the detector is for
+			cancel()
+			select {
+			case <-h.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return h
+}
+
+func (h *heartbeater) halt() { close(h.stop); <-h.done }
+
+func setupBrokers(t testing.TB, cl *Client, brokers int, groups uint32) {
+	t.Helper()
+	ctx := ctxT(t, 20*time.Second)
+	if err := cl.SetClusterConfig(ctx, ClusterConfig{Groups: groups}); err != nil {
+		t.Fatal(err)
+	}
+	for b := 1; b <= brokers; b++ {
+		id, err := cl.ApplyBrokerID(ctx, uint32(b))
+		if err != nil || id != uint32(b) {
+			t.Fatalf("broker id %d: %d %v", b, id, err)
+		}
+		if err := cl.RegisterBroker(ctx, id, []string{fmt.Sprintf("127.0.0.1:%d", 7400+b)}, 0x0100); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func allGroups(t testing.TB, cl *Client, mode ReadMode) []Group {
+	t.Helper()
+	gs, total, err := cl.GetGroups(ctxT(t, 10*time.Second), mode, 0, groupsPerReplyMax)
+	if err != nil || uint32(len(gs)) != total {
+		t.Fatalf("groups: %d of %d, %v", len(gs), total, err)
+	}
+	return gs
+}
+
+func TestBrokerDeathElectsNewMasters(t *testing.T) {
+	c := newTestCluster(t, 3, func(cfg *Config) { cfg.BrokerTimeout = 400 * time.Millisecond })
+	c.leader()
+	cl := NewClient(c.addrList())
+	defer cl.Close()
+	const groups = 60
+	setupBrokers(t, cl, 3, groups)
+	var hbs []*heartbeater
+	for b := uint32(1); b <= 3; b++ {
+		hbs = append(hbs, startHeartbeats(cl, b, groups, 0, 50*time.Millisecond))
+	}
+	ids := make([]uint32, groups)
+	for i := range ids {
+		ids[i] = uint32(i)
+	}
+	// Wait for all three brokers to be seen alive, then elect the first
+	// masters; ties spread them over the brokers.
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		l := c.leader()
+		for b := uint32(1); b <= 3; b++ {
+			if !l.hb.candidate(b, 0, time.Now()).Alive {
+				return fmt.Errorf("broker %d not seen yet", b)
+			}
+		}
+		return nil
+	})
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		elected, err := cl.ElectMaster(ctxT(t, 5*time.Second), ids, 0)
+		if err != nil {
+			return err
+		}
+		gs := allGroups(t, cl, ReadConsistent)
+		for _, g := range gs {
+			if g.Master == 0 || len(g.SyncStateSet) != 3 {
+				return fmt.Errorf("group %+v not fully elected (elected %d this round)", g, elected)
+			}
+		}
+		return nil
+	})
+	// Broker 3 moves furthest ahead in every group, broker 1 least.
+	for i, h := range hbs {
+		h.halt()
+		hbs[i] = startHeartbeats(cl, uint32(i+1), groups, uint64(10*(i+1)), 50*time.Millisecond)
+	}
+	defer func() {
+		for _, h := range hbs[1:] {
+			h.halt()
+		}
+	}()
+	before := allGroups(t, cl, ReadConsistent)
+	var ofOne []uint32
+	for _, g := range before {
+		if g.Master == 1 {
+			ofOne = append(ofOne, g.ID)
+		}
+	}
+	if len(ofOne) != groups/3 {
+		t.Fatalf("broker 1 masters %d groups, want %d", len(ofOne), groups/3)
+	}
+	// Group ofOne[0] keeps only broker 1 in sync: with unclean election off
+	// it must be left without a master rather than lose data.
+	g0 := before[ofOne[0]]
+	if err := cl.AlterSyncStateSet(ctxT(t, 5*time.Second), g0.ID, 1, g0.Epoch, []uint32{1}); err != nil {
+		t.Fatal(err)
+	}
+
+	hbs[0].halt() // broker 1 dies
+	// The controller leader also dies; the next one must still notice.
+	c.stop(c.leader().ID())
+	checkFor(t, 15*time.Second, 20*time.Millisecond, func() error {
+		for _, g := range allGroups(t, cl, ReadConsistent) {
+			if g.Master == 1 {
+				return fmt.Errorf("group %d still mastered by dead broker 1", g.ID)
+			}
+		}
+		return nil
+	})
+	after := allGroups(t, cl, ReadFollower)
+	for i, g := range after {
+		old := before[i]
+		switch {
+		case g.ID == g0.ID:
+			if g.Master != 0 || g.Epoch != old.Epoch+1 {
+				t.Fatalf("group %d with no in-sync survivor: %+v (unclean election is off)", g.ID, g)
+			}
+		case old.Master == 1:
+			if g.Master != 3 || g.Epoch != old.Epoch+1 || g.ElectedLogEnd.Index != 30 {
+				t.Fatalf("group %d: want broker 3 (highest log end) at epoch %d, got %+v", g.ID, old.Epoch+1, g)
+			}
+		default:
+			if g.Master != old.Master || g.Epoch != old.Epoch {
+				t.Fatalf("group %d changed although its master lives: %+v -> %+v", g.ID, old, g)
+			}
+		}
+	}
+	// Unclean election, once allowed, takes a live broker for the orphan.
+	if err := cl.SetClusterConfig(ctxT(t, 5*time.Second), ClusterConfig{Groups: groups, UncleanElection: true}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := cl.ElectMaster(ctxT(t, 5*time.Second), []uint32{g0.ID}, 0); err != nil || n != 1 {
+		t.Fatalf("unclean election: %d %v", n, err)
+	}
+	if g, err := cl.GetReplicaInfo(ctxT(t, 5*time.Second), ReadConsistent, g0.ID); err != nil || g.Master != 3 {
+		t.Fatalf("orphan after unclean election: %+v %v", g, err)
+	}
+}
+
+func TestHeartbeatShardsExpireIncrementally(t *testing.T) {
+	h := newHeartbeats(time.Second)
+	t0 := time.Unix(1000, 0)
+	var wg sync.WaitGroup
+	for b := uint32(1); b <= 64; b++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.beat(b, []GroupLogEnd{{Group: 2, LogEnd: LogEnd{1, uint64(b)}}, {Group: 1}}, t0.Add(time.Duration(b)*time.Millisecond))
+		}()
+	}
+	wg.Wait()
+	if dead := h.expired(t0.Add(time.Second)); len(dead) != 0 {
+		t.Fatalf("expired early: %v", dead)
+	}
+	dead := h.expired(t0.Add(time.Second + 10500*time.Microsecond))
+	if len(dead) != 10 || dead[0] != 1 || dead[9] != 10 {
+		t.Fatalf("expired %v, want brokers 1..10", dead)
+	}
+	if again := h.expired(t0.Add(time.Second + 10500*time.Microsecond)); len(again) != 0 {
+		t.Fatalf("reported twice: %v", again)
+	}
+	now := t0.Add(time.Second + 20*time.Millisecond)
+	if c := h.candidate(5, 2, now); c.Alive || c.LogEnd.Index != 5 {
+		t.Fatalf("dead broker candidate %+v", c)
+	}
+	if c := h.candidate(40, 2, now); !c.Alive || c.LogEnd.Index != 40 {
+		t.Fatalf("live broker candidate %+v", c)
+	}
+	h.beat(5, nil, now)
+	if c := h.candidate(5, 2, now); !c.Alive || c.LogEnd.Index != 5 {
+		t.Fatalf("revived broker lost its log ends: %+v", c)
+	}
+}
