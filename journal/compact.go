@@ -105,7 +105,10 @@ func (j *Journal) compactOnce() (bool, error) {
 	}
 	var moves []move
 	for _, s := range sel {
-		for _, pos := range s.positions {
+		for i, pos := range s.positions {
+			if i%lockSliceItems == lockSliceItems-1 {
+				j.yieldLocked()
+			}
 			e, ok := j.mu.index[pos]
 			if !ok || e.seg != s.id || !j.countedLocked(e) {
 				continue
@@ -249,20 +252,31 @@ func (j *Journal) removeSegments(segs []*segment) error {
 	}
 	j.mu.Lock()
 	for _, s := range segs {
-		j.forgetSegmentLocked(s)
+		for i, pos := range s.positions {
+			if i%lockSliceItems == lockSliceItems-1 {
+				j.yieldLocked()
+			}
+			if e, ok := j.mu.index[pos]; ok && e.seg == s.id {
+				j.dropLocked(pos, e)
+			}
+		}
+		delete(j.mu.segs, s.id)
+		j.mu.stats.SegmentsReclaimed++
 	}
 	j.mu.Unlock()
 	return nil
 }
 
-func (j *Journal) forgetSegmentLocked(s *segment) {
-	for _, pos := range s.positions {
-		if e, ok := j.mu.index[pos]; ok && e.seg == s.id {
-			j.dropLocked(pos, e)
-		}
-	}
-	delete(j.mu.segs, s.id)
-	j.mu.stats.SegmentsReclaimed++
+// lockSliceItems bounds the index entries the compactor visits per hold
+// of j.mu, so a big segment never stalls the owner or the writer.
+const lockSliceItems = 4096
+
+// yieldLocked lets the owner and the writer in. Records that still point at
+// a segment being forgotten are dead ones (live ones were moved first),
+// and nothing the others do can bring them back to life.
+func (j *Journal) yieldLocked() {
+	j.mu.Unlock()
+	j.mu.Lock()
 }
 
 // dropLocked forgets a record that is gone from disk. Refs to a plain

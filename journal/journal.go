@@ -79,6 +79,7 @@ type Stats struct {
 	LiveBytes   int64 // bytes of records that must stay on disk
 	LiveRecords int   // records in the index (live, or freed but still on disk)
 	Appends     uint64
+	Batches     uint64 // batches written, one write(2) each per segment
 	Fsyncs      uint64 // fsyncs that covered records
 	// RecordsSynced counts records covered by those fsyncs; divided by
 	// Fsyncs it gives the mean records per fsync.
@@ -380,9 +381,15 @@ func (j *Journal) Read(pos Pos, dst []byte) ([]byte, error) {
 
 		j.filesMu.RLock()
 		if seg.removed {
-			// Moved by compaction meanwhile; look again.
 			j.filesMu.RUnlock()
-			continue
+			j.mu.Lock()
+			again, ok := j.mu.index[pos]
+			j.mu.Unlock()
+			if ok && again.seg == e.seg {
+				// Left behind in a deleted segment: dead.
+				return dst, fmt.Errorf("%w: %d", ErrNotFound, pos)
+			}
+			continue // moved by compaction meanwhile
 		}
 		start := len(dst)
 		dst = growBytes(dst, size)

@@ -57,6 +57,9 @@ func (j *Journal) writeLoop() {
 			j.mu.err = err
 			j.log.Error("journal: failed; all further records complete with an error", "err", err)
 		}
+		if err == nil && len(b.chunks) > 0 {
+			j.mu.stats.Batches++
+		}
 		if synced && ok > 0 {
 			j.mu.stats.Fsyncs++
 			j.mu.stats.RecordsSynced += uint64(ok)
