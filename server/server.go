@@ -17,6 +17,7 @@ import (
 	"github.com/panjf2000/gnet/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
 )
@@ -37,6 +38,15 @@ type Config struct {
 	InboundMax int
 	Logger     *slog.Logger
 	ServerName string
+	// Fsync is the journal's policy: "always" (default; a completion
+	// follows the fsync that covers its record) or "never" (a completion
+	// follows the write; unsafe: a machine crash loses completed work).
+	Fsync string
+	// JournalFS, if set, replaces the real file system under the journal
+	// (tests inject faults with it).
+	JournalFS journal.FS
+	// JournalSegmentBytes overrides the journal segment size.
+	JournalSegmentBytes int64
 }
 
 // DefaultConfig returns the embedded defaults: clients on 127.0.0.1:7400,
@@ -52,6 +62,7 @@ func DefaultConfig() Config {
 		CreditMax:    1 << 16,
 		InboundMax:   64 << 20,
 		ServerName:   "berthd",
+		Fsync:        "always",
 	}
 }
 
@@ -133,8 +144,24 @@ func Start(cfg Config) (*Server, error) {
 		stopHB: make(chan struct{}),
 	}
 	s.conns.set = map[*connState]struct{}{}
-	s.broker = shards.New(shards.Config{Shards: cfg.Shards, CreditMax: cfg.CreditMax, Logger: cfg.Logger})
-	s.broker.Start()
+	bcfg := shards.Config{Shards: cfg.Shards, CreditMax: cfg.CreditMax, Logger: cfg.Logger}
+	if cfg.DataDir != "" {
+		var policy journal.FsyncPolicy
+		switch cfg.Fsync {
+		case "", "always":
+			policy = journal.FsyncAlways
+		case "never":
+			policy = journal.FsyncNever
+			cfg.Logger.Warn("server: fsync never: completions do not wait for the disk; a machine crash loses completed work")
+		default:
+			return nil, fmt.Errorf("server: fsync policy %q: want always or never", cfg.Fsync)
+		}
+		bcfg.Journal = &shards.JournalConfig{Dir: cfg.DataDir, Fsync: policy, FS: cfg.JournalFS, SegmentBytes: cfg.JournalSegmentBytes}
+	}
+	s.broker = shards.New(bcfg)
+	if err := s.broker.Start(); err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
 	s.metrics = newMetrics(s)
 
 	s.mgmtWG.Add(1)

@@ -2,6 +2,7 @@ package shards
 
 import (
 	"context"
+	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"sync"
@@ -57,6 +58,9 @@ type Config struct {
 	Logger    *slog.Logger
 	// TickInterval is how often shards expire messages; default 100ms.
 	TickInterval time.Duration
+	// Journal, if set, keeps durable wiring and persistent messages on
+	// durable queues on disk. Nil keeps everything in memory.
+	Journal *JournalConfig
 }
 
 // Broker is the single-node core: the shards, and the wiring that routes
@@ -71,9 +75,11 @@ type Broker struct {
 		sync.Mutex // serialises wiring changes; never taken on a hot path
 	}
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	ctx     context.Context
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	restore *wiringState
+	loadErr error
 }
 
 // New builds a broker; Start runs its shards.
@@ -94,6 +100,16 @@ func New(cfg Config) *Broker {
 		cfg.TickInterval = 100 * time.Millisecond
 	}
 	b := &Broker{cfg: cfg, log: cfg.Logger}
+	if cfg.Journal != nil {
+		b.restore, b.loadErr = loadWiring(cfg.Journal.Dir)
+		if b.restore != nil && b.restore.Shards > 0 && b.restore.Shards != cfg.Shards {
+			// Queues hash onto shards and each shard has its journal, so the
+			// count is fixed when the data directory is created.
+			cfg.Logger.Warn("shards: keeping the shard count of the data directory", "configured", cfg.Shards, "data_dir", b.restore.Shards)
+			cfg.Shards = b.restore.Shards
+			b.cfg.Shards = cfg.Shards
+		}
+	}
 	b.routing.Store(emptyRouting())
 	for i := 0; i < cfg.Shards; i++ {
 		b.shards = append(b.shards, newShard(i, b, ShardConfig{RingSize: cfg.RingSize, CreditMax: cfg.CreditMax, Logger: cfg.Logger}))
@@ -101,8 +117,70 @@ func New(cfg Config) *Broker {
 	return b
 }
 
-// Start runs the shard goroutines and their tickers.
-func (b *Broker) Start() {
+// Start runs the shard goroutines and their tickers, then restores the
+// durable wiring and replays the journals.
+func (b *Broker) Start() error {
+	if b.loadErr != nil {
+		return b.loadErr
+	}
+	b.startShards()
+	if b.cfg.Journal == nil {
+		return nil
+	}
+	if err := b.restoreWiring(); err != nil {
+		b.Stop()
+		return err
+	}
+	for _, s := range b.shards {
+		var err error
+		if callErr := b.Call(s, func(sh *Shard) { err = sh.openJournal(*b.cfg.Journal, b.log) }); callErr != nil {
+			err = callErr
+		}
+		if err != nil {
+			b.Stop()
+			return fmt.Errorf("shards: open journal of shard %d: %w", s.idx, err)
+		}
+	}
+	return nil
+}
+
+func (b *Broker) restoreWiring() error {
+	st := b.restore
+	if st == nil {
+		return b.saveWiringLocked(b.routing.Load()) // records the shard count
+	}
+	for _, x := range st.Exchanges {
+		if err := b.DeclareExchange(x.Name, x.Kind, x.Options, false); err != nil {
+			return fmt.Errorf("shards: restore exchange %q: %w", x.Name, err)
+		}
+	}
+	for _, q := range st.Queues {
+		if _, err := b.DeclareQueue(q.Name, q.Options, false, nil); err != nil {
+			return fmt.Errorf("shards: restore queue %q: %w", q.Name, err)
+		}
+	}
+	for _, bd := range st.Bindings {
+		if err := b.Bind(bd.Exchange, bd.Queue, bd.Key); err != nil {
+			return fmt.Errorf("shards: restore binding: %w", err)
+		}
+	}
+	b.log.Info("shards: wiring restored", "exchanges", len(st.Exchanges), "queues", len(st.Queues), "bindings", len(st.Bindings))
+	return nil
+}
+
+// commitLocked publishes a new routing snapshot, saving it first when the
+// change touched durable wiring. b.mu must be held.
+func (b *Broker) commitLocked(n *Routing, durable bool) error {
+	if durable {
+		if err := b.saveWiringLocked(n); err != nil {
+			return err
+		}
+	}
+	b.routing.Store(n)
+	return nil
+}
+
+func (b *Broker) startShards() {
 	b.ctx, b.cancel = context.WithCancel(context.Background())
 	for _, s := range b.shards {
 		s := s
@@ -129,12 +207,26 @@ func (b *Broker) Stop() {
 	if b.cancel == nil {
 		return
 	}
-	// Let every shard finish the commands already in its ring.
+	// Let every shard finish the commands already in its ring, make its
+	// journal durable and send the completions that follow.
 	for _, s := range b.shards {
-		_ = b.Call(s, func(*Shard) {})
+		_ = b.Call(s, func(sh *Shard) {
+			if sh.journal != nil {
+				_ = sh.journal.j.Sync()
+				for sh.journal.pending.size > 0 && sh.drainJournal() {
+				}
+				sh.dispatchDirty()
+			}
+		})
 	}
 	b.cancel()
 	b.wg.Wait()
+	for _, s := range b.shards {
+		if err := s.closeJournal(); err != nil {
+			b.log.Error("shards: close journal", "shard", s.idx, "err", err)
+		}
+	}
+	b.cancel = nil
 }
 
 // Shards returns the shards.
@@ -206,7 +298,10 @@ func (b *Broker) DeclareQueue(name string, opts QueueOptions, passive bool, owne
 	}
 	n := r.clone()
 	n.queues[name] = q
-	b.routing.Store(n)
+	if err := b.commitLocked(n, opts.Durable); err != nil {
+		_ = b.Call(s, func(sh *Shard) { delete(sh.queues, q) })
+		return nil, err
+	}
 	return q, nil
 }
 
@@ -232,8 +327,7 @@ func (b *Broker) DeclareExchange(name string, kind uint8, opts ExchangeOptions, 
 	}
 	n := r.clone()
 	n.exchanges[name] = &exchange{name: name, kind: kind, options: opts, direct: map[string][]*Queue{}}
-	b.routing.Store(n)
-	return nil
+	return b.commitLocked(n, opts.Durable)
 }
 
 // Bind adds a binding; binding twice is a no-op.
@@ -256,8 +350,7 @@ func (b *Broker) Bind(exchangeName, queue, key string) error {
 	n := r.clone()
 	n.bindings = append(n.bindings, nb)
 	n.rebuildExchanges()
-	b.routing.Store(n)
-	return nil
+	return b.commitLocked(n, r.queues[queue].Options.Durable && r.exchanges[exchangeName].options.Durable)
 }
 
 // Unbind removes a binding.
@@ -281,8 +374,7 @@ func (b *Broker) Unbind(exchangeName, queue, key string) error {
 	}
 	n.bindings = kept
 	n.rebuildExchanges()
-	b.routing.Store(n)
-	return nil
+	return b.commitLocked(n, true)
 }
 
 // DeleteQueue deletes a queue and every message in it, and cancels its
@@ -325,7 +417,12 @@ func (b *Broker) removeQueueLocked(q *Queue) {
 	n := r.clone()
 	delete(n.queues, q.Name)
 	n.rebuildExchanges()
-	b.routing.Store(n)
+	if err := b.commitLocked(n, q.Options.Durable); err != nil {
+		// The queue is gone from memory; on restart it comes back empty
+		// of the messages whose dequeues were journaled.
+		b.log.Error("shards: save wiring after deleting a queue", "queue", q.Name, "err", err)
+		b.routing.Store(n)
+	}
 }
 
 // autoDelete runs on q's shard goroutine when its last consumer left.
@@ -389,8 +486,7 @@ func (b *Broker) DeleteExchange(name string, ifUnused bool) error {
 	n := r.clone()
 	delete(n.exchanges, name)
 	n.rebuildExchanges()
-	b.routing.Store(n)
-	return nil
+	return b.commitLocked(n, ex.options.Durable)
 }
 
 // Purge drops every ready message of a queue and returns how many.

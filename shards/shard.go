@@ -3,8 +3,10 @@ package shards
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"time"
 
+	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/ring"
 	"github.com/berthmq/berth/wire"
 )
@@ -102,13 +104,14 @@ type Shard struct {
 	pool      entryPool
 	deferred  []Command // dead letters for other shards whose rings were full
 	now       int64
+	journal   *shardJournal // nil when the broker keeps nothing on disk
 
 	stats ShardStats
 }
 
 // ShardStats are counters read by the metrics endpoint (approximate).
 type ShardStats struct {
-	Published, Delivered, Accepted, DeadLettered, DroppedDeadLetters uint64
+	Published, Delivered, Accepted, DeadLettered, DroppedDeadLetters, StoreErrors uint64
 }
 
 // deferredMax bounds dead letters waiting for room in another shard's
@@ -137,14 +140,20 @@ func (s *Shard) TryPush(cmd Command) bool { return s.in.TryPush(cmd) }
 func (s *Shard) Push(ctx context.Context, cmd Command) error { return s.in.Push(ctx, cmd) }
 
 func (s *Shard) run(ctx context.Context) {
-	ready := func() bool { return s.in.Ready() }
+	ready := func() bool {
+		if s.journal != nil && (s.journal.done.Ready() || s.journal.overflowed()) {
+			return true
+		}
+		return s.in.Ready()
+	}
 	for {
+		got := s.drainJournal()
 		n := s.in.PopBatch(s.cmds)
-		if n > 0 {
-			for i := 0; i < n; i++ {
-				s.handle(&s.cmds[i])
-				s.cmds[i] = Command{}
-			}
+		for i := 0; i < n; i++ {
+			s.handle(&s.cmds[i])
+			s.cmds[i] = Command{}
+		}
+		if got || n > 0 {
 			s.dispatchDirty()
 			s.flush()
 			continue
@@ -241,6 +250,26 @@ func (s *Shard) publish(c *Command) {
 	}
 	if t := q.Options.MessageTTLNanos; t > 0 && (ev.ExpiresAt == 0 || c.Now+t < ev.ExpiresAt) {
 		ev.ExpiresAt = c.Now + t
+	}
+	if s.journaled(q, c.Body) {
+		if err := q.CheckEnqueue(c.Body.Size()); err != nil {
+			c.Body.Unref()
+			s.completeCmd(c.Sess, c.CmdID, c.Fanout, Errorf(wire.CodeResourceLimit, "queue %q is full", q.Name))
+			return
+		}
+		// The record goes first, so that anything the enqueue drops is
+		// journaled after it.
+		pos := s.appendEnqueue(q, &Entry{Body: c.Body, ExpiresAt: ev.ExpiresAt})
+		s.journal.pending.push(jctx{pos: pos, sess: c.Sess, cmdID: c.CmdID, fan: c.Fanout})
+		ev.JournalPos = uint64(pos)
+		if err := q.Apply(&ev, s); err != nil {
+			panic("shards: enqueue failed after its check: " + err.Error())
+		}
+		s.stats.Published++
+		if len(q.consumers) > 0 {
+			s.markDirty(q)
+		}
+		return
 	}
 	if err := q.Apply(&ev, s); err != nil {
 		c.Body.Unref()
@@ -344,7 +373,8 @@ func (s *Shard) settle(c *Command) {
 			ev.Kind = EvDequeue
 			s.stats.Accepted++
 		case SettleRelease:
-			ev.Kind = EvRelease
+			s.release(q, seq)
+			return
 		case SettleReject:
 			ev.Kind = EvReject
 		}
@@ -376,7 +406,23 @@ func (s *Shard) settle(c *Command) {
 		delete(s.consumers, consumerKey{con.Session, con.ID})
 	}
 	if c.Last {
-		s.completeCmd(c.Sess, c.CmdID, nil, nil)
+		// An accept completes once its dequeues are durable.
+		s.completeAfterJournal(c.Sess, c.CmdID)
+	}
+}
+
+// release puts an acquired message back and journals its new delivery
+// count.
+func (s *Shard) release(q *Queue, seq uint64) {
+	e := q.Acquired(seq)
+	if e == nil {
+		return
+	}
+	pos := e.JournalPos
+	ev := Event{Kind: EvRelease, Seq: seq}
+	_ = q.Apply(&ev, s)
+	if pos != 0 && e.JournalPos == pos && s.journal != nil {
+		s.appendCount(journal.Pos(pos), e.DeliveryCount)
 	}
 }
 
@@ -407,10 +453,16 @@ func (s *Shard) sessionClosed(sess *Session) {
 
 func (s *Shard) requeueAll(con *Consumer) {
 	q := con.queue
-	for tag, seq := range con.unacked {
+	// Requeue in delivery order, so positions come back as they were.
+	tags := make([]uint64, 0, len(con.unacked))
+	for tag := range con.unacked {
+		tags = append(tags, tag)
+	}
+	slices.Sort(tags)
+	for _, tag := range tags {
+		seq := con.unacked[tag]
 		delete(con.unacked, tag)
-		ev := Event{Kind: EvRelease, Seq: seq}
-		_ = q.Apply(&ev, s)
+		s.release(q, seq)
 	}
 	s.markDirty(q)
 }
@@ -540,8 +592,14 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 	}
 }
 
-// Removed implements Effects.
-func (s *Shard) Removed(q *Queue, e *Entry) { e.Body.Unref() }
+// Removed implements Effects. A journaled message leaves by a dequeue
+// record.
+func (s *Shard) Removed(q *Queue, e *Entry) {
+	if e.JournalPos != 0 && s.journal != nil {
+		s.appendDequeue(journal.Pos(e.JournalPos), nil, 0)
+	}
+	e.Body.Unref()
+}
 
 func (s *Shard) retryDeferred() {
 	kept := s.deferred[:0]

@@ -1,0 +1,346 @@
+package shards
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/berthmq/berth/journal"
+	"github.com/berthmq/berth/ring"
+	"github.com/berthmq/berth/wire"
+)
+
+// Journal record kinds. The journal itself knows nothing of them.
+const (
+	recEnqueue uint8 = 1 // plain record: a persistent message on a durable queue
+	recDequeue uint8 = 2 // ref to an enqueue: the message is gone (accept, reject, expiry, purge)
+	recCount   uint8 = 3 // ref to an enqueue: the message's delivery count changed
+)
+
+// jdoneRingSize bounds journal completions waiting for the shard. The
+// journal holds at most twice its pending-byte bound in records, which is
+// far below this; an overflow list catches the rest rather than block the
+// journal's writer.
+const jdoneRingSize = 1 << 18
+
+// journalPendingBytesMax is the journal's backpressure bound per shard.
+const journalPendingBytesMax = 8 << 20
+
+// jctx is what the shard must do when a journal record completes. They
+// are queued in append order, as completions arrive.
+type jctx struct {
+	pos   journal.Pos // 0: a marker that completes with the record before it
+	sess  *Session
+	cmdID uint64
+	fan   *Fanout
+	free  journal.Pos // enqueue record to free once this dequeue is durable
+}
+
+type jdone struct {
+	pos journal.Pos
+	err error
+}
+
+// jqueue is a growable FIFO of jctx.
+type jqueue struct {
+	buf        []jctx
+	head, size int
+}
+
+func (q *jqueue) push(c jctx) {
+	if q.size == len(q.buf) {
+		n := max(2*len(q.buf), 64)
+		nb := make([]jctx, n)
+		for i := 0; i < q.size; i++ {
+			nb[i] = q.buf[(q.head+i)%len(q.buf)]
+		}
+		q.buf, q.head = nb, 0
+	}
+	q.buf[(q.head+q.size)%len(q.buf)] = c
+	q.size++
+}
+
+func (q *jqueue) front() *jctx {
+	if q.size == 0 {
+		return nil
+	}
+	return &q.buf[q.head]
+}
+
+func (q *jqueue) pop() {
+	q.buf[q.head] = jctx{}
+	q.head = (q.head + 1) % len(q.buf)
+	q.size--
+}
+
+// shardJournal is a shard's handle on its journal.
+type shardJournal struct {
+	j       *journal.Journal
+	done    *ring.SPSC[jdone]
+	pending jqueue
+	scratch []byte
+	doneBuf []jdone
+	onDone  journal.Completion
+
+	overflow struct {
+		sync.Mutex // only taken when the done ring is full
+		list       []jdone
+	}
+}
+
+// JournalConfig configures the shards' journals.
+type JournalConfig struct {
+	Dir          string // one subdirectory per shard
+	Fsync        journal.FsyncPolicy
+	SegmentBytes int64
+	FS           journal.FS
+}
+
+// ErrStore wraps journal failures reported to clients.
+var errStoreText = "journal write failed"
+
+func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
+	sj := &shardJournal{doneBuf: make([]jdone, 256)}
+	sj.done = ring.NewSPSCSignal[jdone](jdoneRingSize, s.sig)
+	sj.onDone = func(pos journal.Pos, err error) {
+		if sj.done.TryPush(jdone{pos, err}) {
+			return
+		}
+		sj.overflow.Lock()
+		sj.overflow.list = append(sj.overflow.list, jdone{pos, err})
+		sj.overflow.Unlock()
+		s.sig.Notify()
+	}
+	type recovered struct {
+		queue string
+		body  *Body
+		exp   int64
+		count uint32
+		dead  bool
+	}
+	msgs := map[journal.Pos]*recovered{}
+	var order []journal.Pos
+	start := time.Now()
+	lastLog := start
+	records := 0
+	replay := func(pos, ref journal.Pos, data []byte) error {
+		records++
+		if time.Since(lastLog) > 2*time.Second {
+			lastLog = time.Now()
+			log.Info("shards: replaying journal", "shard", s.idx, "records", records)
+		}
+		var r wire.Reader
+		r.Reset(data)
+		kind := r.U8()
+		switch kind {
+		case recEnqueue:
+			m := &recovered{}
+			m.queue = string(r.Str(wire.NameLenMax))
+			m.exp = int64(r.U64())
+			m.count = r.U32()
+			flags := r.U8()
+			ex := r.Str(wire.NameLenMax)
+			key := r.Str(wire.RoutingKeyLenMax)
+			props := r.Bytes(wire.PropsLenMax)
+			payload := r.Bytes(journal.RecordBytesMax)
+			if err := r.Done(); err != nil {
+				return fmt.Errorf("shards: journal record %d: %w", pos, err)
+			}
+			m.body = NewBody(ex, key, props, payload, flags&wire.MsgPersistent != 0)
+			msgs[pos] = m
+			order = append(order, pos)
+		case recDequeue, recCount:
+			m := msgs[ref]
+			if m == nil {
+				return nil
+			}
+			if kind == recDequeue {
+				m.dead = true
+			} else {
+				m.count = r.U32()
+			}
+		default:
+			return fmt.Errorf("shards: journal record %d has unknown kind %d", pos, kind)
+		}
+		return nil
+	}
+	j, err := journal.Open(journal.Options{
+		Dir:             filepath.Join(cfg.Dir, fmt.Sprintf("shard-%03d", s.idx)),
+		FS:              cfg.FS,
+		SegmentBytes:    cfg.SegmentBytes,
+		Fsync:           cfg.Fsync,
+		PendingBytesMax: journalPendingBytesMax,
+		Logger:          log,
+	}, replay)
+	if err != nil {
+		for _, m := range msgs {
+			m.body.Unref()
+		}
+		return err
+	}
+	sj.j = j
+	s.journal = sj
+	routing := s.broker.Routing()
+	live, dropped := 0, 0
+	for _, pos := range order {
+		m := msgs[pos]
+		q := routing.queues[m.queue]
+		if m.dead || q == nil || q.shard != s.idx || !q.Options.Durable {
+			j.Free(pos)
+			m.body.Unref()
+			if !m.dead {
+				dropped++
+			}
+			continue
+		}
+		ev := Event{Kind: EvEnqueue, Body: m.body, ExpiresAt: m.exp, DeliveryCount: m.count, JournalPos: uint64(pos)}
+		if err := q.Apply(&ev, s); err != nil {
+			// Over its bound after a restart with a smaller limit: keep it
+			// anyway rather than lose a completed publish.
+			e := s.pool.get()
+			e.Seq, e.Body, e.ExpiresAt, e.DeliveryCount, e.JournalPos = q.nextSeq, m.body, m.exp, m.count, uint64(pos)
+			q.nextSeq++
+			q.ready.push(e)
+			q.readyBytes += uint64(m.body.Size())
+			q.totalBytes += uint64(m.body.Size())
+		}
+		live++
+	}
+	log.Info("shards: journal recovered", "shard", s.idx, "records", records, "messages", live,
+		"orphans_dropped", dropped, "dropped_bytes", j.Stats().DroppedBytes, "took", time.Since(start).String())
+	return nil
+}
+
+// journaled reports whether a message on q goes to the journal.
+func (s *Shard) journaled(q *Queue, b *Body) bool {
+	return s.journal != nil && q.Options.Durable && b.Persistent
+}
+
+func (s *Shard) appendEnqueue(q *Queue, e *Entry) journal.Pos {
+	sj := s.journal
+	b := e.Body
+	buf := sj.scratch[:0]
+	buf = append(buf, recEnqueue)
+	buf = wire.AppendStr(buf, q.Name)
+	buf = binary.BigEndian.AppendUint64(buf, uint64(e.ExpiresAt))
+	buf = binary.BigEndian.AppendUint32(buf, e.DeliveryCount)
+	flags := uint8(0)
+	if b.Persistent {
+		flags |= wire.MsgPersistent
+	}
+	buf = append(buf, flags)
+	buf = wire.AppendStrBytes(buf, b.Exchange)
+	buf = wire.AppendStrBytes(buf, b.RoutingKey)
+	buf = wire.AppendBytes(buf, b.Props)
+	buf = wire.AppendBytes(buf, b.Payload)
+	sj.scratch = buf
+	return sj.j.Append(buf, sj.onDone)
+}
+
+// appendDequeue journals that the message at pos is gone. The enqueue is
+// freed once the dequeue is durable.
+func (s *Shard) appendDequeue(pos journal.Pos, sess *Session, cmdID uint64) {
+	sj := s.journal
+	sj.scratch = append(sj.scratch[:0], recDequeue)
+	p := sj.j.AppendRef(sj.scratch, pos, sj.onDone)
+	sj.pending.push(jctx{pos: p, sess: sess, cmdID: cmdID, free: pos})
+}
+
+func (s *Shard) appendCount(pos journal.Pos, count uint32) {
+	sj := s.journal
+	sj.scratch = append(sj.scratch[:0], recCount)
+	sj.scratch = binary.BigEndian.AppendUint32(sj.scratch, count)
+	p := sj.j.AppendRef(sj.scratch, pos, sj.onDone)
+	sj.pending.push(jctx{pos: p})
+}
+
+// completeAfterJournal completes a command once every journal record
+// appended before it is durable.
+func (s *Shard) completeAfterJournal(sess *Session, cmdID uint64) {
+	if s.journal == nil || s.journal.pending.size == 0 {
+		s.completeCmd(sess, cmdID, nil, nil)
+		return
+	}
+	s.journal.pending.push(jctx{sess: sess, cmdID: cmdID})
+}
+
+// drainJournal handles completions from the journal. It reports whether
+// there were any.
+func (s *Shard) drainJournal() bool {
+	sj := s.journal
+	if sj == nil {
+		return false
+	}
+	n := sj.done.PopBatch(sj.doneBuf)
+	got := n > 0
+	for i := 0; i < n; i++ {
+		s.journalDone(sj.doneBuf[i])
+		sj.doneBuf[i] = jdone{}
+	}
+	if n == 0 {
+		sj.overflow.Lock()
+		list := sj.overflow.list
+		sj.overflow.list = nil
+		sj.overflow.Unlock()
+		for _, d := range list {
+			got = true
+			s.journalDone(d)
+		}
+	}
+	return got
+}
+
+func (s *Shard) journalDone(d jdone) {
+	sj := s.journal
+	c := sj.pending.front()
+	if c == nil || c.pos != d.pos {
+		panic(fmt.Sprintf("shards: journal completion %d out of order", d.pos))
+	}
+	var err error
+	if d.err != nil {
+		s.stats.StoreErrors++
+		if s.stats.StoreErrors == 1 || errors.Is(d.err, journal.ErrFailed) == false {
+			s.log.Error("shards: journal write failed", "shard", s.idx, "err", d.err)
+		}
+		err = Errorf(wire.CodeStore, "%s: %v", errStoreText, d.err)
+	}
+	if c.free != 0 && d.err == nil {
+		sj.j.Free(c.free)
+	}
+	if c.sess != nil || c.fan != nil {
+		s.completeCmd(c.sess, c.cmdID, c.fan, err)
+	}
+	sj.pending.pop()
+	// Markers behind a record complete with it.
+	for c = sj.pending.front(); c != nil && c.pos == 0; c = sj.pending.front() {
+		s.completeCmd(c.sess, c.cmdID, c.fan, err)
+		sj.pending.pop()
+	}
+}
+
+func (sj *shardJournal) overflowed() bool {
+	sj.overflow.Lock()
+	defer sj.overflow.Unlock()
+	return len(sj.overflow.list) > 0
+}
+
+// JournalStats returns the shard journal's counters, or false.
+func (s *Shard) JournalStats() (journal.Stats, bool) {
+	if s.journal == nil {
+		return journal.Stats{}, false
+	}
+	return s.journal.j.Stats(), true
+}
+
+func (s *Shard) closeJournal() error {
+	if s.journal == nil {
+		return nil
+	}
+	err := s.journal.j.Close()
+	s.drainJournal()
+	return err
+}
