@@ -104,11 +104,14 @@ func TestFsyncFailureFailsJournal(t *testing.T) {
 	// Hold the writer in a completion so the next appends pile up into one
 	// batch, then fail that batch's fsync.
 	gate := make(chan struct{})
+	held := make(chan struct{})
 	var gateOnce sync.Once
 	j.Append([]byte("gate"), func(pos Pos, err error) {
+		close(held)
 		<-gate
 		rec.done(pos, err)
 	})
+	<-held
 	ffs.FailNth(OpSync, 1)
 	var batch []Pos
 	for i := range 100 {
@@ -127,12 +130,12 @@ func TestFsyncFailureFailsJournal(t *testing.T) {
 		}
 	}
 	for _, p := range batch {
-		if err, _ := rec.err(p); !errors.Is(err, ErrInjected) {
+		if err, _ := rec.err(p); !errors.Is(err, ErrInjected) || errors.Is(err, ErrFailed) {
 			t.Fatalf("record %d in the failed batch: %v, want the injected fsync error", p, err)
 		}
 	}
 	for _, p := range after {
-		if err, _ := rec.err(p); !errors.Is(err, ErrFailed) {
+		if err, _ := rec.err(p); !errors.Is(err, ErrFailed) || !errors.Is(err, ErrInjected) {
 			t.Fatalf("record %d after the fault: %v, want ErrFailed", p, err)
 		}
 	}

@@ -240,7 +240,7 @@ func (j *Journal) add(kind uint8, data []byte, target Pos, done Completion) Pos 
 	var err error
 	switch {
 	case j.mu.err != nil:
-		err = fmt.Errorf("%w: %v", ErrFailed, j.mu.err)
+		err = fmt.Errorf("%w: %w", ErrFailed, j.mu.err)
 	case len(data) > j.recordMax:
 		err = fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(data), j.recordMax)
 	case kind == kindRef:

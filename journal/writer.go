@@ -37,7 +37,7 @@ func (j *Journal) writeLoop() {
 		var err error
 		synced := false
 		if failed != nil {
-			err = fmt.Errorf("%w: %v", ErrFailed, failed)
+			err = fmt.Errorf("%w: %w", ErrFailed, failed)
 		} else {
 			synced, err = j.writeBatch(b, forceSync)
 		}
