@@ -152,6 +152,9 @@ func (s *diskStorage) load(voters []uint64) error {
 // save persists one Ready's snapshot, entries and hard state with a single
 // pebble batch and a single fsync, then publishes them to the memory cache.
 func (s *diskStorage) save(hs *pb.HardState, ents []*pb.Entry, snap *pb.Snapshot) error {
+	if raft.IsEmptySnap(snap) && len(ents) == 0 && raft.IsEmptyHardState(hs) {
+		return nil // a Ready with nothing durable costs no fsync
+	}
 	b := s.db.NewBatch()
 	defer b.Close()
 	if !raft.IsEmptySnap(snap) {
