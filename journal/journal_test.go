@@ -452,3 +452,55 @@ func waitFor(t testing.TB, cond func() error) {
 }
 
 var _ = binary.LittleEndian
+
+// TestBackpressure: with the writer held, Append parks once PendingBytesMax
+// bytes wait, and resumes when the writer takes them.
+func TestBackpressure(t *testing.T) {
+	const pendingMax = 64 << 10
+	j, _ := openT(t, Options{Dir: t.TempDir(), PendingBytesMax: pendingMax})
+	defer j.Close()
+	gate := make(chan struct{})
+	held := make(chan struct{})
+	rec := newRecorder(t)
+	j.Append([]byte("gate"), func(pos Pos, err error) {
+		close(held)
+		<-gate
+		rec.done(pos, err)
+	})
+	<-held
+	data := make([]byte, 1000)
+	const n = 1000
+	var appended sync.WaitGroup
+	var count atomicInt
+	appended.Add(1)
+	go func() {
+		defer appended.Done()
+		for range n {
+			j.Append(data, rec.done)
+			count.add(1)
+		}
+	}()
+	// The appender runs into the bound, and must stop there.
+	bound := pendingMax/(recordHeaderSize+len(data)) + 1
+	waitFor(t, func() error {
+		if c := count.get(); c < bound-1 {
+			return fmt.Errorf("%d appends so far", c)
+		}
+		return nil
+	})
+	time.Sleep(100 * time.Millisecond)
+	if c := count.get(); c > bound {
+		t.Fatalf("%d appends returned while the writer was held, bound %d", c, bound)
+	}
+	close(gate)
+	appended.Wait()
+	rec.wait(n + 1)
+}
+
+type atomicInt struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (a *atomicInt) add(d int) { a.mu.Lock(); a.n += d; a.mu.Unlock() }
+func (a *atomicInt) get() int  { a.mu.Lock(); defer a.mu.Unlock(); return a.n }

@@ -288,6 +288,8 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 
 	var maxPos, lastPos Pos
 	doomed := make(map[uint32]*segment)
+	copiedBy := make(map[uint32]uint32) // doomed source -> its rewrite
+	var lastSeg uint32
 	var records, replayed int64
 	var scanned, nextProgress int64 = 0, recoveryProgressBytes
 	for len(h) > 0 {
@@ -301,8 +303,10 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 		case rh.pos == lastPos:
 			// A second copy means a rewrite finished (its output was
 			// renamed into place) but its sources were not all deleted:
-			// this older segment is such a source. Finish the job.
+			// this older segment is such a source. Finish the job, unless
+			// the output itself turns out damaged.
 			doomed[seg.id] = seg
+			copiedBy[seg.id] = lastSeg
 		case rh.kind == kindRef:
 			t, ok := j.mu.index[rh.ref]
 			if !ok || t.flags&flagRef != 0 {
@@ -325,7 +329,7 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 			}
 			replayed++
 		}
-		lastPos = rh.pos
+		lastPos, lastSeg = rh.pos, seg.id
 		if scanned >= nextProgress {
 			nextProgress += recoveryProgressBytes
 			j.log.Info("journal: recovery progress", "dir", j.opts.Dir, "bytes", scanned, "of", total, "records", records, "elapsed", time.Since(started))
@@ -357,16 +361,26 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 		}
 		r.seg.size, r.seg.written = r.cutAt, r.cutAt
 	}
+	cut := make(map[uint32]bool)
+	for _, r := range readers {
+		cut[r.seg.id] = r.cutAt >= 0
+	}
 	if len(doomed) > 0 {
 		segs := make([]*segment, 0, len(doomed))
-		for _, s := range doomed {
+		for id, s := range doomed {
+			if cut[copiedBy[id]] {
+				j.log.Error("journal: keeping a compaction source: its rewrite is damaged", "source", segmentName(id), "rewrite", segmentName(copiedBy[id]))
+				continue
+			}
 			segs = append(segs, s)
 		}
 		slices.SortFunc(segs, func(a, b *segment) int { return cmp.Compare(a.id, b.id) })
-		j.log.Info("journal: finishing an interrupted compaction", "sources", len(segs))
-		j.mu.stats.SourcesFinished = len(segs)
-		if err := j.removeSegments(segs); err != nil {
-			return err
+		if len(segs) > 0 {
+			j.log.Info("journal: finishing an interrupted compaction", "sources", len(segs))
+			j.mu.stats.SourcesFinished = len(segs)
+			if err := j.removeSegments(segs); err != nil {
+				return err
+			}
 		}
 	}
 
