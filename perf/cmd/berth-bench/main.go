@@ -1,0 +1,130 @@
+// Command berth-bench loads a message broker with a workload and reports
+// throughput and HdrHistogram latencies (publish to completion, publish to
+// delivery). The same workload runs through Berth (the default), NATS
+// JetStream or RabbitMQ:
+//
+//	berth-bench --addr 127.0.0.1:7400 --producers 4 --consumers 4 --mode async:512 --duration 30s
+//	berth-bench --driver nats --addr 127.0.0.1:4222 --persistent --json out.json --plot out.svg
+//	berth-bench --profile prof/ --admin 127.0.0.1:7480
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/berthmq/berth/perf/bench"
+	"github.com/berthmq/berth/perf/driver"
+)
+
+var defaultAddr = map[string]string{
+	"berth": "127.0.0.1:7400",
+	"nats":  "127.0.0.1:4222",
+	"amqp":  "127.0.0.1:5672",
+}
+
+type addrList []string
+
+func (a *addrList) String() string { return strings.Join(*a, ",") }
+func (a *addrList) Set(s string) error {
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			*a = append(*a, part)
+		}
+	}
+	return nil
+}
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	fs := flag.NewFlagSet("berth-bench", flag.ContinueOnError)
+	w := bench.DefaultWorkload()
+	w.RegisterFlags(fs)
+	driverName := fs.String("driver", "berth", "broker driver: "+strings.Join(driver.Names(), ", "))
+	var addrs addrList
+	fs.Var(&addrs, "addr", "broker address host:port; repeat (or comma-separate) for a cluster (default per driver: berth 127.0.0.1:7400, nats 127.0.0.1:4222, amqp 127.0.0.1:5672)")
+	replicas := fs.Int("replicas", 1, "nats: JetStream stream and consumer replicas")
+	jsonPath := fs.String("json", "", "write the result as JSON to this file")
+	plotPath := fs.String("plot", "", "write an SVG chart of throughput and latency over time to this file")
+	profileDir := fs.String("profile", "", "fetch CPU, heap, allocs, mutex and block profiles from the server into this directory (needs --admin)")
+	admin := fs.String("admin", "", "server admin HTTP address serving /debug/pprof, for --profile")
+	profileSecs := fs.Int("profile-seconds", 10, "CPU profile length when the run is bounded by --count only")
+	label := fs.String("label", "", "free-form label stored in the result")
+	quiet := fs.Bool("quiet", false, "no progress line")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "berth-bench: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if err := w.Validate(); err != nil {
+		fmt.Fprintln(os.Stderr, "berth-bench:", err)
+		return 2
+	}
+	if len(addrs) == 0 {
+		def, ok := defaultAddr[*driverName]
+		if !ok {
+			fmt.Fprintf(os.Stderr, "berth-bench: unknown driver %q (have %v)\n", *driverName, driver.Names())
+			return 2
+		}
+		addrs = addrList{def}
+	}
+	d, err := driver.New(*driverName, driver.Options{Addrs: addrs, Persistent: w.Persistent, Window: w.InFlight(), Replicas: *replicas})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "berth-bench:", err)
+		return 2
+	}
+	defer d.Close()
+	opts := bench.Options{DriverName: *driverName, Driver: d, Addrs: addrs, Label: *label}
+	if !*quiet {
+		opts.Progress = os.Stderr
+		if st, err := os.Stderr.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			opts.ProgressCR = true
+		}
+	}
+	if *profileDir != "" {
+		p, err := bench.NewProfiler(*admin, *profileDir)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "berth-bench:", err)
+			return 2
+		}
+		p.Seconds = *profileSecs
+		opts.Profiler = p
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := bench.Run(ctx, w, opts)
+	if res != nil {
+		res.WriteTable(os.Stdout)
+		if *jsonPath != "" {
+			if werr := res.WriteJSONFile(*jsonPath); werr != nil {
+				fmt.Fprintln(os.Stderr, "berth-bench:", werr)
+				return 1
+			}
+		}
+		if *plotPath != "" {
+			if werr := bench.WritePlotFile(*plotPath, res); werr != nil {
+				fmt.Fprintln(os.Stderr, "berth-bench:", werr)
+				return 1
+			}
+		}
+	}
+	if err != nil {
+		if errors.Is(err, context.Canceled) {
+			fmt.Fprintln(os.Stderr, "berth-bench: interrupted")
+		} else {
+			fmt.Fprintln(os.Stderr, "berth-bench:", err)
+		}
+		return 1
+	}
+	return 0
+}

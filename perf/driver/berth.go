@@ -1,0 +1,140 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/berthmq/berth/client"
+	"github.com/berthmq/berth/wire"
+)
+
+func init() { register("berth", openBerth) }
+
+// acceptBatchMax bounds how many delivery tags one ACCEPT carries; a
+// consumer also accepts whenever it has nothing more buffered.
+const acceptBatchMax = 256
+
+type berthDriver struct{ opts Options }
+
+func openBerth(opts Options) (Driver, error) { return &berthDriver{opts: opts}, nil }
+
+func (d *berthDriver) dial(ctx context.Context, id int, name string) (*client.Conn, error) {
+	cfg := client.Config{Name: name}
+	// The bench enforces its own window; the client's must not be the
+	// tighter one, or it would measure the client's wait instead.
+	if d.opts.Window > client.WindowDefault {
+		cfg.Window = d.opts.Window
+	}
+	c, err := client.DialConfig(ctx, cfg, rotated(d.opts.Addrs, id)...)
+	if err != nil {
+		return nil, fmt.Errorf("driver: berth dial: %w", err)
+	}
+	return c, nil
+}
+
+func (d *berthDriver) Setup(ctx context.Context, queues []string, _ ConsumerConfig) error {
+	c, err := d.dial(ctx, 0, "berth-bench-setup")
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	for _, q := range queues {
+		if err := c.DeleteQueue(ctx, q, client.QueueDeleteOptions{}); err != nil && client.Code(err) != wire.CodeNotFound {
+			return fmt.Errorf("driver: berth delete queue %s: %w", q, err)
+		}
+		if err := c.DeclareQueue(ctx, q, client.QueueOptions{Durable: d.opts.Persistent}); err != nil {
+			return fmt.Errorf("driver: berth declare queue %s: %w", q, err)
+		}
+	}
+	return nil
+}
+
+func (d *berthDriver) Close() error { return nil }
+
+type berthProducer struct {
+	c    *client.Conn
+	opts client.PublishOptions
+}
+
+func (d *berthDriver) NewProducer(ctx context.Context, id int) (Producer, error) {
+	c, err := d.dial(ctx, id, fmt.Sprintf("berth-bench-producer-%d", id))
+	if err != nil {
+		return nil, err
+	}
+	return &berthProducer{c: c, opts: client.PublishOptions{Persistent: d.opts.Persistent}}, nil
+}
+
+func (p *berthProducer) Publish(ctx context.Context, queue string, payload []byte, done func(error)) error {
+	return p.c.PublishAsync(ctx, "", queue, payload, p.opts, done)
+}
+
+func (p *berthProducer) Close() error { return p.c.Close() }
+
+type berthConsumer struct {
+	c      *client.Conn
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	err    error // loop's failure other than being stopped; read after wg.Wait
+}
+
+func (d *berthDriver) NewConsumer(ctx context.Context, id int, queue string, cc ConsumerConfig, handle func([]byte)) (Consumer, error) {
+	c, err := d.dial(ctx, id, fmt.Sprintf("berth-bench-consumer-%d", id))
+	if err != nil {
+		return nil, err
+	}
+	mode := client.AckExplicit
+	if cc.Ack == AckNone {
+		mode = client.AckNone
+	}
+	sub, err := c.Subscribe(ctx, queue, client.SubscribeOptions{Credit: uint32(cc.Credit), AckMode: mode, AutoCredit: true})
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("driver: berth subscribe %s: %w", queue, err)
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	bc := &berthConsumer{c: c, cancel: cancel}
+	bc.wg.Add(1)
+	go func() {
+		defer bc.wg.Done()
+		bc.err = consumeBerth(runCtx, sub, mode, handle)
+	}()
+	return bc, nil
+}
+
+func consumeBerth(ctx context.Context, sub *client.Consumer, mode client.AckMode, handle func([]byte)) error {
+	tags := make([]uint64, 0, acceptBatchMax)
+	for {
+		m, err := sub.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, client.ErrConsumerClosed) || errors.Is(err, client.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("driver: berth next: %w", err)
+		}
+		handle(m.Payload)
+		if mode == client.AckNone {
+			continue
+		}
+		tags = append(tags, m.Tag)
+		if len(tags) >= acceptBatchMax || sub.Buffered() == 0 {
+			// AcceptAsync reads tags before it returns, so the slice is
+			// reused at once.
+			if err := sub.AcceptAsync(ctx, tags, nil); err != nil {
+				if ctx.Err() != nil || errors.Is(err, client.ErrClosed) {
+					return nil
+				}
+				return fmt.Errorf("driver: berth accept: %w", err)
+			}
+			tags = tags[:0]
+		}
+	}
+}
+
+func (bc *berthConsumer) Close() error {
+	bc.cancel()
+	err := bc.c.Close()
+	bc.wg.Wait()
+	return errors.Join(bc.err, err)
+}

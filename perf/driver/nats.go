@@ -1,0 +1,192 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func init() { register("nats", openNATS) }
+
+// natsConsumerName is the one durable cursor all bench consumers of a
+// stream share: a work-queue stream admits only non-overlapping consumers,
+// so competing consumers must pull from the same one.
+const natsConsumerName = "berth-bench"
+
+type natsDriver struct{ opts Options }
+
+func openNATS(opts Options) (Driver, error) { return &natsDriver{opts: opts}, nil }
+
+func (d *natsDriver) connect(id int, name string) (*nats.Conn, error) {
+	urls := make([]string, 0, len(d.opts.Addrs))
+	for _, a := range rotated(d.opts.Addrs, id) {
+		if !strings.Contains(a, "://") {
+			a = "nats://" + a
+		}
+		urls = append(urls, a)
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","), nats.Name(name), nats.DontRandomize())
+	if err != nil {
+		return nil, fmt.Errorf("driver: nats connect: %w", err)
+	}
+	return nc, nil
+}
+
+func (d *natsDriver) Setup(ctx context.Context, queues []string, cc ConsumerConfig) error {
+	nc, err := d.connect(0, "berth-bench-setup")
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("driver: nats jetstream: %w", err)
+	}
+	ack := jetstream.AckExplicitPolicy
+	if cc.Ack == AckNone {
+		ack = jetstream.AckNonePolicy
+	}
+	for _, q := range queues {
+		if err := js.DeleteStream(ctx, q); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("driver: nats delete stream %s: %w", q, err)
+		}
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{
+			Name:      q,
+			Subjects:  []string{q},
+			Retention: jetstream.WorkQueuePolicy,
+			Storage:   jetstream.FileStorage,
+			Replicas:  d.opts.Replicas,
+		})
+		if err != nil {
+			return fmt.Errorf("driver: nats create stream %s: %w", q, err)
+		}
+		_, err = js.CreateOrUpdateConsumer(ctx, q, jetstream.ConsumerConfig{
+			Durable:       natsConsumerName,
+			AckPolicy:     ack,
+			MaxAckPending: max(1, cc.Credit*max(1, cc.PerQueue)),
+			Replicas:      d.opts.Replicas,
+		})
+		if err != nil {
+			return fmt.Errorf("driver: nats create consumer on %s: %w", q, err)
+		}
+	}
+	return nil
+}
+
+func (d *natsDriver) Close() error { return nil }
+
+// natsProducer waits for PubAcks in publish order on one goroutine: acks of
+// one stream come back in order, and a single waiter avoids a goroutine per
+// message.
+type natsProducer struct {
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	pending chan natsPending // bounded by the window
+	wg      sync.WaitGroup
+}
+
+type natsPending struct {
+	f    jetstream.PubAckFuture
+	done func(error)
+}
+
+func (d *natsDriver) NewProducer(ctx context.Context, id int) (Producer, error) {
+	nc, err := d.connect(id, fmt.Sprintf("berth-bench-producer-%d", id))
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(d.opts.Window))
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("driver: nats jetstream: %w", err)
+	}
+	p := &natsProducer{nc: nc, js: js, pending: make(chan natsPending, d.opts.Window)}
+	p.wg.Add(1)
+	go p.waitAcks()
+	return p, nil
+}
+
+func (p *natsProducer) waitAcks() {
+	defer p.wg.Done()
+	for pa := range p.pending {
+		select {
+		case <-pa.f.Ok():
+			pa.done(nil)
+		case err := <-pa.f.Err():
+			pa.done(fmt.Errorf("driver: nats publish: %w", err))
+		}
+	}
+}
+
+func (p *natsProducer) Publish(ctx context.Context, queue string, payload []byte, done func(error)) error {
+	f, err := p.js.PublishAsync(queue, payload)
+	if err != nil {
+		return fmt.Errorf("driver: nats publish: %w", err)
+	}
+	select {
+	case p.pending <- natsPending{f: f, done: done}:
+		return nil
+	case <-ctx.Done():
+		// Already sent: its outcome still has to reach done.
+		go func() {
+			select {
+			case <-f.Ok():
+				done(nil)
+			case err := <-f.Err():
+				done(err)
+			}
+		}()
+		return nil
+	}
+}
+
+func (p *natsProducer) Close() error {
+	close(p.pending)
+	p.wg.Wait()
+	return p.nc.Drain()
+}
+
+type natsConsumer struct {
+	nc *nats.Conn
+	cc jetstream.ConsumeContext
+}
+
+func (d *natsDriver) NewConsumer(ctx context.Context, id int, queue string, cc ConsumerConfig, handle func([]byte)) (Consumer, error) {
+	nc, err := d.connect(id, fmt.Sprintf("berth-bench-consumer-%d", id))
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("driver: nats jetstream: %w", err)
+	}
+	cons, err := js.Consumer(ctx, queue, natsConsumerName)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("driver: nats consumer %s: %w", queue, err)
+	}
+	explicit := cc.Ack != AckNone
+	consCtx, err := cons.Consume(func(m jetstream.Msg) {
+		handle(m.Data())
+		if explicit {
+			_ = m.Ack() // a lost ack redelivers; the bench counts by timestamp
+		}
+	}, jetstream.PullMaxMessages(max(1, cc.Credit)))
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("driver: nats consume %s: %w", queue, err)
+	}
+	return &natsConsumer{nc: nc, cc: consCtx}, nil
+}
+
+func (c *natsConsumer) Close() error {
+	c.cc.Stop()
+	c.nc.Close()
+	return nil
+}
