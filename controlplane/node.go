@@ -601,7 +601,6 @@ func (n *Node) drainReads() {
 	binary.BigEndian.PutUint64(ctx[:], n.self)
 	binary.BigEndian.PutUint64(ctx[8:], id)
 	n.readBatches[id] = q
-	n.cfg.Logger.Debug("controlplane: read index", "node", n.self, "id", id, "readers", len(q))
 	n.rn.ReadIndex(ctx[:])
 }
 
@@ -649,22 +648,44 @@ func (n *Node) handleReady() error {
 	if rd.HardState != nil {
 		n.term.Store(rd.HardState.GetTerm())
 	}
-	if err := n.storage.save(rd.HardState, rd.Entries, rd.Snapshot); err != nil {
-		return err
-	}
-	for _, m := range rd.Messages {
-		n.transport.send(m)
-	}
-	if !raft.IsEmptySnap(rd.Snapshot) {
-		if err := n.restoreSnapshot(rd.Snapshot); err != nil {
+	// A leader may send its appends before its own fsync (raft thesis
+	// 10.2.1): it counts itself toward a quorum only for entries it has
+	// persisted, so its disk write and its followers' overlap. For the same
+	// reason every entry a leader sees committed was persisted by an
+	// earlier Ready (acks are stepped only after that Ready's write), so it
+	// applies, and answers its clients, before this Ready's fsync.
+	// Everyone else persists first: their messages vouch for what is on
+	// disk, and their committed entries may be in this Ready's Entries.
+	if n.isLdr.Load() && raft.IsEmptySnap(rd.Snapshot) {
+		for _, m := range rd.Messages {
+			n.transport.send(m)
+		}
+		n.apply(rd.CommittedEntries)
+		n.deliverReadStates(rd.ReadStates)
+		if err := n.storage.save(rd.HardState, rd.Entries, rd.Snapshot, rd.MustSync); err != nil {
 			return err
 		}
+	} else {
+		if err := n.storage.save(rd.HardState, rd.Entries, rd.Snapshot, rd.MustSync); err != nil {
+			return err
+		}
+		for _, m := range rd.Messages {
+			n.transport.send(m)
+		}
+		if !raft.IsEmptySnap(rd.Snapshot) {
+			if err := n.restoreSnapshot(rd.Snapshot); err != nil {
+				return err
+			}
+		}
+		n.apply(rd.CommittedEntries)
+		n.deliverReadStates(rd.ReadStates)
 	}
-	if err := n.apply(rd.CommittedEntries); err != nil {
-		return err
-	}
-	for _, rs := range rd.ReadStates {
-		n.cfg.Logger.Debug("controlplane: read state", "node", n.self, "index", rs.Index)
+	n.rn.Advance(rd)
+	return n.maybeSnapshot()
+}
+
+func (n *Node) deliverReadStates(states []raft.ReadState) {
+	for _, rs := range states {
 		if len(rs.RequestCtx) != 16 || binary.BigEndian.Uint64(rs.RequestCtx) != n.self {
 			continue
 		}
@@ -674,8 +695,6 @@ func (n *Node) handleReady() error {
 		}
 		delete(n.readBatches, id)
 	}
-	n.rn.Advance(rd)
-	return n.maybeSnapshot()
 }
 
 func (n *Node) abortPending(err error) {
@@ -736,9 +755,9 @@ type delivery struct {
 	res Result
 }
 
-func (n *Node) apply(ents []*pb.Entry) error {
+func (n *Node) apply(ents []*pb.Entry) {
 	if len(ents) == 0 {
-		return nil
+		return
 	}
 	var out []delivery
 	n.mu.Lock()
@@ -764,7 +783,6 @@ func (n *Node) apply(ents []*pb.Entry) error {
 	for _, d := range out {
 		d.p.done <- proposeResult{res: d.res}
 	}
-	return nil
 }
 
 // applyBatchLocked applies one entry's events. A malformed event is skipped

@@ -150,8 +150,11 @@ func (s *diskStorage) load(voters []uint64) error {
 }
 
 // save persists one Ready's snapshot, entries and hard state with a single
-// pebble batch and a single fsync, then publishes them to the memory cache.
-func (s *diskStorage) save(hs *pb.HardState, ents []*pb.Entry, snap *pb.Snapshot) error {
+// pebble batch and at most one fsync, then publishes them to the memory
+// cache. mustSync is raft's Ready.MustSync: a Ready that only moves the
+// commit index needs no fsync, since a lost commit index is recovered from
+// the leader.
+func (s *diskStorage) save(hs *pb.HardState, ents []*pb.Entry, snap *pb.Snapshot, mustSync bool) error {
 	if raft.IsEmptySnap(snap) && len(ents) == 0 && raft.IsEmptyHardState(hs) {
 		return nil // a Ready with nothing durable costs no fsync
 	}
@@ -186,7 +189,11 @@ func (s *diskStorage) save(hs *pb.HardState, ents []*pb.Entry, snap *pb.Snapshot
 		}
 		b.Set(keyHardState, raw, nil)
 	}
-	if err := b.Commit(pebble.Sync); err != nil {
+	opts := pebble.NoSync
+	if mustSync || !raft.IsEmptySnap(snap) {
+		opts = pebble.Sync
+	}
+	if err := b.Commit(opts); err != nil {
 		return fmt.Errorf("controlplane: write log: %w", err)
 	}
 	if !raft.IsEmptySnap(snap) {
