@@ -385,6 +385,10 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 	}
 
 	j.mu.nextPos = max(maxPos+1, basePosMax, 1)
+	// Everything recovered is on disk already: a Sync before the next
+	// Append has nothing to wait for.
+	j.mu.donePos = j.mu.nextPos - 1
+	j.mu.syncedPos = j.mu.nextPos - 1
 	j.mu.nextSeg = 0
 	if len(ids) > 0 {
 		j.mu.nextSeg = ids[len(ids)-1] + 1
