@@ -20,6 +20,9 @@ const (
 	// callAttemptsMax bounds the retries and redirects of one call.
 	callAttemptsMax = 32
 	retryDelay      = 25 * time.Millisecond
+	// redirectsFree redirects per call are followed without counting as a
+	// failed attempt or waiting; more mean the controllers disagree.
+	redirectsFree = 4
 	// callTimeoutDefault applies when the caller's context has no deadline.
 	callTimeoutDefault = 10 * time.Second
 )
@@ -245,6 +248,7 @@ func (c *Client) call(ctx context.Context, op uint8, body []byte, anyNode bool) 
 	}
 	addr := c.pick(anyNode)
 	var lastErr error
+	redirects := 0
 	for attempt := 0; attempt < callAttemptsMax; attempt++ {
 		if attempt > 0 {
 			select {
@@ -283,9 +287,9 @@ func (c *Client) call(ctx context.Context, op uint8, body []byte, anyNode bool) 
 			if resp.Leader != "" && c.local == nil {
 				c.setLeader(resp.Leader)
 				addr = resp.Leader
-				attempt-- // a redirect is progress, not a failure; still bounded by ctx
-				if attempt < -callAttemptsMax {
-					return nil, lastErr
+				if redirects < redirectsFree {
+					redirects++
+					attempt-- // a fresh redirect is progress, not a failure
 				}
 			} else {
 				c.setLeader("")

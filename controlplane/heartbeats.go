@@ -38,8 +38,12 @@ type hbEntry struct {
 	id       uint32
 	deadline time.Time
 	dead     bool
-	logEnds  []GroupLogEnd // sorted by group
-	index    int           // position in heap; -1 when not in it
+	// heard is set by a real heartbeat. A broker seeded by becomeLeader
+	// is only timed; it is no election candidate until it reports its log
+	// ends to this leader, so nobody wins on log ends it never reported.
+	heard   bool
+	logEnds []GroupLogEnd // sorted by group
+	index   int           // position in heap; -1 when not in it
 }
 
 type hbHeap []*hbEntry
@@ -78,8 +82,21 @@ func (h *heartbeats) becomeLeader(brokers []Broker, now time.Time) {
 		s.mu.Unlock()
 	}
 	for _, b := range brokers {
-		h.beat(b.ID, nil, now)
+		h.seed(b.ID, now)
 	}
+}
+
+// seed starts timing a broker this leader has not heard from yet.
+func (h *heartbeats) seed(id uint32, now time.Time) {
+	s := h.shard(id)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.brokers[id] != nil {
+		return
+	}
+	e := &hbEntry{id: id, index: -1, deadline: now.Add(h.timeout)}
+	s.brokers[id] = e
+	heap.Push(&s.heap, e)
 }
 
 // beat records a heartbeat. logEnds may be nil to keep the last reported.
@@ -98,6 +115,7 @@ func (h *heartbeats) beat(id uint32, logEnds []GroupLogEnd, now time.Time) {
 	}
 	e.deadline = now.Add(h.timeout)
 	e.dead = false
+	e.heard = true
 	if logEnds != nil {
 		e.logEnds = logEnds
 	}
@@ -135,7 +153,7 @@ func (h *heartbeats) candidate(id, group uint32, now time.Time) Candidate {
 	if e == nil {
 		return c
 	}
-	c.Alive = !e.dead && now.Before(e.deadline)
+	c.Alive = e.heard && !e.dead && now.Before(e.deadline)
 	if i, ok := slices.BinarySearchFunc(e.logEnds, group, func(g GroupLogEnd, t uint32) int {
 		return int(int64(g.Group) - int64(t))
 	}); ok {

@@ -75,6 +75,9 @@ type Config struct {
 	// SnapshotEntries: snapshot after this many applied entries (default
 	// 10000; 0 takes the default, negative disables).
 	SnapshotEntries int
+	// SnapshotBytes: snapshot also after this many bytes of applied
+	// entries (default 64 MiB).
+	SnapshotBytes int
 	// SnapshotTrailing entries stay in the log after a snapshot so that a
 	// slightly slow follower catches up from the log (default 1000).
 	SnapshotTrailing int
@@ -114,6 +117,9 @@ func (c *Config) defaults() error {
 	}
 	if c.SnapshotEntries == 0 {
 		c.SnapshotEntries = 10000
+	}
+	if c.SnapshotBytes <= 0 {
+		c.SnapshotBytes = 64 << 20
 	}
 	if c.SnapshotTrailing <= 0 {
 		c.SnapshotTrailing = 1000
@@ -174,7 +180,8 @@ type Node struct {
 	applied   uint64
 	appliedCh chan struct{}
 
-	snapIndex uint64 // raft goroutine only
+	snapIndex      uint64 // raft goroutine only
+	bytesSinceSnap int    // raft goroutine only
 
 	lead  atomic.Uint64
 	term  atomic.Uint64
@@ -746,6 +753,7 @@ func (n *Node) restoreSnapshot(snap *pb.Snapshot) error {
 	n.appliedCh = make(chan struct{})
 	n.mu.Unlock()
 	n.snapIndex = snap.GetMetadata().GetIndex()
+	n.bytesSinceSnap = 0
 	n.confState = snap.GetMetadata().GetConfState()
 	return nil
 }
@@ -776,6 +784,7 @@ func (n *Node) apply(ents []*pb.Entry) {
 			n.cfg.Logger.Error("controlplane: unexpected conf change entry", "index", e.GetIndex())
 		}
 		n.applied = e.GetIndex()
+		n.bytesSinceSnap += len(e.GetData())
 	}
 	close(n.appliedCh)
 	n.appliedCh = make(chan struct{})
@@ -830,7 +839,7 @@ func (n *Node) maybeSnapshot() error {
 	}
 	n.mu.RLock()
 	applied := n.applied
-	if applied < n.snapIndex+uint64(n.cfg.SnapshotEntries) {
+	if applied < n.snapIndex+uint64(n.cfg.SnapshotEntries) && n.bytesSinceSnap < n.cfg.SnapshotBytes {
 		n.mu.RUnlock()
 		return nil
 	}
@@ -845,6 +854,7 @@ func (n *Node) maybeSnapshot() error {
 		return err
 	}
 	n.snapIndex = applied
+	n.bytesSinceSnap = 0
 	return nil
 }
 

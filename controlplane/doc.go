@@ -1,0 +1,73 @@
+// Package controlplane is Berth's controller: a Raft group of 1, 3 or 5
+// members (go.etcd.io/raft/v3 with PreVote and CheckQuorum) whose log, hard
+// state and snapshots live in pebble, talking over TCP with the wire
+// package's peer frames. It holds brokers, broker ids, replication groups
+// (master, epoch, SyncStateSet), wiring and the cluster configuration.
+//
+// # Using it
+//
+// Single node (what berthd runs in-process):
+//
+//	n, err := controlplane.StartSingle(dir, "127.0.0.1:7402", logger)
+//	defer n.Stop()
+//	cl := n.LocalClient()               // no TCP
+//	err = cl.DeclareQueue(ctx, "q", controlplane.QueueOptions{Durable: true})
+//
+// A cluster member: controlplane.Start(controlplane.Config{ID, Peers, Dir, ...}).
+// Remote callers (brokers, berthctl) use controlplane.NewClient(addrs), which
+// finds the leader, follows redirects and retries what is safe to retry.
+//
+// # Three request paths (seed 002)
+//
+//   - Write events (Propose) go through the log. Proposals from any number
+//     of goroutines queue (bounded) for the raft goroutine, which packs all
+//     waiting proposals into a few entries per Ready; each waiter is woken
+//     with its own Result when its event applies.
+//   - Consistent reads take a ReadIndex (raft.ReadOnlySafe, a heartbeat
+//     round) or, with Config.LeaseRead, the leader's lease
+//     (raft.ReadOnlyLeaseBased). All readers waiting at once share one
+//     ReadIndex request. Follower reads get the ReadIndex from the leader
+//     and wait to apply up to it, unless the follower is more than
+//     Config.FollowerLagMax entries behind: then it redirects to the
+//     leader.
+//   - Unsafe reads are served from the leader's state as it is.
+//
+// # The raft goroutine's loop
+//
+//  1. Wait for a tick, a peer message, a proposal, a read or a transport
+//     report. Step what arrived; drain all queued proposals into entries
+//     and all queued readers into one ReadIndex.
+//  2. For each Ready: on the leader, send messages first, apply committed
+//     entries and answer ReadIndex waiters, then persist; everywhere else
+//     persist first, then send, install any snapshot, apply and answer.
+//     Persisting is one pebble batch with entries, hard state and snapshot,
+//     synced only when raft's MustSync says so: one fsync per Ready at most.
+//  3. Advance, then snapshot if SnapshotEntries entries were applied since
+//     the last one: the state is encoded, compressed with zstd, stored, and
+//     the log compacted but for SnapshotTrailing entries.
+//
+// # Determinism
+//
+// State.Apply reads nothing but the event and the state: no clock, no
+// heartbeat table, no local config. An ElectMaster event carries the
+// heartbeat snapshot (liveness and per-group log end of each candidate) it
+// is decided from; apply picks the in-sync candidate with the highest log
+// end under a new epoch, and only with the unclean option (event or
+// cluster config) one from outside the SyncStateSet.
+//
+// # Failure detection
+//
+// Only the leader takes heartbeats. The table is split into 16 shards by
+// broker id, each with its own lock and a deadline heap, so a scan pops only
+// the brokers that expired. Each group a dead broker mastered (found by the
+// state's master index, not a scan) gets an ElectMaster proposal, at most
+// 2048 groups per event. A new leader gives every registered broker one
+// timeout to heartbeat to it.
+//
+// # Limits
+//
+// Membership is fixed at start; there is no joint consensus. A member
+// whose data directory is wiped rejoins and receives a snapshot, but, as in
+// any Raft, doing that while another member is down can lose acknowledged
+// writes (the wiped member votes with an empty log).
+package controlplane
