@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 )
 
@@ -110,7 +111,7 @@ func (j *Journal) compactOnce() (bool, error) {
 				j.yieldLocked()
 			}
 			e, ok := j.mu.index[pos]
-			if !ok || e.seg != s.id || !j.countedLocked(e) {
+			if !ok || e.seg != s.id || !j.mustCopyLocked(e) {
 				continue
 			}
 			moves = append(moves, move{pos: pos, src: s, srcOff: int64(e.off), size: int(e.size)})
@@ -267,15 +268,36 @@ func (j *Journal) removeSegments(segs []*segment) error {
 	return nil
 }
 
+// mustCopyLocked: a plain record is copied while live. A ref is copied
+// while its target is on disk at all, even when the target is freed and
+// shares its file: the lock is let go while records are picked, so the
+// target may be picked live and freed before the ref is looked at, and
+// the ref must then follow it.
+func (j *Journal) mustCopyLocked(e entry) bool {
+	if e.flags&flagRef == 0 {
+		return e.flags&flagFreed == 0
+	}
+	_, ok := j.mu.index[e.ref]
+	return ok
+}
+
+// compactYieldHook, when set by a test, runs each time the compactor lets
+// go of the lock.
+var compactYieldHook func()
+
 // lockSliceItems bounds the index entries the compactor visits per hold
 // of j.mu, so a big segment never stalls the owner or the writer.
-const lockSliceItems = 4096
+var lockSliceItems = 4096
 
 // yieldLocked lets the owner and the writer in. Records that still point at
 // a segment being forgotten are dead ones (live ones were moved first),
 // and nothing the others do can bring them back to life.
 func (j *Journal) yieldLocked() {
 	j.mu.Unlock()
+	if compactYieldHook != nil {
+		compactYieldHook()
+	}
+	runtime.Gosched() // sync.Mutex is not fair; give a waiter the chance
 	j.mu.Lock()
 }
 
