@@ -7,7 +7,7 @@ PKGS      := ./...
 # Packages with concurrency run under the race detector in `make test`.
 RACE_PKGS := ./ring/... ./shards/... ./server/... ./client/... ./journal/... ./controlplane/...
 
-.PHONY: all build run test test-race test-plain bench fuzz vet soak clean
+.PHONY: all build run test test-race test-plain bench fuzz vet crash clean
 
 all: build
 
@@ -30,6 +30,11 @@ test-race:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS)
+
+# The long form of the kill -9 crash test.
+CRASH_ROUNDS ?= 20
+crash:
+	BERTH_CRASH_ROUNDS=$(CRASH_ROUNDS) $(GO) test -count=1 -v -timeout 60m ./server/crashtest
 
 FUZZTIME ?= 30s
 fuzz:

@@ -172,6 +172,7 @@ func Start(cfg Config) (*Server, error) {
 		err := gnet.Run(h, "tcp4://"+cfg.ClientAddr,
 			gnet.WithNumEventLoop(cfg.Loops),
 			gnet.WithReusePort(false),
+			gnet.WithReuseAddr(true), // restart at once after a crash, past TIME_WAIT
 			gnet.WithTCPNoDelay(gnet.TCPNoDelay),
 			gnet.WithReadBufferCap(256<<10),
 			gnet.WithWriteBufferCap(256<<10),

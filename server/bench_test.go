@@ -1,0 +1,133 @@
+package server_test
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
+
+	"github.com/berthmq/berth/client"
+	"github.com/berthmq/berth/server"
+)
+
+// BenchmarkPublishConsume publishes b.N 128-byte messages through the
+// client over loopback and consumes them on a second connection. It reports
+// msgs/s and publish-to-completion latency percentiles.
+//
+//	go test ./server -run '^$' -bench PublishConsume -benchtime 2000000x
+func BenchmarkPublishConsume(b *testing.B) {
+	modes := []struct {
+		name    string
+		durable bool
+		fsync   string
+	}{
+		{"memory", false, "always"},
+		{"durable-fsync=always", true, "always"},
+		{"durable-fsync=never", true, "never"},
+	}
+	for _, m := range modes {
+		b.Run("mode="+m.name, func(b *testing.B) {
+			benchPublishConsume(b, m.durable, m.fsync, 1)
+		})
+	}
+}
+
+func benchPublishConsume(b *testing.B, durable bool, fsync string, queues int) {
+	s := startServer(b, func(c *server.Config) { c.Fsync = fsync })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	pub := dial(b, s)
+	sub := dial(b, s)
+	names := make([]string, queues)
+	for i := range names {
+		names[i] = fmt.Sprint("bench", i)
+		if err := pub.DeclareQueue(ctx, names[i], client.QueueOptions{Durable: durable}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	const size = 128
+	n := b.N
+	hist := hdrhistogram.New(1, int64(10*time.Second/time.Microsecond), 3)
+	e2e := hdrhistogram.New(1, int64(10*time.Second/time.Microsecond), 3)
+	// Completions of one queue come in publish order, so a ring of send
+	// times indexed by sequence gives each message's latency.
+	const ringSize = 1 << 17
+	sent := make([]int64, ringSize)
+	var completed atomic.Int64
+	var failed atomic.Int64
+	var histMu sync.Mutex
+	done := func(err error) {
+		k := completed.Add(1) - 1
+		if err != nil {
+			failed.Add(1)
+			return
+		}
+		lat := (time.Now().UnixNano() - sent[k%ringSize]) / 1000
+		histMu.Lock()
+		_ = hist.RecordValue(max(lat, 1))
+		histMu.Unlock()
+	}
+	var consumed sync.WaitGroup
+	consumed.Add(queues)
+	for _, name := range names {
+		con, err := sub.Subscribe(ctx, name, client.SubscribeOptions{Credit: 4096, AutoCredit: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		go func() {
+			defer consumed.Done()
+			tags := make([]uint64, 0, 256)
+			for i := 0; i < n/queues; i++ {
+				d, err := con.Next(ctx)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if i%64 == 0 {
+					e2e.RecordValue(max((time.Now().UnixNano()-int64(binary.BigEndian.Uint64(d.Payload)))/1000, 1))
+				}
+				tags = append(tags, d.Tag)
+				if len(tags) == cap(tags) || i == n/queues-1 {
+					if err := con.AcceptAsync(ctx, tags, nil); err != nil {
+						b.Error(err)
+						return
+					}
+					tags = tags[:0]
+				}
+			}
+		}()
+	}
+	payload := make([]byte, size)
+	opts := client.PublishOptions{Persistent: durable}
+	b.SetBytes(size)
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		now := time.Now().UnixNano()
+		sent[i%ringSize] = now
+		binary.BigEndian.PutUint64(payload, uint64(now))
+		if err := pub.PublishAsync(ctx, "", names[i%queues], payload, opts, done); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := pub.Flush(ctx); err != nil {
+		b.Fatal(err)
+	}
+	consumed.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if f := failed.Load(); f > 0 {
+		b.Fatalf("%d publishes failed", f)
+	}
+	b.ReportMetric(float64(n)/elapsed.Seconds(), "msgs/s")
+	b.ReportMetric(float64(hist.ValueAtQuantile(50)), "p50-us")
+	b.ReportMetric(float64(hist.ValueAtQuantile(99)), "p99-us")
+	b.ReportMetric(float64(e2e.ValueAtQuantile(50)), "e2e-p50-us")
+	b.ReportMetric(float64(e2e.ValueAtQuantile(99)), "e2e-p99-us")
+}

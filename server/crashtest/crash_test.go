@@ -1,0 +1,305 @@
+// Package crashtest kills a real berthd process with SIGKILL at random
+// moments while producers publish persistent messages and consumers accept
+// some, restarts it, and checks the durability guarantees after each
+// restart:
+//   - every completed publish is present exactly once, unless its accept
+//     was completed;
+//   - no completed accept ever reappears;
+//   - order within each queue is preserved.
+//
+// `go test ./server/crashtest` runs a short form. BERTH_CRASH_ROUNDS sets the
+// number of kill rounds (default 3) for the long form (`make crash`).
+package crashtest
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/berthmq/berth/client"
+)
+
+var berthd string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "berth-crash-bin")
+	if err != nil {
+		panic(err)
+	}
+	berthd = filepath.Join(dir, "berthd")
+	out, err := exec.Command("go", "build", "-o", berthd, "github.com/berthmq/berth/cmd/berthd").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build berthd: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func freePort(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+type broker struct {
+	cmd  *exec.Cmd
+	addr string
+}
+
+func startBroker(t *testing.T, dataDir, addr string) *broker {
+	t.Helper()
+	cmd := exec.Command(berthd, "-listen", addr, "-admin", "", "-data", dataDir, "-shards", "2", "-loops", "2", "-fsync", "always", "-log-level", "warn")
+	cmd.Stdout = os.Stderr
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	b := &broker{cmd: cmd, addr: addr}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _, _ = cmd.Process.Wait() })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return b
+		}
+		if time.Now().After(deadline) {
+			_ = cmd.Process.Signal(syscall.SIGQUIT) // its goroutine dump shows where it hangs
+			time.Sleep(time.Second)
+			t.Fatalf("berthd did not come up on %s: %v", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (b *broker) kill(t *testing.T) {
+	if err := b.cmd.Process.Signal(os.Kill); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = b.cmd.Process.Wait()
+}
+
+const (
+	queues    = 3
+	producers = 3
+	perRound  = 200000// messages per producer per round, at most
+)
+
+// ledger is what the test knows from completions.
+type ledger struct {
+	mu        sync.Mutex
+	sent      map[string]bool // every message id ever sent
+	completed map[string]bool // publish completed
+	accepted  map[string]bool // accept completed
+	// acceptSent holds every message whose accept was sent: it may be gone
+	// even if the completion never arrived before the kill.
+	acceptSent map[string]bool
+}
+
+func msgID(p, seq int) string { return fmt.Sprintf("p%d-%08d", p, seq) }
+
+func parseID(id string) (p, seq int) {
+	fmt.Sscanf(id, "p%d-%d", &p, &seq)
+	return
+}
+
+func TestKill9Durability(t *testing.T) {
+	rounds := 3
+	if v := os.Getenv("BERTH_CRASH_ROUNDS"); v != "" {
+		rounds, _ = strconv.Atoi(v)
+	}
+	seed := time.Now().UnixNano()
+	if v := os.Getenv("BERTH_CRASH_SEED"); v != "" {
+		seed, _ = strconv.ParseInt(v, 10, 64)
+	}
+	t.Logf("seed %d (BERTH_CRASH_SEED reproduces the kill timing)", seed)
+	rng := rand.New(rand.NewSource(seed))
+	dataDir := t.TempDir()
+	addr := freePort(t)
+	led := &ledger{sent: map[string]bool{}, completed: map[string]bool{}, accepted: map[string]bool{}, acceptSent: map[string]bool{}}
+	nextSeq := make([]int, producers)
+
+	for round := 0; round < rounds; round++ {
+		b := startBroker(t, dataDir, addr)
+		check(t, round, b.addr, led)
+		runLoad(t, b.addr, led, nextSeq, time.Duration(50+rng.Intn(400))*time.Millisecond)
+		b.kill(t)
+	}
+	b := startBroker(t, dataDir, addr)
+	check(t, rounds, b.addr, led)
+	led.mu.Lock()
+	t.Logf("%d rounds: %d sent, %d publishes completed, %d accepts completed", rounds, len(led.sent), len(led.completed), len(led.accepted))
+	if len(led.completed) == 0 || len(led.accepted) == 0 {
+		t.Fatal("the load completed nothing: the test checked nothing")
+	}
+	led.mu.Unlock()
+}
+
+// runLoad publishes and accepts until the kill time, then returns at once,
+// leaving everything in flight for the kill.
+func runLoad(t *testing.T, addr string, led *ledger, nextSeq []int, until time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), until)
+	defer cancel()
+	var wg sync.WaitGroup
+	for p := 0; p < producers; p++ {
+		wg.Add(1)
+		go func(p int) {
+			defer wg.Done()
+			c, err := client.Dial(ctx, addr)
+			if err != nil {
+				return
+			}
+			for sent := 0; sent < perRound && ctx.Err() == nil; sent++ {
+				seq := nextSeq[p]
+				nextSeq[p]++
+				id := msgID(p, seq)
+				led.mu.Lock()
+				led.sent[id] = true
+				led.mu.Unlock()
+				err := c.PublishAsync(ctx, "", fmt.Sprint("crash", seq%queues), []byte(id), client.PublishOptions{Persistent: true}, func(err error) {
+					if err == nil {
+						led.mu.Lock()
+						led.completed[id] = true
+						led.mu.Unlock()
+					}
+				})
+				if err != nil {
+					return
+				}
+			}
+		}(p)
+	}
+	for q := 0; q < queues; q++ {
+		wg.Add(1)
+		go func(q int) {
+			defer wg.Done()
+			c, err := client.Dial(ctx, addr)
+			if err != nil {
+				return
+			}
+			con, err := c.Subscribe(ctx, fmt.Sprint("crash", q), client.SubscribeOptions{Credit: 256, AutoCredit: true})
+			if err != nil {
+				return
+			}
+			for {
+				d, err := con.Next(ctx)
+				if err != nil {
+					return
+				}
+				id := string(d.Payload)
+				_, seq := parseID(id)
+				if seq%2 == 0 {
+					led.mu.Lock()
+					led.acceptSent[id] = true
+					led.mu.Unlock()
+					_ = con.AcceptAsync(ctx, []uint64{d.Tag}, func(err error) {
+						if err == nil {
+							led.mu.Lock()
+							led.accepted[id] = true
+							led.mu.Unlock()
+						}
+					})
+				} else {
+					_ = con.ReleaseAsync(ctx, []uint64{d.Tag}, nil)
+				}
+			}
+		}(q)
+	}
+	wg.Wait()
+}
+
+// check drains every queue without accepting and verifies the guarantees.
+func check(t *testing.T, round int, addr string, led *ledger) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	led.mu.Lock()
+	defer led.mu.Unlock()
+	present := map[string]int{}
+	for q := 0; q < queues; q++ {
+		name := fmt.Sprint("crash", q)
+		if err := c.DeclareQueue(ctx, name, client.QueueOptions{Durable: true}); err != nil {
+			t.Fatal(err)
+		}
+		con, err := c.Subscribe(ctx, name, client.SubscribeOptions{Credit: 65536})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := map[int]int{}
+		var tags []uint64
+		var ids []string
+		for {
+			dctx, dcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			d, err := con.Next(dctx)
+			dcancel()
+			if err != nil {
+				break
+			}
+			id := string(d.Payload)
+			p, seq := parseID(id)
+			if prev, ok := last[p]; ok && seq <= prev {
+				t.Fatalf("round %d: queue %s out of order: %s after seq %d", round, name, id, prev)
+			}
+			last[p] = seq
+			present[id]++
+			if !led.sent[id] {
+				t.Fatalf("round %d: %s was never sent", round, id)
+			}
+			if led.accepted[id] {
+				t.Fatalf("round %d: %s reappeared after its accept completed", round, id)
+			}
+			tags = append(tags, d.Tag)
+			ids = append(ids, id)
+		}
+		// Accept what was checked, so queues stay short over rounds.
+		if len(tags) == 0 {
+			// nothing to accept
+		} else if err := con.Accept(ctx, tags...); err != nil {
+			t.Fatalf("round %d: accept: %v", round, err)
+		}
+		for _, id := range ids {
+			led.acceptSent[id] = true
+			led.accepted[id] = true
+		}
+		if err := con.Cancel(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for id, n := range present {
+		if n != 1 {
+			t.Fatalf("round %d: %s present %d times", round, id, n)
+		}
+	}
+	missing := 0
+	for id := range led.completed {
+		if !led.acceptSent[id] && present[id] == 0 {
+			missing++
+			if missing < 5 {
+				t.Errorf("round %d: completed publish %s lost", round, id)
+			}
+		}
+	}
+	if missing > 0 {
+		t.Fatalf("round %d: %d completed publishes lost", round, missing)
+	}
+	t.Logf("round %d: %d messages present, every completed publish not accepted is there", round, len(present))
+}
