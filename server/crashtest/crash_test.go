@@ -96,7 +96,7 @@ func (b *broker) kill(t *testing.T) {
 const (
 	queues    = 3
 	producers = 3
-	perRound  = 200000// messages per producer per round, at most
+	perRound  = 200000 // messages per producer per round, at most
 )
 
 // ledger is what the test knows from completions.
