@@ -71,9 +71,7 @@ func (c *Client) Leader() string {
 
 type clientConn struct {
 	c       net.Conn
-	wmu     sync.Mutex
-	w       *bufio.Writer
-	buf     []byte
+	w       coalescer
 	sem     chan struct{}
 	mu      sync.Mutex
 	nextID  uint64
@@ -88,8 +86,9 @@ func dialClientConn(ctx context.Context, addr string) (*clientConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	cc := &clientConn{c: nc, w: bufio.NewWriterSize(nc, 32<<10), sem: make(chan struct{}, clientInflightMax),
+	cc := &clientConn{c: nc, sem: make(chan struct{}, clientInflightMax),
 		waiters: map[uint64]chan wire.CtlResponse{}, done: make(chan struct{})}
+	cc.w = coalescer{c: nc, onFailed: cc.close}
 	go cc.readLoop()
 	return cc, nil
 }
@@ -161,17 +160,15 @@ func (cc *clientConn) do(ctx context.Context, op uint8, body []byte) (wire.CtlRe
 	id := cc.nextID
 	cc.waiters[id] = ch
 	cc.mu.Unlock()
-	cc.wmu.Lock()
-	cc.buf = wire.AppendCtlRequest(cc.buf[:0], wire.CtlRequest{ID: id, Op: op, Body: body})
-	cc.c.SetWriteDeadline(time.Now().Add(writeTimeout))
-	_, err := cc.w.Write(cc.buf)
-	if err == nil {
-		err = cc.w.Flush()
-	}
-	cc.wmu.Unlock()
+	err := cc.w.write(func(b []byte) []byte {
+		return wire.AppendCtlRequest(b, wire.CtlRequest{ID: id, Op: op, Body: body})
+	})
 	if err != nil {
+		// Frames queued behind a failed write may have partly left; only
+		// this caller's own failed write proves nothing was delivered, and
+		// the coalescer does not say whose it was. Err on ambiguity.
 		cc.close(err)
-		return wire.CtlResponse{}, fmt.Errorf("%w: %v", errNotSent, err)
+		return wire.CtlResponse{}, err
 	}
 	select {
 	case r := <-ch:

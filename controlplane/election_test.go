@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -12,6 +13,7 @@ import (
 type heartbeater struct {
 	stop chan struct{}
 	done chan struct{}
+	last atomic.Int64 // unix nanos of the last heartbeat the leader took
 }
 
 func startHeartbeats(cl *Client, broker uint32, groups uint32, index uint64, every time.Duration) *heartbeater {
@@ -26,7 +28,9 @@ func startHeartbeats(cl *Client, broker uint32, groups uint32, index uint64, eve
 		defer t.Stop()
 		for {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			cl.Heartbeat(ctx, broker, ends) // a missed beat is what the detector is for
+			if cl.Heartbeat(ctx, broker, ends) == nil { // a missed beat is what the detector is for
+				h.last.Store(time.Now().UnixNano())
+			}
 			cancel()
 			select {
 			case <-h.stop:

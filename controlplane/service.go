@@ -90,20 +90,14 @@ func (n *Node) serve() {
 }
 
 type serverConn struct {
-	c   net.Conn
-	wmu sync.Mutex
-	w   *bufio.Writer
-	buf []byte
+	c net.Conn
+	w coalescer
 }
 
 func (sc *serverConn) reply(r wire.CtlResponse) {
-	sc.wmu.Lock()
-	defer sc.wmu.Unlock()
-	sc.buf = wire.AppendCtlResponse(sc.buf[:0], r)
-	sc.c.SetWriteDeadline(time.Now().Add(writeTimeout))
-	if _, err := sc.w.Write(sc.buf); err == nil {
-		sc.w.Flush()
-	}
+	// A failed write closes the connection (onFailed); the reader then
+	// stops and the client retries elsewhere.
+	sc.w.write(func(b []byte) []byte { return wire.AppendCtlResponse(b, r) })
 }
 
 func (n *Node) serveConn(c net.Conn) {
@@ -114,7 +108,7 @@ func (n *Node) serveConn(c net.Conn) {
 		delete(n.conns, c)
 		n.connsMu.Unlock()
 	}()
-	sc := &serverConn{c: c, w: bufio.NewWriterSize(c, 32<<10)}
+	sc := &serverConn{c: c, w: coalescer{c: c, onFailed: func(error) { c.Close() }}}
 	r := bufio.NewReaderSize(c, 64<<10)
 	sem := make(chan struct{}, connInflightMax)
 	var reqs sync.WaitGroup
