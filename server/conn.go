@@ -105,10 +105,10 @@ func (cs *connState) fail(id uint64, code wire.ErrorCode, text string) {
 }
 
 func (cs *connState) flushRanges() {
-	for len(cs.ranges) > 0 {
-		n := min(len(cs.ranges), wire.RangesMax)
-		cs.out = wire.AppendComplete(cs.out, cs.version, cs.ranges[:n])
-		cs.ranges = cs.ranges[n:]
+	for rs := cs.ranges; len(rs) > 0; {
+		n := min(len(rs), wire.RangesMax)
+		cs.out = wire.AppendComplete(cs.out, cs.version, rs[:n])
+		rs = rs[n:]
 	}
 	cs.ranges = cs.ranges[:0]
 }

@@ -624,17 +624,12 @@ func (s *Shard) flush() {
 		}
 		ob := getOutBatch()
 		v := o.sess.Version
-		if len(o.ranges) > 0 {
-			for len(o.ranges) > 0 {
-				n := len(o.ranges)
-				if n > wire.RangesMax {
-					n = wire.RangesMax
-				}
-				ob.buf = wire.AppendComplete(ob.buf, v, o.ranges[:n])
-				o.ranges = o.ranges[n:]
-			}
-			o.ranges = o.ranges[:0]
+		for rs := o.ranges; len(rs) > 0; {
+			n := min(len(rs), wire.RangesMax)
+			ob.buf = wire.AppendComplete(ob.buf, v, rs[:n])
+			rs = rs[n:]
 		}
+		o.ranges = o.ranges[:0]
 		ob.buf = append(ob.buf, o.errs...)
 		o.errs = o.errs[:0]
 		frameMax := int(o.sess.FrameMax)
