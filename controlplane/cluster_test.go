@@ -214,9 +214,11 @@ func TestThreeNodeBasic(t *testing.T) {
 	// Kill the leader: a new one takes over and keeps the data.
 	old := c.leader()
 	c.stop(old.ID())
-	if err := cl.SetAttribute(ctx, "k", "after"); err != nil {
-		t.Fatal(err)
-	}
+	// The client's connection to the dead leader may make the first try
+	// ambiguous; the write is idempotent, so retry it.
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		return cl.SetAttribute(ctx, "k", "after")
+	})
 	c.start(old.ID(), nil)
 	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		var got string

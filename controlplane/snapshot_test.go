@@ -53,7 +53,13 @@ func writeConc(t *testing.T, cl *Client, prefix string, n, conc int) {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			if err := cl.DeclareQueue(ctx, fmt.Sprintf("%s-%d", prefix, i), QueueOptions{Durable: true}); err != nil {
+			// Declares are idempotent, so an ambiguous outcome (a stale
+			// connection to a restarted node) is retried.
+			err := cl.DeclareQueue(ctx, fmt.Sprintf("%s-%d", prefix, i), QueueOptions{Durable: true})
+			for try := 0; try < 20 && errors.Is(err, ErrLeaderChanged); try++ {
+				err = cl.DeclareQueue(ctx, fmt.Sprintf("%s-%d", prefix, i), QueueOptions{Durable: true})
+			}
+			if err != nil {
 				errs <- err
 			}
 		}()
