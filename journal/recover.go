@@ -22,6 +22,10 @@ const (
 	recoveryBufferMax      = 1 << 20
 	// recoveryProgressBytes: a progress line is logged per this much data.
 	recoveryProgressBytes = 256 << 20
+	// recoveryIndexHintBytes: the index is pre-sized for records of about
+	// this size, at most recoveryIndexHintMax entries.
+	recoveryIndexHintBytes = 160
+	recoveryIndexHintMax   = 16 << 20
 )
 
 // Open recovers the journal in opts.Dir (creating it if needed) and calls
@@ -269,6 +273,9 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 		readers = append(readers, &segReader{seg: seg, fileSize: size, off: segmentHeaderSize, bufOff: -1, cutAt: -1, prev: 0})
 		total += size
 	}
+	// Size the index for small records up front: growing a map of a
+	// million entries step by step costs more than the scan.
+	j.mu.index = make(map[Pos]entry, min(total/recoveryIndexHintBytes, recoveryIndexHintMax))
 	bufCap := recoveryBufferMax
 	if len(readers) > 0 {
 		bufCap = min(recoveryBufferMax, max(recoveryBufferMin, recoveryBufferBytesMax/len(readers)))
