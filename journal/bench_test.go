@@ -128,6 +128,10 @@ func recoverDir(b *testing.B, n int) string {
 }
 
 func TestMain(m *testing.M) {
+	if dir := os.Getenv(childDirEnv); dir != "" {
+		killChild(dir)
+		os.Exit(0)
+	}
 	code := m.Run()
 	for _, dir := range recoverDirs.byCount {
 		os.RemoveAll(dir)
