@@ -163,4 +163,3 @@ func BenchmarkPublishSync(b *testing.B) {
 	b.ReportMetric(float64(hist.ValueAtQuantile(50)), "p50-µs")
 	b.ReportMetric(float64(hist.ValueAtQuantile(99)), "p99-µs")
 }
-
