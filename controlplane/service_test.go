@@ -1,0 +1,103 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"io"
+	"math/rand"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/berthmq/berth/wire"
+)
+
+// TestServiceRejectsGarbage feeds random and truncated bodies to every
+// operation: each must get an answer, never a panic.
+func TestServiceRejectsGarbage(t *testing.T) {
+	n, err := StartSingle(t.TempDir(), "127.0.0.1:0", quietLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop()
+	r := rand.New(rand.NewSource(7))
+	valid := [][]byte{
+		EncodeEvent(nil, &DeclareQueue{Name: "q"}),
+		{byte(ReadConsistent), queryGroups, 0, 0, 0, 0, 0, 0, 0, 10},
+		{0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+	}
+	for i := 0; i < 3000; i++ {
+		var body []byte
+		if i%3 == 0 {
+			v := valid[r.Intn(len(valid))]
+			body = append([]byte(nil), v[:r.Intn(len(v)+1)]...)
+		} else {
+			body = make([]byte, r.Intn(40))
+			r.Read(body)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		n.handle(ctx, uint8(r.Intn(8)), body)
+		cancel()
+	}
+	// A bad read mode is refused with a clear error.
+	if status, _, out := n.handle(context.Background(), opRead, []byte{9, queryWiring}); status != statusBadRequest {
+		t.Fatalf("bad mode: status %d %s", status, out)
+	}
+	// Garbage on the socket closes that connection only.
+	c, err := net.Dial("tcp", n.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write([]byte("GET / HTTP/1.1\r\n\r\n"))
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("garbage connection not closed: %v", err)
+	}
+	c.Close()
+	// An oversized request header is refused before allocation.
+	c, _ = net.Dial("tcp", n.Addr())
+	c.Write(wire.AppendHeader(nil, wire.Header{Version: wire.Current, Type: wire.TypeCtlRequest, Length: ctlFrameMax + 1}))
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("oversized request not refused: %v", err)
+	}
+	c.Close()
+	// The node still serves.
+	cl := NewClient([]string{n.Addr()})
+	defer cl.Close()
+	if err := cl.DeclareQueue(ctxT(t, 5*time.Second), "still-alive", QueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestClientFollowsRedirects(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	leader := c.leader()
+	var follower *Node
+	for _, n := range c.nodes {
+		if n != leader {
+			follower = n
+		}
+	}
+	// The client only knows a follower; it must find the leader.
+	cl := NewClient([]string{follower.Addr()})
+	defer cl.Close()
+	if err := cl.DeclareExchange(ctxT(t, 10*time.Second), "x", "fanout", false); err != nil {
+		t.Fatal(err)
+	}
+	if cl.Leader() != leader.Addr() {
+		t.Fatalf("client learned leader %q, want %q", cl.Leader(), leader.Addr())
+	}
+	// Direct calls on a follower say who leads.
+	_, err := follower.Propose(ctxT(t, time.Second), &DeclareQueue{Name: "q"})
+	var nl *NotLeaderError
+	if !errors.As(err, &nl) || nl.Leader != leader.Addr() {
+		t.Fatalf("follower propose: %v", err)
+	}
+	if err := follower.Read(ctxT(t, time.Second), ReadUnsafe, func(*State) {}); !errors.As(err, &nl) {
+		t.Fatalf("follower unsafe read: %v", err)
+	}
+	if _, err := cl.GetSyncStateSet(ctxT(t, 5*time.Second), 0); err == nil {
+		t.Fatal("group 0 exists before the cluster config")
+	}
+}
