@@ -42,18 +42,11 @@ type connState struct {
 // connWriter lets shards write to a connection from their goroutines.
 type connWriter struct{ c gnet.Conn }
 
-// iovecMax keeps each writev under the kernel's IOV_MAX (1024).
-const iovecMax = 1000
-
+// WriteAsync hands one batch of whole frames to the connection's loop. The
+// batch goes out in one writev, so frames of concurrent writers never
+// interleave; shards keep a batch under the kernel's IOV_MAX
+// (shards.IovecsMax).
 func (w connWriter) WriteAsync(bufs [][]byte, done func()) error {
-	// The loop runs queued writes in order, so only the last part needs
-	// the callback.
-	for len(bufs) > iovecMax {
-		if err := w.c.AsyncWritev(bufs[:iovecMax:iovecMax], nil); err != nil {
-			return err
-		}
-		bufs = bufs[iovecMax:]
-	}
 	return w.c.AsyncWritev(bufs, func(gnet.Conn, error) error {
 		done()
 		return nil

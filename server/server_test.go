@@ -797,3 +797,44 @@ func testLogger(t testing.TB) *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
+
+// TestLargeDeliveryBatchesFromTwoShards has one connection take thousands
+// of messages at once from queues on both shards: each shard's batches must
+// reach the socket whole, never interleaved with the other's.
+func TestLargeDeliveryBatchesFromTwoShards(t *testing.T) {
+	s := startServer(t)
+	c := dial(t, s)
+	ctx := ctxT(t)
+	const n = 5000
+	q0, q1 := queueOnShard(s, "big", 0), queueOnShard(s, "big", 1)
+	for _, q := range []string{q0, q1} {
+		if err := c.DeclareQueue(ctx, q, client.QueueOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < n; i++ {
+			if err := c.PublishAsync(ctx, "", q, []byte(q), client.PublishOptions{}, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sub := dial(t, s)
+	var cons []*client.Consumer
+	for _, q := range []string{q0, q1} {
+		con, err := sub.Subscribe(ctx, q, client.SubscribeOptions{Credit: n, AckMode: client.AckNone})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cons = append(cons, con)
+	}
+	for i, con := range cons {
+		for k := 0; k < n; k++ {
+			d := next(t, con, 10*time.Second)
+			if string(d.Payload) != []string{q0, q1}[i] {
+				t.Fatalf("payload %q on %s", d.Payload, con.Queue())
+			}
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -571,4 +572,30 @@ func (b *Broker) Stats() ShardStats {
 		})
 	}
 	return t
+}
+
+// JournalStats sums the shards' journal counters; ok is false when the
+// broker keeps nothing on disk.
+func (b *Broker) JournalStats() (total journal.Stats, ok bool) {
+	for _, s := range b.shards {
+		st, has := s.JournalStats()
+		if !has {
+			continue
+		}
+		ok = true
+		total.Segments += st.Segments
+		total.DiskBytes += st.DiskBytes
+		total.LiveBytes += st.LiveBytes
+		total.LiveRecords += st.LiveRecords
+		total.Appends += st.Appends
+		total.Fsyncs += st.Fsyncs
+		total.RecordsSynced += st.RecordsSynced
+		total.Compactions += st.Compactions
+		total.SegmentsReclaimed += st.SegmentsReclaimed
+		total.DroppedBytes += st.DroppedBytes
+		if total.Err == nil {
+			total.Err = st.Err
+		}
+	}
+	return total, ok
 }

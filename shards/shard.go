@@ -634,16 +634,13 @@ func (s *Shard) flush() {
 		o.errs = o.errs[:0]
 		frameMax := int(o.sess.FrameMax)
 		for _, con := range o.consumers {
-			s.appendDeliver(ob, v, con, frameMax)
+			ob = s.appendDeliver(ob, o.sess, v, con, frameMax)
 		}
 		for i := range o.consumers {
 			o.consumers[i] = nil
 		}
 		o.consumers = o.consumers[:0]
-		ob.build()
-		if err := o.sess.Out.WriteAsync(ob.vec, ob.done); err != nil {
-			ob.release()
-		}
+		submit(o.sess, ob)
 	}
 	for i := range s.dirtyOuts {
 		s.dirtyOuts[i] = nil
@@ -664,14 +661,39 @@ func (s *Shard) dropOut(o *sessOut) {
 	o.consumers = o.consumers[:0]
 }
 
+// IovecsMax bounds the write vector of one batch, under the kernel's
+// IOV_MAX of 1024: a batch goes out in a single writev so that frames from
+// different shards never interleave on a connection.
+const IovecsMax = 960
+
+func submit(sess *Session, ob *outBatch) {
+	ob.build()
+	if len(ob.vec) == 0 {
+		ob.release()
+		return
+	}
+	if err := sess.Out.WriteAsync(ob.vec, ob.done); err != nil {
+		ob.release()
+	}
+}
+
 // appendDeliver writes a consumer's pending deliveries as DELIVER frames no
 // larger than frameMax, leaving the payloads out of the buffer for writev.
-func (s *Shard) appendDeliver(ob *outBatch, v wire.Version, con *Consumer, frameMax int) {
+// When a batch's vector would grow past IovecsMax it submits the batch and
+// carries on in a new one, which it returns.
+func (s *Shard) appendDeliver(ob *outBatch, sess *Session, v wire.Version, con *Consumer, frameMax int) *outBatch {
 	p := con.pending
 	for len(p) > 0 {
+		// Each message adds two vector entries: its head and its payload.
+		room := (IovecsMax - 1 - 2*len(ob.cuts)) / 2
+		if room < 16 {
+			submit(sess, ob)
+			ob = getOutBatch()
+			room = (IovecsMax - 1) / 2
+		}
 		// Count how many fit in one frame.
 		n, size := 0, wire.HeaderSize+4+2
-		for n < len(p) && n < wire.BatchMax {
+		for n < len(p) && n < wire.BatchMax && n < room {
 			b := p[n].body
 			m := wire.DeliverMessageOverhead + len(b.Exchange) + len(b.RoutingKey) + len(b.Props) + len(b.Payload)
 			if n > 0 && size+m > frameMax {
@@ -699,4 +721,5 @@ func (s *Shard) appendDeliver(ob *outBatch, v wire.Version, con *Consumer, frame
 		con.pending[i] = delivery{}
 	}
 	con.pending = con.pending[:0]
+	return ob
 }
