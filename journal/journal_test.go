@@ -2,13 +2,13 @@ package journal
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -334,8 +334,12 @@ func TestTornTail(t *testing.T) {
 			if err := tc.damage(last, st.Size()); err != nil {
 				t.Fatal(err)
 			}
-			j, got := openT(t, Options{Dir: dir})
+			var logs bytes.Buffer
+			j, got := openT(t, Options{Dir: dir, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			defer j.Close()
+			if !strings.Contains(logs.String(), fmt.Sprintf("bytes_dropped=%d", tc.dropped)) {
+				t.Fatalf("recovery did not log the dropped bytes:\n%s", logs.String())
+			}
 			want := n - 1
 			if tc.name == "garbage-appended" {
 				want = n
@@ -450,8 +454,6 @@ func waitFor(t testing.TB, cond func() error) {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
-
-var _ = binary.LittleEndian
 
 // TestBackpressure: with the writer held, Append parks once PendingBytesMax
 // bytes wait, and resumes when the writer takes them.
