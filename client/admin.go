@@ -147,9 +147,8 @@ func (c *Conn) Bind(ctx context.Context, exchange, queue, key string) error {
 	return c.bind(ctx, wire.TypeBind, exchange, queue, key)
 }
 
-// Unbind removes a binding made by Bind. It blocks like Bind; removing a
-// binding that does not exist is not an error, a missing exchange or queue
-// is not-found.
+// Unbind removes a binding made by Bind. It blocks like Bind; a missing
+// exchange, queue or binding is an *Error not-found.
 func (c *Conn) Unbind(ctx context.Context, exchange, queue, key string) error {
 	return c.bind(ctx, wire.TypeUnbind, exchange, queue, key)
 }
