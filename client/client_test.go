@@ -204,6 +204,7 @@ func TestManagementErrors(t *testing.T) {
 	if err := c.Unbind(ctx, "ex", "q1", "a.*"); err != nil {
 		t.Fatal(err)
 	}
+	check("unbind of a binding that is gone", c.Unbind(ctx, "ex", "q1", "a.*"), wire.CodeNotFound)
 	check("delete missing queue", c.DeleteQueue(ctx, "nope", QueueDeleteOptions{}), wire.CodeNotFound)
 	check("delete missing exchange", c.DeleteExchange(ctx, "nope", ExchangeDeleteOptions{}), wire.CodeNotFound)
 	check("purge missing queue", c.Purge(ctx, "nope"), wire.CodeNotFound)

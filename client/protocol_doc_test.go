@@ -1,0 +1,114 @@
+package client
+
+import (
+	"bufio"
+	"encoding/hex"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/berthmq/berth/wire"
+)
+
+// TestProtocolDocExamples decodes every example frame in docs/PROTOCOL.md
+// with the wire codecs, so the document cannot drift from the code.
+func TestProtocolDocExamples(t *testing.T) {
+	f, err := os.Open("../docs/PROTOCOL.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var frames [][]byte
+	var cur []byte
+	inBlock := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "```") {
+			if inBlock && len(cur) > 0 {
+				frames = append(frames, cur)
+			}
+			inBlock, cur = !inBlock, nil
+			continue
+		}
+		if !inBlock {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(cur) == 0 && (len(fields) < 2 || fields[0] != "b3" || fields[1] != "27") {
+			continue // not a frame dump
+		}
+		for _, w := range fields {
+			b, err := hex.DecodeString(w)
+			if err != nil || len(w) != 2 {
+				break // the annotation starts
+			}
+			cur = append(cur, b...)
+		}
+	}
+	if len(frames) < 17 {
+		t.Fatalf("found %d example frames, expected one per frame type", len(frames))
+	}
+	seen := map[wire.Type]bool{}
+	for _, fr := range frames {
+		h, body, n, err := wire.Next(fr, wire.FrameSizeDefault)
+		if err != nil || n != len(fr) {
+			t.Fatalf("example % x: n=%d of %d, err %v", fr, n, len(fr), err)
+		}
+		seen[h.Type] = true
+		if err := decodeAny(h.Type, body); err != nil {
+			t.Errorf("example %v: %v", h.Type, err)
+		}
+	}
+	for _, typ := range []wire.Type{wire.TypeHello, wire.TypeWelcome, wire.TypeHeartbeat, wire.TypeClose, wire.TypeComplete,
+		wire.TypeError, wire.TypeDeclareQueue, wire.TypeDeclareExchange, wire.TypeBind, wire.TypeDelete, wire.TypePurge,
+		wire.TypePublish, wire.TypeSubscribe, wire.TypeCancel, wire.TypeCredit, wire.TypeDeliver, wire.TypeAccept} {
+		if !seen[typ] {
+			t.Errorf("no example for %v", typ)
+		}
+	}
+}
+
+func decodeAny(t wire.Type, body []byte) error {
+	switch t {
+	case wire.TypeHello:
+		return wire.DecodeHello(body, &wire.Hello{})
+	case wire.TypeWelcome:
+		return wire.DecodeWelcome(body, &wire.Welcome{})
+	case wire.TypeHeartbeat:
+		if len(body) != 0 {
+			return wire.ErrMalformed
+		}
+		return nil
+	case wire.TypeClose:
+		return wire.DecodeClose(body, &wire.Close{})
+	case wire.TypeComplete:
+		_, err := wire.DecodeComplete(body)
+		return err
+	case wire.TypeError:
+		return wire.DecodeError(body, &wire.Error{})
+	case wire.TypeDeclareQueue:
+		return wire.DecodeDeclareQueue(body, &wire.DeclareQueue{})
+	case wire.TypeDeclareExchange:
+		return wire.DecodeDeclareExchange(body, &wire.DeclareExchange{})
+	case wire.TypeBind, wire.TypeUnbind:
+		return wire.DecodeBind(body, &wire.Bind{})
+	case wire.TypeDelete:
+		return wire.DecodeDelete(body, &wire.Delete{})
+	case wire.TypePurge:
+		return wire.DecodePurge(body, &wire.Purge{})
+	case wire.TypePublish:
+		return wire.DecodePublish(body, &wire.Publish{})
+	case wire.TypeSubscribe:
+		return wire.DecodeSubscribe(body, &wire.Subscribe{})
+	case wire.TypeCancel:
+		return wire.DecodeCancel(body, &wire.Cancel{})
+	case wire.TypeCredit:
+		return wire.DecodeCredit(body, &wire.Credit{})
+	case wire.TypeDeliver:
+		return wire.DecodeDeliver(body, &wire.Deliver{})
+	case wire.TypeAccept, wire.TypeRelease, wire.TypeReject:
+		return wire.DecodeSettle(body, &wire.Settle{})
+	}
+	return wire.ErrUnknownType
+}
