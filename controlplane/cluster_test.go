@@ -65,7 +65,8 @@ func newTestCluster(t testing.TB, size int, tweak func(*Config)) *testCluster {
 
 func (c *testCluster) config(id uint64, ln net.Listener) Config {
 	cfg := Config{ID: id, Peers: c.addrs, Dir: filepath.Join(c.dir, fmt.Sprint(id)), Listener: ln,
-		Faults: c.faults, Logger: quietLogger(), TickInterval: 10 * time.Millisecond}
+		Faults: c.faults, Logger: quietLogger(), TickInterval: 10 * time.Millisecond,
+		AsyncStorageWrites: os.Getenv("CONTROLPLANE_ASYNC") != ""}
 	if c.tweak != nil {
 		c.tweak(&cfg)
 	}

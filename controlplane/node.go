@@ -89,6 +89,11 @@ type Config struct {
 	// UncleanElection lets the failure detector elect masters from outside
 	// the SyncStateSet when none inside is alive. Off by default.
 	UncleanElection bool
+	// AsyncStorageWrites takes the fsync off the raft goroutine (raft's
+	// AsyncStorageWrites): an append goroutine group-commits log writes and
+	// an apply goroutine applies, so the raft goroutine keeps stepping
+	// messages and packing proposals while the disk works.
+	AsyncStorageWrites bool
 	// Faults, if set, cuts raft links (tests only).
 	Faults *Faults
 	Logger *slog.Logger
@@ -190,7 +195,8 @@ type Node struct {
 	propMu     sync.Mutex
 	propQ      []*proposal
 	propSignal chan struct{}
-	nextSeq    uint64 // guarded by propMu
+	nextSeq    uint64     // guarded by propMu
+	pendingMu  sync.Mutex // guards pending: the raft and apply goroutines share it
 	pending    map[uint64]*proposal
 
 	readMu      sync.Mutex
@@ -200,6 +206,13 @@ type Node struct {
 	readBatches map[uint64][]*readRequest
 
 	msgIn chan *pb.Message
+
+	// Asynchronous storage writes only.
+	appendQ     chan *pb.Message
+	applyQ      chan applyItem
+	localMu     sync.Mutex
+	localQ      []*pb.Message
+	localSignal chan struct{}
 
 	hb *heartbeats
 
@@ -268,6 +281,9 @@ func Start(cfg Config) (*Node, error) {
 		pending:     map[uint64]*proposal{},
 		readBatches: map[uint64][]*readRequest{},
 		msgIn:       make(chan *pb.Message, recvQueueMax),
+		appendQ:     make(chan *pb.Message, storageQueueMax),
+		applyQ:      make(chan applyItem, storageQueueMax),
+		localSignal: make(chan struct{}, 1),
 		stop:        make(chan struct{}),
 		conns:       map[net.Conn]struct{}{},
 		// Sequence numbers start from the clock so that entries proposed by
@@ -280,17 +296,18 @@ func Start(cfg Config) (*Node, error) {
 		ro = raft.ReadOnlyLeaseBased
 	}
 	rn, err := raft.NewRawNode(&raft.Config{
-		ID:              cfg.ID,
-		ElectionTick:    cfg.ElectionTicks,
-		HeartbeatTick:   cfg.HeartbeatTicks,
-		Storage:         st,
-		Applied:         n.applied,
-		MaxSizePerMsg:   1 << 20,
-		MaxInflightMsgs: 256,
-		CheckQuorum:     true,
-		PreVote:         true,
-		ReadOnlyOption:  ro,
-		Logger:          raftLogger{cfg.Logger},
+		ID:                 cfg.ID,
+		ElectionTick:       cfg.ElectionTicks,
+		HeartbeatTick:      cfg.HeartbeatTicks,
+		Storage:            st,
+		Applied:            n.applied,
+		MaxSizePerMsg:      1 << 20,
+		MaxInflightMsgs:    256,
+		CheckQuorum:        true,
+		PreVote:            true,
+		ReadOnlyOption:     ro,
+		AsyncStorageWrites: cfg.AsyncStorageWrites,
+		Logger:             raftLogger{cfg.Logger},
 	})
 	if err != nil {
 		st.close()
@@ -311,6 +328,11 @@ func Start(cfg Config) (*Node, error) {
 	}
 	n.listener = ln
 	n.transport = newTransport(cfg.ID, cfg.Peers, cfg.Faults, cfg.Logger)
+	if cfg.AsyncStorageWrites {
+		n.wg.Add(2)
+		go n.appendLoop()
+		go n.applyLoop()
+	}
 	n.wg.Add(3)
 	go n.run()
 	go n.serve()
@@ -409,6 +431,8 @@ func (n *Node) run() {
 			}
 		case <-n.propSignal:
 		case <-n.readSignal:
+		case <-n.localSignal:
+			n.stepLocal()
 		}
 		n.drainProposals()
 		n.drainReads()
@@ -525,9 +549,11 @@ func (n *Node) drainProposals() {
 			}
 			continue
 		}
+		n.pendingMu.Lock()
 		for _, p := range batch {
 			n.pending[p.seq] = p
 		}
+		n.pendingMu.Unlock()
 	}
 }
 
@@ -632,8 +658,7 @@ func (n *Node) Read(ctx context.Context, mode ReadMode, fn func(*State)) error {
 	return nil
 }
 
-func (n *Node) handleReady() error {
-	rd := n.rn.Ready()
+func (n *Node) softState(rd raft.Ready) {
 	if rd.SoftState != nil {
 		wasLeader := n.isLdr.Load()
 		n.lead.Store(rd.SoftState.Lead)
@@ -655,6 +680,14 @@ func (n *Node) handleReady() error {
 	if rd.HardState != nil {
 		n.term.Store(rd.HardState.GetTerm())
 	}
+}
+
+func (n *Node) handleReady() error {
+	if n.cfg.AsyncStorageWrites {
+		return n.handleReadyAsync()
+	}
+	rd := n.rn.Ready()
+	n.softState(rd)
 	// A leader may send its appends before its own fsync (raft thesis
 	// 10.2.1): it counts itself toward a quorum only for entries it has
 	// persisted, so its disk write and its followers' overlap. For the same
@@ -705,6 +738,8 @@ func (n *Node) deliverReadStates(states []raft.ReadState) {
 }
 
 func (n *Node) abortPending(err error) {
+	n.pendingMu.Lock()
+	defer n.pendingMu.Unlock()
 	for seq, p := range n.pending {
 		p.done <- proposeResult{err: err}
 		delete(n.pending, seq)
@@ -824,10 +859,12 @@ func (n *Node) applyBatchLocked(data []byte, out []delivery) []delivery {
 			res = n.state.Apply(ev)
 		}
 		if proposer == n.self {
+			n.pendingMu.Lock()
 			if p := n.pending[seq+uint64(i)]; p != nil {
 				delete(n.pending, p.seq)
 				out = append(out, delivery{p, res})
 			}
+			n.pendingMu.Unlock()
 		}
 	}
 	return out

@@ -72,9 +72,16 @@ func writeConc(t *testing.T, cl *Client, prefix string, n, conc int) {
 }
 
 func TestSnapshotsCompactAndInstallOnWipedFollower(t *testing.T) {
+	for _, async := range []bool{false, true} {
+		t.Run(fmt.Sprintf("async=%v", async), func(t *testing.T) { testSnapshots(t, async) })
+	}
+}
+
+func testSnapshots(t *testing.T, async bool) {
 	c := newTestCluster(t, 3, func(cfg *Config) {
 		cfg.SnapshotEntries = 10
 		cfg.SnapshotTrailing = 3
+		cfg.AsyncStorageWrites = cfg.AsyncStorageWrites || async
 	})
 	leader := c.leader()
 	cl := NewClient(c.addrList())
