@@ -404,12 +404,12 @@ func (s *runState) sample(pubH, e2eH *hdrhistogram.Histogram, lastT *time.Time, 
 		r.takeInterval(e2eH)
 	}
 	secs := now.Sub(*lastT).Seconds()
-	if secs <= 0 {
+	// A sliver of an interval at the end would plot as a spike of noise.
+	if secs < s.o.Interval.Seconds()/4 {
 		return
 	}
 	pub, con := s.completedAll.Load(), s.consumedAll.Load()
-	// An interval that began in the warm-up is shown but not kept; a
-	// short tail interval at the end is kept (its rates are still rates).
+	// An interval that began in the warm-up is shown but not kept.
 	inMeasure := !lastT.Before(s.measureStart.Add(-10 * time.Millisecond))
 	smp := Sample{
 		T:           now.Sub(s.measureStart).Seconds(),

@@ -15,9 +15,26 @@ import (
 // Berth is the broker every peer is compared with.
 const Berth = "berth"
 
+// Workload kinds: the closed-loop throughput run, and an open-loop run at a
+// rate every broker sustains, whose latencies are comparable.
+const (
+	KindThroughput = "throughput"
+	KindLatency    = "latency"
+)
+
+func kindOf(e Entry) string {
+	if e.Kind == "" {
+		return KindThroughput
+	}
+	return e.Kind
+}
+
 // Entry is one broker's run in one setting. Err is set, and Result may be
 // nil, when the run failed; the table shows it instead of numbers.
 type Entry struct {
+	// Kind is the workload: KindThroughput (also when empty) or
+	// KindLatency. Ratios in the summary line come from throughput runs.
+	Kind    string
 	Setting string
 	Broker  string
 	Result  *bench.Result
@@ -51,9 +68,9 @@ var Figures = []Figure{
 	{"e2e max", false, func(r *bench.Result) float64 { return float64(r.EndToEnd.Max) }, lat},
 }
 
-func find(entries []Entry, setting, broker string) *Entry {
+func find(entries []Entry, kind, setting, broker string) *Entry {
 	for i := range entries {
-		if entries[i].Setting == setting && entries[i].Broker == broker {
+		if kindOf(entries[i]) == kind && entries[i].Setting == setting && entries[i].Broker == broker {
 			return &entries[i]
 		}
 	}
@@ -83,10 +100,11 @@ func Headline(r *bench.Result) float64 {
 	return r.ConsumeRate
 }
 
-// Ratio is Headline(berth)/Headline(peer) in setting; ok is false when
+// Ratio is Headline(berth)/Headline(peer) of the throughput runs in
+// setting; ok is false when
 // either run is missing, failed or measured nothing.
 func Ratio(entries []Entry, setting, peer string) (ratio float64, ok bool) {
-	b, p := find(entries, setting, Berth), find(entries, setting, peer)
+	b, p := find(entries, KindThroughput, setting, Berth), find(entries, KindThroughput, setting, peer)
 	if b == nil || p == nil || b.Result == nil || p.Result == nil || b.Err != "" || p.Err != "" {
 		return 0, false
 	}
@@ -100,43 +118,52 @@ func Ratio(entries []Entry, setting, peer string) (ratio float64, ok bool) {
 // WriteTable prints, per setting and peer, every figure of Berth and the
 // peer and their ratio; a failed run shows "-" and its error below.
 func WriteTable(w io.Writer, entries []Entry) error {
-	for _, setting := range ordered(entries, func(e Entry) string { return e.Setting }) {
-		b := find(entries, setting, Berth)
-		for _, peer := range ordered(entries, func(e Entry) string { return e.Broker }) {
-			if peer == Berth {
-				continue
-			}
-			p := find(entries, setting, peer)
-			if p == nil {
-				continue
-			}
-			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprintf(tw, "%s\tberth\t%s\tberth/%s\t\n", setting, peer, peer)
-			for _, f := range Figures {
-				bv, pv := "-", "-"
-				ratio := "-"
-				if failure(b) == "" {
-					bv = f.Format(f.Value(b.Result))
-				}
-				if failure(p) == "" {
-					pv = f.Format(f.Value(p.Result))
-				}
-				if failure(b) == "" && failure(p) == "" && f.Value(p.Result) > 0 {
-					ratio = fmt.Sprintf("%.2f", f.Value(b.Result)/f.Value(p.Result))
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", f.Name, bv, pv, ratio)
-			}
-			if err := tw.Flush(); err != nil {
+	for _, kind := range ordered(entries, kindOf) {
+		for _, setting := range ordered(entries, func(e Entry) string { return e.Setting }) {
+			if err := writeBlocks(w, entries, kind, setting); err != nil {
 				return err
 			}
-			if msg := failure(b); msg != "" {
-				fmt.Fprintf(w, "  berth failed: %s\n", msg)
-			}
-			if msg := failure(p); msg != "" {
-				fmt.Fprintf(w, "  %s failed: %s\n", peer, msg)
-			}
-			fmt.Fprintln(w)
 		}
+	}
+	return nil
+}
+
+func writeBlocks(w io.Writer, entries []Entry, kind, setting string) error {
+	b := find(entries, kind, setting, Berth)
+	for _, peer := range ordered(entries, func(e Entry) string { return e.Broker }) {
+		if peer == Berth {
+			continue
+		}
+		p := find(entries, kind, setting, peer)
+		if p == nil {
+			continue
+		}
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintf(tw, "%s %s\tberth\t%s\tberth/%s\t\n", kind, setting, peer, peer)
+		for _, f := range Figures {
+			bv, pv := "-", "-"
+			ratio := "-"
+			if failure(b) == "" {
+				bv = f.Format(f.Value(b.Result))
+			}
+			if failure(p) == "" {
+				pv = f.Format(f.Value(p.Result))
+			}
+			if failure(b) == "" && failure(p) == "" && f.Value(p.Result) > 0 {
+				ratio = fmt.Sprintf("%.2f", f.Value(b.Result)/f.Value(p.Result))
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", f.Name, bv, pv, ratio)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		if msg := failure(b); msg != "" {
+			fmt.Fprintf(w, "  berth failed: %s\n", msg)
+		}
+		if msg := failure(p); msg != "" {
+			fmt.Fprintf(w, "  %s failed: %s\n", peer, msg)
+		}
+		fmt.Fprintln(w)
 	}
 	return nil
 }

@@ -24,6 +24,9 @@ func entries() []Entry {
 		{Setting: SettingNoFsync, Broker: Berth, Result: result(5000, 5000, 1000, 2)},
 		{Setting: SettingNoFsync, Broker: "nats", Result: result(2000, 2500, 2000, 2)},
 		{Setting: SettingDurable, Broker: "amqp", Err: "bench-compare: rabbitmq-server exited\nlong log"},
+		// Open-loop runs: equal rates, and they must not move the ratio.
+		{Kind: KindLatency, Setting: SettingDurable, Broker: Berth, Result: result(500, 500, 700, 2)},
+		{Kind: KindLatency, Setting: SettingDurable, Broker: "nats", Result: result(500, 50, 1400, 2)},
 	}
 }
 
@@ -78,8 +81,16 @@ func TestTable(t *testing.T) {
 		t.Error("table shows more than the first line of an error")
 	}
 	// One row per figure in each block.
-	if n := strings.Count(out, "e2e max"); n != 3 {
-		t.Errorf("%d blocks, want 3 (durable nats, durable amqp, nofsync nats)", n)
+	if n := strings.Count(out, "e2e max"); n != 4 {
+		t.Errorf("%d blocks, want 4 (throughput: durable nats, durable amqp, nofsync nats; latency: durable nats)", n)
+	}
+	for _, want := range []string{"throughput durable", "throughput nofsync", "latency durable", "1.40ms"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q", want)
+		}
+	}
+	if strings.Index(out, "latency durable") < strings.Index(out, "throughput nofsync") {
+		t.Error("latency blocks come before all throughput blocks")
 	}
 }
 

@@ -18,6 +18,10 @@ func init() { register("nats", openNATS) }
 // so competing consumers must pull from the same one.
 const natsConsumerName = "berth-bench"
 
+// ErrNATSAckNone is returned for ack mode none: JetStream refuses pull
+// consumers without explicit acks on a work-queue stream.
+var ErrNATSAckNone = errors.New("driver: nats: a JetStream work-queue stream needs explicit acks; ack mode none is not supported")
+
 type natsDriver struct{ opts Options }
 
 func openNATS(opts Options) (Driver, error) { return &natsDriver{opts: opts}, nil }
@@ -47,9 +51,8 @@ func (d *natsDriver) Setup(ctx context.Context, queues []string, cc ConsumerConf
 	if err != nil {
 		return fmt.Errorf("driver: nats jetstream: %w", err)
 	}
-	ack := jetstream.AckExplicitPolicy
 	if cc.Ack == AckNone {
-		ack = jetstream.AckNonePolicy
+		return ErrNATSAckNone
 	}
 	for _, q := range queues {
 		if err := js.DeleteStream(ctx, q); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -67,7 +70,7 @@ func (d *natsDriver) Setup(ctx context.Context, queues []string, cc ConsumerConf
 		}
 		_, err = js.CreateOrUpdateConsumer(ctx, q, jetstream.ConsumerConfig{
 			Durable:       natsConsumerName,
-			AckPolicy:     ack,
+			AckPolicy:     jetstream.AckExplicitPolicy,
 			MaxAckPending: max(1, cc.Credit*max(1, cc.PerQueue)),
 			Replicas:      d.opts.Replicas,
 		})
@@ -171,12 +174,9 @@ func (d *natsDriver) NewConsumer(ctx context.Context, id int, queue string, cc C
 		nc.Close()
 		return nil, fmt.Errorf("driver: nats consumer %s: %w", queue, err)
 	}
-	explicit := cc.Ack != AckNone
 	consCtx, err := cons.Consume(func(m jetstream.Msg) {
 		handle(m.Data())
-		if explicit {
-			_ = m.Ack() // a lost ack redelivers; the bench counts by timestamp
-		}
+		_ = m.Ack() // a lost ack redelivers; the bench counts by timestamp
 	}, jetstream.PullMaxMessages(max(1, cc.Credit)))
 	if err != nil {
 		nc.Close()

@@ -50,6 +50,8 @@ func run(args []string) int {
 	rabbit := fs.String("rabbitmq-server", "auto", `rabbitmq-server binary; "auto" uses it when on PATH, "" skips RabbitMQ`)
 	out := fs.String("out", "", "directory for each run's JSON result and SVG plot (default: a temporary directory, removed)")
 	settingsFlag := fs.String("settings", "durable,nofsync", "durability settings to run")
+	latencyRate := fs.Float64("latency-rate", 500, "also run the workload open loop at this many msg/s, below every broker's capacity, for latencies at equal load; 0 skips it")
+	latencyDuration := fs.Duration("latency-duration", 5*time.Second, "measured duration of the open-loop latency run")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -112,46 +114,68 @@ func run(args []string) int {
 		fmt.Println("bench-compare: rabbitmq-server not installed; RabbitMQ skipped")
 	}
 
-	var entries []compare.Entry
-	for _, setting := range settings {
-		durable := setting == compare.SettingDurable
-		brokers := []struct {
-			name  string
-			start func(dir string) (*server, error)
-		}{
-			{compare.Berth, func(dir string) (*server, error) { return startBerth(ctx, *berthd, dir, durable, hasFsync) }},
-			{"nats", func(dir string) (*server, error) { return startNATS(ctx, *natsServer, dir, durable) }},
+	kinds := []struct {
+		kind string
+		w    bench.Workload
+	}{{compare.KindThroughput, w}}
+	if *latencyRate > 0 {
+		lw := w
+		lw.Rate, lw.Duration, lw.Count = *latencyRate, *latencyDuration, 0
+		if err := lw.Validate(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench-compare: latency run:", err)
+			return 2
 		}
-		// RabbitMQ quorum queues fsync their Raft log before confirming
-		// and cannot be told not to, so RabbitMQ runs in durable only.
-		if rabbitPath != "" && durable {
-			brokers = append(brokers, struct {
+		kinds = append(kinds, struct {
+			kind string
+			w    bench.Workload
+		}{compare.KindLatency, lw})
+		fmt.Printf("bench-compare: latency run: open loop at %.0f msg/s, duration %v\n", lw.Rate, lw.Duration)
+	}
+
+	var entries []compare.Entry
+	for _, k := range kinds {
+		w := k.w
+		for _, setting := range settings {
+			durable := setting == compare.SettingDurable
+			brokers := []struct {
 				name  string
 				start func(dir string) (*server, error)
-			}{"amqp", func(dir string) (*server, error) { return startRabbit(ctx, rabbitPath, dir) }})
-		}
-		for _, b := range brokers {
-			if ctx.Err() != nil {
-				break
+			}{
+				{compare.Berth, func(dir string) (*server, error) { return startBerth(ctx, *berthd, dir, durable, hasFsync) }},
+				{"nats", func(dir string) (*server, error) { return startNATS(ctx, *natsServer, dir, durable) }},
 			}
-			fmt.Printf("bench-compare: %s: %s\n", setting, b.name)
-			dir := filepath.Join(work, setting+"-"+b.name)
-			res, err := runOne(ctx, w, b.name, dir, b.start)
-			e := compare.Entry{Setting: setting, Broker: b.name, Result: res}
-			if err != nil {
-				e.Err = err.Error()
-				fmt.Fprintf(os.Stderr, "bench-compare: %s %s: %v\n", setting, b.name, err)
+			// RabbitMQ quorum queues fsync their Raft log before confirming
+			// and cannot be told not to, so RabbitMQ runs in durable only.
+			if rabbitPath != "" && durable {
+				brokers = append(brokers, struct {
+					name  string
+					start func(dir string) (*server, error)
+				}{"amqp", func(dir string) (*server, error) { return startRabbit(ctx, rabbitPath, dir) }})
 			}
-			if res != nil {
-				base := filepath.Join(outDir, setting+"-"+b.name)
-				if werr := res.WriteJSONFile(base + ".json"); werr != nil {
-					fmt.Fprintln(os.Stderr, "bench-compare:", werr)
+			for _, b := range brokers {
+				if ctx.Err() != nil {
+					break
 				}
-				if werr := bench.WritePlotFile(base+".svg", res); werr != nil {
-					fmt.Fprintln(os.Stderr, "bench-compare:", werr)
+				fmt.Printf("bench-compare: %s %s: %s\n", k.kind, setting, b.name)
+				name := k.kind + "-" + setting + "-" + b.name
+				dir := filepath.Join(work, name)
+				res, err := runOne(ctx, w, b.name, dir, b.start)
+				e := compare.Entry{Kind: k.kind, Setting: setting, Broker: b.name, Result: res}
+				if err != nil {
+					e.Err = err.Error()
+					fmt.Fprintf(os.Stderr, "bench-compare: %s %s: %v\n", setting, b.name, err)
 				}
+				if res != nil {
+					base := filepath.Join(outDir, name)
+					if werr := res.WriteJSONFile(base + ".json"); werr != nil {
+						fmt.Fprintln(os.Stderr, "bench-compare:", werr)
+					}
+					if werr := bench.WritePlotFile(base+".svg", res); werr != nil {
+						fmt.Fprintln(os.Stderr, "bench-compare:", werr)
+					}
+				}
+				entries = append(entries, e)
 			}
-			entries = append(entries, e)
 		}
 	}
 	if ctx.Err() != nil {
