@@ -3,6 +3,7 @@ package controlplane
 import (
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 	"time"
 )
@@ -40,6 +41,11 @@ func (w *coalescer) write(fill func([]byte) []byte) error {
 		return nil
 	}
 	w.writing = true
+	w.mu.Unlock()
+	// Let goroutines that are about to write run first, so that their
+	// frames join this write instead of each costing a syscall.
+	runtime.Gosched()
+	w.mu.Lock()
 	for {
 		buf := w.pending
 		if len(buf) == 0 {
