@@ -33,19 +33,26 @@ func benchServer(b *testing.B) *server.Server {
 // on a second connection. It reports end-to-end msgs/s and the latency
 // from PublishAsync to its completion.
 func BenchmarkPublishConsume(b *testing.B) {
-	for _, ack := range []struct {
-		name string
-		mode AckMode
-	}{{"none", AckNone}, {"explicit", AckExplicit}} {
-		b.Run("ack="+ack.name, func(b *testing.B) { benchPublishConsume(b, ack.mode) })
+	for _, v := range []struct {
+		name   string
+		mode   AckMode
+		window int
+	}{
+		{"ack=none/window=1024", AckNone, 1024},
+		{"ack=explicit/window=1024", AckExplicit, 1024},
+		// The window trades publish latency for throughput.
+		{"ack=none/window=64", AckNone, 64},
+		{"ack=none/window=8192", AckNone, 8192},
+	} {
+		b.Run(v.name, func(b *testing.B) { benchPublishConsume(b, v.mode, v.window) })
 	}
 }
 
-func benchPublishConsume(b *testing.B, mode AckMode) {
+func benchPublishConsume(b *testing.B, mode AckMode, window int) {
 	s := benchServer(b)
 	ctx, cancel := context.WithTimeout(context.Background(), benchRunTimeMax)
 	defer cancel()
-	pub, err := DialConfig(ctx, Config{Name: "bench-pub"}, s.ClientAddr())
+	pub, err := DialConfig(ctx, Config{Name: "bench-pub", Window: window}, s.ClientAddr())
 	if err != nil {
 		b.Fatal(err)
 	}

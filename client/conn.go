@@ -132,6 +132,8 @@ type Conn struct {
 	scratch []completion
 	dec     wire.Deliver
 	msgs    []wire.DeliverMessage
+	pos     []deliverScratch
+	strs    []byte
 }
 
 // Dial connects to the first address that accepts a session, trying them

@@ -370,8 +370,9 @@ func (c *Conn) deliver(body []byte) error {
 		nbytes += len(m.Props) + len(m.Payload)
 	}
 	c.msgs = msgs
-	pos := make([]deliverScratch, len(msgs))
-	var strs []byte
+	pos := append(c.pos[:0], make([]deliverScratch, len(msgs))...)
+	c.pos = pos
+	strs := c.strs[:0]
 	for i := range msgs {
 		if i > 0 && bytes.Equal(msgs[i].Exchange, msgs[i-1].Exchange) {
 			pos[i].ex0, pos[i].ex1 = pos[i-1].ex0, pos[i-1].ex1
@@ -389,6 +390,7 @@ func (c *Conn) deliver(body []byte) error {
 		}
 	}
 	str := string(strs)
+	c.strs = strs[:0]
 	block := make([]byte, nbytes)
 	slab := make([]Delivery, len(msgs))
 	off := 0
