@@ -792,3 +792,122 @@ func TestServerCloseEndsSession(t *testing.T) {
 		t.Fatalf("declare after server close: %v", err)
 	}
 }
+
+// TestCloseFinishesInFlight checks that Close lets queued publishes
+// complete before it ends the session, and that every callback fires once.
+func TestCloseFinishesInFlight(t *testing.T) {
+	s := startServer(t)
+	c := dialTest(t, s.ClientAddr())
+	ctx := testCtx(t)
+	mustDeclare(t, c, "cl", QueueOptions{})
+	const n = 5000
+	var ok, failed atomic.Int64
+	for i := 0; i < n; i++ {
+		if err := c.PublishAsync(ctx, "", "cl", []byte{1}, PublishOptions{}, func(err error) {
+			if err != nil {
+				failed.Add(1)
+			} else {
+				ok.Add(1)
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ok.Load() != n || failed.Load() != 0 {
+		t.Fatalf("after Close: %d ok, %d failed of %d", ok.Load(), failed.Load(), n)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if err := c.Err(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Err after Close: %v", err)
+	}
+	// The messages are really there.
+	c2 := dialTest(t, s.ClientAddr())
+	sub, err := c2.Subscribe(ctx, "cl", SubscribeOptions{Credit: 1000, AckMode: AckNone, AutoCredit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		next(t, sub)
+	}
+}
+
+// TestPersistentSurvivesRestart: a completed persistent publish to a
+// durable queue is on disk, so a restarted broker still has it; an
+// accepted one is gone for good.
+func TestPersistentSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	useDir := func(cfg *server.Config) { cfg.DataDir = dir }
+	s := startServer(t, useDir)
+	c := dialTest(t, s.ClientAddr())
+	ctx := testCtx(t)
+	mustDeclare(t, c, "keep", QueueOptions{Durable: true})
+	const n = 100
+	for i := 0; i < n; i++ {
+		if err := c.PublishAsync(ctx, "", "keep", []byte{byte(i)}, PublishOptions{Persistent: true}, func(err error) {
+			if err != nil {
+				t.Errorf("persistent publish: %v", err)
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := c.Subscribe(ctx, "keep", SubscribeOptions{Credit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tags []uint64
+	for i := 0; i < 10; i++ {
+		tags = append(tags, next(t, sub).Tag)
+	}
+	if err := sub.Accept(ctx, tags...); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	s.Close()
+
+	s2 := startServer(t, useDir)
+	c2 := dialTest(t, s2.ClientAddr())
+	sub2, err := c2.Subscribe(ctx, "keep", SubscribeOptions{Credit: n, AckMode: AckNone})
+	if err != nil {
+		t.Fatalf("durable queue after restart: %v", err)
+	}
+	for i := 10; i < n; i++ {
+		if d := next(t, sub2); d.Payload[0] != byte(i) {
+			t.Fatalf("after restart got %d, want %d", d.Payload[0], i)
+		}
+	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if d, err := sub2.Next(short); err == nil {
+		t.Fatalf("extra message %d after restart (an accepted one came back?)", d.Payload[0])
+	}
+}
+
+func TestMessageTTL(t *testing.T) {
+	s := startServer(t)
+	c := dialTest(t, s.ClientAddr())
+	ctx := testCtx(t)
+	mustDeclare(t, c, "ttl", QueueOptions{})
+	if err := c.Publish(ctx, "", "ttl", []byte("short"), PublishOptions{TTL: 30 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Publish(ctx, "", "ttl", []byte("long"), PublishOptions{TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	sub, err := c.Subscribe(ctx, "ttl", SubscribeOptions{Credit: 10, AckMode: AckNone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := next(t, sub); string(d.Payload) != "long" {
+		t.Fatalf("got %q; the expired message was delivered", d.Payload)
+	}
+}
