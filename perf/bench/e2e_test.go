@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
@@ -146,5 +147,25 @@ func TestRunRejects(t *testing.T) {
 	}
 	if _, err := driver.New("kafka", driver.Options{Addrs: []string{"x"}}); err == nil {
 		t.Fatal("unknown driver accepted")
+	}
+}
+
+// Cancelling the context stops a long run and still returns what was
+// measured.
+func TestRunCancel(t *testing.T) {
+	srv := startServer(t)
+	w := DefaultWorkload()
+	w.QueuePrefix = "cancel"
+	w.Duration, w.Warmup = time.Minute, 0
+	addrs := []string{srv.ClientAddr()}
+	d, _ := driver.New("berth", driver.Options{Addrs: addrs, Window: w.InFlight()})
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(300*time.Millisecond, cancel)
+	res, err := Run(ctx, w, Options{DriverName: "berth", Driver: d, Addrs: addrs})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	if res == nil || res.Published == 0 || res.Completed+res.Failed != res.Published {
+		t.Fatalf("result after cancel: %+v", res)
 	}
 }

@@ -296,11 +296,16 @@ func (s *runState) produce(ctx context.Context, id int, p driver.Producer, queue
 		if measured && w.Count > 0 && s.issued.Add(1) > w.Count {
 			break
 		}
+		acquired := false
 		select {
 		case sem <- struct{}{}:
+			acquired = true
 		case <-s.stop:
 		}
 		if s.stopped() {
+			if acquired {
+				<-sem // the final wait below must find every slot free
+			}
 			break
 		}
 		binary.LittleEndian.PutUint64(payload[payloadTimeOff:], uint64(sent.UnixNano()))
@@ -311,7 +316,9 @@ func (s *runState) produce(ctx context.Context, id int, p driver.Producer, queue
 		err := p.Publish(ctx, queues[(id+int(seq))%len(queues)], payload, func(err error) {
 			now := time.Now()
 			if err != nil {
-				s.failed.Add(1)
+				if measured {
+					s.failed.Add(1)
+				}
 			} else {
 				s.completedAll.Add(1)
 				rec.record(now.Sub(sent), measured)
