@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"sync/atomic"
 )
 
 // compactLoop reclaims disk space on a goroutine of its own, so neither the
@@ -283,7 +284,7 @@ func (j *Journal) mustCopyLocked(e entry) bool {
 
 // compactYieldHook, when set by a test, runs each time the compactor lets
 // go of the lock.
-var compactYieldHook func()
+var compactYieldHook atomic.Pointer[func()]
 
 // lockSliceItems bounds the index entries the compactor visits per hold
 // of j.mu, so a big segment never stalls the owner or the writer.
@@ -294,8 +295,8 @@ var lockSliceItems = 4096
 // and nothing the others do can bring them back to life.
 func (j *Journal) yieldLocked() {
 	j.mu.Unlock()
-	if compactYieldHook != nil {
-		compactYieldHook()
+	if hook := compactYieldHook.Load(); hook != nil {
+		(*hook)()
 	}
 	runtime.Gosched() // sync.Mutex is not fair; give a waiter the chance
 	j.mu.Lock()

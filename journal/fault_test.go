@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -46,6 +47,20 @@ func runWorkload(t *testing.T, j *Journal, n, keepEvery, round int) workload {
 			if err, _ := rec.err(r); err == nil {
 				w.dequeued[p] = true
 				j.Free(p)
+			}
+		}
+		// Read back the messages still live while compaction moves them.
+		if j.Stats().Err == nil {
+			var buf []byte
+			for p, i := range w.published {
+				if w.dequeued[p] || (p+Pos(base))%7 != 0 {
+					continue
+				}
+				var err error
+				buf, err = j.Read(p, buf[:0])
+				if err != nil || string(buf) != string(payload(i)) {
+					t.Fatalf("read %d: %q, %v", p, buf, err)
+				}
 			}
 		}
 	}
@@ -333,7 +348,7 @@ func TestCompactionInterleaving(t *testing.T) {
 func TestFreeWhileCompactorPicks(t *testing.T) {
 	savedItems := lockSliceItems
 	lockSliceItems = 1
-	defer func() { lockSliceItems = savedItems; compactYieldHook = nil }()
+	defer func() { lockSliceItems = savedItems; compactYieldHook.Store(nil) }()
 	dir := t.TempDir()
 	opts := Options{Dir: dir, SegmentBytes: 4 << 10}
 	j, _ := openT(t, opts)
@@ -347,13 +362,13 @@ func TestFreeWhileCompactorPicks(t *testing.T) {
 		fillers = append(fillers, j.Append(payload(i), rec.done))
 	}
 	rec.wait(153)
-	calls := 0
-	compactYieldHook = func() {
-		calls++
-		if calls == 2 { // the message was picked; its dequeue is next
+	var calls atomic.Int64
+	hook := func() {
+		if calls.Add(1) == 2 { // the message was picked; its dequeue is next
 			j.Free(msg)
 		}
 	}
+	compactYieldHook.Store(&hook)
 	for _, p := range fillers {
 		j.Free(p)
 	}
@@ -363,14 +378,14 @@ func TestFreeWhileCompactorPicks(t *testing.T) {
 		}
 		return nil
 	})
-	if calls < 2 {
-		t.Fatalf("compactor yielded %d times", calls)
+	if n := calls.Load(); n < 2 {
+		t.Fatalf("compactor yielded %d times", n)
 	}
 	checkInvariants(t, j)
 	if err := j.Close(); err != nil {
 		t.Fatal(err)
 	}
-	compactYieldHook = nil
+	compactYieldHook.Store(nil)
 	j, got := openT(t, opts)
 	defer j.Close()
 	var sawMsg, sawDeq bool
