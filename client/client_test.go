@@ -718,15 +718,20 @@ func TestWindowBound(t *testing.T) {
 }
 
 func TestHeartbeatTimeout(t *testing.T) {
-	s := startServer(t, func(cfg *server.Config) { cfg.HeartbeatMs = 50 })
+	// Generous against scheduler stalls on a loaded machine: the server
+	// gives up after 3 silent intervals.
+	const hb = 150 * time.Millisecond
+	// The server's heartbeat timer ticks at its configured interval, so
+	// the session interval asked for must not be shorter than it.
+	s := startServer(t, func(cfg *server.Config) { cfg.HeartbeatMs = uint32(hb / time.Millisecond) })
 	p := startProxy(t, s.ClientAddr())
-	c := dialTest(t, p.addr())
-	if c.Heartbeat() != 50*time.Millisecond {
+	c := dialTest(t, p.addr(), Config{Heartbeat: hb})
+	if c.Heartbeat() != hb {
 		t.Fatalf("heartbeat %v", c.Heartbeat())
 	}
 	// An idle but healthy session survives many intervals: both sides
-	// heartbeat.
-	time.Sleep(400 * time.Millisecond)
+	// heartbeat on their own.
+	time.Sleep(5 * hb)
 	if err := c.Err(); err != nil {
 		t.Fatalf("idle session died: %v", err)
 	}
