@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"syscall"
 
@@ -45,6 +46,8 @@ func run(args []string) int {
 	loops := fs.Int("loops", envInt("BERTH_LOOPS", 0), "event loop count, 0 = one per core (env BERTH_LOOPS)")
 	heartbeat := fs.Int("heartbeat-ms", envInt("BERTH_HEARTBEAT_MS", int(d.HeartbeatMs)), "default heartbeat interval in ms (env BERTH_HEARTBEAT_MS)")
 	fsync := fs.String("fsync", envOr("BERTH_FSYNC", d.Fsync), "journal fsync policy: always, or never (unsafe) (env BERTH_FSYNC)")
+	mutexFraction := fs.Int("mutex-profile-fraction", envInt("BERTH_MUTEX_PROFILE_FRACTION", 0), "sample 1/n mutex contention events for /debug/pprof/mutex, 0 = off (env BERTH_MUTEX_PROFILE_FRACTION)")
+	blockRate := fs.Int("block-profile-rate", envInt("BERTH_BLOCK_PROFILE_RATE", 0), "sample blocking events of this many ns for /debug/pprof/block, 0 = off (env BERTH_BLOCK_PROFILE_RATE)")
 	logLevel := fs.String("log-level", envOr("BERTH_LOG_LEVEL", "info"), "debug, info, warn or error (env BERTH_LOG_LEVEL)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -54,6 +57,8 @@ func run(args []string) int {
 		fmt.Fprintln(os.Stderr, "berthd: bad -log-level:", err)
 		return 2
 	}
+	runtime.SetMutexProfileFraction(*mutexFraction)
+	runtime.SetBlockProfileRate(*blockRate)
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	cfg := d
 	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir = *listen, *admin, *dataDir
