@@ -332,7 +332,14 @@ func (j *Journal) Free(pos Pos) {
 		}
 		r = re.next
 	}
-	kick := seg.sealed && !seg.compacting && (seg.live == 0 || (before >= j.compactLive && seg.live < j.compactLive))
+	// Wake the compactor when this free may have made work for it: the
+	// segment emptied, turned sparse, or gathered enough dead bytes to be
+	// worth a rewrite. Kicking on every free would have it rescan for
+	// nothing.
+	deadBefore, deadAfter := seg.size-before, seg.size-seg.live
+	kick := seg.sealed && !seg.compacting && (seg.live == 0 ||
+		(before >= j.compactLive && seg.live < j.compactLive) ||
+		(seg.live < j.compactLive && deadBefore < j.compactLive && deadAfter >= j.compactLive))
 	j.mu.Unlock()
 	if kick {
 		j.kickCompactor()
