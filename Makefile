@@ -7,7 +7,7 @@ PKGS      := ./...
 # Packages with concurrency run under the race detector in `make test`.
 RACE_PKGS := ./ring/... ./shards/... ./server/... ./client/... ./journal/... ./controlplane/... ./perf/...
 
-.PHONY: all build run test test-race test-plain bench fuzz vet crash clean
+.PHONY: all build run test test-race test-plain bench fuzz vet crash soak clean
 
 all: build
 
@@ -35,6 +35,11 @@ bench:
 CRASH_ROUNDS ?= 20
 crash:
 	BERTH_CRASH_ROUNDS=$(CRASH_ROUNDS) $(GO) test -count=1 -v -timeout 60m ./server/crashtest
+
+# Long forms: 1M-record journal compaction, 20 journal kill rounds, and
+# the broker kill -9 test.
+soak: crash
+	BERTH_JOURNAL_LONG=1 $(GO) test -count=1 -timeout 30m ./journal
 
 FUZZTIME ?= 30s
 fuzz:
