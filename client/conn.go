@@ -617,7 +617,14 @@ func (c *Conn) readLoop(leftover []byte) {
 		for {
 			h, body, n, err := wire.Next(buf[r:w], c.frameMax)
 			if err != nil {
-				c.protocolError(wire.CodeMalformed, err.Error())
+				code := wire.CodeMalformed
+				switch {
+				case errors.Is(err, wire.ErrFrameTooBig):
+					code = wire.CodeFrameTooLarge
+				case errors.Is(err, wire.ErrMajorVersion):
+					code = wire.CodeVersion
+				}
+				c.protocolError(code, err.Error())
 				return
 			}
 			if n == 0 {
