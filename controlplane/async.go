@@ -29,9 +29,23 @@ type applyItem struct {
 	snap *pb.Snapshot
 }
 
+// localItem is a raft response or a configuration change for the raft
+// goroutine.
+type localItem struct {
+	m  *pb.Message
+	cc *pb.ConfChangeV2
+}
+
 func (n *Node) local(m *pb.Message) {
 	n.localMu.Lock()
-	n.localQ = append(n.localQ, m)
+	n.localQ = append(n.localQ, localItem{m: m})
+	n.localMu.Unlock()
+	signal(n.localSignal)
+}
+
+func (n *Node) localConf(cc *pb.ConfChangeV2) {
+	n.localMu.Lock()
+	n.localQ = append(n.localQ, localItem{cc: cc})
 	n.localMu.Unlock()
 	signal(n.localSignal)
 }
@@ -41,7 +55,12 @@ func (n *Node) stepLocal() {
 	q := n.localQ
 	n.localQ = nil
 	n.localMu.Unlock()
-	for _, m := range q {
+	for _, it := range q {
+		if it.cc != nil {
+			n.applyConfChange(it.cc)
+			continue
+		}
+		m := it.m
 		if err := n.rn.Step(m); err != nil {
 			n.cfg.Logger.Error("controlplane: step local message", "type", m.GetType().String(), "err", err)
 		}

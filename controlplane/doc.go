@@ -24,9 +24,12 @@
 //     waiting proposals into a few entries per Ready; each waiter is woken
 //     with its own Result when its event applies.
 //   - Consistent reads take a ReadIndex (raft.ReadOnlySafe, a heartbeat
-//     round) or, with Config.LeaseRead, the leader's lease
-//     (raft.ReadOnlyLeaseBased). All readers waiting at once share one
-//     ReadIndex request. Follower reads get the ReadIndex from the leader
+//     round) or, with Config.LeaseRead, are served from the leader's lease.
+//     The lease is this package's own: it starts when a ReadIndex round is
+//     sent and lasts 3/4 of the minimum election timeout, because raft's
+//     ReadOnlyLeaseBased let a partitioned leader serve stale reads (a
+//     porcupine run caught it). All readers waiting at once share one
+//     ReadIndex request; a lease is renewed in the background. Follower reads get the ReadIndex from the leader
 //     and wait to apply up to it, unless the follower is more than
 //     Config.FollowerLagMax entries behind: then it redirects to the
 //     leader.

@@ -2,10 +2,10 @@ package controlplane
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"math/rand"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -92,9 +92,22 @@ func TestLinearizable(t *testing.T) {
 		t.Run(fmt.Sprintf("lease=%v/async=%v", tc.lease, tc.async), func(t *testing.T) {
 			seed := time.Now().UnixNano()
 			t.Logf("seed %d", seed)
-			runLinearizable(t, seed, tc.lease, tc.async, 3*time.Second)
+			runLinearizable(t, seed, tc.lease, tc.async, soakDuration(t))
 		})
 	}
+}
+
+// soakDuration is 3s, or CONTROLPLANE_SOAK (a Go duration) for long runs.
+func soakDuration(t *testing.T) time.Duration {
+	v := os.Getenv("CONTROLPLANE_SOAK")
+	if v == "" {
+		return 3 * time.Second
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		t.Fatalf("bad CONTROLPLANE_SOAK %q: %v", v, err)
+	}
+	return d
 }
 
 func runLinearizable(t *testing.T, seed int64, lease, async bool, duration time.Duration) {
@@ -207,5 +220,3 @@ func runLinearizable(t *testing.T, seed int64, lease, async bool, duration time.
 	}
 	c.converged()
 }
-
-var _ = errors.New

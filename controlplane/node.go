@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"sort"
@@ -66,8 +67,14 @@ type Config struct {
 	TickInterval   time.Duration // default 20ms
 	ElectionTicks  int           // default 10
 	HeartbeatTicks int           // default 2
-	// LeaseRead serves consistent reads by raft's lease (ReadOnlyLeaseBased)
-	// instead of a heartbeat round per ReadIndex.
+	// LeaseRead lets the leader serve consistent reads from a lease
+	// instead of a heartbeat round per ReadIndex. The lease is this
+	// package's, not raft's ReadOnlyLeaseBased: raft's lets a partitioned
+	// leader, which steps down only at its second quorum check, answer
+	// reads after a new leader was elected (the linearizability test
+	// caught it). Ours starts when a ReadIndex heartbeat round is sent
+	// and lasts 3/4 of the minimum election timeout: every follower that
+	// acked that round refuses votes for a full election timeout after it.
 	LeaseRead bool
 	// DisableBatching puts each proposal in its own entry and its own
 	// Ready. It exists to measure what batching buys.
@@ -94,6 +101,10 @@ type Config struct {
 	// an apply goroutine applies, so the raft goroutine keeps stepping
 	// messages and packing proposals while the disk works.
 	AsyncStorageWrites bool
+	// Join starts a member being added to an existing group: it starts
+	// with no configuration and waits for the leader's snapshot. Peers
+	// must still hold this node's own address.
+	Join bool
 	// Faults, if set, cuts raft links (tests only).
 	Faults *Faults
 	Logger *slog.Logger
@@ -106,7 +117,9 @@ func (c *Config) defaults() error {
 	switch len(c.Peers) {
 	case 1, 3, 5:
 	default:
-		return fmt.Errorf("controlplane: a controller group has 1, 3 or 5 members, not %d", len(c.Peers))
+		if !c.Join {
+			return fmt.Errorf("controlplane: a controller group has 1, 3 or 5 members, not %d", len(c.Peers))
+		}
 	}
 	if c.Dir == "" {
 		return fmt.Errorf("controlplane: no data directory")
@@ -175,8 +188,15 @@ type Node struct {
 	rn        *raft.RawNode
 	storage   *diskStorage
 	transport *transport
-	confState *pb.ConfState
 	listener  net.Listener
+
+	confMu    sync.Mutex
+	confState *pb.ConfState // guarded by confMu
+	forceSnap bool          // raft goroutine only: snapshot after a membership change
+	confQ     chan confRequest
+
+	peersMu sync.RWMutex
+	peers   map[uint64]string // guarded by peersMu: id to address
 
 	// mu guards state and applied; appliedCh is closed and replaced each
 	// time applied moves, waking readers waiting for an index.
@@ -203,7 +223,12 @@ type Node struct {
 	readQ       []*readRequest
 	readSignal  chan struct{}
 	nextReadID  uint64
-	readBatches map[uint64][]*readRequest
+	readBatches map[uint64]*readBatch
+
+	// The read lease; raft goroutine only.
+	leaseUntil    time.Time
+	leaseTerm     uint64
+	leaseRenewing bool
 
 	msgIn chan *pb.Message
 
@@ -211,7 +236,7 @@ type Node struct {
 	appendQ     chan *pb.Message
 	applyQ      chan applyItem
 	localMu     sync.Mutex
-	localQ      []*pb.Message
+	localQ      []localItem
 	localSignal chan struct{}
 
 	hb *heartbeats
@@ -255,6 +280,9 @@ func Start(cfg Config) (*Node, error) {
 		voters = append(voters, id)
 	}
 	slices.Sort(voters)
+	if cfg.Join {
+		voters = nil
+	}
 	st, err := openStorage(cfg.Dir, voters, cfg.Logger)
 	if err != nil {
 		return nil, err
@@ -279,8 +307,10 @@ func Start(cfg Config) (*Node, error) {
 		propSignal:  make(chan struct{}, 1),
 		readSignal:  make(chan struct{}, 1),
 		pending:     map[uint64]*proposal{},
-		readBatches: map[uint64][]*readRequest{},
+		readBatches: map[uint64]*readBatch{},
 		msgIn:       make(chan *pb.Message, recvQueueMax),
+		confQ:       make(chan confRequest, confQueueMax),
+		peers:       maps.Clone(cfg.Peers),
 		appendQ:     make(chan *pb.Message, storageQueueMax),
 		applyQ:      make(chan applyItem, storageQueueMax),
 		localSignal: make(chan struct{}, 1),
@@ -292,9 +322,6 @@ func Start(cfg Config) (*Node, error) {
 	}
 	n.hb = newHeartbeats(cfg.BrokerTimeout)
 	ro := raft.ReadOnlySafe
-	if cfg.LeaseRead {
-		ro = raft.ReadOnlyLeaseBased
-	}
 	rn, err := raft.NewRawNode(&raft.Config{
 		ID:                 cfg.ID,
 		ElectionTick:       cfg.ElectionTicks,
@@ -328,6 +355,7 @@ func Start(cfg Config) (*Node, error) {
 	}
 	n.listener = ln
 	n.transport = newTransport(cfg.ID, cfg.Peers, cfg.Faults, cfg.Logger)
+	n.adoptAddressBook(state.Controllers())
 	if cfg.AsyncStorageWrites {
 		n.wg.Add(2)
 		go n.appendLoop()
@@ -377,7 +405,9 @@ func (n *Node) Applied() uint64 {
 
 func (n *Node) leaderAddr() string {
 	if l := n.lead.Load(); l != 0 {
-		return n.cfg.Peers[l]
+		n.peersMu.RLock()
+		defer n.peersMu.RUnlock()
+		return n.peers[l]
 	}
 	return ""
 }
@@ -433,6 +463,8 @@ func (n *Node) run() {
 		case <-n.readSignal:
 		case <-n.localSignal:
 			n.stepLocal()
+		case r := <-n.confQ:
+			r.done <- n.rn.ProposeConfChange(r.cc)
 		}
 		n.drainProposals()
 		n.drainReads()
@@ -614,12 +646,41 @@ func (n *Node) waitApplied(ctx context.Context, index uint64) error {
 }
 
 // drainReads turns every waiting reader into one ReadIndex request.
+// readBatch is the readers sharing one ReadIndex request.
+type readBatch struct {
+	reqs []*readRequest
+	sent time.Time // before the heartbeat round: a lease may start here
+	term uint64
+}
+
+func (n *Node) leaseDuration() time.Duration {
+	return time.Duration(n.cfg.ElectionTicks) * n.cfg.TickInterval * 3 / 4
+}
+
 func (n *Node) drainReads() {
 	n.readMu.Lock()
 	q := n.readQ
 	n.readQ = nil
 	n.readMu.Unlock()
-	if len(q) == 0 {
+	renew := false
+	var st raft.BasicStatus
+	now := time.Now()
+	if n.cfg.LeaseRead && n.isLdr.Load() {
+		st = n.rn.BasicStatus()
+		if st.RaftState == raft.StateLeader && st.HardState.GetTerm() == n.leaseTerm && now.Before(n.leaseUntil) {
+			// While the lease holds no other leader can exist, so the
+			// commit index covers every write completed before now.
+			idx := st.HardState.GetCommit()
+			for _, r := range q {
+				r.done <- readIndexResult{index: idx}
+			}
+			q = nil
+			renew = !n.leaseRenewing && n.leaseUntil.Sub(now) < n.leaseDuration()/2
+		} else {
+			renew = !n.leaseRenewing
+		}
+	}
+	if len(q) == 0 && !renew {
 		return
 	}
 	if len(n.readBatches) >= readBatchesMax {
@@ -628,12 +689,15 @@ func (n *Node) drainReads() {
 		}
 		return
 	}
+	if renew {
+		n.leaseRenewing = true
+	}
 	n.nextReadID++
 	id := n.nextReadID
 	var ctx [16]byte
 	binary.BigEndian.PutUint64(ctx[:], n.self)
 	binary.BigEndian.PutUint64(ctx[8:], id)
-	n.readBatches[id] = q
+	n.readBatches[id] = &readBatch{reqs: q, sent: now, term: st.HardState.GetTerm()}
 	n.rn.ReadIndex(ctx[:])
 }
 
@@ -730,10 +794,22 @@ func (n *Node) deliverReadStates(states []raft.ReadState) {
 			continue
 		}
 		id := binary.BigEndian.Uint64(rs.RequestCtx[8:])
-		for _, r := range n.readBatches[id] {
-			r.done <- readIndexResult{index: rs.Index}
+		b := n.readBatches[id]
+		if b == nil {
+			continue
 		}
 		delete(n.readBatches, id)
+		for _, r := range b.reqs {
+			r.done <- readIndexResult{index: rs.Index}
+		}
+		if n.cfg.LeaseRead && b.term != 0 && n.isLdr.Load() {
+			if st := n.rn.BasicStatus(); st.HardState.GetTerm() == b.term && st.RaftState == raft.StateLeader {
+				if until := b.sent.Add(n.leaseDuration()); until.After(n.leaseUntil) || n.leaseTerm != b.term {
+					n.leaseUntil, n.leaseTerm = until, b.term
+				}
+				n.leaseRenewing = false
+			}
+		}
 	}
 }
 
@@ -747,12 +823,13 @@ func (n *Node) abortPending(err error) {
 }
 
 func (n *Node) abortReads(err error) {
-	for id, rs := range n.readBatches {
-		for _, r := range rs {
+	for id, b := range n.readBatches {
+		for _, r := range b.reqs {
 			r.done <- readIndexResult{err: err}
 		}
 		delete(n.readBatches, id)
 	}
+	n.leaseUntil, n.leaseTerm, n.leaseRenewing = time.Time{}, 0, false
 }
 
 func (n *Node) abortAll(err error) {
@@ -789,7 +866,10 @@ func (n *Node) restoreSnapshot(snap *pb.Snapshot) error {
 	n.mu.Unlock()
 	n.snapIndex = snap.GetMetadata().GetIndex()
 	n.bytesSinceSnap = 0
+	n.confMu.Lock()
 	n.confState = snap.GetMetadata().GetConfState()
+	n.confMu.Unlock()
+	n.adoptAddressBook(state.Controllers())
 	return nil
 }
 
@@ -803,6 +883,7 @@ func (n *Node) apply(ents []*pb.Entry) {
 		return
 	}
 	var out []delivery
+	var ccs []*pb.ConfChangeV2
 	n.mu.Lock()
 	for _, e := range ents {
 		if e.GetIndex() <= n.applied {
@@ -814,9 +895,17 @@ func (n *Node) apply(ents []*pb.Entry) {
 				out = n.applyBatchLocked(e.GetData(), out)
 			}
 		default:
-			// Membership is fixed at start; a configuration change entry
-			// cannot come from this code.
-			n.cfg.Logger.Error("controlplane: unexpected conf change entry", "index", e.GetIndex())
+			cc, err := decodeConfEntry(e)
+			if err != nil {
+				n.cfg.Logger.Error("controlplane: bad configuration change entry", "index", e.GetIndex(), "err", err)
+				break
+			}
+			if len(cc.GetContext()) > 0 {
+				if book, err := decodeAddressBook(cc.GetContext()); err == nil {
+					n.state.applyMembership(book)
+				}
+			}
+			ccs = append(ccs, cc)
 		}
 		n.applied = e.GetIndex()
 		n.bytesSinceSnap += len(e.GetData())
@@ -826,6 +915,15 @@ func (n *Node) apply(ents []*pb.Entry) {
 	n.mu.Unlock()
 	for _, d := range out {
 		d.p.done <- proposeResult{res: d.res}
+	}
+	for _, cc := range ccs {
+		if n.cfg.AsyncStorageWrites {
+			// Only the raft goroutine may touch raft; ChangeMembership
+			// refuses to run in this mode, so this is a mixed-mode cluster.
+			n.localConf(cc)
+		} else {
+			n.applyConfChange(cc)
+		}
 	}
 }
 
@@ -876,7 +974,7 @@ func (n *Node) maybeSnapshot() error {
 	}
 	n.mu.RLock()
 	applied := n.applied
-	if applied < n.snapIndex+uint64(n.cfg.SnapshotEntries) && n.bytesSinceSnap < n.cfg.SnapshotBytes {
+	if !n.forceSnap && applied < n.snapIndex+uint64(n.cfg.SnapshotEntries) && n.bytesSinceSnap < n.cfg.SnapshotBytes {
 		n.mu.RUnlock()
 		return nil
 	}
@@ -887,7 +985,14 @@ func (n *Node) maybeSnapshot() error {
 	if applied > uint64(n.cfg.SnapshotTrailing) && applied-uint64(n.cfg.SnapshotTrailing) > compactTo {
 		compactTo = applied - uint64(n.cfg.SnapshotTrailing)
 	}
-	if err := n.storage.compact(applied, compactTo, n.confState, data); err != nil {
+	if n.forceSnap {
+		compactTo = applied
+		n.forceSnap = false
+	}
+	n.confMu.Lock()
+	cs := n.confState
+	n.confMu.Unlock()
+	if err := n.storage.compact(applied, compactTo, cs, data); err != nil {
 		return err
 	}
 	n.snapIndex = applied

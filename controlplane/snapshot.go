@@ -9,7 +9,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 )
 
-const snapshotFormat = 1
+const snapshotFormat = 2
 
 // snapshotBytesMax bounds a decompressed snapshot.
 const snapshotBytesMax = 1 << 30
@@ -41,6 +41,11 @@ func (s *State) Encode() []byte {
 	for _, k := range slices.Sorted(maps.Keys(s.attrs)) {
 		e.str(k)
 		e.str(s.attrs[k])
+	}
+	e.u32(uint32(len(s.controllers)))
+	for _, id := range slices.Sorted(maps.Keys(s.controllers)) {
+		e.u64(id)
+		e.str(s.controllers[id])
 	}
 	return e.b
 }
@@ -131,6 +136,11 @@ func DecodeState(b []byte) (*State, error) {
 	for i := 0; i < n; i++ {
 		k := d.str()
 		s.attrs[k] = d.str()
+	}
+	n = d.count(10)
+	for i := 0; i < n; i++ {
+		id := d.u64()
+		s.controllers[id] = d.str()
 	}
 	if err := d.finish(); err != nil {
 		return nil, fmt.Errorf("controlplane: decode snapshot: %w", err)

@@ -27,6 +27,9 @@ type State struct {
 	byQueue    map[string]map[Binding]struct{}
 	config     ClusterConfig
 	attrs      map[string]string
+	// controllers holds the address of each controller added by a
+	// membership change, so a restarted member knows its peers.
+	controllers map[uint64]string
 }
 
 // Broker is a registered broker.
@@ -103,6 +106,7 @@ func NewState() *State {
 		byExchange:   map[string]map[Binding]struct{}{},
 		byQueue:      map[string]map[Binding]struct{}{},
 		attrs:        map[string]string{},
+		controllers:  map[uint64]string{},
 	}
 }
 
@@ -542,3 +546,13 @@ func (s *State) Wiring() Wiring {
 	})
 	return w
 }
+
+// applyMembership records the address book of the membership a change
+// leads to. It is applied, like any event, in log order on every member.
+func (s *State) applyMembership(book map[uint64]string) {
+	s.controllers = maps.Clone(book)
+}
+
+// Controllers returns the controller addresses recorded by membership
+// changes; empty if membership never changed.
+func (s *State) Controllers() map[uint64]string { return maps.Clone(s.controllers) }

@@ -98,7 +98,8 @@ type transport struct {
 	faults  *Faults
 	logger  *slog.Logger
 	reports chan report // read by the raft goroutine
-	peers   map[uint64]*peer
+	mu      sync.RWMutex
+	peers   map[uint64]*peer // guarded by mu; membership changes edit it
 	stop    chan struct{}
 	wg      sync.WaitGroup
 }
@@ -107,21 +108,45 @@ type peer struct {
 	id   uint64
 	addr string
 	q    chan *pb.Message
+	gone chan struct{} // closed when the peer leaves the membership
 }
 
 func newTransport(self uint64, addrs map[uint64]string, faults *Faults, logger *slog.Logger) *transport {
 	t := &transport{self: self, faults: faults, logger: logger, peers: map[uint64]*peer{},
 		reports: make(chan report, sendQueueMax), stop: make(chan struct{})}
 	for id, a := range addrs {
-		if id == self {
-			continue
-		}
-		p := &peer{id: id, addr: a, q: make(chan *pb.Message, sendQueueMax)}
-		t.peers[id] = p
-		t.wg.Add(1)
-		go t.run(p)
+		t.addPeer(id, a)
 	}
 	return t
+}
+
+// addPeer starts sending to id at addr; an existing peer at another
+// address is replaced.
+func (t *transport) addPeer(id uint64, addr string) {
+	if id == t.self {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if old := t.peers[id]; old != nil {
+		if old.addr == addr {
+			return
+		}
+		close(old.gone)
+	}
+	p := &peer{id: id, addr: addr, q: make(chan *pb.Message, sendQueueMax), gone: make(chan struct{})}
+	t.peers[id] = p
+	t.wg.Add(1)
+	go t.run(p)
+}
+
+func (t *transport) removePeer(id uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p := t.peers[id]; p != nil {
+		close(p.gone)
+		delete(t.peers, id)
+	}
 }
 
 func (t *transport) report(r report) {
@@ -133,7 +158,9 @@ func (t *transport) report(r report) {
 
 // send queues m for its peer. It never blocks: the raft goroutine calls it.
 func (t *transport) send(m *pb.Message) {
+	t.mu.RLock()
 	p := t.peers[m.GetTo()]
+	t.mu.RUnlock()
 	if p == nil {
 		return
 	}
@@ -166,6 +193,8 @@ func (t *transport) run(p *peer) {
 		var m *pb.Message
 		select {
 		case <-t.stop:
+			return
+		case <-p.gone:
 			return
 		case m = <-p.q:
 		}
