@@ -25,6 +25,7 @@ type connState struct {
 	// Copies for the heartbeat goroutine, set once at HELLO.
 	hbNs     atomic.Int64
 	helloVer atomic.Uint32
+	lastBeat int64 // heartbeat goroutine only
 
 	consumers map[uint32]int // consumer id -> shard
 	usedIDs   map[uint32]bool
@@ -72,7 +73,8 @@ func (cs *connState) heartbeat(now int64) {
 		_ = cs.c.AsyncWrite(frame, func(c gnet.Conn, _ error) error { return c.Close() })
 		return
 	}
-	if v := cs.helloVer.Load(); v != 0 {
+	if v := cs.helloVer.Load(); v != 0 && now-cs.lastBeat >= hb/2 {
+		cs.lastBeat = now
 		_ = cs.c.AsyncWrite(wire.AppendHeartbeat(nil, wire.Version(v)), nil)
 	}
 }

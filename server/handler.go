@@ -30,6 +30,7 @@ func (h *handler) OnBoot(eng gnet.Engine) gnet.Action {
 func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	cs := &connState{s: h.s, c: c, consumers: map[uint32]int{}, usedIDs: map[uint32]bool{}}
 	cs.lastRecv.Store(time.Now().UnixNano())
+	cs.lastBeat = cs.lastRecv.Load()
 	c.SetContext(cs)
 	h.s.conns.Lock()
 	h.s.conns.set[cs] = struct{}{}
@@ -211,8 +212,16 @@ func (h *handler) hello(cs *connState, body []byte) gnet.Action {
 	return gnet.None
 }
 
+// push hands a command to a shard. A command the shard will complete
+// counts against the session's window.
 func (h *handler) push(cs *connState, shard int, cmd shards.Command) bool {
-	return h.s.broker.Shards()[shard].TryPush(cmd)
+	if !h.s.broker.Shards()[shard].TryPush(cmd) {
+		return false
+	}
+	if cmd.CmdID != 0 && (cmd.Op != shards.OpSettle || cmd.Last) {
+		cs.sess.Inflight.Add(1)
+	}
+	return true
 }
 
 func (h *handler) publish(cs *connState, body []byte) (bool, gnet.Action) {
@@ -223,12 +232,19 @@ func (h *handler) publish(cs *connState, body []byte) (bool, gnet.Action) {
 	routing := h.s.broker.Routing()
 	shardList := h.s.broker.Shards()
 	now := time.Now().UnixNano()
+	window := int64(h.s.cfg.WindowMax) - cs.sess.Inflight.Load()
+	pushed := int64(0)
+	defer func() { cs.sess.Inflight.Add(pushed) }()
 	var m wire.PublishMessage
 	for i := 0; p.Next(&m); i++ {
 		if i < cs.resume {
 			continue
 		}
 		id := p.FirstID + uint64(i)
+		if pushed >= window {
+			cs.fail(id, wire.CodeResourceLimit, "more uncompleted commands than the negotiated window")
+			continue
+		}
 		targets, err := routing.Route(p.Exchange, m.RoutingKey, cs.targets[:0])
 		cs.targets = targets[:0]
 		if err != nil {
@@ -253,6 +269,7 @@ func (h *handler) publish(cs *connState, body []byte) (bool, gnet.Action) {
 				b.Ref()
 			}
 		}
+		pushed++
 		for j, q := range targets {
 			cmd.Queue = q
 			if shardList[q.Shard()].TryPush(cmd) {
@@ -260,6 +277,7 @@ func (h *handler) publish(cs *connState, body []byte) (bool, gnet.Action) {
 			}
 			if j == 0 && cmd.Fanout == nil {
 				// Nothing went out: stop here and retry this message later.
+				pushed--
 				b.Unref()
 				cs.resume = i
 				return false, gnet.None

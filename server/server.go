@@ -224,8 +224,27 @@ func (s *Server) Close() error {
 		if s.admin != nil {
 			_ = s.admin.Close()
 		}
-		// Finish what is in flight, then stop the loops.
+		// Finish what is in flight, then tell every client and stop the
+		// loops.
 		s.broker.Stop()
+		s.conns.Lock()
+		for cs := range s.conns.set {
+			v := wire.Version(cs.helloVer.Load())
+			if v == 0 {
+				v = wire.Current
+			}
+			_ = cs.c.AsyncWrite(wire.AppendClose(nil, v, wire.CodeShutdown, "server shutting down"),
+				func(c gnet.Conn, _ error) error { return c.Close() })
+		}
+		s.conns.Unlock()
+		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			s.conns.Lock()
+			n := len(s.conns.set)
+			s.conns.Unlock()
+			if n == 0 {
+				break
+			}
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		err = s.eng.Stop(ctx)
@@ -238,10 +257,10 @@ func (s *Server) Close() error {
 
 func (s *Server) heartbeats() {
 	defer s.hbWG.Done()
-	interval := time.Duration(s.cfg.HeartbeatMs) * time.Millisecond / 2
-	if interval < 10*time.Millisecond {
-		interval = 10 * time.Millisecond
-	}
+	// Sessions negotiate their own intervals, so the scan runs often and
+	// each connection decides whether it is due.
+	interval := min(time.Duration(s.cfg.HeartbeatMs)*time.Millisecond/2, heartbeatScanMax)
+	interval = max(interval, 5*time.Millisecond)
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var list []*connState
@@ -263,6 +282,9 @@ func (s *Server) heartbeats() {
 		}
 	}
 }
+
+// heartbeatScanMax is the longest gap between two heartbeat scans.
+const heartbeatScanMax = 25 * time.Millisecond
 
 func numCPU() int {
 	var set unix.CPUSet

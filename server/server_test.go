@@ -535,6 +535,10 @@ func readFrames(t *testing.T, nc net.Conn) (types []wire.Type, errs []wire.Error
 		if err != nil || n == 0 {
 			t.Fatalf("bad frame from server: %v (n=%d)", err, n)
 		}
+		if h.Type == wire.TypeHeartbeat {
+			data = data[n:]
+			continue // may come at any time
+		}
 		types = append(types, h.Type)
 		if h.Type == wire.TypeError {
 			var e wire.Error
@@ -836,5 +840,51 @@ func TestLargeDeliveryBatchesFromTwoShards(t *testing.T) {
 				t.Fatalf("payload %q on %s", d.Payload, con.Queue())
 			}
 		}
+	}
+}
+
+func TestWindowIsEnforced(t *testing.T) {
+	s := startServer(t, func(c *server.Config) { c.WindowMax = 10 })
+	setup := dial(t, s)
+	if err := setup.DeclareQueue(ctxT(t), "w", client.QueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	nc := rawConn(t, s)
+	out := wire.AppendHello(nil, []wire.Version{wire.Current}, "x", "none", nil, 0, 0)
+	b, st := wire.AppendPublishStart(nil, wire.Current, 1, "", 30)
+	for i := 0; i < 30; i++ {
+		b = wire.AppendPublishMessage(b, 0, 0, "w", nil, []byte("m"))
+	}
+	wire.EndFrame(b, st, 0)
+	out = append(out, b...)
+	if _, err := nc.Write(out); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if _, err := nc.Write(wire.AppendClose(nil, wire.Current, wire.CodeOK, "bye")); err != nil {
+		t.Fatal(err)
+	}
+	_, errs := readFrames(t, nc)
+	if len(errs) != 20 {
+		t.Fatalf("%d errors for 30 publishes over a window of 10, want 20", len(errs))
+	}
+	for _, e := range errs {
+		if e.Code != wire.CodeResourceLimit || e.CommandID <= 10 {
+			t.Fatalf("unexpected error %+v", e)
+		}
+	}
+}
+
+func TestShutdownSendsClose(t *testing.T) {
+	s := startServer(t)
+	nc := rawConn(t, s)
+	if _, err := nc.Write(wire.AppendHello(nil, []wire.Version{wire.Current}, "x", "none", nil, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	go s.Close()
+	types, _ := readFrames(t, nc)
+	if len(types) == 0 || types[len(types)-1] != wire.TypeClose {
+		t.Fatalf("frames %v, want CLOSE last", types)
 	}
 }

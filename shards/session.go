@@ -26,7 +26,9 @@ type Session struct {
 	closed   atomic.Bool
 
 	// Inflight counts commands sent to shards and not yet completed; the
-	// server bounds it by the negotiated window.
+	// server bounds it by the negotiated window. The loop adds once per
+	// frame and each shard subtracts once per flush, so the shared counter
+	// costs two atomics per batch, not per message.
 	Inflight atomic.Int64
 }
 
@@ -81,6 +83,7 @@ type sessOut struct {
 	errs      []byte
 	consumers []*Consumer
 	queued    bool
+	done      int64 // commands completed or failed this cycle
 }
 
 func (o *sessOut) complete(id uint64) {

@@ -230,6 +230,7 @@ func (s *Shard) completeCmd(sess *Session, id uint64, fan *Fanout, err error) {
 		return
 	}
 	o := s.out(sess)
+	o.done++
 	if err != nil {
 		o.fail(id, CodeOf(err), err.Error())
 	} else {
@@ -621,6 +622,10 @@ func (s *Shard) flush() {
 		if o.sess.Closed() {
 			s.dropOut(o)
 			continue
+		}
+		if o.done != 0 {
+			o.sess.Inflight.Add(-o.done)
+			o.done = 0
 		}
 		ob := getOutBatch()
 		v := o.sess.Version
