@@ -98,6 +98,9 @@ func (c *Config) fill() {
 	if c.ServerName == "" {
 		c.ServerName = d.ServerName
 	}
+	if len(c.ServerName) > wire.NameLenMax {
+		c.ServerName = c.ServerName[:wire.NameLenMax] // WELCOME carries at most this much
+	}
 	if c.Shards <= 0 {
 		c.Shards = numCPU()
 	}
