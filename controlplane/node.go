@@ -229,6 +229,7 @@ type Node struct {
 	leaseUntil    time.Time
 	leaseTerm     uint64
 	leaseRenewing bool
+	leaseUsed     time.Time
 
 	msgIn chan *pb.Message
 
@@ -674,11 +675,16 @@ func (n *Node) drainReads() {
 			for _, r := range q {
 				r.done <- readIndexResult{index: idx}
 			}
+			if len(q) > 0 {
+				n.leaseUsed = now
+			}
 			q = nil
-			renew = !n.leaseRenewing && n.leaseUntil.Sub(now) < n.leaseDuration()/2
-		} else {
-			renew = !n.leaseRenewing
+			// Renew ahead of expiry only while the lease is in use, so an
+			// idle leader sends no extra heartbeat rounds.
+			renew = !n.leaseRenewing && n.leaseUntil.Sub(now) < n.leaseDuration()/2 &&
+				now.Sub(n.leaseUsed) < n.leaseDuration()
 		}
+		// Otherwise the readers' own ReadIndex round, below, renews it.
 	}
 	if len(q) == 0 && !renew {
 		return
