@@ -38,6 +38,29 @@ func (j *Journal) compactLoop() {
 	}
 }
 
+// compactSkipNewest is how many of the newest sealed segments a rewrite
+// leaves alone.
+var compactSkipNewest = 2 // a variable so tests can rewrite the newest segments too
+
+// newestSealedLocked returns the id of the n-th newest sealed segment, or
+// 0 when there are fewer. j.mu must be held.
+func (j *Journal) newestSealedLocked(n int) uint32 {
+	if n <= 0 {
+		return ^uint32(0)
+	}
+	var ids []uint32
+	for _, s := range j.mu.segs {
+		if s.sealed {
+			ids = append(ids, s.id)
+		}
+	}
+	if len(ids) < n {
+		return 0
+	}
+	slices.Sort(ids)
+	return ids[len(ids)-n]
+}
+
 func (j *Journal) fail(err error) {
 	j.mu.Lock()
 	if j.mu.err == nil {
@@ -67,6 +90,20 @@ func (j *Journal) compactOnce() (bool, error) {
 		} else if s.live < j.compactLive {
 			sparse = append(sparse, s)
 		}
+	}
+	// The newest sealed segments are left alone: in a queue that is being
+	// consumed their records die within moments, and rewriting them would
+	// only copy records (mostly dequeue refs waiting for older segments to
+	// go) again and again.
+	slices.SortFunc(sparse, func(a, b *segment) int { return cmp.Compare(a.id, b.id) })
+	if newest := j.newestSealedLocked(compactSkipNewest); len(sparse) > 0 {
+		keep := sparse[:0]
+		for _, s := range sparse {
+			if s.id < newest {
+				keep = append(keep, s)
+			}
+		}
+		sparse = keep
 	}
 	if len(dead) > 0 {
 		// No record in a dead segment is needed by another segment: a ref

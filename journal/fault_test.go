@@ -346,9 +346,9 @@ func TestCompactionInterleaving(t *testing.T) {
 // segment: the dequeue must be copied along, or the message would come
 // back after a restart without it.
 func TestFreeWhileCompactorPicks(t *testing.T) {
-	savedItems := lockSliceItems
-	lockSliceItems = 1
-	defer func() { lockSliceItems = savedItems; compactYieldHook.Store(nil) }()
+	savedItems, savedSkip := lockSliceItems, compactSkipNewest
+	lockSliceItems, compactSkipNewest = 1, 0
+	defer func() { lockSliceItems, compactSkipNewest = savedItems, savedSkip; compactYieldHook.Store(nil) }()
 	dir := t.TempDir()
 	opts := Options{Dir: dir, SegmentBytes: 4 << 10}
 	j, _ := openT(t, opts)
