@@ -25,6 +25,13 @@ const (
 	readQueueMax = 1 << 16
 	// readBatchesMax bounds ReadIndex requests in flight.
 	readBatchesMax = 1024
+	// readRoundsMax bounds the ReadIndex rounds a node keeps in flight;
+	// readers arriving meanwhile join the next round, so under load each
+	// heartbeat round answers many readers.
+	readRoundsMax = 2
+	// readBatchTimeout drops a ReadIndex request whose answer was lost
+	// (raft drops them silently, for example without a leader).
+	readBatchTimeout = 3 * time.Second
 	// entryBytesMax bounds one log entry; a batch of proposals is split
 	// into entries of at most this size.
 	entryBytesMax = 256 << 10
@@ -438,6 +445,7 @@ func (n *Node) run() {
 			return
 		case <-ticker.C:
 			n.rn.Tick()
+			n.expireReads(time.Now())
 		case m := <-n.msgIn:
 			n.step(m)
 			for i := 0; i < recvQueueMax; i++ {
@@ -689,6 +697,14 @@ func (n *Node) drainReads() {
 	if len(q) == 0 && !renew {
 		return
 	}
+	if len(n.readBatches) >= readRoundsMax {
+		// Put the readers back; the next round takes them when an answer
+		// arrives (deliverReadStates signals).
+		n.readMu.Lock()
+		n.readQ = append(q, n.readQ...)
+		n.readMu.Unlock()
+		return
+	}
 	if len(n.readBatches) >= readBatchesMax {
 		for _, r := range q {
 			r.done <- readIndexResult{err: ErrBusy}
@@ -794,7 +810,25 @@ func (n *Node) handleReady() error {
 	return n.maybeSnapshot()
 }
 
+// expireReads fails ReadIndex requests that got no answer in time.
+func (n *Node) expireReads(now time.Time) {
+	for id, b := range n.readBatches {
+		if now.Sub(b.sent) > readBatchTimeout {
+			for _, r := range b.reqs {
+				r.done <- readIndexResult{err: ErrReadAborted}
+			}
+			delete(n.readBatches, id)
+			if b.term != 0 {
+				n.leaseRenewing = false
+			}
+		}
+	}
+}
+
 func (n *Node) deliverReadStates(states []raft.ReadState) {
+	if len(states) > 0 {
+		signal(n.readSignal) // readers held back by readRoundsMax may go now
+	}
 	for _, rs := range states {
 		if len(rs.RequestCtx) != 16 || binary.BigEndian.Uint64(rs.RequestCtx) != n.self {
 			continue
