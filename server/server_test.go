@@ -795,7 +795,7 @@ func TestConcurrentProducersConsumers(t *testing.T) {
 var _ = errors.New
 
 func testLogger(t testing.TB) *slog.Logger {
-	level := slog.LevelWarn
+	level := slog.LevelError
 	if os.Getenv("BERTH_TEST_DEBUG") != "" {
 		level = slog.LevelDebug
 	}
