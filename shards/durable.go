@@ -1,6 +1,7 @@
 package shards
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -26,6 +27,15 @@ const (
 // far below this; an overflow list catches the rest rather than block the
 // journal's writer.
 const jdoneRingSize = 1 << 18
+
+// journalSegmentBytesDefault is the shard journals' segment size. Freed
+// records stay in the journal's index until their segment goes, so small
+// segments keep the index small and cache-friendly: measured on the
+// 2-core machine, durable publish+consume ran 200k msgs/s with 64 MiB
+// segments, 245k with 16, 380k with 4, 485k with 2 and 527k with 1. Each
+// segment holds an open file, so a deep queue of 10 GiB costs about 5,000
+// descriptors per shard at this size.
+const journalSegmentBytesDefault = 2 << 20
 
 // journalPendingBytesMax is the journal's backpressure bound per shard.
 const journalPendingBytesMax = 8 << 20
@@ -171,7 +181,7 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 	j, err := journal.Open(journal.Options{
 		Dir:             filepath.Join(cfg.Dir, fmt.Sprintf("shard-%03d", s.idx)),
 		FS:              cfg.FS,
-		SegmentBytes:    cfg.SegmentBytes,
+		SegmentBytes:    cmp.Or(cfg.SegmentBytes, journalSegmentBytesDefault),
 		Fsync:           cfg.Fsync,
 		PendingBytesMax: journalPendingBytesMax,
 		Logger:          log,

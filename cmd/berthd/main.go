@@ -46,6 +46,7 @@ func run(args []string) int {
 	loops := fs.Int("loops", envInt("BERTH_LOOPS", 0), "event loop count, 0 = one per core (env BERTH_LOOPS)")
 	heartbeat := fs.Int("heartbeat-ms", envInt("BERTH_HEARTBEAT_MS", int(d.HeartbeatMs)), "default heartbeat interval in ms (env BERTH_HEARTBEAT_MS)")
 	fsync := fs.String("fsync", envOr("BERTH_FSYNC", d.Fsync), "journal fsync policy: always, or never (unsafe) (env BERTH_FSYNC)")
+	segmentBytes := fs.Int64("journal-segment-bytes", int64(envInt("BERTH_JOURNAL_SEGMENT_BYTES", 0)), "journal segment size in bytes, 0 = default 2 MiB (env BERTH_JOURNAL_SEGMENT_BYTES)")
 	mutexFraction := fs.Int("mutex-profile-fraction", envInt("BERTH_MUTEX_PROFILE_FRACTION", 0), "sample 1/n mutex contention events for /debug/pprof/mutex, 0 = off (env BERTH_MUTEX_PROFILE_FRACTION)")
 	blockRate := fs.Int("block-profile-rate", envInt("BERTH_BLOCK_PROFILE_RATE", 0), "sample blocking events of this many ns for /debug/pprof/block, 0 = off (env BERTH_BLOCK_PROFILE_RATE)")
 	logLevel := fs.String("log-level", envOr("BERTH_LOG_LEVEL", "info"), "debug, info, warn or error (env BERTH_LOG_LEVEL)")
@@ -65,6 +66,7 @@ func run(args []string) int {
 	cfg.Shards, cfg.Loops, cfg.HeartbeatMs = *shardCount, *loops, uint32(*heartbeat)
 	cfg.Logger = log
 	cfg.Fsync = *fsync
+	cfg.JournalSegmentBytes = *segmentBytes
 	srv, err := server.Start(cfg)
 	if err != nil {
 		log.Error("berthd: start failed", "err", err)
