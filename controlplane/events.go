@@ -116,6 +116,8 @@ type QueueOptions struct {
 	Overflow           uint8
 	DeadLetterExchange string
 	MaxDeliveries      uint32
+	MaxLengthBytes     uint64
+	DeadLetterKey      string
 }
 
 // DeclareQueue creates a queue, or checks an existing one matches.
@@ -267,6 +269,8 @@ func encodeQueueOptions(e *encoder, o *QueueOptions) {
 	e.u8(o.Overflow)
 	e.str(o.DeadLetterExchange)
 	e.u32(o.MaxDeliveries)
+	e.u64(o.MaxLengthBytes)
+	e.str(o.DeadLetterKey)
 }
 func decodeQueueOptions(d *decoder, o *QueueOptions) {
 	o.Durable, o.Exclusive, o.AutoDelete = d.boolean(), d.boolean(), d.boolean()
@@ -274,6 +278,8 @@ func decodeQueueOptions(d *decoder, o *QueueOptions) {
 	o.Overflow = d.u8()
 	o.DeadLetterExchange = d.str()
 	o.MaxDeliveries = d.u32()
+	o.MaxLengthBytes = d.u64()
+	o.DeadLetterKey = d.str()
 }
 
 func (ev *DeclareQueue) encode(e *encoder) { e.str(ev.Name); encodeQueueOptions(e, &ev.Options) }
