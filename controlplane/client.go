@@ -555,3 +555,19 @@ func (c *Client) GetClusterInfo(ctx context.Context, mode ReadMode) (ClusterInfo
 	info := ClusterInfo{Config: ClusterConfig(sc), Version: d.u16()}
 	return info, d.finish()
 }
+
+// WaitChange long-polls the leader until its applied index passes after,
+// or about two seconds pass, and returns the applied index. A broker calls
+// it in a loop and re-reads wiring and groups when the index moves, so
+// changes made through any controller reach it without a fixed poll rate.
+func (c *Client) WaitChange(ctx context.Context, after uint64) (uint64, error) {
+	e := encoder{}
+	e.u64(after)
+	out, err := c.call(ctx, opWait, e.b, false)
+	if err != nil {
+		return 0, err
+	}
+	d := decoder{b: out}
+	v := d.u64()
+	return v, d.finish()
+}

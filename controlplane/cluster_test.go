@@ -166,6 +166,25 @@ func TestSingleNode(t *testing.T) {
 	// The TCP service sees the same state.
 	tc := NewClient([]string{n.Addr()})
 	defer tc.Close()
+	// A long poll returns once a change applies past the index it knew.
+	idx, err := tc.WaitChange(ctx, 0)
+	if err != nil || idx == 0 {
+		t.Fatalf("wait change: %d %v", idx, err)
+	}
+	changed := make(chan uint64, 1)
+	go func() {
+		v, _ := tc.WaitChange(ctx, idx)
+		changed <- v
+	}()
+	if err := lc.DeclareQueue(ctx, "q2", QueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if v := <-changed; v <= idx {
+		t.Fatalf("long poll returned %d, not past %d", v, idx)
+	}
+	if err := lc.DeleteQueue(ctx, "q2"); err != nil {
+		t.Fatal(err)
+	}
 	w, err := tc.GetWiring(ctx, ReadConsistent)
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,8 @@
 // A cluster member: controlplane.Start(controlplane.Config{ID, Peers, Dir, ...}).
 // Remote callers (brokers, berthctl) use controlplane.NewClient(addrs), which
 // finds the leader, follows redirects and retries what is safe to retry.
+// Client.WaitChange long-polls for the applied index to move, so a broker
+// re-reads wiring and groups only when something changed.
 //
 // # Three request paths (seed 002)
 //

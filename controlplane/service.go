@@ -22,6 +22,7 @@ const (
 	opHeartbeat uint8 = 3 // body: broker, log ends
 	opElect     uint8 = 4 // body: preferred broker, group ids; reply: a Result
 	opStatus    uint8 = 5 // reply: a Status
+	opWait      uint8 = 6 // body: an applied index; reply: the applied index once past it
 )
 
 // Read queries.
@@ -54,6 +55,8 @@ const (
 	connInflightMax = 1024
 	// requestTimeout bounds the time the server spends on one request.
 	requestTimeout = 5 * time.Second
+	// waitPollMax bounds one WaitChange long poll on the server.
+	waitPollMax = 2 * time.Second
 	// groupsPerReplyMax bounds the groups in one GetGroups reply.
 	groupsPerReplyMax = 16384
 )
@@ -211,6 +214,19 @@ func (n *Node) handle(ctx context.Context, op uint8, body []byte) (status uint8,
 		if err == nil {
 			encodeResult(&e, res)
 		}
+	case opWait:
+		d := decoder{b: body}
+		after := d.u64()
+		if err = d.finish(); err != nil {
+			err = ErrBadRequest
+			break
+		}
+		// Waiting until the request deadline is the normal outcome of a
+		// long poll, not an error: the caller polls again.
+		wctx, cancel := context.WithTimeout(ctx, waitPollMax)
+		n.waitApplied(wctx, after+1)
+		cancel()
+		e.u64(n.Applied())
 	case opStatus:
 		s := n.Status()
 		for _, v := range []uint64{s.ID, s.Leader, s.Term, s.Applied, s.SnapshotIndex, s.FirstIndex, s.LastIndex} {
