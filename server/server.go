@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -17,6 +18,7 @@ import (
 	"github.com/panjf2000/gnet/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/berthmq/berth/controlplane"
 	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
@@ -47,6 +49,11 @@ type Config struct {
 	JournalFS journal.FS
 	// JournalSegmentBytes overrides the journal segment size.
 	JournalSegmentBytes int64
+	// ControllerAddr is where the in-process one-member controller
+	// listens (single-node mode; berthd's default is 127.0.0.1:7402).
+	// Durable wiring goes through it. "" runs without a controller, with
+	// the durable wiring in a local file. It needs DataDir.
+	ControllerAddr string
 }
 
 // DefaultConfig returns the embedded defaults: clients on 127.0.0.1:7400,
@@ -133,6 +140,7 @@ type Server struct {
 	}
 	nextSession atomic.Uint64
 	metrics     *metrics
+	ctl         *controlplane.Node // in-process controller, or nil
 }
 
 // Start starts a broker and returns once it accepts clients.
@@ -160,9 +168,18 @@ func Start(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("server: fsync policy %q: want always or never", cfg.Fsync)
 		}
 		bcfg.Journal = &shards.JournalConfig{Dir: cfg.DataDir, Fsync: policy, FS: cfg.JournalFS, SegmentBytes: cfg.JournalSegmentBytes}
+		if cfg.ControllerAddr != "" {
+			n, err := controlplane.StartSingle(filepath.Join(cfg.DataDir, "controller"), cfg.ControllerAddr, cfg.Logger)
+			if err != nil {
+				return nil, fmt.Errorf("server: controller: %w", err)
+			}
+			s.ctl = n
+			bcfg.WiringLog = &controllerWiring{n: n, timeout: 10 * time.Second}
+		}
 	}
 	s.broker = shards.New(bcfg)
 	if err := s.broker.Start(); err != nil {
+		s.stopController()
 		return nil, fmt.Errorf("server: %w", err)
 	}
 	s.metrics = newMetrics(s)
@@ -187,6 +204,7 @@ func Start(cfg Config) (*Server, error) {
 	case <-s.booted:
 	case err := <-s.runErr:
 		s.broker.Stop()
+		s.stopController()
 		close(s.mgmt)
 		s.mgmtWG.Wait()
 		return nil, fmt.Errorf("server: listen on %s: %w", cfg.ClientAddr, err)
@@ -254,8 +272,23 @@ func (s *Server) Close() error {
 		<-s.runErr
 		close(s.mgmt)
 		s.mgmtWG.Wait()
+		s.stopController()
 	})
 	return err
+}
+
+func (s *Server) stopController() {
+	if s.ctl != nil {
+		s.ctl.Stop()
+	}
+}
+
+// ControllerAddr is the in-process controller's address, or "".
+func (s *Server) ControllerAddr() string {
+	if s.ctl == nil {
+		return ""
+	}
+	return s.ctl.Addr()
 }
 
 func (s *Server) heartbeats() {

@@ -62,6 +62,32 @@ type Config struct {
 	// Journal, if set, keeps durable wiring and persistent messages on
 	// durable queues on disk. Nil keeps everything in memory.
 	Journal *JournalConfig
+	// WiringLog, if set, is the authority for durable wiring (the
+	// controller): every durable change is recorded there before it takes
+	// effect, and Start restores the wiring from it rather than from the
+	// local wiring file.
+	WiringLog WiringLog
+}
+
+// WiringLog records durable wiring changes. Its methods may block (a
+// consensus round); the broker calls them off the hot paths, holding its
+// wiring lock so that changes reach the log in the order they take effect.
+type WiringLog interface {
+	DeclareExchange(name string, kind uint8, opts ExchangeOptions) error
+	DeclareQueue(name string, opts QueueOptions) error
+	Bind(exchange, queue, key string) error
+	Unbind(exchange, queue, key string) error
+	DeleteQueue(name string) error
+	DeleteExchange(name string) error
+	// Load returns the durable wiring to restore at start.
+	Load() (*WiringSnapshot, error)
+}
+
+// WiringSnapshot is the durable wiring: exchanges, queues and bindings.
+type WiringSnapshot struct {
+	Exchanges []WiringExchange
+	Queues    []WiringQueue
+	Bindings  []Binding
 }
 
 // Broker is the single-node core: the shards, and the wiring that routes
@@ -76,12 +102,16 @@ type Broker struct {
 		sync.Mutex // serialises wiring changes; never taken on a hot path
 	}
 
-	ctx     context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	restore *wiringState
-	loadErr error
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	restore   *wiringState
+	loadErr   error
+	restoring bool // Start is replaying the wiring: do not log it again
 }
+
+// logged reports whether durable changes go to the wiring log now.
+func (b *Broker) logged() bool { return b.cfg.WiringLog != nil && !b.restoring }
 
 // New builds a broker; Start runs its shards.
 func New(cfg Config) *Broker {
@@ -147,9 +177,21 @@ func (b *Broker) Start() error {
 
 func (b *Broker) restoreWiring() error {
 	st := b.restore
+	if b.cfg.WiringLog != nil {
+		snap, err := b.cfg.WiringLog.Load()
+		if err != nil {
+			return fmt.Errorf("shards: load wiring: %w", err)
+		}
+		st = &wiringState{Exchanges: snap.Exchanges, Queues: snap.Queues, Bindings: snap.Bindings}
+		if err := b.saveWiringLocked(b.routing.Load()); err != nil { // records the shard count
+			return err
+		}
+	}
 	if st == nil {
 		return b.saveWiringLocked(b.routing.Load()) // records the shard count
 	}
+	b.restoring = true
+	defer func() { b.restoring = false }()
 	for _, x := range st.Exchanges {
 		if err := b.DeclareExchange(x.Name, x.Kind, x.Options, false); err != nil {
 			return fmt.Errorf("shards: restore exchange %q: %w", x.Name, err)
@@ -169,10 +211,17 @@ func (b *Broker) restoreWiring() error {
 	return nil
 }
 
+func wiringLogError(err error) error {
+	if e, ok := err.(*Error); ok {
+		return e
+	}
+	return Errorf(wire.CodeInternal, "controller: %v", err)
+}
+
 // commitLocked publishes a new routing snapshot, saving it first when the
 // change touched durable wiring. b.mu must be held.
 func (b *Broker) commitLocked(n *Routing, durable bool) error {
-	if durable {
+	if durable && b.cfg.WiringLog == nil {
 		if err := b.saveWiringLocked(n); err != nil {
 			return err
 		}
@@ -287,6 +336,11 @@ func (b *Broker) DeclareQueue(name string, opts QueueOptions, passive bool, owne
 	if opts.DeadLetterExchange != "" && r.exchanges[opts.DeadLetterExchange] == nil {
 		return nil, Errorf(wire.CodeNotFound, "no dead-letter exchange %q", opts.DeadLetterExchange)
 	}
+	if opts.Durable && !opts.Exclusive && b.logged() {
+		if err := b.cfg.WiringLog.DeclareQueue(name, opts); err != nil {
+			return nil, wiringLogError(err)
+		}
+	}
 	idx := b.ShardFor(name)
 	s := b.shards[idx]
 	q := NewQueue(name, opts, idx, &s.pool)
@@ -326,6 +380,11 @@ func (b *Broker) DeclareExchange(name string, kind uint8, opts ExchangeOptions, 
 	if passive {
 		return Errorf(wire.CodeNotFound, "no exchange %q", name)
 	}
+	if opts.Durable && b.logged() {
+		if err := b.cfg.WiringLog.DeclareExchange(name, kind, opts); err != nil {
+			return wiringLogError(err)
+		}
+	}
 	n := r.clone()
 	n.exchanges[name] = &exchange{name: name, kind: kind, options: opts, direct: map[string][]*Queue{}}
 	return b.commitLocked(n, opts.Durable)
@@ -348,10 +407,16 @@ func (b *Broker) Bind(exchangeName, queue, key string) error {
 			return nil
 		}
 	}
+	durable := r.queues[queue].Options.Durable && !r.queues[queue].Options.Exclusive && r.exchanges[exchangeName].options.Durable
+	if durable && b.logged() {
+		if err := b.cfg.WiringLog.Bind(exchangeName, queue, key); err != nil {
+			return wiringLogError(err)
+		}
+	}
 	n := r.clone()
 	n.bindings = append(n.bindings, nb)
 	n.rebuildExchanges()
-	return b.commitLocked(n, r.queues[queue].Options.Durable && r.exchanges[exchangeName].options.Durable)
+	return b.commitLocked(n, durable)
 }
 
 // Unbind removes a binding.
@@ -372,6 +437,11 @@ func (b *Broker) Unbind(exchangeName, queue, key string) error {
 	}
 	if !found {
 		return Errorf(wire.CodeNotFound, "no binding %s -> %s (%q)", exchangeName, queue, key)
+	}
+	if q, ex := r.queues[queue], r.exchanges[exchangeName]; q != nil && ex != nil && q.Options.Durable && ex.options.Durable && b.logged() {
+		if err := b.cfg.WiringLog.Unbind(exchangeName, queue, key); err != nil {
+			return wiringLogError(err)
+		}
 	}
 	n.bindings = kept
 	n.rebuildExchanges()
@@ -414,6 +484,13 @@ func (b *Broker) removeQueueLocked(q *Queue) {
 	r := b.routing.Load()
 	if r.queues[q.Name] != q {
 		return
+	}
+	if q.Options.Durable && !q.Options.Exclusive && b.logged() {
+		// The queue is gone from this broker already; a log that refuses
+		// leaves it to come back empty on restart.
+		if err := b.cfg.WiringLog.DeleteQueue(q.Name); err != nil {
+			b.log.Error("shards: record queue deletion", "queue", q.Name, "err", err)
+		}
 	}
 	n := r.clone()
 	delete(n.queues, q.Name)
@@ -483,6 +560,11 @@ func (b *Broker) DeleteExchange(name string, ifUnused bool) error {
 	}
 	if ifUnused && ex.count > 0 {
 		return Errorf(wire.CodePreconditionFailed, "exchange %q has bindings", name)
+	}
+	if ex.options.Durable && b.logged() {
+		if err := b.cfg.WiringLog.DeleteExchange(name); err != nil {
+			return wiringLogError(err)
+		}
 	}
 	n := r.clone()
 	delete(n.exchanges, name)

@@ -20,18 +20,18 @@ const wiringFile = "wiring.json"
 type wiringState struct {
 	Version   int              `json:"version"`
 	Shards    int              `json:"shards"`
-	Exchanges []wiringExchange `json:"exchanges"`
-	Queues    []wiringQueue    `json:"queues"`
+	Exchanges []WiringExchange `json:"exchanges"`
+	Queues    []WiringQueue    `json:"queues"`
 	Bindings  []Binding        `json:"bindings"`
 }
 
-type wiringExchange struct {
+type WiringExchange struct {
 	Name    string          `json:"name"`
 	Kind    uint8           `json:"kind"`
 	Options ExchangeOptions `json:"options"`
 }
 
-type wiringQueue struct {
+type WiringQueue struct {
 	Name    string       `json:"name"`
 	Options QueueOptions `json:"options"`
 }
@@ -51,24 +51,28 @@ func loadWiring(dir string) (*wiringState, error) {
 	return &st, nil
 }
 
-// saveWiringLocked writes the durable part of r. b.mu must be held.
+// saveWiringLocked writes the durable part of r. b.mu must be held. With
+// a wiring log, the log holds the wiring and the file only the shard count.
 func (b *Broker) saveWiringLocked(r *Routing) error {
 	if b.cfg.Journal == nil {
 		return nil
 	}
 	st := wiringState{Version: 1, Shards: len(b.shards)}
+	if b.cfg.WiringLog != nil {
+		r = emptyRouting()
+	}
 	durableQ := map[string]bool{}
 	durableX := map[string]bool{}
 	for name, ex := range r.exchanges {
 		if ex.options.Durable {
 			durableX[name] = true
-			st.Exchanges = append(st.Exchanges, wiringExchange{Name: name, Kind: ex.kind, Options: ex.options})
+			st.Exchanges = append(st.Exchanges, WiringExchange{Name: name, Kind: ex.kind, Options: ex.options})
 		}
 	}
 	for name, q := range r.queues {
 		if q.Options.Durable && !q.Options.Exclusive {
 			durableQ[name] = true
-			st.Queues = append(st.Queues, wiringQueue{Name: name, Options: q.Options})
+			st.Queues = append(st.Queues, WiringQueue{Name: name, Options: q.Options})
 		}
 	}
 	for _, bd := range r.bindings {

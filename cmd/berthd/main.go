@@ -45,6 +45,7 @@ func run(args []string) int {
 	shardCount := fs.Int("shards", envInt("BERTH_SHARDS", 0), "shard count, 0 = one per core (env BERTH_SHARDS)")
 	loops := fs.Int("loops", envInt("BERTH_LOOPS", 0), "event loop count, 0 = one per core (env BERTH_LOOPS)")
 	heartbeat := fs.Int("heartbeat-ms", envInt("BERTH_HEARTBEAT_MS", int(d.HeartbeatMs)), "default heartbeat interval in ms (env BERTH_HEARTBEAT_MS)")
+	controller := fs.String("controller", envOr("BERTH_CONTROLLER", "127.0.0.1:7402"), "in-process controller address; durable wiring goes through it; empty to keep wiring in a local file (env BERTH_CONTROLLER)")
 	fsync := fs.String("fsync", envOr("BERTH_FSYNC", d.Fsync), "journal fsync policy: always, or never (unsafe) (env BERTH_FSYNC)")
 	segmentBytes := fs.Int64("journal-segment-bytes", int64(envInt("BERTH_JOURNAL_SEGMENT_BYTES", 0)), "journal segment size in bytes, 0 = default 2 MiB (env BERTH_JOURNAL_SEGMENT_BYTES)")
 	mutexFraction := fs.Int("mutex-profile-fraction", envInt("BERTH_MUTEX_PROFILE_FRACTION", 0), "sample 1/n mutex contention events for /debug/pprof/mutex, 0 = off (env BERTH_MUTEX_PROFILE_FRACTION)")
@@ -66,6 +67,7 @@ func run(args []string) int {
 	cfg.Shards, cfg.Loops, cfg.HeartbeatMs = *shardCount, *loops, uint32(*heartbeat)
 	cfg.Logger = log
 	cfg.Fsync = *fsync
+	cfg.ControllerAddr = *controller
 	cfg.JournalSegmentBytes = *segmentBytes
 	srv, err := server.Start(cfg)
 	if err != nil {

@@ -62,7 +62,7 @@ type broker struct {
 
 func startBroker(t *testing.T, dataDir, addr string) *broker {
 	t.Helper()
-	cmd := exec.Command(berthd, "-listen", addr, "-admin", "", "-data", dataDir, "-shards", "2", "-loops", "2", "-fsync", "always", "-log-level", "warn")
+	cmd := exec.Command(berthd, "-listen", addr, "-admin", "", "-data", dataDir, "-shards", "2", "-loops", "2", "-fsync", "always", "-controller", "127.0.0.1:0", "-log-level", "warn")
 	cmd.Stdout = os.Stderr
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
