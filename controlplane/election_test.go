@@ -211,3 +211,65 @@ func TestHeartbeatShardsExpireIncrementally(t *testing.T) {
 		t.Fatalf("revived broker lost its log ends: %+v", c)
 	}
 }
+
+// TestBrokerDisconnectElectsWithoutTimeout: a broker's heartbeat connection
+// dropping makes its groups move at the next scan, long before the broker
+// timeout.
+func TestBrokerDisconnectElectsWithoutTimeout(t *testing.T) {
+	c := newTestCluster(t, 3, func(cfg *Config) { cfg.BrokerTimeout = time.Minute })
+	c.leader()
+	admin := NewClient(c.addrList())
+	defer admin.Close()
+	const groups = 8
+	setupBrokers(t, admin, 3, groups)
+	clients := map[uint32]*Client{}
+	var hbs []*heartbeater
+	for b := uint32(1); b <= 3; b++ {
+		clients[b] = NewClient(c.addrList())
+		hbs = append(hbs, startHeartbeats(clients[b], b, groups, 5, 50*time.Millisecond))
+	}
+	defer func() {
+		for _, h := range hbs[1:] {
+			h.halt()
+		}
+		clients[2].Close()
+		clients[3].Close()
+	}()
+	ids := []uint32{0, 1, 2, 3, 4, 5, 6, 7}
+	// Elect only once the leader heard all three, or the first election
+	// would settle on the brokers it had heard so far.
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		l := c.leader()
+		for b := uint32(1); b <= 3; b++ {
+			if !l.hb.candidate(b, 0, time.Now()).Alive {
+				return fmt.Errorf("broker %d not seen yet", b)
+			}
+		}
+		return nil
+	})
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if _, err := admin.ElectMaster(ctxT(t, 5*time.Second), ids, 1); err != nil {
+			return err
+		}
+		for _, g := range allGroups(t, admin, ReadConsistent) {
+			if g.Master != 1 || len(g.SyncStateSet) != 3 {
+				return fmt.Errorf("group %+v", g)
+			}
+		}
+		return nil
+	})
+	start := time.Now()
+	hbs[0].halt()
+	clients[1].Close() // the broker process dies: its connection drops
+	checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		for _, g := range allGroups(t, admin, ReadConsistent) {
+			if g.Master == 1 || g.Master == 0 {
+				return fmt.Errorf("group %d master %d", g.ID, g.Master)
+			}
+		}
+		return nil
+	})
+	if d := time.Since(start); d > 15*time.Second {
+		t.Fatalf("took %v: the disconnect did not count", d)
+	}
+}

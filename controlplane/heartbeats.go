@@ -13,6 +13,9 @@ import (
 // once rarely meet on a lock.
 const heartbeatShards = 16
 
+// scanIntervalMax bounds the time between inactive-master scans.
+const scanIntervalMax = 100 * time.Millisecond
+
 // GroupLogEnd is one group's log end as a broker reports it.
 type GroupLogEnd struct {
 	Group  uint32
@@ -42,6 +45,7 @@ type hbEntry struct {
 	// is only timed; it is no election candidate until it reports its log
 	// ends to this leader, so nobody wins on log ends it never reported.
 	heard   bool
+	conn    uint64        // service connection of the last heartbeat; 0 if in-process
 	logEnds []GroupLogEnd // sorted by group
 	index   int           // position in heap; -1 when not in it
 }
@@ -101,6 +105,25 @@ func (h *heartbeats) seed(id uint32, now time.Time) {
 
 // beat records a heartbeat. logEnds may be nil to keep the last reported.
 func (h *heartbeats) beat(id uint32, logEnds []GroupLogEnd, now time.Time) {
+	h.beatOn(id, logEnds, now, 0)
+}
+
+// disconnected makes brokers whose last heartbeat came over conn expire at
+// the next scan: a broker's connection dropping is the fastest sign of its
+// death. A broker that already heartbeats over another connection stays.
+func (h *heartbeats) disconnected(conn uint64, ids []uint32, now time.Time) {
+	for _, id := range ids {
+		s := h.shard(id)
+		s.mu.Lock()
+		if e := s.brokers[id]; e != nil && e.conn == conn && e.index >= 0 {
+			e.deadline = now
+			heap.Fix(&s.heap, e.index)
+		}
+		s.mu.Unlock()
+	}
+}
+
+func (h *heartbeats) beatOn(id uint32, logEnds []GroupLogEnd, now time.Time, conn uint64) {
 	if logEnds != nil && !sort.SliceIsSorted(logEnds, func(i, j int) bool { return logEnds[i].Group < logEnds[j].Group }) {
 		logEnds = slices.Clone(logEnds)
 		sort.Slice(logEnds, func(i, j int) bool { return logEnds[i].Group < logEnds[j].Group })
@@ -116,6 +139,7 @@ func (h *heartbeats) beat(id uint32, logEnds []GroupLogEnd, now time.Time) {
 	e.deadline = now.Add(h.timeout)
 	e.dead = false
 	e.heard = true
+	e.conn = conn
 	if logEnds != nil {
 		e.logEnds = logEnds
 	}
@@ -205,10 +229,9 @@ func (n *Node) electionsFor(dead []uint32, now time.Time) []*ElectMaster {
 // scanLoop is the leader's inactive-master scan.
 func (n *Node) scanLoop() {
 	defer n.wg.Done()
-	interval := n.cfg.BrokerTimeout / 8
-	if interval < 5*time.Millisecond {
-		interval = 5 * time.Millisecond
-	}
+	// The scan is incremental, so running it often is cheap; it bounds how
+	// late a dead broker (or a dropped connection) is noticed.
+	interval := min(max(n.cfg.BrokerTimeout/8, 5*time.Millisecond), scanIntervalMax)
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	var retry []uint32
@@ -254,10 +277,14 @@ func (n *Node) scanLoop() {
 
 // Heartbeat records a broker heartbeat. Only the leader takes heartbeats.
 func (n *Node) Heartbeat(broker uint32, logEnds []GroupLogEnd) error {
+	return n.heartbeatOn(broker, logEnds, 0)
+}
+
+func (n *Node) heartbeatOn(broker uint32, logEnds []GroupLogEnd, conn uint64) error {
 	if !n.isLdr.Load() {
 		return &NotLeaderError{Leader: n.leaderAddr()}
 	}
-	n.hb.beat(broker, logEnds, time.Now())
+	n.hb.beatOn(broker, logEnds, time.Now(), conn)
 	return nil
 }
 

@@ -100,6 +100,10 @@ type Config struct {
 	FollowerLagMax uint64
 	// BrokerTimeout: a broker silent this long is dead (default 3s).
 	BrokerTimeout time.Duration
+	// KeepBrokersOnDisconnect: by default a broker whose heartbeat
+	// connection drops is treated as dead at the next scan, without
+	// waiting out BrokerTimeout. Set this to wait for the timeout only.
+	KeepBrokersOnDisconnect bool
 	// UncleanElection lets the failure detector elect masters from outside
 	// the SyncStateSet when none inside is alive. Off by default.
 	UncleanElection bool
@@ -256,6 +260,7 @@ type Node struct {
 
 	connsMu sync.Mutex
 	conns   map[net.Conn]struct{}
+	connSeq atomic.Uint64
 }
 
 type raftLogger struct{ l *slog.Logger }

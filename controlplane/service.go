@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -93,8 +94,23 @@ func (n *Node) serve() {
 }
 
 type serverConn struct {
-	c net.Conn
-	w coalescer
+	c  net.Conn
+	w  coalescer
+	id uint64 // nonzero, unique per node
+
+	mu      sync.Mutex
+	brokers []uint32 // guarded by mu: brokers that heartbeated here, at most connBrokersMax
+}
+
+// connBrokersMax bounds the brokers one connection is watched for.
+const connBrokersMax = 64
+
+func (sc *serverConn) sawBroker(id uint32) {
+	sc.mu.Lock()
+	if len(sc.brokers) < connBrokersMax && !slices.Contains(sc.brokers, id) {
+		sc.brokers = append(sc.brokers, id)
+	}
+	sc.mu.Unlock()
 }
 
 func (sc *serverConn) reply(r wire.CtlResponse) {
@@ -111,7 +127,15 @@ func (n *Node) serveConn(c net.Conn) {
 		delete(n.conns, c)
 		n.connsMu.Unlock()
 	}()
-	sc := &serverConn{c: c, w: coalescer{c: c, onFailed: func(error) { c.Close() }}}
+	sc := &serverConn{c: c, w: coalescer{c: c, onFailed: func(error) { c.Close() }}, id: n.connSeq.Add(1)}
+	defer func() {
+		if !n.cfg.KeepBrokersOnDisconnect {
+			sc.mu.Lock()
+			ids := slices.Clone(sc.brokers)
+			sc.mu.Unlock()
+			n.hb.disconnected(sc.id, ids, time.Now())
+		}
+	}()
 	r := bufio.NewReaderSize(c, 64<<10)
 	sem := make(chan struct{}, connInflightMax)
 	var reqs sync.WaitGroup
@@ -160,7 +184,7 @@ func (n *Node) serveConn(c net.Conn) {
 				defer func() { <-sem; reqs.Done() }()
 				ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 				defer cancel()
-				status, leader, out := n.handle(ctx, req.Op, req.Body)
+				status, leader, out := n.handleOn(ctx, sc, req.Op, req.Body)
 				sc.reply(wire.CtlResponse{ID: req.ID, Status: status, Leader: leader, Body: out})
 			}()
 		default:
@@ -172,6 +196,11 @@ func (n *Node) serveConn(c net.Conn) {
 // handle serves one request. It is what both the TCP service and the
 // in-process client call.
 func (n *Node) handle(ctx context.Context, op uint8, body []byte) (status uint8, leader string, out []byte) {
+	return n.handleOn(ctx, nil, op, body)
+}
+
+// handleOn serves one request arriving on sc (nil in-process).
+func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []byte) (status uint8, leader string, out []byte) {
 	var e encoder
 	var err error
 	switch op {
@@ -197,7 +226,13 @@ func (n *Node) handle(ctx context.Context, op uint8, body []byte) (status uint8,
 			logEnds[i] = GroupLogEnd{d.u32(), LogEnd{d.u32(), d.u64()}}
 		}
 		if err = d.finish(); err == nil {
-			err = n.Heartbeat(broker, logEnds)
+			var conn uint64
+			if sc != nil {
+				conn = sc.id
+			}
+			if err = n.heartbeatOn(broker, logEnds, conn); err == nil && sc != nil {
+				sc.sawBroker(broker)
+			}
 		} else {
 			err = ErrBadRequest
 		}
