@@ -390,3 +390,125 @@ func TestValidateEvent(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestElectionInvariants drives random elections, SyncStateSet changes and
+// broker removals through the state machine and checks, after every event,
+// the rules a replication group relies on: epochs never go back, a master
+// is registered and in its SyncStateSet, a clean election never picks a
+// broker outside the set or one behind another live in-sync candidate, and
+// a group whose master lives keeps it unless a preferred broker is named.
+func TestElectionInvariants(t *testing.T) {
+	for seed := int64(1); seed <= 30; seed++ {
+		r := rand.New(rand.NewSource(seed))
+		s := newCluster(t, 5, 6)
+		epochs := make([]uint32, 6)
+		reelected := 0
+		for step := 0; step < 300; step++ {
+			before := make([]Group, 6)
+			for g := range before {
+				before[g], _ = s.Group(uint32(g))
+			}
+			var ev Event
+			switch r.Intn(10) {
+			case 0:
+				g := uint32(r.Intn(6))
+				cur, _ := s.Group(g)
+				set := []uint32{cur.Master}
+				for b := uint32(1); b <= 5; b++ {
+					if r.Intn(2) == 0 {
+						set = append(set, b)
+					}
+				}
+				ev = &AlterSyncStateSet{Group: g, Master: cur.Master, Epoch: cur.Epoch, Set: set}
+			case 1:
+				if r.Intn(10) == 0 {
+					ev = &CleanBrokerData{ID: uint32(1 + r.Intn(5))}
+				} else {
+					id := uint32(1 + r.Intn(5))
+					if _, ok := s.Broker(id); !ok {
+						ev = &ApplyBrokerID{Requested: id}
+					}
+				}
+			default:
+				em := &ElectMaster{Unclean: r.Intn(5) == 0}
+				for g := uint32(0); g < 6; g++ {
+					if r.Intn(2) == 0 {
+						continue
+					}
+					cur, _ := s.Group(g)
+					eg := ElectGroup{Group: g, Epoch: cur.Epoch}
+					if r.Intn(4) == 0 {
+						eg.Preferred = uint32(1 + r.Intn(5))
+					}
+					for b := uint32(1); b <= 5; b++ {
+						eg.Candidates = append(eg.Candidates, Candidate{Broker: b, Alive: r.Intn(3) != 0,
+							LogEnd: LogEnd{uint32(r.Intn(3)), uint64(r.Intn(5))}})
+					}
+					em.Groups = append(em.Groups, eg)
+				}
+				if len(em.Groups) > 0 {
+					ev = em
+				}
+			}
+			if ev == nil {
+				continue
+			}
+			s.Apply(ev)
+			for g := uint32(0); g < 6; g++ {
+				after, _ := s.Group(g)
+				old := before[g]
+				if after.Epoch < epochs[g] {
+					t.Fatalf("seed %d step %d: group %d epoch went back %d -> %d", seed, step, g, epochs[g], after.Epoch)
+				}
+				epochs[g] = after.Epoch
+				if after.Master != 0 {
+					if _, ok := s.Broker(after.Master); !ok {
+						t.Fatalf("seed %d step %d: group %d master %d not registered", seed, step, g, after.Master)
+					}
+					if !slices.Contains(after.SyncStateSet, after.Master) {
+						t.Fatalf("seed %d step %d: group %d master %d outside its set %v", seed, step, g, after.Master, after.SyncStateSet)
+					}
+				}
+				em, ok := ev.(*ElectMaster)
+				if !ok || after.Epoch == old.Epoch {
+					continue
+				}
+				var eg *ElectGroup
+				for i := range em.Groups {
+					if em.Groups[i].Group == g {
+						eg = &em.Groups[i]
+					}
+				}
+				if eg == nil {
+					t.Fatalf("seed %d step %d: group %d changed without being named", seed, step, g)
+				}
+				if old.Master != 0 && candidateAlive(eg, old.Master) && (eg.Preferred == 0 || eg.Preferred == old.Master) {
+					t.Fatalf("seed %d step %d: group %d lost live master %d", seed, step, g, old.Master)
+				}
+				if after.Master == 0 || old.Epoch == 0 {
+					continue
+				}
+				reelected++
+				var win Candidate
+				for _, c := range eg.Candidates {
+					if c.Broker == after.Master {
+						win = c
+					}
+				}
+				inSet := slices.Contains(old.SyncStateSet, after.Master)
+				if !inSet && !em.Unclean {
+					t.Fatalf("seed %d step %d: group %d clean election chose %d outside %v", seed, step, g, after.Master, old.SyncStateSet)
+				}
+				for _, c := range eg.Candidates {
+					_, registered := s.Broker(c.Broker)
+					if c.Alive && registered && slices.Contains(old.SyncStateSet, c.Broker) == inSet && win.LogEnd.Less(c.LogEnd) {
+						t.Fatalf("seed %d step %d: group %d chose %d at %v over %d at %v", seed, step, g, after.Master, win.LogEnd, c.Broker, c.LogEnd)
+					}
+				}
+			}
+		}
+		if reelected < 20 {
+			t.Fatalf("seed %d: only %d re-elections; the schedule checks too little", seed, reelected)
+		}
+	}
+}
