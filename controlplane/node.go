@@ -8,7 +8,6 @@ import (
 	"maps"
 	"net"
 	"slices"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -1059,4 +1058,3 @@ func (n *Node) Status() Status {
 		SnapshotIndex: snap.GetMetadata().GetIndex(), FirstIndex: first, LastIndex: last}
 }
 
-var _ = sort.Ints

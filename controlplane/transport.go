@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/wire"
-	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 )
@@ -270,4 +269,3 @@ func drain(q chan *pb.Message) {
 	}
 }
 
-var _ = raft.SnapshotFinish
