@@ -1057,4 +1057,3 @@ func (n *Node) Status() Status {
 	return Status{ID: n.self, Leader: n.lead.Load(), Term: n.term.Load(), Applied: n.Applied(),
 		SnapshotIndex: snap.GetMetadata().GetIndex(), FirstIndex: first, LastIndex: last}
 }
-

@@ -268,4 +268,3 @@ func drain(q chan *pb.Message) {
 		}
 	}
 }
-
