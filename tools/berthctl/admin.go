@@ -1,0 +1,159 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strings"
+	"text/tabwriter"
+)
+
+// adminBodyMax bounds what berthctl reads from one admin HTTP reply; a
+// queue list this large is far past what a table is useful for.
+const adminBodyMax = 64 << 20
+
+// queueInfo mirrors the broker's /v1/queues entries.
+type queueInfo struct {
+	Name      string `json:"name"`
+	Shard     int    `json:"shard"`
+	Ready     int    `json:"ready"`
+	Unacked   int    `json:"unacked"`
+	Consumers int    `json:"consumers"`
+	Durable   bool   `json:"durable"`
+	Enqueued  uint64 `json:"enqueued"`
+	Delivered uint64 `json:"delivered"`
+	Acked     uint64 `json:"acked"`
+}
+
+// adminGet fetches path from the broker's admin HTTP and returns the body.
+func adminGet(ctx context.Context, addr, path string) ([]byte, error) {
+	base := addr
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	url := strings.TrimRight(base, "/") + path
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("admin: bad address %q: %w", addr, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("admin: GET %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, adminBodyMax+1))
+	if err != nil {
+		return nil, fmt.Errorf("admin: GET %s: reading reply: %w", url, err)
+	}
+	if len(body) > adminBodyMax {
+		return nil, fmt.Errorf("admin: GET %s: reply exceeds %d bytes", url, adminBodyMax)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("admin: GET %s: %s: %s", url, resp.Status, strings.TrimSpace(string(body[:min(len(body), 200)])))
+	}
+	return body, nil
+}
+
+func fetchQueues(ctx context.Context, addr string) ([]queueInfo, error) {
+	body, err := adminGet(ctx, addr, "/v1/queues")
+	if err != nil {
+		return nil, err
+	}
+	var qs []queueInfo
+	if err := json.Unmarshal(body, &qs); err != nil {
+		return nil, fmt.Errorf("admin: /v1/queues is not a queue list: %w", err)
+	}
+	sort.Slice(qs, func(i, j int) bool { return qs[i].Name < qs[j].Name })
+	return qs, nil
+}
+
+func queuesCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	return func(ctx context.Context, e *env, args []string) error {
+		if len(args) != 0 {
+			return usageErrorf("queues takes no arguments, got %q", args)
+		}
+		qs, err := fetchQueues(ctx, e.admin)
+		if err != nil {
+			return err
+		}
+		if e.json {
+			if qs == nil {
+				qs = []queueInfo{}
+			}
+			return writeJSON(e.stdout, qs)
+		}
+		tw := newTable(e.stdout)
+		fmt.Fprintln(tw, "NAME\tSHARD\tREADY\tUNACKED\tCONSUMERS\tDURABLE\tENQUEUED\tDELIVERED\tACKED")
+		for _, q := range qs {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%t\t%d\t%d\t%d\n", displayName(q.Name), q.Shard, q.Ready, q.Unacked,
+				q.Consumers, q.Durable, q.Enqueued, q.Delivered, q.Acked)
+		}
+		return tw.Flush()
+	}
+}
+
+// brokerStatus is the part of /v1/status berthctl shows as text; --json
+// passes the whole document through.
+type brokerStatus struct {
+	Server      string            `json:"server"`
+	Clients     string            `json:"clients"`
+	Connections int               `json:"connections"`
+	Shards      int               `json:"shards"`
+	Loops       int               `json:"loops"`
+	Stats       map[string]uint64 `json:"stats"`
+}
+
+func fetchBrokerStatus(ctx context.Context, addr string) (json.RawMessage, brokerStatus, error) {
+	var st brokerStatus
+	body, err := adminGet(ctx, addr, "/v1/status")
+	if err != nil {
+		return nil, st, err
+	}
+	if err := json.Unmarshal(body, &st); err != nil {
+		return nil, st, fmt.Errorf("admin: /v1/status is not a status document: %w", err)
+	}
+	return json.RawMessage(body), st, nil
+}
+
+func printBrokerStatus(w io.Writer, prefix string, st brokerStatus) error {
+	tw := newTable(w)
+	fmt.Fprintf(tw, prefix+"server\t%s\n", st.Server)
+	fmt.Fprintf(tw, prefix+"client address\t%s\n", st.Clients)
+	fmt.Fprintf(tw, prefix+"connections\t%d\n", st.Connections)
+	fmt.Fprintf(tw, prefix+"shards\t%d\n", st.Shards)
+	fmt.Fprintf(tw, prefix+"loops\t%d\n", st.Loops)
+	keys := make([]string, 0, len(st.Stats))
+	for k := range st.Stats {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(tw, prefix+"%s\t%d\n", strings.ToLower(k), st.Stats[k])
+	}
+	return tw.Flush()
+}
+
+func newTable(w io.Writer) *tabwriter.Writer {
+	return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("output: %w", err)
+	}
+	return nil
+}
+
+// displayName shows the empty name (the default exchange) visibly.
+func displayName(s string) string {
+	if s == "" {
+		return `""`
+	}
+	return s
+}

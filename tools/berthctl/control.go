@@ -1,0 +1,533 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/berthmq/berth/controlplane"
+)
+
+const (
+	// groupsPageMax is how many groups one GetGroups call asks for while
+	// paging; the controller caps a reply at its own limit anyway.
+	groupsPageMax = 1024
+	// appliedWaitMax bounds the applied-index probe: WaitChange long-polls
+	// up to about two seconds when the log has nothing applied yet.
+	appliedWaitMax = 500 * time.Millisecond
+)
+
+func dialController(e *env) (*controlplane.Client, error) {
+	addrs, err := e.controllerAddrs()
+	if err != nil {
+		return nil, err
+	}
+	return controlplane.NewClient(addrs), nil
+}
+
+// readModeFlag registers --read on commands that read controller state.
+func readModeFlag(fs *flag.FlagSet) *string {
+	return fs.String("read", "consistent", "controller read `mode`: consistent, follower or unsafe")
+}
+
+func parseReadMode(s string) (controlplane.ReadMode, error) {
+	switch s {
+	case "consistent":
+		return controlplane.ReadConsistent, nil
+	case "follower":
+		return controlplane.ReadFollower, nil
+	case "unsafe":
+		return controlplane.ReadUnsafe, nil
+	}
+	return 0, usageErrorf("--read must be consistent, follower or unsafe, got %q", s)
+}
+
+func modeName(m uint8) string {
+	switch m {
+	case controlplane.ModeActiveActive:
+		return "active-active"
+	case controlplane.ModeActivePassive:
+		return "active-passive"
+	}
+	return fmt.Sprintf("unknown(%d)", m)
+}
+
+func overflowName(o uint8) string {
+	switch o {
+	case controlplane.OverflowDropHead:
+		return "drop-head"
+	case controlplane.OverflowRejectPublish:
+		return "reject-publish"
+	}
+	return fmt.Sprintf("unknown(%d)", o)
+}
+
+// parseBrokerID reads a broker id; 0 means "none" to the controller, so
+// it is refused.
+func parseBrokerID(what, s string) (uint32, error) {
+	v, err := strconv.ParseUint(s, 10, 32)
+	if err != nil || v == 0 {
+		return 0, usageErrorf("%s must be a broker id from 1 to %d, got %q", what, uint32(math.MaxUint32), s)
+	}
+	return uint32(v), nil
+}
+
+// parseGroupID reads a group id; groups are numbered from 0.
+func parseGroupID(s string) (uint32, error) {
+	v, err := strconv.ParseUint(s, 10, 32)
+	if err != nil {
+		return 0, usageErrorf("GROUP must be a group number from 0, got %q", s)
+	}
+	return uint32(v), nil
+}
+
+// controllerStatus is what the controller client exposes about the
+// controller group. The client has no membership call, so members are the
+// addresses given and the leader it found.
+type controllerStatus struct {
+	Addrs           []string     `json:"addrs"`
+	Leader          string       `json:"leader"`
+	AppliedIndex    uint64       `json:"applied_index"`
+	Groups          uint32       `json:"groups"`
+	Mode            string       `json:"mode"`
+	UncleanElection bool         `json:"unclean_election"`
+	Version         uint16       `json:"version"`
+	Brokers         []brokerJSON `json:"brokers"`
+}
+
+type brokerJSON struct {
+	ID      uint32   `json:"id"`
+	Addrs   []string `json:"addrs"`
+	Version uint16   `json:"version"`
+}
+
+func fetchControllerStatus(ctx context.Context, e *env, mode controlplane.ReadMode) (controllerStatus, error) {
+	var st controllerStatus
+	addrs, err := e.controllerAddrs()
+	if err != nil {
+		return st, err
+	}
+	st.Addrs = addrs
+	c := controlplane.NewClient(addrs)
+	defer c.Close()
+	info, err := c.GetClusterInfo(ctx, mode)
+	if err != nil {
+		return st, fmt.Errorf("controller: cluster info: %w", err)
+	}
+	st.Groups, st.Mode, st.UncleanElection, st.Version = info.Config.Groups, modeName(info.Config.Mode), info.Config.UncleanElection, info.Version
+	brokers, err := c.GetBrokers(ctx, mode)
+	if err != nil {
+		return st, fmt.Errorf("controller: brokers: %w", err)
+	}
+	sort.Slice(brokers, func(i, j int) bool { return brokers[i].ID < brokers[j].ID })
+	st.Brokers = make([]brokerJSON, 0, len(brokers))
+	for _, b := range brokers {
+		st.Brokers = append(st.Brokers, brokerJSON{ID: b.ID, Addrs: b.Addrs, Version: b.Version})
+	}
+	// WaitChange(0) returns at once with the leader's applied index
+	// whenever anything was applied, which is the case once a leader is up.
+	wctx, cancel := context.WithTimeout(ctx, appliedWaitMax)
+	defer cancel()
+	applied, err := c.WaitChange(wctx, 0)
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return st, fmt.Errorf("controller: applied index: %w", err)
+	}
+	st.AppliedIndex = applied
+	st.Leader = c.Leader()
+	return st, nil
+}
+
+func statusCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	readMode := readModeFlag(fs)
+	return func(ctx context.Context, e *env, args []string) error {
+		if len(args) != 0 {
+			return usageErrorf("status takes no arguments, got %q", args)
+		}
+		mode, err := parseReadMode(*readMode)
+		if err != nil {
+			return err
+		}
+		cst, cerr := fetchControllerStatus(ctx, e, mode)
+		var u *usageError
+		if errors.As(cerr, &u) {
+			return cerr
+		}
+		raw, bst, berr := fetchBrokerStatus(ctx, e.admin)
+		if e.json {
+			out := map[string]any{}
+			if cerr != nil {
+				out["controller_error"] = cerr.Error()
+			} else {
+				out["controller"] = cst
+			}
+			if berr != nil {
+				out["broker_error"] = berr.Error()
+			} else {
+				out["broker"] = raw
+			}
+			if err := writeJSON(e.stdout, out); err != nil {
+				return err
+			}
+		} else {
+			fmt.Fprintln(e.stdout, "controller:")
+			if cerr != nil {
+				fmt.Fprintf(e.stdout, "  unavailable: %v\n", cerr)
+			} else {
+				tw := newTable(e.stdout)
+				fmt.Fprintf(tw, "  addresses\t%s\n", strings.Join(cst.Addrs, ","))
+				fmt.Fprintf(tw, "  leader\t%s\n", cst.Leader)
+				fmt.Fprintf(tw, "  applied index\t%d\n", cst.AppliedIndex)
+				fmt.Fprintf(tw, "  groups\t%d\n", cst.Groups)
+				fmt.Fprintf(tw, "  mode\t%s\n", cst.Mode)
+				fmt.Fprintf(tw, "  unclean election\t%t\n", cst.UncleanElection)
+				fmt.Fprintf(tw, "  version\t%d\n", cst.Version)
+				fmt.Fprintf(tw, "  brokers\t%d\n", len(cst.Brokers))
+				for _, b := range cst.Brokers {
+					fmt.Fprintf(tw, "    broker %d\t%s (protocol %d)\n", b.ID, strings.Join(b.Addrs, ","), b.Version)
+				}
+				if err := tw.Flush(); err != nil {
+					return err
+				}
+			}
+			fmt.Fprintln(e.stdout, "broker:")
+			if berr != nil {
+				fmt.Fprintf(e.stdout, "  unavailable: %v\n", berr)
+			} else if err := printBrokerStatus(e.stdout, "  ", bst); err != nil {
+				return err
+			}
+		}
+		switch {
+		case cerr != nil && berr != nil:
+			return errors.Join(cerr, berr)
+		case cerr != nil:
+			return cerr
+		case berr != nil:
+			return berr
+		}
+		return nil
+	}
+}
+
+// wiringJSON is the controller's wiring in a stable, lower-case shape.
+type wiringJSON struct {
+	Exchanges []exchangeJSON `json:"exchanges"`
+	Queues    []queueJSON    `json:"queues"`
+	Bindings  []bindingJSON  `json:"bindings"`
+}
+
+type exchangeJSON struct {
+	Name    string `json:"name"`
+	Type    string `json:"type"`
+	Durable bool   `json:"durable"`
+}
+
+type queueJSON struct {
+	Name               string `json:"name"`
+	Durable            bool   `json:"durable"`
+	Exclusive          bool   `json:"exclusive,omitempty"`
+	AutoDelete         bool   `json:"auto_delete,omitempty"`
+	TTLMs              uint64 `json:"ttl_ms,omitempty"`
+	MaxLength          uint64 `json:"max_length,omitempty"`
+	MaxLengthBytes     uint64 `json:"max_length_bytes,omitempty"`
+	Overflow           string `json:"overflow"`
+	DeadLetterExchange string `json:"dead_letter_exchange,omitempty"`
+	DeadLetterKey      string `json:"dead_letter_key,omitempty"`
+	MaxDeliveries      uint32 `json:"max_deliveries,omitempty"`
+}
+
+type bindingJSON struct {
+	Exchange string `json:"exchange"`
+	Queue    string `json:"queue"`
+	Key      string `json:"key"`
+}
+
+func toWiringJSON(w controlplane.Wiring) wiringJSON {
+	out := wiringJSON{Exchanges: []exchangeJSON{}, Queues: []queueJSON{}, Bindings: []bindingJSON{}}
+	for _, x := range w.Exchanges {
+		out.Exchanges = append(out.Exchanges, exchangeJSON{Name: x.Name, Type: x.Type, Durable: x.Durable})
+	}
+	for _, q := range w.Queues {
+		o := q.Options
+		out.Queues = append(out.Queues, queueJSON{
+			Name: q.Name, Durable: o.Durable, Exclusive: o.Exclusive, AutoDelete: o.AutoDelete,
+			TTLMs: o.TTLMs, MaxLength: o.MaxLength, MaxLengthBytes: o.MaxLengthBytes,
+			Overflow: overflowName(o.Overflow), DeadLetterExchange: o.DeadLetterExchange,
+			DeadLetterKey: o.DeadLetterKey, MaxDeliveries: o.MaxDeliveries,
+		})
+	}
+	for _, b := range w.Bindings {
+		out.Bindings = append(out.Bindings, bindingJSON{Exchange: b.Exchange, Queue: b.Queue, Key: b.Key})
+	}
+	sort.Slice(out.Exchanges, func(i, j int) bool { return out.Exchanges[i].Name < out.Exchanges[j].Name })
+	sort.Slice(out.Queues, func(i, j int) bool { return out.Queues[i].Name < out.Queues[j].Name })
+	sort.Slice(out.Bindings, func(i, j int) bool {
+		a, b := out.Bindings[i], out.Bindings[j]
+		if a.Exchange != b.Exchange {
+			return a.Exchange < b.Exchange
+		}
+		if a.Queue != b.Queue {
+			return a.Queue < b.Queue
+		}
+		return a.Key < b.Key
+	})
+	return out
+}
+
+// queueOptionsText is the non-default options of a queue, for the table.
+func queueOptionsText(q queueJSON) string {
+	var parts []string
+	add := func(cond bool, s string) {
+		if cond {
+			parts = append(parts, s)
+		}
+	}
+	add(q.Exclusive, "exclusive")
+	add(q.AutoDelete, "auto-delete")
+	add(q.TTLMs != 0, fmt.Sprintf("ttl=%dms", q.TTLMs))
+	add(q.MaxLength != 0, fmt.Sprintf("max-length=%d", q.MaxLength))
+	add(q.MaxLengthBytes != 0, fmt.Sprintf("max-length-bytes=%d", q.MaxLengthBytes))
+	add(q.MaxLength != 0 || q.MaxLengthBytes != 0, "overflow="+q.Overflow)
+	add(q.DeadLetterExchange != "", "dlx="+q.DeadLetterExchange)
+	add(q.DeadLetterKey != "", "dl-key="+q.DeadLetterKey)
+	add(q.MaxDeliveries != 0, fmt.Sprintf("max-deliveries=%d", q.MaxDeliveries))
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, " ")
+}
+
+func wiringCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	readMode := readModeFlag(fs)
+	return func(ctx context.Context, e *env, args []string) error {
+		if len(args) != 0 {
+			return usageErrorf("wiring takes no arguments, got %q", args)
+		}
+		mode, err := parseReadMode(*readMode)
+		if err != nil {
+			return err
+		}
+		c, err := dialController(e)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		w, err := c.GetWiring(ctx, mode)
+		if err != nil {
+			return fmt.Errorf("controller: wiring: %w", err)
+		}
+		out := toWiringJSON(w)
+		if e.json {
+			return writeJSON(e.stdout, out)
+		}
+		// One table per section: the sections have different columns.
+		tw := newTable(e.stdout)
+		fmt.Fprintln(tw, "EXCHANGE\tTYPE\tDURABLE")
+		for _, x := range out.Exchanges {
+			fmt.Fprintf(tw, "%s\t%s\t%t\n", displayName(x.Name), x.Type, x.Durable)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintln(e.stdout)
+		tw = newTable(e.stdout)
+		fmt.Fprintln(tw, "QUEUE\tDURABLE\tOPTIONS")
+		for _, q := range out.Queues {
+			fmt.Fprintf(tw, "%s\t%t\t%s\n", displayName(q.Name), q.Durable, queueOptionsText(q))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintln(e.stdout)
+		tw = newTable(e.stdout)
+		fmt.Fprintln(tw, "BINDING-EXCHANGE\tQUEUE\tKEY")
+		for _, b := range out.Bindings {
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", displayName(b.Exchange), displayName(b.Queue), displayName(b.Key))
+		}
+		return tw.Flush()
+	}
+}
+
+type groupJSON struct {
+	ID           uint32   `json:"id"`
+	Master       uint32   `json:"master"`
+	Epoch        uint32   `json:"epoch"`
+	SyncStateSet []uint32 `json:"sync_state_set"`
+	ElectedEpoch uint32   `json:"elected_log_end_epoch"`
+	ElectedIndex uint64   `json:"elected_log_end_index"`
+}
+
+func toGroupJSON(g controlplane.Group) groupJSON {
+	set := g.SyncStateSet
+	if set == nil {
+		set = []uint32{}
+	}
+	return groupJSON{ID: g.ID, Master: g.Master, Epoch: g.Epoch, SyncStateSet: set,
+		ElectedEpoch: g.ElectedLogEnd.Epoch, ElectedIndex: g.ElectedLogEnd.Index}
+}
+
+func printGroups(e *env, total uint32, gs []groupJSON) error {
+	if e.json {
+		return writeJSON(e.stdout, map[string]any{"total": total, "groups": gs})
+	}
+	tw := newTable(e.stdout)
+	fmt.Fprintln(tw, "GROUP\tMASTER\tEPOCH\tSYNC-STATE-SET\tELECTED-LOG-END")
+	for _, g := range gs {
+		master := "-"
+		if g.Master != 0 {
+			master = strconv.FormatUint(uint64(g.Master), 10)
+		}
+		ids := make([]string, len(g.SyncStateSet))
+		for i, id := range g.SyncStateSet {
+			ids[i] = strconv.FormatUint(uint64(id), 10)
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t[%s]\t%d/%d\n", g.ID, master, g.Epoch, strings.Join(ids, " "), g.ElectedEpoch, g.ElectedIndex)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "%d of %d groups shown\n", len(gs), total)
+	return nil
+}
+
+func groupsCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	readMode := readModeFlag(fs)
+	start := fs.Uint("start", 0, "first group `ID` of the page (groups are numbered from 0)")
+	count := fs.Uint("count", 0, "most groups to show; 0 pages through all")
+	return func(ctx context.Context, e *env, args []string) error {
+		mode, err := parseReadMode(*readMode)
+		if err != nil {
+			return err
+		}
+		if *start > math.MaxUint32 || *count > math.MaxUint32 {
+			return usageErrorf("--start and --count must fit in 32 bits")
+		}
+		c, err := dialController(e)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if len(args) > 0 {
+			// Named groups: one consistent read each, as the replicas see it.
+			var gs []groupJSON
+			for _, a := range args {
+				id, err := parseGroupID(a)
+				if err != nil {
+					return err
+				}
+				var g controlplane.Group
+				if mode == controlplane.ReadUnsafe {
+					g, err = c.GetSyncStateSet(ctx, id)
+				} else {
+					g, err = c.GetReplicaInfo(ctx, mode, id)
+				}
+				if err != nil {
+					return fmt.Errorf("controller: group %d: %w", id, err)
+				}
+				gs = append(gs, toGroupJSON(g))
+			}
+			return printGroups(e, uint32(len(gs)), gs)
+		}
+		gs := []groupJSON{}
+		next, want := uint32(*start), uint32(*count)
+		var total uint32
+		for {
+			page := uint32(groupsPageMax)
+			if want != 0 {
+				page = min(page, want-uint32(len(gs)))
+			}
+			got, g, err := c.GetGroups(ctx, mode, next, page)
+			if err != nil {
+				return fmt.Errorf("controller: groups from %d: %w", next, err)
+			}
+			total = g
+			for _, x := range got {
+				gs = append(gs, toGroupJSON(x))
+			}
+			next += uint32(len(got))
+			if len(got) == 0 || next >= total || (want != 0 && uint32(len(gs)) >= want) {
+				break
+			}
+		}
+		return printGroups(e, total, gs)
+	}
+}
+
+func electCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	preferred := fs.String("preferred", "", "broker `ID` that wins ties")
+	return func(ctx context.Context, e *env, args []string) error {
+		if len(args) == 0 {
+			return usageErrorf("elect needs at least one GROUP")
+		}
+		var pref uint32
+		if *preferred != "" {
+			p, err := parseBrokerID("--preferred", *preferred)
+			if err != nil {
+				return err
+			}
+			pref = p
+		}
+		groups := make([]uint32, 0, len(args))
+		for _, a := range args {
+			id, err := parseGroupID(a)
+			if err != nil {
+				return err
+			}
+			groups = append(groups, id)
+		}
+		c, err := dialController(e)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		changed, err := c.ElectMaster(ctx, groups, pref)
+		if err != nil {
+			return fmt.Errorf("controller: elect: %w", err)
+		}
+		// Show the outcome: an election that moved nothing is worth seeing
+		// next to the masters that stayed.
+		after := make([]groupJSON, 0, len(groups))
+		for _, id := range groups {
+			g, err := c.GetReplicaInfo(ctx, controlplane.ReadConsistent, id)
+			if err != nil {
+				return fmt.Errorf("controller: elected %d groups, then reading group %d: %w", changed, id, err)
+			}
+			after = append(after, toGroupJSON(g))
+		}
+		if e.json {
+			return writeJSON(e.stdout, map[string]any{"new_masters": changed, "groups": after})
+		}
+		fmt.Fprintf(e.stdout, "%d of %d groups got a new master\n", changed, len(groups))
+		return printGroups(e, uint32(len(after)), after)
+	}
+}
+
+func cleanBrokerCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	return func(ctx context.Context, e *env, args []string) error {
+		if len(args) != 1 {
+			return usageErrorf("clean-broker needs exactly one broker ID")
+		}
+		id, err := parseBrokerID("ID", args[0])
+		if err != nil {
+			return err
+		}
+		c, err := dialController(e)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if err := c.CleanBrokerData(ctx, id); err != nil {
+			return fmt.Errorf("controller: clean broker %d: %w", id, err)
+		}
+		if e.json {
+			return writeJSON(e.stdout, map[string]any{"cleaned": id})
+		}
+		fmt.Fprintf(e.stdout, "broker %d removed from the controller\n", id)
+		return nil
+	}
+}
