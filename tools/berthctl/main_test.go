@@ -1,0 +1,201 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/berthmq/berth/server"
+)
+
+// startBroker runs a real broker with its in-process controller on
+// loopback ports picked by the kernel.
+func startBroker(t *testing.T) *server.Server {
+	t.Helper()
+	cfg := server.DefaultConfig()
+	cfg.ClientAddr = "127.0.0.1:0"
+	cfg.AdminAddr = "127.0.0.1:0"
+	cfg.ControllerAddr = "127.0.0.1:0"
+	cfg.DataDir = t.TempDir()
+	cfg.Fsync = "never" // the test is about the CLI, not durability
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	s, err := server.Start(cfg)
+	if err != nil {
+		t.Fatalf("start broker: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	if s.AdminAddr() == "" || s.ControllerAddr() == "" {
+		t.Fatalf("broker without admin (%q) or controller (%q)", s.AdminAddr(), s.ControllerAddr())
+	}
+	return s
+}
+
+// ctl runs berthctl against s and returns its exit code and outputs.
+func ctl(t *testing.T, s *server.Server, args ...string) (int, string, string) {
+	t.Helper()
+	full := append([]string{"--broker", s.ClientAddr(), "--admin", s.AdminAddr(), "--controller", s.ControllerAddr(), "--timeout", "5s"}, args...)
+	var stdout, stderr bytes.Buffer
+	code := run(full, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+func mustCtl(t *testing.T, s *server.Server, args ...string) string {
+	t.Helper()
+	code, out, errOut := ctl(t, s, args...)
+	if code != exitOK {
+		t.Fatalf("berthctl %v: exit %d, stderr: %s", args, code, errOut)
+	}
+	return out
+}
+
+func wiringQueues(t *testing.T, s *server.Server) map[string]queueJSON {
+	t.Helper()
+	var w wiringJSON
+	out := mustCtl(t, s, "--json", "wiring")
+	if err := json.Unmarshal([]byte(out), &w); err != nil {
+		t.Fatalf("wiring --json is not JSON: %v\n%s", err, out)
+	}
+	m := map[string]queueJSON{}
+	for _, q := range w.Queues {
+		m[q.Name] = q
+	}
+	return m
+}
+
+func brokerQueues(t *testing.T, s *server.Server) map[string]queueInfo {
+	t.Helper()
+	var qs []queueInfo
+	out := mustCtl(t, s, "queues", "--json") // global flag after the command
+	if err := json.Unmarshal([]byte(out), &qs); err != nil {
+		t.Fatalf("queues --json is not JSON: %v\n%s", err, out)
+	}
+	m := map[string]queueInfo{}
+	for _, q := range qs {
+		m[q.Name] = q
+	}
+	return m
+}
+
+func TestDeclareListDelete(t *testing.T) {
+	s := startBroker(t)
+
+	// Flags after the name, as operators type them.
+	mustCtl(t, s, "declare-queue", "orders", "--durable", "--max-length", "10", "--ttl", "1500ms")
+	mustCtl(t, s, "declare-queue", "scratch") // transient: the controller must not hold it
+
+	wq := wiringQueues(t, s)
+	q, ok := wq["orders"]
+	if !ok {
+		t.Fatalf("durable queue missing from the controller's wiring: %v", wq)
+	}
+	if !q.Durable || q.MaxLength != 10 || q.TTLMs != 1500 {
+		t.Fatalf("controller holds orders as %+v, want durable, max-length 10, ttl 1500ms", q)
+	}
+	if _, ok := wq["scratch"]; ok {
+		t.Fatalf("transient queue recorded in the controller: %v", wq)
+	}
+
+	bq := brokerQueues(t, s)
+	if info, ok := bq["orders"]; !ok || !info.Durable {
+		t.Fatalf("broker lists orders as %+v (present %t), want a durable queue", info, ok)
+	}
+	if _, ok := bq["scratch"]; !ok {
+		t.Fatalf("broker does not list the transient queue: %v", bq)
+	}
+	text := mustCtl(t, s, "queues")
+	if !strings.HasPrefix(text, "NAME") || !strings.Contains(text, "orders") {
+		t.Fatalf("queues table lacks its header or the queue:\n%s", text)
+	}
+	text = mustCtl(t, s, "wiring", "--read", "unsafe")
+	if !strings.Contains(text, "max-length=10") {
+		t.Fatalf("wiring table lacks the queue's options:\n%s", text)
+	}
+
+	mustCtl(t, s, "delete-queue", "orders")
+	if _, ok := wiringQueues(t, s)["orders"]; ok {
+		t.Fatal("deleted queue still in the controller's wiring")
+	}
+	if _, ok := brokerQueues(t, s)["orders"]; ok {
+		t.Fatal("deleted queue still listed by the broker")
+	}
+
+	// Deleting it again is the broker's not-found, reported as a failure.
+	code, _, errOut := ctl(t, s, "delete-queue", "orders")
+	if code != exitFail || !strings.Contains(errOut, "not-found") {
+		t.Fatalf("second delete: exit %d, stderr %q; want exit %d and not-found", code, errOut, exitFail)
+	}
+}
+
+func TestBindShowsInWiring(t *testing.T) {
+	s := startBroker(t)
+	mustCtl(t, s, "declare-exchange", "events", "--type", "topic", "--durable")
+	mustCtl(t, s, "declare-queue", "audit", "--durable")
+	mustCtl(t, s, "bind", "events", "audit", "order.*")
+	var w wiringJSON
+	if err := json.Unmarshal([]byte(mustCtl(t, s, "--json", "wiring")), &w); err != nil {
+		t.Fatal(err)
+	}
+	want := bindingJSON{Exchange: "events", Queue: "audit", Key: "order.*"}
+	if len(w.Bindings) != 1 || w.Bindings[0] != want {
+		t.Fatalf("bindings %+v, want [%+v]", w.Bindings, want)
+	}
+	mustCtl(t, s, "unbind", "events", "audit", "order.*")
+	w = wiringJSON{}
+	if err := json.Unmarshal([]byte(mustCtl(t, s, "--json", "wiring")), &w); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Bindings) != 0 {
+		t.Fatalf("bindings after unbind: %+v", w.Bindings)
+	}
+}
+
+func TestStatus(t *testing.T) {
+	s := startBroker(t)
+	var st struct {
+		Controller controllerStatus `json:"controller"`
+		Broker     brokerStatus     `json:"broker"`
+	}
+	out := mustCtl(t, s, "--json", "status")
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, out)
+	}
+	if st.Controller.Leader != s.ControllerAddr() || st.Controller.AppliedIndex == 0 {
+		t.Fatalf("controller status %+v: want leader %s and an applied index", st.Controller, s.ControllerAddr())
+	}
+	if st.Broker.Clients != s.ClientAddr() {
+		t.Fatalf("broker status names clients %q, want %q", st.Broker.Clients, s.ClientAddr())
+	}
+}
+
+func TestBadUsage(t *testing.T) {
+	s := startBroker(t)
+	for _, args := range [][]string{
+		{"no-such-command"},
+		{},
+		{"declare-queue"},
+		{"declare-queue", "a", "b"},
+		{"declare-queue", "q", "--overflow", "sideways"},
+		{"declare-exchange", "x", "--type", "headers"},
+		{"wiring", "--read", "stale"},
+		{"elect"},
+		{"elect", "minus-one"},
+		{"clean-broker", "0"},
+		{"queues", "--no-such-flag"},
+	} {
+		code, _, errOut := ctl(t, s, args...)
+		if code != exitUsage {
+			t.Errorf("berthctl %v: exit %d, want %d", args, code, exitUsage)
+		}
+		if !strings.Contains(errOut, "usage:") {
+			t.Errorf("berthctl %v: no usage on stderr: %q", args, errOut)
+		}
+	}
+	// A name starting with "-" can still be given after "--".
+	mustCtl(t, s, "declare-queue", "--", "-dash")
+	if _, ok := brokerQueues(t, s)["-dash"]; !ok {
+		t.Fatal(`queue "-dash" not declared`)
+	}
+}
