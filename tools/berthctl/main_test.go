@@ -2,12 +2,16 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/berthmq/berth/controlplane"
 	"github.com/berthmq/berth/server"
 )
 
@@ -197,5 +201,78 @@ func TestBadUsage(t *testing.T) {
 	mustCtl(t, s, "declare-queue", "--", "-dash")
 	if _, ok := brokerQueues(t, s)["-dash"]; !ok {
 		t.Fatal(`queue "-dash" not declared`)
+	}
+}
+
+// TestGroupsAndElect gives the controller groups and a live broker, then
+// pages through the groups, forces an election and cleans the broker out.
+func TestGroupsAndElect(t *testing.T) {
+	s := startBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c := controlplane.NewClient([]string{s.ControllerAddr()})
+	defer c.Close()
+	const groups = 3
+	if err := c.SetClusterConfig(ctx, controlplane.ClusterConfig{Groups: groups}); err != nil {
+		t.Fatalf("set cluster config: %v", err)
+	}
+	id, err := c.ApplyBrokerID(ctx, 0)
+	if err != nil {
+		t.Fatalf("apply broker id: %v", err)
+	}
+	if err := c.RegisterBroker(ctx, id, []string{"127.0.0.1:1"}, 1); err != nil {
+		t.Fatalf("register broker: %v", err)
+	}
+	var ends []controlplane.GroupLogEnd
+	for g := uint32(0); g < groups; g++ {
+		ends = append(ends, controlplane.GroupLogEnd{Group: g})
+	}
+	if err := c.Heartbeat(ctx, id, ends); err != nil {
+		t.Fatalf("heartbeat: %v", err)
+	}
+
+	var page struct {
+		Total  uint32      `json:"total"`
+		Groups []groupJSON `json:"groups"`
+	}
+	// A page of two from group 1 sees groups 1 and 2 only.
+	out := mustCtl(t, s, "--json", "groups", "--start", "1", "--count", "2")
+	if err := json.Unmarshal([]byte(out), &page); err != nil {
+		t.Fatalf("groups --json: %v\n%s", err, out)
+	}
+	if page.Total != groups || len(page.Groups) != 2 || page.Groups[0].ID != 1 || page.Groups[1].ID != 2 {
+		t.Fatalf("groups page %+v, want total %d and groups 1, 2", page, groups)
+	}
+
+	var elected struct {
+		NewMasters uint64      `json:"new_masters"`
+		Groups     []groupJSON `json:"groups"`
+	}
+	out = mustCtl(t, s, "--json", "elect", "0", "2", "--preferred", strconv.FormatUint(uint64(id), 10))
+	if err := json.Unmarshal([]byte(out), &elected); err != nil {
+		t.Fatalf("elect --json: %v\n%s", err, out)
+	}
+	if elected.NewMasters != 2 {
+		t.Fatalf("elect moved %d masters, want 2: %s", elected.NewMasters, out)
+	}
+	for _, g := range elected.Groups {
+		if g.Master != id || g.Epoch == 0 {
+			t.Fatalf("group %d after election: master %d epoch %d, want master %d", g.ID, g.Master, g.Epoch, id)
+		}
+	}
+	text := mustCtl(t, s, "groups", "1")
+	if !strings.Contains(text, "1 of 1 groups shown") {
+		t.Fatalf("groups 1 table:\n%s", text)
+	}
+
+	mustCtl(t, s, "clean-broker", strconv.FormatUint(uint64(id), 10))
+	brokers, err := c.GetBrokers(ctx, controlplane.ReadConsistent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range brokers {
+		if b.ID == id {
+			t.Fatalf("broker %d still registered after clean-broker", id)
+		}
 	}
 }
