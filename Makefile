@@ -5,14 +5,14 @@ GO        ?= go
 BIN       := bin
 PKGS      := ./...
 # Packages with concurrency run under the race detector in `make test`.
-RACE_PKGS := ./ring/... ./shards/... ./server/... ./client/... ./journal/... ./controlplane/... ./perf/...
+RACE_PKGS := ./ring/... ./shards/... ./server/... ./client/... ./journal/... ./controlplane/... ./perf/... ./tools/...
 
 .PHONY: all build run test test-race test-plain bench fuzz vet crash soak clean
 
 all: build
 
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -o $(BIN)/ ./cmd/... ./tools/berthctl
 
 run: build
 	./$(BIN)/berthd
