@@ -148,8 +148,8 @@ func (j *Journal) compactOnce() (bool, error) {
 			if i%lockSliceItems == lockSliceItems-1 {
 				j.yieldLocked()
 			}
-			e, ok := j.mu.index[pos]
-			if !ok || e.seg != s.id || !j.mustCopyLocked(e) {
+			e := j.mu.index.get(pos)
+			if e == nil || e.seg != s.id || !j.mustCopyLocked(*e) {
 				continue
 			}
 			moves = append(moves, move{pos: pos, src: s, srcOff: int64(e.off), size: int(e.size)})
@@ -232,19 +232,18 @@ func (j *Journal) compactOnce() (bool, error) {
 	wasCounted := make([]bool, len(moves))
 	for i, m := range moves {
 		out.positions = append(out.positions, m.pos)
-		e, ok := j.mu.index[m.pos]
-		if !ok || e.seg != m.src.id || int64(e.off) != m.srcOff {
+		e := j.mu.index.get(m.pos)
+		if e == nil || e.seg != m.src.id || int64(e.off) != m.srcOff {
 			continue
 		}
 		moved[i] = true
-		wasCounted[i] = j.countedLocked(e)
+		wasCounted[i] = j.countedLocked(*e)
 	}
 	for i, m := range moves {
 		if moved[i] {
-			e := j.mu.index[m.pos]
+			e := j.mu.index.get(m.pos)
 			e.seg = out.id
 			e.off = uint32(m.newOff)
-			j.mu.index[m.pos] = e
 		}
 	}
 	for i, m := range moves {
@@ -254,7 +253,7 @@ func (j *Journal) compactOnce() (bool, error) {
 		if wasCounted[i] {
 			m.src.live -= int64(m.size)
 		}
-		if j.countedLocked(j.mu.index[m.pos]) {
+		if j.countedLocked(*j.mu.index.get(m.pos)) {
 			out.live += int64(m.size)
 		}
 	}
@@ -295,8 +294,8 @@ func (j *Journal) removeSegments(segs []*segment) error {
 			if i%lockSliceItems == lockSliceItems-1 {
 				j.yieldLocked()
 			}
-			if e, ok := j.mu.index[pos]; ok && e.seg == s.id {
-				j.dropLocked(pos, e)
+			if e := j.mu.index.get(pos); e != nil && e.seg == s.id {
+				j.dropLocked(pos, *e)
 			}
 		}
 		delete(j.mu.segs, s.id)
@@ -315,8 +314,7 @@ func (j *Journal) mustCopyLocked(e entry) bool {
 	if e.flags&flagRef == 0 {
 		return e.flags&flagFreed == 0
 	}
-	_, ok := j.mu.index[e.ref]
-	return ok
+	return j.mu.index.get(e.ref) != nil
 }
 
 // compactYieldHook, when set by a test, runs each time the compactor lets
@@ -340,18 +338,19 @@ func (j *Journal) yieldLocked() {
 }
 
 // dropLocked forgets a record that is gone from disk. Refs to a plain
-// record die with it.
+// record die with it. e is a copy: del clears the slot it came from.
 func (j *Journal) dropLocked(pos Pos, e entry) {
-	delete(j.mu.index, pos)
+	j.mu.index.del(pos)
 	if e.flags&flagRef != 0 {
 		return
 	}
 	for r := e.ref; r != 0; {
-		re, ok := j.mu.index[r]
-		if !ok || re.flags&flagRef == 0 || re.ref != pos {
+		rp := j.mu.index.get(r)
+		if rp == nil || rp.flags&flagRef == 0 || rp.ref != pos {
 			break
 		}
-		delete(j.mu.index, r)
+		re := *rp
+		j.mu.index.del(r)
 		// A ref in the target's own file stopped counting at Free.
 		if rs := j.mu.segs[re.seg]; rs != nil && re.seg != e.seg {
 			rs.live -= int64(re.size)

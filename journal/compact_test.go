@@ -16,24 +16,24 @@ func checkInvariants(t testing.TB, j *Journal) {
 	defer j.mu.Unlock()
 	live := make(map[uint32]int64)
 	onList := make(map[Pos]bool)
-	for pos, e := range j.mu.index {
+	for pos, e := range j.mu.index.all() {
 		if _, ok := j.mu.segs[e.seg]; !ok {
 			t.Fatalf("pos %d points at missing segment %d", pos, e.seg)
 		}
-		if j.countedLocked(e) {
+		if j.countedLocked(*e) {
 			live[e.seg] += int64(e.size)
 		}
 		if e.flags&flagRef == 0 {
-			for r := e.ref; r != 0; r = j.mu.index[r].next {
-				re, ok := j.mu.index[r]
-				if !ok || re.ref != pos {
+			for r := e.ref; r != 0; r = j.mu.index.get(r).next {
+				re := j.mu.index.get(r)
+				if re == nil || re.ref != pos {
 					t.Fatalf("ref list of %d broken at %d", pos, r)
 				}
 				onList[r] = true
 			}
 		}
 	}
-	for pos, e := range j.mu.index {
+	for pos, e := range j.mu.index.all() {
 		if e.flags&flagRef != 0 && !onList[pos] {
 			t.Fatalf("ref %d (target %d) is not on its target's list", pos, e.ref)
 		}
@@ -256,7 +256,7 @@ func TestCompactionReclaims(t *testing.T) {
 			}
 			liveSeen := 0
 			for p := range present {
-				if !dequeued[p] && j.mu.index[p].flags&flagRef == 0 {
+				if e := j.mu.index.get(p); !dequeued[p] && (e == nil || e.flags&flagRef == 0) {
 					if _, ok := kept[p]; !ok {
 						t.Fatalf("consumed record %d resurrected", p)
 					}

@@ -181,7 +181,7 @@ type Journal struct {
 		nextPos  Pos
 		nextSeg  uint32
 		active   *segment
-		index    map[Pos]entry
+		index    index
 		segs     map[uint32]*segment
 		fill     *batch // being appended to
 		inflight *batch // being written by the writer
@@ -238,13 +238,14 @@ func (j *Journal) add(kind uint8, data []byte, target Pos, done Completion) Pos 
 	pos := j.mu.nextPos
 	j.mu.nextPos++
 	var err error
+	var t *entry // the ref's target, looked up once
 	switch {
 	case j.mu.err != nil:
 		err = fmt.Errorf("%w: %w", ErrFailed, j.mu.err)
 	case len(data) > j.recordMax:
 		err = fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(data), j.recordMax)
 	case kind == kindRef:
-		if t, ok := j.mu.index[target]; !ok || t.flags != 0 {
+		if t = j.mu.index.get(target); t == nil || t.flags != 0 {
 			err = fmt.Errorf("%w: %d", ErrBadTarget, target)
 		}
 	}
@@ -273,14 +274,14 @@ func (j *Journal) add(kind uint8, data []byte, target Pos, done Completion) Pos 
 	seg.positions = append(seg.positions, pos)
 	e := entry{seg: seg.id, off: uint32(off), size: uint32(size)}
 	if kind == kindRef {
-		t := j.mu.index[target]
+		// t is still valid: nothing has changed the index since the
+		// lookup, and it is updated before the insert may move it.
 		e.flags = flagRef
 		e.ref = target
 		e.next = t.ref
 		t.ref = pos
-		j.mu.index[target] = t
 	}
-	j.mu.index[pos] = e
+	j.mu.index.insert(pos, e)
 	b.comps = append(b.comps, pending{pos: pos, done: done})
 	b.bytes += size
 	j.mu.stats.Appends++
@@ -315,18 +316,20 @@ func (j *Journal) rollLocked(basePos Pos) *segment {
 // record twice does nothing.
 func (j *Journal) Free(pos Pos) {
 	j.mu.Lock()
-	e, ok := j.mu.index[pos]
-	if !ok || e.flags != 0 {
+	e := j.mu.index.get(pos)
+	if e == nil || e.flags != 0 {
 		j.mu.Unlock()
 		return
 	}
 	e.flags |= flagFreed
-	j.mu.index[pos] = e
 	seg := j.mu.segs[e.seg]
 	before := seg.live
 	seg.live -= int64(e.size)
 	for r := e.ref; r != 0; {
-		re := j.mu.index[r]
+		re := j.mu.index.get(r)
+		if re == nil {
+			break
+		}
 		if re.seg == e.seg {
 			seg.live -= int64(re.size)
 		}
@@ -361,8 +364,8 @@ func (j *Journal) countedLocked(e entry) bool {
 	if e.flags&flagRef == 0 {
 		return e.flags&flagFreed == 0
 	}
-	t, ok := j.mu.index[e.ref]
-	return ok && !(t.flags&flagFreed != 0 && t.seg == e.seg)
+	t := j.mu.index.get(e.ref)
+	return t != nil && !(t.flags&flagFreed != 0 && t.seg == e.seg)
 }
 
 // Read appends the data of the record at pos to dst. The record must be in
@@ -371,8 +374,8 @@ func (j *Journal) countedLocked(e entry) bool {
 func (j *Journal) Read(pos Pos, dst []byte) ([]byte, error) {
 	for {
 		j.mu.Lock()
-		e, ok := j.mu.index[pos]
-		if !ok || e.flags&flagFreed != 0 {
+		e := j.mu.index.get(pos)
+		if e == nil || e.flags&flagFreed != 0 {
 			j.mu.Unlock()
 			return dst, fmt.Errorf("%w: %d", ErrNotFound, pos)
 		}
@@ -390,9 +393,10 @@ func (j *Journal) Read(pos Pos, dst []byte) ([]byte, error) {
 		if seg.removed {
 			j.filesMu.RUnlock()
 			j.mu.Lock()
-			again, ok := j.mu.index[pos]
+			again := j.mu.index.get(pos)
+			gone := again != nil && again.seg == seg.id
 			j.mu.Unlock()
-			if ok && again.seg == e.seg {
+			if gone {
 				// Left behind in a deleted segment: dead.
 				return dst, fmt.Errorf("%w: %d", ErrNotFound, pos)
 			}
@@ -513,7 +517,7 @@ func (j *Journal) Stats() Stats {
 	defer j.mu.Unlock()
 	s := j.mu.stats
 	s.Segments = len(j.mu.segs)
-	s.LiveRecords = len(j.mu.index)
+	s.LiveRecords = j.mu.index.len()
 	for _, seg := range j.mu.segs {
 		s.DiskBytes += seg.size
 		s.LiveBytes += seg.live

@@ -22,10 +22,6 @@ const (
 	recoveryBufferMax      = 1 << 20
 	// recoveryProgressBytes: a progress line is logged per this much data.
 	recoveryProgressBytes = 256 << 20
-	// recoveryIndexHintBytes: the index is pre-sized for records of about
-	// this size, at most recoveryIndexHintMax entries.
-	recoveryIndexHintBytes = 160
-	recoveryIndexHintMax   = 16 << 20
 )
 
 // Open recovers the journal in opts.Dir (creating it if needed) and calls
@@ -86,7 +82,7 @@ func Open(opts Options, replay func(pos Pos, ref Pos, data []byte) error) (*Jour
 	}
 	j.mu.work.L = &j.mu.Mutex
 	j.mu.space.L = &j.mu.Mutex
-	j.mu.index = make(map[Pos]entry)
+	j.mu.index = newIndex()
 	j.mu.segs = make(map[uint32]*segment)
 	j.mu.fill = &batch{}
 	j.mu.inflight = &batch{}
@@ -273,9 +269,7 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 		readers = append(readers, &segReader{seg: seg, fileSize: size, off: segmentHeaderSize, bufOff: -1, cutAt: -1, prev: 0})
 		total += size
 	}
-	// Size the index for small records up front: growing a map of a
-	// million entries step by step costs more than the scan.
-	j.mu.index = make(map[Pos]entry, min(total/recoveryIndexHintBytes, recoveryIndexHintMax))
+	j.mu.index = newIndex()
 	bufCap := recoveryBufferMax
 	if len(readers) > 0 {
 		bufCap = min(recoveryBufferMax, max(recoveryBufferMin, recoveryBufferBytesMax/len(readers)))
@@ -315,21 +309,21 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 			doomed[seg.id] = seg
 			copiedBy[seg.id] = lastSeg
 		case rh.kind == kindRef:
-			t, ok := j.mu.index[rh.ref]
-			if !ok || t.flags&flagRef != 0 {
+			t := j.mu.index.get(rh.ref)
+			if t == nil || t.flags&flagRef != 0 {
 				// Its target is gone from disk; so is the ref, logically.
 				break
 			}
-			j.mu.index[rh.pos] = entry{seg: seg.id, off: uint32(r.recOff), size: uint32(len(rec)), flags: flagRef, ref: rh.ref, next: t.ref}
-			t.ref = rh.pos
-			j.mu.index[rh.ref] = t
+			e := entry{seg: seg.id, off: uint32(r.recOff), size: uint32(len(rec)), flags: flagRef, ref: rh.ref, next: t.ref}
+			t.ref = rh.pos // before the insert, which may move t
+			j.mu.index.insert(rh.pos, e)
 			seg.live += int64(len(rec))
 			if err := replay(rh.pos, rh.ref, rec[recordHeaderSize:]); err != nil {
 				return fmt.Errorf("journal: replay %d: %w", rh.pos, err)
 			}
 			replayed++
 		default:
-			j.mu.index[rh.pos] = entry{seg: seg.id, off: uint32(r.recOff), size: uint32(len(rec))}
+			j.mu.index.insert(rh.pos, entry{seg: seg.id, off: uint32(r.recOff), size: uint32(len(rec))})
 			seg.live += int64(len(rec))
 			if err := replay(rh.pos, 0, rec[recordHeaderSize:]); err != nil {
 				return fmt.Errorf("journal: replay %d: %w", rh.pos, err)

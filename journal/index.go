@@ -1,0 +1,177 @@
+package journal
+
+import "iter"
+
+// The index is touched several times per message (append, ref, free, and
+// again when the segment goes), so it must not cost a hash lookup each
+// time: a map of a few segments' worth of records spills out of the cache
+// and dominated the broker's profile. Positions are dense and increasing,
+// and records leave roughly in order, so the recent ones sit in a ring
+// indexed by pos-base; the few that outlive the window (never consumed,
+// or relocated by compaction) move to a map, where they no longer hold
+// the window open.
+const (
+	// indexRingMin and indexRingMax bound the ring's slots; both are powers
+	// of two. At the maximum (32 bytes a slot, 128 MiB) the oldest records
+	// spill to the map instead of growing the ring further.
+	indexRingMin = 1 << 10
+	indexRingMax = 1 << 22
+)
+
+// index maps positions to entries. An entry with size 0 is an empty slot:
+// every record, header included, has a size.
+//
+// Pointers returned by get stay valid only until the next insert or del;
+// callers copy an entry before they delete it.
+type index struct {
+	ring []entry // power-of-two length; slots outside the window are zero
+	head int     // ring slot of base
+	base Pos     // first position of the window
+	n    int     // the window is [base, base+n)
+	// ringLive counts the occupied slots; growing only pays while the
+	// window is mostly full.
+	ringLive int
+	old      map[Pos]*entry // entries below base
+}
+
+func newIndex() index {
+	return index{ring: make([]entry, indexRingMin), old: make(map[Pos]*entry)}
+}
+
+func (x *index) len() int { return x.ringLive + len(x.old) }
+
+// get returns the entry at pos, or nil.
+func (x *index) get(pos Pos) *entry {
+	if pos >= x.base {
+		if d := pos - x.base; d < Pos(x.n) {
+			e := &x.ring[(x.head+int(d))&(len(x.ring)-1)]
+			if e.size != 0 {
+				return e
+			}
+		}
+		return nil
+	}
+	return x.old[pos]
+}
+
+// insert adds e at pos, which must not be in the index.
+func (x *index) insert(pos Pos, e entry) {
+	if e.size == 0 {
+		panic("journal: index entry without a size") // a bug in the journal, never input
+	}
+	if x.n == 0 && pos >= x.base {
+		// An empty window may start anywhere at or above the old entries.
+		x.base, x.head = pos, 0
+	}
+	if pos < x.base {
+		x.keepOld(pos, e)
+		return
+	}
+	for pos-x.base >= Pos(len(x.ring)) {
+		x.makeRoom(pos)
+	}
+	d := int(pos - x.base)
+	x.n = max(x.n, d+1)
+	x.ring[(x.head+d)&(len(x.ring)-1)] = e
+	x.ringLive++
+}
+
+// makeRoom grows the ring while it is mostly full, and otherwise moves the
+// oldest quarter of it to the map. Either way the work is paid for by the
+// slots it frees, so inserts stay O(1) amortized.
+func (x *index) makeRoom(pos Pos) {
+	if x.n == 0 {
+		x.base, x.head = pos, 0
+		return
+	}
+	if x.ringLive*2 > len(x.ring) && len(x.ring) < indexRingMax {
+		x.resize(len(x.ring) * 2)
+		return
+	}
+	for k := max(len(x.ring)/4, 1); k > 0 && x.n > 0; k-- {
+		if x.ring[x.head].size != 0 {
+			x.keepOld(x.base, x.ring[x.head])
+			x.ringLive--
+		}
+		x.popHead()
+	}
+	x.trim()
+}
+
+// keepOld puts e in the map. It takes e by value so that only entries
+// that go there are moved to the heap, not every inserted one.
+func (x *index) keepOld(pos Pos, e entry) {
+	p := new(entry)
+	*p = e
+	x.old[pos] = p
+}
+
+func (x *index) popHead() {
+	x.ring[x.head] = entry{}
+	x.head = (x.head + 1) & (len(x.ring) - 1)
+	x.base++
+	x.n--
+}
+
+// trim drops empty slots from the front of the window, and shrinks a ring
+// left mostly idle so a burst does not hold its memory for good.
+func (x *index) trim() {
+	for x.n > 0 && x.ring[x.head].size == 0 {
+		x.popHead()
+	}
+	c := len(x.ring)
+	for c > indexRingMin && x.n <= c/8 {
+		c /= 2
+	}
+	if c != len(x.ring) {
+		x.resize(c)
+	}
+}
+
+func (x *index) resize(c int) {
+	ring := make([]entry, c)
+	mask := len(x.ring) - 1
+	for i := range x.n {
+		ring[i] = x.ring[(x.head+i)&mask]
+	}
+	x.ring, x.head = ring, 0
+}
+
+// del removes pos from the index, if it is there.
+func (x *index) del(pos Pos) {
+	if pos < x.base {
+		delete(x.old, pos)
+		return
+	}
+	d := pos - x.base
+	if d >= Pos(x.n) {
+		return
+	}
+	e := &x.ring[(x.head+int(d))&(len(x.ring)-1)]
+	if e.size == 0 {
+		return
+	}
+	*e = entry{}
+	x.ringLive--
+	if d == 0 {
+		x.trim()
+	}
+}
+
+// all yields every entry, the map's first. The index must not change
+// during the walk.
+func (x *index) all() iter.Seq2[Pos, *entry] {
+	return func(yield func(Pos, *entry) bool) {
+		for pos, e := range x.old {
+			if !yield(pos, e) {
+				return
+			}
+		}
+		for i := range x.n {
+			e := &x.ring[(x.head+i)&(len(x.ring)-1)]
+			if e.size != 0 && !yield(x.base+Pos(i), e) {
+				return
+			}
+		}
+	}
+}

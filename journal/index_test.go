@@ -1,0 +1,147 @@
+package journal
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// checkIndex compares the index with a model map, entry by entry, both
+// through get and through all.
+func checkIndex(t *testing.T, x *index, model map[Pos]entry, step int) {
+	t.Helper()
+	if x.len() != len(model) {
+		t.Fatalf("step %d: len %d, model %d", step, x.len(), len(model))
+	}
+	for pos, want := range model {
+		got := x.get(pos)
+		if got == nil || *got != want {
+			t.Fatalf("step %d: get(%d) = %v, want %v", step, pos, got, want)
+		}
+	}
+	seen := 0
+	for pos, e := range x.all() {
+		if want, ok := model[pos]; !ok || *e != want {
+			t.Fatalf("step %d: all yields %d=%v, model has %v (%v)", step, pos, *e, want, ok)
+		}
+		seen++
+	}
+	if seen != len(model) {
+		t.Fatalf("step %d: all yields %d entries, model %d", step, seen, len(model))
+	}
+	if len(x.ring) < indexRingMin || len(x.ring) > indexRingMax || len(x.ring)&(len(x.ring)-1) != 0 {
+		t.Fatalf("step %d: ring of %d slots", step, len(x.ring))
+	}
+}
+
+// TestIndexModel drives the index with the shapes the journal produces
+// (increasing inserts with gaps, deletes mostly in order, long-lived
+// survivors, entries changed in place, jumps after recovery) and checks it
+// against a map after every step.
+func TestIndexModel(t *testing.T) {
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		x := newIndex()
+		model := map[Pos]entry{}
+		var live []Pos // insertion order
+		next := Pos(1 + rng.IntN(3))
+		for step := range 4000 {
+			switch r := rng.IntN(100); {
+			case r < 50:
+				if rng.IntN(50) == 0 {
+					next += Pos(rng.IntN(5000)) // a gap, as after recovery
+				}
+				e := entry{seg: uint32(rng.IntN(9)), off: uint32(step), size: uint32(1 + rng.IntN(200)), ref: Pos(step)}
+				x.insert(next, e)
+				model[next] = e
+				live = append(live, next)
+				next += Pos(1 + rng.IntN(2))
+			case r < 85 && len(live) > 0:
+				// Mostly the oldest, sometimes any: records die roughly in
+				// order, a few live on.
+				i := 0
+				if rng.IntN(4) == 0 {
+					i = rng.IntN(len(live))
+				}
+				if rng.IntN(10) == 0 {
+					i = len(live) - 1 - i/2
+				}
+				pos := live[i]
+				live = append(live[:i], live[i+1:]...)
+				x.del(pos)
+				delete(model, pos)
+				x.del(pos) // twice does nothing
+			case r < 95 && len(live) > 0:
+				pos := live[rng.IntN(len(live))]
+				e := x.get(pos)
+				e.flags ^= flagFreed
+				e.next = Pos(step)
+				model[pos] = *e
+			default:
+				// Positions never inserted, or gone, are absent.
+				pos := Pos(rng.IntN(int(next) + 10))
+				if _, ok := model[pos]; !ok && x.get(pos) != nil {
+					t.Fatalf("seed %d step %d: get(%d) found a deleted entry", seed, step, pos)
+				}
+				x.del(pos)
+				if _, ok := model[pos]; !ok && x.len() != len(model) {
+					t.Fatalf("seed %d step %d: del of absent %d changed len", seed, step, pos)
+				}
+				if _, ok := model[pos]; ok {
+					delete(model, pos)
+					for i, p := range live {
+						if p == pos {
+							live = append(live[:i], live[i+1:]...)
+							break
+						}
+					}
+				}
+			}
+			checkIndex(t, &x, model, step)
+		}
+	}
+}
+
+// TestIndexSurvivorsDoNotPinRing: a queue consumed in order with one
+// message in a hundred never consumed. The survivors must end up in the
+// map, and the ring must stay near the size of the recent window instead
+// of spanning every position since the first survivor.
+func TestIndexSurvivorsDoNotPinRing(t *testing.T) {
+	const (
+		total = 1_000_000
+		lag   = 1000 // records die this far behind the head
+	)
+	x := newIndex()
+	survivors := 0
+	for pos := Pos(1); pos <= total; pos++ {
+		x.insert(pos, entry{size: 100, off: uint32(pos)})
+		if pos > lag {
+			old := pos - lag
+			if old%100 == 0 {
+				survivors++
+				continue
+			}
+			x.del(old)
+		}
+	}
+	if want := survivors + lag; x.len() != want {
+		t.Fatalf("len %d, want %d", x.len(), want)
+	}
+	if len(x.ring) > 8*lag {
+		t.Fatalf("ring holds %d slots for a window of %d records", len(x.ring), lag)
+	}
+	if len(x.old) < survivors-2*lag {
+		t.Fatalf("only %d of %d survivors left the ring", len(x.old), survivors)
+	}
+	for pos := Pos(100); pos <= total-lag; pos += 100 {
+		if e := x.get(pos); e == nil || e.off != uint32(pos) {
+			t.Fatalf("survivor %d: %v", pos, e)
+		}
+	}
+	// Once the survivors go too, the map empties and the ring shrinks.
+	for pos := Pos(1); pos <= total; pos++ {
+		x.del(pos)
+	}
+	if x.len() != 0 || len(x.old) != 0 || len(x.ring) != indexRingMin {
+		t.Fatalf("after deleting all: len %d, map %d, ring %d slots", x.len(), len(x.old), len(x.ring))
+	}
+}
