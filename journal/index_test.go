@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 )
@@ -144,4 +145,82 @@ func TestIndexSurvivorsDoNotPinRing(t *testing.T) {
 	if x.len() != 0 || len(x.old) != 0 || len(x.ring) != indexRingMin {
 		t.Fatalf("after deleting all: len %d, map %d, ring %d slots", x.len(), len(x.old), len(x.ring))
 	}
+}
+
+// TestIndexQueueWithSurvivors runs a queue through the journal in which
+// one message in a hundred is never consumed, so compaction relocates the
+// survivors while everything around them is reclaimed. The index must
+// stay consistent, the survivors readable and replayed, and the ring must
+// not span every position since the first survivor.
+func TestIndexQueueWithSurvivors(t *testing.T) {
+	const (
+		rounds   = 200
+		perRound = 100
+	)
+	opts := Options{Dir: t.TempDir(), SegmentBytes: 16 << 10, Fsync: FsyncNever}
+	j, _ := openT(t, opts)
+	rec := newRecorder(t)
+	survivors := map[Pos]int{}
+	want := 0
+	for round := range rounds {
+		msgs := make([]Pos, perRound)
+		for i := range msgs {
+			msgs[i] = j.Append(payload(round*perRound+i), rec.done)
+		}
+		want += perRound
+		for i, p := range msgs {
+			if i == 0 {
+				survivors[p] = round * perRound
+				continue
+			}
+			j.AppendRef([]byte("deq"), p, rec.done)
+			want++
+		}
+		rec.wait(want)
+		for _, p := range msgs[1:] {
+			j.Free(p)
+		}
+	}
+	for pos, err := range rec.results {
+		if err != nil {
+			t.Fatalf("record %d: %v", pos, err)
+		}
+	}
+	waitFor(t, func() error {
+		if s := j.Stats(); s.Segments > 8 {
+			return fmt.Errorf("%d segments left", s.Segments)
+		}
+		return nil
+	})
+	checkInvariants(t, j)
+	j.mu.Lock()
+	ring, old, span := len(j.mu.index.ring), len(j.mu.index.old), int(j.mu.nextPos)
+	j.mu.Unlock()
+	if ring*2 > span || old == 0 {
+		t.Fatalf("ring of %d slots, %d entries in the map, for %d positions", ring, old, span)
+	}
+	for pos, i := range survivors {
+		got, err := j.Read(pos, nil)
+		if err != nil || string(got) != string(payload(i)) {
+			t.Fatalf("survivor %d: %q, %v", pos, got, err)
+		}
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+	j, got := openT(t, opts)
+	defer j.Close()
+	seen := 0
+	for _, r := range got {
+		if i, ok := survivors[r.pos]; ok {
+			if r.data != string(payload(i)) {
+				t.Fatalf("survivor %d replayed as %q", r.pos, r.data)
+			}
+			seen++
+		}
+	}
+	if seen != len(survivors) {
+		t.Fatalf("replayed %d of %d survivors", seen, len(survivors))
+	}
+	checkInvariants(t, j)
 }
