@@ -21,8 +21,11 @@ const (
 	// FsyncAlways completes a record after an fsync (fdatasync) covers it.
 	FsyncAlways FsyncPolicy = iota
 	// FsyncNever completes a record after write(2) returns. UNSAFE: a
-	// machine crash or power loss loses completed records. Only for
-	// benchmarks that compare like with like, and for data that may be lost.
+	// machine crash or power loss loses completed records, and may damage
+	// any unsynced segment, not only the newest (recovery cuts each segment
+	// at its first bad record). Nothing is fsynced but on Sync, Close and
+	// compaction's own copies. Only for benchmarks that compare like with
+	// like, and for data that may be lost.
 	FsyncNever
 )
 

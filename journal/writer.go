@@ -125,9 +125,15 @@ func (j *Journal) writeBatch(b *batch, forceSync bool) (bool, error) {
 
 // switchSegment seals the writer's current segment and creates next.
 func (j *Journal) switchSegment(next *segment) error {
+	// Under FsyncNever nothing is promised past write(2), so sealing does
+	// not stop the writer for an fsync of the whole segment either (it
+	// showed as a latency spike at every seal).
+	syncs := j.opts.Fsync != FsyncNever
 	if cur := j.writerCur; cur != nil {
-		if err := cur.file.Sync(); err != nil {
-			return fmt.Errorf("journal: fsync %s: %w", segmentName(cur.id), err)
+		if syncs {
+			if err := cur.file.Sync(); err != nil {
+				return fmt.Errorf("journal: fsync %s: %w", segmentName(cur.id), err)
+			}
 		}
 		j.mu.Lock()
 		cur.sealed = true
@@ -141,9 +147,11 @@ func (j *Journal) switchSegment(next *segment) error {
 		}
 		// The directory entry must be durable before any record in the
 		// file is reported durable.
-		if err := j.fs.SyncDir(j.opts.Dir); err != nil {
-			f.Close()
-			return fmt.Errorf("journal: sync dir %s: %w", j.opts.Dir, err)
+		if syncs {
+			if err := j.fs.SyncDir(j.opts.Dir); err != nil {
+				f.Close()
+				return fmt.Errorf("journal: sync dir %s: %w", j.opts.Dir, err)
+			}
 		}
 		j.mu.Lock()
 		next.file = f
