@@ -9,7 +9,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -146,6 +148,7 @@ type Server struct {
 // Start starts a broker and returns once it accepts clients.
 func Start(cfg Config) (*Server, error) {
 	cfg.fill()
+	raiseGOMAXPROCS(cfg.Loops)
 	s := &Server{
 		cfg:    cfg,
 		log:    cfg.Logger,
@@ -316,6 +319,22 @@ func (s *Server) heartbeats() {
 		for _, cs := range list {
 			cs.heartbeat(now)
 		}
+	}
+}
+
+// raiseGOMAXPROCS gives the runtime one P per event loop on top of one per
+// core, unless GOMAXPROCS was set by hand. gnet's loops wait in epoll_wait
+// as raw syscalls that keep their P; with GOMAXPROCS equal to the cores,
+// two idle loops held both Ps, and a shard or journal goroutine woken by
+// a producer waited for the runtime's monitor to take a P back: up to
+// 10 ms. Measured on 2 cores (GOMAXPROCS 2 -> 4): publish p99 at 500 msg/s
+// 7.7 ms -> 2.0 ms, durable 1 KiB throughput 173k -> 270k msgs/s.
+func raiseGOMAXPROCS(loops int) {
+	if os.Getenv("GOMAXPROCS") != "" {
+		return
+	}
+	if want := numCPU() + loops; runtime.GOMAXPROCS(0) < want {
+		runtime.GOMAXPROCS(want)
 	}
 }
 
