@@ -140,8 +140,16 @@ func (n *Node) serveConn(c net.Conn) {
 	sem := make(chan struct{}, connInflightMax)
 	var reqs sync.WaitGroup
 	defer reqs.Wait()
+	rb := &readBatcher{n: n, sc: sc, sem: sem, wg: &reqs}
+	defer rb.flush() // runs before reqs.Wait
 	var hdr [wire.HeaderSize]byte
+	// scratch holds request bodies; what outlives the frame is copied.
+	var scratch []byte
 	for {
+		if !frameBuffered(r) {
+			// The next read may block: serve the reads collected so far.
+			rb.flush()
+		}
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
 			return
 		}
@@ -152,7 +160,15 @@ func (n *Node) serveConn(c net.Conn) {
 		if h.Type != wire.TypeRaftMessage && h.Length > ctlFrameMax {
 			return
 		}
-		body := make([]byte, h.Length)
+		var body []byte
+		if h.Type == wire.TypeCtlRequest {
+			if int(h.Length) > cap(scratch) {
+				scratch = make([]byte, h.Length)
+			}
+			body = scratch[:h.Length]
+		} else {
+			body = make([]byte, h.Length)
+		}
 		if _, err := io.ReadFull(r, body); err != nil {
 			return
 		}
@@ -176,9 +192,23 @@ func (n *Node) serveConn(c net.Conn) {
 			}
 			select {
 			case sem <- struct{}{}:
-			case <-n.stop:
-				return
+			default:
+				// Reads held in the batch hold slots: start them before
+				// waiting for one to come free.
+				rb.flush()
+				select {
+				case sem <- struct{}{}:
+				case <-n.stop:
+					return
+				}
 			}
+			if req.Op == opRead && len(req.Body) > 0 &&
+				(ReadMode(req.Body[0]) == ReadConsistent || ReadMode(req.Body[0]) == ReadFollower) {
+				q, err := parseRead(req.Body)
+				rb.add(batchedRead{id: req.ID, q: q, err: err})
+				continue
+			}
+			req.Body = slices.Clone(req.Body)
 			reqs.Add(1)
 			go func() {
 				defer func() { <-sem; reqs.Done() }()
@@ -191,6 +221,23 @@ func (n *Node) serveConn(c net.Conn) {
 			// A frame of a type this build does not know is skipped by size.
 		}
 	}
+}
+
+// frameBuffered reports whether r holds a whole frame, so reading it
+// cannot block.
+func frameBuffered(r *bufio.Reader) bool {
+	if r.Buffered() < wire.HeaderSize {
+		return false
+	}
+	b, err := r.Peek(wire.HeaderSize)
+	if err != nil {
+		return false
+	}
+	h, err := wire.ReadHeader(b, peerFrameMax)
+	if err != nil {
+		return true // the reader fails on it without blocking
+	}
+	return r.Buffered()-wire.HeaderSize >= int(h.Length)
 }
 
 // handle serves one request. It is what both the TCP service and the
@@ -329,68 +376,85 @@ func decodeGroup(d *decoder) Group {
 	return g
 }
 
-func (n *Node) handleRead(ctx context.Context, body []byte, e *encoder) error {
+// readQuery is a parsed opRead body.
+type readQuery struct {
+	mode                ReadMode
+	query               uint8
+	start, count, group uint32
+	key                 string
+}
+
+func parseRead(body []byte) (readQuery, error) {
 	d := decoder{b: body}
-	mode := ReadMode(d.u8())
-	query := d.u8()
-	var start, count, group uint32
-	var key string
-	switch query {
+	q := readQuery{mode: ReadMode(d.u8()), query: d.u8()}
+	switch q.query {
 	case queryGroups:
-		start, count = d.u32(), d.u32()
-		if count > groupsPerReplyMax {
-			count = groupsPerReplyMax
+		q.start, q.count = d.u32(), d.u32()
+		if q.count > groupsPerReplyMax {
+			q.count = groupsPerReplyMax
 		}
 	case queryAttribute:
-		key = d.str()
+		q.key = d.str()
 	case querySyncStateSet:
-		group = d.u32()
+		q.group = d.u32()
 	case queryWiring, queryBrokers, queryNextBrokerID, queryClusterInfo:
 	default:
-		return ErrBadRequest
+		return q, ErrBadRequest
 	}
 	if err := d.finish(); err != nil {
-		return ErrBadRequest
+		return q, ErrBadRequest
 	}
-	return n.Read(ctx, mode, func(s *State) {
-		switch query {
-		case queryWiring:
-			encodeWiring(e, s.Wiring())
-		case queryGroups:
-			total := uint32(s.GroupCount())
-			e.u32(total)
-			end := uint64(start) + uint64(count)
-			if end > uint64(total) {
-				end = uint64(total)
-			}
-			if uint64(start) > end {
-				start = uint32(end)
-			}
-			e.u32(uint32(end) - start)
-			for id := start; uint64(id) < end; id++ {
-				g, _ := s.Group(id)
-				encodeGroup(e, g)
-			}
-		case queryBrokers:
-			bs := s.Brokers()
-			e.u32(uint32(len(bs)))
-			for _, b := range bs {
-				(&RegisterBroker{ID: b.ID, Addrs: b.Addrs, Version: b.Version}).encode(e)
-			}
-		case queryNextBrokerID:
-			e.u32(s.NextBrokerID())
-		case queryAttribute:
-			v, ok := s.Attribute(key)
-			e.boolean(ok)
-			e.str(v)
-		case queryClusterInfo:
-			c := s.Config()
-			(&SetClusterConfig{Groups: c.Groups, Mode: c.Mode, UncleanElection: c.UncleanElection}).encode(e)
-			e.u16(s.ClusterVersion())
-		case querySyncStateSet:
-			g, ok := s.Group(group)
-			e.boolean(ok)
+	return q, nil
+}
+
+// encode appends the query's answer from s; the caller holds s's read lock.
+func (q *readQuery) encode(s *State, e *encoder) {
+	switch q.query {
+	case queryWiring:
+		encodeWiring(e, s.Wiring())
+	case queryGroups:
+		total := uint32(s.GroupCount())
+		e.u32(total)
+		start := q.start
+		end := uint64(start) + uint64(q.count)
+		if end > uint64(total) {
+			end = uint64(total)
+		}
+		if uint64(start) > end {
+			start = uint32(end)
+		}
+		e.u32(uint32(end) - start)
+		for id := start; uint64(id) < end; id++ {
+			g, _ := s.Group(id)
 			encodeGroup(e, g)
 		}
-	})
+	case queryBrokers:
+		bs := s.Brokers()
+		e.u32(uint32(len(bs)))
+		for _, b := range bs {
+			(&RegisterBroker{ID: b.ID, Addrs: b.Addrs, Version: b.Version}).encode(e)
+		}
+	case queryNextBrokerID:
+		e.u32(s.NextBrokerID())
+	case queryAttribute:
+		v, ok := s.Attribute(q.key)
+		e.boolean(ok)
+		e.str(v)
+	case queryClusterInfo:
+		c := s.Config()
+		(&SetClusterConfig{Groups: c.Groups, Mode: c.Mode, UncleanElection: c.UncleanElection}).encode(e)
+		e.u16(s.ClusterVersion())
+	case querySyncStateSet:
+		g, ok := s.Group(q.group)
+		e.boolean(ok)
+		encodeGroup(e, g)
+	}
+}
+
+func (n *Node) handleRead(ctx context.Context, body []byte, e *encoder) error {
+	q, err := parseRead(body)
+	if err != nil {
+		return err
+	}
+	return n.Read(ctx, q.mode, func(s *State) { q.encode(s, e) })
 }

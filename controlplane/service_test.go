@@ -101,3 +101,79 @@ func TestClientFollowsRedirects(t *testing.T) {
 		t.Fatal("group 0 exists before the cluster config")
 	}
 }
+
+// TestPipelinedReadsOverSocket writes many reads to one connection in one
+// burst, more than one batch and more than the connection's inflight bound,
+// mixing modes and a malformed read: every request gets its own answer,
+// matched by id, and each consistent read sees the write made before it.
+func TestPipelinedReadsOverSocket(t *testing.T) {
+	n, err := StartSingle(t.TempDir(), "127.0.0.1:0", quietLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop()
+	cl := NewClient([]string{n.Addr()})
+	defer cl.Close()
+	if err := cl.SetAttribute(ctxT(t, 5*time.Second), "k", "v1"); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", n.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const requests = connInflightMax + connReadBatchMax + 100
+	const malformed = 777
+	var burst []byte
+	for i := uint64(1); i <= requests; i++ {
+		e := encoder{}
+		mode := []ReadMode{ReadConsistent, ReadFollower, ReadUnsafe}[i%3]
+		e.u8(uint8(mode))
+		e.u8(queryAttribute)
+		e.str("k")
+		body := e.b
+		if i == malformed {
+			body = body[:len(body)-1]
+		}
+		burst = wire.AppendCtlRequest(burst, wire.CtlRequest{ID: i, Op: opRead, Body: body})
+	}
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	go c.Write(burst) // the server answers while the burst still arrives
+	seen := map[uint64]bool{}
+	var hdr [wire.HeaderSize]byte
+	for len(seen) < requests {
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			t.Fatalf("after %d answers: %v", len(seen), err)
+		}
+		h, err := wire.ReadHeader(hdr[:], peerFrameMax)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := make([]byte, h.Length)
+		if _, err := io.ReadFull(c, body); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := wire.DecodeCtlResponse(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.ID == 0 || resp.ID > requests || seen[resp.ID] {
+			t.Fatalf("answer with unexpected id %d", resp.ID)
+		}
+		seen[resp.ID] = true
+		if resp.ID == malformed {
+			if resp.Status != statusBadRequest {
+				t.Fatalf("malformed read: status %d", resp.Status)
+			}
+			continue
+		}
+		if resp.Status != statusOK {
+			t.Fatalf("read %d: status %d %s", resp.ID, resp.Status, resp.Body)
+		}
+		d := decoder{b: resp.Body}
+		ok, v := d.boolean(), d.str()
+		if err := d.finish(); err != nil || !ok || v != "v1" {
+			t.Fatalf("read %d: %q %v %v", resp.ID, v, ok, err)
+		}
+	}
+}

@@ -1,0 +1,124 @@
+package controlplane
+
+import (
+	"context"
+	"sync"
+
+	"github.com/berthmq/berth/wire"
+)
+
+// Consistent and follower reads that arrive on one connection in one burst
+// are served together: the connection's reader collects them while whole
+// frames are buffered, then one goroutine takes a single ReadIndex for all
+// of them, answers each from the state and writes every reply in one
+// coalesced write. A read costs a parse and an encode instead of a
+// goroutine, a timer, a ReadIndex request and a write of its own.
+//
+// Linearizability holds per read: every read of a batch had arrived before
+// the batch's ReadIndex request was made, so the index covers every write
+// committed before any of them began.
+
+const (
+	// connReadBatchMax bounds the reads sharing one ReadIndex and one write.
+	connReadBatchMax = 256
+	// readReplyBufMax caps a reply buffer kept for reuse.
+	readReplyBufMax = 256 << 10
+)
+
+// batchedRead is one read waiting in a connection's batch.
+type batchedRead struct {
+	id  uint64
+	q   readQuery
+	err error // set if the request was malformed; answered without a read
+}
+
+// readBatcher collects one connection's reads; its reader goroutine owns it.
+type readBatcher struct {
+	n     *Node
+	sc    *serverConn
+	sem   chan struct{} // the connection's inflight slots, one per read held
+	wg    *sync.WaitGroup
+	reads [2][]batchedRead // by mode: consistent, follower
+}
+
+func readBatchSlot(follower bool) int {
+	if follower {
+		return 1
+	}
+	return 0
+}
+
+// add queues a read whose inflight slot the caller holds.
+func (rb *readBatcher) add(r batchedRead) {
+	i := readBatchSlot(r.q.mode == ReadFollower)
+	rb.reads[i] = append(rb.reads[i], r)
+	if len(rb.reads[i]) >= connReadBatchMax {
+		rb.flushSlot(i)
+	}
+}
+
+// flush starts serving every queued read. The reader calls it before it
+// may block, so no read waits on the arrival of another.
+func (rb *readBatcher) flush() {
+	for i := range rb.reads {
+		rb.flushSlot(i)
+	}
+}
+
+func (rb *readBatcher) flushSlot(i int) {
+	reads := rb.reads[i]
+	if len(reads) == 0 {
+		return
+	}
+	rb.reads[i] = nil
+	rb.wg.Add(1)
+	go func() {
+		defer rb.wg.Done()
+		rb.n.serveReads(rb.sc, i == 1, reads)
+		for range reads {
+			<-rb.sem
+		}
+	}()
+}
+
+var readReplyPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+// serveReads answers reads that share one ReadIndex and writes the replies
+// to sc at once.
+func (n *Node) serveReads(sc *serverConn, follower bool, reads []batchedRead) {
+	var err error
+	for _, r := range reads {
+		if r.err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+			_, err = n.ReadIndex(ctx, follower)
+			cancel()
+			break
+		}
+	}
+	bp := readReplyPool.Get().(*[]byte)
+	out := (*bp)[:0]
+	var e encoder
+	for _, r := range reads {
+		resp := wire.CtlResponse{ID: r.id}
+		switch {
+		case r.err != nil:
+			resp.Status, resp.Body = statusBadRequest, []byte(r.err.Error())
+		case err != nil:
+			resp.Status, resp.Leader, resp.Body = errorStatus(err)
+		default:
+			e.b = e.b[:0]
+			n.mu.RLock()
+			r.q.encode(n.state, &e)
+			n.mu.RUnlock()
+			resp.Body = e.b
+		}
+		out = wire.AppendCtlResponse(out, resp)
+	}
+	// A failed write closes the connection (onFailed); the reader then
+	// stops and the client retries elsewhere.
+	sc.w.write(func(b []byte) []byte { return append(b, out...) })
+	if cap(out) <= readReplyBufMax {
+		*bp = out[:0]
+		readReplyPool.Put(bp)
+	}
+}
