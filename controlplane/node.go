@@ -178,6 +178,27 @@ type proposeResult struct {
 type readRequest struct {
 	follower bool
 	done     chan readIndexResult // cap 1
+	// seal, if set, is closed to newcomers by the raft goroutine before
+	// the request's index is taken: readers that joined before it are
+	// covered by the index, later ones must not join.
+	seal *readSeal
+}
+
+// readSeal lets readers join a queued ReadIndex request until the raft
+// goroutine takes its index.
+type readSeal struct {
+	mu     sync.Mutex
+	sealed bool // guarded by mu
+}
+
+func sealReads(q []*readRequest) {
+	for _, r := range q {
+		if r.seal != nil {
+			r.seal.mu.Lock()
+			r.seal.sealed = true
+			r.seal.mu.Unlock()
+		}
+	}
 }
 
 type readIndexResult struct {
@@ -606,13 +627,18 @@ func (n *Node) drainProposals() {
 // every write completed before the call. With follower set it may run on a
 // follower; it fails with *LaggingError if the follower is too far behind.
 func (n *Node) ReadIndex(ctx context.Context, follower bool) (uint64, error) {
+	return n.readIndex(ctx, follower, nil)
+}
+
+// readIndex is ReadIndex for readers that may join until seal is sealed.
+func (n *Node) readIndex(ctx context.Context, follower bool, seal *readSeal) (uint64, error) {
 	if !follower && !n.isLdr.Load() {
 		return 0, &NotLeaderError{Leader: n.leaderAddr()}
 	}
 	if n.lead.Load() == 0 {
 		return 0, &NotLeaderError{}
 	}
-	r := &readRequest{follower: follower, done: make(chan readIndexResult, 1)}
+	r := &readRequest{follower: follower, done: make(chan readIndexResult, 1), seal: seal}
 	n.readMu.Lock()
 	if len(n.readQ) >= readQueueMax {
 		n.readMu.Unlock()
@@ -682,8 +708,10 @@ func (n *Node) drainReads() {
 		st = n.rn.BasicStatus()
 		if st.RaftState == raft.StateLeader && st.HardState.GetTerm() == n.leaseTerm && now.Before(n.leaseUntil) {
 			// While the lease holds no other leader can exist, so the
-			// commit index covers every write completed before now.
+			// commit index covers every write completed before now. Only
+			// this goroutine moves it, so it holds until the seal.
 			idx := st.HardState.GetCommit()
+			sealReads(q)
 			for _, r := range q {
 				r.done <- readIndexResult{index: idx}
 			}
@@ -715,6 +743,7 @@ func (n *Node) drainReads() {
 		}
 		return
 	}
+	sealReads(q)
 	if renew {
 		n.leaseRenewing = true
 	}

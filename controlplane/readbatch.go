@@ -7,16 +7,19 @@ import (
 	"github.com/berthmq/berth/wire"
 )
 
-// Consistent and follower reads that arrive on one connection in one burst
-// are served together: the connection's reader collects them while whole
-// frames are buffered, then one goroutine takes a single ReadIndex for all
-// of them, answers each from the state and writes every reply in one
-// coalesced write. A read costs a parse and an encode instead of a
-// goroutine, a timer, a ReadIndex request and a write of its own.
+// Consistent and follower reads that arrive on one connection are served
+// together: the connection's reader collects them while whole frames are
+// buffered, then one goroutine takes a single ReadIndex for all of them,
+// answers each from the state and writes every reply in one coalesced
+// write. While that ReadIndex request still waits for the raft goroutine
+// (behind the rounds in flight), later bursts join it instead of starting
+// their own. A read costs a parse and an encode instead of a goroutine, a
+// timer, a ReadIndex request and a write of its own.
 //
-// Linearizability holds per read: every read of a batch had arrived before
-// the batch's ReadIndex request was made, so the index covers every write
-// committed before any of them began.
+// Linearizability holds per read: a read joins a request only while it is
+// unsealed, and the raft goroutine seals it before it takes the request's
+// index, so the index covers every write committed before any read of the
+// batch began.
 
 const (
 	// connReadBatchMax bounds the reads sharing one ReadIndex and one write.
@@ -39,6 +42,13 @@ type readBatcher struct {
 	sem   chan struct{} // the connection's inflight slots, one per read held
 	wg    *sync.WaitGroup
 	reads [2][]batchedRead // by mode: consistent, follower
+	open  [2]*connReads    // by mode: the last batch started, maybe still open to joiners
+}
+
+// connReads is a batch of one connection's reads sharing a ReadIndex.
+type connReads struct {
+	seal  readSeal
+	reads []batchedRead // guarded by seal.mu until sealed; then the server's
 }
 
 func readBatchSlot(follower bool) int {
@@ -70,12 +80,24 @@ func (rb *readBatcher) flushSlot(i int) {
 	if len(reads) == 0 {
 		return
 	}
+	if o := rb.open[i]; o != nil {
+		o.seal.mu.Lock()
+		if !o.seal.sealed && len(o.reads)+len(reads) <= connReadBatchMax {
+			o.reads = append(o.reads, reads...)
+			o.seal.mu.Unlock()
+			rb.reads[i] = reads[:0]
+			return
+		}
+		o.seal.mu.Unlock()
+	}
 	rb.reads[i] = nil
+	cr := &connReads{reads: reads}
+	rb.open[i] = cr
 	rb.wg.Add(1)
 	go func() {
 		defer rb.wg.Done()
-		rb.n.serveReads(rb.sc, i == 1, reads)
-		for range reads {
+		served := rb.n.serveReads(rb.sc, i == 1, cr)
+		for range served {
 			<-rb.sem
 		}
 	}()
@@ -83,18 +105,20 @@ func (rb *readBatcher) flushSlot(i int) {
 
 var readReplyPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
 
-// serveReads answers reads that share one ReadIndex and writes the replies
-// to sc at once.
-func (n *Node) serveReads(sc *serverConn, follower bool, reads []batchedRead) {
+// serveReads answers reads that share one ReadIndex, writes the replies to
+// sc at once and returns the reads it served.
+func (n *Node) serveReads(sc *serverConn, follower bool, cr *connReads) []batchedRead {
 	var err error
-	for _, r := range reads {
-		if r.err == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
-			_, err = n.ReadIndex(ctx, follower)
-			cancel()
-			break
-		}
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	_, err = n.readIndex(ctx, follower, &cr.seal)
+	cancel()
+	// Close the batch to joiners whatever happened: on success the raft
+	// goroutine has sealed it already; on failure the joiners share the
+	// error and their clients retry.
+	cr.seal.mu.Lock()
+	cr.seal.sealed = true
+	reads := cr.reads
+	cr.seal.mu.Unlock()
 	bp := readReplyPool.Get().(*[]byte)
 	out := (*bp)[:0]
 	var e encoder
@@ -121,4 +145,5 @@ func (n *Node) serveReads(sc *serverConn, follower bool, reads []batchedRead) {
 		*bp = out[:0]
 		readReplyPool.Put(bp)
 	}
+	return reads
 }

@@ -318,6 +318,12 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 		return statusBadRequest, "", []byte("controlplane: unknown operation")
 	}
 	if err != nil {
+		if (op == opPropose || op == opElect) && errors.Is(err, ErrStopped) {
+			// The node stopped after the write may have entered the log:
+			// a client that retried it elsewhere could apply it twice (a
+			// porcupine run caught a put applied again after later puts).
+			return statusAmbiguous, "", []byte(err.Error())
+		}
 		return errorStatus(err)
 	}
 	return statusOK, "", e.b

@@ -177,3 +177,49 @@ func TestPipelinedReadsOverSocket(t *testing.T) {
 		}
 	}
 }
+
+// TestReadIndexSealsBeforeAnswering: a batch that readers may join must be
+// closed to them before its index is taken, on the ReadIndex path and on
+// the lease path alike, or a late joiner could miss a write.
+func TestReadIndexSealsBeforeAnswering(t *testing.T) {
+	for _, lease := range []bool{false, true} {
+		c := newTestCluster(t, 3, func(cfg *Config) { cfg.LeaseRead = lease })
+		l := c.leader()
+		for i := 0; i < 20; i++ {
+			var seal readSeal
+			if _, err := l.readIndex(ctxT(t, 5*time.Second), false, &seal); err != nil {
+				t.Fatal(err)
+			}
+			seal.mu.Lock()
+			sealed := seal.sealed
+			seal.mu.Unlock()
+			if !sealed {
+				t.Fatalf("lease=%v: read %d answered from an index taken while readers could still join", lease, i)
+			}
+		}
+		c.stopAll()
+	}
+}
+
+// TestStoppedWriteIsAmbiguous: a write cut short by the node stopping may
+// already be in the log, so it must not be answered as safe to retry.
+func TestStoppedWriteIsAmbiguous(t *testing.T) {
+	n, err := StartSingle(t.TempDir(), "127.0.0.1:0", quietLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := n.LocalClient()
+	if err := cl.SetAttribute(ctxT(t, 5*time.Second), "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	n.Stop()
+	status, _, out := n.handle(ctxT(t, 5*time.Second), opPropose, EncodeEvent(nil, &SetAttribute{Key: "k", Value: "w"}))
+	if status != statusAmbiguous && status != statusNotLeader {
+		t.Fatalf("write on a stopped node: status %d %s, want ambiguous", status, out)
+	}
+	// Reads stay safe to retry.
+	status, _, _ = n.handle(ctxT(t, 5*time.Second), opRead, []byte{byte(ReadConsistent), queryNextBrokerID})
+	if status == statusOK || status == statusAmbiguous {
+		t.Fatalf("read on a stopped node: status %d", status)
+	}
+}
