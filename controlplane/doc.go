@@ -31,7 +31,11 @@
 //     sent and lasts 3/4 of the minimum election timeout, because raft's
 //     ReadOnlyLeaseBased let a partitioned leader serve stale reads (a
 //     porcupine run caught it). All readers waiting at once share one
-//     ReadIndex request; a lease is renewed in the background. Follower reads get the ReadIndex from the leader
+//     ReadIndex request; a lease is renewed in the background. On the
+//     service, the reads of one connection that arrive together share one
+//     request and one reply write, and later reads join that request until
+//     the raft goroutine seals it to take its index (readbatch.go).
+//     Follower reads get the ReadIndex from the leader
 //     and wait to apply up to it, unless the follower is more than
 //     Config.FollowerLagMax entries behind: then it redirects to the
 //     leader.
