@@ -86,13 +86,7 @@ func (cs *connState) versionOr() wire.Version {
 	return wire.Current
 }
 
-func (cs *connState) complete(id uint64) {
-	if n := len(cs.ranges); n > 0 && cs.ranges[n-1].Last+1 == id {
-		cs.ranges[n-1].Last = id
-		return
-	}
-	cs.ranges = append(cs.ranges, wire.Range{First: id, Last: id})
-}
+func (cs *connState) complete(id uint64) { cs.ranges = wire.AddID(cs.ranges, id) }
 
 func (cs *connState) fail(id uint64, code wire.ErrorCode, text string) {
 	cs.flushRanges()
@@ -100,11 +94,7 @@ func (cs *connState) fail(id uint64, code wire.ErrorCode, text string) {
 }
 
 func (cs *connState) flushRanges() {
-	for rs := cs.ranges; len(rs) > 0; {
-		n := min(len(rs), wire.RangesMax)
-		cs.out = wire.AppendComplete(cs.out, cs.version, rs[:n])
-		rs = rs[n:]
-	}
+	cs.out = wire.AppendCompletes(cs.out, cs.version, cs.ranges)
 	cs.ranges = cs.ranges[:0]
 }
 

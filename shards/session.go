@@ -86,13 +86,7 @@ type sessOut struct {
 	done      int64 // commands completed or failed this cycle
 }
 
-func (o *sessOut) complete(id uint64) {
-	if n := len(o.ranges); n > 0 && o.ranges[n-1].Last+1 == id {
-		o.ranges[n-1].Last = id
-		return
-	}
-	o.ranges = append(o.ranges, wire.Range{First: id, Last: id})
-}
+func (o *sessOut) complete(id uint64) { o.ranges = wire.AddID(o.ranges, id) }
 
 func (o *sessOut) fail(id uint64, code wire.ErrorCode, text string) {
 	o.errs = wire.AppendError(o.errs, o.sess.Version, id, code, text)

@@ -629,11 +629,7 @@ func (s *Shard) flush() {
 		}
 		ob := getOutBatch()
 		v := o.sess.Version
-		for rs := o.ranges; len(rs) > 0; {
-			n := min(len(rs), wire.RangesMax)
-			ob.buf = wire.AppendComplete(ob.buf, v, rs[:n])
-			rs = rs[n:]
-		}
+		ob.buf = wire.AppendCompletes(ob.buf, v, o.ranges)
 		o.ranges = o.ranges[:0]
 		ob.buf = append(ob.buf, o.errs...)
 		o.errs = o.errs[:0]

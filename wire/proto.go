@@ -322,6 +322,27 @@ func appendRanges(b []byte, rs []Range) []byte {
 	return b
 }
 
+// AddID adds id to a list of ranges, extending the last range when id
+// follows it. Completions mostly come in id order, so lists stay short.
+func AddID(rs []Range, id uint64) []Range {
+	if n := len(rs); n > 0 && rs[n-1].Last+1 == id {
+		rs[n-1].Last = id
+		return rs
+	}
+	return append(rs, Range{First: id, Last: id})
+}
+
+// AppendCompletes appends as many COMPLETE frames as rs needs, each with
+// at most RangesMax ranges.
+func AppendCompletes(b []byte, v Version, rs []Range) []byte {
+	for len(rs) > 0 {
+		n := min(len(rs), RangesMax)
+		b = AppendComplete(b, v, rs[:n])
+		rs = rs[n:]
+	}
+	return b
+}
+
 // AppendComplete appends a COMPLETE for the given ranges of command ids.
 func AppendComplete(b []byte, v Version, rs []Range) []byte {
 	b, s := StartFrame(b, v, TypeComplete, 0)

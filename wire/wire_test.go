@@ -216,3 +216,35 @@ func TestTruncatedBodiesFail(t *testing.T) {
 		t.Fatal("count mismatch decoded")
 	}
 }
+
+func TestAddIDAndAppendCompletes(t *testing.T) {
+	var rs []Range
+	for _, id := range []uint64{1, 2, 3, 5, 6, 9} {
+		rs = AddID(rs, id)
+	}
+	if len(rs) != 3 || rs[0] != (Range{1, 3}) || rs[1] != (Range{5, 6}) || rs[2] != (Range{9, 9}) {
+		t.Fatalf("ranges %v", rs)
+	}
+	many := make([]Range, RangesMax+1)
+	for i := range many {
+		many[i] = Range{uint64(2 * i), uint64(2 * i)}
+	}
+	b := AppendCompletes(nil, Current, many)
+	frames, total := 0, 0
+	for len(b) > 0 {
+		_, body, n, err := Next(b, FrameSizeMax)
+		if err != nil || n == 0 {
+			t.Fatalf("frame %d: %v", frames, err)
+		}
+		l, err := DecodeComplete(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		frames++
+		total += l.Len()
+		b = b[n:]
+	}
+	if frames != 2 || total != RangesMax+1 {
+		t.Fatalf("%d frames, %d ranges", frames, total)
+	}
+}
