@@ -145,6 +145,14 @@ func (n *Node) applyLoop() {
 			return
 		case item = <-n.applyQ:
 		}
+		if item.m == nil && item.snap == nil {
+			// A wake-up: a snapshot may be due (see checkLostLog).
+			if err := n.maybeSnapshot(); err != nil {
+				n.fail(err)
+				return
+			}
+			continue
+		}
 		if item.snap != nil {
 			if item.snap.GetMetadata().GetIndex() > n.Applied() {
 				if err := n.restoreSnapshot(item.snap); err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
 )
 
 // Bounds on the node's queues.
@@ -168,6 +169,29 @@ type proposal struct {
 	data []byte
 	seq  uint64
 	done chan proposeResult // cap 1: the raft goroutine never blocks on it
+	// grp, if set, replaces done: the proposal is one of a group proposed
+	// together (a connection's burst of writes), answered as a whole.
+	grp *proposalGroup
+	idx int // the proposal's slot in grp.res
+}
+
+// proposalGroup collects the results of proposals queued together.
+type proposalGroup struct {
+	res  []proposeResult // one per proposal, each written once by its finisher
+	left atomic.Int32
+	done chan struct{} // closed when every result is in
+}
+
+// finish delivers p's result. Every proposal is finished exactly once.
+func (p *proposal) finish(r proposeResult) {
+	if p.grp == nil {
+		p.done <- r
+		return
+	}
+	p.grp.res[p.idx] = r
+	if p.grp.left.Add(-1) == 0 {
+		close(p.grp.done)
+	}
 }
 
 type proposeResult struct {
@@ -238,6 +262,12 @@ type Node struct {
 
 	snapIndex      uint64 // raft goroutine only
 	bytesSinceSnap int    // raft goroutine only
+	// compactPast, if nonzero, asks the next snapshot to compact the log
+	// past this index: a follower lost entries it had acknowledged, and
+	// raft, which never lowers a follower's match, reaches it only with a
+	// snapshot.
+	compactPast atomic.Uint64
+	lostLogSeen map[uint64]time.Time // raft goroutine only: last detection per follower
 
 	lead  atomic.Uint64
 	term  atomic.Uint64
@@ -285,11 +315,18 @@ type Node struct {
 
 type raftLogger struct{ l *slog.Logger }
 
-func (r raftLogger) Debug(...any)          {}
-func (r raftLogger) Debugf(string, ...any) {}
-func (r raftLogger) Info(...any)           {}
-func (r raftLogger) Infof(string, ...any)  {}
-func (r raftLogger) Warning(v ...any)      { r.l.Debug("controlplane: raft: " + fmt.Sprint(v...)) }
+// raft's debug and info lines go out at debug level, formatted only when
+// that level is on (raft logs on hot paths).
+func (r raftLogger) verbose(f string, v ...any) {
+	if r.l.Enabled(context.Background(), slog.LevelDebug) {
+		r.l.Debug("controlplane: raft: " + fmt.Sprintf(f, v...))
+	}
+}
+func (r raftLogger) Debug(v ...any)            { r.verbose("%s", fmt.Sprint(v...)) }
+func (r raftLogger) Debugf(f string, v ...any) { r.verbose(f, v...) }
+func (r raftLogger) Info(v ...any)             { r.verbose("%s", fmt.Sprint(v...)) }
+func (r raftLogger) Infof(f string, v ...any)  { r.verbose(f, v...) }
+func (r raftLogger) Warning(v ...any)          { r.l.Debug("controlplane: raft: " + fmt.Sprint(v...)) }
 func (r raftLogger) Warningf(f string, v ...any) {
 	r.l.Debug("controlplane: raft: " + fmt.Sprintf(f, v...))
 }
@@ -521,8 +558,64 @@ func (n *Node) step(m *pb.Message) {
 			m.Commit = nil
 		}
 	}
+	if m.GetType() == pb.MsgAppResp && m.GetReject() && n.isLdr.Load() {
+		n.checkLostLog(m)
+	}
 	if err := n.rn.Step(m); err != nil && err != raft.ErrStepPeerNotFound {
 		n.cfg.Logger.Debug("controlplane: step", "err", err)
+	}
+}
+
+// lostLogCheckInterval rate-limits the lost-log check per follower: a
+// follower that lost its log rejects every append in flight at once.
+const lostLogCheckInterval = 100 * time.Millisecond
+
+// checkLostLog runs on the leader for each rejected append. Raft assumes a
+// follower never loses what it acknowledged, so it never lowers a
+// follower's match below the acknowledged index. A controller whose data
+// was wiped (a replaced disk, an operator's rm) then rejects the probe at
+// its old match forever while the leader still holds that entry, and never
+// catches up. When the follower's hint says its log ends before the match
+// it acknowledged, the leader compacts its log past that match, so that
+// raft's next probe finds the entry gone and sends a snapshot instead.
+func (n *Node) checkLostLog(m *pb.Message) {
+	from := m.GetFrom()
+	now := time.Now()
+	if now.Sub(n.lostLogSeen[from]) < lostLogCheckInterval {
+		return
+	}
+	var match uint64
+	var probing bool
+	n.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+		if id == from {
+			match, probing = pr.Match, pr.State == tracker.StateProbe
+		}
+	})
+	// Only a probe at the acknowledged index itself proves the loss: a
+	// stale rejection of an earlier probe carries a lower index.
+	if !probing || m.GetIndex() != match || m.GetRejectHint() >= match {
+		return
+	}
+	if n.lostLogSeen == nil {
+		n.lostLogSeen = map[uint64]time.Time{}
+	}
+	n.lostLogSeen[from] = now
+	if n.compactPast.Load() < match+1 {
+		n.compactPast.Store(match + 1)
+	}
+	n.cfg.Logger.Warn("controlplane: a controller lost log entries it had acknowledged; compacting so that it receives a snapshot",
+		"node", n.self, "controller", from, "acknowledged", match, "log_end", m.GetRejectHint())
+	if last, _ := n.storage.LastIndex(); last <= match {
+		// Nothing was written since: the log needs an entry past the
+		// match to compact to. An empty entry applies as nothing.
+		n.rn.Propose(nil)
+	}
+	if n.cfg.AsyncStorageWrites {
+		// The apply goroutine takes snapshots in this mode; wake it.
+		select {
+		case n.applyQ <- applyItem{}:
+		default:
+		}
 	}
 }
 
@@ -560,6 +653,39 @@ func (n *Node) proposeRaw(ctx context.Context, data []byte) (Result, error) {
 	}
 }
 
+// proposeMany puts a group of encoded events through the log at once (one
+// queue lock, consecutive sequence numbers, so usually one entry) and
+// returns their results in order. If ctx ends first it returns ErrTimeout
+// and the group's outcome is unknown.
+func (n *Node) proposeMany(ctx context.Context, datas [][]byte) ([]proposeResult, error) {
+	if !n.isLdr.Load() {
+		return nil, &NotLeaderError{Leader: n.leaderAddr()}
+	}
+	g := &proposalGroup{res: make([]proposeResult, len(datas)), done: make(chan struct{})}
+	g.left.Store(int32(len(datas)))
+	ps := make([]proposal, len(datas))
+	n.propMu.Lock()
+	if len(n.propQ)+len(datas) > proposalQueueMax {
+		n.propMu.Unlock()
+		return nil, ErrBusy
+	}
+	for i, d := range datas {
+		n.nextSeq++
+		ps[i] = proposal{data: d, seq: n.nextSeq, grp: g, idx: i}
+		n.propQ = append(n.propQ, &ps[i])
+	}
+	n.propMu.Unlock()
+	signal(n.propSignal)
+	select {
+	case <-g.done:
+		return g.res, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: %v", ErrTimeout, ctx.Err())
+	case <-n.stop:
+		return nil, ErrStopped
+	}
+}
+
 const entryFormat = 1
 
 // An entry carries a batch of events: format, proposer id, first sequence
@@ -585,7 +711,7 @@ func (n *Node) drainProposals() {
 	}
 	if !n.isLdr.Load() {
 		for _, p := range q {
-			p.done <- proposeResult{err: &NotLeaderError{Leader: n.leaderAddr()}}
+			p.finish(proposeResult{err: &NotLeaderError{Leader: n.leaderAddr()}})
 		}
 		return
 	}
@@ -611,7 +737,7 @@ func (n *Node) drainProposals() {
 		}
 		if err := n.rn.Propose(buf); err != nil {
 			for _, p := range batch {
-				p.done <- proposeResult{err: &NotLeaderError{Leader: n.leaderAddr()}}
+				p.finish(proposeResult{err: &NotLeaderError{Leader: n.leaderAddr()}})
 			}
 			continue
 		}
@@ -890,8 +1016,8 @@ func (n *Node) abortPending(err error) {
 	n.pendingMu.Lock()
 	defer n.pendingMu.Unlock()
 	for seq, p := range n.pending {
-		p.done <- proposeResult{err: err}
 		delete(n.pending, seq)
+		p.finish(proposeResult{err: err})
 	}
 }
 
@@ -910,7 +1036,7 @@ func (n *Node) abortAll(err error) {
 	n.abortReads(err)
 	n.propMu.Lock()
 	for _, p := range n.propQ {
-		p.done <- proposeResult{err: err}
+		p.finish(proposeResult{err: err})
 	}
 	n.propQ = nil
 	n.propMu.Unlock()
@@ -987,7 +1113,7 @@ func (n *Node) apply(ents []*pb.Entry) {
 	n.appliedCh = make(chan struct{})
 	n.mu.Unlock()
 	for _, d := range out {
-		d.p.done <- proposeResult{res: d.res}
+		d.p.finish(proposeResult{res: d.res})
 	}
 	for _, cc := range ccs {
 		if n.cfg.AsyncStorageWrites {
@@ -1042,12 +1168,16 @@ func (n *Node) applyBatchLocked(data []byte, out []delivery) []delivery {
 }
 
 func (n *Node) maybeSnapshot() error {
-	if n.cfg.SnapshotEntries < 0 {
+	if n.cfg.SnapshotEntries < 0 && n.compactPast.Load() == 0 {
 		return nil
 	}
 	n.mu.RLock()
 	applied := n.applied
-	if !n.forceSnap && applied < n.snapIndex+uint64(n.cfg.SnapshotEntries) && n.bytesSinceSnap < n.cfg.SnapshotBytes {
+	past := n.compactPast.Load()
+	forcePast := past != 0 && applied >= past
+	due := n.cfg.SnapshotEntries >= 0 &&
+		(applied >= n.snapIndex+uint64(n.cfg.SnapshotEntries) || n.bytesSinceSnap >= n.cfg.SnapshotBytes)
+	if !n.forceSnap && !forcePast && !due {
 		n.mu.RUnlock()
 		return nil
 	}
@@ -1061,6 +1191,10 @@ func (n *Node) maybeSnapshot() error {
 	if n.forceSnap {
 		compactTo = applied
 		n.forceSnap = false
+	}
+	if forcePast {
+		compactTo = max(compactTo, past)
+		n.compactPast.CompareAndSwap(past, 0)
 	}
 	n.confMu.Lock()
 	cs := n.confState

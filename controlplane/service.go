@@ -141,14 +141,17 @@ func (n *Node) serveConn(c net.Conn) {
 	var reqs sync.WaitGroup
 	defer reqs.Wait()
 	rb := &readBatcher{n: n, sc: sc, sem: sem, wg: &reqs}
+	wb := &writeBatcher{n: n, sc: sc, sem: sem, wg: &reqs}
 	defer rb.flush() // runs before reqs.Wait
+	defer wb.flush()
 	var hdr [wire.HeaderSize]byte
 	// scratch holds request bodies; what outlives the frame is copied.
 	var scratch []byte
 	for {
 		if !frameBuffered(r) {
-			// The next read may block: serve the reads collected so far.
+			// The next read may block: serve the requests collected so far.
 			rb.flush()
+			wb.flush()
 		}
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
 			return
@@ -193,9 +196,10 @@ func (n *Node) serveConn(c net.Conn) {
 			select {
 			case sem <- struct{}{}:
 			default:
-				// Reads held in the batch hold slots: start them before
-				// waiting for one to come free.
+				// Requests held in the batches hold slots: start them
+				// before waiting for one to come free.
 				rb.flush()
+				wb.flush()
 				select {
 				case sem <- struct{}{}:
 				case <-n.stop:
@@ -206,6 +210,10 @@ func (n *Node) serveConn(c net.Conn) {
 				(ReadMode(req.Body[0]) == ReadConsistent || ReadMode(req.Body[0]) == ReadFollower) {
 				q, err := parseRead(req.Body)
 				rb.add(batchedRead{id: req.ID, q: q, err: err})
+				continue
+			}
+			if req.Op == opPropose {
+				wb.add(req.ID, req.Body)
 				continue
 			}
 			req.Body = slices.Clone(req.Body)
@@ -318,11 +326,8 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 		return statusBadRequest, "", []byte("controlplane: unknown operation")
 	}
 	if err != nil {
-		if (op == opPropose || op == opElect) && errors.Is(err, ErrStopped) {
-			// The node stopped after the write may have entered the log:
-			// a client that retried it elsewhere could apply it twice (a
-			// porcupine run caught a put applied again after later puts).
-			return statusAmbiguous, "", []byte(err.Error())
+		if op == opPropose || op == opElect {
+			return proposeErrorStatus(err)
 		}
 		return errorStatus(err)
 	}

@@ -180,3 +180,48 @@ func TestFollowerReadRedirectsWhenLagging(t *testing.T) {
 		return err
 	})
 }
+
+// TestWipedFollowerCatchesUpWhileLeaderHoldsItsLog wipes a follower whose
+// acknowledged entries the leader still holds. Raft never lowers a
+// follower's match, so without help the leader probes at the old match
+// forever; the leader must notice the loss and send a snapshot.
+func TestWipedFollowerCatchesUpWhileLeaderHoldsItsLog(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		async bool
+		after int // writes after the wipe
+	}{{"sync/idle", false, 0}, {"sync/writes", false, 5}, {"async/idle", true, 0}, {"async/writes", true, 5}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newTestCluster(t, 3, func(cfg *Config) {
+				cfg.SnapshotEntries = 100000 // no snapshot of its own during the test
+				cfg.AsyncStorageWrites = cfg.AsyncStorageWrites || tc.async
+			})
+			leader := c.leader()
+			cl := NewClient(c.addrList())
+			defer cl.Close()
+			writeConc(t, cl, "a", 40, 1)
+			c.converged()
+			var victim uint64
+			for id := range c.nodes {
+				if id != leader.ID() {
+					victim = id
+					break
+				}
+			}
+			c.stop(victim)
+			if err := os.RemoveAll(filepath.Join(c.dir, fmt.Sprint(victim))); err != nil {
+				t.Fatal(err)
+			}
+			writeConc(t, cl, "b", tc.after, 1)
+			c.start(victim, nil)
+			c.converged()
+			var queues int
+			if err := c.nodes[victim].Read(ctxT(t, 5*time.Second), ReadFollower, func(s *State) { queues = len(s.Wiring().Queues) }); err != nil {
+				t.Fatal(err)
+			}
+			if queues != 40+tc.after {
+				t.Fatalf("wiped follower holds %d queues, want %d", queues, 40+tc.after)
+			}
+		})
+	}
+}
