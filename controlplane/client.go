@@ -571,3 +571,55 @@ func (c *Client) WaitChange(ctx context.Context, after uint64) (uint64, error) {
 	v := d.u64()
 	return v, d.finish()
 }
+
+// GetPrimary reads the primary broker of an active-passive cluster (0 when
+// there is none, or the cluster is active-active), the primary epoch and
+// the primary's addresses.
+func (c *Client) GetPrimary(ctx context.Context, mode ReadMode) (broker, epoch uint32, addrs []string, err error) {
+	info, err := c.GetPrimaryInfo(ctx, mode)
+	return info.Broker, info.Epoch, info.Addrs, err
+}
+
+// PrimaryInfo is the cluster mode and its primary broker.
+type PrimaryInfo struct {
+	Mode   uint8
+	Broker uint32 // 0: none
+	Epoch  uint32
+	Addrs  []string
+}
+
+// GetPrimaryInfo reads the cluster mode and the primary in one read.
+func (c *Client) GetPrimaryInfo(ctx context.Context, mode ReadMode) (PrimaryInfo, error) {
+	d, err := c.read(ctx, mode, queryPrimary, nil)
+	if err != nil {
+		return PrimaryInfo{}, err
+	}
+	var info PrimaryInfo
+	info.Mode = d.u8()
+	var rb RegisterBroker
+	rb.decode(d)
+	info.Broker, info.Addrs = rb.ID, rb.Addrs
+	info.Epoch = d.u32()
+	if err := d.finish(); err != nil {
+		return PrimaryInfo{}, err
+	}
+	return info, nil
+}
+
+// ElectPrimary hands the primary role of an active-passive cluster to
+// broker preferred, which must be registered. The controller does not check
+// the broker's liveness on this path (it carries no heartbeat data): if the
+// broker is dead, the failure detector moves the role on within one broker
+// timeout. It reports whether the primary changed. A primary epoch that
+// moved between its read and the write fails with CodeStaleEpoch.
+func (c *Client) ElectPrimary(ctx context.Context, preferred uint32) (bool, error) {
+	if preferred == 0 {
+		return false, fmt.Errorf("controlplane: elect primary needs a broker id")
+	}
+	_, epoch, _, err := c.GetPrimary(ctx, ReadConsistent)
+	if err != nil {
+		return false, err
+	}
+	r, err := c.Propose(ctx, &ElectPrimary{Epoch: epoch, Preferred: preferred})
+	return r.Value == 1, err
+}

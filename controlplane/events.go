@@ -23,6 +23,7 @@ const (
 	KindDeleteExchange
 	KindSetClusterConfig
 	KindSetAttribute
+	KindElectPrimary
 	kindMax
 )
 
@@ -156,6 +157,25 @@ type SetClusterConfig struct {
 // deletes it.
 type SetAttribute struct{ Key, Value string }
 
+// PrimaryCandidate is one broker's entry in the heartbeat snapshot a
+// primary election is decided from. Data is the sum of the indexes of the
+// group log ends the broker last reported: how much it holds.
+type PrimaryCandidate struct {
+	Broker uint32
+	Alive  bool
+	Data   uint64
+}
+
+// ElectPrimary elects the primary broker of an active-passive cluster (see
+// primary.go for the rule). Epoch is the primary epoch the proposer saw; a
+// primary epoch that has moved on refuses the event. The heartbeat data is
+// carried in the event so apply never looks outside the state machine.
+type ElectPrimary struct {
+	Epoch      uint32
+	Preferred  uint32 // 0: none; otherwise a handover to this broker
+	Candidates []PrimaryCandidate
+}
+
 func (ApplyBrokerID) Kind() EventKind     { return KindApplyBrokerID }
 func (RegisterBroker) Kind() EventKind    { return KindRegisterBroker }
 func (ElectMaster) Kind() EventKind       { return KindElectMaster }
@@ -169,6 +189,7 @@ func (DeleteQueue) Kind() EventKind       { return KindDeleteQueue }
 func (DeleteExchange) Kind() EventKind    { return KindDeleteExchange }
 func (SetClusterConfig) Kind() EventKind  { return KindSetClusterConfig }
 func (SetAttribute) Kind() EventKind      { return KindSetAttribute }
+func (ElectPrimary) Kind() EventKind      { return KindElectPrimary }
 
 func (ev *ApplyBrokerID) encode(e *encoder) { e.u32(ev.Requested) }
 func (ev *ApplyBrokerID) decode(d *decoder) { ev.Requested = d.u32() }
@@ -307,6 +328,31 @@ func (ev *SetClusterConfig) decode(d *decoder) {
 func (ev *SetAttribute) encode(e *encoder) { e.str(ev.Key); e.str(ev.Value) }
 func (ev *SetAttribute) decode(d *decoder) { ev.Key, ev.Value = d.str(), d.str() }
 
+func (ev *ElectPrimary) encode(e *encoder) {
+	e.u32(ev.Epoch)
+	e.u32(ev.Preferred)
+	e.u32(uint32(len(ev.Candidates)))
+	for _, c := range ev.Candidates {
+		e.u32(c.Broker)
+		e.boolean(c.Alive)
+		e.u64(c.Data)
+	}
+}
+func (ev *ElectPrimary) decode(d *decoder) {
+	ev.Epoch, ev.Preferred = d.u32(), d.u32()
+	n := d.count(13)
+	ev.Candidates = nil // none (an admin handover) decodes as it was built
+	if n > 0 {
+		ev.Candidates = make([]PrimaryCandidate, n)
+	}
+	for i := range ev.Candidates {
+		c := &ev.Candidates[i]
+		c.Broker = d.u32()
+		c.Alive = d.boolean()
+		c.Data = d.u64()
+	}
+}
+
 // EncodeEvent appends the encoding of ev (kind byte then body) to dst.
 func EncodeEvent(dst []byte, ev Event) []byte {
 	e := encoder{b: append(dst, byte(ev.Kind()))}
@@ -342,6 +388,8 @@ func newEvent(k EventKind) Event {
 		return &SetClusterConfig{}
 	case KindSetAttribute:
 		return &SetAttribute{}
+	case KindElectPrimary:
+		return &ElectPrimary{}
 	}
 	return nil
 }
@@ -365,12 +413,13 @@ func DecodeEvent(b []byte) (Event, error) {
 
 // Limits checked by ValidateEvent before an event is proposed.
 const (
-	nameLenMax          = 255
-	addrsMax            = 16
-	electGroupsMax      = 4096 // groups per ElectMaster event
-	candidatesMax       = 64
-	syncStateSetSizeMax = 64
-	groupCountMax       = 1 << 20
+	nameLenMax           = 255
+	addrsMax             = 16
+	electGroupsMax       = 4096 // groups per ElectMaster event
+	candidatesMax        = 64
+	primaryCandidatesMax = 1024 // candidates per ElectPrimary event
+	syncStateSetSizeMax  = 64
+	groupCountMax        = 1 << 20
 )
 
 func validName(what, s string) error {
@@ -444,8 +493,15 @@ func ValidateEvent(ev Event) error {
 		if err := validName("attribute", ev.Key); err != nil {
 			return err
 		}
+		if ev.Key == primaryAttrKey {
+			return fmt.Errorf("controlplane: attribute key %q is reserved", ev.Key)
+		}
 		if len(ev.Value) > stringLenMax {
 			return fmt.Errorf("controlplane: attribute value longer than %d bytes", stringLenMax)
+		}
+	case *ElectPrimary:
+		if len(ev.Candidates) > primaryCandidatesMax {
+			return fmt.Errorf("controlplane: at most %d candidates per primary election", primaryCandidatesMax)
 		}
 	case nil:
 		return fmt.Errorf("controlplane: nil event")

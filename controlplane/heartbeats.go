@@ -47,6 +47,7 @@ type hbEntry struct {
 	heard   bool
 	conn    uint64        // service connection of the last heartbeat; 0 if in-process
 	logEnds []GroupLogEnd // sorted by group
+	data    uint64        // primaryData(logEnds), for primary elections
 	index   int           // position in heap; -1 when not in it
 }
 
@@ -128,6 +129,7 @@ func (h *heartbeats) beatOn(id uint32, logEnds []GroupLogEnd, now time.Time, con
 		logEnds = slices.Clone(logEnds)
 		sort.Slice(logEnds, func(i, j int) bool { return logEnds[i].Group < logEnds[j].Group })
 	}
+	data := primaryData(logEnds) // outside the lock: O(groups)
 	s := h.shard(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -142,6 +144,7 @@ func (h *heartbeats) beatOn(id uint32, logEnds []GroupLogEnd, now time.Time, con
 	e.conn = conn
 	if logEnds != nil {
 		e.logEnds = logEnds
+		e.data = data
 	}
 	if e.index >= 0 {
 		heap.Fix(&s.heap, e.index)
@@ -246,9 +249,15 @@ func (n *Node) scanLoop() {
 			continue
 		}
 		now := time.Now()
+		// The primary's election runs alongside the groups' and is
+		// decided afresh at every scan, so it keeps no retry list.
+		primaryDone := n.scanPrimary(now)
 		dead := append(n.hb.expired(now), retry...)
 		retry = nil
 		if len(dead) == 0 {
+			if primaryDone != nil {
+				<-primaryDone
+			}
 			continue
 		}
 		slices.Sort(dead)
@@ -271,6 +280,9 @@ func (n *Node) scanLoop() {
 		}
 		if failed {
 			retry = dead // stale epochs make a repeated election harmless
+		}
+		if primaryDone != nil {
+			<-primaryDone
 		}
 	}
 }

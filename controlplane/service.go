@@ -35,6 +35,7 @@ const (
 	queryAttribute
 	queryClusterInfo
 	querySyncStateSet
+	queryPrimary
 )
 
 // Response statuses (wire.CtlResponse.Status).
@@ -408,7 +409,7 @@ func parseRead(body []byte) (readQuery, error) {
 		q.key = d.str()
 	case querySyncStateSet:
 		q.group = d.u32()
-	case queryWiring, queryBrokers, queryNextBrokerID, queryClusterInfo:
+	case queryWiring, queryBrokers, queryNextBrokerID, queryClusterInfo, queryPrimary:
 	default:
 		return q, ErrBadRequest
 	}
@@ -459,6 +460,13 @@ func (q *readQuery) encode(s *State, e *encoder) {
 		g, ok := s.Group(q.group)
 		e.boolean(ok)
 		encodeGroup(e, g)
+	case queryPrimary:
+		// mode, broker, epoch, then the broker's addresses.
+		p, epoch := s.Primary()
+		b, _ := s.Broker(p)
+		e.u8(s.Config().Mode)
+		(&RegisterBroker{ID: p, Addrs: b.Addrs}).encode(e)
+		e.u32(epoch)
 	}
 }
 

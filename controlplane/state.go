@@ -26,7 +26,9 @@ type State struct {
 	byExchange map[string]map[Binding]struct{}
 	byQueue    map[string]map[Binding]struct{}
 	config     ClusterConfig
-	attrs      map[string]string
+	// attrs also holds the primary of an active-passive cluster under a
+	// reserved key (primary.go).
+	attrs map[string]string
 	// controllers holds the address of each controller added by a
 	// membership change, so a restarted member knows its peers.
 	controllers map[uint64]string
@@ -66,6 +68,7 @@ const (
 	CodeConflict
 	CodeStaleEpoch
 	CodeInvalid
+	CodeWrongMode // the cluster mode does not allow it (a primary in active-active)
 )
 
 // Result is what applying one event returned.
@@ -137,7 +140,12 @@ func (s *State) Apply(ev Event) Result {
 		return s.deleteExchange(ev.Name)
 	case *SetClusterConfig:
 		return s.setClusterConfig(ev)
+	case *ElectPrimary:
+		return s.electPrimary(ev)
 	case *SetAttribute:
+		if ev.Key == primaryAttrKey {
+			return fail(CodeInvalid, "attribute key %q is reserved", ev.Key)
+		}
 		if ev.Value == "" {
 			delete(s.attrs, ev.Key)
 		} else {
@@ -340,6 +348,9 @@ func (s *State) cleanBroker(id uint32) Result {
 		return fail(CodeNotFound, "broker %d is not registered", id)
 	}
 	delete(s.brokers, id)
+	if p, _ := s.Primary(); p == id {
+		s.clearPrimary()
+	}
 	// Admin operation: a full pass over the groups is acceptable here.
 	for i := range s.groups {
 		g := &s.groups[i]
@@ -455,6 +466,9 @@ func (s *State) setClusterConfig(ev *SetClusterConfig) Result {
 		}
 	}
 	s.config = ClusterConfig(*ev)
+	if s.config.Mode != ModeActivePassive {
+		s.clearPrimary()
+	}
 	return Result{}
 }
 
@@ -509,6 +523,9 @@ func (s *State) GroupsMasteredBy(id uint32) []uint32 {
 
 // Attribute returns a cluster attribute.
 func (s *State) Attribute(key string) (string, bool) {
+	if key == primaryAttrKey {
+		return "", false // not an admin attribute; see Primary
+	}
 	v, ok := s.attrs[key]
 	return v, ok
 }

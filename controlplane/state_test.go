@@ -273,6 +273,12 @@ func randomEvent(r *rand.Rand) Event {
 		return &DeleteExchange{Name: name()}
 	case KindSetClusterConfig:
 		return &SetClusterConfig{Groups: 4, Mode: uint8(r.Intn(2)), UncleanElection: r.Intn(2) == 0}
+	case KindElectPrimary:
+		ev := &ElectPrimary{Epoch: uint32(r.Intn(4)), Preferred: uint32(r.Intn(7)) * uint32(r.Intn(2))}
+		for _, id := range ids() {
+			ev.Candidates = append(ev.Candidates, PrimaryCandidate{Broker: id, Alive: r.Intn(3) != 0, Data: uint64(r.Intn(3))})
+		}
+		return ev
 	default:
 		return &SetAttribute{Key: name(), Value: name()}
 	}
