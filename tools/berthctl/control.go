@@ -531,3 +531,76 @@ func cleanBrokerCmd(fs *flag.FlagSet) func(context.Context, *env, []string) erro
 		return nil
 	}
 }
+
+type primaryJSON struct {
+	Mode    string   `json:"mode"`
+	Primary uint32   `json:"primary"` // 0: none
+	Epoch   uint32   `json:"epoch"`
+	Addrs   []string `json:"addrs"`
+	Changed *bool    `json:"changed,omitempty"` // set by "primary elect"
+}
+
+func printPrimary(e *env, p controlplane.PrimaryInfo, changed *bool) error {
+	addrs := p.Addrs
+	if addrs == nil {
+		addrs = []string{}
+	}
+	out := primaryJSON{Mode: modeName(p.Mode), Primary: p.Broker, Epoch: p.Epoch, Addrs: addrs, Changed: changed}
+	if e.json {
+		return writeJSON(e.stdout, out)
+	}
+	if changed != nil && !*changed {
+		fmt.Fprintln(e.stdout, "the primary did not change")
+	}
+	primary := "none"
+	if p.Broker != 0 {
+		primary = strconv.FormatUint(uint64(p.Broker), 10)
+	}
+	tw := newTable(e.stdout)
+	fmt.Fprintln(tw, "MODE\tPRIMARY\tEPOCH\tADDRS")
+	fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", out.Mode, primary, p.Epoch, strings.Join(addrs, ","))
+	return tw.Flush()
+}
+
+// primaryCmd shows the primary broker of an active-passive cluster, or with
+// "elect ID" hands the role to that broker.
+func primaryCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	readMode := readModeFlag(fs)
+	return func(ctx context.Context, e *env, args []string) error {
+		mode, err := parseReadMode(*readMode)
+		if err != nil {
+			return err
+		}
+		var target uint32
+		switch {
+		case len(args) == 0:
+		case args[0] == "elect" && len(args) == 2:
+			if target, err = parseBrokerID("ID", args[1]); err != nil {
+				return err
+			}
+		case args[0] == "elect":
+			return usageErrorf("primary elect needs exactly one broker ID")
+		default:
+			return usageErrorf("unknown primary subcommand %q (want none or \"elect ID\")", args[0])
+		}
+		c, err := dialController(e)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		var changed *bool
+		if target != 0 {
+			moved, err := c.ElectPrimary(ctx, target)
+			if err != nil {
+				return fmt.Errorf("controller: elect primary %d: %w", target, err)
+			}
+			changed = &moved
+			mode = controlplane.ReadConsistent // show the outcome, not an older view
+		}
+		p, err := c.GetPrimaryInfo(ctx, mode)
+		if err != nil {
+			return fmt.Errorf("controller: primary: %w", err)
+		}
+		return printPrimary(e, p, changed)
+	}
+}

@@ -104,6 +104,7 @@ func commands() []command {
 		{"purge", "NAME", "remove every ready message of a queue", purgeCmd},
 		{"elect", "GROUP...", "force a master election for groups", electCmd},
 		{"clean-broker", "ID", "remove a broker and everything pointing at it from the controller", cleanBrokerCmd},
+		{"primary", "[elect ID]", "the primary broker of an active-passive cluster; elect hands it to broker ID", primaryCmd},
 	}
 }
 

@@ -276,3 +276,98 @@ func TestGroupsAndElect(t *testing.T) {
 		}
 	}
 }
+
+// TestPrimary switches the in-process controller to active-passive with two
+// heartbeating brokers, waits for the failure detector to elect a primary
+// and hands the role to the other broker.
+func TestPrimary(t *testing.T) {
+	s := startBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c := controlplane.NewClient([]string{s.ControllerAddr()})
+	defer c.Close()
+	if err := c.SetClusterConfig(ctx, controlplane.ClusterConfig{Groups: 2}); err != nil {
+		t.Fatalf("set cluster config: %v", err)
+	}
+	readPrimary := func() primaryJSON {
+		t.Helper()
+		var p primaryJSON
+		out := mustCtl(t, s, "--json", "primary")
+		if err := json.Unmarshal([]byte(out), &p); err != nil {
+			t.Fatalf("primary --json: %v\n%s", err, out)
+		}
+		return p
+	}
+	if p := readPrimary(); p.Mode != "active-active" || p.Primary != 0 {
+		t.Fatalf("active-active primary: %+v", p)
+	}
+	if code, _, errOut := ctl(t, s, "primary", "elect", "1"); code != exitFail || !strings.Contains(errOut, "active-active") {
+		t.Fatalf("elect in active-active: exit %d, stderr %s", code, errOut)
+	}
+	for _, bad := range [][]string{{"primary", "elect"}, {"primary", "elect", "0"}, {"primary", "nonsense"}} {
+		if code, _, _ := ctl(t, s, bad...); code != exitUsage {
+			t.Fatalf("berthctl %v: exit %d, want %d", bad, code, exitUsage)
+		}
+	}
+
+	var ids []uint32
+	for i := 0; i < 2; i++ {
+		id, err := c.ApplyBrokerID(ctx, 0)
+		if err != nil {
+			t.Fatalf("apply broker id: %v", err)
+		}
+		if err := c.RegisterBroker(ctx, id, []string{"127.0.0.1:" + strconv.Itoa(9000+int(id))}, 1); err != nil {
+			t.Fatalf("register broker: %v", err)
+		}
+		ids = append(ids, id)
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			for _, id := range ids {
+				hctx, hcancel := context.WithTimeout(ctx, time.Second)
+				_ = c.Heartbeat(hctx, id, []controlplane.GroupLogEnd{{Group: 0}}) // a missed beat is retried
+				hcancel()
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	if err := c.SetClusterConfig(ctx, controlplane.ClusterConfig{Groups: 2, Mode: controlplane.ModeActivePassive}); err != nil {
+		t.Fatalf("set active-passive: %v", err)
+	}
+	var first primaryJSON
+	deadline := time.Now().Add(10 * time.Second)
+	for first = readPrimary(); first.Primary == 0; first = readPrimary() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no primary elected: %+v", first)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if first.Mode != "active-passive" || first.Epoch == 0 || len(first.Addrs) != 1 ||
+		first.Addrs[0] != "127.0.0.1:"+strconv.Itoa(9000+int(first.Primary)) {
+		t.Fatalf("first primary %+v", first)
+	}
+	other := ids[0]
+	if other == first.Primary {
+		other = ids[1]
+	}
+	var after primaryJSON
+	out := mustCtl(t, s, "--json", "primary", "elect", strconv.FormatUint(uint64(other), 10))
+	if err := json.Unmarshal([]byte(out), &after); err != nil {
+		t.Fatalf("primary elect --json: %v\n%s", err, out)
+	}
+	if after.Primary != other || after.Epoch != first.Epoch+1 || after.Changed == nil || !*after.Changed {
+		t.Fatalf("after handover to %d: %+v (before %+v)", other, after, first)
+	}
+	text := mustCtl(t, s, "primary", "elect", strconv.FormatUint(uint64(other), 10))
+	if !strings.Contains(text, "did not change") || !strings.Contains(text, "active-passive") {
+		t.Fatalf("repeated handover:\n%s", text)
+	}
+}
