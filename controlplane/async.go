@@ -33,7 +33,13 @@ type applyItem struct {
 // goroutine.
 type localItem struct {
 	m  *pb.Message
-	cc *pb.ConfChangeV2
+	cc confItem
+}
+
+// confItem is a membership change and the index of its entry.
+type confItem struct {
+	cc    *pb.ConfChangeV2
+	index uint64
 }
 
 func (n *Node) local(m *pb.Message) {
@@ -43,9 +49,9 @@ func (n *Node) local(m *pb.Message) {
 	signal(n.localSignal)
 }
 
-func (n *Node) localConf(cc *pb.ConfChangeV2) {
+func (n *Node) localConf(c confItem) {
 	n.localMu.Lock()
-	n.localQ = append(n.localQ, localItem{cc: cc})
+	n.localQ = append(n.localQ, localItem{cc: c})
 	n.localMu.Unlock()
 	signal(n.localSignal)
 }
@@ -56,7 +62,7 @@ func (n *Node) stepLocal() {
 	n.localQ = nil
 	n.localMu.Unlock()
 	for _, it := range q {
-		if it.cc != nil {
+		if it.cc.cc != nil {
 			n.applyConfChange(it.cc)
 			continue
 		}

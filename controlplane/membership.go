@@ -22,7 +22,10 @@ import (
 // Every member snapshots and compacts right after applying a change, so a
 // member that joins later always starts from a snapshot carrying the right
 // configuration rather than replaying entries from a configuration it never
-// had. Membership changes need the standard (synchronous) storage loop.
+// had. With asynchronous storage writes the state machine applies the
+// change's entry on the apply goroutine and raft applies the change on its
+// own goroutine just after; snapshots wait until both have (confSeen,
+// confIndex), so none records a configuration older than its index.
 
 // confQueueMax bounds membership proposals waiting for the raft goroutine.
 const confQueueMax = 4
@@ -62,9 +65,6 @@ func inConf(cs *pb.ConfState, id uint64) bool {
 // change and waits until the cluster has left the joint configuration.
 // add maps new members' ids to their addresses. Only the leader accepts it.
 func (n *Node) ChangeMembership(ctx context.Context, add map[uint64]string, remove []uint64) error {
-	if n.cfg.AsyncStorageWrites {
-		return errors.New("controlplane: membership changes need the synchronous storage loop")
-	}
 	if !n.isLdr.Load() {
 		return &NotLeaderError{Leader: n.leaderAddr()}
 	}
@@ -166,10 +166,12 @@ func decodeConfEntry(e *pb.Entry) (*pb.ConfChangeV2, error) {
 }
 
 // applyConfChange runs on the raft goroutine.
-func (n *Node) applyConfChange(cc *pb.ConfChangeV2) {
+func (n *Node) applyConfChange(c confItem) {
+	cc := c.cc
 	cs := n.rn.ApplyConfChange(cc)
 	n.confMu.Lock()
 	n.confState = cs
+	n.confIndex = max(n.confIndex, c.index)
 	n.confMu.Unlock()
 	if len(cc.GetContext()) > 0 {
 		if book, err := decodeAddressBook(cc.GetContext()); err == nil {
@@ -193,8 +195,13 @@ func (n *Node) applyConfChange(cc *pb.ConfChangeV2) {
 		}
 	}
 	n.peersMu.Unlock()
-	if !n.cfg.AsyncStorageWrites {
-		n.forceSnap = true // maybeSnapshot runs on this goroutine only in this mode
+	n.forceSnap.Store(true)
+	if n.cfg.AsyncStorageWrites {
+		// The apply goroutine takes snapshots in this mode; wake it.
+		select {
+		case n.applyQ <- applyItem{}:
+		default: // a full queue wakes it anyway
+		}
 	}
 }
 

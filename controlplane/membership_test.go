@@ -10,9 +10,15 @@ import (
 
 // TestMembershipJointConsensus replaces a member of a 3-controller group
 // and grows it to 5 in one joint-consensus change, then removes the old
-// leader, while writes keep flowing.
+// leader, while writes keep flowing; in both storage modes.
 func TestMembershipJointConsensus(t *testing.T) {
-	c := newTestCluster(t, 3, func(cfg *Config) { cfg.AsyncStorageWrites = false })
+	for _, async := range []bool{false, true} {
+		t.Run(fmt.Sprintf("async=%v", async), func(t *testing.T) { testMembership(t, async) })
+	}
+}
+
+func testMembership(t *testing.T, async bool) {
+	c := newTestCluster(t, 3, func(cfg *Config) { cfg.AsyncStorageWrites = async })
 	leader := c.leader()
 	cl := NewClient(c.addrList())
 	defer cl.Close()
@@ -31,7 +37,7 @@ func TestMembershipJointConsensus(t *testing.T) {
 	for _, id := range []uint64{4, 5} {
 		cfg := c.config(id, lns[id])
 		cfg.Join = true
-		cfg.AsyncStorageWrites = false
+		cfg.AsyncStorageWrites = async
 		n, err := Start(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -55,6 +61,20 @@ func TestMembershipJointConsensus(t *testing.T) {
 	if got := leader.Members(); !slices.Equal(got, want) {
 		t.Fatalf("members %v, want %v", got, want)
 	}
+	// Each member snapshots right after the change; its latest snapshot
+	// must record the configuration in force at the snapshot's index,
+	// which once the joint configuration is left is the new one.
+	checkFor(t, 15*time.Second, 20*time.Millisecond, func() error {
+		for _, id := range want {
+			snap, _ := c.nodes[id].storage.Snapshot()
+			cs := snap.GetMetadata().GetConfState()
+			if !slices.Equal(slices.Sorted(slices.Values(cs.GetVoters())), want) || len(cs.GetVotersOutgoing()) > 0 {
+				return fmt.Errorf("member %d's snapshot at %d records voters %v (outgoing %v)", id,
+					snap.GetMetadata().GetIndex(), cs.GetVoters(), cs.GetVotersOutgoing())
+			}
+		}
+		return nil
+	})
 	c.stop(gone)
 	writeN(t, cl, "after", 50)
 	checkFor(t, 15*time.Second, 20*time.Millisecond, func() error {

@@ -247,7 +247,15 @@ type Node struct {
 
 	confMu    sync.Mutex
 	confState *pb.ConfState // guarded by confMu
-	forceSnap bool          // raft goroutine only: snapshot after a membership change
+	// confIndex is the log index confState is current at: the last
+	// membership change raft applied, or the snapshot restored.
+	confIndex uint64 // guarded by confMu
+	// confSeen is the index of the last membership change entry the state
+	// machine applied. With asynchronous storage writes raft applies the
+	// change on its own goroutine a little later; until confIndex catches
+	// up, confState is stale and no snapshot may be taken.
+	confSeen  atomic.Uint64
+	forceSnap atomic.Bool // snapshot after a membership change
 	confQ     chan confRequest
 
 	peersMu sync.RWMutex
@@ -371,6 +379,7 @@ func Start(cfg Config) (*Node, error) {
 	n := &Node{
 		cfg: cfg, self: cfg.ID, storage: st, state: state,
 		confState:   snap.GetMetadata().GetConfState(),
+		confIndex:   snap.GetMetadata().GetIndex(),
 		applied:     snap.GetMetadata().GetIndex(),
 		snapIndex:   snap.GetMetadata().GetIndex(),
 		appliedCh:   make(chan struct{}),
@@ -558,12 +567,28 @@ func (n *Node) step(m *pb.Message) {
 			m.Commit = nil
 		}
 	}
+	if m.GetType() == pb.MsgApp && n.cfg.Join && n.unconfigured() {
+		// A joining member must start from a snapshot, which carries the
+		// configuration: entries applied onto no configuration would make
+		// raft apply a membership change to an empty one. The leader
+		// compacts its log right after the change, so its next probe
+		// after this drop sends the snapshot.
+		return
+	}
 	if m.GetType() == pb.MsgAppResp && m.GetReject() && n.isLdr.Load() {
 		n.checkLostLog(m)
 	}
 	if err := n.rn.Step(m); err != nil && err != raft.ErrStepPeerNotFound {
 		n.cfg.Logger.Debug("controlplane: step", "err", err)
 	}
+}
+
+// unconfigured reports whether the node has no configuration yet: a joining
+// member before its first snapshot.
+func (n *Node) unconfigured() bool {
+	n.confMu.Lock()
+	defer n.confMu.Unlock()
+	return len(n.confState.GetVoters()) == 0 && len(n.confState.GetLearners()) == 0
 }
 
 // lostLogCheckInterval rate-limits the lost-log check per follower: a
@@ -1067,6 +1092,7 @@ func (n *Node) restoreSnapshot(snap *pb.Snapshot) error {
 	n.bytesSinceSnap = 0
 	n.confMu.Lock()
 	n.confState = snap.GetMetadata().GetConfState()
+	n.confIndex = snap.GetMetadata().GetIndex()
 	n.confMu.Unlock()
 	n.adoptAddressBook(state.Controllers())
 	return nil
@@ -1082,7 +1108,7 @@ func (n *Node) apply(ents []*pb.Entry) {
 		return
 	}
 	var out []delivery
-	var ccs []*pb.ConfChangeV2
+	var ccs []confItem
 	n.mu.Lock()
 	for _, e := range ents {
 		if e.GetIndex() <= n.applied {
@@ -1104,7 +1130,8 @@ func (n *Node) apply(ents []*pb.Entry) {
 					n.state.applyMembership(book)
 				}
 			}
-			ccs = append(ccs, cc)
+			ccs = append(ccs, confItem{cc, e.GetIndex()})
+			n.confSeen.Store(e.GetIndex())
 		}
 		n.applied = e.GetIndex()
 		n.bytesSinceSnap += len(e.GetData())
@@ -1115,13 +1142,14 @@ func (n *Node) apply(ents []*pb.Entry) {
 	for _, d := range out {
 		d.p.finish(proposeResult{res: d.res})
 	}
-	for _, cc := range ccs {
+	for _, c := range ccs {
 		if n.cfg.AsyncStorageWrites {
-			// Only the raft goroutine may touch raft; ChangeMembership
-			// refuses to run in this mode, so this is a mixed-mode cluster.
-			n.localConf(cc)
+			// Only the raft goroutine may touch raft. The change goes
+			// ahead of this batch's MsgStorageApplyResp in the local
+			// queue, so raft learns of it before it counts it applied.
+			n.localConf(c)
 		} else {
-			n.applyConfChange(cc)
+			n.applyConfChange(c)
 		}
 	}
 }
@@ -1177,7 +1205,18 @@ func (n *Node) maybeSnapshot() error {
 	forcePast := past != 0 && applied >= past
 	due := n.cfg.SnapshotEntries >= 0 &&
 		(applied >= n.snapIndex+uint64(n.cfg.SnapshotEntries) || n.bytesSinceSnap >= n.cfg.SnapshotBytes)
-	if !n.forceSnap && !forcePast && !due {
+	n.confMu.Lock()
+	confStale := n.confSeen.Load() > n.confIndex
+	n.confMu.Unlock()
+	if confStale {
+		// Raft has not applied a membership change the state holds: a
+		// snapshot now would record the old configuration. The change's
+		// own wake-up retries.
+		n.mu.RUnlock()
+		return nil
+	}
+	force := n.forceSnap.Load()
+	if !force && !forcePast && !due {
 		n.mu.RUnlock()
 		return nil
 	}
@@ -1188,9 +1227,9 @@ func (n *Node) maybeSnapshot() error {
 	if applied > uint64(n.cfg.SnapshotTrailing) && applied-uint64(n.cfg.SnapshotTrailing) > compactTo {
 		compactTo = applied - uint64(n.cfg.SnapshotTrailing)
 	}
-	if n.forceSnap {
+	if force {
 		compactTo = applied
-		n.forceSnap = false
+		n.forceSnap.Store(false)
 	}
 	if forcePast {
 		compactTo = max(compactTo, past)
