@@ -306,6 +306,17 @@ func TestPrimaryFailover(t *testing.T) {
 	if p != 2 || e != 2 {
 		t.Fatalf("second primary %d epoch %d, want 2/2", p, e)
 	}
+	// The leader's own handover checks its heartbeat table: broker 3 is
+	// known dead, so it is refused; with no preferred broker and a live
+	// primary there is nothing to do.
+	if _, err := c.leader().ElectPrimaryNow(ctx, 3); err == nil {
+		t.Fatal("handover to a dead broker accepted")
+	} else if re := (*ResultError)(nil); !errors.As(err, &re) || re.Code != CodeInvalid {
+		t.Fatalf("handover to a dead broker: %v", err)
+	}
+	if r, err := c.leader().ElectPrimaryNow(ctx, 0); err != nil || r.Value != 0 {
+		t.Fatalf("election with a live primary: %+v %v", r, err)
+	}
 	// An admin handover to a live broker.
 	if moved, err := cl.ElectPrimary(ctx, 1); err != nil || !moved {
 		t.Fatalf("handover to broker 1: %v %v", moved, err)
