@@ -3,44 +3,305 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/berthmq/berth/controlplane"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
 )
 
-// controllerWiring records durable wiring in the controller (single-node
-// mode: the one-member controller berthd runs in-process). It implements
-// shards.WiringLog.
+// Roles a berthd node runs.
+const (
+	// RoleBroker serves clients; it embeds a controller member when one
+	// is configured.
+	RoleBroker = "broker"
+	// RoleController runs only a controller member (and the admin HTTP):
+	// no client listener, no shards.
+	RoleController = "controller"
+)
+
+// ControllerWaitDefault bounds how long a broker that embeds a member of a
+// 3- or 5-member controller waits at start for the group to elect a
+// leader before it restores its wiring. The members of a group start
+// independently; the first one up waits for a majority, so the wait
+// covers the others starting some seconds later.
+const ControllerWaitDefault = 30 * time.Second
+
+// controllerWaitLog is the interval of the progress lines while waiting.
+const controllerWaitLog = 5 * time.Second
+
+// wiringTimeout bounds one wiring change or load through the controller,
+// retries included.
+const wiringTimeout = 10 * time.Second
+
+// CheckController validates the role and the controller settings: a group
+// has 1, 3 or 5 members with distinct nonzero ids and addresses,
+// ControllerID is one of them, and a controller needs a data directory.
+func (c *Config) CheckController() error {
+	switch c.Role {
+	case "", RoleBroker, RoleController:
+	default:
+		return fmt.Errorf("server: role %q: want %s or %s", c.Role, RoleBroker, RoleController)
+	}
+	if len(c.ControllerPeers) == 0 {
+		if c.ControllerID != 0 {
+			return fmt.Errorf("server: controller id %d given without controller peers", c.ControllerID)
+		}
+		if c.Role == RoleController && c.ControllerAddr == "" {
+			return errors.New("server: role controller needs a controller address or controller peers")
+		}
+	} else {
+		switch len(c.ControllerPeers) {
+		case 1, 3, 5:
+		default:
+			return fmt.Errorf("server: a controller group has 1, 3 or 5 members, not %d", len(c.ControllerPeers))
+		}
+		seen := map[string]uint64{}
+		for _, id := range slices.Sorted(maps.Keys(c.ControllerPeers)) {
+			addr := c.ControllerPeers[id]
+			if id == 0 {
+				return errors.New("server: controller ids start at 1")
+			}
+			if err := checkPeerAddr(addr); err != nil {
+				return fmt.Errorf("server: controller %d: %w", id, err)
+			}
+			if other, ok := seen[addr]; ok {
+				return fmt.Errorf("server: controllers %d and %d share the address %s", other, id, addr)
+			}
+			seen[addr] = id
+		}
+		if _, ok := c.ControllerPeers[c.ControllerID]; !ok {
+			return fmt.Errorf("server: controller id %d is not one of the peers %v", c.ControllerID, slices.Sorted(maps.Keys(c.ControllerPeers)))
+		}
+	}
+	if c.DataDir == "" && (c.Role == RoleController || len(c.ControllerPeers) > 0) {
+		return errors.New("server: a controller needs a data directory")
+	}
+	return nil
+}
+
+// checkPeerAddr accepts host:port with a port in 1..65535: other members
+// dial it, so port 0 is no good.
+func checkPeerAddr(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("address %q: %v", addr, err)
+	}
+	if host == "" {
+		return fmt.Errorf("address %q has no host", addr)
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+		return fmt.Errorf("address %q: port must be 1..65535", addr)
+	}
+	return nil
+}
+
+// controllerEmbedded reports whether Start runs a controller member.
+func (c *Config) controllerEmbedded() bool {
+	if c.Role == RoleController {
+		return true
+	}
+	return c.DataDir != "" && (c.ControllerAddr != "" || len(c.ControllerPeers) > 0)
+}
+
+// startController starts this node's controller member and returns the
+// wiring log over it. With 3 or 5 members it waits (bounded by
+// ControllerWait) for the group to elect a leader; wait=false skips that
+// (a controller-only node has nothing to restore).
+func (s *Server) startController(wait bool) (*controllerWiring, error) {
+	cfg := s.cfg
+	dir := filepath.Join(cfg.DataDir, "controller")
+	if len(cfg.ControllerPeers) <= 1 {
+		addr := cfg.ControllerAddr
+		if len(cfg.ControllerPeers) == 1 {
+			addr = cfg.ControllerPeers[cfg.ControllerID]
+		}
+		n, err := controlplane.StartSingle(dir, addr, cfg.Logger)
+		if err != nil {
+			return nil, fmt.Errorf("server: controller: %w", err)
+		}
+		s.ctl = n
+		return &controllerWiring{n: n, timeout: wiringTimeout}, nil
+	}
+	n, err := controlplane.Start(controlplane.Config{ID: cfg.ControllerID, Peers: maps.Clone(cfg.ControllerPeers), Dir: dir, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("server: controller: %w", err)
+	}
+	s.ctl = n
+	addrs := make([]string, 0, len(cfg.ControllerPeers))
+	for _, id := range slices.Sorted(maps.Keys(cfg.ControllerPeers)) {
+		addrs = append(addrs, cfg.ControllerPeers[id])
+	}
+	s.ctlClient = controlplane.NewClient(addrs)
+	cfg.Logger.Info("server: controller member started", "id", cfg.ControllerID, "addr", n.Addr(), "members", len(addrs))
+	if wait {
+		if err := waitControllerLeader(n, cfg.ControllerWait, len(addrs), cfg.Logger); err != nil {
+			s.stopController()
+			return nil, err
+		}
+	}
+	return &controllerWiring{cl: s.ctlClient, timeout: wiringTimeout}, nil
+}
+
+// waitControllerLeader waits up to wait for n to know a leader, logging
+// progress every few seconds.
+func waitControllerLeader(n *controlplane.Node, wait time.Duration, members int, log *slog.Logger) error {
+	start := time.Now()
+	nextLog := start.Add(controllerWaitLog)
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for n.Leader() == 0 {
+		now := time.Now()
+		if now.Sub(start) >= wait {
+			return fmt.Errorf("server: the controller group elected no leader within %v: at least %d of its %d members must be running and reach each other", wait, members/2+1, members)
+		}
+		if now.After(nextLog) {
+			log.Info("server: waiting for the controller group to elect a leader", "waited", now.Sub(start).Round(time.Second), "limit", wait, "majority", members/2+1)
+			nextLog = now.Add(controllerWaitLog)
+		}
+		<-t.C
+	}
+	log.Info("server: controller group has a leader", "leader", n.Leader(), "waited", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// startControllerOnly runs a controller member and the admin HTTP, with no
+// client listener and no shards.
+func startControllerOnly(s *Server) error {
+	if _, err := s.startController(false); err != nil {
+		return err
+	}
+	if s.cfg.AdminAddr != "" {
+		ln, err := net.Listen("tcp", s.cfg.AdminAddr)
+		if err != nil {
+			s.stopController()
+			return fmt.Errorf("server: admin listen on %s: %w", s.cfg.AdminAddr, err)
+		}
+		s.adminLn = ln
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		mux := http.NewServeMux()
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+			if s.ctl.Leader() == 0 {
+				http.Error(w, "no controller leader", http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ready")
+		})
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("/v1/status", func(w http.ResponseWriter, r *http.Request) {
+			st := s.ctl.Status()
+			writeJSON(w, map[string]any{
+				"server": s.cfg.ServerName, "role": RoleController,
+				"controller": map[string]any{
+					"id": st.ID, "addr": s.ctl.Addr(), "leader": st.Leader, "is_leader": s.ctl.IsLeader(),
+					"term": st.Term, "applied": st.Applied, "snapshot_index": st.SnapshotIndex,
+					"first_index": st.FirstIndex, "last_index": st.LastIndex,
+				},
+			})
+		})
+		s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = s.admin.Serve(ln) }()
+	}
+	s.log.Info("berth: controller started", "controller", s.ctl.Addr(), "id", s.ctl.ID(), "admin", s.AdminAddr())
+	return nil
+}
+
+// controllerWiring records durable wiring in the controller. It implements
+// shards.WiringLog. With a one-member controller it calls the in-process
+// node (always the leader); with 3 or 5 members it goes through a client
+// that finds the leader from any member and follows redirects.
 type controllerWiring struct {
-	n       *controlplane.Node
+	n       *controlplane.Node   // one member, in-process
+	cl      *controlplane.Client // 3 or 5 members
 	timeout time.Duration
 }
+
+// wiringRetryDelay spaces retries of a wiring call while the controller
+// group has no reachable leader.
+const wiringRetryDelay = 50 * time.Millisecond
 
 func (w *controllerWiring) propose(ev controlplane.Event) error {
 	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
 	defer cancel()
-	res, err := w.n.Propose(ctx, ev)
-	if err != nil {
-		return shards.Errorf(wire.CodeInternal, "controller: %v", err)
-	}
-	if err := res.Err(); err != nil {
-		var re *controlplane.ResultError
-		code := wire.CodeInternal
-		if errors.As(err, &re) {
-			switch re.Code {
-			case controlplane.CodeNotFound:
-				code = wire.CodeNotFound
-			case controlplane.CodeConflict:
-				code = wire.CodePreconditionFailed
-			case controlplane.CodeInvalid:
-				code = wire.CodeInvalid
-			}
+	if w.cl == nil {
+		res, err := w.n.Propose(ctx, ev)
+		if err != nil {
+			return shards.Errorf(wire.CodeInternal, "controller: %v", err)
 		}
-		return shards.Errorf(code, "controller: %s", res.Msg)
+		return resultError(res.Err())
 	}
-	return nil
+	// Through the group: retry until the timeout while the leader is
+	// unknown or moving. Every wiring event may be applied twice with the
+	// same outcome (declares and binds are idempotent), except that a
+	// delete or unbind repeated after an ambiguous attempt finds nothing:
+	// that counts as done.
+	ambiguous := false
+	for {
+		_, err := w.cl.Propose(ctx, ev)
+		var re *controlplane.ResultError
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &re):
+			if ambiguous && re.Code == controlplane.CodeNotFound && isRemoval(ev) {
+				return nil
+			}
+			return resultError(err)
+		case errors.Is(err, controlplane.ErrBadRequest):
+			return shards.Errorf(wire.CodeInternal, "controller: %v", err)
+		case errors.Is(err, controlplane.ErrLeaderChanged):
+			ambiguous = true
+		}
+		select {
+		case <-ctx.Done():
+			return shards.Errorf(wire.CodeInternal, "controller: no answer within %v: %v", w.timeout, err)
+		case <-time.After(wiringRetryDelay):
+		}
+	}
+}
+
+func isRemoval(ev controlplane.Event) bool {
+	switch ev.(type) {
+	case *controlplane.DeleteQueue, *controlplane.DeleteExchange, *controlplane.Unbind:
+		return true
+	}
+	return false
+}
+
+// resultError maps the state machine's refusal to a wire error code.
+func resultError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var re *controlplane.ResultError
+	code := wire.CodeInternal
+	msg := err.Error()
+	if errors.As(err, &re) {
+		msg = re.Msg
+		switch re.Code {
+		case controlplane.CodeNotFound:
+			code = wire.CodeNotFound
+		case controlplane.CodeConflict:
+			code = wire.CodePreconditionFailed
+		case controlplane.CodeInvalid:
+			code = wire.CodeInvalid
+		}
+	}
+	return shards.Errorf(code, "controller: %s", msg)
 }
 
 var exchangeKinds = [...]string{shards.KindDirect: "direct", shards.KindFanout: "fanout", shards.KindTopic: "topic"}
@@ -95,14 +356,32 @@ func (w *controllerWiring) DeleteExchange(name string) error {
 	return w.propose(&controlplane.DeleteExchange{Name: name})
 }
 
-// Load reads the wiring by a consistent read, so it sees every change the
-// controller committed.
+// Load reads the wiring by a linearizable read, so it sees every change
+// the controller committed.
 func (w *controllerWiring) Load() (*shards.WiringSnapshot, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
 	defer cancel()
 	var cw controlplane.Wiring
-	if err := w.n.Read(ctx, controlplane.ReadConsistent, func(st *controlplane.State) { cw = st.Wiring() }); err != nil {
-		return nil, err
+	if w.cl == nil {
+		if err := w.n.Read(ctx, controlplane.ReadConsistent, func(st *controlplane.State) { cw = st.Wiring() }); err != nil {
+			return nil, err
+		}
+	} else {
+		// A follower read: any member answers once it has applied up to
+		// the leader's commit index, so it is as fresh as a read at the
+		// leader. Retried while the group has no reachable leader.
+		for {
+			var err error
+			cw, err = w.cl.GetWiring(ctx, controlplane.ReadFollower)
+			if err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("controller: load wiring: %w", err)
+			case <-time.After(wiringRetryDelay):
+			}
+		}
 	}
 	snap := &shards.WiringSnapshot{}
 	for _, x := range cw.Exchanges {

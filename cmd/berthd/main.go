@@ -1,16 +1,22 @@
 // Command berthd runs a Berth broker. With no flags it runs a single node
 // with embedded defaults: clients on 127.0.0.1:7400, admin HTTP on
-// 127.0.0.1:7480.
+// 127.0.0.1:7480, a one-member controller on 127.0.0.1:7402.
+//
+// -controller-peers and -controller-id make it one member of a 3- or
+// 5-member controller group; -role controller runs only that member.
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/berthmq/berth/server"
@@ -37,38 +43,16 @@ func envInt(key string, def int) int {
 }
 
 func run(args []string) int {
-	d := server.DefaultConfig()
-	fs := flag.NewFlagSet("berthd", flag.ContinueOnError)
-	listen := fs.String("listen", envOr("BERTH_LISTEN", d.ClientAddr), "client listen address (env BERTH_LISTEN)")
-	admin := fs.String("admin", envOr("BERTH_ADMIN", d.AdminAddr), "admin HTTP listen address, empty to disable (env BERTH_ADMIN)")
-	dataDir := fs.String("data", envOr("BERTH_DATA", d.DataDir), "data directory (env BERTH_DATA)")
-	shardCount := fs.Int("shards", envInt("BERTH_SHARDS", 0), "shard count, 0 = one per core (env BERTH_SHARDS)")
-	loops := fs.Int("loops", envInt("BERTH_LOOPS", 0), "event loop count, 0 = one per core (env BERTH_LOOPS)")
-	heartbeat := fs.Int("heartbeat-ms", envInt("BERTH_HEARTBEAT_MS", int(d.HeartbeatMs)), "default heartbeat interval in ms (env BERTH_HEARTBEAT_MS)")
-	controller := fs.String("controller", envOr("BERTH_CONTROLLER", "127.0.0.1:7402"), "in-process controller address; durable wiring goes through it; empty to keep wiring in a local file (env BERTH_CONTROLLER)")
-	fsync := fs.String("fsync", envOr("BERTH_FSYNC", d.Fsync), "journal fsync policy: always, or never (unsafe) (env BERTH_FSYNC)")
-	segmentBytes := fs.Int64("journal-segment-bytes", int64(envInt("BERTH_JOURNAL_SEGMENT_BYTES", 0)), "journal segment size in bytes, 0 = default 2 MiB (env BERTH_JOURNAL_SEGMENT_BYTES)")
-	mutexFraction := fs.Int("mutex-profile-fraction", envInt("BERTH_MUTEX_PROFILE_FRACTION", 0), "sample 1/n mutex contention events for /debug/pprof/mutex, 0 = off (env BERTH_MUTEX_PROFILE_FRACTION)")
-	blockRate := fs.Int("block-profile-rate", envInt("BERTH_BLOCK_PROFILE_RATE", 0), "sample blocking events of this many ns for /debug/pprof/block, 0 = off (env BERTH_BLOCK_PROFILE_RATE)")
-	logLevel := fs.String("log-level", envOr("BERTH_LOG_LEVEL", "info"), "debug, info, warn or error (env BERTH_LOG_LEVEL)")
-	if err := fs.Parse(args); err != nil {
+	opts, err := parseArgs(args)
+	if err != nil {
+		if !errors.Is(err, errUsage) {
+			fmt.Fprintln(os.Stderr, "berthd:", err)
+		}
 		return 2
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		fmt.Fprintln(os.Stderr, "berthd: bad -log-level:", err)
-		return 2
-	}
-	runtime.SetMutexProfileFraction(*mutexFraction)
-	runtime.SetBlockProfileRate(*blockRate)
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	cfg := d
-	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir = *listen, *admin, *dataDir
-	cfg.Shards, cfg.Loops, cfg.HeartbeatMs = *shardCount, *loops, uint32(*heartbeat)
-	cfg.Logger = log
-	cfg.Fsync = *fsync
-	cfg.ControllerAddr = *controller
-	cfg.JournalSegmentBytes = *segmentBytes
+	runtime.SetMutexProfileFraction(opts.mutexFraction)
+	runtime.SetBlockProfileRate(opts.blockRate)
+	cfg, log := opts.cfg, opts.cfg.Logger
 	srv, err := server.Start(cfg)
 	if err != nil {
 		log.Error("berthd: start failed", "err", err)
@@ -84,4 +68,135 @@ func run(args []string) int {
 	}
 	log.Info("berthd: stopped")
 	return 0
+}
+
+// errUsage reports a flag error the flag package has already printed.
+var errUsage = errors.New("usage")
+
+type options struct {
+	cfg                      server.Config
+	mutexFraction, blockRate int
+}
+
+// parseArgs turns flags and environment variables into a checked server
+// configuration; it starts nothing.
+func parseArgs(args []string) (options, error) {
+	d := server.DefaultConfig()
+	fs := flag.NewFlagSet("berthd", flag.ContinueOnError)
+	listen := fs.String("listen", envOr("BERTH_LISTEN", d.ClientAddr), "client listen address (env BERTH_LISTEN)")
+	admin := fs.String("admin", envOr("BERTH_ADMIN", d.AdminAddr), "admin HTTP listen address, empty to disable (env BERTH_ADMIN)")
+	dataDir := fs.String("data", envOr("BERTH_DATA", d.DataDir), "data directory (env BERTH_DATA)")
+	shardCount := fs.Int("shards", envInt("BERTH_SHARDS", 0), "shard count, 0 = one per core (env BERTH_SHARDS)")
+	loops := fs.Int("loops", envInt("BERTH_LOOPS", 0), "event loop count, 0 = one per core (env BERTH_LOOPS)")
+	heartbeat := fs.Int("heartbeat-ms", envInt("BERTH_HEARTBEAT_MS", int(d.HeartbeatMs)), "default heartbeat interval in ms (env BERTH_HEARTBEAT_MS)")
+	controller := fs.String("controller", envOr("BERTH_CONTROLLER", "127.0.0.1:7402"), "in-process controller address; durable wiring goes through it; empty to keep wiring in a local file (env BERTH_CONTROLLER)")
+	fsync := fs.String("fsync", envOr("BERTH_FSYNC", d.Fsync), "journal fsync policy: always, or never (unsafe) (env BERTH_FSYNC)")
+	segmentBytes := fs.Int64("journal-segment-bytes", int64(envInt("BERTH_JOURNAL_SEGMENT_BYTES", 0)), "journal segment size in bytes, 0 = default 2 MiB (env BERTH_JOURNAL_SEGMENT_BYTES)")
+	mutexFraction := fs.Int("mutex-profile-fraction", envInt("BERTH_MUTEX_PROFILE_FRACTION", 0), "sample 1/n mutex contention events for /debug/pprof/mutex, 0 = off (env BERTH_MUTEX_PROFILE_FRACTION)")
+	blockRate := fs.Int("block-profile-rate", envInt("BERTH_BLOCK_PROFILE_RATE", 0), "sample blocking events of this many ns for /debug/pprof/block, 0 = off (env BERTH_BLOCK_PROFILE_RATE)")
+	role := fs.String("role", envOr("BERTH_ROLE", server.RoleBroker), "broker (serves clients, embeds its controller member) or controller (controller member only) (env BERTH_ROLE)")
+	controllerID := fs.String("controller-id", envOr("BERTH_CONTROLLER_ID", ""), "this node's id in -controller-peers (env BERTH_CONTROLLER_ID)")
+	controllerPeers := fs.String("controller-peers", envOr("BERTH_CONTROLLER_PEERS", ""), "controller group members as id=host:port,... (1, 3 or 5), this node included; overrides -controller (env BERTH_CONTROLLER_PEERS)")
+	logLevel := fs.String("log-level", envOr("BERTH_LOG_LEVEL", "info"), "debug, info, warn or error (env BERTH_LOG_LEVEL)")
+	if err := fs.Parse(args); err != nil {
+		return options{}, errUsage
+	}
+	if fs.NArg() > 0 {
+		return options{}, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	id, peers, err := controllerFlags(*controllerID, *controllerPeers)
+	if err != nil {
+		return options{}, err
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return options{}, fmt.Errorf("bad -log-level: %v", err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	cfg := d
+	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir = *listen, *admin, *dataDir
+	cfg.Shards, cfg.Loops, cfg.HeartbeatMs = *shardCount, *loops, uint32(*heartbeat)
+	cfg.Logger = log
+	cfg.Fsync = *fsync
+	cfg.ControllerAddr = *controller
+	cfg.JournalSegmentBytes = *segmentBytes
+	cfg.Role, cfg.ControllerID, cfg.ControllerPeers = *role, id, peers
+	if err := cfg.CheckController(); err != nil {
+		return options{}, err
+	}
+	return options{cfg: cfg, mutexFraction: *mutexFraction, blockRate: *blockRate}, nil
+}
+
+// controllerFlags parses -controller-id and -controller-peers. Peers look
+// like "1=127.0.0.1:7402,2=127.0.0.1:7412,3=127.0.0.1:7422": 1, 3 or 5
+// members with distinct ids from 1 and distinct host:port addresses, and
+// the id must name one of them. Both empty means no group (the
+// -controller flag's one-member controller).
+func controllerFlags(idText, peersText string) (uint64, map[uint64]string, error) {
+	idText, peersText = strings.TrimSpace(idText), strings.TrimSpace(peersText)
+	if peersText == "" {
+		if idText != "" {
+			return 0, nil, errors.New("-controller-id needs -controller-peers")
+		}
+		return 0, nil, nil
+	}
+	peers, err := parsePeers(peersText)
+	if err != nil {
+		return 0, nil, err
+	}
+	if idText == "" {
+		return 0, nil, errors.New("-controller-peers needs -controller-id (this node's id in the list)")
+	}
+	id, err := strconv.ParseUint(idText, 10, 64)
+	if err != nil || id == 0 {
+		return 0, nil, fmt.Errorf("-controller-id %q: want a positive integer", idText)
+	}
+	if _, ok := peers[id]; !ok {
+		return 0, nil, fmt.Errorf("-controller-id %d is not in -controller-peers %q", id, peersText)
+	}
+	return id, peers, nil
+}
+
+// peersMax bounds the entries parsed from -controller-peers.
+const peersMax = 5
+
+func parsePeers(text string) (map[uint64]string, error) {
+	parts := strings.Split(text, ",")
+	if len(parts) > peersMax {
+		return nil, fmt.Errorf("-controller-peers: a controller group has 1, 3 or 5 members, not %d", len(parts))
+	}
+	peers := make(map[uint64]string, len(parts))
+	owner := make(map[string]uint64, len(parts))
+	for _, p := range parts {
+		p = strings.TrimSpace(p)
+		idText, addr, ok := strings.Cut(p, "=")
+		if !ok {
+			return nil, fmt.Errorf("-controller-peers: entry %q: want id=host:port", p)
+		}
+		idText, addr = strings.TrimSpace(idText), strings.TrimSpace(addr)
+		id, err := strconv.ParseUint(idText, 10, 64)
+		if err != nil || id == 0 {
+			return nil, fmt.Errorf("-controller-peers: entry %q: id must be a positive integer", p)
+		}
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil || host == "" {
+			return nil, fmt.Errorf("-controller-peers: entry %q: want host:port after the =", p)
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			return nil, fmt.Errorf("-controller-peers: entry %q: port must be 1..65535", p)
+		}
+		if _, dup := peers[id]; dup {
+			return nil, fmt.Errorf("-controller-peers: id %d appears twice", id)
+		}
+		if other, dup := owner[addr]; dup {
+			return nil, fmt.Errorf("-controller-peers: ids %d and %d share the address %s", other, id, addr)
+		}
+		peers[id], owner[addr] = addr, id
+	}
+	switch len(peers) {
+	case 1, 3, 5:
+	default:
+		return nil, fmt.Errorf("-controller-peers: a controller group has 1, 3 or 5 members, not %d", len(peers))
+	}
+	return peers, nil
 }

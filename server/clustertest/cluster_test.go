@@ -1,0 +1,357 @@
+// Package clustertest runs real berthd processes as a 3-member controller
+// group (each broker embeds one member) and as a controller-only node, and
+// checks that durable wiring goes through the group from any member and
+// survives the loss of the controller leader.
+package clustertest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/berthmq/berth/client"
+	"github.com/berthmq/berth/controlplane"
+)
+
+var berthd string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "berth-cluster-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	berthd = filepath.Join(dir, "berthd")
+	out, err := exec.Command("go", "build", "-o", berthd, "github.com/berthmq/berth/cmd/berthd").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build berthd: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// node is one berthd process and what it needs to be restarted.
+type node struct {
+	name    string
+	args    []string
+	client  string // client address, "" for a controller-only node
+	ctl     string // controller member address
+	logPath string
+	cmd     *exec.Cmd
+	exited  chan struct{}
+}
+
+func (n *node) start(t *testing.T) {
+	t.Helper()
+	logf, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(berthd, n.args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		t.Fatal(err)
+	}
+	n.cmd, n.exited = cmd, make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(n.exited) }()
+}
+
+// waitUp polls the node's client port (or controller port) until it
+// accepts a connection.
+func (n *node) waitUp(t *testing.T, within time.Duration) {
+	t.Helper()
+	addr := n.client
+	if addr == "" {
+		addr = n.ctl
+	}
+	deadline := time.Now().Add(within)
+	for {
+		select {
+		case <-n.exited:
+			t.Fatalf("%s exited during start:\n%s", n.name, n.logTail())
+		default:
+		}
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not come up on %s: %v\n%s", n.name, addr, err, n.logTail())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (n *node) stop(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if n.cmd == nil {
+		return
+	}
+	_ = n.cmd.Process.Signal(sig)
+	select {
+	case <-n.exited:
+	case <-time.After(10 * time.Second):
+		_ = n.cmd.Process.Kill()
+		<-n.exited
+		t.Errorf("%s did not stop on %v", n.name, sig)
+	}
+	n.cmd = nil
+}
+
+func (n *node) logTail() string {
+	b, _ := os.ReadFile(n.logPath)
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
+// startGroup starts len(roles) berthd processes forming one controller
+// group; role "broker" embeds a member, "controller" runs only one.
+func startGroup(t *testing.T, roles ...string) []*node {
+	t.Helper()
+	nodes := make([]*node, len(roles))
+	var peers []string
+	for i := range nodes {
+		nodes[i] = &node{name: fmt.Sprintf("berthd-%d", i+1), ctl: freePort(t)}
+		peers = append(peers, fmt.Sprintf("%d=%s", i+1, nodes[i].ctl))
+	}
+	dir := t.TempDir()
+	for i, n := range nodes {
+		n.logPath = filepath.Join(dir, n.name+".log")
+		n.args = []string{"-role", roles[i], "-data", filepath.Join(dir, n.name), "-admin", "",
+			"-controller-id", fmt.Sprint(i + 1), "-controller-peers", strings.Join(peers, ","),
+			"-shards", "1", "-loops", "1", "-log-level", "info"}
+		if roles[i] == "broker" {
+			n.client = freePort(t)
+			n.args = append(n.args, "-listen", n.client)
+		}
+	}
+	t.Cleanup(func() {
+		for _, n := range nodes {
+			if n.cmd != nil {
+				_ = n.cmd.Process.Kill()
+				<-n.exited
+			}
+			if t.Failed() {
+				t.Logf("%s log:\n%s", n.name, n.logTail())
+			}
+		}
+	})
+	// All at once: each broker waits for a majority before it is up.
+	for _, n := range nodes {
+		n.start(t)
+	}
+	for _, n := range nodes {
+		n.waitUp(t, 20*time.Second)
+	}
+	return nodes
+}
+
+func dial(t *testing.T, ctx context.Context, addr string) *client.Conn {
+	t.Helper()
+	c, err := client.Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func queueNames(w controlplane.Wiring) []string {
+	var names []string
+	for _, q := range w.Queues {
+		names = append(names, q.Name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// TestThreeMemberController runs three brokers that embed a 3-member
+// controller: a durable queue declared through one broker reaches another
+// at its restart, and after the controller leader's process is killed the
+// other two still commit a durable declare.
+func TestThreeMemberController(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	nodes := startGroup(t, "broker", "broker", "broker")
+	a, b := nodes[0], nodes[1]
+
+	ca := dial(t, ctx, a.client)
+	if err := ca.DeclareQueue(ctx, "q1", client.QueueOptions{Durable: true, MaxLength: 100}); err != nil {
+		t.Fatal(err)
+	}
+
+	// (a) b learns q1 from the group when it restarts.
+	b.stop(t, syscall.SIGTERM)
+	b.start(t)
+	b.waitUp(t, 20*time.Second)
+	cb := dial(t, ctx, b.client)
+	if err := cb.DeclareQueue(ctx, "q1", client.QueueOptions{Passive: true}); err != nil {
+		t.Fatalf("b does not have q1 after its restart: %v", err)
+	}
+	// A redeclare with other options is refused from b's restored copy.
+	if err := cb.DeclareQueue(ctx, "q1", client.QueueOptions{Durable: true, MaxLength: 5}); client.Code(err) == 0 {
+		t.Fatal("b accepted q1 with different options")
+	}
+	// b proposes too, so both surviving brokers below have talked to the
+	// leader that is then killed.
+	if err := cb.DeclareQueue(ctx, "qb", client.QueueOptions{Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Find the controller leader: a consistent read is served only there.
+	var addrs []string
+	for _, n := range nodes {
+		addrs = append(addrs, n.ctl)
+	}
+	cc := controlplane.NewClient(addrs)
+	defer cc.Close()
+	w, err := cc.GetWiring(ctx, controlplane.ReadConsistent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := queueNames(w); !slices.Equal(got, []string{"q1", "qb"}) {
+		t.Fatalf("controller queues %v, want [q1 qb]", got)
+	}
+	var leader *node
+	for _, n := range nodes {
+		if n.ctl == cc.Leader() {
+			leader = n
+		}
+	}
+	if leader == nil {
+		t.Fatalf("leader %q is none of %v", cc.Leader(), addrs)
+	}
+	t.Logf("controller leader is %s; killing it", leader.name)
+
+	// (b) kill -9 the leader; a surviving broker commits a new durable
+	// declare through the other member.
+	leader.stop(t, syscall.SIGKILL)
+	var survivor *node
+	var rest []string
+	for _, n := range nodes {
+		if n != leader {
+			rest = append(rest, n.ctl)
+			if survivor == nil {
+				survivor = n
+			}
+		}
+	}
+	cs := dial(t, ctx, survivor.client)
+	if err := cs.DeclareQueue(ctx, "q2", client.QueueOptions{Durable: true}); err != nil {
+		t.Fatalf("declare through %s after the leader died: %v", survivor.name, err)
+	}
+	cr := controlplane.NewClient(rest)
+	defer cr.Close()
+	w, err = cr.GetWiring(ctx, controlplane.ReadConsistent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := queueNames(w); !slices.Equal(got, []string{"q1", "q2", "qb"}) {
+		t.Fatalf("controller queues after the leader died %v, want [q1 q2 qb]", got)
+	}
+
+	// The killed node comes back and restores both queues.
+	leader.start(t)
+	leader.waitUp(t, 20*time.Second)
+	cl := dial(t, ctx, leader.client)
+	for _, q := range []string{"q1", "q2", "qb"} {
+		if err := cl.DeclareQueue(ctx, q, client.QueueOptions{Passive: true}); err != nil {
+			t.Fatalf("%s after its restart lacks %s: %v", leader.name, q, err)
+		}
+	}
+}
+
+// TestControllerOnly runs a one-member controller-only node: no client
+// listener, the controller service and the admin HTTP answer.
+func TestControllerOnly(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	admin, ctl := freePort(t), freePort(t)
+	n := &node{name: "controller-only", ctl: ctl, logPath: filepath.Join(dir, "berthd.log"),
+		args: []string{"-role", "controller", "-data", filepath.Join(dir, "data"), "-admin", admin,
+			"-controller-id", "1", "-controller-peers", "1=" + ctl, "-log-level", "info"}}
+	t.Cleanup(func() {
+		if n.cmd != nil {
+			_ = n.cmd.Process.Kill()
+			<-n.exited
+		}
+		if t.Failed() {
+			t.Logf("log:\n%s", n.logTail())
+		}
+	})
+	n.start(t)
+	n.waitUp(t, 20*time.Second)
+
+	cc := controlplane.NewClient([]string{ctl})
+	defer cc.Close()
+	if err := cc.DeclareQueue(ctx, "only", controlplane.QueueOptions{Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := cc.GetWiring(ctx, controlplane.ReadConsistent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := queueNames(w); !slices.Equal(got, []string{"only"}) {
+		t.Fatalf("queues %v", got)
+	}
+
+	get := func(path string) []byte {
+		t.Helper()
+		resp, err := http.Get("http://" + admin + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET %s: %s: %s", path, resp.Status, body)
+		}
+		return body
+	}
+	if body := get("/healthz"); !bytes.Contains(body, []byte("ok")) {
+		t.Fatalf("/healthz: %q", body)
+	}
+	var st struct {
+		Role       string
+		Controller struct {
+			ID, Leader, Applied uint64
+		}
+	}
+	if err := json.Unmarshal(get("/v1/status"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Role != "controller" || st.Controller.ID != 1 || st.Controller.Leader != 1 || st.Controller.Applied == 0 {
+		t.Fatalf("/v1/status: %+v", st)
+	}
+	n.stop(t, syscall.SIGTERM)
+}
