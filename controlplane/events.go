@@ -493,9 +493,6 @@ func ValidateEvent(ev Event) error {
 		if err := validName("attribute", ev.Key); err != nil {
 			return err
 		}
-		if ev.Key == primaryAttrKey {
-			return fmt.Errorf("controlplane: attribute key %q is reserved", ev.Key)
-		}
 		if len(ev.Value) > stringLenMax {
 			return fmt.Errorf("controlplane: attribute value longer than %d bytes", stringLenMax)
 		}

@@ -44,38 +44,24 @@ package controlplane
 // election when the broker is dead. A primary this leader has no entry for
 // (a new leader before its first heartbeat) gets one broker timeout.
 //
-// Persistence: the primary is kept in the cluster attributes under a
-// reserved key that SetAttribute refuses and Attribute hides, as 8 bytes
-// (broker, epoch). Attributes are already in snapshots, so the snapshot
-// format did not change and older snapshots decode as "no primary, epoch
-// 0".
+// Persistence: the primary and its epoch are fields of the state and of
+// snapshot format 3; a format 2 snapshot decodes as "no primary, epoch 0".
 
 import (
 	"context"
-	"encoding/binary"
 	"slices"
 	"time"
 )
 
-// primaryAttrKey is the reserved attribute key holding the primary.
-const primaryAttrKey = "\x00primary"
-
 // Primary returns the primary broker (0: none) and the primary epoch.
 func (s *State) Primary() (broker, epoch uint32) {
-	v := s.attrs[primaryAttrKey]
-	if len(v) != 8 {
-		return 0, 0
-	}
-	return binary.BigEndian.Uint32([]byte(v[:4])), binary.BigEndian.Uint32([]byte(v[4:]))
+	return s.primary, s.primaryEpoch
 }
 
 // setPrimary records broker as primary under the next epoch.
 func (s *State) setPrimary(broker uint32) {
-	_, epoch := s.Primary()
-	var v [8]byte
-	binary.BigEndian.PutUint32(v[:4], broker)
-	binary.BigEndian.PutUint32(v[4:], epoch+1)
-	s.attrs[primaryAttrKey] = string(v[:])
+	s.primary = broker
+	s.primaryEpoch++
 }
 
 // clearPrimary removes the primary, if any, under a new epoch.

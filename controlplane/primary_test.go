@@ -138,19 +138,29 @@ func TestElectPrimaryModes(t *testing.T) {
 	}
 }
 
-func TestPrimaryAttributeReserved(t *testing.T) {
+// TestPrimaryFormat2Snapshot: a snapshot written before the primary
+// existed (format 2: no primary fields at the end) decodes as no primary.
+func TestPrimaryFormat2Snapshot(t *testing.T) {
 	s := newActivePassive(t)
-	if r := s.Apply(&SetAttribute{Key: primaryAttrKey, Value: "x"}); r.Code != CodeInvalid {
-		t.Fatalf("reserved attribute set: %+v", r)
+	mustOK(t, s, &SetAttribute{Key: "a", Value: "b"})
+	cur := s.Encode()
+	old := append([]byte{2}, cur[1:len(cur)-8]...)
+	got, err := DecodeState(old)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := ValidateEvent(&SetAttribute{Key: primaryAttrKey, Value: "x"}); err == nil {
-		t.Fatal("reserved attribute validated")
+	if p, e := got.Primary(); p != 0 || e != 0 {
+		t.Fatalf("format 2 snapshot decoded with primary %d/%d", p, e)
 	}
-	if v, ok := s.Attribute(primaryAttrKey); ok || v != "" {
-		t.Fatalf("reserved attribute readable: %q", v)
+	if v, ok := got.Attribute("a"); !ok || v != "b" {
+		t.Fatalf("format 2 snapshot lost attribute a: %q %v", v, ok)
 	}
-	if p, e := s.Primary(); p != 2 || e != 1 {
-		t.Fatalf("primary after refused attribute: %d/%d", p, e)
+	// The same bytes claiming format 3 are short by the primary fields.
+	if _, err := DecodeState(append([]byte{3}, cur[1:len(cur)-8]...)); err == nil {
+		t.Fatal("truncated format 3 snapshot decoded")
+	}
+	if _, err := DecodeState(append([]byte{9}, cur[1:]...)); err == nil {
+		t.Fatal("unknown snapshot format decoded")
 	}
 }
 

@@ -9,7 +9,8 @@ import (
 	"github.com/klauspost/compress/zstd"
 )
 
-const snapshotFormat = 2
+// snapshotFormat 3 added the primary; DecodeState still reads format 2.
+const snapshotFormat = 3
 
 // snapshotBytesMax bounds a decompressed snapshot.
 const snapshotBytesMax = 1 << 30
@@ -47,6 +48,8 @@ func (s *State) Encode() []byte {
 		e.u64(id)
 		e.str(s.controllers[id])
 	}
+	e.u32(s.primary)
+	e.u32(s.primaryEpoch)
 	return e.b
 }
 
@@ -91,8 +94,9 @@ func decodeWiring(d *decoder) Wiring {
 func DecodeState(b []byte) (*State, error) {
 	s := NewState()
 	d := decoder{b: b}
-	if v := d.u8(); v != snapshotFormat {
-		return nil, fmt.Errorf("controlplane: unknown snapshot format %d", v)
+	format := d.u8()
+	if format != 2 && format != snapshotFormat {
+		return nil, fmt.Errorf("controlplane: unknown snapshot format %d", format)
 	}
 	s.nextBrokerID = d.u32()
 	n := d.count(10)
@@ -141,6 +145,9 @@ func DecodeState(b []byte) (*State, error) {
 	for i := 0; i < n; i++ {
 		id := d.u64()
 		s.controllers[id] = d.str()
+	}
+	if format >= 3 {
+		s.primary, s.primaryEpoch = d.u32(), d.u32()
 	}
 	if err := d.finish(); err != nil {
 		return nil, fmt.Errorf("controlplane: decode snapshot: %w", err)

@@ -26,9 +26,10 @@ type State struct {
 	byExchange map[string]map[Binding]struct{}
 	byQueue    map[string]map[Binding]struct{}
 	config     ClusterConfig
-	// attrs also holds the primary of an active-passive cluster under a
-	// reserved key (primary.go).
-	attrs map[string]string
+	attrs      map[string]string
+	// primary is the active-passive primary broker (0: none), primaryEpoch
+	// the epoch every change of primary bumps (primary.go).
+	primary, primaryEpoch uint32
 	// controllers holds the address of each controller added by a
 	// membership change, so a restarted member knows its peers.
 	controllers map[uint64]string
@@ -143,9 +144,6 @@ func (s *State) Apply(ev Event) Result {
 	case *ElectPrimary:
 		return s.electPrimary(ev)
 	case *SetAttribute:
-		if ev.Key == primaryAttrKey {
-			return fail(CodeInvalid, "attribute key %q is reserved", ev.Key)
-		}
 		if ev.Value == "" {
 			delete(s.attrs, ev.Key)
 		} else {
@@ -523,9 +521,6 @@ func (s *State) GroupsMasteredBy(id uint32) []uint32 {
 
 // Attribute returns a cluster attribute.
 func (s *State) Attribute(key string) (string, bool) {
-	if key == primaryAttrKey {
-		return "", false // not an admin attribute; see Primary
-	}
 	v, ok := s.attrs[key]
 	return v, ok
 }
