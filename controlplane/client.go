@@ -607,19 +607,23 @@ func (c *Client) GetPrimaryInfo(ctx context.Context, mode ReadMode) (PrimaryInfo
 }
 
 // ElectPrimary hands the primary role of an active-passive cluster to
-// broker preferred, which must be registered. The controller does not check
-// the broker's liveness on this path (it carries no heartbeat data): if the
-// broker is dead, the failure detector moves the role on within one broker
-// timeout. It reports whether the primary changed. A primary epoch that
-// moved between its read and the write fails with CodeStaleEpoch.
+// broker preferred, which must be registered and alive: the leader builds
+// the election from its own heartbeat table, as its failure detector does.
+// It reports whether the primary changed; a refusal comes back as a
+// *ResultError.
 func (c *Client) ElectPrimary(ctx context.Context, preferred uint32) (bool, error) {
 	if preferred == 0 {
 		return false, fmt.Errorf("controlplane: elect primary needs a broker id")
 	}
-	_, epoch, _, err := c.GetPrimary(ctx, ReadConsistent)
+	e := encoder{}
+	e.u32(preferred)
+	out, err := c.call(ctx, opPrimary, e.b, false)
 	if err != nil {
 		return false, err
 	}
-	r, err := c.Propose(ctx, &ElectPrimary{Epoch: epoch, Preferred: preferred})
-	return r.Value == 1, err
+	r, err := decodeResult(out)
+	if err != nil {
+		return false, err
+	}
+	return r.Value == 1, r.Err()
 }

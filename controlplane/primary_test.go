@@ -316,9 +316,14 @@ func TestPrimaryFailover(t *testing.T) {
 	if p != 2 || e != 2 {
 		t.Fatalf("second primary %d epoch %d, want 2/2", p, e)
 	}
-	// The leader's own handover checks its heartbeat table: broker 3 is
-	// known dead, so it is refused; with no preferred broker and a live
+	// A handover is checked against the leader's heartbeat table, from a
+	// client as in-process: broker 3 is known dead, so it is refused; with no preferred broker and a live
 	// primary there is nothing to do.
+	if _, err := cl.ElectPrimary(ctx, 3); err == nil {
+		t.Fatal("client handover to a dead broker accepted")
+	} else if re := (*ResultError)(nil); !errors.As(err, &re) || re.Code != CodeInvalid {
+		t.Fatalf("client handover to a dead broker: %v", err)
+	}
 	if _, err := c.leader().ElectPrimaryNow(ctx, 3); err == nil {
 		t.Fatal("handover to a dead broker accepted")
 	} else if re := (*ResultError)(nil); !errors.As(err, &re) || re.Code != CodeInvalid {

@@ -24,6 +24,7 @@ const (
 	opElect     uint8 = 4 // body: preferred broker, group ids; reply: a Result
 	opStatus    uint8 = 5 // reply: a Status
 	opWait      uint8 = 6 // body: an applied index; reply: the applied index once past it
+	opPrimary   uint8 = 7 // body: preferred broker; reply: a Result (elected on the leader from its heartbeats)
 )
 
 // Read queries.
@@ -305,6 +306,23 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 		if err == nil {
 			encodeResult(&e, res)
 		}
+	case opPrimary:
+		d := decoder{b: body}
+		preferred := d.u32()
+		if err = d.finish(); err != nil || preferred == 0 {
+			err = ErrBadRequest
+			break
+		}
+		var res Result
+		res, err = n.ElectPrimaryNow(ctx, preferred)
+		var re *ResultError
+		if errors.As(err, &re) {
+			// A refusal by the state machine is an answer, not a failure.
+			res, err = Result{Code: re.Code, Msg: re.Msg}, nil
+		}
+		if err == nil {
+			encodeResult(&e, res)
+		}
 	case opWait:
 		d := decoder{b: body}
 		after := d.u64()
@@ -327,7 +345,7 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 		return statusBadRequest, "", []byte("controlplane: unknown operation")
 	}
 	if err != nil {
-		if op == opPropose || op == opElect {
+		if op == opPropose || op == opElect || op == opPrimary {
 			return proposeErrorStatus(err)
 		}
 		return errorStatus(err)
