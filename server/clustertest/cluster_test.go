@@ -23,6 +23,7 @@ import (
 
 	"github.com/berthmq/berth/client"
 	"github.com/berthmq/berth/controlplane"
+	"github.com/berthmq/berth/server"
 )
 
 var berthd string
@@ -354,4 +355,33 @@ func TestControllerOnly(t *testing.T) {
 		t.Fatalf("/v1/status: %+v", st)
 	}
 	n.stop(t, syscall.SIGTERM)
+}
+
+// TestNoMajority: a broker whose controller group never gets a majority
+// gives up after ControllerWait with a clear error instead of hanging.
+func TestNoMajority(t *testing.T) {
+	cfg := server.DefaultConfig()
+	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir = "127.0.0.1:0", "", t.TempDir()
+	cfg.Shards, cfg.Loops = 1, 1
+	cfg.ControllerID = 1
+	cfg.ControllerPeers = map[uint64]string{1: freePort(t), 2: freePort(t), 3: freePort(t)}
+	cfg.ControllerWait = 500 * time.Millisecond
+	start := time.Now()
+	s, err := server.Start(cfg)
+	if err == nil {
+		s.Close()
+		t.Fatal("a broker started with one of three controller members")
+	}
+	if !strings.Contains(err.Error(), "elected no leader") || !strings.Contains(err.Error(), "2 of its 3") {
+		t.Fatalf("error %q", err)
+	}
+	if waited := time.Since(start); waited < cfg.ControllerWait {
+		t.Fatalf("gave up after %v, before the %v wait", waited, cfg.ControllerWait)
+	}
+	// The member it started was stopped: its port is free again.
+	ln, err := net.Listen("tcp", cfg.ControllerPeers[1])
+	if err != nil {
+		t.Fatalf("controller port still held: %v", err)
+	}
+	ln.Close()
 }
