@@ -146,6 +146,7 @@ func (n *Node) serveConn(c net.Conn) {
 	wb := &writeBatcher{n: n, sc: sc, sem: sem, wg: &reqs}
 	defer rb.flush() // runs before reqs.Wait
 	defer wb.flush()
+	var chunks chunkAssembler
 	var hdr [wire.HeaderSize]byte
 	// scratch holds request bodies; what outlives the frame is copied.
 	var scratch []byte
@@ -162,7 +163,7 @@ func (n *Node) serveConn(c net.Conn) {
 		if err != nil || h.Version.Major() != wire.VersionMajor {
 			return
 		}
-		if h.Type != wire.TypeRaftMessage && h.Length > ctlFrameMax {
+		if h.Type != wire.TypeRaftMessage && h.Type != wire.TypeRaftChunk && h.Length > ctlFrameMax {
 			return
 		}
 		var body []byte
@@ -189,6 +190,26 @@ func (n *Node) serveConn(c net.Conn) {
 			case <-n.stop:
 				return
 			default: // raft retransmits what is dropped here
+			}
+		case wire.TypeRaftChunk:
+			raw, err := chunks.add(body)
+			if err != nil {
+				n.cfg.Logger.Warn("controlplane: bad raft chunk", "err", err)
+				return
+			}
+			if raw == nil {
+				continue
+			}
+			m := &pb.Message{}
+			if err := proto.Unmarshal(raw, m); err != nil {
+				n.cfg.Logger.Warn("controlplane: bad raft message", "err", err)
+				return
+			}
+			select {
+			case n.msgIn <- m:
+			case <-n.stop:
+				return
+			default: // raft resends a snapshot that was dropped
 			}
 		case wire.TypeCtlRequest:
 			req, err := wire.DecodeCtlRequest(body)

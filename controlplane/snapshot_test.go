@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/berthmq/berth/wire"
 )
 
 func stateBytes(n *Node) []byte {
@@ -223,5 +225,71 @@ func TestWipedFollowerCatchesUpWhileLeaderHoldsItsLog(t *testing.T) {
 				t.Fatalf("wiped follower holds %d queues, want %d", queues, 40+tc.after)
 			}
 		})
+	}
+}
+
+// TestSnapshotInChunks installs a snapshot on a wiped follower with the
+// chunk size cut to 512 bytes, so the snapshot crosses in many
+// TypeRaftChunk frames.
+func TestSnapshotInChunks(t *testing.T) {
+	old := snapChunkBytes
+	snapChunkBytes = 512
+	// Registered before the cluster's own cleanup, so it runs after the
+	// controllers (and their transports) stopped.
+	t.Cleanup(func() { snapChunkBytes = old })
+	testSnapshots(t, false)
+}
+
+func TestChunkAssembler(t *testing.T) {
+	msg := make([]byte, 1000)
+	for i := range msg {
+		msg[i] = byte(i)
+	}
+	frames := func(size int) [][]byte {
+		var out [][]byte
+		for off := 0; off < len(msg); off += size {
+			part := msg[off:min(off+size, len(msg))]
+			f := wire.AppendRaftChunk(nil, uint64(len(msg)), uint64(off), part)
+			out = append(out, f[wire.HeaderSize:])
+		}
+		return out
+	}
+	var a chunkAssembler
+	fs := frames(300)
+	for i, f := range fs {
+		got, err := a.add(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (got != nil) != (i == len(fs)-1) {
+			t.Fatalf("chunk %d: message complete = %v", i, got != nil)
+		}
+		if got != nil && !bytes.Equal(got, msg) {
+			t.Fatal("reassembled message differs")
+		}
+	}
+	// Out of order, a changed total, a short body and a claim past the
+	// bound are refused.
+	if _, err := a.add(fs[1]); err == nil {
+		t.Fatal("chunk without its start accepted")
+	}
+	a = chunkAssembler{}
+	a.add(fs[0])
+	if _, err := a.add(fs[2]); err == nil {
+		t.Fatal("chunk out of order accepted")
+	}
+	a = chunkAssembler{}
+	a.add(fs[0])
+	if _, err := a.add(wire.AppendRaftChunk(nil, 2000, 300, msg[300:600])[wire.HeaderSize:]); err == nil {
+		t.Fatal("chunk with another total accepted")
+	}
+	if _, err := a.add([]byte{1, 2, 3}); err == nil {
+		t.Fatal("short chunk accepted")
+	}
+	if _, err := a.add(wire.AppendRaftChunk(nil, raftMessageMax+1, 0, msg)[wire.HeaderSize:]); err == nil {
+		t.Fatal("chunk of an oversized message accepted")
+	}
+	if _, err := a.add(wire.AppendRaftChunk(nil, 10, 5, msg[:6])[wire.HeaderSize:]); err == nil {
+		t.Fatal("chunk running past its total accepted")
 	}
 }

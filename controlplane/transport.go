@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -17,12 +18,14 @@ const (
 	// sendQueueMax bounds the raft messages waiting for one peer. Raft
 	// retransmits, so a message dropped at this bound only costs time.
 	sendQueueMax = 4096
-	// peerFrameMax bounds a frame between controllers; snapshots are the
-	// largest thing sent.
+	// peerFrameMax bounds a frame between controllers.
 	peerFrameMax = wire.FrameSizeMax
-	dialTimeout  = time.Second
-	redialDelay  = 50 * time.Millisecond
-	writeTimeout = 5 * time.Second
+	// raftMessageMax bounds one raft message, a snapshot at most: the
+	// decompressed state is bounded by snapshotBytesMax and compresses.
+	raftMessageMax = snapshotBytesMax + 1<<20
+	dialTimeout    = time.Second
+	redialDelay    = 50 * time.Millisecond
+	writeTimeout   = 5 * time.Second
 )
 
 // Faults cuts links between controllers in tests. A nil *Faults cuts nothing.
@@ -222,17 +225,21 @@ func (t *transport) run(p *peer) {
 					conn, w = c, bufio.NewWriterSize(c, 64<<10)
 				}
 				raw, err := proto.MarshalOptions{}.MarshalAppend(buf[:0], m)
-				if err == nil && len(raw)+wire.HeaderSize > peerFrameMax {
+				if err == nil && len(raw) > raftMessageMax {
 					t.logger.Error("controlplane: raft message too large", "to", p.id, "bytes", len(raw))
 					err = io.ErrShortBuffer
 				}
 				if err == nil {
 					buf = raw
-					var hdr [wire.HeaderSize]byte
-					wire.PutHeader(hdr[:], wire.Header{Version: wire.Current, Type: wire.TypeRaftMessage, Length: uint32(len(raw))})
-					conn.SetWriteDeadline(time.Now().Add(writeTimeout))
-					if _, err = w.Write(hdr[:]); err == nil {
-						_, err = w.Write(raw)
+					if len(raw) <= snapChunkBytes {
+						var hdr [wire.HeaderSize]byte
+						wire.PutHeader(hdr[:], wire.Header{Version: wire.Current, Type: wire.TypeRaftMessage, Length: uint32(len(raw))})
+						conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+						if _, err = w.Write(hdr[:]); err == nil {
+							_, err = w.Write(raw)
+						}
+					} else {
+						err = writeChunks(conn, w, raw)
 					}
 					if err == nil && (len(p.q) == 0 || isSnap) {
 						err = w.Flush()
@@ -257,6 +264,59 @@ func (t *transport) run(p *peer) {
 			buf = nil // do not pin a snapshot-sized buffer
 		}
 	}
+}
+
+// snapChunkBytes is the largest raft message sent in one frame; a bigger
+// one (a snapshot) goes in chunks of this size. A variable for tests.
+var snapChunkBytes = 4 << 20
+
+// writeChunks writes raw as TypeRaftChunk frames, each under its own write
+// deadline, so a large snapshot is bounded per chunk rather than as a whole.
+func writeChunks(conn net.Conn, w *bufio.Writer, raw []byte) error {
+	var prefix [wire.HeaderSize + 16]byte
+	for off := 0; off < len(raw); off += snapChunkBytes {
+		part := raw[off:min(off+snapChunkBytes, len(raw))]
+		hdr := wire.AppendRaftChunkHeader(prefix[:0], uint64(len(raw)), uint64(off), len(part))
+		conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+		if _, err := w.Write(hdr); err != nil {
+			return err
+		}
+		if _, err := w.Write(part); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// chunkAssembler rebuilds a raft message sent in TypeRaftChunk frames on
+// one connection.
+type chunkAssembler struct {
+	buf   []byte // grows with the chunks received, not with the claimed total
+	total uint64
+}
+
+// add takes one chunk; it returns the whole message once the last chunk is
+// in, or an error if the chunk does not continue the message in progress.
+func (a *chunkAssembler) add(body []byte) ([]byte, error) {
+	total, off, part, err := wire.DecodeRaftChunk(body)
+	if err != nil {
+		return nil, err
+	}
+	if total > raftMessageMax {
+		return nil, fmt.Errorf("controlplane: chunked raft message of %d bytes exceeds %d", total, raftMessageMax)
+	}
+	if off == 0 {
+		a.buf, a.total = a.buf[:0], total
+	} else if a.total != total || uint64(len(a.buf)) != off {
+		return nil, fmt.Errorf("controlplane: raft chunk at %d of %d does not continue the message in progress", off, total)
+	}
+	a.buf = append(a.buf, part...)
+	if uint64(len(a.buf)) < total {
+		return nil, nil
+	}
+	msg := a.buf
+	a.buf, a.total = nil, 0
+	return msg, nil
 }
 
 func drain(q chan *pb.Message) {

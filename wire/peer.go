@@ -19,7 +19,44 @@ const (
 	// id uint64, status uint8, leader hint (string), body (uint32 length
 	// then bytes).
 	TypeCtlResponse Type = 0x82
+	// TypeRaftChunk carries part of a marshalled raftpb.Message too big
+	// for one frame (a large snapshot): total uint64 (the whole message's
+	// length), offset uint64, then the bytes. The chunks of one message
+	// are sent in order on one connection with nothing between them; the
+	// receiver steps the message when offset + len reaches total.
+	TypeRaftChunk Type = 0x83
 )
+
+// raftChunkPrefix is the size of a TypeRaftChunk body before its bytes.
+const raftChunkPrefix = 16
+
+// AppendRaftChunk appends a whole TypeRaftChunk frame carrying part, which
+// starts at offset in a message of total bytes.
+func AppendRaftChunk(dst []byte, total, offset uint64, part []byte) []byte {
+	return append(AppendRaftChunkHeader(dst, total, offset, len(part)), part...)
+}
+
+// AppendRaftChunkHeader appends a TypeRaftChunk frame's header and prefix
+// for a part of n bytes, which the caller writes after it.
+func AppendRaftChunkHeader(dst []byte, total, offset uint64, n int) []byte {
+	dst = AppendHeader(dst, Header{Version: Current, Type: TypeRaftChunk, Length: uint32(raftChunkPrefix + n)})
+	dst = binary.BigEndian.AppendUint64(dst, total)
+	return binary.BigEndian.AppendUint64(dst, offset)
+}
+
+// DecodeRaftChunk decodes a TypeRaftChunk body. part aliases body.
+func DecodeRaftChunk(body []byte) (total, offset uint64, part []byte, err error) {
+	if len(body) < raftChunkPrefix {
+		return 0, 0, nil, ErrMalformed
+	}
+	total = binary.BigEndian.Uint64(body)
+	offset = binary.BigEndian.Uint64(body[8:])
+	part = body[raftChunkPrefix:]
+	if offset > total || uint64(len(part)) > total-offset {
+		return 0, 0, nil, ErrMalformed
+	}
+	return total, offset, part, nil
+}
 
 // CtlRequest is a decoded TypeCtlRequest body.
 type CtlRequest struct {
