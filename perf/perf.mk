@@ -16,7 +16,7 @@ BENCH_COMPARE_FLAGS ?=
 
 PERF_TOOLS := $(BIN)/berth-bench $(BIN)/bench-compare $(BIN)/pprof2cpuprofile
 
-.PHONY: perf-build bench-compare flamegraph nats-server flamegraph-renderer perf-test
+.PHONY: perf-build bench-compare controller-compare flamegraph nats-server flamegraph-renderer perf-test
 
 # `make build` builds the perf tools too.
 build: perf-build
@@ -35,6 +35,11 @@ nats-server:
 		GOBIN="$(PERF_CACHE)/bin" $(GO) install github.com/nats-io/nats-server/v2@$(NATS_VERSION); \
 	fi
 	@"$(NATS_SERVER)" --version
+
+# Berth's controllers against etcd v3.6, 3 members each, same machine, same
+# load (controlplane/etcdcompare).
+controller-compare:
+	sh controlplane/etcdcompare/compare.sh
 
 bench-compare: build nats-server
 	$(BIN)/bench-compare --berthd $(BIN)/berthd --nats-server "$(NATS_SERVER)" --out "$(BENCH_OUT)" $(BENCH_COMPARE_FLAGS)

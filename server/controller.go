@@ -202,6 +202,7 @@ func startControllerOnly(s *Server) error {
 			fmt.Fprintln(w, "ready")
 		})
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		handlePprof(mux)
 		mux.HandleFunc("/v1/status", func(w http.ResponseWriter, r *http.Request) {
 			st := s.ctl.Status()
 			writeJSON(w, map[string]any{

@@ -342,6 +342,9 @@ func TestControllerOnly(t *testing.T) {
 	if body := get("/healthz"); !bytes.Contains(body, []byte("ok")) {
 		t.Fatalf("/healthz: %q", body)
 	}
+	if body := get("/debug/pprof/"); !bytes.Contains(body, []byte("goroutine")) {
+		t.Fatalf("/debug/pprof/: %q", body)
+	}
 	var st struct {
 		Role       string
 		Controller struct {
