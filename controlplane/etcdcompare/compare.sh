@@ -3,8 +3,9 @@
 # processes), then Berth's controllers as 3 controller-only berthd
 # processes driven by ctl-bench (the same load as etcd's loadgen), then the
 # in-process controller benchmarks, then etcd again to bracket the
-# machine's load. Every phase is 100,000 operations, so that start-up
-# (connections, leader discovery, the first pebble writes) weighs little.
+# machine's load. Both load generators first put 10,000 values unmeasured
+# (connections, leader discovery, the first disk writes); every measured
+# phase is then 100,000 operations.
 # Run from the repository root (or `make controller-compare`):
 #   sh controlplane/etcdcompare/compare.sh
 set -e

@@ -23,6 +23,7 @@ func main() {
 	conns := flag.Int("conns", 16, "client connections")
 	ops := flag.Int("ops", 30000, "operations per phase")
 	size := flag.Int("size", 256, "value bytes")
+	warmup := flag.Int("warmup", 10000, "unmeasured puts before the phases")
 	flag.Parse()
 	eps := strings.Split(*endpoints, ",")
 	cls := make([]*clientv3.Client, *conns)
@@ -36,7 +37,7 @@ func main() {
 		cls[i] = c
 	}
 	value := strings.Repeat("v", *size)
-	run := func(name string, op func(c *clientv3.Client, i int) error) {
+	runN := func(name string, n int, op func(c *clientv3.Client, i int) error) {
 		var next, failed atomic.Int64
 		var wg sync.WaitGroup
 		start := time.Now()
@@ -47,7 +48,7 @@ func main() {
 				c := cls[g%len(cls)]
 				for {
 					i := next.Add(1) - 1
-					if i >= int64(*ops) {
+					if i >= int64(n) {
 						return
 					}
 					if err := op(c, int(i)); err != nil {
@@ -58,8 +59,19 @@ func main() {
 		}
 		wg.Wait()
 		el := time.Since(start)
-		fmt.Printf("%s: %d ops in %v = %.0f ops/s (%d failed)\n", name, *ops, el.Round(time.Millisecond), float64(*ops)/el.Seconds(), failed.Load())
+		if name != "" {
+			fmt.Printf("%s: %d ops in %v = %.0f ops/s (%d failed)\n", name, n, el.Round(time.Millisecond), float64(n)/el.Seconds(), failed.Load())
+		}
 	}
+	run := func(name string, op func(c *clientv3.Client, i int) error) { runN(name, *ops, op) }
+	// Warm up (connections, leader, first disk writes) without measuring,
+	// as ctl-bench does for Berth.
+	runN("", *warmup, func(c *clientv3.Client, i int) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := c.Put(ctx, "k"+strconv.Itoa(i%1024), value)
+		return err
+	})
 	run("put", func(c *clientv3.Client, i int) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

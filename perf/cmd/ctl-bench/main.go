@@ -35,11 +35,12 @@ func run(args []string) int {
 	size := fs.Int("size", 256, "value bytes")
 	phases := fs.String("phases", "put,linearizable-get,follower-get", "phases to run, in order")
 	timeout := fs.Duration("timeout", 2*time.Minute, "bound on each phase")
+	warmup := fs.Int("warmup", 10000, "unmeasured writes before the phases (connections, leader, first disk writes)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if *clients <= 0 || *conns <= 0 || *ops <= 0 || *size < 0 {
-		fmt.Fprintln(os.Stderr, "ctl-bench: -clients, -conns and -ops must be positive, -size not negative")
+	if *clients <= 0 || *conns <= 0 || *ops <= 0 || *size < 0 || *warmup < 0 {
+		fmt.Fprintln(os.Stderr, "ctl-bench: -clients, -conns and -ops must be positive, -size and -warmup not negative")
 		return 2
 	}
 	eps := strings.Split(*endpoints, ",")
@@ -58,7 +59,7 @@ func run(args []string) int {
 		return 1
 	}
 	ok := true
-	phase := func(name string, op func(c *controlplane.Client, ctx context.Context, i int) error) {
+	phaseN := func(name string, n int, op func(c *controlplane.Client, ctx context.Context, i int) error) {
 		var next, failed atomic.Int64
 		var firstErr atomic.Value
 		deadline := time.Now().Add(*timeout)
@@ -71,7 +72,7 @@ func run(args []string) int {
 				c := cls[g%len(cls)]
 				for time.Now().Before(deadline) {
 					i := next.Add(1) - 1
-					if i >= int64(*ops) {
+					if i >= int64(n) {
 						return
 					}
 					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -86,7 +87,14 @@ func run(args []string) int {
 		}
 		wg.Wait()
 		el := time.Since(start)
-		done := min(next.Load(), int64(*ops))
+		done := min(next.Load(), int64(n))
+		if name == "" {
+			if failed.Load() > done/100 {
+				fmt.Fprintf(os.Stderr, "ctl-bench: warm-up: %d failed: %v\n", failed.Load(), firstErr.Load())
+				ok = false
+			}
+			return
+		}
 		fmt.Printf("%s: %d ops in %v = %.0f ops/s (%d failed)\n", name, done, el.Round(time.Millisecond), float64(done)/el.Seconds(), failed.Load())
 		if f := failed.Load(); f > 0 {
 			fmt.Fprintf(os.Stderr, "ctl-bench: %s: first error: %v\n", name, firstErr.Load())
@@ -95,12 +103,17 @@ func run(args []string) int {
 			}
 		}
 	}
+	phase := func(name string, op func(c *controlplane.Client, ctx context.Context, i int) error) {
+		phaseN(name, *ops, op)
+	}
+	put := func(c *controlplane.Client, ctx context.Context, i int) error {
+		return c.SetAttribute(ctx, "k"+strconv.Itoa(i%1024), value)
+	}
+	phaseN("", *warmup, put)
 	for _, p := range strings.Split(*phases, ",") {
 		switch p {
 		case "put":
-			phase(p, func(c *controlplane.Client, ctx context.Context, i int) error {
-				return c.SetAttribute(ctx, "k"+strconv.Itoa(i%1024), value)
-			})
+			phase(p, put)
 		case "linearizable-get", "follower-get":
 			mode := controlplane.ReadConsistent
 			if p == "follower-get" {

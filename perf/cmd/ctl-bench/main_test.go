@@ -16,7 +16,7 @@ func TestRunAgainstController(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Stop()
-	if rc := run([]string{"-endpoints", n.Addr(), "-ops", "300", "-clients", "8", "-conns", "2"}); rc != 0 {
+	if rc := run([]string{"-endpoints", n.Addr(), "-ops", "300", "-warmup", "100", "-clients", "8", "-conns", "2"}); rc != 0 {
 		t.Fatalf("run returned %d", rc)
 	}
 	if rc := run([]string{"-endpoints", n.Addr(), "-phases", "nope"}); rc != 2 {
