@@ -189,26 +189,16 @@ func (s *diskStorage) saveMessages(msgs []*pb.Message, lastTerm, lastVote *uint6
 	var buf []byte
 	hasSnap := false
 	for _, m := range msgs {
-		if snap := m.GetSnapshot(); !raft.IsEmptySnap(snap) {
-			raw, err := proto.Marshal(snap)
-			if err != nil {
-				return fmt.Errorf("controlplane: encode snapshot: %w", err)
-			}
-			b.Set(keySnapshot, raw, nil)
-			b.DeleteRange(entryKey(0), entryKey(snap.GetMetadata().GetIndex()+1), nil)
+		snap := m.GetSnapshot()
+		if !raft.IsEmptySnap(snap) {
 			sync, hasSnap = true, true
 		}
-		if ents := m.GetEntries(); len(ents) > 0 {
-			for _, e := range ents {
-				var err error
-				buf, err = proto.MarshalOptions{}.MarshalAppend(buf[:0], e)
-				if err != nil {
-					return fmt.Errorf("controlplane: encode entry: %w", err)
-				}
-				b.Set(entryKey(e.GetIndex()), buf, nil)
-			}
-			b.DeleteRange(entryKey(ents[len(ents)-1].GetIndex()+1), entryKey(^uint64(0)), nil)
+		if len(m.GetEntries()) > 0 {
 			sync = true
+		}
+		var err error
+		if buf, err = s.writeLog(b, snap, m.GetEntries(), buf); err != nil {
+			return err
 		}
 		if m.Term != nil {
 			hs := &pb.HardState{Term: m.Term, Vote: m.Vote, Commit: m.Commit}

@@ -2,7 +2,8 @@
 // members (go.etcd.io/raft/v3 with PreVote and CheckQuorum) whose log, hard
 // state and snapshots live in pebble, talking over TCP with the wire
 // package's peer frames. It holds brokers, broker ids, replication groups
-// (master, epoch, SyncStateSet), wiring and the cluster configuration.
+// (master, epoch, SyncStateSet), wiring, the cluster configuration and, in
+// active-passive mode, the primary broker (primary.go).
 //
 // # Using it
 //
@@ -24,7 +25,10 @@
 //   - Write events (Propose) go through the log. Proposals from any number
 //     of goroutines queue (bounded) for the raft goroutine, which packs all
 //     waiting proposals into a few entries per Ready; each waiter is woken
-//     with its own Result when its event applies.
+//     with its own Result when its event applies. On the service, the
+//     writes of one connection that arrive together are queued as one
+//     group under one lock and answered with one reply write
+//     (writebatch.go).
 //   - Consistent reads take a ReadIndex (raft.ReadOnlySafe, a heartbeat
 //     round) or, with Config.LeaseRead, are served from the leader's lease.
 //     The lease is this package's own: it starts when a ReadIndex round is
@@ -73,10 +77,28 @@
 // 2048 groups per event. A new leader gives every registered broker one
 // timeout to heartbeat to it.
 //
+// # Membership
+//
+// Members are given at start (Config.Peers) and changed by joint consensus
+// (ChangeMembership, membership.go): one ConfChangeV2 entry carrying the
+// new address book; every member snapshots right after applying it, and a
+// joining member (Config.Join) takes appends only once a snapshot gave it
+// a configuration. Both storage loops support it.
+//
+// # Lost logs and large snapshots
+//
+// Raft never lowers a follower's acknowledged match. A member whose data
+// directory was wiped would be probed at its old match forever while the
+// leader still holds that entry; the leader notices a rejection whose hint
+// lies below the match and compacts its log past it, so raft sends a
+// snapshot (checkLostLog). As in any Raft, wiping a member while another is
+// down can still lose acknowledged writes: the wiped member votes with an
+// empty log. Raft messages over 4 MiB (snapshots) cross in TypeRaftChunk
+// frames, reassembled per connection; a snapshot is bounded by the 1 GiB
+// state bound.
+//
 // # Limits
 //
-// Membership is fixed at start; there is no joint consensus. A member
-// whose data directory is wiped rejoins and receives a snapshot, but, as in
-// any Raft, doing that while another member is down can lose acknowledged
-// writes (the wiped member votes with an empty log).
+// The peer port has no authentication: run controllers on a trusted
+// network. A snapshot is built and sent whole, in memory.
 package controlplane

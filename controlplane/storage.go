@@ -31,6 +31,9 @@ type diskStorage struct {
 	// apply goroutine's own snapshots race a snapshot received from the
 	// leader, and an older one must never overwrite a newer one on disk.
 	snapMu sync.Mutex
+	// last is the index of the last entry on disk (or of the snapshot when
+	// there is none after it). Only the goroutine that saves touches it.
+	last uint64
 }
 
 var (
@@ -151,7 +154,43 @@ func (s *diskStorage) load(voters []uint64) error {
 	if err := it.Error(); err != nil {
 		return fmt.Errorf("controlplane: read log: %w", err)
 	}
+	s.last = next - 1
 	return s.MemoryStorage.Append(batch)
+}
+
+// writeLog adds a snapshot (may be empty) and entries to b. A received
+// snapshot replaces the whole log. Appended entries replace any entries at
+// and after their first index; a range deletion is written only then, when
+// a new leader overwrites an uncommitted tail. Written on every append, the
+// deletions piled up in pebble's memtable, whose flush then spent seconds
+// fragmenting them while every write stalled.
+func (s *diskStorage) writeLog(b *pebble.Batch, snap *pb.Snapshot, ents []*pb.Entry, buf []byte) ([]byte, error) {
+	if !raft.IsEmptySnap(snap) {
+		raw, err := proto.Marshal(snap)
+		if err != nil {
+			return buf, fmt.Errorf("controlplane: encode snapshot: %w", err)
+		}
+		b.Set(keySnapshot, raw, nil)
+		b.DeleteRange(entryKey(0), entryKey(s.last+1), nil)
+		s.last = snap.GetMetadata().GetIndex()
+	}
+	if len(ents) == 0 {
+		return buf, nil
+	}
+	for _, e := range ents {
+		var err error
+		buf, err = proto.MarshalOptions{}.MarshalAppend(buf[:0], e)
+		if err != nil {
+			return buf, fmt.Errorf("controlplane: encode entry: %w", err)
+		}
+		b.Set(entryKey(e.GetIndex()), buf, nil)
+	}
+	end := ents[len(ents)-1].GetIndex()
+	if end < s.last {
+		b.DeleteRange(entryKey(end+1), entryKey(s.last+1), nil)
+	}
+	s.last = end
+	return buf, nil
 }
 
 // save persists one Ready's snapshot, entries and hard state with a single
@@ -169,27 +208,8 @@ func (s *diskStorage) save(hs *pb.HardState, ents []*pb.Entry, snap *pb.Snapshot
 	}
 	b := s.db.NewBatch()
 	defer b.Close()
-	if !raft.IsEmptySnap(snap) {
-		raw, err := proto.Marshal(snap)
-		if err != nil {
-			return fmt.Errorf("controlplane: encode snapshot: %w", err)
-		}
-		b.Set(keySnapshot, raw, nil)
-		b.DeleteRange(entryKey(0), entryKey(snap.GetMetadata().GetIndex()+1), nil)
-	}
-	if len(ents) > 0 {
-		var buf []byte
-		for _, e := range ents {
-			var err error
-			buf, err = proto.MarshalOptions{}.MarshalAppend(buf[:0], e)
-			if err != nil {
-				return fmt.Errorf("controlplane: encode entry: %w", err)
-			}
-			b.Set(entryKey(e.GetIndex()), buf, nil)
-		}
-		// Entries past the new tail were overwritten by a new leader.
-		last := ents[len(ents)-1].GetIndex()
-		b.DeleteRange(entryKey(last+1), entryKey(^uint64(0)), nil)
+	if _, err := s.writeLog(b, snap, ents, nil); err != nil {
+		return err
 	}
 	if !raft.IsEmptyHardState(hs) {
 		raw, err := proto.Marshal(hs)
