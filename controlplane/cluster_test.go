@@ -249,3 +249,34 @@ func TestThreeNodeBasic(t *testing.T) {
 		return nil
 	})
 }
+
+// TestFatalErrorStopsNode: a fatal error (what a failed log write raises)
+// stops the node; Done closes and Err tells why, while Stop alone leaves
+// Err nil.
+func TestFatalErrorStopsNode(t *testing.T) {
+	n, err := StartSingle(t.TempDir(), "127.0.0.1:0", quietLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("disk on fire")
+	n.fail(boom)
+	select {
+	case <-n.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("node did not stop on a fatal error")
+	}
+	if !errors.Is(n.Err(), boom) {
+		t.Fatalf("Err() = %v, want %v", n.Err(), boom)
+	}
+	n.Stop()
+
+	m, err := StartSingle(t.TempDir(), "127.0.0.1:0", quietLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Stop()
+	<-m.Done()
+	if m.Err() != nil {
+		t.Fatalf("Err() after Stop = %v", m.Err())
+	}
+}

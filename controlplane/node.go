@@ -463,6 +463,18 @@ func (n *Node) Stop() {
 	})
 }
 
+// Done is closed once the node stops, by Stop or on a fatal error (a log
+// write that failed, say); Err then tells which.
+func (n *Node) Done() <-chan struct{} { return n.stop }
+
+// Err returns the fatal error that stopped the node, or nil.
+func (n *Node) Err() error {
+	if p := n.fatalErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
 // ID returns the node's raft id.
 func (n *Node) ID() uint64 { return n.self }
 

@@ -133,6 +133,7 @@ func (s *Server) startController(wait bool) (*controllerWiring, error) {
 			return nil, fmt.Errorf("server: controller: %w", err)
 		}
 		s.ctl = n
+		watchController(n, cfg.Logger)
 		return &controllerWiring{n: n, timeout: wiringTimeout}, nil
 	}
 	n, err := controlplane.Start(controlplane.Config{ID: cfg.ControllerID, Peers: maps.Clone(cfg.ControllerPeers), Dir: dir, Logger: cfg.Logger})
@@ -140,6 +141,7 @@ func (s *Server) startController(wait bool) (*controllerWiring, error) {
 		return nil, fmt.Errorf("server: controller: %w", err)
 	}
 	s.ctl = n
+	watchController(n, cfg.Logger)
 	addrs := make([]string, 0, len(cfg.ControllerPeers))
 	for _, id := range slices.Sorted(maps.Keys(cfg.ControllerPeers)) {
 		addrs = append(addrs, cfg.ControllerPeers[id])
@@ -404,4 +406,16 @@ func (w *controllerWiring) Load() (*shards.WiringSnapshot, error) {
 		snap.Bindings = append(snap.Bindings, shards.Binding{Exchange: b.Exchange, Queue: b.Queue, Key: b.Key})
 	}
 	return snap, nil
+}
+
+// watchController logs the controller member's fatal error, if it stops on
+// one: durable wiring changes fail from then on, and the operator must know
+// why.
+func watchController(n *controlplane.Node, log *slog.Logger) {
+	go func() {
+		<-n.Done()
+		if err := n.Err(); err != nil {
+			log.Error("server: controller member stopped on a fatal error; durable wiring changes will fail", "id", n.ID(), "err", err)
+		}
+	}()
 }
