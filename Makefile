@@ -38,8 +38,14 @@ crash:
 
 # Long forms: 1M-record journal compaction, 20 journal kill rounds, and
 # the broker kill -9 test.
+# Long runs: 20 kill -9 rounds of the broker, the journal's long mode, and
+# the controller's linearizability checks for a minute each (in-process
+# with cut links, and three real processes killed and frozen).
+SOAK ?= 60s
 soak: crash
 	BERTH_JOURNAL_LONG=1 $(GO) test -count=1 -timeout 30m ./journal
+	CONTROLPLANE_SOAK=$(SOAK) $(GO) test -count=1 -timeout 30m -run Linearizable ./controlplane
+	BERTH_CLUSTER_SOAK=$(SOAK) $(GO) test -count=1 -timeout 30m -run LinearizableWithProcessKills ./server/clustertest
 
 FUZZTIME ?= 30s
 fuzz:
