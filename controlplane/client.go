@@ -627,3 +627,63 @@ func (c *Client) ElectPrimary(ctx context.Context, preferred uint32) (bool, erro
 	}
 	return r.Value == 1, r.Err()
 }
+
+// MemberList reads the controller group's voters with their addresses, and
+// the leader's id, from the leader after a ReadIndex round: it reflects
+// every membership change committed before the call.
+func (c *Client) MemberList(ctx context.Context) (members map[uint64]string, leader uint64, err error) {
+	out, err := c.call(ctx, opMembers, nil, false)
+	if err != nil {
+		return nil, 0, err
+	}
+	d := decoder{b: out}
+	leader = d.u64()
+	cnt := d.count(10)
+	members = make(map[uint64]string, cnt)
+	for i := 0; i < cnt; i++ {
+		members[d.u64()] = d.str()
+	}
+	if err := d.finish(); err != nil {
+		return nil, 0, err
+	}
+	return members, leader, nil
+}
+
+// Members reads the controller group's voters and their addresses (see
+// MemberList).
+func (c *Client) Members(ctx context.Context) (map[uint64]string, error) {
+	m, _, err := c.MemberList(ctx)
+	return m, err
+}
+
+// ChangeMembership adds the controllers in add (id to address) and removes
+// those in remove in one joint-consensus change on the leader, and returns
+// once the group has left the joint configuration. A new member must be
+// running already, started to join (Config.Join), or the group runs with
+// one member it cannot reach. Repeating a change that took effect
+// succeeds; an ErrLeaderChanged error means it may or may not have.
+func (c *Client) ChangeMembership(ctx context.Context, add map[uint64]string, remove []uint64) error {
+	if len(add) == 0 && len(remove) == 0 {
+		return errors.New("controlplane: a membership change must add or remove a controller")
+	}
+	if len(add) > membersChangeMax || len(remove) > membersChangeMax {
+		return fmt.Errorf("controlplane: at most %d controllers added and %d removed per change", membersChangeMax, membersChangeMax)
+	}
+	for id, addr := range add {
+		if id == 0 {
+			return errors.New("controlplane: cannot add controller 0: ids start at 1")
+		}
+		if err := checkControllerAddr(addr); err != nil {
+			return fmt.Errorf("controlplane: cannot add controller %d: %v", id, err)
+		}
+	}
+	for _, id := range remove {
+		if id == 0 {
+			return errors.New("controlplane: cannot remove controller 0: ids start at 1")
+		}
+	}
+	e := encoder{}
+	encodeMembersChange(&e, add, remove)
+	_, err := c.call(ctx, opChangeMembers, e.b, false)
+	return err
+}

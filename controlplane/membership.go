@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"slices"
+	"strconv"
 	"time"
 
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -61,9 +63,43 @@ func inConf(cs *pb.ConfState, id uint64) bool {
 		slices.Contains(cs.GetLearners(), id) || slices.Contains(cs.GetLearnersNext(), id)
 }
 
+// VotersMax bounds the voters a membership change may leave: a controller
+// group has at most 5 members.
+const VotersMax = 5
+
+// checkControllerAddr accepts host:port with a port in 1..65535 and at
+// most nameLenMax bytes: the other members dial it.
+func checkControllerAddr(addr string) error {
+	if addr == "" {
+		return errors.New("address is empty")
+	}
+	if len(addr) > nameLenMax {
+		return fmt.Errorf("address is %d bytes, more than %d", len(addr), nameLenMax)
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("address %q: %v", addr, err)
+	}
+	if host == "" {
+		return fmt.Errorf("address %q has no host", addr)
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+		return fmt.Errorf("address %q: port must be 1..65535", addr)
+	}
+	return nil
+}
+
 // ChangeMembership adds and removes controllers in one joint-consensus
 // change and waits until the cluster has left the joint configuration.
 // add maps new members' ids to their addresses. Only the leader accepts it.
+//
+// It refuses, with a message naming the reason, an id of 0, an address
+// that is not host:port or is another member's, adding a member or
+// removing a non-member, an id both added and removed, a change that
+// leaves no member or more than VotersMax, and a change while another is
+// in progress. A change whose outcome already holds (every added id is a
+// voter at that address, every removed id is gone) succeeds without a
+// new entry, so a caller that lost the reply can repeat it.
 func (n *Node) ChangeMembership(ctx context.Context, add map[uint64]string, remove []uint64) error {
 	if !n.isLdr.Load() {
 		return &NotLeaderError{Leader: n.leaderAddr()}
@@ -72,7 +108,7 @@ func (n *Node) ChangeMembership(ctx context.Context, add map[uint64]string, remo
 	cs := n.confState
 	n.confMu.Unlock()
 	if len(cs.GetVotersOutgoing()) > 0 {
-		return errors.New("controlplane: a membership change is already in progress")
+		return errors.New("controlplane: a membership change is already in progress; retry when it completes")
 	}
 	target := map[uint64]bool{}
 	for _, id := range cs.GetVoters() {
@@ -84,25 +120,73 @@ func (n *Node) ChangeMembership(ctx context.Context, add map[uint64]string, remo
 		book[id] = n.peers[id]
 	}
 	n.peersMu.RUnlock()
-	cc := &pb.ConfChangeV2{Transition: pb.ConfChangeTransitionJointImplicit.Enum()}
-	for id, addr := range add {
-		if id == 0 || addr == "" || len(addr) > nameLenMax || target[id] {
-			return fmt.Errorf("controlplane: cannot add controller %d at %q", id, addr)
+	if len(add) == 0 && len(remove) == 0 {
+		return errors.New("controlplane: a membership change must add or remove a controller")
+	}
+	removing := map[uint64]bool{}
+	for _, id := range remove {
+		if id == 0 {
+			return errors.New("controlplane: cannot remove controller 0: ids start at 1")
 		}
+		if removing[id] {
+			return fmt.Errorf("controlplane: controller %d is listed twice for removal", id)
+		}
+		if _, ok := add[id]; ok {
+			return fmt.Errorf("controlplane: controller %d is both added and removed", id)
+		}
+		removing[id] = true
+	}
+	done := true
+	for id, addr := range add {
+		if !target[id] || book[id] != addr {
+			done = false
+		}
+	}
+	for id := range removing {
+		if target[id] {
+			done = false
+		}
+	}
+	if done {
+		return nil // already in effect: a repeated request
+	}
+	addrOwner := map[string]uint64{}
+	for id, a := range book {
+		addrOwner[a] = id
+	}
+	cc := &pb.ConfChangeV2{Transition: pb.ConfChangeTransitionJointImplicit.Enum()}
+	for _, id := range slices.Sorted(maps.Keys(add)) {
+		addr := add[id]
+		if id == 0 {
+			return errors.New("controlplane: cannot add controller 0: ids start at 1")
+		}
+		if target[id] {
+			return fmt.Errorf("controlplane: cannot add controller %d: it is already a member (at %s)", id, book[id])
+		}
+		if err := checkControllerAddr(addr); err != nil {
+			return fmt.Errorf("controlplane: cannot add controller %d: %v", id, err)
+		}
+		if other, ok := addrOwner[addr]; ok && !removing[other] {
+			return fmt.Errorf("controlplane: cannot add controller %d: controller %d already has the address %s", id, other, addr)
+		}
+		addrOwner[addr] = id
 		target[id] = true
 		book[id] = addr
 		cc.Changes = append(cc.Changes, &pb.ConfChangeSingle{Type: pb.ConfChangeAddNode.Enum(), NodeId: proto.Uint64(id)})
 	}
 	for _, id := range remove {
 		if !target[id] {
-			return fmt.Errorf("controlplane: controller %d is not a member", id)
+			return fmt.Errorf("controlplane: cannot remove controller %d: it is not a member", id)
 		}
 		delete(target, id)
 		delete(book, id)
 		cc.Changes = append(cc.Changes, &pb.ConfChangeSingle{Type: pb.ConfChangeRemoveNode.Enum(), NodeId: proto.Uint64(id)})
 	}
-	if len(target) == 0 || len(cc.Changes) == 0 {
-		return errors.New("controlplane: a membership change must change something and leave a member")
+	if len(target) == 0 {
+		return errors.New("controlplane: a membership change must leave at least one controller")
+	}
+	if len(target) > VotersMax {
+		return fmt.Errorf("controlplane: a controller group has at most %d members; this change would leave %d", VotersMax, len(target))
 	}
 	cc.Context = encodeAddressBook(book)
 	req := confRequest{cc: cc, done: make(chan error, 1)}
@@ -144,6 +228,19 @@ func (n *Node) Members() []uint64 {
 	n.confMu.Lock()
 	defer n.confMu.Unlock()
 	return slices.Sorted(slices.Values(n.confState.GetVoters()))
+}
+
+// memberAddrs returns the current voters with the addresses this node
+// knows for them.
+func (n *Node) memberAddrs() map[uint64]string {
+	ids := n.Members()
+	out := make(map[uint64]string, len(ids))
+	n.peersMu.RLock()
+	for _, id := range ids {
+		out[id] = n.peers[id]
+	}
+	n.peersMu.RUnlock()
+	return out
 }
 
 // decodeConfEntry reads a configuration change entry of either version.

@@ -1,9 +1,12 @@
 package controlplane
 
 import (
+	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -119,4 +122,168 @@ func testMembership(t *testing.T, async bool) {
 		}
 		return nil
 	})
+}
+
+// TestMembershipOverService grows a 3-member group by a joining member and
+// removes an old one through the TCP service with a Client, as berthctl
+// does, checks the member list each time and that writes still commit and
+// reach the new member; then sends bad requests, which are refused with a
+// message and change nothing.
+func TestMembershipOverService(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	leader := c.leader()
+	cl := NewClient(c.addrList())
+	defer cl.Close()
+	ctx := ctxT(t, 30*time.Second)
+	writeN(t, cl, "before", 20)
+
+	members, lead, err := cl.MemberList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(members, map[uint64]string{1: c.addrs[1], 2: c.addrs[2], 3: c.addrs[3]}) || lead != leader.ID() {
+		t.Fatalf("members %v led by %d, want the three started, led by %d", members, lead, leader.ID())
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.addrs[4] = ln.Addr().String()
+	cfg := c.config(4, ln)
+	cfg.Join = true
+	n4, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[4] = n4
+	if err := cl.ChangeMembership(ctx, map[uint64]string{4: c.addrs[4]}, nil); err != nil {
+		t.Fatal(err)
+	}
+	want := maps.Clone(c.addrs)
+	if got, err := cl.Members(ctx); err != nil || !maps.Equal(got, want) {
+		t.Fatalf("members after adding 4: %v %v, want %v", got, err, want)
+	}
+	// Repeating a change that took effect (a retry after a lost reply)
+	// succeeds without another entry.
+	if err := cl.ChangeMembership(ctx, map[uint64]string{4: c.addrs[4]}, nil); err != nil {
+		t.Fatalf("repeated add: %v", err)
+	}
+
+	// Remove a follower of the original three.
+	var gone uint64
+	for id := uint64(1); id <= 3; id++ {
+		if id != c.leader().ID() {
+			gone = id
+			break
+		}
+	}
+	if err := cl.ChangeMembership(ctx, nil, []uint64{gone}); err != nil {
+		t.Fatal(err)
+	}
+	delete(want, gone)
+	if got, err := cl.Members(ctx); err != nil || !maps.Equal(got, want) {
+		t.Fatalf("members after removing %d: %v %v, want %v", gone, got, err, want)
+	}
+	c.stop(gone)
+	writeN(t, cl, "after", 20)
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		var q int
+		if err := n4.Read(ctx, ReadFollower, func(s *State) { q = len(s.Wiring().Queues) }); err != nil {
+			return err
+		}
+		if q != 40 {
+			return fmt.Errorf("member 4 holds %d queues, want 40", q)
+		}
+		if m := n4.Members(); !slices.Equal(m, slices.Sorted(maps.Keys(want))) {
+			return fmt.Errorf("member 4 sees members %v", m)
+		}
+		return nil
+	})
+
+	// Refusals by the leader, through the client: each names its reason.
+	free := "127.0.0.1:1"
+	for _, bad := range []struct {
+		add    map[uint64]string
+		remove []uint64
+		msg    string
+	}{
+		{map[uint64]string{4: free}, nil, "already a member"},
+		{map[uint64]string{6: free}, []uint64{9}, "not a member"},
+		{map[uint64]string{6: c.addrs[4]}, nil, "already has the address"},
+		{map[uint64]string{6: "127.0.0.1:2", 7: "127.0.0.1:3", 8: "127.0.0.1:4"}, nil, "at most 5 members"},
+		{map[uint64]string{6: free}, []uint64{6}, "both added and removed"},
+		{nil, slices.Sorted(maps.Keys(want)), "at least one controller"},
+	} {
+		err := cl.ChangeMembership(ctx, bad.add, bad.remove)
+		if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), bad.msg) {
+			t.Errorf("change +%v -%v: %v, want a bad request saying %q", bad.add, bad.remove, err, bad.msg)
+		}
+	}
+	// Refused by the client before sending.
+	for _, bad := range []struct {
+		add    map[uint64]string
+		remove []uint64
+	}{
+		{nil, nil},
+		{map[uint64]string{0: free}, nil},
+		{map[uint64]string{6: ""}, nil},
+		{map[uint64]string{6: "no-port"}, nil},
+		{map[uint64]string{6: "127.0.0.1:0"}, nil},
+		{map[uint64]string{6: "127.0.0.1:7402" + strings.Repeat("x", 300)}, nil},
+		{nil, []uint64{0}},
+		{nil, []uint64{1, 2, 3, 4, 5, 6}},
+	} {
+		if err := cl.ChangeMembership(ctx, bad.add, bad.remove); err == nil {
+			t.Errorf("change +%v -%v accepted", bad.add, bad.remove)
+		}
+	}
+	// Malformed bodies on the wire, past the client's checks.
+	leaderAddr := c.leader().Addr()
+	raw, err := dialClientConn(ctx, leaderAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.close(errors.New("test done"))
+	enc := func(f func(e *encoder)) []byte { e := encoder{}; f(&e); return e.b }
+	for name, body := range map[string][]byte{
+		"empty":      nil,
+		"truncated":  enc(func(e *encoder) { e.u32(1); e.u64(6) }),
+		"huge count": enc(func(e *encoder) { e.u32(1 << 30) }),
+		"six adds": enc(func(e *encoder) {
+			e.u32(6)
+			for id := uint64(10); id < 16; id++ {
+				e.u64(id)
+				e.str(fmt.Sprintf("127.0.0.1:%d", id))
+			}
+			e.u32(0)
+		}),
+		"duplicate add": enc(func(e *encoder) {
+			e.u32(2)
+			e.u64(6)
+			e.str(free)
+			e.u64(6)
+			e.str(free)
+			e.u32(0)
+		}),
+		"trailing":      enc(func(e *encoder) { e.u32(0); e.u32(1); e.u64(gone); e.u8(0) }),
+		"id 0":          enc(func(e *encoder) { e.u32(1); e.u64(0); e.str(free); e.u32(0) }),
+		"empty address": enc(func(e *encoder) { e.u32(1); e.u64(6); e.str(""); e.u32(0) }),
+		"remove 0":      enc(func(e *encoder) { e.u32(0); e.u32(1); e.u64(0) }),
+	} {
+		resp, err := raw.do(ctx, opChangeMembers, body)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if resp.Status != statusBadRequest || len(resp.Body) == 0 {
+			t.Errorf("%s: status %d %q, want a bad request with a message", name, resp.Status, resp.Body)
+		}
+	}
+	if resp, err := raw.do(ctx, opMembers, []byte{1}); err != nil || resp.Status != statusBadRequest {
+		t.Errorf("members with a body: %+v %v", resp, err)
+	}
+	if got, err := cl.Members(ctx); err != nil || !maps.Equal(got, want) {
+		t.Fatalf("members after the refusals: %v %v, want %v", got, err, want)
+	}
+	writeN(t, cl, "last", 5)
 }

@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
 	"net"
 	"slices"
 	"sync"
@@ -25,7 +27,23 @@ const (
 	opStatus    uint8 = 5 // reply: a Status
 	opWait      uint8 = 6 // body: an applied index; reply: the applied index once past it
 	opPrimary   uint8 = 7 // body: preferred broker; reply: a Result (elected on the leader from its heartbeats)
+	// opMembers: no body; reply: the leader's id, then the voters as
+	// count + (id u64, address str)*. Served on the leader only, after a
+	// ReadIndex round (a consistent read): the configuration it reports
+	// holds every membership change committed before the request.
+	opMembers uint8 = 8
+	// opChangeMembers: body: adds as count + (id u64, address str)*,
+	// removes as count + id*; each count at most membersChangeMax. Runs
+	// ChangeMembership on the leader; an empty reply once the joint
+	// configuration is left. A write: a stopping leader's answer is
+	// ambiguous. Repeating a change that took effect succeeds.
+	opChangeMembers uint8 = 9
 )
+
+// membersChangeMax bounds the adds and the removes in one opChangeMembers
+// request: no change leaves more than VotersMax voters, and replacing a
+// whole 5-member group takes 5 of each.
+const membersChangeMax = VotersMax
 
 // Read queries.
 const (
@@ -357,6 +375,31 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 		n.waitApplied(wctx, after+1)
 		cancel()
 		e.u64(n.Applied())
+	case opMembers:
+		if len(body) != 0 {
+			return statusBadRequest, "", []byte("controlplane: members takes no arguments")
+		}
+		// The ReadIndex round proves this node still leads and waits until
+		// it applied every entry committed before the request, membership
+		// changes included.
+		if _, err = n.ReadIndex(ctx, false); err != nil {
+			break
+		}
+		members := n.memberAddrs()
+		e.u64(n.self)
+		e.u32(uint32(len(members)))
+		for _, id := range slices.Sorted(maps.Keys(members)) {
+			e.u64(id)
+			e.str(members[id])
+		}
+	case opChangeMembers:
+		var add map[uint64]string
+		var remove []uint64
+		add, remove, err = decodeMembersChange(body)
+		if err != nil {
+			return statusBadRequest, "", []byte(err.Error())
+		}
+		err = n.ChangeMembership(ctx, add, remove)
 	case opStatus:
 		s := n.Status()
 		for _, v := range []uint64{s.ID, s.Leader, s.Term, s.Applied, s.SnapshotIndex, s.FirstIndex, s.LastIndex} {
@@ -366,12 +409,59 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 		return statusBadRequest, "", []byte("controlplane: unknown operation")
 	}
 	if err != nil {
-		if op == opPropose || op == opElect || op == opPrimary {
+		if op == opPropose || op == opElect || op == opPrimary || op == opChangeMembers {
 			return proposeErrorStatus(err)
 		}
 		return errorStatus(err)
 	}
 	return statusOK, "", e.b
+}
+
+func encodeMembersChange(e *encoder, add map[uint64]string, remove []uint64) {
+	e.u32(uint32(len(add)))
+	for _, id := range slices.Sorted(maps.Keys(add)) {
+		e.u64(id)
+		e.str(add[id])
+	}
+	encodeMemberIDs(e, remove)
+}
+
+func encodeMemberIDs(e *encoder, ids []uint64) {
+	e.u32(uint32(len(ids)))
+	for _, id := range ids {
+		e.u64(id)
+	}
+}
+
+// decodeMembersChange reads an opChangeMembers body. ChangeMembership
+// checks the ids and addresses against the membership; this checks only
+// the shape and the bounds.
+func decodeMembersChange(body []byte) (map[uint64]string, []uint64, error) {
+	d := decoder{b: body}
+	na := d.count(10) // id and string length
+	if na > membersChangeMax {
+		return nil, nil, fmt.Errorf("%w: %d controllers to add; at most %d per change", ErrBadRequest, na, membersChangeMax)
+	}
+	add := make(map[uint64]string, na)
+	for i := 0; i < na && d.err == nil; i++ {
+		id, addr := d.u64(), d.str()
+		if _, dup := add[id]; dup && d.err == nil {
+			return nil, nil, fmt.Errorf("%w: controller %d is listed twice to add", ErrBadRequest, id)
+		}
+		add[id] = addr
+	}
+	nr := d.count(8)
+	if nr > membersChangeMax {
+		return nil, nil, fmt.Errorf("%w: %d controllers to remove; at most %d per change", ErrBadRequest, nr, membersChangeMax)
+	}
+	remove := make([]uint64, 0, nr)
+	for i := 0; i < nr && d.err == nil; i++ {
+		remove = append(remove, d.u64())
+	}
+	if err := d.finish(); err != nil {
+		return nil, nil, fmt.Errorf("%w: malformed membership change: %v", ErrBadRequest, err)
+	}
+	return add, remove, nil
 }
 
 func errorStatus(err error) (uint8, string, []byte) {
