@@ -55,6 +55,9 @@ func (c *Config) CheckController() error {
 	default:
 		return fmt.Errorf("server: role %q: want %s or %s", c.Role, RoleBroker, RoleController)
 	}
+	if c.ControllerJoin && len(c.ControllerPeers) < 2 {
+		return errors.New("server: joining a controller group needs controller peers naming this node and at least one running member")
+	}
 	if len(c.ControllerPeers) == 0 {
 		if c.ControllerID != 0 {
 			return fmt.Errorf("server: controller id %d given without controller peers", c.ControllerID)
@@ -63,10 +66,15 @@ func (c *Config) CheckController() error {
 			return errors.New("server: role controller needs a controller address or controller peers")
 		}
 	} else {
-		switch len(c.ControllerPeers) {
-		case 1, 3, 5:
-		default:
-			return fmt.Errorf("server: a controller group has 1, 3 or 5 members, not %d", len(c.ControllerPeers))
+		switch n := len(c.ControllerPeers); {
+		case c.ControllerJoin:
+			// This node and the members it knows: at most a full group of
+			// 5 plus itself, when it replaces one of them.
+			if n > controllerJoinPeersMax {
+				return fmt.Errorf("server: a joining controller lists itself and at most %d members, not %d entries", controllerJoinPeersMax-1, n)
+			}
+		case n != 1 && n != 3 && n != 5:
+			return fmt.Errorf("server: a controller group has 1, 3 or 5 members, not %d", n)
 		}
 		seen := map[string]uint64{}
 		for _, id := range slices.Sorted(maps.Keys(c.ControllerPeers)) {
@@ -91,6 +99,9 @@ func (c *Config) CheckController() error {
 	}
 	return nil
 }
+
+// controllerJoinPeersMax bounds ControllerPeers of a joining member.
+const controllerJoinPeersMax = 6
 
 // checkPeerAddr accepts host:port with a port in 1..65535: other members
 // dial it, so port 0 is no good.
@@ -136,7 +147,8 @@ func (s *Server) startController(wait bool) (*controllerWiring, error) {
 		watchController(n, cfg.Logger)
 		return &controllerWiring{n: n, timeout: wiringTimeout}, nil
 	}
-	n, err := controlplane.Start(controlplane.Config{ID: cfg.ControllerID, Peers: maps.Clone(cfg.ControllerPeers), Dir: dir, Logger: cfg.Logger})
+	n, err := controlplane.Start(controlplane.Config{ID: cfg.ControllerID, Peers: maps.Clone(cfg.ControllerPeers), Dir: dir,
+		Join: cfg.ControllerJoin, Logger: cfg.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("server: controller: %w", err)
 	}
@@ -147,7 +159,18 @@ func (s *Server) startController(wait bool) (*controllerWiring, error) {
 		addrs = append(addrs, cfg.ControllerPeers[id])
 	}
 	s.ctlClient = controlplane.NewClient(addrs)
-	cfg.Logger.Info("server: controller member started", "id", cfg.ControllerID, "addr", n.Addr(), "members", len(addrs))
+	cfg.Logger.Info("server: controller member started", "id", cfg.ControllerID, "addr", n.Addr(), "members", len(addrs), "join", cfg.ControllerJoin)
+	if cfg.ControllerJoin {
+		// A joining member hears from no leader until an operator adds
+		// it, which may be long after this start: waiting here would fail
+		// the start of a node doing what it was told. A broker reads its
+		// wiring through the client instead, from the running members in
+		// its peer list (retried up to wiringTimeout). After a restart of
+		// a member that joined, the wait is skipped the same way.
+		cfg.Logger.Info("server: joining controller member; it takes part once the group adds it", "id", cfg.ControllerID,
+			"command", fmt.Sprintf("berthctl members add %d=%s", cfg.ControllerID, cfg.ControllerPeers[cfg.ControllerID]))
+		wait = false
+	}
 	if wait {
 		if err := waitControllerLeader(n, cfg.ControllerWait, len(addrs), cfg.Logger); err != nil {
 			s.stopController()

@@ -63,6 +63,15 @@ type Config struct {
 	// DataDir (the log lives in DataDir/controller). See CheckController.
 	ControllerPeers map[uint64]string
 	ControllerID    uint64
+	// ControllerJoin starts this node's member as one being added to a
+	// running group: it has no configuration until the leader, once an
+	// operator ran "berthctl members add ID=ADDR", sends it a snapshot.
+	// ControllerPeers then holds this node and the members it knows (2 to
+	// 6 entries, not necessarily 1, 3 or 5), and Start does not wait for a
+	// leader: the new member knows none until it is added. Keeping it set
+	// on later restarts is harmless: a member with a configuration ignores
+	// it.
+	ControllerJoin bool
 	// ControllerWait bounds how long Start waits for a 3- or 5-member
 	// group to elect a leader before restoring the wiring (default
 	// ControllerWaitDefault).

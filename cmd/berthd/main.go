@@ -4,6 +4,8 @@
 //
 // -controller-peers and -controller-id make it one member of a 3- or
 // 5-member controller group; -role controller runs only that member.
+// -controller-join starts a member to be added to a running group with
+// "berthctl members add ID=ADDR".
 package main
 
 import (
@@ -40,6 +42,19 @@ func envInt(key string, def int) int {
 		}
 	}
 	return def
+}
+
+// envBool reads a boolean variable; unset or empty is def.
+func envBool(key string, def bool) (bool, error) {
+	v, ok := os.LookupEnv(key)
+	if !ok || strings.TrimSpace(v) == "" {
+		return def, nil
+	}
+	b, err := strconv.ParseBool(strings.TrimSpace(v))
+	if err != nil {
+		return false, fmt.Errorf("%s=%q: want true or false", key, v)
+	}
+	return b, nil
 }
 
 func run(args []string) int {
@@ -97,6 +112,11 @@ func parseArgs(args []string) (options, error) {
 	role := fs.String("role", envOr("BERTH_ROLE", server.RoleBroker), "broker (serves clients, embeds its controller member) or controller (controller member only) (env BERTH_ROLE)")
 	controllerID := fs.String("controller-id", envOr("BERTH_CONTROLLER_ID", ""), "this node's id in -controller-peers (env BERTH_CONTROLLER_ID)")
 	controllerPeers := fs.String("controller-peers", envOr("BERTH_CONTROLLER_PEERS", ""), "controller group members as id=host:port,... (1, 3 or 5), this node included; overrides -controller (env BERTH_CONTROLLER_PEERS)")
+	joinDefault, err := envBool("BERTH_CONTROLLER_JOIN", false)
+	if err != nil {
+		return options{}, err
+	}
+	join := fs.Bool("controller-join", joinDefault, "start this controller member to be added to a running group (then run 'berthctl members add ID=ADDR'); -controller-peers lists this node and the members it knows (env BERTH_CONTROLLER_JOIN)")
 	logLevel := fs.String("log-level", envOr("BERTH_LOG_LEVEL", "info"), "debug, info, warn or error (env BERTH_LOG_LEVEL)")
 	if err := fs.Parse(args); err != nil {
 		return options{}, errUsage
@@ -104,7 +124,7 @@ func parseArgs(args []string) (options, error) {
 	if fs.NArg() > 0 {
 		return options{}, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	id, peers, err := controllerFlags(*controllerID, *controllerPeers)
+	id, peers, err := controllerFlags(*controllerID, *controllerPeers, *join)
 	if err != nil {
 		return options{}, err
 	}
@@ -121,6 +141,7 @@ func parseArgs(args []string) (options, error) {
 	cfg.ControllerAddr = *controller
 	cfg.JournalSegmentBytes = *segmentBytes
 	cfg.Role, cfg.ControllerID, cfg.ControllerPeers = *role, id, peers
+	cfg.ControllerJoin = *join
 	if err := cfg.CheckController(); err != nil {
 		return options{}, err
 	}
@@ -131,16 +152,20 @@ func parseArgs(args []string) (options, error) {
 // like "1=127.0.0.1:7402,2=127.0.0.1:7412,3=127.0.0.1:7422": 1, 3 or 5
 // members with distinct ids from 1 and distinct host:port addresses, and
 // the id must name one of them. Both empty means no group (the
-// -controller flag's one-member controller).
-func controllerFlags(idText, peersText string) (uint64, map[uint64]string, error) {
+// -controller flag's one-member controller). With join the list is this
+// node and the running members it knows: 2 to 6 entries.
+func controllerFlags(idText, peersText string, join bool) (uint64, map[uint64]string, error) {
 	idText, peersText = strings.TrimSpace(idText), strings.TrimSpace(peersText)
 	if peersText == "" {
 		if idText != "" {
 			return 0, nil, errors.New("-controller-id needs -controller-peers")
 		}
+		if join {
+			return 0, nil, errors.New("-controller-join needs -controller-peers (this node and at least one running member) and -controller-id")
+		}
 		return 0, nil, nil
 	}
-	peers, err := parsePeers(peersText)
+	peers, err := parsePeers(peersText, join)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -157,12 +182,19 @@ func controllerFlags(idText, peersText string) (uint64, map[uint64]string, error
 	return id, peers, nil
 }
 
-// peersMax bounds the entries parsed from -controller-peers.
-const peersMax = 5
+// peersMax bounds the entries parsed from -controller-peers; a joining
+// member may list a full group of 5 and itself.
+const (
+	peersMax     = 5
+	peersJoinMax = 6
+)
 
-func parsePeers(text string) (map[uint64]string, error) {
+func parsePeers(text string, join bool) (map[uint64]string, error) {
 	parts := strings.Split(text, ",")
-	if len(parts) > peersMax {
+	if join && len(parts) > peersJoinMax {
+		return nil, fmt.Errorf("-controller-peers: a joining member lists itself and at most %d members, not %d entries", peersJoinMax-1, len(parts))
+	}
+	if !join && len(parts) > peersMax {
 		return nil, fmt.Errorf("-controller-peers: a controller group has 1, 3 or 5 members, not %d", len(parts))
 	}
 	peers := make(map[uint64]string, len(parts))
@@ -193,10 +225,11 @@ func parsePeers(text string) (map[uint64]string, error) {
 		}
 		peers[id], owner[addr] = addr, id
 	}
-	switch len(peers) {
-	case 1, 3, 5:
-	default:
-		return nil, fmt.Errorf("-controller-peers: a controller group has 1, 3 or 5 members, not %d", len(peers))
+	switch n := len(peers); {
+	case join && n < 2:
+		return nil, errors.New("-controller-peers: a joining member lists itself and at least one running member")
+	case !join && n != 1 && n != 3 && n != 5:
+		return nil, fmt.Errorf("-controller-peers: a controller group has 1, 3 or 5 members, not %d", n)
 	}
 	return peers, nil
 }

@@ -22,7 +22,7 @@ func TestControllerFlags(t *testing.T) {
 			map[uint64]string{1: "h1:1", 2: "h2:1", 3: "h3:1", 4: "h4:1", 5: "[::1]:7402"}},
 	}
 	for _, c := range ok {
-		id, peers, err := controllerFlags(c.id, c.peers)
+		id, peers, err := controllerFlags(c.id, c.peers, false)
 		if err != nil {
 			t.Errorf("controllerFlags(%q, %q): %v", c.id, c.peers, err)
 			continue
@@ -56,7 +56,7 @@ func TestControllerFlags(t *testing.T) {
 		{"1", "1=127.0.0.1:http", "port must be"},
 	}
 	for _, c := range bad {
-		_, _, err := controllerFlags(c.id, c.peers)
+		_, _, err := controllerFlags(c.id, c.peers, false)
 		if err == nil || !strings.Contains(err.Error(), c.msg) {
 			t.Errorf("controllerFlags(%q, %q) = %v, want an error with %q", c.id, c.peers, err, c.msg)
 		}
@@ -126,5 +126,61 @@ func TestArgsGood(t *testing.T) {
 	}
 	if o.cfg.ControllerAddr != "127.0.0.1:7402" || o.cfg.ControllerPeers != nil || o.cfg.ControllerID != 0 {
 		t.Fatalf("default config %+v", o.cfg)
+	}
+}
+
+// TestControllerJoinArgs checks -controller-join and BERTH_CONTROLLER_JOIN:
+// a joining member lists itself and the members it knows (2 to 6 entries),
+// which a member of a fixed group may not.
+func TestControllerJoinArgs(t *testing.T) {
+	four := "1=127.0.0.1:7402,2=127.0.0.1:7412,3=127.0.0.1:7422,4=127.0.0.1:7432"
+	id, peers, err := controllerFlags("4", four, true)
+	if err != nil || id != 4 || len(peers) != 4 || peers[4] != "127.0.0.1:7432" {
+		t.Fatalf("join with four entries: %d %v %v", id, peers, err)
+	}
+	if _, _, err := controllerFlags("4", "1=127.0.0.1:7402,4=127.0.0.1:7432", true); err != nil {
+		t.Fatalf("join knowing one member: %v", err)
+	}
+	for _, c := range []struct{ id, peers, msg string }{
+		{"4", "4=127.0.0.1:7432", "at least one running member"},
+		{"7", "1=a:1,2=b:1,3=c:1,4=d:1,5=e:1,6=f:1,7=g:1", "at most 5 members, not 7"},
+		{"9", four, "not in -controller-peers"},
+		{"4", "1=127.0.0.1:7402,4=127.0.0.1:7402", "share the address"},
+	} {
+		_, _, err := controllerFlags(c.id, c.peers, true)
+		if err == nil || !strings.Contains(err.Error(), c.msg) {
+			t.Errorf("controllerFlags(%q, %q, join) = %v, want an error with %q", c.id, c.peers, err, c.msg)
+		}
+	}
+	if _, _, err := controllerFlags("", "", true); err == nil || !strings.Contains(err.Error(), "-controller-join needs") {
+		t.Errorf("join without peers: %v", err)
+	}
+	// Four entries are refused without -controller-join.
+	if _, err := parseArgs([]string{"-data", "d", "-controller-peers", four, "-controller-id", "4"}); err == nil {
+		t.Error("four peers without -controller-join passed")
+	}
+	o, err := parseArgs([]string{"-data", "d", "-controller-peers", four, "-controller-id", "4", "-controller-join", "-role", "controller"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.cfg.ControllerJoin || o.cfg.ControllerID != 4 || len(o.cfg.ControllerPeers) != 4 {
+		t.Fatalf("join config %+v", o.cfg)
+	}
+	t.Setenv("BERTH_CONTROLLER_JOIN", "true")
+	o, err = parseArgs([]string{"-data", "d", "-controller-peers", four, "-controller-id", "4"})
+	if err != nil || !o.cfg.ControllerJoin {
+		t.Fatalf("join from env: %+v %v", o.cfg, err)
+	}
+	// The flag overrides the environment.
+	if _, err := parseArgs([]string{"-data", "d", "-controller-peers", four, "-controller-id", "4", "-controller-join=false"}); err == nil {
+		t.Error("-controller-join=false with four peers passed")
+	}
+	t.Setenv("BERTH_CONTROLLER_JOIN", "perhaps")
+	if _, err := parseArgs([]string{"-data", "d"}); err == nil || !strings.Contains(err.Error(), "BERTH_CONTROLLER_JOIN") {
+		t.Errorf("BERTH_CONTROLLER_JOIN=perhaps: %v", err)
+	}
+	t.Setenv("BERTH_CONTROLLER_JOIN", "")
+	if o, err := parseArgs([]string{"-data", "d"}); err != nil || o.cfg.ControllerJoin {
+		t.Errorf("empty BERTH_CONTROLLER_JOIN: %+v %v", o.cfg.ControllerJoin, err)
 	}
 }

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"math"
+	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -602,5 +605,124 @@ func primaryCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return fmt.Errorf("controller: primary: %w", err)
 		}
 		return printPrimary(e, p, changed)
+	}
+}
+
+type memberJSON struct {
+	ID     uint64 `json:"id"`
+	Addr   string `json:"addr"`
+	Leader bool   `json:"leader"`
+}
+
+// membersMax bounds the IDs one members add or remove takes: the
+// controller refuses more in one change.
+const membersMax = 5
+
+// parseMemberAdds reads ID=ADDR arguments.
+func parseMemberAdds(args []string) (map[uint64]string, error) {
+	if len(args) == 0 {
+		return nil, usageErrorf("members add needs at least one ID=ADDR")
+	}
+	if len(args) > membersMax {
+		return nil, usageErrorf("members add takes at most %d ID=ADDR, got %d", membersMax, len(args))
+	}
+	add := make(map[uint64]string, len(args))
+	for _, a := range args {
+		idText, addr, ok := strings.Cut(a, "=")
+		if !ok {
+			return nil, usageErrorf("members add: %q: want ID=HOST:PORT", a)
+		}
+		id, err := parseControllerID(idText)
+		if err != nil {
+			return nil, err
+		}
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil || host == "" {
+			return nil, usageErrorf("members add: %q: want ID=HOST:PORT", a)
+		}
+		if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+			return nil, usageErrorf("members add: %q: port must be 1..65535", a)
+		}
+		if _, dup := add[id]; dup {
+			return nil, usageErrorf("members add: controller %d given twice", id)
+		}
+		add[id] = addr
+	}
+	return add, nil
+}
+
+// parseControllerID reads a controller's raft id; ids start at 1.
+func parseControllerID(s string) (uint64, error) {
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil || v == 0 {
+		return 0, usageErrorf("controller ID must be a positive integer, got %q", s)
+	}
+	return v, nil
+}
+
+// membersCmd lists the controller group's members, or adds or removes some
+// in one joint-consensus change on the leader and then lists the outcome.
+func membersCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	return func(ctx context.Context, e *env, args []string) error {
+		var add map[uint64]string
+		var remove []uint64
+		switch {
+		case len(args) == 0:
+		case args[0] == "add":
+			var err error
+			if add, err = parseMemberAdds(args[1:]); err != nil {
+				return err
+			}
+		case args[0] == "remove":
+			if len(args) == 1 {
+				return usageErrorf("members remove needs at least one controller ID")
+			}
+			if len(args) > 1+membersMax {
+				return usageErrorf("members remove takes at most %d IDs, got %d", membersMax, len(args)-1)
+			}
+			for _, a := range args[1:] {
+				id, err := parseControllerID(a)
+				if err != nil {
+					return err
+				}
+				if slices.Contains(remove, id) {
+					return usageErrorf("members remove: controller %d given twice", id)
+				}
+				remove = append(remove, id)
+			}
+		default:
+			return usageErrorf("unknown members subcommand %q (want none, \"add ID=ADDR...\" or \"remove ID...\")", args[0])
+		}
+		c, err := dialController(e)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if add != nil || remove != nil {
+			if err := c.ChangeMembership(ctx, add, remove); err != nil {
+				return fmt.Errorf("controller: change members: %w", err)
+			}
+		}
+		members, leader, err := c.MemberList(ctx)
+		if err != nil {
+			return fmt.Errorf("controller: members: %w", err)
+		}
+		out := make([]memberJSON, 0, len(members))
+		for _, id := range slices.Sorted(maps.Keys(members)) {
+			out = append(out, memberJSON{ID: id, Addr: members[id], Leader: id == leader})
+		}
+		if e.json {
+			return writeJSON(e.stdout, map[string]any{"leader": leader, "members": out})
+		}
+		tw := newTable(e.stdout)
+		fmt.Fprintln(tw, "ID\tADDRESS\tLEADER")
+		for _, m := range out {
+			mark := ""
+			if m.Leader {
+				mark = "*"
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\n", m.ID, m.Addr, mark)
+		}
+		return tw.Flush()
 	}
 }

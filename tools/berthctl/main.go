@@ -1,6 +1,6 @@
 // Command berthctl is Berth's admin CLI: cluster status, replication
 // groups, queues and wiring, declares and deletes, forced elections and
-// broker cleanup.
+// broker cleanup, controller membership.
 //
 // It talks to three endpoints: the controller (status, wiring, groups,
 // elections, cleanup), the broker's admin HTTP (status, queue depths) and
@@ -105,6 +105,7 @@ func commands() []command {
 		{"elect", "GROUP...", "force a master election for groups", electCmd},
 		{"clean-broker", "ID", "remove a broker and everything pointing at it from the controller", cleanBrokerCmd},
 		{"primary", "[elect ID]", "the primary broker of an active-passive cluster; elect hands it to broker ID", primaryCmd},
+		{"members", "[add ID=ADDR... | remove ID...]", "controller group members and the leader; add or remove controllers (joint consensus)", membersCmd},
 	}
 }
 

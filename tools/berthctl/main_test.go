@@ -4,8 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
+	"maps"
+	"net"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -369,5 +374,200 @@ func TestPrimary(t *testing.T) {
 	text := mustCtl(t, s, "primary", "elect", strconv.FormatUint(uint64(other), 10))
 	if !strings.Contains(text, "did not change") || !strings.Contains(text, "active-passive") {
 		t.Fatalf("repeated handover:\n%s", text)
+	}
+}
+
+// startControllers runs a real controller group of size members on
+// loopback listeners picked by the kernel, and returns the members and
+// their addresses.
+func startControllers(t *testing.T, size int) (map[uint64]*controlplane.Node, map[uint64]string) {
+	t.Helper()
+	lns := map[uint64]net.Listener{}
+	addrs := map[uint64]string{}
+	for id := uint64(1); id <= uint64(size); id++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns[id], addrs[id] = ln, ln.Addr().String()
+	}
+	nodes := map[uint64]*controlplane.Node{}
+	dir := t.TempDir()
+	for id := uint64(1); id <= uint64(size); id++ {
+		n, err := controlplane.Start(controllerConfig(id, addrs, lns[id], dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[id] = n
+	}
+	t.Cleanup(func() {
+		for _, n := range nodes {
+			n.Stop()
+		}
+	})
+	return nodes, addrs
+}
+
+func controllerConfig(id uint64, peers map[uint64]string, ln net.Listener, dir string) controlplane.Config {
+	return controlplane.Config{ID: id, Peers: maps.Clone(peers), Listener: ln, Dir: filepath.Join(dir, strconv.FormatUint(id, 10)),
+		TickInterval: 10 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+}
+
+// ctlAt runs berthctl against the controllers at addrs.
+func ctlAt(addrs []string, args ...string) (int, string, string) {
+	full := append([]string{"--controller", strings.Join(addrs, ","), "--timeout", "10s"}, args...)
+	var stdout, stderr bytes.Buffer
+	code := run(full, &stdout, &stderr)
+	return code, stdout.String(), stderr.String()
+}
+
+type membersOut struct {
+	Leader  uint64       `json:"leader"`
+	Members []memberJSON `json:"members"`
+}
+
+// TestMembers lists a 3-member controller group, adds a joining fourth
+// member and removes one of the first three with berthctl, and checks
+// usage errors.
+func TestMembers(t *testing.T) {
+	nodes, addrs := startControllers(t, 3)
+	list := []string{addrs[1], addrs[2], addrs[3]}
+	readMembers := func() membersOut {
+		t.Helper()
+		code, out, errOut := ctlAt(list, "members", "--json")
+		if code != exitOK {
+			t.Fatalf("members --json: exit %d: %s", code, errOut)
+		}
+		var m membersOut
+		if err := json.Unmarshal([]byte(out), &m); err != nil {
+			t.Fatalf("members --json: %v\n%s", err, out)
+		}
+		return m
+	}
+	m := readMembers()
+	if len(m.Members) != 3 || m.Leader == 0 {
+		t.Fatalf("members %+v, want three and a leader", m)
+	}
+	leaders := 0
+	for _, x := range m.Members {
+		if x.Addr != addrs[x.ID] {
+			t.Fatalf("member %d at %s, want %s", x.ID, x.Addr, addrs[x.ID])
+		}
+		if x.Leader {
+			leaders++
+			if x.ID != m.Leader || !nodes[x.ID].IsLeader() {
+				t.Fatalf("member %d marked leader; leader is %d", x.ID, m.Leader)
+			}
+		}
+	}
+	if leaders != 1 {
+		t.Fatalf("%d members marked leader: %+v", leaders, m)
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs[4] = ln.Addr().String()
+	cfg := controllerConfig(4, addrs, ln, t.TempDir())
+	cfg.Join = true
+	n4, err := controlplane.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes[4] = n4
+	code, out, errOut := ctlAt(list, "members", "add", "4="+addrs[4])
+	if code != exitOK {
+		t.Fatalf("members add: exit %d: %s", code, errOut)
+	}
+	if !strings.HasPrefix(out, "ID") || !strings.Contains(out, addrs[4]) || !strings.Contains(out, "*") {
+		t.Fatalf("members add table:\n%s", out)
+	}
+	gone := uint64(1)
+	if m.Leader == 1 {
+		gone = 2
+	}
+	if code, _, errOut := ctlAt(list, "members", "remove", strconv.FormatUint(gone, 10)); code != exitOK {
+		t.Fatalf("members remove %d: exit %d: %s", gone, code, errOut)
+	}
+	m = readMembers()
+	var ids []uint64
+	for _, x := range m.Members {
+		ids = append(ids, x.ID)
+	}
+	want := []uint64{1, 2, 3, 4}
+	want = slices.DeleteFunc(want, func(id uint64) bool { return id == gone })
+	if !slices.Equal(ids, want) {
+		t.Fatalf("members %v after add 4 and remove %d, want %v", ids, gone, want)
+	}
+	nodes[gone].Stop()
+	delete(nodes, gone)
+	// The group still commits, and the new member applies it.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := controlplane.NewClient(list)
+	defer c.Close()
+	if err := c.DeclareQueue(ctx, "after-change", controlplane.QueueOptions{Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var found bool
+		err := n4.Read(ctx, controlplane.ReadFollower, func(s *controlplane.State) {
+			for _, q := range s.Wiring().Queues {
+				found = found || q.Name == "after-change"
+			}
+		})
+		if err == nil && found {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("member 4 does not hold the queue declared after the change: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// The controller refuses what it cannot do, with its reason.
+	if code, _, errOut := ctlAt(list, "members", "add", "5="+addrs[4]); code != exitFail || !strings.Contains(errOut, "already has the address") {
+		t.Fatalf("add at a member's address: exit %d, stderr %s", code, errOut)
+	}
+	if code, _, errOut := ctlAt(list, "members", "add", "6=127.0.0.1:1", "7=127.0.0.1:2", "8=127.0.0.1:3"); code != exitFail || !strings.Contains(errOut, "at most 5") {
+		t.Fatalf("growing to 6: exit %d, stderr %s", code, errOut)
+	}
+	for _, bad := range [][]string{
+		{"members", "add"},
+		{"members", "add", "4"},
+		{"members", "add", "0=127.0.0.1:1"},
+		{"members", "add", "x=127.0.0.1:1"},
+		{"members", "add", "5=nohost"},
+		{"members", "add", "5=127.0.0.1:0"},
+		{"members", "add", "5=127.0.0.1:1", "5=127.0.0.1:2"},
+		{"members", "add", "5=a:1", "6=a:2", "7=a:3", "8=a:4", "9=a:5", "10=a:6"},
+		{"members", "remove"},
+		{"members", "remove", "0"},
+		{"members", "remove", "one"},
+		{"members", "remove", "3", "3"},
+		{"members", "promote", "3"},
+	} {
+		code, _, errOut := ctlAt(list, bad...)
+		if code != exitUsage || !strings.Contains(errOut, "usage:") {
+			t.Errorf("berthctl %v: exit %d, stderr %q; want exit %d and usage", bad, code, errOut, exitUsage)
+		}
+	}
+}
+
+// TestMembersSingle lists the one-member controller a broker embeds.
+func TestMembersSingle(t *testing.T) {
+	s := startBroker(t)
+	var m membersOut
+	if err := json.Unmarshal([]byte(mustCtl(t, s, "members", "--json")), &m); err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Members) != 1 || !m.Members[0].Leader || m.Members[0].ID != m.Leader {
+		t.Fatalf("single controller members %+v", m)
+	}
+	text := mustCtl(t, s, "members")
+	if !strings.HasPrefix(text, "ID") || !strings.Contains(text, "*") {
+		t.Fatalf("members table:\n%s", text)
 	}
 }
