@@ -28,6 +28,13 @@ var bodyPool = sync.Pool{New: func() any { return new(Body) }}
 // NewBody copies the parts into a pooled Body with one reference.
 func NewBody(exchange, key, props, payload []byte, persistent bool) *Body {
 	b := bodyPool.Get().(*Body)
+	b.fill(exchange, key, props, payload, persistent)
+	return b
+}
+
+// fill copies the parts into b's buffer (growing it if too small) and gives
+// b one reference.
+func (b *Body) fill(exchange, key, props, payload []byte, persistent bool) {
 	n := len(exchange) + len(key) + len(props) + len(payload)
 	if cap(b.buf) < n {
 		b.buf = make([]byte, 0, n)
@@ -48,6 +55,40 @@ func NewBody(exchange, key, props, payload []byte, persistent bool) *Body {
 	b.Payload = buf[o : o+len(payload) : o+len(payload)]
 	b.Persistent = persistent
 	b.refs.Store(1)
+}
+
+// bodySlab hands out Bodies and their buffers carved from large blocks, for
+// recovery, which creates a million bodies at once and would otherwise
+// allocate two objects for each. A carved buffer's capacity is exactly its
+// region, so a Body reused from the pool for a bigger message allocates its
+// own instead of growing into a neighbour's.
+type bodySlab struct {
+	bodies []Body
+	bytes  []byte
+}
+
+const (
+	slabBodies = 1024
+	slabBytes  = 1 << 20
+	// slabPartMax: bigger messages get a buffer of their own.
+	slabPartMax = 16 << 10
+)
+
+// newBody is NewBody from the slab.
+func (s *bodySlab) newBody(exchange, key, props, payload []byte, persistent bool) *Body {
+	if len(s.bodies) == 0 {
+		s.bodies = make([]Body, slabBodies)
+	}
+	b := &s.bodies[0]
+	s.bodies = s.bodies[1:]
+	if n := len(exchange) + len(key) + len(props) + len(payload); n <= slabPartMax {
+		if len(s.bytes) < n {
+			s.bytes = make([]byte, slabBytes)
+		}
+		b.buf = s.bytes[:0:n]
+		s.bytes = s.bytes[n:]
+	}
+	b.fill(exchange, key, props, payload, persistent)
 	return b
 }
 

@@ -420,13 +420,21 @@ type entryPool struct{ free []*Entry }
 
 const entryPoolMax = 1 << 16
 
+// entrySlab is how many entries an empty pool allocates at once: a growing
+// queue (a burst, a recovery) costs one allocation per entrySlab messages.
+const entrySlab = 256
+
 func (p *entryPool) get() *Entry {
-	if n := len(p.free); n > 0 {
-		e := p.free[n-1]
-		p.free = p.free[:n-1]
-		return e
+	if len(p.free) == 0 {
+		slab := make([]Entry, entrySlab)
+		for i := range slab {
+			p.free = append(p.free, &slab[i])
+		}
 	}
-	return new(Entry)
+	n := len(p.free)
+	e := p.free[n-1]
+	p.free = p.free[:n-1]
+	return e
 }
 
 func (p *entryPool) put(e *Entry) {
