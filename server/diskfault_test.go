@@ -93,3 +93,128 @@ func TestDiskErrorFailsOnlyAffectedCommands(t *testing.T) {
 	}
 	_ = context.Background
 }
+
+// TestCrossShardDeadLetterKeptUntilTargetStores dead-letters a persistent
+// message from a durable queue on shard 0 to one on shard 1 while shard
+// 1's journal writes fail. The source must not journal its dequeue before
+// the target holds the message: after a restart the message is back in
+// the source queue, not lost from both.
+func TestCrossShardDeadLetterKeptUntilTargetStores(t *testing.T) {
+	dir := t.TempDir()
+	ffs := journal.NewFaultFS(nil)
+	var failing atomic.Bool
+	ffs.SetRule(func(op journal.Op, name string, n int) error {
+		if failing.Load() && op == journal.OpWrite && strings.Contains(name, "shard-001") {
+			return journal.ErrInjected
+		}
+		return nil
+	})
+	s := startServer(t, func(c *server.Config) { c.DataDir, c.JournalFS = dir, ffs })
+	c := dial(t, s)
+	ctx := ctxT(t)
+	dlq := queueOnShard(s, "dlq", 1)
+	src := queueOnShard(s, "src", 0)
+	if err := c.DeclareQueue(ctx, dlq, client.QueueOptions{Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeclareQueue(ctx, src, client.QueueOptions{Durable: true, DeadLetterKey: dlq}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Publish(ctx, "", src, []byte("precious"), client.PublishOptions{Persistent: true}); err != nil {
+		t.Fatal(err)
+	}
+	con, err := c.Subscribe(ctx, src, client.SubscribeOptions{Credit: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := next(t, con, 5*time.Second)
+	failing.Store(true)
+	if err := d.Reject(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until shard 1 has failed to store the dead letter.
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Broker().Stats().StoreErrors == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the dead letter never reached the failing shard: %+v %+v", s.Broker().Stats(), s.Broker().Queues())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	_ = c.Close()
+	if err := s.Close(); err != nil {
+		t.Logf("close with a failed journal: %v", err)
+	}
+
+	s2 := startServer(t, func(c *server.Config) { c.DataDir = dir })
+	depth := map[string]int{}
+	for _, q := range s2.Broker().Queues() {
+		depth[q.Name] = q.Ready
+	}
+	if depth[src]+depth[dlq] == 0 {
+		t.Fatalf("the dead-lettered message was lost from both queues: %v", depth)
+	}
+	if depth[src] != 1 {
+		t.Fatalf("source holds %d messages after restart, want the message back (dlq %d)", depth[src], depth[dlq])
+	}
+}
+
+// TestCrossShardDeadLetterSurvivesRestart: with healthy disks a dead
+// letter moved across shards is, after a restart, in the target only: the
+// source's deferred dequeue was journaled once the target stored it.
+func TestCrossShardDeadLetterSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	s := startServer(t, func(c *server.Config) { c.DataDir = dir })
+	c := dial(t, s)
+	ctx := ctxT(t)
+	dlq := queueOnShard(s, "dlq", 1)
+	src := queueOnShard(s, "src", 0)
+	for _, q := range []struct {
+		name string
+		opts client.QueueOptions
+	}{{dlq, client.QueueOptions{Durable: true}}, {src, client.QueueOptions{Durable: true, DeadLetterKey: dlq}}} {
+		if err := c.DeclareQueue(ctx, q.name, q.opts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const n = 50
+	for i := 0; i < n; i++ {
+		if err := c.Publish(ctx, "", src, []byte(fmt.Sprint(i)), client.PublishOptions{Persistent: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	con, err := c.Subscribe(ctx, src, client.SubscribeOptions{Credit: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		if err := next(t, con, 5*time.Second).Reject(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		depth := map[string]int{}
+		for _, q := range s.Broker().Queues() {
+			depth[q.Name] = q.Ready
+		}
+		if depth[dlq] == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dead letters did not arrive: %v", depth)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	_ = c.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := startServer(t, func(c *server.Config) { c.DataDir = dir })
+	depth := map[string]int{}
+	for _, q := range s2.Broker().Queues() {
+		depth[q.Name] = q.Ready
+	}
+	if depth[src] != 0 || depth[dlq] != n {
+		t.Fatalf("after restart src %d, dlq %d; want 0 and %d", depth[src], depth[dlq], n)
+	}
+}

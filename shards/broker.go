@@ -18,6 +18,10 @@ import (
 type Fanout struct {
 	remaining atomic.Int32
 	failure   atomic.Pointer[Error]
+	// holdQueue and holdPos: a dead letter's source queue and record, to
+	// dequeue once every target holds it (Shard.DeadLetter).
+	holdQueue *Queue
+	holdPos   uint64
 }
 
 var fanoutPool = sync.Pool{New: func() any { return new(Fanout) }}
@@ -27,6 +31,7 @@ func NewFanout(n int) *Fanout {
 	f := fanoutPool.Get().(*Fanout)
 	f.remaining.Store(int32(n))
 	f.failure.Store(nil)
+	f.holdQueue, f.holdPos = nil, 0
 	return f
 }
 
@@ -651,6 +656,7 @@ func (b *Broker) Stats() ShardStats {
 			t.Accepted += sh.stats.Accepted
 			t.DeadLettered += sh.stats.DeadLettered
 			t.DroppedDeadLetters += sh.stats.DroppedDeadLetters
+			t.StoreErrors += sh.stats.StoreErrors
 		})
 	}
 	return t

@@ -23,6 +23,9 @@ const (
 	OpSessionClosed
 	OpTick
 	opCall // run Call on the shard goroutine (management)
+	// opDeadLettered: every target of a dead letter holds it durably;
+	// journal the dequeue of the source record at CmdID (see DeadLetter).
+	opDeadLettered
 )
 
 // Settle kinds.
@@ -194,6 +197,10 @@ func (s *Shard) handle(c *Command) {
 		s.tick()
 	case opCall:
 		c.Call(s)
+	case opDeadLettered:
+		if s.journal != nil {
+			s.appendDequeue(journal.Pos(c.CmdID), nil, 0)
+		}
 	}
 }
 
@@ -224,6 +231,9 @@ func (s *Shard) completeCmd(sess *Session, id uint64, fan *Fanout, err error) {
 			return
 		}
 		err = fan.err()
+		if fan.holdQueue != nil {
+			s.deadLettered(fan.holdQueue, fan.holdPos, err)
+		}
 		fan.release()
 	}
 	if sess == nil || id == 0 {
@@ -568,6 +578,30 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 	if err != nil {
 		return
 	}
+	// A journaled message dead-lettered to queues on other shards: those
+	// shards journal the enqueues, this one the dequeue, in two journals
+	// with no order between them, so a crash could keep the dequeue and
+	// lose the enqueues. The dequeue waits instead: the other shards'
+	// publishes share a Fanout that, once all are durable, sends the
+	// dequeue back here (opDeadLettered); Removed skips it meanwhile. A
+	// crash before then brings the message back in this queue (at least
+	// once, never lost), as does a target that fails to journal it.
+	// Same-shard targets need nothing: their enqueue records precede the
+	// dequeue in this journal.
+	var fan *Fanout
+	if e.JournalPos != 0 && s.journal != nil {
+		cross := 0
+		for _, t := range targets {
+			if t != q && t.shard != s.idx {
+				cross++
+			}
+		}
+		if cross > 0 {
+			fan = NewFanout(cross)
+			fan.holdQueue, fan.holdPos = q, e.JournalPos
+			e.JournalPos = 0
+		}
+	}
 	for _, t := range targets {
 		if t == q {
 			continue // never dead-letter a queue into itself
@@ -582,10 +616,16 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 		cmd := Command{Op: OpPublish, Queue: t, Body: body, Now: s.now}
 		if t.shard == s.idx {
 			s.publish(&cmd)
-		} else if !s.broker.shards[t.shard].TryPush(cmd) {
+			continue
+		}
+		cmd.Fanout = fan
+		if !s.broker.shards[t.shard].TryPush(cmd) {
 			if len(s.deferred) >= deferredMax {
 				body.Unref()
 				s.stats.DroppedDeadLetters++
+				// The source keeps its record: the message comes back
+				// at the next start rather than being lost.
+				s.completeCmd(nil, 0, fan, Errorf(wire.CodeResourceLimit, "dead letter dropped"))
 				continue
 			}
 			s.deferred = append(s.deferred, cmd)
@@ -600,6 +640,29 @@ func (s *Shard) Removed(q *Queue, e *Entry) {
 		s.appendDequeue(journal.Pos(e.JournalPos), nil, 0)
 	}
 	e.Body.Unref()
+}
+
+// deadLettered runs when every other-shard target of a dead letter from
+// src finished its publish: with no error, src journals the dequeue of the
+// source record now.
+func (s *Shard) deadLettered(src *Queue, pos uint64, err error) {
+	if err != nil {
+		s.log.Warn("shards: a dead letter was not stored by every target; the source keeps it and brings it back at the next start",
+			"queue", src.Name, "err", err)
+		return
+	}
+	cmd := Command{Op: opDeadLettered, Queue: src, CmdID: pos}
+	if src.shard == s.idx {
+		s.handle(&cmd)
+		return
+	}
+	if !s.broker.shards[src.shard].TryPush(cmd) {
+		if len(s.deferred) >= deferredMax {
+			s.stats.DroppedDeadLetters++
+			return // the source record stays: a duplicate at the next start, not a loss
+		}
+		s.deferred = append(s.deferred, cmd)
+	}
 }
 
 func (s *Shard) retryDeferred() {
