@@ -19,7 +19,14 @@ const (
 	clientInflightMax = 4096
 	// callAttemptsMax bounds the retries and redirects of one call.
 	callAttemptsMax = 32
-	retryDelay      = 25 * time.Millisecond
+	// retryDelay is the first pause between attempts; it doubles up to
+	// retryDelayMax, so the attempts (about 3 s in all) outlast an
+	// election (a leader's death is noticed after an election timeout,
+	// then a pre-vote and a vote round) instead of spending themselves in
+	// 0.8 s, while a heartbeat still reaches the new leader within 100 ms
+	// of its election.
+	retryDelay    = 25 * time.Millisecond
+	retryDelayMax = 100 * time.Millisecond
 	// redirectsFree redirects per call are followed without counting as a
 	// failed attempt or waiting; more mean the controllers disagree.
 	redirectsFree = 4
@@ -246,13 +253,17 @@ func (c *Client) call(ctx context.Context, op uint8, body []byte, anyNode bool) 
 	addr := c.pick(anyNode)
 	var lastErr error
 	redirects := 0
+	delay := retryDelay
 	for attempt := 0; attempt < callAttemptsMax; attempt++ {
 		if attempt > 0 {
+			t := time.NewTimer(delay)
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return nil, fmt.Errorf("%w: %v (last error: %v)", ErrTimeout, ctx.Err(), lastErr)
-			case <-time.After(retryDelay):
+			case <-t.C:
 			}
+			delay = min(2*delay, retryDelayMax)
 		}
 		var resp wire.CtlResponse
 		if c.local != nil {

@@ -318,3 +318,27 @@ func (n *Node) adoptAddressBook(book map[uint64]string) {
 		n.transport.addPeer(id, a)
 	}
 }
+
+// learnPeer records the address a peer announced in its connection hello,
+// if this member has none for it and needs one: while joining (before the
+// first snapshot brings the address book) or for a member of the current
+// configuration. A joiner started with a partial peer list otherwise could
+// not answer a leader it had no address for, and never got its snapshot.
+func (n *Node) learnPeer(id uint64, addr string) {
+	n.confMu.Lock()
+	cs := n.confState
+	n.confMu.Unlock()
+	if !(len(cs.GetVoters()) == 0 && len(cs.GetLearners()) == 0) && !inConf(cs, id) {
+		return
+	}
+	n.peersMu.Lock()
+	if _, ok := n.peers[id]; ok || id == n.self {
+		n.peersMu.Unlock()
+		return
+	}
+	n.peers[id] = addr
+	n.peersMu.Unlock()
+	if n.transport.learnPeer(id, addr) {
+		n.cfg.Logger.Info("controlplane: learned a member's address from its hello", "node", n.self, "member", id, "addr", addr)
+	}
+}

@@ -287,3 +287,48 @@ func TestMembershipOverService(t *testing.T) {
 	}
 	writeN(t, cl, "last", 5)
 }
+
+// TestJoinerLearnsLeaderAddress starts a joining member that knows only
+// itself and one follower, not the leader. The leader's connection hello
+// tells it where to answer; without it the joiner never acknowledged
+// anything and never got its snapshot.
+func TestJoinerLearnsLeaderAddress(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	leader := c.leader()
+	cl := NewClient(c.addrList())
+	defer cl.Close()
+	writeN(t, cl, "a", 20)
+	var follower uint64
+	for id := uint64(1); id <= 3; id++ {
+		if id != leader.ID() {
+			follower = id
+			break
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.addrs[4] = ln.Addr().String()
+	cfg := c.config(4, ln)
+	cfg.Join = true
+	cfg.Peers = map[uint64]string{4: c.addrs[4], follower: c.addrs[follower]}
+	n, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.nodes[4] = n
+	if err := leader.ChangeMembership(ctxT(t, 20*time.Second), map[uint64]string{4: c.addrs[4]}, nil); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 15*time.Second, 20*time.Millisecond, func() error {
+		var q int
+		n.mu.RLock()
+		q = len(n.state.Wiring().Queues)
+		n.mu.RUnlock()
+		if q != 20 {
+			return fmt.Errorf("joiner holds %d queues, want 20", q)
+		}
+		return nil
+	})
+}

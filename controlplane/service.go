@@ -209,6 +209,12 @@ func (n *Node) serveConn(c net.Conn) {
 				return
 			default: // raft retransmits what is dropped here
 			}
+		case wire.TypeRaftHello:
+			id, addr, err := wire.DecodeRaftHello(body)
+			if err != nil {
+				return
+			}
+			n.learnPeer(id, addr)
 		case wire.TypeRaftChunk:
 			raw, err := chunks.add(body)
 			if err != nil {

@@ -97,6 +97,7 @@ type report struct {
 // connection per peer. Receiving happens in the node's listener.
 type transport struct {
 	self    uint64
+	addr    string // this member's own address, announced in each connection's hello
 	faults  *Faults
 	logger  *slog.Logger
 	reports chan report // read by the raft goroutine
@@ -114,12 +115,25 @@ type peer struct {
 }
 
 func newTransport(self uint64, addrs map[uint64]string, faults *Faults, logger *slog.Logger) *transport {
-	t := &transport{self: self, faults: faults, logger: logger, peers: map[uint64]*peer{},
+	t := &transport{self: self, addr: addrs[self], faults: faults, logger: logger, peers: map[uint64]*peer{},
 		reports: make(chan report, sendQueueMax), stop: make(chan struct{})}
 	for id, a := range addrs {
 		t.addPeer(id, a)
 	}
 	return t
+}
+
+// learnPeer adds id at addr unless its address is known already: a hello
+// never moves a known member (the configuration's address book does).
+func (t *transport) learnPeer(id uint64, addr string) bool {
+	t.mu.RLock()
+	known := t.peers[id] != nil
+	t.mu.RUnlock()
+	if known || id == t.self || id == 0 || addr == "" {
+		return false
+	}
+	t.addPeer(id, addr)
+	return true
 }
 
 // addPeer starts sending to id at addr; an existing peer at another
@@ -223,6 +237,9 @@ func (t *transport) run(p *peer) {
 						break
 					}
 					conn, w = c, bufio.NewWriterSize(c, 64<<10)
+					// Tell the peer who we are and where we listen, in case
+					// it does not know (a member joining with a partial list).
+					_, _ = w.Write(wire.AppendRaftHello(nil, t.self, t.addr))
 				}
 				raw, err := proto.MarshalOptions{}.MarshalAppend(buf[:0], m)
 				if err == nil && len(raw) > raftMessageMax {

@@ -25,7 +25,34 @@ const (
 	// are sent in order on one connection with nothing between them; the
 	// receiver steps the message when offset + len reaches total.
 	TypeRaftChunk Type = 0x83
+	// TypeRaftHello opens a controller's raft connection to a peer: id
+	// uint64, then the sender's own service address (string). A member
+	// that did not know the sender's address (one joining the group with
+	// a partial peer list) learns where to answer.
+	TypeRaftHello Type = 0x84
 )
+
+// raftHelloAddrMax bounds the address in a TypeRaftHello.
+const raftHelloAddrMax = 255
+
+// AppendRaftHello appends a whole TypeRaftHello frame.
+func AppendRaftHello(dst []byte, id uint64, addr string) []byte {
+	if len(addr) > raftHelloAddrMax {
+		addr = addr[:raftHelloAddrMax]
+	}
+	dst = AppendHeader(dst, Header{Version: Current, Type: TypeRaftHello, Length: uint32(8 + 1 + len(addr))})
+	dst = binary.BigEndian.AppendUint64(dst, id)
+	dst = append(dst, byte(len(addr)))
+	return append(dst, addr...)
+}
+
+// DecodeRaftHello decodes a TypeRaftHello body.
+func DecodeRaftHello(body []byte) (id uint64, addr string, err error) {
+	if len(body) < 9 || int(body[8]) != len(body)-9 {
+		return 0, "", ErrMalformed
+	}
+	return binary.BigEndian.Uint64(body), string(body[9:]), nil
+}
 
 // raftChunkPrefix is the size of a TypeRaftChunk body before its bytes.
 const raftChunkPrefix = 16

@@ -64,3 +64,20 @@ func FuzzPeerCtl(f *testing.F) {
 		}
 	})
 }
+
+func TestRaftHelloRoundTripAndMalformed(t *testing.T) {
+	f := AppendRaftHello(nil, 7, "127.0.0.1:7402")
+	h, err := ReadHeader(f, FrameSizeMax)
+	if err != nil || h.Type != TypeRaftHello || int(h.Length) != len(f)-HeaderSize {
+		t.Fatalf("header %+v %v", h, err)
+	}
+	id, addr, err := DecodeRaftHello(f[HeaderSize:])
+	if err != nil || id != 7 || addr != "127.0.0.1:7402" {
+		t.Fatalf("decoded %d %q %v", id, addr, err)
+	}
+	for _, bad := range [][]byte{nil, make([]byte, 8), f[HeaderSize : len(f)-1 : len(f)-1], append(append([]byte{}, f[HeaderSize:]...), 'x')} {
+		if _, _, err := DecodeRaftHello(bad); err == nil {
+			t.Fatalf("malformed hello %x decoded", bad)
+		}
+	}
+}

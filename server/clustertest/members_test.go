@@ -2,6 +2,7 @@ package clustertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"path/filepath"
@@ -90,7 +91,11 @@ func TestControllerMembershipChange(t *testing.T) {
 		t.Fatalf("members after removing %d: %v %v, want %v", gone, members, err, want)
 	}
 	nodes[gone-1].stop(t, syscall.SIGKILL)
-	if err := cl.DeclareQueue(ctx, "after", controlplane.QueueOptions{Durable: true}); err != nil {
+	err = cl.DeclareQueue(ctx, "after", controlplane.QueueOptions{Durable: true})
+	for try := 0; try < 20 && errors.Is(err, controlplane.ErrLeaderChanged); try++ {
+		err = cl.DeclareQueue(ctx, "after", controlplane.QueueOptions{Durable: true})
+	}
+	if err != nil {
 		t.Fatalf("write after removing %d: %v", gone, err)
 	}
 
@@ -110,7 +115,13 @@ func TestControllerMembershipChange(t *testing.T) {
 	nodes[killed-1].stop(t, syscall.SIGKILL)
 	c2 := controlplane.NewClient([]string{addrs[kept], j.ctl})
 	defer c2.Close()
-	if err := c2.DeclareQueue(ctx, "last", controlplane.QueueOptions{Durable: true}); err != nil {
+	// The killed member may have led: the write can meet the election and
+	// come back ambiguous. A declare is idempotent, so retry it.
+	err = c2.DeclareQueue(ctx, "last", controlplane.QueueOptions{Durable: true})
+	for try := 0; try < 20 && errors.Is(err, controlplane.ErrLeaderChanged); try++ {
+		err = c2.DeclareQueue(ctx, "last", controlplane.QueueOptions{Durable: true})
+	}
+	if err != nil {
 		t.Fatalf("write with members %d and 4 left: %v", kept, err)
 	}
 	// Member 4 serves the data itself: a follower read sent to it alone.
