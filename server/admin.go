@@ -65,6 +65,7 @@ func (s *Server) startAdmin() error {
 		writeJSON(w, map[string]any{
 			"server": s.cfg.ServerName, "clients": s.addr, "connections": n,
 			"shards": s.cfg.Shards, "loops": s.cfg.Loops, "stats": s.broker.Stats(),
+			"broker_id": s.BrokerID(), "broker_registered": s.BrokerRegistered(),
 		})
 	})
 	s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}

@@ -81,6 +81,11 @@ type Config struct {
 	// (/healthz, /readyz, /metrics, /v1/status), no client listener and
 	// no shards.
 	Role string
+	// ControllerHeartbeat is the interval of a broker's heartbeats to the
+	// controller (default ControllerHeartbeatDefault); keep it well under
+	// the controller's broker timeout (3 s by default). See
+	// registration.go.
+	ControllerHeartbeat time.Duration
 }
 
 // DefaultConfig returns the embedded defaults: clients on 127.0.0.1:7400,
@@ -147,6 +152,9 @@ func (c *Config) fill() {
 	if c.ControllerWait <= 0 {
 		c.ControllerWait = ControllerWaitDefault
 	}
+	if c.ControllerHeartbeat <= 0 {
+		c.ControllerHeartbeat = ControllerHeartbeatDefault
+	}
 }
 
 // Server is a running broker.
@@ -177,6 +185,18 @@ type Server struct {
 	// ctlClient reaches the controller group's leader from this member
 	// (3 or 5 members only), or nil.
 	ctlClient *controlplane.Client
+	// ctlLocal is the in-process client of a one-member controller, for
+	// registration and heartbeats, or nil.
+	ctlLocal *controlplane.Client
+	// brokerID is this broker's id in the controller (0: no controller);
+	// set in Start before anything reads it.
+	brokerID   uint32
+	registered atomic.Bool
+	// regCtx ends at Close; it stops the registration and heartbeat loop
+	// (regWG) and cancels its calls.
+	regCtx    context.Context
+	regCancel context.CancelFunc
+	regWG     sync.WaitGroup
 }
 
 // Start starts a broker and returns once it accepts clients.
@@ -198,6 +218,7 @@ func Start(cfg Config) (*Server, error) {
 		mgmt:   make(chan mgmtReq, mgmtQueueMax),
 		stopHB: make(chan struct{}),
 	}
+	s.regCtx, s.regCancel = context.WithCancel(context.Background())
 	s.conns.set = map[*connState]struct{}{}
 	if cfg.Role == RoleController {
 		if err := startControllerOnly(s); err != nil {
@@ -224,6 +245,12 @@ func Start(cfg Config) (*Server, error) {
 				return nil, err
 			}
 			bcfg.WiringLog = wl
+			if cfg.registersWithController() {
+				if err := s.loadBrokerID(); err != nil {
+					s.stopController()
+					return nil, err
+				}
+			}
 		}
 	}
 	s.broker = shards.New(bcfg)
@@ -266,7 +293,12 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s.hbWG.Add(1)
 	go s.heartbeats()
-	s.log.Info("berth: broker started", "clients", s.addr, "admin", s.AdminAddr(), "shards", cfg.Shards, "loops", cfg.Loops)
+	if s.brokerID != 0 {
+		s.registerAtStart()
+		s.regWG.Add(1)
+		go s.controllerLoop()
+	}
+	s.log.Info("berth: broker started", "clients", s.addr, "admin", s.AdminAddr(), "shards", cfg.Shards, "loops", cfg.Loops, "broker_id", s.brokerID)
 	return s, nil
 }
 
@@ -289,6 +321,10 @@ func (s *Server) Broker() *shards.Broker { return s.broker }
 func (s *Server) Close() error {
 	var err error
 	s.stopOnce.Do(func() {
+		// Heartbeats stop first: the controller learns of this broker's
+		// departure before its member stops.
+		s.regCancel()
+		s.regWG.Wait()
 		if s.broker == nil { // controller-only
 			if s.admin != nil {
 				_ = s.admin.Close()
@@ -334,6 +370,9 @@ func (s *Server) Close() error {
 }
 
 func (s *Server) stopController() {
+	if s.ctlLocal != nil {
+		s.ctlLocal.Close()
+	}
 	if s.ctlClient != nil {
 		s.ctlClient.Close()
 	}

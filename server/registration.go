@@ -1,0 +1,257 @@
+package server
+
+// Broker registration with the controller.
+//
+// A broker that has a controller (ControllerAddr or ControllerPeers, with a
+// data directory) has a broker id, kept in DataDir/broker.id. On its first
+// start it applies for the next free id (ApplyBrokerID 0) and persists it
+// before it serves clients; later starts reuse the file. Start fails if the
+// file is corrupt, or if on a first start the controller grants no id within
+// wiringTimeout: the wiring load needs the controller at that point anyway.
+//
+// Once the client listener is bound the broker registers its client address
+// and protocol version (RegisterBroker). Start makes one attempt bounded by
+// wiringTimeout; if it fails the broker starts anyway, logs it, and the
+// background loop retries at every heartbeat interval. Registered, that loop
+// heartbeats every ControllerHeartbeat (default 1 s, a third of the
+// controller's default broker timeout), each call bounded by one interval.
+// A broker heartbeats only once registered, so the controller never elects
+// as primary a broker whose address it does not know. The heartbeats carry
+// no group log ends yet: a broker has no replication groups until the
+// replicated data plane exists. Close stops the loop first, before the
+// controller member stops.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/berthmq/berth/controlplane"
+	"github.com/berthmq/berth/wire"
+)
+
+// brokerIDFile holds this broker's id in DataDir, in decimal.
+const brokerIDFile = "broker.id"
+
+// brokerIDFileMax bounds what is read of the id file; a valid one is at
+// most 11 bytes.
+const brokerIDFileMax = 64
+
+// ControllerHeartbeatDefault is the default interval of a broker's
+// heartbeats to the controller: a third of its default broker timeout.
+const ControllerHeartbeatDefault = time.Second
+
+// registersWithController reports whether this node is a broker that gets
+// an id from the controller, registers and heartbeats.
+func (c *Config) registersWithController() bool {
+	return c.Role == RoleBroker && c.controllerEmbedded()
+}
+
+// BrokerID is this broker's id in the controller, or 0 when it runs
+// without a controller.
+func (s *Server) BrokerID() uint32 { return s.brokerID }
+
+// BrokerRegistered reports whether the broker's registration with the
+// controller succeeded since this start.
+func (s *Server) BrokerRegistered() bool { return s.registered.Load() }
+
+// brokerClient is the controller client registration and heartbeats use:
+// in-process with a one-member controller, else the group client.
+func (s *Server) brokerClient() *controlplane.Client {
+	if s.ctlClient != nil {
+		return s.ctlClient
+	}
+	if s.ctlLocal == nil {
+		s.ctlLocal = s.ctl.LocalClient()
+	}
+	return s.ctlLocal
+}
+
+// readBrokerID reads the id file; found is false when there is none.
+func readBrokerID(dir string) (id uint32, found bool, err error) {
+	path := filepath.Join(dir, brokerIDFile)
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("server: broker id: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, brokerIDFileMax+1))
+	if err != nil {
+		return 0, false, fmt.Errorf("server: broker id: read %s: %w", path, err)
+	}
+	text := strings.TrimSpace(string(b))
+	v, perr := strconv.ParseUint(text, 10, 32)
+	if len(b) > brokerIDFileMax || perr != nil || v == 0 || v == math.MaxUint32 {
+		shown := text
+		if len(shown) > 20 {
+			shown = shown[:20] + "..."
+		}
+		return 0, false, fmt.Errorf("server: broker id file %s is corrupt (%q): it must hold one id from 1 to %d; restore it, or remove it to apply for a new id (the old one stays registered in the controller)",
+			path, shown, uint32(math.MaxUint32-1))
+	}
+	return uint32(v), true, nil
+}
+
+// writeBrokerID persists id: a temporary file, fsynced, renamed over the
+// id file, then the directory fsynced.
+func writeBrokerID(dir string, id uint32) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, brokerIDFile+".tmp")
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(strconv.FormatUint(uint64(id), 10) + "\n")
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, brokerIDFile)); err != nil {
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// loadBrokerID reads this broker's id, or on a first start applies for one
+// and persists it. It runs in Start once the controller is up.
+func (s *Server) loadBrokerID() error {
+	id, found, err := readBrokerID(s.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	if found {
+		s.brokerID = id
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(s.regCtx, wiringTimeout)
+	defer cancel()
+	cl := s.brokerClient()
+	for {
+		id, err = cl.ApplyBrokerID(ctx, 0)
+		if err == nil {
+			break
+		}
+		var re *controlplane.ResultError
+		if errors.As(err, &re) || errors.Is(err, controlplane.ErrBadRequest) {
+			return fmt.Errorf("server: broker id: the controller refused: %w", err)
+		}
+		if errors.Is(err, controlplane.ErrLeaderChanged) {
+			// The id may have been granted; a retry takes another and
+			// that one stays unused in the controller's broker list.
+			s.log.Warn("server: broker id application was ambiguous; applying again", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("server: broker id: the controller granted none within %v: %v", wiringTimeout, err)
+		case <-time.After(wiringRetryDelay):
+		}
+	}
+	if err := writeBrokerID(s.cfg.DataDir, id); err != nil {
+		return fmt.Errorf("server: broker id %d granted but not saved: %w", id, err)
+	}
+	s.brokerID = id
+	s.log.Info("server: broker id granted by the controller", "broker_id", id)
+	return nil
+}
+
+// register records the broker's client address and protocol version in
+// the controller. A controller that lost the id (its data was reset) gets
+// it applied for again under the same number.
+func (s *Server) register(ctx context.Context) error {
+	cl := s.brokerClient()
+	addrs := []string{s.addr}
+	err := cl.RegisterBroker(ctx, s.brokerID, addrs, uint16(wire.Current))
+	var re *controlplane.ResultError
+	if errors.As(err, &re) && re.Code == controlplane.CodeNotFound {
+		if _, aerr := cl.ApplyBrokerID(ctx, s.brokerID); aerr != nil && !errors.As(aerr, &re) {
+			return aerr
+		}
+		err = cl.RegisterBroker(ctx, s.brokerID, addrs, uint16(wire.Current))
+	}
+	if err != nil {
+		return err
+	}
+	s.registered.Store(true)
+	s.log.Info("server: broker registered with the controller", "broker_id", s.brokerID, "addrs", addrs)
+	return nil
+}
+
+// registerAtStart makes Start's one registration attempt; on failure the
+// background loop retries.
+func (s *Server) registerAtStart() {
+	if host, _, err := net.SplitHostPort(s.addr); err == nil {
+		if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+			s.log.Warn("server: the client listener is bound to a wildcard address; the controller records it as is and other nodes cannot dial it", "addr", s.addr)
+		}
+	}
+	ctx, cancel := context.WithTimeout(s.regCtx, wiringTimeout)
+	defer cancel()
+	if err := s.register(ctx); err != nil {
+		s.log.Warn("server: broker registration failed; retrying in the background", "broker_id", s.brokerID, "err", err)
+	}
+}
+
+// controllerLoop registers the broker if Start could not, then heartbeats
+// until Close.
+func (s *Server) controllerLoop() {
+	defer s.regWG.Done()
+	interval := s.cfg.ControllerHeartbeat
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-s.regCtx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(s.regCtx, interval)
+		var err error
+		what := "heartbeat"
+		if !s.registered.Load() {
+			what = "registration"
+			err = s.register(ctx)
+		} else {
+			err = s.brokerClient().Heartbeat(ctx, s.brokerID, nil)
+		}
+		cancel()
+		if s.regCtx.Err() != nil {
+			return
+		}
+		switch {
+		case err != nil && !failing:
+			failing = true
+			s.log.Warn("server: broker "+what+" to the controller failing", "broker_id", s.brokerID, "err", err)
+		case err == nil && failing:
+			failing = false
+			s.log.Info("server: broker "+what+" to the controller succeeds again", "broker_id", s.brokerID)
+		}
+	}
+}
