@@ -275,7 +275,7 @@ func (c *Client) call(ctx context.Context, op uint8, body []byte, anyNode bool) 
 			}
 			if err != nil {
 				lastErr = err
-				if op == opPropose && cc != nil && !errors.Is(err, errNotSent) {
+				if isWrite(op) && cc != nil && !errors.Is(err, errNotSent) {
 					// The request may have reached the leader.
 					return nil, fmt.Errorf("%w: %v", ErrLeaderChanged, err)
 				}
@@ -697,4 +697,15 @@ func (c *Client) ChangeMembership(ctx context.Context, add map[uint64]string, re
 	encodeMembersChange(&e, add, remove)
 	_, err := c.call(ctx, opChangeMembers, e.b, false)
 	return err
+}
+
+// isWrite reports whether op may change the state: after a connection
+// failure such a request may have reached the leader, so it is not retried
+// elsewhere but reported as ambiguous.
+func isWrite(op uint8) bool {
+	switch op {
+	case opPropose, opElect, opPrimary, opChangeMembers:
+		return true
+	}
+	return false
 }
