@@ -1,0 +1,131 @@
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/berthmq/berth/controlplane"
+)
+
+// poll calls f until it returns nil or within passes.
+func poll(t *testing.T, within time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestBrokersRegisterAndHeartbeat runs three brokers embedding a 3-member
+// controller: each gets its own broker id and registers its client
+// address. In active-passive mode the controller elects one of them
+// primary; after that broker's process is killed, its heartbeats stop and
+// the controller moves the role to another broker.
+func TestBrokersRegisterAndHeartbeat(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	nodes := startGroup(t, "broker", "broker", "broker")
+	var ctlAddrs []string
+	for _, n := range nodes {
+		ctlAddrs = append(ctlAddrs, n.ctl)
+	}
+	cl := controlplane.NewClient(ctlAddrs)
+	defer cl.Close()
+
+	// Every broker registers once its listener is up; Start makes the
+	// first attempt, so they are all there by now or very soon.
+	byAddr := map[string]uint32{}
+	poll(t, 10*time.Second, func() error {
+		bs, err := cl.GetBrokers(ctx, controlplane.ReadConsistent)
+		if err != nil {
+			return err
+		}
+		clear(byAddr)
+		var ids []uint32
+		for _, b := range bs {
+			if len(b.Addrs) != 1 {
+				return fmt.Errorf("broker %d has addresses %v", b.ID, b.Addrs)
+			}
+			byAddr[b.Addrs[0]] = b.ID
+			ids = append(ids, b.ID)
+		}
+		slices.Sort(ids)
+		if len(slices.Compact(ids)) != 3 || len(bs) != 3 {
+			return fmt.Errorf("brokers %+v, want three with distinct ids", bs)
+		}
+		for _, n := range nodes {
+			if _, ok := byAddr[n.client]; !ok {
+				return fmt.Errorf("%s (%s) is not registered: %+v", n.name, n.client, bs)
+			}
+		}
+		return nil
+	})
+
+	info, err := cl.GetClusterInfo(ctx, controlplane.ReadConsistent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := info.Config
+	if cfg.Groups == 0 {
+		cfg.Groups = 1 // unset; the state machine needs a group count
+	}
+	cfg.Mode = controlplane.ModeActivePassive
+	if err := cl.SetClusterConfig(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	var primary uint32
+	poll(t, 10*time.Second, func() error {
+		p, _, _, err := cl.GetPrimary(ctx, controlplane.ReadConsistent)
+		if err != nil {
+			return err
+		}
+		if p == 0 {
+			return fmt.Errorf("no primary elected")
+		}
+		primary = p
+		return nil
+	})
+	var victim *node
+	var rest []string
+	for _, n := range nodes {
+		if byAddr[n.client] == primary {
+			victim = n
+		} else {
+			rest = append(rest, n.ctl)
+		}
+	}
+	if victim == nil {
+		t.Fatalf("primary %d is none of the brokers %v", primary, byAddr)
+	}
+	t.Logf("primary is broker %d (%s); killing it", primary, victim.name)
+	victim.stop(t, syscall.SIGKILL)
+
+	cr := controlplane.NewClient(rest)
+	defer cr.Close()
+	start := time.Now()
+	poll(t, 10*time.Second, func() error {
+		p, _, addrs, err := cr.GetPrimary(ctx, controlplane.ReadConsistent)
+		if err != nil {
+			return err
+		}
+		if p == 0 || p == primary {
+			return fmt.Errorf("primary is %d after killing broker %d", p, primary)
+		}
+		if len(addrs) != 1 || byAddr[addrs[0]] != p {
+			return fmt.Errorf("new primary %d has addresses %v", p, addrs)
+		}
+		return nil
+	})
+	t.Logf("a new primary after %v", time.Since(start).Round(time.Millisecond))
+}
