@@ -22,6 +22,7 @@ package server
 // controller member stops.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -186,7 +187,7 @@ func (s *Server) loadBrokerID() error {
 // it applied for again under the same number.
 func (s *Server) register(ctx context.Context) error {
 	cl := s.brokerClient()
-	addrs := []string{s.addr}
+	addrs := []string{cmp.Or(s.cfg.AdvertiseAddr, s.addr)}
 	err := cl.RegisterBroker(ctx, s.brokerID, addrs, uint16(wire.Current))
 	var re *controlplane.ResultError
 	if errors.As(err, &re) && re.Code == controlplane.CodeNotFound {
@@ -206,9 +207,9 @@ func (s *Server) register(ctx context.Context) error {
 // registerAtStart makes Start's one registration attempt; on failure the
 // background loop retries.
 func (s *Server) registerAtStart() {
-	if host, _, err := net.SplitHostPort(s.addr); err == nil {
+	if host, _, err := net.SplitHostPort(s.addr); err == nil && s.cfg.AdvertiseAddr == "" {
 		if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
-			s.log.Warn("server: the client listener is bound to a wildcard address; the controller records it as is and other nodes cannot dial it", "addr", s.addr)
+			s.log.Warn("server: the client listener is bound to a wildcard address and no advertise address is set; the controller records it as is and other nodes cannot dial it", "addr", s.addr)
 		}
 	}
 	ctx, cancel := context.WithTimeout(s.regCtx, wiringTimeout)

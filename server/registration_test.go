@@ -89,6 +89,19 @@ func TestBrokerRegistersAndKeepsItsID(t *testing.T) {
 	}
 }
 
+// TestBrokerRegistersAdvertisedAddress: with AdvertiseAddr set, that is
+// the address the controller records, not the bound one.
+func TestBrokerRegistersAdvertisedAddress(t *testing.T) {
+	s := startServer(t, func(c *server.Config) {
+		c.ControllerAddr = "127.0.0.1:0"
+		c.AdvertiseAddr = "broker7.internal:7400"
+	})
+	got := registeredAddrs(t, s.ControllerAddr())
+	if a := got[s.BrokerID()]; len(a) != 1 || a[0] != "broker7.internal:7400" {
+		t.Fatalf("controller records %v for broker %d, want the advertised address", got, s.BrokerID())
+	}
+}
+
 // TestBrokerWithoutControllerHasNoID: no controller, no id, no file.
 func TestBrokerWithoutControllerHasNoID(t *testing.T) {
 	dir := t.TempDir()

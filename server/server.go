@@ -86,6 +86,11 @@ type Config struct {
 	// the controller's broker timeout (3 s by default). See
 	// registration.go.
 	ControllerHeartbeat time.Duration
+	// AdvertiseAddr is the client address the broker registers with the
+	// controller, for other nodes and clients to dial; empty means the
+	// address the client listener is bound to (which must then not be a
+	// wildcard such as 0.0.0.0).
+	AdvertiseAddr string
 }
 
 // DefaultConfig returns the embedded defaults: clients on 127.0.0.1:7400,

@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/berthmq/berth/server"
 )
@@ -117,6 +118,8 @@ func parseArgs(args []string) (options, error) {
 		return options{}, err
 	}
 	join := fs.Bool("controller-join", joinDefault, "start this controller member to be added to a running group (then run 'berthctl members add ID=ADDR'); -controller-peers lists this node and the members it knows (env BERTH_CONTROLLER_JOIN)")
+	advertise := fs.String("advertise", envOr("BERTH_ADVERTISE", ""), "client address registered with the controller for others to dial, empty = the -listen address (env BERTH_ADVERTISE)")
+	ctlHeartbeat := fs.Int("controller-heartbeat-ms", envInt("BERTH_CONTROLLER_HEARTBEAT_MS", int(server.ControllerHeartbeatDefault/time.Millisecond)), "interval of the broker's heartbeats to the controller in ms; keep it well under the controller's 3 s broker timeout (env BERTH_CONTROLLER_HEARTBEAT_MS)")
 	logLevel := fs.String("log-level", envOr("BERTH_LOG_LEVEL", "info"), "debug, info, warn or error (env BERTH_LOG_LEVEL)")
 	if err := fs.Parse(args); err != nil {
 		return options{}, errUsage
@@ -142,6 +145,16 @@ func parseArgs(args []string) (options, error) {
 	cfg.JournalSegmentBytes = *segmentBytes
 	cfg.Role, cfg.ControllerID, cfg.ControllerPeers = *role, id, peers
 	cfg.ControllerJoin = *join
+	cfg.AdvertiseAddr = *advertise
+	if *ctlHeartbeat <= 0 {
+		return options{}, fmt.Errorf("-controller-heartbeat-ms %d: want a positive interval", *ctlHeartbeat)
+	}
+	cfg.ControllerHeartbeat = time.Duration(*ctlHeartbeat) * time.Millisecond
+	if *advertise != "" {
+		if _, _, err := net.SplitHostPort(*advertise); err != nil {
+			return options{}, fmt.Errorf("-advertise %q: want host:port", *advertise)
+		}
+	}
 	if err := cfg.CheckController(); err != nil {
 		return options{}, err
 	}

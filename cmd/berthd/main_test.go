@@ -4,6 +4,7 @@ import (
 	"maps"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestControllerFlags(t *testing.T) {
@@ -82,6 +83,8 @@ func TestArgs(t *testing.T) {
 		{env: map[string]string{"BERTH_CONTROLLER_PEERS": peers, "BERTH_CONTROLLER_ID": "one"}},
 		{env: map[string]string{"BERTH_CONTROLLER_PEERS": "1=127.0.0.1:7402,3", "BERTH_CONTROLLER_ID": "1"}},
 		{env: map[string]string{"BERTH_ROLE": "both"}},
+		{args: []string{"-advertise", "no-port"}},
+		{args: []string{"-controller-heartbeat-ms", "0"}},
 	}
 	for _, c := range cases {
 		for k, v := range c.env {
@@ -126,6 +129,13 @@ func TestArgsGood(t *testing.T) {
 	}
 	if o.cfg.ControllerAddr != "127.0.0.1:7402" || o.cfg.ControllerPeers != nil || o.cfg.ControllerID != 0 {
 		t.Fatalf("default config %+v", o.cfg)
+	}
+	o, err = parseArgs([]string{"-advertise", "broker1.example:7400", "-controller-heartbeat-ms", "500"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.cfg.AdvertiseAddr != "broker1.example:7400" || o.cfg.ControllerHeartbeat != 500*time.Millisecond {
+		t.Fatalf("advertise/heartbeat config %+v", o.cfg)
 	}
 }
 
