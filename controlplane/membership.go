@@ -67,9 +67,9 @@ func inConf(cs *pb.ConfState, id uint64) bool {
 // group has at most 5 members.
 const VotersMax = 5
 
-// checkControllerAddr accepts host:port with a port in 1..65535 and at
-// most nameLenMax bytes: the other members dial it.
-func checkControllerAddr(addr string) error {
+// CheckControllerAddr accepts host:port with a port in 1..65535 and at
+// most 255 bytes: the other members dial it.
+func CheckControllerAddr(addr string) error {
 	if addr == "" {
 		return errors.New("address is empty")
 	}
@@ -163,7 +163,7 @@ func (n *Node) ChangeMembership(ctx context.Context, add map[uint64]string, remo
 		if target[id] {
 			return fmt.Errorf("controlplane: cannot add controller %d: it is already a member (at %s)", id, book[id])
 		}
-		if err := checkControllerAddr(addr); err != nil {
+		if err := CheckControllerAddr(addr); err != nil {
 			return fmt.Errorf("controlplane: cannot add controller %d: %v", id, err)
 		}
 		if other, ok := addrOwner[addr]; ok && !removing[other] {

@@ -198,16 +198,8 @@ func (n *Node) serveConn(c net.Conn) {
 		}
 		switch h.Type {
 		case wire.TypeRaftMessage:
-			m := &pb.Message{}
-			if err := proto.Unmarshal(body, m); err != nil {
-				n.cfg.Logger.Warn("controlplane: bad raft message", "err", err)
+			if !n.receive(body) {
 				return
-			}
-			select {
-			case n.msgIn <- m:
-			case <-n.stop:
-				return
-			default: // raft retransmits what is dropped here
 			}
 		case wire.TypeRaftHello:
 			id, addr, err := wire.DecodeRaftHello(body)
@@ -221,19 +213,8 @@ func (n *Node) serveConn(c net.Conn) {
 				n.cfg.Logger.Warn("controlplane: bad raft chunk", "err", err)
 				return
 			}
-			if raw == nil {
-				continue
-			}
-			m := &pb.Message{}
-			if err := proto.Unmarshal(raw, m); err != nil {
-				n.cfg.Logger.Warn("controlplane: bad raft message", "err", err)
+			if raw != nil && !n.receive(raw) {
 				return
-			}
-			select {
-			case n.msgIn <- m:
-			case <-n.stop:
-				return
-			default: // raft resends a snapshot that was dropped
 			}
 		case wire.TypeCtlRequest:
 			req, err := wire.DecodeCtlRequest(body)
@@ -276,6 +257,25 @@ func (n *Node) serveConn(c net.Conn) {
 			// A frame of a type this build does not know is skipped by size.
 		}
 	}
+}
+
+// receive hands a marshalled raft message to the raft goroutine. It
+// reports false if the message is malformed or the node stops: the
+// connection then closes. A message dropped because the queue is full is
+// retransmitted by raft (a snapshot is sent again).
+func (n *Node) receive(raw []byte) bool {
+	m := &pb.Message{}
+	if err := proto.Unmarshal(raw, m); err != nil {
+		n.cfg.Logger.Warn("controlplane: bad raft message", "err", err)
+		return false
+	}
+	select {
+	case n.msgIn <- m:
+	case <-n.stop:
+		return false
+	default:
+	}
+	return true
 }
 
 // frameBuffered reports whether r holds a whole frame, so reading it

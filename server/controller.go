@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -82,7 +81,7 @@ func (c *Config) CheckController() error {
 			if id == 0 {
 				return errors.New("server: controller ids start at 1")
 			}
-			if err := checkPeerAddr(addr); err != nil {
+			if err := controlplane.CheckControllerAddr(addr); err != nil {
 				return fmt.Errorf("server: controller %d: %w", id, err)
 			}
 			if other, ok := seen[addr]; ok {
@@ -102,22 +101,6 @@ func (c *Config) CheckController() error {
 
 // controllerJoinPeersMax bounds ControllerPeers of a joining member.
 const controllerJoinPeersMax = 6
-
-// checkPeerAddr accepts host:port with a port in 1..65535: other members
-// dial it, so port 0 is no good.
-func checkPeerAddr(addr string) error {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("address %q: %v", addr, err)
-	}
-	if host == "" {
-		return fmt.Errorf("address %q has no host", addr)
-	}
-	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
-		return fmt.Errorf("address %q: port must be 1..65535", addr)
-	}
-	return nil
-}
 
 // controllerEmbedded reports whether Start runs a controller member.
 func (c *Config) controllerEmbedded() bool {
