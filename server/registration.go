@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/controlplane"
+	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -129,15 +130,7 @@ func writeBrokerID(dir string, id uint32) error {
 	if err := os.Rename(tmp, filepath.Join(dir, brokerIDFile)); err != nil {
 		return err
 	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return journal.OSFS{}.SyncDir(dir)
 }
 
 // loadBrokerID reads this broker's id, or on a first start applies for one
