@@ -130,7 +130,7 @@ func (s *Server) startController(wait bool) (*controllerWiring, error) {
 		watchController(n, cfg.Logger)
 		return &controllerWiring{n: n, timeout: wiringTimeout}, nil
 	}
-	n, err := controlplane.Start(controlplane.Config{ID: cfg.ControllerID, Peers: maps.Clone(cfg.ControllerPeers), Dir: dir,
+	n, err := controlplane.Start(controlplane.Config{ID: cfg.ControllerID, Peers: maps.Clone(cfg.ControllerPeers), Dir: dir, LeaseRead: cfg.ControllerLeaseRead,
 		Join: cfg.ControllerJoin, Logger: cfg.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("server: controller: %w", err)

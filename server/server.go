@@ -72,6 +72,10 @@ type Config struct {
 	// on later restarts is harmless: a member with a configuration ignores
 	// it.
 	ControllerJoin bool
+	// ControllerLeaseRead has a 3- or 5-member controller serve consistent
+	// reads from the leader's lease instead of a heartbeat round each
+	// (controlplane.Config.LeaseRead); it relies on bounded clock drift.
+	ControllerLeaseRead bool
 	// ControllerWait bounds how long Start waits for a 3- or 5-member
 	// group to elect a leader before restoring the wiring (default
 	// ControllerWaitDefault).

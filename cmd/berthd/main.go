@@ -118,6 +118,11 @@ func parseArgs(args []string) (options, error) {
 		return options{}, err
 	}
 	join := fs.Bool("controller-join", joinDefault, "start this controller member to be added to a running group (then run 'berthctl members add ID=ADDR'); -controller-peers lists this node and the members it knows (env BERTH_CONTROLLER_JOIN)")
+	leaseDefault, err := envBool("BERTH_CONTROLLER_LEASE_READ", false)
+	if err != nil {
+		return options{}, err
+	}
+	leaseRead := fs.Bool("controller-lease-read", leaseDefault, "serve the controller's consistent reads from the leader's lease instead of a heartbeat round each; relies on bounded clock drift (env BERTH_CONTROLLER_LEASE_READ)")
 	advertise := fs.String("advertise", envOr("BERTH_ADVERTISE", ""), "client address registered with the controller for others to dial, empty = the -listen address (env BERTH_ADVERTISE)")
 	ctlHeartbeat := fs.Int("controller-heartbeat-ms", envInt("BERTH_CONTROLLER_HEARTBEAT_MS", int(server.ControllerHeartbeatDefault/time.Millisecond)), "interval of the broker's heartbeats to the controller in ms; keep it well under the controller's 3 s broker timeout (env BERTH_CONTROLLER_HEARTBEAT_MS)")
 	logLevel := fs.String("log-level", envOr("BERTH_LOG_LEVEL", "info"), "debug, info, warn or error (env BERTH_LOG_LEVEL)")
@@ -146,6 +151,7 @@ func parseArgs(args []string) (options, error) {
 	cfg.Role, cfg.ControllerID, cfg.ControllerPeers = *role, id, peers
 	cfg.ControllerJoin = *join
 	cfg.AdvertiseAddr = *advertise
+	cfg.ControllerLeaseRead = *leaseRead
 	if *ctlHeartbeat <= 0 {
 		return options{}, fmt.Errorf("-controller-heartbeat-ms %d: want a positive interval", *ctlHeartbeat)
 	}

@@ -130,11 +130,11 @@ func TestArgsGood(t *testing.T) {
 	if o.cfg.ControllerAddr != "127.0.0.1:7402" || o.cfg.ControllerPeers != nil || o.cfg.ControllerID != 0 {
 		t.Fatalf("default config %+v", o.cfg)
 	}
-	o, err = parseArgs([]string{"-advertise", "broker1.example:7400", "-controller-heartbeat-ms", "500"})
+	o, err = parseArgs([]string{"-advertise", "broker1.example:7400", "-controller-heartbeat-ms", "500", "-controller-lease-read"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.cfg.AdvertiseAddr != "broker1.example:7400" || o.cfg.ControllerHeartbeat != 500*time.Millisecond {
+	if o.cfg.AdvertiseAddr != "broker1.example:7400" || o.cfg.ControllerHeartbeat != 500*time.Millisecond || !o.cfg.ControllerLeaseRead {
 		t.Fatalf("advertise/heartbeat config %+v", o.cfg)
 	}
 }

@@ -138,6 +138,12 @@ func (n *node) logTail() string {
 // group; role "broker" embeds a member, "controller" runs only one.
 func startGroup(t *testing.T, roles ...string) []*node {
 	t.Helper()
+	return startGroupArgs(t, nil, roles...)
+}
+
+// startGroupArgs is startGroup with extra berthd flags for every node.
+func startGroupArgs(t *testing.T, extra []string, roles ...string) []*node {
+	t.Helper()
 	nodes := make([]*node, len(roles))
 	var peers []string
 	for i := range nodes {
@@ -150,6 +156,7 @@ func startGroup(t *testing.T, roles ...string) []*node {
 		n.args = []string{"-role", roles[i], "-data", filepath.Join(dir, n.name), "-admin", "",
 			"-controller-id", fmt.Sprint(i + 1), "-controller-peers", strings.Join(peers, ","),
 			"-shards", "1", "-loops", "1", "-log-level", "info"}
+		n.args = append(n.args, extra...)
 		if roles[i] == "broker" {
 			n.client = freePort(t)
 			n.args = append(n.args, "-listen", n.client)

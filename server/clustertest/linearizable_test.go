@@ -51,9 +51,18 @@ var regModel = porcupine.Model{
 // ReadIndex and follower reads) and a nemesis SIGKILLs a member and
 // restarts it, or freezes one with SIGSTOP (a leader that wakes up after
 // its followers moved on) and thaws it. Porcupine checks the history.
-// BERTH_CLUSTER_SOAK (a Go duration) runs it longer than the default 4 s.
+// BERTH_CLUSTER_SOAK (a Go duration) runs it longer than the default 3 s
+// per mode. It runs once with ReadIndex reads and once with lease reads
+// (-controller-lease-read), where a frozen leader that wakes up must not
+// answer from a lease its followers have moved past.
 func TestLinearizableWithProcessKills(t *testing.T) {
-	duration := 4 * time.Second
+	for _, lease := range []bool{false, true} {
+		t.Run(fmt.Sprintf("lease=%v", lease), func(t *testing.T) { testLinearizableProcesses(t, lease) })
+	}
+}
+
+func testLinearizableProcesses(t *testing.T, lease bool) {
+	duration := 3 * time.Second
 	if v := os.Getenv("BERTH_CLUSTER_SOAK"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil {
@@ -63,7 +72,12 @@ func TestLinearizableWithProcessKills(t *testing.T) {
 	}
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
-	nodes := startGroup(t, "controller", "controller", "controller")
+	var nodes []*node
+	if lease {
+		nodes = startGroupArgs(t, []string{"-controller-lease-read"}, "controller", "controller", "controller")
+	} else {
+		nodes = startGroup(t, "controller", "controller", "controller")
+	}
 	addrs := make([]string, len(nodes))
 	for i, n := range nodes {
 		addrs[i] = n.ctl
