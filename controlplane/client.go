@@ -684,7 +684,7 @@ func (c *Client) ChangeMembership(ctx context.Context, add map[uint64]string, re
 		if id == 0 {
 			return errors.New("controlplane: cannot add controller 0: ids start at 1")
 		}
-		if err := checkControllerAddr(addr); err != nil {
+		if err := CheckControllerAddr(addr); err != nil {
 			return fmt.Errorf("controlplane: cannot add controller %d: %v", id, err)
 		}
 	}
