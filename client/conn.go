@@ -124,8 +124,11 @@ type Conn struct {
 		sentClose   bool  // our CLOSE is queued: the server's CLOSE is its answer
 		err         error // why the connection ended; nil while it is up
 		waitCh      chan struct{}
-		consumers   map[uint32]*Consumer
-		nextCons    uint32
+		// firing counts completion callbacks taken from the window but not
+		// yet run (they run outside the lock): Flush waits for them too.
+		firing    int
+		consumers map[uint32]*Consumer
+		nextCons  uint32
 	}
 
 	// Reader goroutine only.
@@ -325,7 +328,7 @@ func (c *Conn) Err() error {
 func (c *Conn) Flush(ctx context.Context) error {
 	c.mu.Lock()
 	target := c.mu.win.next
-	for c.mu.win.tail < target {
+	for c.mu.win.tail < target || c.mu.firing > 0 {
 		if c.mu.err != nil {
 			err := c.mu.err
 			c.mu.Unlock()
@@ -709,9 +712,13 @@ func (c *Conn) handleFrame(h wire.Header, body []byte) error {
 			cp, ok = resolve(s, se)
 			c.wakeLocked()
 		}
+		if ok {
+			c.mu.firing++
+		}
 		c.mu.Unlock()
 		if ok {
 			cp.fire()
+			c.fired(1)
 		}
 		return nil
 	case wire.TypeDeliver:
@@ -754,11 +761,25 @@ func (c *Conn) complete(rl wire.RangeList) {
 			}
 		}
 	}
+	c.mu.firing += len(fired)
 	c.wakeLocked()
 	c.mu.Unlock()
 	for i := range fired {
 		fired[i].fire()
 		fired[i] = completion{}
 	}
+	c.fired(len(fired))
 	c.scratch = fired[:0]
+}
+
+// fired records that n callbacks counted in firing have run, and wakes
+// Flush.
+func (c *Conn) fired(n int) {
+	if n == 0 {
+		return
+	}
+	c.mu.Lock()
+	c.mu.firing -= n
+	c.wakeLocked()
+	c.mu.Unlock()
 }
