@@ -62,11 +62,15 @@ func (s *Server) startAdmin() error {
 		s.conns.Lock()
 		n := len(s.conns.set)
 		s.conns.Unlock()
-		writeJSON(w, map[string]any{
+		out := map[string]any{
 			"server": s.cfg.ServerName, "clients": s.addr, "connections": n,
 			"shards": s.cfg.Shards, "loops": s.cfg.Loops, "stats": s.broker.Stats(),
 			"broker_id": s.BrokerID(), "broker_registered": s.BrokerRegistered(),
-		})
+		}
+		if s.ctl != nil {
+			out["controller"] = s.controllerStatus()
+		}
+		writeJSON(w, out)
 	})
 	s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = s.admin.Serve(ln) }()

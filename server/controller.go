@@ -212,14 +212,8 @@ func startControllerOnly(s *Server) error {
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		handlePprof(mux)
 		mux.HandleFunc("/v1/status", func(w http.ResponseWriter, r *http.Request) {
-			st := s.ctl.Status()
 			writeJSON(w, map[string]any{
-				"server": s.cfg.ServerName, "role": RoleController,
-				"controller": map[string]any{
-					"id": st.ID, "addr": s.ctl.Addr(), "leader": st.Leader, "is_leader": s.ctl.IsLeader(),
-					"term": st.Term, "applied": st.Applied, "snapshot_index": st.SnapshotIndex,
-					"first_index": st.FirstIndex, "last_index": st.LastIndex,
-				},
+				"server": s.cfg.ServerName, "role": RoleController, "controller": s.controllerStatus(),
 			})
 		})
 		s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -424,4 +418,15 @@ func watchController(n *controlplane.Node, log *slog.Logger) {
 			log.Error("server: controller member stopped on a fatal error; durable wiring changes will fail", "id", n.ID(), "err", err)
 		}
 	}()
+}
+
+// controllerStatus is the embedded controller member's raft status, for
+// /v1/status.
+func (s *Server) controllerStatus() map[string]any {
+	st := s.ctl.Status()
+	return map[string]any{
+		"id": st.ID, "addr": s.ctl.Addr(), "leader": st.Leader, "is_leader": s.ctl.IsLeader(),
+		"term": st.Term, "applied": st.Applied, "snapshot_index": st.SnapshotIndex,
+		"first_index": st.FirstIndex, "last_index": st.LastIndex,
+	}
 }

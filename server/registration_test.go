@@ -69,11 +69,19 @@ func TestBrokerRegistersAndKeepsItsID(t *testing.T) {
 	var st struct {
 		BrokerID   uint32 `json:"broker_id"`
 		Registered bool   `json:"broker_registered"`
+		Controller struct {
+			ID       uint64 `json:"id"`
+			IsLeader bool   `json:"is_leader"`
+			Applied  uint64 `json:"applied"`
+		} `json:"controller"`
 	}
 	err = json.NewDecoder(resp.Body).Decode(&st)
 	resp.Body.Close()
 	if err != nil || st.BrokerID != id || !st.Registered {
 		t.Fatalf("status %+v %v, want broker id %d registered", st, err, id)
+	}
+	if st.Controller.ID != 1 || !st.Controller.IsLeader || st.Controller.Applied == 0 {
+		t.Fatalf("status shows controller %+v, want the embedded one-member leader", st.Controller)
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
