@@ -167,6 +167,47 @@ func ExampleConsumer_Accept() {
 	// dead-lettered d
 }
 
+// Hand each delivery to a function: nil accepts it, an error wrapping
+// ErrReject dead-letters it, any other error releases it for redelivery.
+func ExampleConsumer_Consume() {
+	srv, stop := startBroker()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := client.Dial(ctx, srv.ClientAddr())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	if err := conn.DeclareQueue(ctx, "orders", client.QueueOptions{}); err != nil {
+		log.Fatal(err)
+	}
+	for _, o := range []string{"apple", "pear", "plum"} {
+		if err := conn.Publish(ctx, "", "orders", []byte(o), client.PublishOptions{}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	sub, err := conn.Subscribe(ctx, "orders", client.SubscribeOptions{Credit: 10, AutoCredit: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	run, stopRun := context.WithCancel(ctx)
+	handled := 0
+	err = sub.Consume(run, func(d *client.Delivery) error {
+		fmt.Printf("order %s\n", d.Payload)
+		if handled++; handled == 3 {
+			stopRun()
+		}
+		return nil
+	})
+	fmt.Println("stopped:", err)
+	// Output:
+	// order apple
+	// order pear
+	// order plum
+	// stopped: context canceled
+}
+
 // Route by topic pattern through a named exchange.
 func ExampleConn_Bind() {
 	srv, stop := startBroker()
