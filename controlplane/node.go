@@ -165,14 +165,14 @@ func (c *Config) defaults() error {
 	return nil
 }
 
+// proposal is one event waiting for the log. Proposals are queued in
+// groups (one for Propose, a connection's burst of writes for the service)
+// and answered as a group.
 type proposal struct {
 	data []byte
 	seq  uint64
-	done chan proposeResult // cap 1: the raft goroutine never blocks on it
-	// grp, if set, replaces done: the proposal is one of a group proposed
-	// together (a connection's burst of writes), answered as a whole.
-	grp *proposalGroup
-	idx int // the proposal's slot in grp.res
+	grp  *proposalGroup
+	idx  int // the proposal's slot in grp.res
 }
 
 // proposalGroup collects the results of proposals queued together.
@@ -184,10 +184,6 @@ type proposalGroup struct {
 
 // finish delivers p's result. Every proposal is finished exactly once.
 func (p *proposal) finish(r proposeResult) {
-	if p.grp == nil {
-		p.done <- r
-		return
-	}
 	p.grp.res[p.idx] = r
 	if p.grp.left.Add(-1) == 0 {
 		close(p.grp.done)
@@ -662,32 +658,11 @@ func (n *Node) Propose(ctx context.Context, ev Event) (Result, error) {
 	if err := ValidateEvent(ev); err != nil {
 		return Result{}, err
 	}
-	return n.proposeRaw(ctx, EncodeEvent(nil, ev))
-}
-
-func (n *Node) proposeRaw(ctx context.Context, data []byte) (Result, error) {
-	if !n.isLdr.Load() {
-		return Result{}, &NotLeaderError{Leader: n.leaderAddr()}
+	res, err := n.proposeMany(ctx, [][]byte{EncodeEvent(nil, ev)})
+	if err != nil {
+		return Result{}, err
 	}
-	p := &proposal{data: data, done: make(chan proposeResult, 1)}
-	n.propMu.Lock()
-	if len(n.propQ) >= proposalQueueMax {
-		n.propMu.Unlock()
-		return Result{}, ErrBusy
-	}
-	n.nextSeq++
-	p.seq = n.nextSeq
-	n.propQ = append(n.propQ, p)
-	n.propMu.Unlock()
-	signal(n.propSignal)
-	select {
-	case r := <-p.done:
-		return r.res, r.err
-	case <-ctx.Done():
-		return Result{}, fmt.Errorf("%w: %v", ErrTimeout, ctx.Err())
-	case <-n.stop:
-		return Result{}, ErrStopped
-	}
+	return res[0].res, res[0].err
 }
 
 // proposeMany puts a group of encoded events through the log at once (one

@@ -24,8 +24,8 @@ import (
 const (
 	// connReadBatchMax bounds the reads sharing one ReadIndex and one write.
 	connReadBatchMax = 256
-	// readReplyBufMax caps a reply buffer kept for reuse.
-	readReplyBufMax = 256 << 10
+	// replyBufMax caps a reply buffer kept for reuse.
+	replyBufMax = 256 << 10
 )
 
 // batchedRead is one read waiting in a connection's batch.
@@ -103,7 +103,20 @@ func (rb *readBatcher) flushSlot(i int) {
 	}()
 }
 
-var readReplyPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+// replyPool holds the buffers batched replies are encoded into.
+var replyPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
+
+// writeReplies writes a batch of encoded replies to sc at once and returns
+// its buffer (bp, now holding out) to the pool. A failed write closes the
+// connection (onFailed); the reader then stops and the client retries
+// elsewhere.
+func (sc *serverConn) writeReplies(bp *[]byte, out []byte) {
+	sc.w.write(func(b []byte) []byte { return append(b, out...) })
+	if cap(out) <= replyBufMax {
+		*bp = out[:0]
+		replyPool.Put(bp)
+	}
+}
 
 // serveReads answers reads that share one ReadIndex, writes the replies to
 // sc at once and returns the reads it served.
@@ -119,7 +132,7 @@ func (n *Node) serveReads(sc *serverConn, follower bool, cr *connReads) []batche
 	cr.seal.sealed = true
 	reads := cr.reads
 	cr.seal.mu.Unlock()
-	bp := readReplyPool.Get().(*[]byte)
+	bp := replyPool.Get().(*[]byte)
 	out := (*bp)[:0]
 	var e encoder
 	for _, r := range reads {
@@ -138,12 +151,6 @@ func (n *Node) serveReads(sc *serverConn, follower bool, cr *connReads) []batche
 		}
 		out = wire.AppendCtlResponse(out, resp)
 	}
-	// A failed write closes the connection (onFailed); the reader then
-	// stops and the client retries elsewhere.
-	sc.w.write(func(b []byte) []byte { return append(b, out...) })
-	if cap(out) <= readReplyBufMax {
-		*bp = out[:0]
-		readReplyPool.Put(bp)
-	}
+	sc.writeReplies(bp, out)
 	return reads
 }

@@ -89,7 +89,7 @@ func (n *Node) serveWrites(sc *serverConn, writes []batchedWrite) {
 		results, err = n.proposeMany(ctx, datas)
 		cancel()
 	}
-	bp := readReplyPool.Get().(*[]byte)
+	bp := replyPool.Get().(*[]byte)
 	out := (*bp)[:0]
 	var e encoder
 	k := 0
@@ -114,13 +114,7 @@ func (n *Node) serveWrites(sc *serverConn, writes []batchedWrite) {
 		}
 		out = wire.AppendCtlResponse(out, resp)
 	}
-	// A failed write closes the connection (onFailed); the reader then
-	// stops and the client retries elsewhere.
-	sc.w.write(func(b []byte) []byte { return append(b, out...) })
-	if cap(out) <= readReplyBufMax {
-		*bp = out[:0]
-		readReplyPool.Put(bp)
-	}
+	sc.writeReplies(bp, out)
 }
 
 // proposeErrorStatus maps a failed write's error to its reply. A write
