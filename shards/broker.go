@@ -406,6 +406,13 @@ func (b *Broker) Bind(exchangeName, queue, key string) error {
 	if r.queues[queue] == nil {
 		return Errorf(wire.CodeNotFound, "no queue %q", queue)
 	}
+	// A pattern accepted before the cap existed is kept on restore: it is
+	// compiled to one that matches nothing, in bounded time.
+	if r.exchanges[exchangeName].kind == KindTopic && !b.restoring {
+		if err := TopicPatternError(key); err != nil {
+			return err
+		}
+	}
 	nb := Binding{Exchange: exchangeName, Queue: queue, Key: key}
 	for _, x := range r.bindings {
 		if x == nb {

@@ -172,7 +172,7 @@ func TestTopicMatch(t *testing.T) {
 		{"*", "", true}, {"*", "a.b", false}, {"*.*", "a", false}, {"a.*.#", "a", false},
 	}
 	for _, c := range cases {
-		if got := topicMatch(splitPattern(c.pattern), []byte(c.key)); got != c.want {
+		if got := topicMatches(c.pattern, c.key); got != c.want {
 			t.Errorf("%q ~ %q = %v, want %v", c.pattern, c.key, got, c.want)
 		}
 	}
