@@ -19,8 +19,10 @@ run: build
 
 test: vet test-plain test-race
 
+# vet also fails when go.mod or go.sum is not as `go mod tidy` leaves it.
 vet:
 	$(GO) vet $(PKGS)
+	@$(GO) mod tidy -diff || { echo 'go.mod/go.sum are not tidy: run go mod tidy'; exit 1; }
 
 test-plain:
 	$(GO) test -count=1 -timeout 8m $(PKGS)
