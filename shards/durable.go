@@ -49,6 +49,10 @@ type jctx struct {
 	cmdID uint64
 	fan   *Fanout
 	free  journal.Pos // enqueue record to free once this dequeue is durable
+	// An enqueue record: the message q's seq becomes deliverable once the
+	// record is durable.
+	q   *Queue
+	seq uint64
 }
 
 type jdone struct {
@@ -343,6 +347,15 @@ func (s *Shard) journalDone(d jdone) {
 	}
 	if c.free != 0 && d.err == nil {
 		sj.j.Free(c.free)
+	}
+	if q := c.q; q != nil {
+		// A failed write still releases the message: it is in memory and
+		// its publisher was told the write failed, so a delivery is at
+		// least once, as a retry of the publish would be.
+		q.enqueueSafe(c.seq)
+		if len(q.consumers) > 0 {
+			s.markDirty(q)
+		}
 	}
 	if c.sess != nil || c.fan != nil {
 		s.completeCmd(c.sess, c.cmdID, c.fan, err)

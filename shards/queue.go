@@ -135,6 +135,15 @@ type Queue struct {
 	consumers []*Consumer
 	rr        int
 
+	// Consumers see only messages the broker cannot forget. A persistent
+	// message on a durable queue is enqueued at once (so order, limits and
+	// TTL hold) but becomes deliverable only when its journal record is
+	// durable: unsafe counts enqueue records in flight, and while it is
+	// not zero only messages up to safeSeq are deliverable. A transient
+	// message behind an unsafe one waits with it, so FIFO order holds.
+	unsafe  int
+	safeSeq uint64
+
 	deleted      bool
 	everConsumed bool
 	owner        any // exclusive owner (a session), or nil
@@ -341,6 +350,30 @@ func (q *Queue) pop() *Entry {
 }
 
 // Head returns the next message a consumer would get, or nil.
+// Deliverable reports whether e, a ready message of q, may be delivered:
+// every enqueue record up to it is durable.
+func (q *Queue) Deliverable(e *Entry) bool { return q.unsafe == 0 || e.Seq <= q.safeSeq }
+
+// enqueueUnsafe notes that the message enqueued with seq waits for its
+// enqueue record to be durable.
+func (q *Queue) enqueueUnsafe(seq uint64) {
+	if q.unsafe == 0 {
+		q.safeSeq = seq - 1
+	}
+	q.unsafe++
+}
+
+// enqueueSafe notes that the enqueue record of the message seq is durable.
+// Records complete in append order, which is seq order within a queue.
+func (q *Queue) enqueueSafe(seq uint64) {
+	q.unsafe--
+	if q.unsafe == 0 {
+		q.safeSeq = q.nextSeq - 1
+	} else if seq > q.safeSeq {
+		q.safeSeq = seq
+	}
+}
+
 func (q *Queue) Head() *Entry { return q.peek() }
 
 // Acquired returns the acquired entry Seq, or nil.

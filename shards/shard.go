@@ -271,15 +271,15 @@ func (s *Shard) publish(c *Command) {
 		// The record goes first, so that anything the enqueue drops is
 		// journaled after it.
 		pos := s.appendEnqueue(q, &Entry{Body: c.Body, ExpiresAt: ev.ExpiresAt})
-		s.journal.pending.push(jctx{pos: pos, sess: c.Sess, cmdID: c.CmdID, fan: c.Fanout})
+		seq := q.nextSeq // what enqueue assigns
+		s.journal.pending.push(jctx{pos: pos, sess: c.Sess, cmdID: c.CmdID, fan: c.Fanout, q: q, seq: seq})
 		ev.JournalPos = uint64(pos)
 		if err := q.Apply(&ev, s); err != nil {
 			panic("shards: enqueue failed after its check: " + err.Error())
 		}
+		// Deliverable when the record is durable (journalDone), not now.
+		q.enqueueUnsafe(seq)
 		s.stats.Published++
-		if len(q.consumers) > 0 {
-			s.markDirty(q)
-		}
 		return
 	}
 	if err := q.Apply(&ev, s); err != nil {
@@ -517,6 +517,9 @@ func (s *Shard) dispatch(q *Queue) {
 			ev := Event{Kind: EvExpire, Now: s.now}
 			_ = q.Apply(&ev, s)
 			continue
+		}
+		if !q.Deliverable(h) {
+			return // its enqueue is not durable yet: journalDone dispatches again
 		}
 		var con *Consumer
 		for i := 0; i < n; i++ {

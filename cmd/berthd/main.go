@@ -69,6 +69,10 @@ func run(args []string) int {
 	runtime.SetMutexProfileFraction(opts.mutexFraction)
 	runtime.SetBlockProfileRate(opts.blockRate)
 	cfg, log := opts.cfg, opts.cfg.Logger
+	if cfg.JournalFS, err = faultJournalFS(log); err != nil {
+		fmt.Fprintln(os.Stderr, "berthd:", err)
+		return 2
+	}
 	srv, err := server.Start(cfg)
 	if err != nil {
 		log.Error("berthd: start failed", "err", err)
