@@ -34,6 +34,13 @@ type connState struct {
 	// buffer that already went to shards, when a full ring stopped us
 	// part-way through it.
 	resume int
+	// A fan-out publish that reached some of its targets when a ring was
+	// full: fanCmd goes to fanRest[fanNext:] before anything after it
+	// (message cs.resume of the head frame), so per-queue order holds.
+	fanPending bool
+	fanCmd     shards.Command
+	fanRest    []*shards.Queue
+	fanNext    int
 
 	out     []byte       // frames written at the end of OnTraffic
 	ranges  []wire.Range // completions the loop itself makes

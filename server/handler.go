@@ -52,8 +52,23 @@ func (h *handler) OnClose(c gnet.Conn, closeErr error) gnet.Action {
 	h.s.metrics.connections.Dec()
 	if cs.sess != nil {
 		sess := cs.sess
+		// A fan-out cut short by a full ring still reaches every target
+		// (its other parts are in queues already), ahead of the close.
+		var fan shards.Command
+		var rest []*shards.Queue
+		if cs.fanPending {
+			fan, rest = cs.fanCmd, append([]*shards.Queue(nil), cs.fanRest[cs.fanNext:]...)
+			dropFanRest(cs)
+		}
 		// Requeueing may wait on shard rings: never on the loop.
-		go h.s.broker.SessionClosed(sess)
+		go func() {
+			shardList := h.s.broker.Shards()
+			for _, q := range rest {
+				fan.Queue = q
+				_ = shardList[q.Shard()].Push(context.Background(), fan)
+			}
+			h.s.broker.SessionClosed(sess)
+		}()
 	}
 	return gnet.None
 }
@@ -240,6 +255,13 @@ func (h *handler) publish(cs *connState, body []byte) (bool, gnet.Action) {
 		if i < cs.resume {
 			continue
 		}
+		if cs.fanPending {
+			// i == cs.resume: the rest of a fan-out, before anything else.
+			if !pushFanRest(cs, shardList) {
+				return false, gnet.None
+			}
+			continue
+		}
 		id := p.FirstID + uint64(i)
 		if pushed >= window {
 			cs.fail(id, wire.CodeResourceLimit, "more uncompleted commands than the negotiated window")
@@ -275,26 +297,44 @@ func (h *handler) publish(cs *connState, body []byte) (bool, gnet.Action) {
 			if shardList[q.Shard()].TryPush(cmd) {
 				continue
 			}
-			if j == 0 && cmd.Fanout == nil {
-				// Nothing went out: stop here and retry this message later.
+			cs.resume = i
+			if j == 0 {
+				// Nothing went out: stop here and retry this message
+				// later (its fan-out, if any, is dropped unused).
 				pushed--
-				b.Unref()
-				cs.resume = i
+				for range targets {
+					b.Unref()
+				}
 				return false, gnet.None
 			}
-			// Part of a fan-out went out already: finish it off the loop.
-			rest := append([]*shards.Queue(nil), targets[j:]...)
-			c := cmd
-			go func() {
-				for _, q := range rest {
-					c.Queue = q
-					_ = shardList[q.Shard()].Push(context.Background(), c)
-				}
-			}()
-			break
+			// Part of a fan-out went out: stop reading, and push the rest
+			// first when the loop comes back (pushFanRest), so that no
+			// later message of this session overtakes it on any queue.
+			cs.fanPending, cs.fanCmd, cs.fanNext = true, cmd, 0
+			cs.fanRest = append(cs.fanRest[:0], targets[j:]...)
+			return false, gnet.None
 		}
 	}
 	return true, gnet.None
+}
+
+// pushFanRest pushes the pending rest of a fan-out publish. It reports
+// whether all of it went out.
+func pushFanRest(cs *connState, shardList []*shards.Shard) bool {
+	for ; cs.fanNext < len(cs.fanRest); cs.fanNext++ {
+		c := cs.fanCmd
+		c.Queue = cs.fanRest[cs.fanNext]
+		if !shardList[c.Queue.Shard()].TryPush(c) {
+			return false
+		}
+	}
+	dropFanRest(cs)
+	return true
+}
+
+func dropFanRest(cs *connState) {
+	clear(cs.fanRest)
+	cs.fanPending, cs.fanCmd, cs.fanRest, cs.fanNext = false, shards.Command{}, cs.fanRest[:0], 0
 }
 
 func (h *handler) subscribe(cs *connState, body []byte) (bool, gnet.Action) {

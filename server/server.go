@@ -50,6 +50,9 @@ type Config struct {
 	JournalFS journal.FS
 	// JournalSegmentBytes overrides the journal segment size.
 	JournalSegmentBytes int64
+	// RingSize is the capacity of each shard's command ring (0: the
+	// shards' default). Tests make it tiny to exercise full rings.
+	RingSize int
 	// ControllerAddr is where the in-process one-member controller
 	// listens (single-node mode; berthd's default is 127.0.0.1:7402).
 	// Durable wiring goes through it. "" runs without a controller, with
@@ -235,7 +238,7 @@ func Start(cfg Config) (*Server, error) {
 		}
 		return s, nil
 	}
-	bcfg := shards.Config{Shards: cfg.Shards, CreditMax: cfg.CreditMax, Logger: cfg.Logger}
+	bcfg := shards.Config{Shards: cfg.Shards, CreditMax: cfg.CreditMax, Logger: cfg.Logger, RingSize: cfg.RingSize}
 	if cfg.DataDir != "" {
 		var policy journal.FsyncPolicy
 		switch cfg.Fsync {
