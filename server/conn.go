@@ -22,6 +22,7 @@ type connState struct {
 	heartbeatNs int64
 	lastRecv    atomic.Int64
 	closing     atomic.Bool
+	busy        atomic.Bool // inside OnTraffic (see Server.quiesce)
 	// Copies for the heartbeat goroutine, set once at HELLO.
 	hbNs     atomic.Int64
 	helloVer atomic.Uint32

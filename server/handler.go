@@ -76,6 +76,11 @@ func (h *handler) OnClose(c gnet.Conn, closeErr error) gnet.Action {
 func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 	cs := c.Context().(*connState)
 	cs.lastRecv.Store(time.Now().UnixNano())
+	cs.busy.Store(true)
+	defer cs.busy.Store(false)
+	if h.s.draining.Load() {
+		return h.refuse(cs, c)
+	}
 	buf, _ := c.Peek(-1)
 	if len(buf) > h.s.cfg.InboundMax {
 		act := cs.protocolError(wire.CodeResourceLimit, "inbound buffer limit exceeded")

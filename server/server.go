@@ -184,6 +184,7 @@ type Server struct {
 	mgmt     chan mgmtReq
 	mgmtWG   sync.WaitGroup
 	stopOnce sync.Once
+	draining atomic.Bool // Close began: no new work is taken (drain.go)
 	stopHB   chan struct{}
 	hbWG     sync.WaitGroup
 
@@ -349,8 +350,10 @@ func (s *Server) Close() error {
 		if s.admin != nil {
 			_ = s.admin.Close()
 		}
-		// Finish what is in flight, then tell every client and stop the
-		// loops.
+		// Take no new work, finish what is in flight, then tell every
+		// client and stop the loops.
+		s.draining.Store(true)
+		s.quiesce()
 		s.broker.Stop()
 		s.conns.Lock()
 		for cs := range s.conns.set {
