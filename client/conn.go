@@ -123,7 +123,13 @@ type Conn struct {
 		closing     bool  // Close was called: no new commands
 		sentClose   bool  // our CLOSE is queued: the server's CLOSE is its answer
 		err         error // why the connection ended; nil while it is up
-		waitCh      chan struct{}
+		// callErr is what calls get once the connection ended: err without
+		// any *Error in its chain (a command's *Error means "refused").
+		callErr error
+		// sentBelow: every command id below it was handed to the writer;
+		// the others are still in out and were never sent.
+		sentBelow uint64
+		waitCh    chan struct{}
 		// firing counts completion callbacks taken from the window but not
 		// yet run (they run outside the lock): Flush waits for them too.
 		firing    int
@@ -315,7 +321,10 @@ func (c *Conn) Window() int { return c.mu.win.max }
 // Done is closed once the connection has ended.
 func (c *Conn) Done() <-chan struct{} { return c.done }
 
-// Err is why the connection ended, or nil while it is up.
+// Err is why the connection ended, or nil while it is up. It wraps
+// ErrClosed and the cause: ErrHeartbeatTimeout, ErrProtocol, a network
+// error, or, when the server closed the connection with an error code
+// (shutdown, for instance), an *Error with CommandID 0.
 func (c *Conn) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -323,14 +332,15 @@ func (c *Conn) Err() error {
 }
 
 // Flush blocks until every command issued before the call has completed
-// (or failed), or ctx ends. It returns ctx.Err() in the latter case, or the
-// connection's error if it ended with commands still out.
+// (or failed) and its done function has run, or ctx ends. It returns
+// ctx.Err() in the latter case, or an error wrapping ErrClosed if the
+// connection ended with commands still out.
 func (c *Conn) Flush(ctx context.Context) error {
 	c.mu.Lock()
 	target := c.mu.win.next
 	for c.mu.win.tail < target || c.mu.firing > 0 {
 		if c.mu.err != nil {
-			err := c.mu.err
+			err := c.mu.callErr
 			c.mu.Unlock()
 			return err
 		}
@@ -350,8 +360,9 @@ func (c *Conn) Flush(ctx context.Context) error {
 // Close ends the session gracefully: no new commands are taken, commands
 // in flight get up to Config.CloseTimeout to complete, then CLOSE is sent
 // and the server's CLOSE awaited (within the same timeout). Commands still
-// out after that fail with ErrClosed. It blocks until the connection's
-// goroutines have exited. Calling it again is a no-op returning nil.
+// out after that fail with ErrOutcomeUnknown. It blocks until the
+// connection's goroutines have exited. Calling it again is a no-op
+// returning nil.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.mu.closing || c.mu.err != nil {
@@ -385,8 +396,10 @@ func (c *Conn) Close() error {
 	return nil
 }
 
-// fail ends the connection once, with err as the reason every pending and
-// future call reports.
+// fail ends the connection once, with err as its reason (Err). Commands
+// that were sent and not answered get an error wrapping ErrOutcomeUnknown,
+// those still waiting for the writer and later calls one wrapping only
+// ErrClosed; neither holds an *Error, which would say "refused".
 func (c *Conn) fail(err error) {
 	if !errors.Is(err, ErrClosed) {
 		err = fmt.Errorf("%w: %w", ErrClosed, err)
@@ -397,11 +410,21 @@ func (c *Conn) fail(err error) {
 		return
 	}
 	c.mu.err = err
+	callErr := err
+	if se := (*Error)(nil); errors.As(err, &se) {
+		callErr = fmt.Errorf("%w: server closed the connection: %s", ErrClosed, se.Error())
+	}
+	c.mu.callErr = callErr
+	unknown := fmt.Errorf("%w: %w", ErrOutcomeUnknown, callErr)
 	var fired []completion
 	w := &c.mu.win
 	for id := w.tail; id < w.next; id++ {
 		if s, ok := w.take(id); ok {
-			if cp, ok := resolve(s, err); ok {
+			e := callErr
+			if id < c.mu.sentBelow {
+				e = unknown
+			}
+			if cp, ok := resolve(s, e); ok {
 				fired = append(fired, cp)
 			}
 		}
@@ -418,7 +441,7 @@ func (c *Conn) fail(err error) {
 		cp.fire()
 	}
 	for _, s := range cons {
-		s.fail(err)
+		s.fail(callErr)
 	}
 }
 
@@ -454,7 +477,7 @@ func (c *Conn) kickLocked() {
 func (c *Conn) reserveLocked(ctx context.Context) error {
 	for {
 		if c.mu.err != nil {
-			return c.mu.err
+			return c.mu.callErr
 		}
 		if c.mu.closing {
 			return ErrClosed
@@ -516,14 +539,16 @@ func (c *Conn) roundTrip(ctx context.Context, build func(b []byte, id uint64) []
 }
 
 // wait receives the result of cl. If ctx ends first the command stays out
-// (the server will still answer it) and cl is abandoned to the collector.
+// (the server will still answer it) and cl is abandoned to the collector;
+// the caller gets ctx's error wrapped with ErrOutcomeUnknown, since the
+// command is sent (or will be) and its answer goes unheard.
 func (c *Conn) wait(ctx context.Context, cl *call) error {
 	select {
 	case err := <-cl.ch:
 		putCall(cl)
 		return err
 	case <-ctx.Done():
-		return ctx.Err()
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
 	}
 }
 
@@ -534,7 +559,7 @@ func (c *Conn) control(build func(b []byte) []byte) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.mu.err != nil {
-		return c.mu.err
+		return c.mu.callErr
 	}
 	c.sealPublishLocked()
 	c.mu.out = build(c.mu.out)
@@ -555,6 +580,7 @@ func (c *Conn) writeLoop() {
 		c.mu.Lock()
 		c.mu.kicked = false
 		c.sealPublishLocked()
+		c.mu.sentBelow = c.mu.win.next
 		buf := c.mu.out
 		c.mu.out = c.mu.spare
 		c.mu.spare = nil

@@ -3,6 +3,7 @@ package client
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -127,7 +128,7 @@ func (c *Conn) Subscribe(ctx context.Context, queue string, opts SubscribeOption
 		return nil, err
 	}
 	if err := c.wait(ctx, cl); err != nil {
-		if ctx.Err() != nil && err == ctx.Err() {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			go func() {
 				cctx, cancel := context.WithTimeout(context.Background(), c.cfg.CloseTimeout)
 				defer cancel()

@@ -35,8 +35,11 @@ func durationMs(d time.Duration) uint64 {
 // ctx ends. It returns nil once the message is enqueued on every queue it
 // routes to (durable, if Persistent and the queue is durable), or was
 // dropped because it routed nowhere; an *Error (not-found, resource-limit,
-// store, ...) if the server refused it. If ctx ends first it returns
-// ctx.Err() and the message may still be published.
+// store, ...) if the server refused it. If ctx ends while it waits for
+// window space it returns ctx.Err() and the message is not sent; if ctx
+// ends after the message was queued, an error wrapping both ctx.Err() and
+// ErrOutcomeUnknown: the message may still be published. See the package
+// documentation for the outcome of each error.
 //
 // payload and opts.Props are copied before Publish queues the message.
 func (c *Conn) Publish(ctx context.Context, exchange, key string, payload []byte, opts PublishOptions) error {
