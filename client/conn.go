@@ -103,7 +103,8 @@ type Conn struct {
 	start               time.Time
 
 	kick chan struct{} // cap 1: there is something for the writer
-	done chan struct{} // closed once the connection failed or closed
+	dead chan struct{} // closed as soon as the connection failed or closed
+	done chan struct{} // closed once dead and no callback can run any more
 
 	lastRead  atomic.Int64 // nanoseconds since start
 	lastWrite atomic.Int64
@@ -132,9 +133,14 @@ type Conn struct {
 		waitCh    chan struct{}
 		// firing counts completion callbacks taken from the window but not
 		// yet run (they run outside the lock): Flush waits for them too.
-		firing    int
-		consumers map[uint32]*Consumer
-		nextCons  uint32
+		firing int
+		// submitting counts settles split over several frames whose frames
+		// are still being queued: their done may still fire.
+		submitting   int
+		readerExited bool
+		doneClosed   bool
+		consumers    map[uint32]*Consumer
+		nextCons     uint32
 	}
 
 	// Reader goroutine only.
@@ -189,6 +195,7 @@ func dialOne(ctx context.Context, cfg Config, addr string) (*Conn, error) {
 		return nil, err
 	}
 	c.kick = make(chan struct{}, 1)
+	c.dead = make(chan struct{})
 	c.done = make(chan struct{})
 	c.mu.win = newWindow(min(cfg.Window, int(min(uint32(windowLimitMax), c.windowMaxFromServer))))
 	c.mu.pubStart = -1
@@ -318,7 +325,11 @@ func (c *Conn) CreditMax() uint32 { return c.creditMax }
 // Window is the most uncompleted commands this Conn allows itself.
 func (c *Conn) Window() int { return c.mu.win.max }
 
-// Done is closed once the connection has ended.
+// Done is closed once the connection has ended and no callback of it can
+// run any more: every done function of its commands has returned (those
+// still in flight got their error), Config.ErrorHandler will not be called
+// again, and its consumers' Next return the connection's error. A callback
+// that never returns keeps Done open.
 func (c *Conn) Done() <-chan struct{} { return c.done }
 
 // Err is why the connection ended, or nil while it is up. It wraps
@@ -361,13 +372,14 @@ func (c *Conn) Flush(ctx context.Context) error {
 // in flight get up to Config.CloseTimeout to complete, then CLOSE is sent
 // and the server's CLOSE awaited (within the same timeout). Commands still
 // out after that fail with ErrOutcomeUnknown. It blocks until the
-// connection's goroutines have exited. Calling it again is a no-op
-// returning nil.
+// connection's goroutines have exited and Done is closed, so no callback
+// runs after it returns. Calling it again is a no-op returning nil.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.mu.closing || c.mu.err != nil {
 		c.mu.Unlock()
 		c.wg.Wait()
+		<-c.done
 		return nil
 	}
 	c.mu.closing = true
@@ -388,11 +400,12 @@ func (c *Conn) Close() error {
 	}
 	c.mu.Unlock()
 	select {
-	case <-c.done:
+	case <-c.dead:
 	case <-timer.C:
 		c.fail(fmt.Errorf("%w: no CLOSE from server within %v", ErrClosed, c.cfg.CloseTimeout))
 	}
 	c.wg.Wait()
+	<-c.done
 	return nil
 }
 
@@ -429,20 +442,37 @@ func (c *Conn) fail(err error) {
 			}
 		}
 	}
+	c.mu.firing += len(fired)
 	c.wakeLocked()
 	cons := make([]*Consumer, 0, len(c.mu.consumers))
 	for _, s := range c.mu.consumers {
 		cons = append(cons, s)
 	}
 	c.mu.Unlock()
-	close(c.done)
+	close(c.dead)
 	c.nc.Close()
-	for _, cp := range fired {
-		cp.fire()
-	}
 	for _, s := range cons {
 		s.fail(callErr)
 	}
+	for _, cp := range fired {
+		cp.fire()
+	}
+	c.mu.Lock()
+	c.mu.firing -= len(fired)
+	c.wakeLocked()
+	c.closeDoneLocked()
+	c.mu.Unlock()
+}
+
+// closeDoneLocked closes done once the connection has ended and nothing
+// can run a callback any more: the reader has exited, no completion is
+// being fired, no split settle is still being queued. c.mu must be held.
+func (c *Conn) closeDoneLocked() {
+	if c.mu.err == nil || !c.mu.readerExited || c.mu.firing > 0 || c.mu.submitting > 0 || c.mu.doneClosed {
+		return
+	}
+	c.mu.doneClosed = true
+	close(c.done)
 }
 
 // waitChLocked returns a channel closed at the next state change that may
@@ -574,7 +604,7 @@ func (c *Conn) writeLoop() {
 	for {
 		select {
 		case <-c.kick:
-		case <-c.done:
+		case <-c.dead:
 			return
 		}
 		c.mu.Lock()
@@ -618,7 +648,7 @@ func (c *Conn) heartbeatLoop() {
 	c.lastWrite.Store(c.now())
 	for {
 		select {
-		case <-c.done:
+		case <-c.dead:
 			return
 		case <-tick.C:
 		}
@@ -639,6 +669,12 @@ func (c *Conn) heartbeatLoop() {
 
 func (c *Conn) readLoop(leftover []byte) {
 	defer c.wg.Done()
+	defer func() {
+		c.mu.Lock()
+		c.mu.readerExited = true
+		c.closeDoneLocked()
+		c.mu.Unlock()
+	}()
 	buf := make([]byte, max(readBufferInitial, len(leftover)))
 	w := copy(buf, leftover)
 	r := 0
@@ -807,5 +843,6 @@ func (c *Conn) fired(n int) {
 	c.mu.Lock()
 	c.mu.firing -= n
 	c.wakeLocked()
+	c.closeDoneLocked()
 	c.mu.Unlock()
 }

@@ -485,6 +485,19 @@ func (s *Consumer) settle(ctx context.Context, t wire.Type, tags []uint64, done 
 	var grp *group
 	if chunks > 1 {
 		grp = &group{remaining: chunks, fn: done, call: cl}
+		// Until every part is queued (or the group resolved for the parts
+		// never sent), done may fire from here: Done must wait.
+		c.mu.Lock()
+		c.mu.submitting++
+		c.mu.Unlock()
+	}
+	endSubmit := func() {
+		if grp != nil {
+			c.mu.Lock()
+			c.mu.submitting--
+			c.closeDoneLocked()
+			c.mu.Unlock()
+		}
 	}
 	for i := 0; i < chunks; i++ {
 		part := ranges[i*per : min(len(ranges), (i+1)*per)]
@@ -499,6 +512,7 @@ func (s *Consumer) settle(ctx context.Context, t wire.Type, tags []uint64, done 
 		}
 		if err != nil {
 			if i == 0 {
+				endSubmit()
 				if cl != nil {
 					putCall(cl)
 				}
@@ -513,9 +527,11 @@ func (s *Consumer) settle(ctx context.Context, t wire.Type, tags []uint64, done 
 			if fire {
 				cp.fire()
 			}
+			endSubmit()
 			return c.waitIf(ctx, cl)
 		}
 	}
+	endSubmit()
 	s.settled(tags)
 	return c.waitIf(ctx, cl)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,6 +145,32 @@ func TestUnsentCommandsAreNotUnknown(t *testing.T) {
 	}
 	if unknown == 0 || unsent == 0 {
 		t.Fatalf("%d unknown, %d unsent of %d; want some of each", unknown, unsent, issued)
+	}
+}
+
+// TestDoneAfterCallbacks: when Done is closed, every callback of the
+// commands in flight has run. It used to close before they ran.
+func TestDoneAfterCallbacks(t *testing.T) {
+	s := startServer(t)
+	p := startProxy(t, s.ClientAddr())
+	c := dialTest(t, p.addr())
+	ctx := testCtx(t)
+	mustDeclare(t, c, "donecb", QueueOptions{})
+	p.pause() // answers held: everything stays in flight
+	const n = 100
+	var ran atomic.Int64
+	for i := 0; i < n; i++ {
+		if err := c.PublishAsync(ctx, "", "donecb", []byte("x"), PublishOptions{}, func(error) {
+			time.Sleep(200 * time.Microsecond)
+			ran.Add(1)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.kill()
+	<-c.Done()
+	if got := ran.Load(); got != n {
+		t.Fatalf("Done closed with %d of %d callbacks run", got, n)
 	}
 }
 
