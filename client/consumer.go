@@ -163,10 +163,17 @@ func (s *Consumer) Buffered() int {
 
 // Next returns the next delivered message, blocking until one arrives or
 // ctx ends. After Cancel it returns what was delivered before, then
-// ErrConsumerClosed; after the connection ends, what was buffered, then the
-// connection's error. Messages of an AckExplicit consumer must be settled
+// ErrConsumerClosed. Messages of an AckExplicit consumer must be settled
 // (Accept, Release, Reject); unsettled ones are requeued when the session
 // ends.
+//
+// Once the connection has ended, Next of an AckExplicit consumer returns
+// an error wrapping ErrClosed at once and drops what was buffered: those
+// messages can no longer be settled, and the server requeues them for a
+// consumer on a new connection, which gets them marked Redelivered, so
+// handling them here would only do the work twice. An AckNone consumer's
+// messages were settled when they were sent, so they are the program's:
+// Next hands out the buffered ones first, then returns the error.
 func (s *Consumer) Next(ctx context.Context) (*Delivery, error) {
 	s.mu.Lock()
 	for {
@@ -310,10 +317,18 @@ func (s *Consumer) wakeLocked() {
 	}
 }
 
+// fail records that the connection ended. An AckExplicit consumer drops
+// its buffered deliveries: they cannot be settled any more and the server
+// requeues them (see Next).
 func (s *Consumer) fail(err error) {
 	s.mu.Lock()
 	if s.mu.err == nil {
 		s.mu.err = err
+	}
+	if s.ackMode == AckExplicit {
+		clear(s.mu.q)
+		s.mu.q = s.mu.q[:0]
+		s.mu.head = 0
 	}
 	s.wakeLocked()
 	s.mu.Unlock()

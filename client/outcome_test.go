@@ -174,6 +174,66 @@ func TestDoneAfterCallbacks(t *testing.T) {
 	}
 }
 
+// TestNextAfterConnectionEnds: an AckExplicit consumer's buffered
+// deliveries can no longer be settled once the connection ended (the
+// server requeues them), so Next returns the error instead of them; an
+// AckNone consumer's were settled on delivery and are still handed out.
+func TestNextAfterConnectionEnds(t *testing.T) {
+	s := startServer(t)
+	p := startProxy(t, s.ClientAddr())
+	c := dialTest(t, p.addr())
+	ctx := testCtx(t)
+	mustDeclare(t, c, "expl", QueueOptions{})
+	mustDeclare(t, c, "none", QueueOptions{})
+	const n = 5
+	for i := 0; i < n; i++ {
+		for _, q := range []string{"expl", "none"} {
+			if err := c.Publish(ctx, "", q, []byte{byte(i)}, PublishOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	expl, err := c.Subscribe(ctx, "expl", SubscribeOptions{Credit: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	none, err := c.Subscribe(ctx, "none", SubscribeOptions{Credit: n, AckMode: AckNone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "deliveries buffered", func() bool { return expl.Buffered() == n && none.Buffered() == n })
+	p.kill()
+	<-c.Done()
+	if d, err := expl.Next(ctx); err == nil {
+		t.Fatalf("AckExplicit Next after the connection ended returned tag %d, which can no longer be settled", d.Tag)
+	} else {
+		checkNotRefusal(t, "AckExplicit Next", err)
+	}
+	if b := expl.Buffered(); b != 0 {
+		t.Fatalf("AckExplicit consumer still buffers %d", b)
+	}
+	for i := 0; i < n; i++ {
+		d, err := none.Next(ctx)
+		if err != nil || d.Payload[0] != byte(i) {
+			t.Fatalf("AckNone Next %d after the end: %v %v", i, d, err)
+		}
+	}
+	if _, err := none.Next(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("AckNone Next past the buffer: %v", err)
+	}
+	// The explicit ones are back in the queue for the next session.
+	c2 := dialTest(t, s.ClientAddr())
+	sub, err := c2.Subscribe(ctx, "expl", SubscribeOptions{Credit: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		if d := next(t, sub); d.Payload[0] != byte(i) || !d.Redelivered {
+			t.Fatalf("requeued %d: payload %d redelivered %v", i, d.Payload[0], d.Redelivered)
+		}
+	}
+}
+
 // TestContextEndsAfterSend: a call whose context ends after its command
 // went out cannot know the outcome and says so; one whose context ends
 // while it waits for window space sent nothing and returns ctx's error
