@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"reflect"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -345,7 +347,8 @@ func (c *Conn) Err() error {
 // Flush blocks until every command issued before the call has completed
 // (or failed) and its done function has run, or ctx ends. It returns
 // ctx.Err() in the latter case, or an error wrapping ErrClosed if the
-// connection ended with commands still out.
+// connection ended with commands still out. From a callback it returns
+// ErrCalledFromCallback instead of waiting.
 func (c *Conn) Flush(ctx context.Context) error {
 	c.mu.Lock()
 	target := c.mu.win.next
@@ -354,6 +357,10 @@ func (c *Conn) Flush(ctx context.Context) error {
 			err := c.mu.callErr
 			c.mu.Unlock()
 			return err
+		}
+		if calledFromCallback() {
+			c.mu.Unlock()
+			return ErrCalledFromCallback
 		}
 		ch := c.waitChLocked()
 		c.mu.Unlock()
@@ -373,8 +380,14 @@ func (c *Conn) Flush(ctx context.Context) error {
 // and the server's CLOSE awaited (within the same timeout). Commands still
 // out after that fail with ErrOutcomeUnknown. It blocks until the
 // connection's goroutines have exited and Done is closed, so no callback
-// runs after it returns. Calling it again is a no-op returning nil.
+// runs after it returns. Calling it again is a no-op returning nil. Called
+// from a callback it would wait for itself: it returns
+// ErrCalledFromCallback and does nothing (start it on a goroutine of its
+// own instead).
 func (c *Conn) Close() error {
+	if calledFromCallback() {
+		return ErrCalledFromCallback
+	}
 	c.mu.Lock()
 	if c.mu.closing || c.mu.err != nil {
 		c.mu.Unlock()
@@ -454,9 +467,13 @@ func (c *Conn) fail(err error) {
 	for _, s := range cons {
 		s.fail(callErr)
 	}
+	// Counted like the reader's callbacks: when fail runs on the reader,
+	// a callback that waits for this or another Conn must be told.
+	readersInCallbacks.Add(1)
 	for _, cp := range fired {
 		cp.fire()
 	}
+	readersInCallbacks.Add(-1)
 	c.mu.Lock()
 	c.mu.firing -= len(fired)
 	c.wakeLocked()
@@ -503,7 +520,8 @@ func (c *Conn) kickLocked() {
 
 // reserveLocked blocks (releasing c.mu while it waits) until one more
 // command fits in the window and the write buffer has room. c.mu must be
-// held; it is held again on return.
+// held; it is held again on return. From a callback, where waiting would
+// deadlock, it returns ErrCalledFromCallback instead.
 func (c *Conn) reserveLocked(ctx context.Context) error {
 	for {
 		if c.mu.err != nil {
@@ -514,6 +532,9 @@ func (c *Conn) reserveLocked(ctx context.Context) error {
 		}
 		if c.mu.win.canAdd() && len(c.mu.out) < c.cfg.WriteBufferSize {
 			return nil
+		}
+		if calledFromCallback() {
+			return ErrCalledFromCallback
 		}
 		ch := c.waitChLocked()
 		c.mu.Unlock()
@@ -540,10 +561,14 @@ func (c *Conn) sealPublishLocked() {
 
 // command queues one command that carries a command id and reports its
 // result to fn or cl. build appends the frame for the given id. It blocks
-// only while the window or write buffer is full.
+// only while the window or write buffer is full. A caller that will wait
+// for cl is refused up front when it runs in a callback.
 func (c *Conn) command(ctx context.Context, build func(b []byte, id uint64) []byte, fn func(error), cl *call, grp *group) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if cl != nil && calledFromCallback() {
+		return ErrCalledFromCallback
 	}
 	c.mu.Lock()
 	if err := c.reserveLocked(ctx); err != nil {
@@ -667,6 +692,8 @@ func (c *Conn) heartbeatLoop() {
 	}
 }
 
+// readLoop is the reader goroutine, the one that runs callbacks; its name
+// is what calledFromCallback looks for on the stack.
 func (c *Conn) readLoop(leftover []byte) {
 	defer c.wg.Done()
 	defer func() {
@@ -762,9 +789,7 @@ func (c *Conn) handleFrame(h wire.Header, body []byte) error {
 		}
 		se := &Error{Code: e.Code, Text: string(e.Text), CommandID: e.CommandID}
 		if e.CommandID == 0 {
-			if c.cfg.ErrorHandler != nil {
-				c.cfg.ErrorHandler(se)
-			}
+			c.handleError(se)
 			return nil
 		}
 		c.mu.Lock()
@@ -779,7 +804,9 @@ func (c *Conn) handleFrame(h wire.Header, body []byte) error {
 		}
 		c.mu.Unlock()
 		if ok {
+			readersInCallbacks.Add(1)
 			cp.fire()
+			readersInCallbacks.Add(-1)
 			c.fired(1)
 		}
 		return nil
@@ -826,9 +853,13 @@ func (c *Conn) complete(rl wire.RangeList) {
 	c.mu.firing += len(fired)
 	c.wakeLocked()
 	c.mu.Unlock()
-	for i := range fired {
-		fired[i].fire()
-		fired[i] = completion{}
+	if len(fired) > 0 {
+		readersInCallbacks.Add(1)
+		for i := range fired {
+			fired[i].fire()
+			fired[i] = completion{}
+		}
+		readersInCallbacks.Add(-1)
 	}
 	c.fired(len(fired))
 	c.scratch = fired[:0]
@@ -845,4 +876,56 @@ func (c *Conn) fired(n int) {
 	c.wakeLocked()
 	c.closeDoneLocked()
 	c.mu.Unlock()
+}
+
+// handleError hands a connection-level error to Config.ErrorHandler.
+// Reader goroutine only.
+func (c *Conn) handleError(err error) {
+	if c.cfg.ErrorHandler == nil {
+		return
+	}
+	readersInCallbacks.Add(1)
+	defer readersInCallbacks.Add(-1)
+	c.cfg.ErrorHandler(err)
+}
+
+// readersInCallbacks counts reader goroutines, of any Conn, running
+// callbacks right now. While it is 0 no call can come from a callback, and
+// calledFromCallback answers without looking at the stack.
+var readersInCallbacks atomic.Int32
+
+// readLoopName is the function every callback of a reader has below it on
+// its stack.
+var readLoopName = runtime.FuncForPC(reflect.ValueOf((*Conn).readLoop).Pointer()).Name()
+
+// calledFromCallback reports whether the calling goroutine is a Conn's
+// reader, which is only ever running user code inside a callback (a done
+// function or Config.ErrorHandler). Go has no goroutine identity to ask;
+// the reader's own function on the stack is the mark, and the stack is
+// only walked while some reader is in a callback, on paths that are about
+// to wait anyway.
+func calledFromCallback() bool {
+	if readersInCallbacks.Load() == 0 {
+		return false
+	}
+	var buf [64]uintptr
+	pcs := buf[:]
+	for {
+		n := runtime.Callers(2, pcs)
+		if n < len(pcs) {
+			pcs = pcs[:n]
+			break
+		}
+		pcs = make([]uintptr, 2*len(pcs))
+	}
+	frames := runtime.CallersFrames(pcs)
+	for {
+		f, more := frames.Next()
+		if f.Function == readLoopName {
+			return true
+		}
+		if !more {
+			return false
+		}
+	}
 }

@@ -174,6 +174,9 @@ func (s *Consumer) Buffered() int {
 // handling them here would only do the work twice. An AckNone consumer's
 // messages were settled when they were sent, so they are the program's:
 // Next hands out the buffered ones first, then returns the error.
+//
+// Called from a callback with nothing buffered, where waiting would
+// deadlock, it returns ErrCalledFromCallback.
 func (s *Consumer) Next(ctx context.Context) (*Delivery, error) {
 	s.mu.Lock()
 	for {
@@ -211,6 +214,10 @@ func (s *Consumer) Next(ctx context.Context) (*Delivery, error) {
 			s.sendCredit(n)
 			s.mu.Lock()
 			continue
+		}
+		if calledFromCallback() {
+			s.mu.Unlock()
+			return nil, ErrCalledFromCallback
 		}
 		if s.mu.waitCh == nil {
 			s.mu.waitCh = make(chan struct{})
@@ -374,7 +381,7 @@ func (c *Conn) deliver(body []byte) error {
 	c.mu.Unlock()
 	if s == nil {
 		if c.cfg.ErrorHandler != nil {
-			c.cfg.ErrorHandler(fmt.Errorf("%w: %d deliveries for unknown consumer %d ignored", ErrProtocol, c.dec.Count, c.dec.ConsumerID))
+			c.handleError(fmt.Errorf("%w: %d deliveries for unknown consumer %d ignored", ErrProtocol, c.dec.Count, c.dec.ConsumerID))
 		}
 		return nil
 	}
@@ -490,6 +497,9 @@ func (s *Consumer) settle(ctx context.Context, t wire.Type, tags []uint64, done 
 		return ErrNoTags
 	}
 	c := s.c
+	if wait && calledFromCallback() {
+		return ErrCalledFromCallback
+	}
 	ranges := buildRanges(nil, tags)
 	per := rangesPerFrame(c.frameMax)
 	chunks := (len(ranges) + per - 1) / per

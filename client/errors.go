@@ -24,6 +24,12 @@ var (
 	// it twice); a settle with an unknown outcome needs nothing: an
 	// unsettled message is requeued when its session ends.
 	ErrOutcomeUnknown = errors.New("client: connection ended before the server answered; outcome unknown")
+	// ErrCalledFromCallback is returned by a call that would have to wait
+	// (for window space, for a completion, for a delivery) when it is made
+	// from a callback run by a Conn's reader goroutine (a done function or
+	// Config.ErrorHandler). Only that goroutine could end the wait, so the
+	// call would deadlock; it returns this instead and does nothing.
+	ErrCalledFromCallback = errors.New("client: call would wait on the reader goroutine that runs this callback")
 	// ErrNoAddress is returned by Dial when it is given no address.
 	ErrNoAddress = errors.New("client: no address to dial")
 	// ErrProtocol means the server sent something the protocol forbids; the

@@ -91,6 +91,9 @@ func (c *Conn) publish(ctx context.Context, exchange, key string, payload []byte
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if cl != nil && calledFromCallback() {
+		return ErrCalledFromCallback
+	}
 	var flags uint8
 	if opts.Persistent {
 		flags |= wire.MsgPersistent
