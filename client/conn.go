@@ -358,12 +358,11 @@ func (c *Conn) Flush(ctx context.Context) error {
 			c.mu.Unlock()
 			return err
 		}
-		if calledFromCallback() {
-			c.mu.Unlock()
-			return ErrCalledFromCallback
-		}
 		ch := c.waitChLocked()
 		c.mu.Unlock()
+		if calledFromCallback() {
+			return ErrCalledFromCallback
+		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
@@ -533,11 +532,14 @@ func (c *Conn) reserveLocked(ctx context.Context) error {
 		if c.mu.win.canAdd() && len(c.mu.out) < c.cfg.WriteBufferSize {
 			return nil
 		}
-		if calledFromCallback() {
-			return ErrCalledFromCallback
-		}
 		ch := c.waitChLocked()
 		c.mu.Unlock()
+		// Checked without the lock: the stack walk must not hold up the
+		// reader, which needs c.mu to free the window.
+		if calledFromCallback() {
+			c.mu.Lock()
+			return ErrCalledFromCallback
+		}
 		select {
 		case <-ch:
 		case <-ctx.Done():

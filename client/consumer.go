@@ -215,15 +215,14 @@ func (s *Consumer) Next(ctx context.Context) (*Delivery, error) {
 			s.mu.Lock()
 			continue
 		}
-		if calledFromCallback() {
-			s.mu.Unlock()
-			return nil, ErrCalledFromCallback
-		}
 		if s.mu.waitCh == nil {
 			s.mu.waitCh = make(chan struct{})
 		}
 		ch := s.mu.waitCh
 		s.mu.Unlock()
+		if calledFromCallback() {
+			return nil, ErrCalledFromCallback
+		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
@@ -346,6 +345,11 @@ func (s *Consumer) fail(err error) {
 func (s *Consumer) push(ds []Delivery) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.mu.err != nil && s.ackMode == AckExplicit {
+		// The connection ended while the reader still had this batch:
+		// it is requeued like the buffer that fail dropped.
+		return nil
+	}
 	if uint64(len(ds)) > uint64(s.mu.credit) {
 		return fmt.Errorf("consumer %d got %d messages with %d credit", s.id, len(ds), s.mu.credit)
 	}
