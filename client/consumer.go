@@ -81,8 +81,9 @@ type Consumer struct {
 // Subscribe starts a consumer on queue and blocks until the server
 // confirmed it or ctx ends. It returns an *Error not-found if the queue
 // does not exist, not-allowed if it is another session's exclusive queue
-// or already has an exclusive consumer. If ctx ends first the subscription
-// is cancelled in the background.
+// or already has an exclusive consumer. If ctx ends first it returns
+// ctx.Err() and the subscription, if the server made it, is cancelled in
+// the background.
 func (c *Conn) Subscribe(ctx context.Context, queue string, opts SubscribeOptions) (*Consumer, error) {
 	if err := checkName("queue", queue); err != nil {
 		return nil, err
@@ -134,7 +135,9 @@ func (c *Conn) Subscribe(ctx context.Context, queue string, opts SubscribeOption
 				defer cancel()
 				s.Cancel(cctx)
 			}()
-			return nil, err
+			// Not ErrOutcomeUnknown: whether or not the server saw the
+			// SUBSCRIBE, the consumer is being undone.
+			return nil, ctx.Err()
 		}
 		c.forget(s.id)
 		return nil, err

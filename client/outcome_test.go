@@ -283,3 +283,30 @@ func TestContextEndsAfterSend(t *testing.T) {
 		t.Fatalf("unexpected message %q", d.Payload)
 	}
 }
+
+// TestSubscribeContextEnds: a Subscribe whose context ends before the
+// answer undoes the subscription itself, so its result is known: ctx's
+// error, not ErrOutcomeUnknown, and no consumer is left on the server.
+func TestSubscribeContextEnds(t *testing.T) {
+	s := startServer(t)
+	p := startProxy(t, s.ClientAddr())
+	c := dialTest(t, p.addr())
+	ctx := testCtx(t)
+	mustDeclare(t, c, "subctx", QueueOptions{})
+	p.pause()
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	_, err := c.Subscribe(short, "subctx", SubscribeOptions{Credit: 1})
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrOutcomeUnknown) {
+		t.Fatalf("Subscribe: %v, want DeadlineExceeded alone", err)
+	}
+	p.unpause()
+	waitFor(t, "the subscription to be undone", func() bool {
+		for _, q := range s.Broker().Queues() {
+			if q.Name == "subctx" {
+				return q.Consumers == 0
+			}
+		}
+		return false
+	})
+}
