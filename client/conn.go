@@ -44,7 +44,8 @@ type Config struct {
 	// ErrorHandler, if set, receives server errors that concern the
 	// connection rather than a command (ERROR with command id 0) and
 	// deliveries for consumers this side no longer knows. It runs on the
-	// reader goroutine and must not block.
+	// reader goroutine and must not block; a call from it that would wait
+	// returns ErrCalledFromCallback.
 	ErrorHandler func(error)
 }
 
@@ -330,7 +331,7 @@ func (c *Conn) Window() int { return c.mu.win.max }
 // Done is closed once the connection has ended and no callback of it can
 // run any more: every done function of its commands has returned (those
 // still in flight got their error), Config.ErrorHandler will not be called
-// again, and its consumers' Next return the connection's error. A callback
+// again, and its consumers have been told (see Consumer.Next). A callback
 // that never returns keeps Done open.
 func (c *Conn) Done() <-chan struct{} { return c.done }
 

@@ -61,11 +61,14 @@ func (c *Conn) Publish(ctx context.Context, exchange, key string, payload []byte
 // PublishAsync returns, so the caller may reuse them at once.
 //
 // done, if not nil, is called exactly once with the result Publish would
-// return. It runs on the connection's reader goroutine (or on whichever
-// goroutine notices the connection fail), in completion order; it must be
-// quick and must not call methods of this Conn that wait (Publish,
-// PublishAsync, Flush, declares, Close, ...). Messages may complete out of
-// order when they go to different queues.
+// return (see the package documentation for what each result means). It
+// runs on the connection's reader goroutine (or on whichever goroutine
+// notices the connection fail), in completion order, before Done is
+// closed. It must be quick: while it runs nothing else of this Conn
+// completes. A call from it that would wait (Publish, PublishAsync on a
+// full window, Flush, the declares, Close, ...) returns
+// ErrCalledFromCallback instead of deadlocking. Messages may complete out
+// of order when they go to different queues.
 //
 // With a done that does not capture per-message state, PublishAsync does
 // not allocate in steady state.
