@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -174,5 +176,19 @@ func TestErrorHandlerIsACallback(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("ErrorHandler never ran")
+	}
+}
+
+// TestReadLoopMark: the stack mark calledFromCallback looks for is the
+// reader's function, and an ordinary goroutine does not carry it even
+// while a reader is inside a callback.
+func TestReadLoopMark(t *testing.T) {
+	if name := runtime.FuncForPC(readLoopEntry).Name(); !strings.HasSuffix(name, "client.(*Conn).readLoop") {
+		t.Fatalf("mark is %q", name)
+	}
+	readersInCallbacks.Add(1)
+	defer readersInCallbacks.Add(-1)
+	if calledFromCallback() {
+		t.Fatal("a test goroutine taken for a reader")
 	}
 }

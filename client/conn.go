@@ -897,9 +897,11 @@ func (c *Conn) handleError(err error) {
 // calledFromCallback answers without looking at the stack.
 var readersInCallbacks atomic.Int32
 
-// readLoopName is the function every callback of a reader has below it on
-// its stack.
-var readLoopName = runtime.FuncForPC(reflect.ValueOf((*Conn).readLoop).Pointer()).Name()
+// readLoopEntry is the entry of the function every callback of a reader
+// has below it on its stack. readLoop is never inlined (it is far too big,
+// and a goroutine's start), so its frame is always there; functions
+// inlined into it report its entry too.
+var readLoopEntry = runtime.FuncForPC(reflect.ValueOf((*Conn).readLoop).Pointer()).Entry()
 
 // calledFromCallback reports whether the calling goroutine is a Conn's
 // reader, which is only ever running user code inside a callback (a done
@@ -921,14 +923,11 @@ func calledFromCallback() bool {
 		}
 		pcs = make([]uintptr, 2*len(pcs))
 	}
-	frames := runtime.CallersFrames(pcs)
-	for {
-		f, more := frames.Next()
-		if f.Function == readLoopName {
+	for _, pc := range pcs {
+		// pc is a return address: pc-1 lies in the calling function.
+		if f := runtime.FuncForPC(pc - 1); f != nil && f.Entry() == readLoopEntry {
 			return true
 		}
-		if !more {
-			return false
-		}
 	}
+	return false
 }
