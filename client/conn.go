@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"reflect"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,7 +44,8 @@ type Config struct {
 	// ErrorHandler, if set, receives server errors that concern the
 	// connection rather than a command (ERROR with command id 0) and
 	// deliveries for consumers this side no longer knows. It runs on the
-	// reader goroutine and must not block.
+	// reader goroutine and must not block; a call from it that would wait
+	// returns ErrCalledFromCallback.
 	ErrorHandler func(error)
 }
 
@@ -103,7 +106,8 @@ type Conn struct {
 	start               time.Time
 
 	kick chan struct{} // cap 1: there is something for the writer
-	done chan struct{} // closed once the connection failed or closed
+	dead chan struct{} // closed as soon as the connection failed or closed
+	done chan struct{} // closed once dead and no callback can run any more
 
 	lastRead  atomic.Int64 // nanoseconds since start
 	lastWrite atomic.Int64
@@ -123,12 +127,23 @@ type Conn struct {
 		closing     bool  // Close was called: no new commands
 		sentClose   bool  // our CLOSE is queued: the server's CLOSE is its answer
 		err         error // why the connection ended; nil while it is up
-		waitCh      chan struct{}
+		// callErr is what calls get once the connection ended: err without
+		// any *Error in its chain (a command's *Error means "refused").
+		callErr error
+		// sentBelow: every command id below it was handed to the writer;
+		// the others are still in out and were never sent.
+		sentBelow uint64
+		waitCh    chan struct{}
 		// firing counts completion callbacks taken from the window but not
 		// yet run (they run outside the lock): Flush waits for them too.
-		firing    int
-		consumers map[uint32]*Consumer
-		nextCons  uint32
+		firing int
+		// submitting counts settles split over several frames whose frames
+		// are still being queued: their done may still fire.
+		submitting   int
+		readerExited bool
+		doneClosed   bool
+		consumers    map[uint32]*Consumer
+		nextCons     uint32
 	}
 
 	// Reader goroutine only.
@@ -183,6 +198,7 @@ func dialOne(ctx context.Context, cfg Config, addr string) (*Conn, error) {
 		return nil, err
 	}
 	c.kick = make(chan struct{}, 1)
+	c.dead = make(chan struct{})
 	c.done = make(chan struct{})
 	c.mu.win = newWindow(min(cfg.Window, int(min(uint32(windowLimitMax), c.windowMaxFromServer))))
 	c.mu.pubStart = -1
@@ -312,10 +328,17 @@ func (c *Conn) CreditMax() uint32 { return c.creditMax }
 // Window is the most uncompleted commands this Conn allows itself.
 func (c *Conn) Window() int { return c.mu.win.max }
 
-// Done is closed once the connection has ended.
+// Done is closed once the connection has ended and no callback of it can
+// run any more: every done function of its commands has returned (those
+// still in flight got their error), Config.ErrorHandler will not be called
+// again, and its consumers have been told (see Consumer.Next). A callback
+// that never returns keeps Done open.
 func (c *Conn) Done() <-chan struct{} { return c.done }
 
-// Err is why the connection ended, or nil while it is up.
+// Err is why the connection ended, or nil while it is up. It wraps
+// ErrClosed and the cause: ErrHeartbeatTimeout, ErrProtocol, a network
+// error, or, when the server closed the connection with an error code
+// (shutdown, for instance), an *Error with CommandID 0.
 func (c *Conn) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -323,19 +346,24 @@ func (c *Conn) Err() error {
 }
 
 // Flush blocks until every command issued before the call has completed
-// (or failed), or ctx ends. It returns ctx.Err() in the latter case, or the
-// connection's error if it ended with commands still out.
+// (or failed) and its done function has run, or ctx ends. It returns
+// ctx.Err() in the latter case, or an error wrapping ErrClosed if the
+// connection ended with commands still out. From a callback it returns
+// ErrCalledFromCallback instead of waiting.
 func (c *Conn) Flush(ctx context.Context) error {
 	c.mu.Lock()
 	target := c.mu.win.next
 	for c.mu.win.tail < target || c.mu.firing > 0 {
 		if c.mu.err != nil {
-			err := c.mu.err
+			err := c.mu.callErr
 			c.mu.Unlock()
 			return err
 		}
 		ch := c.waitChLocked()
 		c.mu.Unlock()
+		if calledFromCallback() {
+			return ErrCalledFromCallback
+		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
@@ -350,13 +378,21 @@ func (c *Conn) Flush(ctx context.Context) error {
 // Close ends the session gracefully: no new commands are taken, commands
 // in flight get up to Config.CloseTimeout to complete, then CLOSE is sent
 // and the server's CLOSE awaited (within the same timeout). Commands still
-// out after that fail with ErrClosed. It blocks until the connection's
-// goroutines have exited. Calling it again is a no-op returning nil.
+// out after that fail with ErrOutcomeUnknown. It blocks until the
+// connection's goroutines have exited and Done is closed, so no callback
+// runs after it returns. Calling it again is a no-op returning nil. Called
+// from a callback it would wait for itself: it returns
+// ErrCalledFromCallback and does nothing (start it on a goroutine of its
+// own instead).
 func (c *Conn) Close() error {
+	if calledFromCallback() {
+		return ErrCalledFromCallback
+	}
 	c.mu.Lock()
 	if c.mu.closing || c.mu.err != nil {
 		c.mu.Unlock()
 		c.wg.Wait()
+		<-c.done
 		return nil
 	}
 	c.mu.closing = true
@@ -377,16 +413,19 @@ func (c *Conn) Close() error {
 	}
 	c.mu.Unlock()
 	select {
-	case <-c.done:
+	case <-c.dead:
 	case <-timer.C:
 		c.fail(fmt.Errorf("%w: no CLOSE from server within %v", ErrClosed, c.cfg.CloseTimeout))
 	}
 	c.wg.Wait()
+	<-c.done
 	return nil
 }
 
-// fail ends the connection once, with err as the reason every pending and
-// future call reports.
+// fail ends the connection once, with err as its reason (Err). Commands
+// that were sent and not answered get an error wrapping ErrOutcomeUnknown,
+// those still waiting for the writer and later calls one wrapping only
+// ErrClosed; neither holds an *Error, which would say "refused".
 func (c *Conn) fail(err error) {
 	if !errors.Is(err, ErrClosed) {
 		err = fmt.Errorf("%w: %w", ErrClosed, err)
@@ -397,29 +436,60 @@ func (c *Conn) fail(err error) {
 		return
 	}
 	c.mu.err = err
+	callErr := err
+	if se := (*Error)(nil); errors.As(err, &se) {
+		callErr = fmt.Errorf("%w: server closed the connection: %s", ErrClosed, se.Error())
+	}
+	c.mu.callErr = callErr
+	unknown := fmt.Errorf("%w: %w", ErrOutcomeUnknown, callErr)
 	var fired []completion
 	w := &c.mu.win
 	for id := w.tail; id < w.next; id++ {
 		if s, ok := w.take(id); ok {
-			if cp, ok := resolve(s, err); ok {
+			e := callErr
+			if id < c.mu.sentBelow {
+				e = unknown
+			}
+			if cp, ok := resolve(s, e); ok {
 				fired = append(fired, cp)
 			}
 		}
 	}
+	c.mu.firing += len(fired)
 	c.wakeLocked()
 	cons := make([]*Consumer, 0, len(c.mu.consumers))
 	for _, s := range c.mu.consumers {
 		cons = append(cons, s)
 	}
 	c.mu.Unlock()
-	close(c.done)
+	close(c.dead)
 	c.nc.Close()
+	for _, s := range cons {
+		s.fail(callErr)
+	}
+	// Counted like the reader's callbacks: when fail runs on the reader,
+	// a callback that waits for this or another Conn must be told.
+	readersInCallbacks.Add(1)
 	for _, cp := range fired {
 		cp.fire()
 	}
-	for _, s := range cons {
-		s.fail(err)
+	readersInCallbacks.Add(-1)
+	c.mu.Lock()
+	c.mu.firing -= len(fired)
+	c.wakeLocked()
+	c.closeDoneLocked()
+	c.mu.Unlock()
+}
+
+// closeDoneLocked closes done once the connection has ended and nothing
+// can run a callback any more: the reader has exited, no completion is
+// being fired, no split settle is still being queued. c.mu must be held.
+func (c *Conn) closeDoneLocked() {
+	if c.mu.err == nil || !c.mu.readerExited || c.mu.firing > 0 || c.mu.submitting > 0 || c.mu.doneClosed {
+		return
 	}
+	c.mu.doneClosed = true
+	close(c.done)
 }
 
 // waitChLocked returns a channel closed at the next state change that may
@@ -450,11 +520,12 @@ func (c *Conn) kickLocked() {
 
 // reserveLocked blocks (releasing c.mu while it waits) until one more
 // command fits in the window and the write buffer has room. c.mu must be
-// held; it is held again on return.
+// held; it is held again on return. From a callback, where waiting would
+// deadlock, it returns ErrCalledFromCallback instead.
 func (c *Conn) reserveLocked(ctx context.Context) error {
 	for {
 		if c.mu.err != nil {
-			return c.mu.err
+			return c.mu.callErr
 		}
 		if c.mu.closing {
 			return ErrClosed
@@ -464,6 +535,12 @@ func (c *Conn) reserveLocked(ctx context.Context) error {
 		}
 		ch := c.waitChLocked()
 		c.mu.Unlock()
+		// Checked without the lock: the stack walk must not hold up the
+		// reader, which needs c.mu to free the window.
+		if calledFromCallback() {
+			c.mu.Lock()
+			return ErrCalledFromCallback
+		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
@@ -487,10 +564,14 @@ func (c *Conn) sealPublishLocked() {
 
 // command queues one command that carries a command id and reports its
 // result to fn or cl. build appends the frame for the given id. It blocks
-// only while the window or write buffer is full.
+// only while the window or write buffer is full. A caller that will wait
+// for cl is refused up front when it runs in a callback.
 func (c *Conn) command(ctx context.Context, build func(b []byte, id uint64) []byte, fn func(error), cl *call, grp *group) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if cl != nil && calledFromCallback() {
+		return ErrCalledFromCallback
 	}
 	c.mu.Lock()
 	if err := c.reserveLocked(ctx); err != nil {
@@ -516,14 +597,16 @@ func (c *Conn) roundTrip(ctx context.Context, build func(b []byte, id uint64) []
 }
 
 // wait receives the result of cl. If ctx ends first the command stays out
-// (the server will still answer it) and cl is abandoned to the collector.
+// (the server will still answer it) and cl is abandoned to the collector;
+// the caller gets ctx's error wrapped with ErrOutcomeUnknown, since the
+// command is sent (or will be) and its answer goes unheard.
 func (c *Conn) wait(ctx context.Context, cl *call) error {
 	select {
 	case err := <-cl.ch:
 		putCall(cl)
 		return err
 	case <-ctx.Done():
-		return ctx.Err()
+		return fmt.Errorf("%w: %w", ErrOutcomeUnknown, ctx.Err())
 	}
 }
 
@@ -534,7 +617,7 @@ func (c *Conn) control(build func(b []byte) []byte) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.mu.err != nil {
-		return c.mu.err
+		return c.mu.callErr
 	}
 	c.sealPublishLocked()
 	c.mu.out = build(c.mu.out)
@@ -549,12 +632,13 @@ func (c *Conn) writeLoop() {
 	for {
 		select {
 		case <-c.kick:
-		case <-c.done:
+		case <-c.dead:
 			return
 		}
 		c.mu.Lock()
 		c.mu.kicked = false
 		c.sealPublishLocked()
+		c.mu.sentBelow = c.mu.win.next
 		buf := c.mu.out
 		c.mu.out = c.mu.spare
 		c.mu.spare = nil
@@ -592,7 +676,7 @@ func (c *Conn) heartbeatLoop() {
 	c.lastWrite.Store(c.now())
 	for {
 		select {
-		case <-c.done:
+		case <-c.dead:
 			return
 		case <-tick.C:
 		}
@@ -611,8 +695,16 @@ func (c *Conn) heartbeatLoop() {
 	}
 }
 
+// readLoop is the reader goroutine, the one that runs callbacks; its name
+// is what calledFromCallback looks for on the stack.
 func (c *Conn) readLoop(leftover []byte) {
 	defer c.wg.Done()
+	defer func() {
+		c.mu.Lock()
+		c.mu.readerExited = true
+		c.closeDoneLocked()
+		c.mu.Unlock()
+	}()
 	buf := make([]byte, max(readBufferInitial, len(leftover)))
 	w := copy(buf, leftover)
 	r := 0
@@ -700,9 +792,7 @@ func (c *Conn) handleFrame(h wire.Header, body []byte) error {
 		}
 		se := &Error{Code: e.Code, Text: string(e.Text), CommandID: e.CommandID}
 		if e.CommandID == 0 {
-			if c.cfg.ErrorHandler != nil {
-				c.cfg.ErrorHandler(se)
-			}
+			c.handleError(se)
 			return nil
 		}
 		c.mu.Lock()
@@ -717,7 +807,9 @@ func (c *Conn) handleFrame(h wire.Header, body []byte) error {
 		}
 		c.mu.Unlock()
 		if ok {
+			readersInCallbacks.Add(1)
 			cp.fire()
+			readersInCallbacks.Add(-1)
 			c.fired(1)
 		}
 		return nil
@@ -764,9 +856,13 @@ func (c *Conn) complete(rl wire.RangeList) {
 	c.mu.firing += len(fired)
 	c.wakeLocked()
 	c.mu.Unlock()
-	for i := range fired {
-		fired[i].fire()
-		fired[i] = completion{}
+	if len(fired) > 0 {
+		readersInCallbacks.Add(1)
+		for i := range fired {
+			fired[i].fire()
+			fired[i] = completion{}
+		}
+		readersInCallbacks.Add(-1)
 	}
 	c.fired(len(fired))
 	c.scratch = fired[:0]
@@ -781,5 +877,57 @@ func (c *Conn) fired(n int) {
 	c.mu.Lock()
 	c.mu.firing -= n
 	c.wakeLocked()
+	c.closeDoneLocked()
 	c.mu.Unlock()
+}
+
+// handleError hands a connection-level error to Config.ErrorHandler.
+// Reader goroutine only.
+func (c *Conn) handleError(err error) {
+	if c.cfg.ErrorHandler == nil {
+		return
+	}
+	readersInCallbacks.Add(1)
+	defer readersInCallbacks.Add(-1)
+	c.cfg.ErrorHandler(err)
+}
+
+// readersInCallbacks counts reader goroutines, of any Conn, running
+// callbacks right now. While it is 0 no call can come from a callback, and
+// calledFromCallback answers without looking at the stack.
+var readersInCallbacks atomic.Int32
+
+// readLoopEntry is the entry of the function every callback of a reader
+// has below it on its stack. readLoop is never inlined (it is far too big,
+// and a goroutine's start), so its frame is always there; functions
+// inlined into it report its entry too.
+var readLoopEntry = runtime.FuncForPC(reflect.ValueOf((*Conn).readLoop).Pointer()).Entry()
+
+// calledFromCallback reports whether the calling goroutine is a Conn's
+// reader, which is only ever running user code inside a callback (a done
+// function or Config.ErrorHandler). Go has no goroutine identity to ask;
+// the reader's own function on the stack is the mark, and the stack is
+// only walked while some reader is in a callback, on paths that are about
+// to wait anyway.
+func calledFromCallback() bool {
+	if readersInCallbacks.Load() == 0 {
+		return false
+	}
+	var buf [64]uintptr
+	pcs := buf[:]
+	for {
+		n := runtime.Callers(2, pcs)
+		if n < len(pcs) {
+			pcs = pcs[:n]
+			break
+		}
+		pcs = make([]uintptr, 2*len(pcs))
+	}
+	for _, pc := range pcs {
+		// pc is a return address: pc-1 lies in the calling function.
+		if f := runtime.FuncForPC(pc - 1); f != nil && f.Entry() == readLoopEntry {
+			return true
+		}
+	}
+	return false
 }

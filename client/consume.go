@@ -10,8 +10,70 @@ import (
 // the message instead of releasing it for redelivery.
 var ErrReject = errors.New("client: reject the delivery")
 
-// consumeSettleBatch bounds the settles Consume gathers into one frame.
+// consumeSettleBatch bounds the settles Consume gathers into one frame. It
+// is far below what a frame of the smallest size holds (wire.FrameSizeMin
+// fits over 200 ranges), so a batch is always one command with one answer:
+// the answer OnSettled reports is that message's own.
 const consumeSettleBatch = 64
+
+// Settle is how Consume settled a message.
+type Settle uint8
+
+const (
+	SettleAccept  Settle = iota + 1 // the handler returned nil
+	SettleRelease                   // the handler returned another error: redelivered
+	SettleReject                    // the handler returned ErrReject: dead-lettered
+)
+
+func (s Settle) String() string {
+	switch s {
+	case SettleAccept:
+		return "accept"
+	case SettleRelease:
+		return "release"
+	case SettleReject:
+		return "reject"
+	}
+	return "settle(?)"
+}
+
+// ConsumeOption is an option of Consume.
+type ConsumeOption func(*consumeOptions)
+
+type consumeOptions struct {
+	onSettled func(d *Delivery, how Settle, err error)
+}
+
+// OnSettled has Consume call fn exactly once for each message whose
+// handler returned, on an AckExplicit consumer (AckNone messages need no
+// settle and are not reported), before Consume returns. err is the
+// outcome of that message's settle:
+//   - nil: the server confirmed it (for an accept: the message is gone for
+//     good, durably if it was journalled).
+//   - an *Error: the server refused it; the message stays acquired and is
+//     requeued when the session ends.
+//   - an error wrapping ErrOutcomeUnknown: the settle was sent but the
+//     connection ended before the answer; it may or may not have taken
+//     effect. If it did not, the message is requeued.
+//   - another error (wrapping ErrClosed, or a context's error): the settle
+//     was never sent; the message is requeued when the session ends.
+//
+// fn runs on the connection's reader goroutine for answered settles, under
+// the rules of every callback (see the package documentation: it must be
+// quick, and a call from it that would wait returns
+// ErrCalledFromCallback), and on Consume's goroutine for settles never
+// sent. Batches are reported in the order their answers arrive.
+func OnSettled(fn func(d *Delivery, how Settle, err error)) ConsumeOption {
+	return func(o *consumeOptions) { o.onSettled = fn }
+}
+
+// settleBatch gathers the messages of one kind of settle.
+type settleBatch struct {
+	how  Settle
+	fn   func(context.Context, []uint64, func(error)) error
+	tags []uint64
+	ds   []*Delivery // only with OnSettled
+}
 
 // Consume calls handler for each delivered message, in order, until ctx
 // ends, the consumer is cancelled or the connection fails, and returns that
@@ -20,33 +82,47 @@ const consumeSettleBatch = 64
 // nil accepts it, an error wrapping ErrReject rejects it (dead-letter), any
 // other error releases it for redelivery. Settles go out asynchronously,
 // gathered while messages are buffered, so a handler does not wait a round
-// trip per message; a settle the server refuses ends Consume with its
-// error. Before it returns, Consume sends what it gathered and waits for
-// the server's answers.
-func (s *Consumer) Consume(ctx context.Context, handler func(*Delivery) error) error {
+// trip per message; a settle that fails (refused by the server, or lost
+// with the connection) ends Consume with its error, and OnSettled tells
+// which settles the server confirmed. Before it returns, Consume sends
+// what it gathered and waits for the server's answers.
+func (s *Consumer) Consume(ctx context.Context, handler func(*Delivery) error, opts ...ConsumeOption) error {
+	var o consumeOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	var (
 		mu       sync.Mutex
 		settleEr error
 		inflight sync.WaitGroup
 	)
 	explicit := s.ackMode != AckNone
-	var accept, release, reject []uint64
+	batches := [3]settleBatch{
+		{how: SettleAccept, fn: s.AcceptAsync},
+		{how: SettleRelease, fn: s.ReleaseAsync},
+		{how: SettleReject, fn: s.RejectAsync},
+	}
+	gathered := 0
 	flush := func(ctx context.Context) error {
-		for _, b := range []struct {
-			tags *[]uint64
-			fn   func(context.Context, []uint64, func(error)) error
-		}{{&accept, s.AcceptAsync}, {&release, s.ReleaseAsync}, {&reject, s.RejectAsync}} {
-			if len(*b.tags) == 0 {
+		for i := range batches {
+			b := &batches[i]
+			if len(b.tags) == 0 {
 				continue
 			}
+			ds, how := b.ds, b.how
 			inflight.Add(1)
-			err := b.fn(ctx, *b.tags, func(err error) {
+			err := b.fn(ctx, b.tags, func(err error) {
 				if err != nil {
 					mu.Lock()
 					if settleEr == nil {
 						settleEr = err
 					}
 					mu.Unlock()
+				}
+				if o.onSettled != nil {
+					for _, d := range ds {
+						o.onSettled(d, how, err)
+					}
 				}
 				inflight.Done()
 			})
@@ -55,7 +131,9 @@ func (s *Consumer) Consume(ctx context.Context, handler func(*Delivery) error) e
 				inflight.Done()
 				return err
 			}
-			*b.tags = (*b.tags)[:0]
+			gathered -= len(b.tags)
+			b.tags = b.tags[:0]
+			b.ds = nil // now the callback's
 		}
 		return nil
 	}
@@ -64,8 +142,20 @@ func (s *Consumer) Consume(ctx context.Context, handler func(*Delivery) error) e
 			// The gathered settles still go out: their messages were
 			// handled. A fresh bound, since ctx may be what ended.
 			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.cfg.CloseTimeout)
-			if err := flush(fctx); err != nil && reason == nil {
-				reason = err
+			if err := flush(fctx); err != nil {
+				if reason == nil {
+					reason = err
+				}
+				// What flush could not queue was never sent.
+				for i := range batches {
+					b := &batches[i]
+					if o.onSettled != nil {
+						for _, d := range b.ds {
+							o.onSettled(d, b.how, err)
+						}
+					}
+					b.tags, b.ds = b.tags[:0], nil
+				}
 			}
 			cancel()
 			inflight.Wait()
@@ -84,7 +174,7 @@ func (s *Consumer) Consume(ctx context.Context, handler func(*Delivery) error) e
 		if err != nil {
 			return finish(nil)
 		}
-		if explicit && s.Buffered() == 0 {
+		if explicit && gathered > 0 && s.Buffered() == 0 {
 			// About to wait for more: send the settles gathered so far.
 			if err := flush(ctx); err != nil {
 				return finish(err)
@@ -98,15 +188,20 @@ func (s *Consumer) Consume(ctx context.Context, handler func(*Delivery) error) e
 		if !explicit {
 			continue
 		}
+		b := &batches[0]
 		switch {
 		case herr == nil:
-			accept = append(accept, d.Tag)
 		case errors.Is(herr, ErrReject):
-			reject = append(reject, d.Tag)
+			b = &batches[2]
 		default:
-			release = append(release, d.Tag)
+			b = &batches[1]
 		}
-		if len(accept)+len(release)+len(reject) >= consumeSettleBatch {
+		b.tags = append(b.tags, d.Tag)
+		if o.onSettled != nil {
+			b.ds = append(b.ds, d)
+		}
+		gathered++
+		if gathered >= consumeSettleBatch {
 			if err := flush(ctx); err != nil {
 				return finish(err)
 			}

@@ -3,6 +3,7 @@ package client
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -80,8 +81,9 @@ type Consumer struct {
 // Subscribe starts a consumer on queue and blocks until the server
 // confirmed it or ctx ends. It returns an *Error not-found if the queue
 // does not exist, not-allowed if it is another session's exclusive queue
-// or already has an exclusive consumer. If ctx ends first the subscription
-// is cancelled in the background.
+// or already has an exclusive consumer. If ctx ends first it returns
+// ctx.Err() and the subscription, if the server made it, is cancelled in
+// the background.
 func (c *Conn) Subscribe(ctx context.Context, queue string, opts SubscribeOptions) (*Consumer, error) {
 	if err := checkName("queue", queue); err != nil {
 		return nil, err
@@ -127,13 +129,15 @@ func (c *Conn) Subscribe(ctx context.Context, queue string, opts SubscribeOption
 		return nil, err
 	}
 	if err := c.wait(ctx, cl); err != nil {
-		if ctx.Err() != nil && err == ctx.Err() {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			go func() {
 				cctx, cancel := context.WithTimeout(context.Background(), c.cfg.CloseTimeout)
 				defer cancel()
 				s.Cancel(cctx)
 			}()
-			return nil, err
+			// Not ErrOutcomeUnknown: whether or not the server saw the
+			// SUBSCRIBE, the consumer is being undone.
+			return nil, ctx.Err()
 		}
 		c.forget(s.id)
 		return nil, err
@@ -162,10 +166,20 @@ func (s *Consumer) Buffered() int {
 
 // Next returns the next delivered message, blocking until one arrives or
 // ctx ends. After Cancel it returns what was delivered before, then
-// ErrConsumerClosed; after the connection ends, what was buffered, then the
-// connection's error. Messages of an AckExplicit consumer must be settled
+// ErrConsumerClosed. Messages of an AckExplicit consumer must be settled
 // (Accept, Release, Reject); unsettled ones are requeued when the session
 // ends.
+//
+// Once the connection has ended, Next of an AckExplicit consumer returns
+// an error wrapping ErrClosed at once and drops what was buffered: those
+// messages can no longer be settled, and the server requeues them for a
+// consumer on a new connection, which gets them marked Redelivered, so
+// handling them here would only do the work twice. An AckNone consumer's
+// messages were settled when they were sent, so they are the program's:
+// Next hands out the buffered ones first, then returns the error.
+//
+// Called from a callback with nothing buffered, where waiting would
+// deadlock, it returns ErrCalledFromCallback.
 func (s *Consumer) Next(ctx context.Context) (*Delivery, error) {
 	s.mu.Lock()
 	for {
@@ -209,6 +223,9 @@ func (s *Consumer) Next(ctx context.Context) (*Delivery, error) {
 		}
 		ch := s.mu.waitCh
 		s.mu.Unlock()
+		if calledFromCallback() {
+			return nil, ErrCalledFromCallback
+		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
@@ -309,10 +326,18 @@ func (s *Consumer) wakeLocked() {
 	}
 }
 
+// fail records that the connection ended. An AckExplicit consumer drops
+// its buffered deliveries: they cannot be settled any more and the server
+// requeues them (see Next).
 func (s *Consumer) fail(err error) {
 	s.mu.Lock()
 	if s.mu.err == nil {
 		s.mu.err = err
+	}
+	if s.ackMode == AckExplicit {
+		clear(s.mu.q)
+		s.mu.q = s.mu.q[:0]
+		s.mu.head = 0
 	}
 	s.wakeLocked()
 	s.mu.Unlock()
@@ -323,6 +348,11 @@ func (s *Consumer) fail(err error) {
 func (s *Consumer) push(ds []Delivery) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.mu.err != nil && s.ackMode == AckExplicit {
+		// The connection ended while the reader still had this batch:
+		// it is requeued like the buffer that fail dropped.
+		return nil
+	}
 	if uint64(len(ds)) > uint64(s.mu.credit) {
 		return fmt.Errorf("consumer %d got %d messages with %d credit", s.id, len(ds), s.mu.credit)
 	}
@@ -358,7 +388,7 @@ func (c *Conn) deliver(body []byte) error {
 	c.mu.Unlock()
 	if s == nil {
 		if c.cfg.ErrorHandler != nil {
-			c.cfg.ErrorHandler(fmt.Errorf("%w: %d deliveries for unknown consumer %d ignored", ErrProtocol, c.dec.Count, c.dec.ConsumerID))
+			c.handleError(fmt.Errorf("%w: %d deliveries for unknown consumer %d ignored", ErrProtocol, c.dec.Count, c.dec.ConsumerID))
 		}
 		return nil
 	}
@@ -474,6 +504,9 @@ func (s *Consumer) settle(ctx context.Context, t wire.Type, tags []uint64, done 
 		return ErrNoTags
 	}
 	c := s.c
+	if wait && calledFromCallback() {
+		return ErrCalledFromCallback
+	}
 	ranges := buildRanges(nil, tags)
 	per := rangesPerFrame(c.frameMax)
 	chunks := (len(ranges) + per - 1) / per
@@ -484,6 +517,19 @@ func (s *Consumer) settle(ctx context.Context, t wire.Type, tags []uint64, done 
 	var grp *group
 	if chunks > 1 {
 		grp = &group{remaining: chunks, fn: done, call: cl}
+		// Until every part is queued (or the group resolved for the parts
+		// never sent), done may fire from here: Done must wait.
+		c.mu.Lock()
+		c.mu.submitting++
+		c.mu.Unlock()
+	}
+	endSubmit := func() {
+		if grp != nil {
+			c.mu.Lock()
+			c.mu.submitting--
+			c.closeDoneLocked()
+			c.mu.Unlock()
+		}
 	}
 	for i := 0; i < chunks; i++ {
 		part := ranges[i*per : min(len(ranges), (i+1)*per)]
@@ -498,6 +544,7 @@ func (s *Consumer) settle(ctx context.Context, t wire.Type, tags []uint64, done 
 		}
 		if err != nil {
 			if i == 0 {
+				endSubmit()
 				if cl != nil {
 					putCall(cl)
 				}
@@ -512,9 +559,11 @@ func (s *Consumer) settle(ctx context.Context, t wire.Type, tags []uint64, done 
 			if fire {
 				cp.fire()
 			}
+			endSubmit()
 			return c.waitIf(ctx, cl)
 		}
 	}
+	endSubmit()
 	s.settled(tags)
 	return c.waitIf(ctx, cl)
 }

@@ -11,7 +11,7 @@
 // Blocking, by method:
 //   - Publish, the declares, Bind, Unbind, Delete*, Purge, Subscribe,
 //     Cancel and the settle calls without "Async" wait for the server's
-//     completion and return nil or an *Error.
+//     completion and return nil or an error (see Outcomes).
 //   - PublishAsync and the *Async settle calls wait only for window space;
 //     their done callback gets the result later.
 //   - Consumer.Credit never blocks.
@@ -20,11 +20,52 @@
 // Contexts bound the waiting only: a command already sent is not taken
 // back when its context ends, the server still carries it out.
 //
-// Callbacks (done functions, Config.ErrorHandler) run on the connection's
-// reader goroutine; they must be quick and must not call methods that
-// wait for the same Conn.
+// # Outcomes
+//
+// The result of a command (returned, or given to its done callback) says
+// what became of it:
+//   - nil: the server carried it out.
+//   - an *Error (errors.As): the server refused it; it was not carried
+//     out. Code tells why. Only a refusal is an *Error.
+//   - an error wrapping ErrOutcomeUnknown: it was sent, but its answer was
+//     not heard: the connection ended first (the error also wraps
+//     ErrClosed), or the context of a call that waits for the answer ended
+//     first (it also wraps ctx.Err()). The server may or may not have
+//     carried it out.
+//   - an error wrapping ErrClosed but not ErrOutcomeUnknown: the
+//     connection had ended (or Close was called) before the command was
+//     sent; it was not carried out.
+//   - ctx.Err() alone: the context ended while the call waited for window
+//     space; nothing was sent.
+//   - ErrInvalid, ErrTooLarge, ErrNoTags, ErrCalledFromCallback: refused
+//     by this side before sending.
+//
+// Why the connection ended is Conn.Err: a network error,
+// ErrHeartbeatTimeout, ErrProtocol, or an *Error with CommandID 0 when the
+// server closed the session with a code (shutdown, for instance).
+//
+// # Callbacks
+//
+// Callbacks (done functions, Consume's OnSettled, Config.ErrorHandler) run
+// on the connection's reader goroutine, the one that reads every answer and
+// delivery; while a callback runs, nothing else of that Conn completes.
+// They must be quick. A call from a callback that would have to wait (for
+// window space, for a command's completion, for a delivery, or Flush and
+// Close) could only be ended by the reader that is running it, so it would
+// deadlock: it returns ErrCalledFromCallback instead, and does nothing. A
+// call that needs no wait, such as PublishAsync while the window has room
+// or Consumer.Credit, works. To wait, hand the work to another goroutine.
+//
+// When a connection ends, its commands still in flight get their error
+// (their callbacks run on whichever goroutine noticed the end), and then
+// Conn.Done is closed: after Done, no callback of that Conn runs.
 //
 // A Conn does not reconnect. When it fails, pending and later calls return
 // an error wrapping ErrClosed; messages acquired by its consumers and not
-// accepted are requeued by the server.
+// accepted are requeued by the server, so an AckExplicit consumer's
+// buffered deliveries are dropped rather than handed out (see
+// Consumer.Next). To survive a broker restart, dial again (ServerAddrs
+// lists the cluster's addresses), publish again what ended with
+// ErrOutcomeUnknown (at-least-once: it may arrive twice), and subscribe
+// again.
 package client

@@ -10,9 +10,26 @@ import (
 // wraps one of them, or is an *Error from the server.
 var (
 	// ErrClosed is returned once the connection has ended, by Close, by the
-	// server, or by a failure. Errors for commands that were still in flight
-	// wrap it, together with the cause when there is one.
+	// server, or by a failure. Alone (without ErrOutcomeUnknown) it means
+	// the command was never sent: the server did not carry it out. Errors
+	// for commands that were sent and not yet answered wrap it too, together
+	// with ErrOutcomeUnknown.
 	ErrClosed = errors.New("client: connection closed")
+	// ErrOutcomeUnknown means a command was sent but the connection ended
+	// before the server answered it: the server may or may not have carried
+	// it out (a publish may be enqueued, a settle may have taken effect).
+	// Such an error also wraps ErrClosed and never holds an *Error; the
+	// reason the connection ended is Conn.Err. A program that must not lose
+	// a message publishes it again on a new connection (and so may publish
+	// it twice); a settle with an unknown outcome needs nothing: an
+	// unsettled message is requeued when its session ends.
+	ErrOutcomeUnknown = errors.New("client: connection ended before the server answered; outcome unknown")
+	// ErrCalledFromCallback is returned by a call that would have to wait
+	// (for window space, for a completion, for a delivery) when it is made
+	// from a callback run by a Conn's reader goroutine (a done function or
+	// Config.ErrorHandler). Only that goroutine could end the wait, so the
+	// call would deadlock; it returns this instead and does nothing.
+	ErrCalledFromCallback = errors.New("client: call would wait on the reader goroutine that runs this callback")
 	// ErrNoAddress is returned by Dial when it is given no address.
 	ErrNoAddress = errors.New("client: no address to dial")
 	// ErrProtocol means the server sent something the protocol forbids; the
@@ -34,8 +51,13 @@ var (
 	ErrNoTags = errors.New("client: no delivery tags given")
 )
 
-// Error is an ERROR frame from the server: a command failed, or (CommandID
-// 0) the connection is in trouble. Use errors.As to get at it.
+// Error is an ERROR or CLOSE frame from the server. Returned by a command
+// (CommandID is its id) it means the broker refused that command: it was
+// not carried out. CommandID 0 is the broker's word about the connection,
+// not about a command: Dial returns it when the server refuses the session,
+// Config.ErrorHandler receives it, and Conn.Err wraps it when the server
+// closed the connection with an error code. A command's error never holds
+// one with CommandID 0. Use errors.As to get at it.
 type Error struct {
 	Code      wire.ErrorCode
 	Text      string

@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -56,14 +55,16 @@ func dialTest(t testing.TB, addr string, cfg ...Config) *Conn {
 
 // proxy is a fault-injecting TCP relay between a client and a real server:
 // it can hold back everything the server sends, to fill the client's
-// window or starve its heartbeat detector.
+// window or starve its heartbeat detector, or everything the client sends,
+// and it can cut the connections without letting held bytes through.
 type proxy struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	paused bool
-	resume chan struct{}
-	conns  []net.Conn
+	ln       net.Listener
+	target   string
+	mu       sync.Mutex
+	paused   bool // server to client held
+	upPaused bool // client to server held
+	resume   chan struct{}
+	conns    []net.Conn
 }
 
 func startProxy(t testing.TB, target string) *proxy {
@@ -94,27 +95,28 @@ func (p *proxy) serve() {
 		p.mu.Lock()
 		p.conns = append(p.conns, cc, sc)
 		p.mu.Unlock()
-		go func() { io.Copy(sc, cc); sc.Close() }()
-		go p.down(sc, cc)
+		go p.relay(cc, sc, &p.upPaused)
+		go p.relay(sc, cc, &p.paused)
 	}
 }
 
-// down relays server to client, honouring pause.
-func (p *proxy) down(sc, cc net.Conn) {
-	defer cc.Close()
+// relay copies from to to, holding what it read while *held. Once it holds
+// a buffer it reads no more, so the sender's writes back up.
+func (p *proxy) relay(from, to net.Conn, held *bool) {
+	defer to.Close()
 	buf := make([]byte, 64<<10)
 	for {
-		n, err := sc.Read(buf)
+		n, err := from.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
-			for p.paused {
+			for *held {
 				ch := p.resume
 				p.mu.Unlock()
 				<-ch
 				p.mu.Lock()
 			}
 			p.mu.Unlock()
-			if _, werr := cc.Write(buf[:n]); werr != nil {
+			if _, werr := to.Write(buf[:n]); werr != nil {
 				return
 			}
 		}
@@ -122,6 +124,22 @@ func (p *proxy) down(sc, cc net.Conn) {
 			return
 		}
 	}
+}
+
+// pauseUp holds everything the client sends from now on.
+func (p *proxy) pauseUp() {
+	p.mu.Lock()
+	p.upPaused = true
+	p.mu.Unlock()
+}
+
+// kill cuts every relayed connection at once; bytes held stay held.
+func (p *proxy) kill() {
+	p.mu.Lock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.mu.Unlock()
 }
 
 func (p *proxy) pause() {
@@ -132,8 +150,8 @@ func (p *proxy) pause() {
 
 func (p *proxy) unpause() {
 	p.mu.Lock()
-	if p.paused {
-		p.paused = false
+	if p.paused || p.upPaused {
+		p.paused, p.upPaused = false, false
 		close(p.resume)
 		p.resume = make(chan struct{})
 	}

@@ -35,8 +35,11 @@ func durationMs(d time.Duration) uint64 {
 // ctx ends. It returns nil once the message is enqueued on every queue it
 // routes to (durable, if Persistent and the queue is durable), or was
 // dropped because it routed nowhere; an *Error (not-found, resource-limit,
-// store, ...) if the server refused it. If ctx ends first it returns
-// ctx.Err() and the message may still be published.
+// store, ...) if the server refused it. If ctx ends while it waits for
+// window space it returns ctx.Err() and the message is not sent; if ctx
+// ends after the message was queued, an error wrapping both ctx.Err() and
+// ErrOutcomeUnknown: the message may still be published. See the package
+// documentation for the outcome of each error.
 //
 // payload and opts.Props are copied before Publish queues the message.
 func (c *Conn) Publish(ctx context.Context, exchange, key string, payload []byte, opts PublishOptions) error {
@@ -58,11 +61,14 @@ func (c *Conn) Publish(ctx context.Context, exchange, key string, payload []byte
 // PublishAsync returns, so the caller may reuse them at once.
 //
 // done, if not nil, is called exactly once with the result Publish would
-// return. It runs on the connection's reader goroutine (or on whichever
-// goroutine notices the connection fail), in completion order; it must be
-// quick and must not call methods of this Conn that wait (Publish,
-// PublishAsync, Flush, declares, Close, ...). Messages may complete out of
-// order when they go to different queues.
+// return (see the package documentation for what each result means). It
+// runs on the connection's reader goroutine (or on whichever goroutine
+// notices the connection fail), in completion order, before Done is
+// closed. It must be quick: while it runs nothing else of this Conn
+// completes. A call from it that would wait (Publish, PublishAsync on a
+// full window, Flush, the declares, Close, ...) returns
+// ErrCalledFromCallback instead of deadlocking. Messages may complete out
+// of order when they go to different queues.
 //
 // With a done that does not capture per-message state, PublishAsync does
 // not allocate in steady state.
@@ -87,6 +93,9 @@ func (c *Conn) publish(ctx context.Context, exchange, key string, payload []byte
 	}
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if cl != nil && calledFromCallback() {
+		return ErrCalledFromCallback
 	}
 	var flags uint8
 	if opts.Persistent {
