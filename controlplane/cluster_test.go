@@ -65,8 +65,7 @@ func newTestCluster(t testing.TB, size int, tweak func(*Config)) *testCluster {
 
 func (c *testCluster) config(id uint64, ln net.Listener) Config {
 	cfg := Config{ID: id, Peers: c.addrs, Dir: filepath.Join(c.dir, fmt.Sprint(id)), Listener: ln,
-		Faults: c.faults, Logger: quietLogger(), TickInterval: 10 * time.Millisecond,
-		AsyncStorageWrites: os.Getenv("CONTROLPLANE_ASYNC") != ""}
+		Faults: c.faults, Logger: quietLogger(), TickInterval: 10 * time.Millisecond}
 	if c.tweak != nil {
 		c.tweak(&cfg)
 	}

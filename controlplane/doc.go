@@ -83,10 +83,9 @@
 // (ChangeMembership, membership.go): one ConfChangeV2 entry carrying the
 // new address book; every member snapshots right after applying it, and a
 // joining member (Config.Join) takes appends only once a snapshot gave it
-// a configuration. Both storage loops support it. Operators reach it
-// through the service (Client.Members, Client.ChangeMembership; berthctl
-// members, members add, members remove) and start a new member with
-// berthd -controller-join.
+// a configuration. Operators reach it through the service (Client.Members,
+// Client.ChangeMembership; berthctl members, members add, members remove)
+// and start a new member with berthd -controller-join.
 //
 // # Lost logs and large snapshots
 //

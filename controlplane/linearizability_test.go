@@ -88,11 +88,11 @@ func (r *recorder) add(op porcupine.Operation) {
 // history with porcupine. Reads use ReadIndex (or the lease) and follower
 // reads.
 func TestLinearizable(t *testing.T) {
-	for _, tc := range []struct{ lease, async bool }{{false, false}, {true, false}, {false, true}} {
-		t.Run(fmt.Sprintf("lease=%v/async=%v", tc.lease, tc.async), func(t *testing.T) {
+	for _, lease := range []bool{false, true} {
+		t.Run(fmt.Sprintf("lease=%v", lease), func(t *testing.T) {
 			seed := time.Now().UnixNano()
 			t.Logf("seed %d", seed)
-			runLinearizable(t, seed, tc.lease, tc.async, soakDuration(t))
+			runLinearizable(t, seed, lease, soakDuration(t))
 		})
 	}
 }
@@ -110,10 +110,9 @@ func soakDuration(t *testing.T) time.Duration {
 	return d
 }
 
-func runLinearizable(t *testing.T, seed int64, lease, async bool, duration time.Duration) {
+func runLinearizable(t *testing.T, seed int64, lease bool, duration time.Duration) {
 	c := newTestCluster(t, 3, func(cfg *Config) {
 		cfg.LeaseRead = lease
-		cfg.AsyncStorageWrites = cfg.AsyncStorageWrites || async
 		cfg.SnapshotEntries = 200
 		cfg.SnapshotTrailing = 20
 	})

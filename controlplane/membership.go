@@ -24,10 +24,9 @@ import (
 // Every member snapshots and compacts right after applying a change, so a
 // member that joins later always starts from a snapshot carrying the right
 // configuration rather than replaying entries from a configuration it never
-// had. With asynchronous storage writes the state machine applies the
-// change's entry on the apply goroutine and raft applies the change on its
-// own goroutine just after; snapshots wait until both have (confSeen,
-// confIndex), so none records a configuration older than its index.
+// had. The raft goroutine applies the change's entry to the state and then
+// the change to raft (applyConfChange) before it looks for a snapshot to
+// take, so no snapshot records a configuration older than its index.
 
 // confQueueMax bounds membership proposals waiting for the raft goroutine.
 const confQueueMax = 4
@@ -35,6 +34,12 @@ const confQueueMax = 4
 type confRequest struct {
 	cc   *pb.ConfChangeV2
 	done chan error // cap 1
+}
+
+// confItem is a membership change and the index of its entry.
+type confItem struct {
+	cc    *pb.ConfChangeV2
+	index uint64
 }
 
 func encodeAddressBook(book map[uint64]string) []byte {
@@ -293,13 +298,6 @@ func (n *Node) applyConfChange(c confItem) {
 	}
 	n.peersMu.Unlock()
 	n.forceSnap.Store(true)
-	if n.cfg.AsyncStorageWrites {
-		// The apply goroutine takes snapshots in this mode; wake it.
-		select {
-		case n.applyQ <- applyItem{}:
-		default: // a full queue wakes it anyway
-		}
-	}
 }
 
 // adoptAddressBook points the transport at the members a restored state

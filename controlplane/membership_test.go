@@ -13,15 +13,9 @@ import (
 
 // TestMembershipJointConsensus replaces a member of a 3-controller group
 // and grows it to 5 in one joint-consensus change, then removes the old
-// leader, while writes keep flowing; in both storage modes.
+// leader, while writes keep flowing.
 func TestMembershipJointConsensus(t *testing.T) {
-	for _, async := range []bool{false, true} {
-		t.Run(fmt.Sprintf("async=%v", async), func(t *testing.T) { testMembership(t, async) })
-	}
-}
-
-func testMembership(t *testing.T, async bool) {
-	c := newTestCluster(t, 3, func(cfg *Config) { cfg.AsyncStorageWrites = async })
+	c := newTestCluster(t, 3, nil)
 	leader := c.leader()
 	cl := NewClient(c.addrList())
 	defer cl.Close()
@@ -40,7 +34,6 @@ func testMembership(t *testing.T, async bool) {
 	for _, id := range []uint64{4, 5} {
 		cfg := c.config(id, lns[id])
 		cfg.Join = true
-		cfg.AsyncStorageWrites = async
 		n, err := Start(cfg)
 		if err != nil {
 			t.Fatal(err)

@@ -64,11 +64,6 @@ type Config struct {
 	// UncleanElection lets the failure detector elect masters from outside
 	// the SyncStateSet when none inside is alive. Off by default.
 	UncleanElection bool
-	// AsyncStorageWrites takes the fsync off the raft goroutine (raft's
-	// AsyncStorageWrites): an append goroutine group-commits log writes and
-	// an apply goroutine applies, so the raft goroutine keeps stepping
-	// messages and packing proposals while the disk works.
-	AsyncStorageWrites bool
 	// Join starts a member being added to an existing group: it starts
 	// with no configuration and waits for the leader's snapshot. Peers
 	// must still hold this node's own address.
@@ -141,12 +136,7 @@ type Node struct {
 	confState *pb.ConfState // guarded by confMu
 	// confIndex is the log index confState is current at: the last
 	// membership change raft applied, or the snapshot restored.
-	confIndex uint64 // guarded by confMu
-	// confSeen is the index of the last membership change entry the state
-	// machine applied. With asynchronous storage writes raft applies the
-	// change on its own goroutine a little later; until confIndex catches
-	// up, confState is stale and no snapshot may be taken.
-	confSeen  atomic.Uint64
+	confIndex uint64      // guarded by confMu
 	forceSnap atomic.Bool // snapshot after a membership change
 	confQ     chan confRequest
 
@@ -176,9 +166,8 @@ type Node struct {
 	propMu     sync.Mutex
 	propQ      []*proposal
 	propSignal chan struct{}
-	nextSeq    uint64     // guarded by propMu
-	pendingMu  sync.Mutex // guards pending: the raft and apply goroutines share it
-	pending    map[uint64]*proposal
+	nextSeq    uint64               // guarded by propMu
+	pending    map[uint64]*proposal // raft goroutine only
 
 	readMu      sync.Mutex
 	readQ       []*readRequest
@@ -193,13 +182,6 @@ type Node struct {
 	leaseUsed     time.Time
 
 	msgIn chan *pb.Message
-
-	// Asynchronous storage writes only.
-	appendQ     chan *pb.Message
-	applyQ      chan applyItem
-	localMu     sync.Mutex
-	localQ      []localItem
-	localSignal chan struct{}
 
 	hb *heartbeats
 
@@ -282,9 +264,6 @@ func Start(cfg Config) (*Node, error) {
 		msgIn:       make(chan *pb.Message, recvQueueMax),
 		confQ:       make(chan confRequest, confQueueMax),
 		peers:       maps.Clone(cfg.Peers),
-		appendQ:     make(chan *pb.Message, storageQueueMax),
-		applyQ:      make(chan applyItem, storageQueueMax),
-		localSignal: make(chan struct{}, 1),
 		stop:        make(chan struct{}),
 		conns:       map[net.Conn]struct{}{},
 		// Sequence numbers start from the clock so that entries proposed by
@@ -294,18 +273,17 @@ func Start(cfg Config) (*Node, error) {
 	n.hb = newHeartbeats(cfg.BrokerTimeout)
 	ro := raft.ReadOnlySafe
 	rn, err := raft.NewRawNode(&raft.Config{
-		ID:                 cfg.ID,
-		ElectionTick:       cfg.ElectionTicks,
-		HeartbeatTick:      cfg.HeartbeatTicks,
-		Storage:            st,
-		Applied:            n.applied,
-		MaxSizePerMsg:      1 << 20,
-		MaxInflightMsgs:    256,
-		CheckQuorum:        true,
-		PreVote:            true,
-		ReadOnlyOption:     ro,
-		AsyncStorageWrites: cfg.AsyncStorageWrites,
-		Logger:             raftLogger{cfg.Logger},
+		ID:              cfg.ID,
+		ElectionTick:    cfg.ElectionTicks,
+		HeartbeatTick:   cfg.HeartbeatTicks,
+		Storage:         st,
+		Applied:         n.applied,
+		MaxSizePerMsg:   1 << 20,
+		MaxInflightMsgs: 256,
+		CheckQuorum:     true,
+		PreVote:         true,
+		ReadOnlyOption:  ro,
+		Logger:          raftLogger{cfg.Logger},
 	})
 	if err != nil {
 		st.close()
@@ -327,11 +305,6 @@ func Start(cfg Config) (*Node, error) {
 	n.listener = ln
 	n.transport = newTransport(cfg.ID, cfg.Peers, cfg.Faults, cfg.Logger)
 	n.adoptAddressBook(state.Controllers())
-	if cfg.AsyncStorageWrites {
-		n.wg.Add(2)
-		go n.appendLoop()
-		go n.applyLoop()
-	}
 	n.wg.Add(3)
 	go n.run()
 	go n.serve()

@@ -155,17 +155,13 @@ func (n *Node) drainProposals() {
 			}
 			continue
 		}
-		n.pendingMu.Lock()
 		for _, p := range batch {
 			n.pending[p.seq] = p
 		}
-		n.pendingMu.Unlock()
 	}
 }
 
 func (n *Node) abortPending(err error) {
-	n.pendingMu.Lock()
-	defer n.pendingMu.Unlock()
 	for seq, p := range n.pending {
 		delete(n.pending, seq)
 		p.finish(proposeResult{err: err})

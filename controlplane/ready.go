@@ -52,8 +52,6 @@ func (n *Node) run() {
 			}
 		case <-n.propSignal:
 		case <-n.readSignal:
-		case <-n.localSignal:
-			n.stepLocal()
 		case r := <-n.confQ:
 			r.done <- n.rn.ProposeConfChange(r.cc)
 		}
@@ -146,13 +144,6 @@ func (n *Node) checkLostLog(m *pb.Message) {
 		// match to compact to. An empty entry applies as nothing.
 		n.rn.Propose(nil)
 	}
-	if n.cfg.AsyncStorageWrites {
-		// The apply goroutine takes snapshots in this mode; wake it.
-		select {
-		case n.applyQ <- applyItem{}:
-		default:
-		}
-	}
 }
 
 func (n *Node) softState(rd raft.Ready) {
@@ -180,9 +171,6 @@ func (n *Node) softState(rd raft.Ready) {
 }
 
 func (n *Node) handleReady() error {
-	if n.cfg.AsyncStorageWrites {
-		return n.handleReadyAsync()
-	}
 	rd := n.rn.Ready()
 	n.softState(rd)
 	// A leader may send its appends before its own fsync (raft thesis
@@ -296,7 +284,6 @@ func (n *Node) apply(ents []*pb.Entry) {
 				}
 			}
 			ccs = append(ccs, confItem{cc, e.GetIndex()})
-			n.confSeen.Store(e.GetIndex())
 		}
 		n.applied = e.GetIndex()
 		n.bytesSinceSnap += len(e.GetData())
@@ -308,14 +295,7 @@ func (n *Node) apply(ents []*pb.Entry) {
 		d.p.finish(proposeResult{res: d.res})
 	}
 	for _, c := range ccs {
-		if n.cfg.AsyncStorageWrites {
-			// Only the raft goroutine may touch raft. The change goes
-			// ahead of this batch's MsgStorageApplyResp in the local
-			// queue, so raft learns of it before it counts it applied.
-			n.localConf(c)
-		} else {
-			n.applyConfChange(c)
-		}
+		n.applyConfChange(c)
 	}
 }
 
@@ -349,12 +329,10 @@ func (n *Node) applyBatchLocked(data []byte, out []delivery) []delivery {
 			res = n.state.Apply(ev)
 		}
 		if proposer == n.self {
-			n.pendingMu.Lock()
 			if p := n.pending[seq+uint64(i)]; p != nil {
 				delete(n.pending, p.seq)
 				out = append(out, delivery{p, res})
 			}
-			n.pendingMu.Unlock()
 		}
 	}
 	return out
@@ -370,16 +348,6 @@ func (n *Node) maybeSnapshot() error {
 	forcePast := past != 0 && applied >= past
 	due := n.cfg.SnapshotEntries >= 0 &&
 		(applied >= n.snapIndex+uint64(n.cfg.SnapshotEntries) || n.bytesSinceSnap >= n.cfg.SnapshotBytes)
-	n.confMu.Lock()
-	confStale := n.confSeen.Load() > n.confIndex
-	n.confMu.Unlock()
-	if confStale {
-		// Raft has not applied a membership change the state holds: a
-		// snapshot now would record the old configuration. The change's
-		// own wake-up retries.
-		n.mu.RUnlock()
-		return nil
-	}
 	force := n.forceSnap.Load()
 	if !force && !forcePast && !due {
 		n.mu.RUnlock()

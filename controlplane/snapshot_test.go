@@ -73,17 +73,12 @@ func writeConc(t *testing.T, cl *Client, prefix string, n, conc int) {
 	}
 }
 
-func TestSnapshotsCompactAndInstallOnWipedFollower(t *testing.T) {
-	for _, async := range []bool{false, true} {
-		t.Run(fmt.Sprintf("async=%v", async), func(t *testing.T) { testSnapshots(t, async) })
-	}
-}
+func TestSnapshotsCompactAndInstallOnWipedFollower(t *testing.T) { testSnapshots(t) }
 
-func testSnapshots(t *testing.T, async bool) {
+func testSnapshots(t *testing.T) {
 	c := newTestCluster(t, 3, func(cfg *Config) {
 		cfg.SnapshotEntries = 10
 		cfg.SnapshotTrailing = 3
-		cfg.AsyncStorageWrites = cfg.AsyncStorageWrites || async
 	})
 	leader := c.leader()
 	cl := NewClient(c.addrList())
@@ -190,13 +185,11 @@ func TestFollowerReadRedirectsWhenLagging(t *testing.T) {
 func TestWipedFollowerCatchesUpWhileLeaderHoldsItsLog(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		async bool
 		after int // writes after the wipe
-	}{{"sync/idle", false, 0}, {"sync/writes", false, 5}, {"async/idle", true, 0}, {"async/writes", true, 5}} {
+	}{{"idle", 0}, {"writes", 5}} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newTestCluster(t, 3, func(cfg *Config) {
 				cfg.SnapshotEntries = 100000 // no snapshot of its own during the test
-				cfg.AsyncStorageWrites = cfg.AsyncStorageWrites || tc.async
 			})
 			leader := c.leader()
 			cl := NewClient(c.addrList())
@@ -237,7 +230,7 @@ func TestSnapshotInChunks(t *testing.T) {
 	// Registered before the cluster's own cleanup, so it runs after the
 	// controllers (and their transports) stopped.
 	t.Cleanup(func() { snapChunkBytes = old })
-	testSnapshots(t, false)
+	testSnapshots(t)
 }
 
 func TestChunkAssembler(t *testing.T) {
