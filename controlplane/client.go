@@ -304,8 +304,7 @@ func (c *Client) call(ctx context.Context, op uint8, body []byte, anyNode bool) 
 				addr = c.pick(true)
 			}
 		case statusLagging:
-			d := decoder{b: resp.Body}
-			lastErr = &LaggingError{Leader: resp.Leader, Behind: d.u64()}
+			lastErr = &LaggingError{Leader: resp.Leader, Behind: newReader(resp.Body).U64()}
 			if resp.Leader != "" {
 				addr = resp.Leader
 			} else {
@@ -357,18 +356,11 @@ func (c *Client) RegisterBroker(ctx context.Context, id uint32, addrs []string, 
 
 // Heartbeat reports a broker alive with each group's log end.
 func (c *Client) Heartbeat(ctx context.Context, broker uint32, logEnds []GroupLogEnd) error {
-	e := encoder{}
-	e.u32(broker)
-	e.u32(uint32(len(logEnds)))
-	for _, l := range logEnds {
-		e.u32(l.Group)
-		e.u32(l.LogEnd.Epoch)
-		e.u64(l.LogEnd.Index)
-	}
-	if len(e.b) > ctlFrameMax-64 {
+	body := appendHeartbeat(nil, broker, logEnds)
+	if len(body) > ctlFrameMax-64 {
 		return fmt.Errorf("controlplane: heartbeat with %d groups is too large", len(logEnds))
 	}
-	_, err := c.call(ctx, opHeartbeat, e.b, false)
+	_, err := c.call(ctx, opHeartbeat, body, false)
 	return err
 }
 
@@ -379,10 +371,7 @@ func (c *Client) ElectMaster(ctx context.Context, groups []uint32, preferred uin
 	if len(groups) > groupsPerReplyMax {
 		return 0, fmt.Errorf("controlplane: at most %d groups per election call", groupsPerReplyMax)
 	}
-	e := encoder{}
-	e.u32(preferred)
-	encodeIDs(&e, groups)
-	out, err := c.call(ctx, opElect, e.b, false)
+	out, err := c.call(ctx, opElect, appendElect(nil, preferred, groups), false)
 	if err != nil {
 		return 0, err
 	}
@@ -451,64 +440,63 @@ func (c *Client) SetAttribute(ctx context.Context, key, value string) error {
 	return err
 }
 
-func (c *Client) read(ctx context.Context, mode ReadMode, query uint8, args func(e *encoder)) (*decoder, error) {
-	e := encoder{}
-	e.u8(uint8(mode))
-	e.u8(query)
+// read sends a read of query in mode; args, if set, appends the query's
+// arguments. It returns a reader over the answer.
+func (c *Client) read(ctx context.Context, mode ReadMode, query uint8, args func(b []byte) []byte) (*wire.Reader, error) {
+	b := []byte{uint8(mode), query}
 	if args != nil {
-		args(&e)
+		b = args(b)
 	}
-	out, err := c.call(ctx, opRead, e.b, mode == ReadFollower)
+	out, err := c.call(ctx, opRead, b, mode == ReadFollower)
 	if err != nil {
 		return nil, err
 	}
-	return &decoder{b: out}, nil
+	return newReader(out), nil
 }
 
 // GetAttribute reads a cluster attribute.
 func (c *Client) GetAttribute(ctx context.Context, mode ReadMode, key string) (string, bool, error) {
-	d, err := c.read(ctx, mode, queryAttribute, func(e *encoder) { e.str(key) })
+	r, err := c.read(ctx, mode, queryAttribute, func(b []byte) []byte { return appendStr(b, key) })
 	if err != nil {
 		return "", false, err
 	}
-	ok, v := d.boolean(), d.str()
-	return v, ok, d.finish()
+	ok, v := r.Bool(), readStr(r)
+	return v, ok, r.Done()
 }
 
 // GetWiring reads all exchanges, queues and bindings.
 func (c *Client) GetWiring(ctx context.Context, mode ReadMode) (Wiring, error) {
-	d, err := c.read(ctx, mode, queryWiring, nil)
+	r, err := c.read(ctx, mode, queryWiring, nil)
 	if err != nil {
 		return Wiring{}, err
 	}
-	w := decodeWiring(d)
-	return w, d.finish()
+	w := readWiring(r)
+	return w, r.Done()
 }
 
 // GetGroups reads up to count groups from start, and the group count G.
 func (c *Client) GetGroups(ctx context.Context, mode ReadMode, start, count uint32) ([]Group, uint32, error) {
-	d, err := c.read(ctx, mode, queryGroups, func(e *encoder) { e.u32(start); e.u32(count) })
+	r, err := c.read(ctx, mode, queryGroups, func(b []byte) []byte { return wire.AppendU32(wire.AppendU32(b, start), count) })
 	if err != nil {
 		return nil, 0, err
 	}
-	total := d.u32()
-	n := d.count(24)
-	gs := make([]Group, n)
+	total := r.U32()
+	gs := make([]Group, r.Count(24))
 	for i := range gs {
-		gs[i] = decodeGroup(d)
+		gs[i] = readGroup(r)
 	}
-	return gs, total, d.finish()
+	return gs, total, r.Done()
 }
 
 // GetReplicaInfo reads one group consistently.
 func (c *Client) GetReplicaInfo(ctx context.Context, mode ReadMode, group uint32) (Group, error) {
-	d, err := c.read(ctx, mode, querySyncStateSet, func(e *encoder) { e.u32(group) })
+	r, err := c.read(ctx, mode, querySyncStateSet, func(b []byte) []byte { return wire.AppendU32(b, group) })
 	if err != nil {
 		return Group{}, err
 	}
-	ok := d.boolean()
-	g := decodeGroup(d)
-	if err := d.finish(); err != nil {
+	ok := r.Bool()
+	g := readGroup(r)
+	if err := r.Done(); err != nil {
 		return Group{}, err
 	}
 	if !ok {
@@ -525,28 +513,27 @@ func (c *Client) GetSyncStateSet(ctx context.Context, group uint32) (Group, erro
 
 // GetBrokers reads the registered brokers.
 func (c *Client) GetBrokers(ctx context.Context, mode ReadMode) ([]Broker, error) {
-	d, err := c.read(ctx, mode, queryBrokers, nil)
+	r, err := c.read(ctx, mode, queryBrokers, nil)
 	if err != nil {
 		return nil, err
 	}
-	n := d.count(10)
-	out := make([]Broker, n)
+	out := make([]Broker, r.Count(10))
 	for i := range out {
 		var rb RegisterBroker
-		rb.decode(d)
+		rb.decodeBody(r)
 		out[i] = Broker(rb)
 	}
-	return out, d.finish()
+	return out, r.Done()
 }
 
 // GetNextBrokerID reads the id the next ApplyBrokerID{0} would get.
 func (c *Client) GetNextBrokerID(ctx context.Context, mode ReadMode) (uint32, error) {
-	d, err := c.read(ctx, mode, queryNextBrokerID, nil)
+	r, err := c.read(ctx, mode, queryNextBrokerID, nil)
 	if err != nil {
 		return 0, err
 	}
-	v := d.u32()
-	return v, d.finish()
+	v := r.U32()
+	return v, r.Done()
 }
 
 // ClusterInfo is the cluster configuration and version.
@@ -557,14 +544,14 @@ type ClusterInfo struct {
 
 // GetClusterInfo reads the cluster configuration and version.
 func (c *Client) GetClusterInfo(ctx context.Context, mode ReadMode) (ClusterInfo, error) {
-	d, err := c.read(ctx, mode, queryClusterInfo, nil)
+	r, err := c.read(ctx, mode, queryClusterInfo, nil)
 	if err != nil {
 		return ClusterInfo{}, err
 	}
 	var sc SetClusterConfig
-	sc.decode(d)
-	info := ClusterInfo{Config: ClusterConfig(sc), Version: d.u16()}
-	return info, d.finish()
+	sc.decodeBody(r)
+	info := ClusterInfo{Config: ClusterConfig(sc), Version: r.U16()}
+	return info, r.Done()
 }
 
 // WaitChange long-polls the leader until its applied index passes after,
@@ -572,15 +559,13 @@ func (c *Client) GetClusterInfo(ctx context.Context, mode ReadMode) (ClusterInfo
 // it in a loop and re-reads wiring and groups when the index moves, so
 // changes made through any controller reach it without a fixed poll rate.
 func (c *Client) WaitChange(ctx context.Context, after uint64) (uint64, error) {
-	e := encoder{}
-	e.u64(after)
-	out, err := c.call(ctx, opWait, e.b, false)
+	out, err := c.call(ctx, opWait, wire.AppendU64(nil, after), false)
 	if err != nil {
 		return 0, err
 	}
-	d := decoder{b: out}
-	v := d.u64()
-	return v, d.finish()
+	r := newReader(out)
+	v := r.U64()
+	return v, r.Done()
 }
 
 // GetPrimary reads the primary broker of an active-passive cluster (0 when
@@ -601,17 +586,17 @@ type PrimaryInfo struct {
 
 // GetPrimaryInfo reads the cluster mode and the primary in one read.
 func (c *Client) GetPrimaryInfo(ctx context.Context, mode ReadMode) (PrimaryInfo, error) {
-	d, err := c.read(ctx, mode, queryPrimary, nil)
+	r, err := c.read(ctx, mode, queryPrimary, nil)
 	if err != nil {
 		return PrimaryInfo{}, err
 	}
 	var info PrimaryInfo
-	info.Mode = d.u8()
+	info.Mode = r.U8()
 	var rb RegisterBroker
-	rb.decode(d)
+	rb.decodeBody(r)
 	info.Broker, info.Addrs = rb.ID, rb.Addrs
-	info.Epoch = d.u32()
-	if err := d.finish(); err != nil {
+	info.Epoch = r.U32()
+	if err := r.Done(); err != nil {
 		return PrimaryInfo{}, err
 	}
 	return info, nil
@@ -626,9 +611,7 @@ func (c *Client) ElectPrimary(ctx context.Context, preferred uint32) (bool, erro
 	if preferred == 0 {
 		return false, fmt.Errorf("controlplane: elect primary needs a broker id")
 	}
-	e := encoder{}
-	e.u32(preferred)
-	out, err := c.call(ctx, opPrimary, e.b, false)
+	out, err := c.call(ctx, opPrimary, wire.AppendU32(nil, preferred), false)
 	if err != nil {
 		return false, err
 	}
@@ -647,14 +630,10 @@ func (c *Client) MemberList(ctx context.Context) (members map[uint64]string, lea
 	if err != nil {
 		return nil, 0, err
 	}
-	d := decoder{b: out}
-	leader = d.u64()
-	cnt := d.count(10)
-	members = make(map[uint64]string, cnt)
-	for i := 0; i < cnt; i++ {
-		members[d.u64()] = d.str()
-	}
-	if err := d.finish(); err != nil {
+	r := newReader(out)
+	leader = r.U64()
+	members = readMembers(r)
+	if err := r.Done(); err != nil {
 		return nil, 0, err
 	}
 	return members, leader, nil
@@ -693,9 +672,7 @@ func (c *Client) ChangeMembership(ctx context.Context, add map[uint64]string, re
 			return errors.New("controlplane: cannot remove controller 0: ids start at 1")
 		}
 	}
-	e := encoder{}
-	encodeMembersChange(&e, add, remove)
-	_, err := c.call(ctx, opChangeMembers, e.b, false)
+	_, err := c.call(ctx, opChangeMembers, appendMembersChange(nil, add, remove), false)
 	return err
 }
 

@@ -3,6 +3,8 @@ package controlplane
 import (
 	"fmt"
 	"slices"
+
+	"github.com/berthmq/berth/wire"
 )
 
 // EventKind identifies a write event. Values are persisted in the raft log:
@@ -31,8 +33,8 @@ const (
 // every controller's state machine.
 type Event interface {
 	Kind() EventKind
-	encode(e *encoder)
-	decode(d *decoder)
+	appendBody(b []byte) []byte // the encoding without the kind byte
+	decodeBody(r *wire.Reader)
 }
 
 // ApplyBrokerID asks for a broker id. Requested 0 takes the next free id.
@@ -191,173 +193,174 @@ func (SetClusterConfig) Kind() EventKind  { return KindSetClusterConfig }
 func (SetAttribute) Kind() EventKind      { return KindSetAttribute }
 func (ElectPrimary) Kind() EventKind      { return KindElectPrimary }
 
-func (ev *ApplyBrokerID) encode(e *encoder) { e.u32(ev.Requested) }
-func (ev *ApplyBrokerID) decode(d *decoder) { ev.Requested = d.u32() }
+func (ev *ApplyBrokerID) appendBody(b []byte) []byte { return wire.AppendU32(b, ev.Requested) }
+func (ev *ApplyBrokerID) decodeBody(r *wire.Reader)  { ev.Requested = r.U32() }
 
-func (ev *RegisterBroker) encode(e *encoder) {
-	e.u32(ev.ID)
-	e.u16(ev.Version)
-	e.u32(uint32(len(ev.Addrs)))
+func (ev *RegisterBroker) appendBody(b []byte) []byte {
+	b = wire.AppendU32(b, ev.ID)
+	b = wire.AppendU16(b, ev.Version)
+	b = wire.AppendU32(b, uint32(len(ev.Addrs)))
 	for _, a := range ev.Addrs {
-		e.str(a)
+		b = appendStr(b, a)
 	}
+	return b
 }
-func (ev *RegisterBroker) decode(d *decoder) {
-	ev.ID = d.u32()
-	ev.Version = d.u16()
-	n := d.count(2)
+func (ev *RegisterBroker) decodeBody(r *wire.Reader) {
+	ev.ID = r.U32()
+	ev.Version = r.U16()
+	n := r.Count(2)
 	ev.Addrs = make([]string, 0, n)
 	for i := 0; i < n; i++ {
-		ev.Addrs = append(ev.Addrs, d.str())
+		ev.Addrs = append(ev.Addrs, readStr(r))
 	}
 }
 
-func (ev *ElectMaster) encode(e *encoder) {
-	e.boolean(ev.Unclean)
-	e.u32(uint32(len(ev.Groups)))
+func (ev *ElectMaster) appendBody(b []byte) []byte {
+	b = wire.AppendBool(b, ev.Unclean)
+	b = wire.AppendU32(b, uint32(len(ev.Groups)))
 	for _, g := range ev.Groups {
-		e.u32(g.Group)
-		e.u32(g.Epoch)
-		e.u32(g.Preferred)
-		e.u32(uint32(len(g.Candidates)))
+		b = wire.AppendU32(b, g.Group)
+		b = wire.AppendU32(b, g.Epoch)
+		b = wire.AppendU32(b, g.Preferred)
+		b = wire.AppendU32(b, uint32(len(g.Candidates)))
 		for _, c := range g.Candidates {
-			e.u32(c.Broker)
-			e.boolean(c.Alive)
-			e.u32(c.LogEnd.Epoch)
-			e.u64(c.LogEnd.Index)
+			b = wire.AppendU32(b, c.Broker)
+			b = wire.AppendBool(b, c.Alive)
+			b = wire.AppendU32(b, c.LogEnd.Epoch)
+			b = wire.AppendU64(b, c.LogEnd.Index)
 		}
 	}
+	return b
 }
-func (ev *ElectMaster) decode(d *decoder) {
-	ev.Unclean = d.boolean()
-	n := d.count(16)
+func (ev *ElectMaster) decodeBody(r *wire.Reader) {
+	ev.Unclean = r.Bool()
+	n := r.Count(16)
 	ev.Groups = make([]ElectGroup, n)
 	for i := range ev.Groups {
 		g := &ev.Groups[i]
-		g.Group, g.Epoch, g.Preferred = d.u32(), d.u32(), d.u32()
-		m := d.count(17)
+		g.Group, g.Epoch, g.Preferred = r.U32(), r.U32(), r.U32()
+		m := r.Count(17)
 		g.Candidates = make([]Candidate, m)
 		for j := range g.Candidates {
 			c := &g.Candidates[j]
-			c.Broker = d.u32()
-			c.Alive = d.boolean()
-			c.LogEnd.Epoch = d.u32()
-			c.LogEnd.Index = d.u64()
+			c.Broker = r.U32()
+			c.Alive = r.Bool()
+			c.LogEnd.Epoch = r.U32()
+			c.LogEnd.Index = r.U64()
 		}
 	}
 }
 
-func (ev *AlterSyncStateSet) encode(e *encoder) {
-	e.u32(ev.Group)
-	e.u32(ev.Master)
-	e.u32(ev.Epoch)
-	encodeIDs(e, ev.Set)
+func (ev *AlterSyncStateSet) appendBody(b []byte) []byte {
+	b = wire.AppendU32(b, ev.Group)
+	b = wire.AppendU32(b, ev.Master)
+	b = wire.AppendU32(b, ev.Epoch)
+	return appendIDs(b, ev.Set)
 }
-func (ev *AlterSyncStateSet) decode(d *decoder) {
-	ev.Group, ev.Master, ev.Epoch = d.u32(), d.u32(), d.u32()
-	ev.Set = decodeIDs(d)
-}
-
-func encodeIDs(e *encoder, ids []uint32) {
-	e.u32(uint32(len(ids)))
-	for _, id := range ids {
-		e.u32(id)
-	}
-}
-func decodeIDs(d *decoder) []uint32 {
-	n := d.count(4)
-	ids := make([]uint32, n)
-	for i := range ids {
-		ids[i] = d.u32()
-	}
-	return ids
+func (ev *AlterSyncStateSet) decodeBody(r *wire.Reader) {
+	ev.Group, ev.Master, ev.Epoch = r.U32(), r.U32(), r.U32()
+	ev.Set = readIDs(r)
 }
 
-func (ev *CleanBrokerData) encode(e *encoder) { e.u32(ev.ID) }
-func (ev *CleanBrokerData) decode(d *decoder) { ev.ID = d.u32() }
+func (ev *CleanBrokerData) appendBody(b []byte) []byte { return wire.AppendU32(b, ev.ID) }
+func (ev *CleanBrokerData) decodeBody(r *wire.Reader)  { ev.ID = r.U32() }
 
-func (ev *DeclareExchange) encode(e *encoder) { e.str(ev.Name); e.str(ev.Type); e.boolean(ev.Durable) }
-func (ev *DeclareExchange) decode(d *decoder) {
-	ev.Name, ev.Type, ev.Durable = d.str(), d.str(), d.boolean()
+func (ev *DeclareExchange) appendBody(b []byte) []byte {
+	return wire.AppendBool(appendStr(appendStr(b, ev.Name), ev.Type), ev.Durable)
+}
+func (ev *DeclareExchange) decodeBody(r *wire.Reader) {
+	ev.Name, ev.Type, ev.Durable = readStr(r), readStr(r), r.Bool()
 }
 
-func encodeQueueOptions(e *encoder, o *QueueOptions) {
-	e.boolean(o.Durable)
-	e.boolean(o.Exclusive)
-	e.boolean(o.AutoDelete)
-	e.u64(o.TTLMs)
-	e.u64(o.MaxLength)
-	e.u8(o.Overflow)
-	e.str(o.DeadLetterExchange)
-	e.u32(o.MaxDeliveries)
-	e.u64(o.MaxLengthBytes)
-	e.str(o.DeadLetterKey)
+func appendQueueOptions(b []byte, o *QueueOptions) []byte {
+	b = wire.AppendBool(b, o.Durable)
+	b = wire.AppendBool(b, o.Exclusive)
+	b = wire.AppendBool(b, o.AutoDelete)
+	b = wire.AppendU64(b, o.TTLMs)
+	b = wire.AppendU64(b, o.MaxLength)
+	b = wire.AppendU8(b, o.Overflow)
+	b = appendStr(b, o.DeadLetterExchange)
+	b = wire.AppendU32(b, o.MaxDeliveries)
+	b = wire.AppendU64(b, o.MaxLengthBytes)
+	return appendStr(b, o.DeadLetterKey)
 }
-func decodeQueueOptions(d *decoder, o *QueueOptions) {
-	o.Durable, o.Exclusive, o.AutoDelete = d.boolean(), d.boolean(), d.boolean()
-	o.TTLMs, o.MaxLength = d.u64(), d.u64()
-	o.Overflow = d.u8()
-	o.DeadLetterExchange = d.str()
-	o.MaxDeliveries = d.u32()
-	o.MaxLengthBytes = d.u64()
-	o.DeadLetterKey = d.str()
-}
-
-func (ev *DeclareQueue) encode(e *encoder) { e.str(ev.Name); encodeQueueOptions(e, &ev.Options) }
-func (ev *DeclareQueue) decode(d *decoder) { ev.Name = d.str(); decodeQueueOptions(d, &ev.Options) }
-
-func (ev *Bind) encode(e *encoder)   { e.str(ev.Exchange); e.str(ev.Queue); e.str(ev.Key) }
-func (ev *Bind) decode(d *decoder)   { ev.Exchange, ev.Queue, ev.Key = d.str(), d.str(), d.str() }
-func (ev *Unbind) encode(e *encoder) { e.str(ev.Exchange); e.str(ev.Queue); e.str(ev.Key) }
-func (ev *Unbind) decode(d *decoder) { ev.Exchange, ev.Queue, ev.Key = d.str(), d.str(), d.str() }
-
-func (ev *DeleteQueue) encode(e *encoder)    { e.str(ev.Name) }
-func (ev *DeleteQueue) decode(d *decoder)    { ev.Name = d.str() }
-func (ev *DeleteExchange) encode(e *encoder) { e.str(ev.Name) }
-func (ev *DeleteExchange) decode(d *decoder) { ev.Name = d.str() }
-
-func (ev *SetClusterConfig) encode(e *encoder) {
-	e.u32(ev.Groups)
-	e.u8(ev.Mode)
-	e.boolean(ev.UncleanElection)
-}
-func (ev *SetClusterConfig) decode(d *decoder) {
-	ev.Groups, ev.Mode, ev.UncleanElection = d.u32(), d.u8(), d.boolean()
+func decodeQueueOptions(r *wire.Reader, o *QueueOptions) {
+	o.Durable, o.Exclusive, o.AutoDelete = r.Bool(), r.Bool(), r.Bool()
+	o.TTLMs, o.MaxLength = r.U64(), r.U64()
+	o.Overflow = r.U8()
+	o.DeadLetterExchange = readStr(r)
+	o.MaxDeliveries = r.U32()
+	o.MaxLengthBytes = r.U64()
+	o.DeadLetterKey = readStr(r)
 }
 
-func (ev *SetAttribute) encode(e *encoder) { e.str(ev.Key); e.str(ev.Value) }
-func (ev *SetAttribute) decode(d *decoder) { ev.Key, ev.Value = d.str(), d.str() }
+func (ev *DeclareQueue) appendBody(b []byte) []byte {
+	return appendQueueOptions(appendStr(b, ev.Name), &ev.Options)
+}
+func (ev *DeclareQueue) decodeBody(r *wire.Reader) {
+	ev.Name = readStr(r)
+	decodeQueueOptions(r, &ev.Options)
+}
 
-func (ev *ElectPrimary) encode(e *encoder) {
-	e.u32(ev.Epoch)
-	e.u32(ev.Preferred)
-	e.u32(uint32(len(ev.Candidates)))
+func appendBinding(b []byte, exchange, queue, key string) []byte {
+	return appendStr(appendStr(appendStr(b, exchange), queue), key)
+}
+
+func (ev *Bind) appendBody(b []byte) []byte { return appendBinding(b, ev.Exchange, ev.Queue, ev.Key) }
+func (ev *Bind) decodeBody(r *wire.Reader) {
+	ev.Exchange, ev.Queue, ev.Key = readStr(r), readStr(r), readStr(r)
+}
+func (ev *Unbind) appendBody(b []byte) []byte { return appendBinding(b, ev.Exchange, ev.Queue, ev.Key) }
+func (ev *Unbind) decodeBody(r *wire.Reader) {
+	ev.Exchange, ev.Queue, ev.Key = readStr(r), readStr(r), readStr(r)
+}
+
+func (ev *DeleteQueue) appendBody(b []byte) []byte    { return appendStr(b, ev.Name) }
+func (ev *DeleteQueue) decodeBody(r *wire.Reader)     { ev.Name = readStr(r) }
+func (ev *DeleteExchange) appendBody(b []byte) []byte { return appendStr(b, ev.Name) }
+func (ev *DeleteExchange) decodeBody(r *wire.Reader)  { ev.Name = readStr(r) }
+
+func (ev *SetClusterConfig) appendBody(b []byte) []byte {
+	b = wire.AppendU32(b, ev.Groups)
+	b = wire.AppendU8(b, ev.Mode)
+	return wire.AppendBool(b, ev.UncleanElection)
+}
+func (ev *SetClusterConfig) decodeBody(r *wire.Reader) {
+	ev.Groups, ev.Mode, ev.UncleanElection = r.U32(), r.U8(), r.Bool()
+}
+
+func (ev *SetAttribute) appendBody(b []byte) []byte { return appendStr(appendStr(b, ev.Key), ev.Value) }
+func (ev *SetAttribute) decodeBody(r *wire.Reader)  { ev.Key, ev.Value = readStr(r), readStr(r) }
+
+func (ev *ElectPrimary) appendBody(b []byte) []byte {
+	b = wire.AppendU32(b, ev.Epoch)
+	b = wire.AppendU32(b, ev.Preferred)
+	b = wire.AppendU32(b, uint32(len(ev.Candidates)))
 	for _, c := range ev.Candidates {
-		e.u32(c.Broker)
-		e.boolean(c.Alive)
-		e.u64(c.Data)
+		b = wire.AppendU32(b, c.Broker)
+		b = wire.AppendBool(b, c.Alive)
+		b = wire.AppendU64(b, c.Data)
 	}
+	return b
 }
-func (ev *ElectPrimary) decode(d *decoder) {
-	ev.Epoch, ev.Preferred = d.u32(), d.u32()
-	n := d.count(13)
+func (ev *ElectPrimary) decodeBody(r *wire.Reader) {
+	ev.Epoch, ev.Preferred = r.U32(), r.U32()
+	n := r.Count(13)
 	ev.Candidates = nil // none (an admin handover) decodes as it was built
 	if n > 0 {
 		ev.Candidates = make([]PrimaryCandidate, n)
 	}
 	for i := range ev.Candidates {
 		c := &ev.Candidates[i]
-		c.Broker = d.u32()
-		c.Alive = d.boolean()
-		c.Data = d.u64()
+		c.Broker = r.U32()
+		c.Alive = r.Bool()
+		c.Data = r.U64()
 	}
 }
 
 // EncodeEvent appends the encoding of ev (kind byte then body) to dst.
 func EncodeEvent(dst []byte, ev Event) []byte {
-	e := encoder{b: append(dst, byte(ev.Kind()))}
-	ev.encode(&e)
-	return e.b
+	return ev.appendBody(append(dst, byte(ev.Kind())))
 }
 
 func newEvent(k EventKind) Event {
@@ -397,15 +400,15 @@ func newEvent(k EventKind) Event {
 // DecodeEvent decodes one event. It returns pointer event types.
 func DecodeEvent(b []byte) (Event, error) {
 	if len(b) < 1 {
-		return nil, errCodec
+		return nil, wire.ErrMalformed
 	}
 	ev := newEvent(EventKind(b[0]))
 	if ev == nil {
 		return nil, fmt.Errorf("controlplane: unknown event kind %d", b[0])
 	}
-	d := decoder{b: b[1:]}
-	ev.decode(&d)
-	if err := d.finish(); err != nil {
+	r := newReader(b[1:])
+	ev.decodeBody(r)
+	if err := r.Done(); err != nil {
 		return nil, err
 	}
 	return ev, nil

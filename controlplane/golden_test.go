@@ -222,13 +222,9 @@ func TestGoldenReplies(t *testing.T) {
 		{"sync-state-set-missing", readQuery{query: querySyncStateSet, group: 9}},
 		{"primary", readQuery{query: queryPrimary}},
 	} {
-		var e encoder
-		q.q.encode(s, &e)
-		got = append(got, golden{"read/" + q.name, e.b})
+		got = append(got, golden{"read/" + q.name, q.q.appendAnswer(nil, s)})
 	}
-	var e encoder
-	encodeResult(&e, Result{Code: CodeConflict, Value: 1<<32 + 5, Msg: "exchange \"ex\" exists"})
-	got = append(got, golden{"result", e.b})
+	got = append(got, golden{"result", appendResult(nil, Result{Code: CodeConflict, Value: 1<<32 + 5, Msg: "exchange \"ex\" exists"})})
 	_, _, lag := errorStatus(&LaggingError{Leader: "10.0.0.1:7402", Behind: 1234})
 	got = append(got, golden{"lagging", lag})
 	checkGolden(t, "replies.golden", got)

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/berthmq/berth/wire"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 )
@@ -42,25 +43,33 @@ type confItem struct {
 	index uint64
 }
 
-func encodeAddressBook(book map[uint64]string) []byte {
-	e := encoder{}
-	e.u32(uint32(len(book)))
-	for _, id := range slices.Sorted(maps.Keys(book)) {
-		e.u64(id)
-		e.str(book[id])
+// appendMembers appends a count, then each id and its address by id.
+func appendMembers(b []byte, members map[uint64]string) []byte {
+	b = wire.AppendU32(b, uint32(len(members)))
+	for _, id := range slices.Sorted(maps.Keys(members)) {
+		b = wire.AppendU64(b, id)
+		b = appendStr(b, members[id])
 	}
-	return e.b
+	return b
 }
 
+func encodeAddressBook(book map[uint64]string) []byte { return appendMembers(nil, book) }
+
 func decodeAddressBook(b []byte) (map[uint64]string, error) {
-	d := decoder{b: b}
-	n := d.count(10)
-	book := make(map[uint64]string, n)
+	r := newReader(b)
+	book := readMembers(r)
+	return book, r.Done()
+}
+
+// readMembers reads what appendMembers wrote.
+func readMembers(r *wire.Reader) map[uint64]string {
+	n := r.Count(10)
+	members := make(map[uint64]string, n)
 	for i := 0; i < n; i++ {
-		id := d.u64()
-		book[id] = d.str()
+		id := r.U64()
+		members[id] = readStr(r)
 	}
-	return book, d.finish()
+	return members
 }
 
 func inConf(cs *pb.ConfState, id uint64) bool {

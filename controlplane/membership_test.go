@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/berthmq/berth/wire"
 )
 
 // TestMembershipJointConsensus replaces a member of a 3-controller group
@@ -238,31 +240,21 @@ func TestMembershipOverService(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer raw.close(errors.New("test done"))
-	enc := func(f func(e *encoder)) []byte { e := encoder{}; f(&e); return e.b }
+	u32, u64, str := wire.AppendU32, wire.AppendU64, wire.AppendStr
+	sixAdds := u32(nil, 6)
+	for id := uint64(10); id < 16; id++ {
+		sixAdds = str(u64(sixAdds, id), fmt.Sprintf("127.0.0.1:%d", id))
+	}
 	for name, body := range map[string][]byte{
-		"empty":      nil,
-		"truncated":  enc(func(e *encoder) { e.u32(1); e.u64(6) }),
-		"huge count": enc(func(e *encoder) { e.u32(1 << 30) }),
-		"six adds": enc(func(e *encoder) {
-			e.u32(6)
-			for id := uint64(10); id < 16; id++ {
-				e.u64(id)
-				e.str(fmt.Sprintf("127.0.0.1:%d", id))
-			}
-			e.u32(0)
-		}),
-		"duplicate add": enc(func(e *encoder) {
-			e.u32(2)
-			e.u64(6)
-			e.str(free)
-			e.u64(6)
-			e.str(free)
-			e.u32(0)
-		}),
-		"trailing":      enc(func(e *encoder) { e.u32(0); e.u32(1); e.u64(gone); e.u8(0) }),
-		"id 0":          enc(func(e *encoder) { e.u32(1); e.u64(0); e.str(free); e.u32(0) }),
-		"empty address": enc(func(e *encoder) { e.u32(1); e.u64(6); e.str(""); e.u32(0) }),
-		"remove 0":      enc(func(e *encoder) { e.u32(0); e.u32(1); e.u64(0) }),
+		"empty":         nil,
+		"truncated":     u64(u32(nil, 1), 6),
+		"huge count":    u32(nil, 1<<30),
+		"six adds":      u32(sixAdds, 0),
+		"duplicate add": u32(str(u64(str(u64(u32(nil, 2), 6), free), 6), free), 0),
+		"trailing":      wire.AppendU8(u64(u32(u32(nil, 0), 1), gone), 0),
+		"id 0":          u32(str(u64(u32(nil, 1), 0), free), 0),
+		"empty address": u32(str(u64(u32(nil, 1), 6), ""), 0),
+		"remove 0":      u64(u32(u32(nil, 0), 1), 0),
 	} {
 		resp, err := raw.do(ctx, opChangeMembers, body)
 		if err != nil {

@@ -134,7 +134,7 @@ func (n *Node) serveReads(sc *serverConn, follower bool, cr *connReads) []batche
 	cr.seal.mu.Unlock()
 	bp := replyPool.Get().(*[]byte)
 	out := (*bp)[:0]
-	var e encoder
+	var body []byte // reused for each answer; copied into out
 	for _, r := range reads {
 		resp := wire.CtlResponse{ID: r.id}
 		switch {
@@ -143,11 +143,10 @@ func (n *Node) serveReads(sc *serverConn, follower bool, cr *connReads) []batche
 		case err != nil:
 			resp.Status, resp.Leader, resp.Body = errorStatus(err)
 		default:
-			e.b = e.b[:0]
 			n.mu.RLock()
-			r.q.encode(n.state, &e)
+			body = r.q.appendAnswer(body[:0], n.state)
 			n.mu.RUnlock()
-			resp.Body = e.b
+			resp.Body = body
 		}
 		out = wire.AppendCtlResponse(out, resp)
 	}

@@ -4,9 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"fmt"
 	"io"
-	"maps"
 	"net"
 	"slices"
 	"sync"
@@ -17,69 +15,13 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// Service operations (wire.CtlRequest.Op). Persisted nowhere, but brokers
-// of other versions send them: never renumber.
 const (
-	opPropose   uint8 = 1 // body: an event; reply: a Result
-	opRead      uint8 = 2 // body: mode, query, args; reply: per query
-	opHeartbeat uint8 = 3 // body: broker, log ends
-	opElect     uint8 = 4 // body: preferred broker, group ids; reply: a Result
-	opStatus    uint8 = 5 // reply: a Status
-	opWait      uint8 = 6 // body: an applied index; reply: the applied index once past it
-	opPrimary   uint8 = 7 // body: preferred broker; reply: a Result (elected on the leader from its heartbeats)
-	// opMembers: no body; reply: the leader's id, then the voters as
-	// count + (id u64, address str)*. Served on the leader only, after a
-	// ReadIndex round (a consistent read): the configuration it reports
-	// holds every membership change committed before the request.
-	opMembers uint8 = 8
-	// opChangeMembers: body: adds as count + (id u64, address str)*,
-	// removes as count + id*; each count at most membersChangeMax. Runs
-	// ChangeMembership on the leader; an empty reply once the joint
-	// configuration is left. A write: a stopping leader's answer is
-	// ambiguous. Repeating a change that took effect succeeds.
-	opChangeMembers uint8 = 9
-)
-
-// membersChangeMax bounds the adds and the removes in one opChangeMembers
-// request: no change leaves more than VotersMax voters, and replacing a
-// whole 5-member group takes 5 of each.
-const membersChangeMax = VotersMax
-
-// Read queries.
-const (
-	queryWiring uint8 = iota + 1
-	queryGroups
-	queryBrokers
-	queryNextBrokerID
-	queryAttribute
-	queryClusterInfo
-	querySyncStateSet
-	queryPrimary
-)
-
-// Response statuses (wire.CtlResponse.Status).
-const (
-	statusOK uint8 = iota
-	statusNotLeader
-	statusLagging
-	statusBusy
-	statusBadRequest
-	statusUnavailable // not served; safe to retry
-	statusAmbiguous   // a write whose outcome is unknown
-	statusStopped
-)
-
-const (
-	// ctlFrameMax bounds a service request frame.
-	ctlFrameMax = 1 << 20
 	// connInflightMax bounds requests served at once per connection.
 	connInflightMax = 1024
 	// requestTimeout bounds the time the server spends on one request.
 	requestTimeout = 5 * time.Second
 	// waitPollMax bounds one WaitChange long poll on the server.
 	waitPollMax = 2 * time.Second
-	// groupsPerReplyMax bounds the groups in one GetGroups reply.
-	groupsPerReplyMax = 16384
 )
 
 func (n *Node) serve() {
@@ -303,7 +245,6 @@ func (n *Node) handle(ctx context.Context, op uint8, body []byte) (status uint8,
 
 // handleOn serves one request arriving on sc (nil in-process).
 func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []byte) (status uint8, leader string, out []byte) {
-	var e encoder
 	var err error
 	switch op {
 	case opPropose:
@@ -315,19 +256,14 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 		var res Result
 		res, err = n.Propose(ctx, ev)
 		if err == nil {
-			encodeResult(&e, res)
+			out = appendResult(out, res)
 		}
 	case opRead:
-		err = n.handleRead(ctx, body, &e)
+		out, err = n.handleRead(ctx, body)
 	case opHeartbeat:
-		d := decoder{b: body}
-		broker := d.u32()
-		cnt := d.count(16)
-		logEnds := make([]GroupLogEnd, cnt)
-		for i := range logEnds {
-			logEnds[i] = GroupLogEnd{d.u32(), LogEnd{d.u32(), d.u64()}}
-		}
-		if err = d.finish(); err == nil {
+		var broker uint32
+		var logEnds []GroupLogEnd
+		if broker, logEnds, err = decodeHeartbeat(body); err == nil {
 			var conn uint64
 			if sc != nil {
 				conn = sc.id
@@ -339,22 +275,20 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 			err = ErrBadRequest
 		}
 	case opElect:
-		d := decoder{b: body}
-		preferred := d.u32()
-		groups := decodeIDs(&d)
-		if err = d.finish(); err != nil {
+		preferred, groups, derr := decodeElect(body)
+		if derr != nil {
 			err = ErrBadRequest
 			break
 		}
 		var res Result
 		res, err = n.ElectNow(ctx, groups, preferred)
 		if err == nil {
-			encodeResult(&e, res)
+			out = appendResult(out, res)
 		}
 	case opPrimary:
-		d := decoder{b: body}
-		preferred := d.u32()
-		if err = d.finish(); err != nil || preferred == 0 {
+		r := newReader(body)
+		preferred := r.U32()
+		if err = r.Done(); err != nil || preferred == 0 {
 			err = ErrBadRequest
 			break
 		}
@@ -366,12 +300,12 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 			res, err = Result{Code: re.Code, Msg: re.Msg}, nil
 		}
 		if err == nil {
-			encodeResult(&e, res)
+			out = appendResult(out, res)
 		}
 	case opWait:
-		d := decoder{b: body}
-		after := d.u64()
-		if err = d.finish(); err != nil {
+		r := newReader(body)
+		after := r.U64()
+		if err = r.Done(); err != nil {
 			err = ErrBadRequest
 			break
 		}
@@ -380,7 +314,7 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 		wctx, cancel := context.WithTimeout(ctx, waitPollMax)
 		n.waitApplied(wctx, after+1)
 		cancel()
-		e.u64(n.Applied())
+		out = wire.AppendU64(out, n.Applied())
 	case opMembers:
 		if len(body) != 0 {
 			return statusBadRequest, "", []byte("controlplane: members takes no arguments")
@@ -391,13 +325,8 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 		if _, err = n.ReadIndex(ctx, false); err != nil {
 			break
 		}
-		members := n.memberAddrs()
-		e.u64(n.self)
-		e.u32(uint32(len(members)))
-		for _, id := range slices.Sorted(maps.Keys(members)) {
-			e.u64(id)
-			e.str(members[id])
-		}
+		out = wire.AppendU64(out, n.self)
+		out = appendMembers(out, n.memberAddrs())
 	case opChangeMembers:
 		var add map[uint64]string
 		var remove []uint64
@@ -409,7 +338,7 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 	case opStatus:
 		s := n.Status()
 		for _, v := range []uint64{s.ID, s.Leader, s.Term, s.Applied, s.SnapshotIndex, s.FirstIndex, s.LastIndex} {
-			e.u64(v)
+			out = wire.AppendU64(out, v)
 		}
 	default:
 		return statusBadRequest, "", []byte("controlplane: unknown operation")
@@ -420,54 +349,7 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 		}
 		return errorStatus(err)
 	}
-	return statusOK, "", e.b
-}
-
-func encodeMembersChange(e *encoder, add map[uint64]string, remove []uint64) {
-	e.u32(uint32(len(add)))
-	for _, id := range slices.Sorted(maps.Keys(add)) {
-		e.u64(id)
-		e.str(add[id])
-	}
-	encodeMemberIDs(e, remove)
-}
-
-func encodeMemberIDs(e *encoder, ids []uint64) {
-	e.u32(uint32(len(ids)))
-	for _, id := range ids {
-		e.u64(id)
-	}
-}
-
-// decodeMembersChange reads an opChangeMembers body. ChangeMembership
-// checks the ids and addresses against the membership; this checks only
-// the shape and the bounds.
-func decodeMembersChange(body []byte) (map[uint64]string, []uint64, error) {
-	d := decoder{b: body}
-	na := d.count(10) // id and string length
-	if na > membersChangeMax {
-		return nil, nil, fmt.Errorf("%w: %d controllers to add; at most %d per change", ErrBadRequest, na, membersChangeMax)
-	}
-	add := make(map[uint64]string, na)
-	for i := 0; i < na && d.err == nil; i++ {
-		id, addr := d.u64(), d.str()
-		if _, dup := add[id]; dup && d.err == nil {
-			return nil, nil, fmt.Errorf("%w: controller %d is listed twice to add", ErrBadRequest, id)
-		}
-		add[id] = addr
-	}
-	nr := d.count(8)
-	if nr > membersChangeMax {
-		return nil, nil, fmt.Errorf("%w: %d controllers to remove; at most %d per change", ErrBadRequest, nr, membersChangeMax)
-	}
-	remove := make([]uint64, 0, nr)
-	for i := 0; i < nr && d.err == nil; i++ {
-		remove = append(remove, d.u64())
-	}
-	if err := d.finish(); err != nil {
-		return nil, nil, fmt.Errorf("%w: malformed membership change: %v", ErrBadRequest, err)
-	}
-	return add, remove, nil
+	return statusOK, "", out
 }
 
 func errorStatus(err error) (uint8, string, []byte) {
@@ -477,9 +359,7 @@ func errorStatus(err error) (uint8, string, []byte) {
 	case errors.As(err, &nl):
 		return statusNotLeader, nl.Leader, nil
 	case errors.As(err, &lag):
-		var e encoder
-		e.u64(lag.Behind)
-		return statusLagging, lag.Leader, e.b
+		return statusLagging, lag.Leader, wire.AppendU64(nil, lag.Behind)
 	case errors.Is(err, ErrBusy):
 		return statusBusy, "", nil
 	case errors.Is(err, ErrLeaderChanged):
@@ -495,34 +375,6 @@ func errorStatus(err error) (uint8, string, []byte) {
 	return statusBadRequest, "", []byte(err.Error())
 }
 
-func encodeResult(e *encoder, r Result) {
-	e.u8(r.Code)
-	e.u64(r.Value)
-	e.str(r.Msg)
-}
-
-func decodeResult(b []byte) (Result, error) {
-	d := decoder{b: b}
-	r := Result{Code: d.u8(), Value: d.u64(), Msg: d.str()}
-	return r, d.finish()
-}
-
-func encodeGroup(e *encoder, g Group) {
-	e.u32(g.ID)
-	e.u32(g.Master)
-	e.u32(g.Epoch)
-	e.u32(g.ElectedLogEnd.Epoch)
-	e.u64(g.ElectedLogEnd.Index)
-	encodeIDs(e, g.SyncStateSet)
-}
-
-func decodeGroup(d *decoder) Group {
-	g := Group{ID: d.u32(), Master: d.u32(), Epoch: d.u32()}
-	g.ElectedLogEnd = LogEnd{d.u32(), d.u64()}
-	g.SyncStateSet = decodeIDs(d)
-	return g
-}
-
 // readQuery is a parsed opRead body.
 type readQuery struct {
 	mode                ReadMode
@@ -532,36 +384,37 @@ type readQuery struct {
 }
 
 func parseRead(body []byte) (readQuery, error) {
-	d := decoder{b: body}
-	q := readQuery{mode: ReadMode(d.u8()), query: d.u8()}
+	r := newReader(body)
+	q := readQuery{mode: ReadMode(r.U8()), query: r.U8()}
 	switch q.query {
 	case queryGroups:
-		q.start, q.count = d.u32(), d.u32()
+		q.start, q.count = r.U32(), r.U32()
 		if q.count > groupsPerReplyMax {
 			q.count = groupsPerReplyMax
 		}
 	case queryAttribute:
-		q.key = d.str()
+		q.key = readStr(r)
 	case querySyncStateSet:
-		q.group = d.u32()
+		q.group = r.U32()
 	case queryWiring, queryBrokers, queryNextBrokerID, queryClusterInfo, queryPrimary:
 	default:
 		return q, ErrBadRequest
 	}
-	if err := d.finish(); err != nil {
+	if err := r.Done(); err != nil {
 		return q, ErrBadRequest
 	}
 	return q, nil
 }
 
-// encode appends the query's answer from s; the caller holds s's read lock.
-func (q *readQuery) encode(s *State, e *encoder) {
+// appendAnswer appends the query's answer from s; the caller holds s's
+// read lock.
+func (q *readQuery) appendAnswer(b []byte, s *State) []byte {
 	switch q.query {
 	case queryWiring:
-		encodeWiring(e, s.Wiring())
+		b = appendWiring(b, s.Wiring())
 	case queryGroups:
 		total := uint32(s.GroupCount())
-		e.u32(total)
+		b = wire.AppendU32(b, total)
 		start := q.start
 		end := uint64(start) + uint64(q.count)
 		if end > uint64(total) {
@@ -570,45 +423,48 @@ func (q *readQuery) encode(s *State, e *encoder) {
 		if uint64(start) > end {
 			start = uint32(end)
 		}
-		e.u32(uint32(end) - start)
+		b = wire.AppendU32(b, uint32(end)-start)
 		for id := start; uint64(id) < end; id++ {
 			g, _ := s.Group(id)
-			encodeGroup(e, g)
+			b = appendGroup(b, g)
 		}
 	case queryBrokers:
 		bs := s.Brokers()
-		e.u32(uint32(len(bs)))
-		for _, b := range bs {
-			(&RegisterBroker{ID: b.ID, Addrs: b.Addrs, Version: b.Version}).encode(e)
+		b = wire.AppendU32(b, uint32(len(bs)))
+		for _, br := range bs {
+			b = (&RegisterBroker{ID: br.ID, Addrs: br.Addrs, Version: br.Version}).appendBody(b)
 		}
 	case queryNextBrokerID:
-		e.u32(s.NextBrokerID())
+		b = wire.AppendU32(b, s.NextBrokerID())
 	case queryAttribute:
 		v, ok := s.Attribute(q.key)
-		e.boolean(ok)
-		e.str(v)
+		b = wire.AppendBool(b, ok)
+		b = appendStr(b, v)
 	case queryClusterInfo:
 		c := s.Config()
-		(&SetClusterConfig{Groups: c.Groups, Mode: c.Mode, UncleanElection: c.UncleanElection}).encode(e)
-		e.u16(s.ClusterVersion())
+		b = (&SetClusterConfig{Groups: c.Groups, Mode: c.Mode, UncleanElection: c.UncleanElection}).appendBody(b)
+		b = wire.AppendU16(b, s.ClusterVersion())
 	case querySyncStateSet:
 		g, ok := s.Group(q.group)
-		e.boolean(ok)
-		encodeGroup(e, g)
+		b = wire.AppendBool(b, ok)
+		b = appendGroup(b, g)
 	case queryPrimary:
 		// mode, broker, epoch, then the broker's addresses.
 		p, epoch := s.Primary()
-		b, _ := s.Broker(p)
-		e.u8(s.Config().Mode)
-		(&RegisterBroker{ID: p, Addrs: b.Addrs}).encode(e)
-		e.u32(epoch)
+		br, _ := s.Broker(p)
+		b = wire.AppendU8(b, s.Config().Mode)
+		b = (&RegisterBroker{ID: p, Addrs: br.Addrs}).appendBody(b)
+		b = wire.AppendU32(b, epoch)
 	}
+	return b
 }
 
-func (n *Node) handleRead(ctx context.Context, body []byte, e *encoder) error {
+func (n *Node) handleRead(ctx context.Context, body []byte) ([]byte, error) {
 	q, err := parseRead(body)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return n.Read(ctx, q.mode, func(s *State) { q.encode(s, e) })
+	var out []byte
+	err = n.Read(ctx, q.mode, func(s *State) { out = q.appendAnswer(out, s) })
+	return out, err
 }

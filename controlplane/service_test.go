@@ -126,12 +126,8 @@ func TestPipelinedReadsOverSocket(t *testing.T) {
 	const malformed = 777
 	var burst []byte
 	for i := uint64(1); i <= requests; i++ {
-		e := encoder{}
 		mode := []ReadMode{ReadConsistent, ReadFollower, ReadUnsafe}[i%3]
-		e.u8(uint8(mode))
-		e.u8(queryAttribute)
-		e.str("k")
-		body := e.b
+		body := wire.AppendStr([]byte{uint8(mode), queryAttribute}, "k")
 		if i == malformed {
 			body = body[:len(body)-1]
 		}
@@ -170,9 +166,9 @@ func TestPipelinedReadsOverSocket(t *testing.T) {
 		if resp.Status != statusOK {
 			t.Fatalf("read %d: status %d %s", resp.ID, resp.Status, resp.Body)
 		}
-		d := decoder{b: resp.Body}
-		ok, v := d.boolean(), d.str()
-		if err := d.finish(); err != nil || !ok || v != "v1" {
+		r := newReader(resp.Body)
+		ok, v := r.Bool(), readStr(r)
+		if err := r.Done(); err != nil || !ok || v != "v1" {
 			t.Fatalf("read %d: %q %v %v", resp.ID, v, ok, err)
 		}
 	}

@@ -91,7 +91,7 @@ func (n *Node) serveWrites(sc *serverConn, writes []batchedWrite) {
 	}
 	bp := replyPool.Get().(*[]byte)
 	out := (*bp)[:0]
-	var e encoder
+	var body []byte // reused for each result; copied into out
 	k := 0
 	for _, w := range writes {
 		resp := wire.CtlResponse{ID: w.id}
@@ -108,9 +108,8 @@ func (n *Node) serveWrites(sc *serverConn, writes []batchedWrite) {
 				resp.Status, resp.Leader, resp.Body = proposeErrorStatus(werr)
 				break
 			}
-			e.b = e.b[:0]
-			encodeResult(&e, results[k-1].res)
-			resp.Body = e.b
+			body = appendResult(body[:0], results[k-1].res)
+			resp.Body = body
 		}
 		out = wire.AppendCtlResponse(out, resp)
 	}

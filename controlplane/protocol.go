@@ -1,0 +1,182 @@
+package controlplane
+
+import (
+	"fmt"
+
+	"github.com/berthmq/berth/wire"
+)
+
+// The controller service's protocol: operations, read queries, reply
+// statuses, their bounds, and the request and reply bodies that the client
+// writes and the service reads (or the other way). A frame is a
+// wire.CtlRequest or wire.CtlResponse; the bodies use the wire codec.
+
+// Service operations (wire.CtlRequest.Op). Persisted nowhere, but brokers
+// of other versions send them: never renumber.
+const (
+	opPropose   uint8 = 1 // body: an event; reply: a Result
+	opRead      uint8 = 2 // body: mode, query, args; reply: per query
+	opHeartbeat uint8 = 3 // body: broker, log ends
+	opElect     uint8 = 4 // body: preferred broker, group ids; reply: a Result
+	opStatus    uint8 = 5 // reply: a Status
+	opWait      uint8 = 6 // body: an applied index; reply: the applied index once past it
+	opPrimary   uint8 = 7 // body: preferred broker; reply: a Result (elected on the leader from its heartbeats)
+	// opMembers: no body; reply: the leader's id, then the voters as
+	// count + (id u64, address str)*. Served on the leader only, after a
+	// ReadIndex round (a consistent read): the configuration it reports
+	// holds every membership change committed before the request.
+	opMembers uint8 = 8
+	// opChangeMembers: body: adds as count + (id u64, address str)*,
+	// removes as count + id*; each count at most membersChangeMax. Runs
+	// ChangeMembership on the leader; an empty reply once the joint
+	// configuration is left. A write: a stopping leader's answer is
+	// ambiguous. Repeating a change that took effect succeeds.
+	opChangeMembers uint8 = 9
+)
+
+// membersChangeMax bounds the adds and the removes in one opChangeMembers
+// request: no change leaves more than VotersMax voters, and replacing a
+// whole 5-member group takes 5 of each.
+const membersChangeMax = VotersMax
+
+// Read queries.
+const (
+	queryWiring uint8 = iota + 1
+	queryGroups
+	queryBrokers
+	queryNextBrokerID
+	queryAttribute
+	queryClusterInfo
+	querySyncStateSet
+	queryPrimary
+)
+
+// Response statuses (wire.CtlResponse.Status).
+const (
+	statusOK uint8 = iota
+	statusNotLeader
+	statusLagging
+	statusBusy
+	statusBadRequest
+	statusUnavailable // not served; safe to retry
+	statusAmbiguous   // a write whose outcome is unknown
+	statusStopped
+)
+
+const (
+	// ctlFrameMax bounds a service request frame.
+	ctlFrameMax = 1 << 20
+	// groupsPerReplyMax bounds the groups in one GetGroups reply.
+	groupsPerReplyMax = 16384
+)
+
+// appendHeartbeat appends an opHeartbeat body: the broker, then each
+// group's log end.
+func appendHeartbeat(b []byte, broker uint32, logEnds []GroupLogEnd) []byte {
+	b = wire.AppendU32(b, broker)
+	b = wire.AppendU32(b, uint32(len(logEnds)))
+	for _, l := range logEnds {
+		b = wire.AppendU32(b, l.Group)
+		b = wire.AppendU32(b, l.LogEnd.Epoch)
+		b = wire.AppendU64(b, l.LogEnd.Index)
+	}
+	return b
+}
+
+// decodeHeartbeat reads an opHeartbeat body.
+func decodeHeartbeat(body []byte) (broker uint32, logEnds []GroupLogEnd, err error) {
+	r := newReader(body)
+	broker = r.U32()
+	logEnds = make([]GroupLogEnd, r.Count(16))
+	for i := range logEnds {
+		logEnds[i] = GroupLogEnd{r.U32(), LogEnd{r.U32(), r.U64()}}
+	}
+	return broker, logEnds, r.Done()
+}
+
+// appendElect appends an opElect body: the preferred broker, then the
+// groups.
+func appendElect(b []byte, preferred uint32, groups []uint32) []byte {
+	return appendIDs(wire.AppendU32(b, preferred), groups)
+}
+
+// decodeElect reads an opElect body.
+func decodeElect(body []byte) (preferred uint32, groups []uint32, err error) {
+	r := newReader(body)
+	preferred = r.U32()
+	groups = readIDs(r)
+	return preferred, groups, r.Done()
+}
+
+// appendMembersChange appends an opChangeMembers body.
+func appendMembersChange(b []byte, add map[uint64]string, remove []uint64) []byte {
+	b = appendMembers(b, add)
+	b = wire.AppendU32(b, uint32(len(remove)))
+	for _, id := range remove {
+		b = wire.AppendU64(b, id)
+	}
+	return b
+}
+
+// decodeMembersChange reads an opChangeMembers body. ChangeMembership
+// checks the ids and addresses against the membership; this checks only
+// the shape and the bounds.
+func decodeMembersChange(body []byte) (map[uint64]string, []uint64, error) {
+	r := newReader(body)
+	na := r.Count(10) // id and string length
+	if na > membersChangeMax {
+		return nil, nil, fmt.Errorf("%w: %d controllers to add; at most %d per change", ErrBadRequest, na, membersChangeMax)
+	}
+	add := make(map[uint64]string, na)
+	for i := 0; i < na && r.Err() == nil; i++ {
+		id, addr := r.U64(), readStr(r)
+		if _, dup := add[id]; dup && r.Err() == nil {
+			return nil, nil, fmt.Errorf("%w: controller %d is listed twice to add", ErrBadRequest, id)
+		}
+		add[id] = addr
+	}
+	nr := r.Count(8)
+	if nr > membersChangeMax {
+		return nil, nil, fmt.Errorf("%w: %d controllers to remove; at most %d per change", ErrBadRequest, nr, membersChangeMax)
+	}
+	remove := make([]uint64, 0, nr)
+	for i := 0; i < nr && r.Err() == nil; i++ {
+		remove = append(remove, r.U64())
+	}
+	if err := r.Done(); err != nil {
+		return nil, nil, fmt.Errorf("%w: malformed membership change: %v", ErrBadRequest, err)
+	}
+	return add, remove, nil
+}
+
+// appendResult appends the reply to a write: code, value, message.
+func appendResult(b []byte, r Result) []byte {
+	b = wire.AppendU8(b, r.Code)
+	b = wire.AppendU64(b, r.Value)
+	return appendStr(b, r.Msg)
+}
+
+// decodeResult reads what appendResult wrote.
+func decodeResult(b []byte) (Result, error) {
+	r := newReader(b)
+	res := Result{Code: r.U8(), Value: r.U64(), Msg: readStr(r)}
+	return res, r.Done()
+}
+
+// appendGroup appends a group as the group reads answer it.
+func appendGroup(b []byte, g Group) []byte {
+	b = wire.AppendU32(b, g.ID)
+	b = wire.AppendU32(b, g.Master)
+	b = wire.AppendU32(b, g.Epoch)
+	b = wire.AppendU32(b, g.ElectedLogEnd.Epoch)
+	b = wire.AppendU64(b, g.ElectedLogEnd.Index)
+	return appendIDs(b, g.SyncStateSet)
+}
+
+// readGroup reads what appendGroup wrote.
+func readGroup(r *wire.Reader) Group {
+	g := Group{ID: r.U32(), Master: r.U32(), Epoch: r.U32()}
+	g.ElectedLogEnd = LogEnd{r.U32(), r.U64()}
+	g.SyncStateSet = readIDs(r)
+	return g
+}
