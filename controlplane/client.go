@@ -38,7 +38,7 @@ const (
 // redirects and retries what is safe to retry. Safe for concurrent use.
 type Client struct {
 	addrs  []string
-	local  *Node // in-process; no TCP
+	local  Handler // in-process; no TCP
 	rr     atomic.Uint32
 	mu     sync.Mutex
 	leader string
@@ -51,10 +51,15 @@ func NewClient(addrs []string) *Client {
 	return &Client{addrs: append([]string(nil), addrs...), conns: map[string]*clientConn{}}
 }
 
-// LocalClient returns a client that calls this node in-process, for a
-// broker that embeds its controller (single-node mode).
-func (n *Node) LocalClient() *Client {
-	return &Client{local: n, addrs: []string{"local"}, conns: map[string]*clientConn{}}
+// Handler serves one request in-process, as a controller's service serves
+// one that arrived over TCP: op and body are the request's, and it returns
+// the reply's status, leader address and body.
+type Handler func(ctx context.Context, op uint8, body []byte) (status uint8, leader string, out []byte)
+
+// NewLocal returns a client that calls h instead of dialing, for a broker
+// that embeds its controller: the controller's Node.LocalClient.
+func NewLocal(h Handler) *Client {
+	return &Client{local: h, addrs: []string{"local"}, conns: map[string]*clientConn{}}
 }
 
 // Close closes the client's connections.
@@ -267,7 +272,7 @@ func (c *Client) call(ctx context.Context, op uint8, body []byte, anyNode bool) 
 		}
 		var resp wire.CtlResponse
 		if c.local != nil {
-			resp.Status, resp.Leader, resp.Body = c.local.handle(ctx, op, body)
+			resp.Status, resp.Leader, resp.Body = c.local(ctx, op, body)
 		} else {
 			cc, err := c.conn(ctx, addr)
 			if err == nil {
@@ -304,7 +309,7 @@ func (c *Client) call(ctx context.Context, op uint8, body []byte, anyNode bool) 
 				addr = c.pick(true)
 			}
 		case statusLagging:
-			lastErr = &LaggingError{Leader: resp.Leader, Behind: newReader(resp.Body).U64()}
+			lastErr = &LaggingError{Leader: resp.Leader, Behind: wire.NewReader(resp.Body).U64()}
 			if resp.Leader != "" {
 				addr = resp.Leader
 			} else {
@@ -451,7 +456,7 @@ func (c *Client) read(ctx context.Context, mode ReadMode, query uint8, args func
 	if err != nil {
 		return nil, err
 	}
-	return newReader(out), nil
+	return wire.NewReader(out), nil
 }
 
 // GetAttribute reads a cluster attribute.
@@ -563,7 +568,7 @@ func (c *Client) WaitChange(ctx context.Context, after uint64) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	r := newReader(out)
+	r := wire.NewReader(out)
 	v := r.U64()
 	return v, r.Done()
 }
@@ -630,7 +635,7 @@ func (c *Client) MemberList(ctx context.Context) (members map[uint64]string, lea
 	if err != nil {
 		return nil, 0, err
 	}
-	r := newReader(out)
+	r := wire.NewReader(out)
 	leader = r.U64()
 	members = readMembers(r)
 	if err := r.Done(); err != nil {

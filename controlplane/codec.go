@@ -42,10 +42,3 @@ func readIDs(r *wire.Reader) []uint32 {
 	}
 	return ids
 }
-
-// newReader returns a reader over b.
-func newReader(b []byte) *wire.Reader {
-	r := &wire.Reader{}
-	r.Reset(b)
-	return r
-}

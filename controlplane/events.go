@@ -406,7 +406,7 @@ func DecodeEvent(b []byte) (Event, error) {
 	if ev == nil {
 		return nil, fmt.Errorf("controlplane: unknown event kind %d", b[0])
 	}
-	r := newReader(b[1:])
+	r := wire.NewReader(b[1:])
 	ev.decodeBody(r)
 	if err := r.Done(); err != nil {
 		return nil, err

@@ -16,12 +16,6 @@ const heartbeatShards = 16
 // scanIntervalMax bounds the time between inactive-master scans.
 const scanIntervalMax = 100 * time.Millisecond
 
-// GroupLogEnd is one group's log end as a broker reports it.
-type GroupLogEnd struct {
-	Group  uint32
-	LogEnd LogEnd
-}
-
 // heartbeats is the leader's failure detector. It lives outside the state
 // machine: its data reaches the log only inside ElectMaster events. Each
 // shard keeps its brokers in a deadline heap, so finding the dead is

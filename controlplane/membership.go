@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/berthmq/berth/wire"
@@ -43,64 +41,17 @@ type confItem struct {
 	index uint64
 }
 
-// appendMembers appends a count, then each id and its address by id.
-func appendMembers(b []byte, members map[uint64]string) []byte {
-	b = wire.AppendU32(b, uint32(len(members)))
-	for _, id := range slices.Sorted(maps.Keys(members)) {
-		b = wire.AppendU64(b, id)
-		b = appendStr(b, members[id])
-	}
-	return b
-}
-
 func encodeAddressBook(book map[uint64]string) []byte { return appendMembers(nil, book) }
 
 func decodeAddressBook(b []byte) (map[uint64]string, error) {
-	r := newReader(b)
+	r := wire.NewReader(b)
 	book := readMembers(r)
 	return book, r.Done()
-}
-
-// readMembers reads what appendMembers wrote.
-func readMembers(r *wire.Reader) map[uint64]string {
-	n := r.Count(10)
-	members := make(map[uint64]string, n)
-	for i := 0; i < n; i++ {
-		id := r.U64()
-		members[id] = readStr(r)
-	}
-	return members
 }
 
 func inConf(cs *pb.ConfState, id uint64) bool {
 	return slices.Contains(cs.GetVoters(), id) || slices.Contains(cs.GetVotersOutgoing(), id) ||
 		slices.Contains(cs.GetLearners(), id) || slices.Contains(cs.GetLearnersNext(), id)
-}
-
-// VotersMax bounds the voters a membership change may leave: a controller
-// group has at most 5 members.
-const VotersMax = 5
-
-// CheckControllerAddr accepts host:port with a port in 1..65535 and at
-// most 255 bytes: the other members dial it.
-func CheckControllerAddr(addr string) error {
-	if addr == "" {
-		return errors.New("address is empty")
-	}
-	if len(addr) > nameLenMax {
-		return fmt.Errorf("address is %d bytes, more than %d", len(addr), nameLenMax)
-	}
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("address %q: %v", addr, err)
-	}
-	if host == "" {
-		return fmt.Errorf("address %q has no host", addr)
-	}
-	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
-		return fmt.Errorf("address %q: port must be 1..65535", addr)
-	}
-	return nil
 }
 
 // ChangeMembership adds and removes controllers in one joint-consensus

@@ -235,11 +235,7 @@ func TestMembershipOverService(t *testing.T) {
 	}
 	// Malformed bodies on the wire, past the client's checks.
 	leaderAddr := c.leader().Addr()
-	raw, err := dialClientConn(ctx, leaderAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.close(errors.New("test done"))
+	raw := dialRaw(t, leaderAddr)
 	u32, u64, str := wire.AppendU32, wire.AppendU64, wire.AppendStr
 	sixAdds := u32(nil, 6)
 	for id := uint64(10); id < 16; id++ {

@@ -1,7 +1,12 @@
 package controlplane
 
 import (
+	"errors"
 	"fmt"
+	"maps"
+	"net"
+	"slices"
+	"strconv"
 
 	"github.com/berthmq/berth/wire"
 )
@@ -85,7 +90,7 @@ func appendHeartbeat(b []byte, broker uint32, logEnds []GroupLogEnd) []byte {
 
 // decodeHeartbeat reads an opHeartbeat body.
 func decodeHeartbeat(body []byte) (broker uint32, logEnds []GroupLogEnd, err error) {
-	r := newReader(body)
+	r := wire.NewReader(body)
 	broker = r.U32()
 	logEnds = make([]GroupLogEnd, r.Count(16))
 	for i := range logEnds {
@@ -102,7 +107,7 @@ func appendElect(b []byte, preferred uint32, groups []uint32) []byte {
 
 // decodeElect reads an opElect body.
 func decodeElect(body []byte) (preferred uint32, groups []uint32, err error) {
-	r := newReader(body)
+	r := wire.NewReader(body)
 	preferred = r.U32()
 	groups = readIDs(r)
 	return preferred, groups, r.Done()
@@ -122,7 +127,7 @@ func appendMembersChange(b []byte, add map[uint64]string, remove []uint64) []byt
 // checks the ids and addresses against the membership; this checks only
 // the shape and the bounds.
 func decodeMembersChange(body []byte) (map[uint64]string, []uint64, error) {
-	r := newReader(body)
+	r := wire.NewReader(body)
 	na := r.Count(10) // id and string length
 	if na > membersChangeMax {
 		return nil, nil, fmt.Errorf("%w: %d controllers to add; at most %d per change", ErrBadRequest, na, membersChangeMax)
@@ -158,7 +163,7 @@ func appendResult(b []byte, r Result) []byte {
 
 // decodeResult reads what appendResult wrote.
 func decodeResult(b []byte) (Result, error) {
-	r := newReader(b)
+	r := wire.NewReader(b)
 	res := Result{Code: r.U8(), Value: r.U64(), Msg: readStr(r)}
 	return res, r.Done()
 }
@@ -179,4 +184,51 @@ func readGroup(r *wire.Reader) Group {
 	g.ElectedLogEnd = LogEnd{r.U32(), r.U64()}
 	g.SyncStateSet = readIDs(r)
 	return g
+}
+
+// appendMembers appends a count, then each id and its address by id.
+func appendMembers(b []byte, members map[uint64]string) []byte {
+	b = wire.AppendU32(b, uint32(len(members)))
+	for _, id := range slices.Sorted(maps.Keys(members)) {
+		b = wire.AppendU64(b, id)
+		b = appendStr(b, members[id])
+	}
+	return b
+}
+
+// readMembers reads what appendMembers wrote.
+func readMembers(r *wire.Reader) map[uint64]string {
+	n := r.Count(10)
+	members := make(map[uint64]string, n)
+	for i := 0; i < n; i++ {
+		id := r.U64()
+		members[id] = readStr(r)
+	}
+	return members
+}
+
+// VotersMax bounds the voters a membership change may leave: a controller
+// group has at most 5 members.
+const VotersMax = 5
+
+// CheckControllerAddr accepts host:port with a port in 1..65535 and at
+// most 255 bytes: the other members dial it.
+func CheckControllerAddr(addr string) error {
+	if addr == "" {
+		return errors.New("address is empty")
+	}
+	if len(addr) > nameLenMax {
+		return fmt.Errorf("address is %d bytes, more than %d", len(addr), nameLenMax)
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("address %q: %v", addr, err)
+	}
+	if host == "" {
+		return fmt.Errorf("address %q has no host", addr)
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+		return fmt.Errorf("address %q: port must be 1..65535", addr)
+	}
+	return nil
 }

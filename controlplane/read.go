@@ -1,8 +1,5 @@
 package controlplane
 
-// The read paths: ReadIndex and the leader's lease (drainReads,
-// deliverReadStates), follower reads, and Read, which serves a read mode.
-
 import (
 	"context"
 	"encoding/binary"
@@ -12,6 +9,9 @@ import (
 
 	"go.etcd.io/raft/v3"
 )
+
+// The read paths: ReadIndex and the leader's lease (drainReads,
+// deliverReadStates), follower reads, and Read, which serves a read mode.
 
 // Bounds on reads.
 const (
@@ -26,22 +26,6 @@ const (
 	// readBatchTimeout drops a ReadIndex request whose answer was lost
 	// (raft drops them silently, for example without a leader).
 	readBatchTimeout = 3 * time.Second
-)
-
-// ReadMode picks how a read is served.
-type ReadMode uint8
-
-const (
-	// ReadConsistent is linearizable: the leader confirms it is still
-	// leader by ReadIndex (a heartbeat round) or, when the node runs with
-	// LeaseRead, by its lease.
-	ReadConsistent ReadMode = iota
-	// ReadFollower is linearizable and served by any controller: it asks
-	// the leader for a ReadIndex and waits to apply up to it, or redirects
-	// when too far behind.
-	ReadFollower
-	// ReadUnsafe is served from the leader's state with no check.
-	ReadUnsafe
 )
 
 type readRequest struct {

@@ -243,6 +243,12 @@ func (n *Node) handle(ctx context.Context, op uint8, body []byte) (status uint8,
 	return n.handleOn(ctx, nil, op, body)
 }
 
+// LocalClient returns a client that calls this node in-process, for a
+// broker that embeds its controller (single-node mode).
+func (n *Node) LocalClient() *Client {
+	return NewLocal(n.handle)
+}
+
 // handleOn serves one request arriving on sc (nil in-process).
 func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []byte) (status uint8, leader string, out []byte) {
 	var err error
@@ -286,7 +292,7 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 			out = appendResult(out, res)
 		}
 	case opPrimary:
-		r := newReader(body)
+		r := wire.NewReader(body)
 		preferred := r.U32()
 		if err = r.Done(); err != nil || preferred == 0 {
 			err = ErrBadRequest
@@ -303,7 +309,7 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 			out = appendResult(out, res)
 		}
 	case opWait:
-		r := newReader(body)
+		r := wire.NewReader(body)
 		after := r.U64()
 		if err = r.Done(); err != nil {
 			err = ErrBadRequest
@@ -384,7 +390,7 @@ type readQuery struct {
 }
 
 func parseRead(body []byte) (readQuery, error) {
-	r := newReader(body)
+	r := wire.NewReader(body)
 	q := readQuery{mode: ReadMode(r.U8()), query: r.U8()}
 	switch q.query {
 	case queryGroups:

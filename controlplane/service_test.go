@@ -1,8 +1,10 @@
 package controlplane
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand"
 	"net"
@@ -166,7 +168,7 @@ func TestPipelinedReadsOverSocket(t *testing.T) {
 		if resp.Status != statusOK {
 			t.Fatalf("read %d: status %d %s", resp.ID, resp.Status, resp.Body)
 		}
-		r := newReader(resp.Body)
+		r := wire.NewReader(resp.Body)
 		ok, v := r.Bool(), readStr(r)
 		if err := r.Done(); err != nil || !ok || v != "v1" {
 			t.Fatalf("read %d: %q %v %v", resp.ID, v, ok, err)
@@ -218,4 +220,53 @@ func TestStoppedWriteIsAmbiguous(t *testing.T) {
 	if status == statusOK || status == statusAmbiguous {
 		t.Fatalf("read on a stopped node: status %d", status)
 	}
+}
+
+// rawConn sends controller requests as they are, past every check the
+// client makes, and reads their replies in order.
+type rawConn struct {
+	c      net.Conn
+	r      *bufio.Reader
+	nextID uint64
+}
+
+func dialRaw(t *testing.T, addr string) *rawConn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &rawConn{c: c, r: bufio.NewReader(c)}
+}
+
+// do sends one request and returns its reply.
+func (rc *rawConn) do(ctx context.Context, op uint8, body []byte) (wire.CtlResponse, error) {
+	if d, ok := ctx.Deadline(); ok {
+		rc.c.SetDeadline(d)
+	}
+	rc.nextID++
+	if _, err := rc.c.Write(wire.AppendCtlRequest(nil, wire.CtlRequest{ID: rc.nextID, Op: op, Body: body})); err != nil {
+		return wire.CtlResponse{}, err
+	}
+	var hdr [wire.HeaderSize]byte
+	if _, err := io.ReadFull(rc.r, hdr[:]); err != nil {
+		return wire.CtlResponse{}, err
+	}
+	h, err := wire.ReadHeader(hdr[:], wire.FrameSizeMax)
+	if err != nil {
+		return wire.CtlResponse{}, err
+	}
+	frame := make([]byte, h.Length)
+	if _, err := io.ReadFull(rc.r, frame); err != nil {
+		return wire.CtlResponse{}, err
+	}
+	resp, err := wire.DecodeCtlResponse(frame)
+	if err != nil {
+		return wire.CtlResponse{}, err
+	}
+	if h.Type != wire.TypeCtlResponse || resp.ID != rc.nextID {
+		return wire.CtlResponse{}, fmt.Errorf("reply of type %v with id %d to request %d", h.Type, resp.ID, rc.nextID)
+	}
+	return resp, nil
 }

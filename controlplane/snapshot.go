@@ -53,46 +53,10 @@ func (s *State) Encode() []byte {
 	return wire.AppendU32(b, s.primaryEpoch)
 }
 
-func appendWiring(b []byte, w Wiring) []byte {
-	b = wire.AppendU32(b, uint32(len(w.Exchanges)))
-	for i := range w.Exchanges {
-		b = w.Exchanges[i].appendBody(b)
-	}
-	b = wire.AppendU32(b, uint32(len(w.Queues)))
-	for i := range w.Queues {
-		b = w.Queues[i].appendBody(b)
-	}
-	b = wire.AppendU32(b, uint32(len(w.Bindings)))
-	for _, bd := range w.Bindings {
-		b = appendBinding(b, bd.Exchange, bd.Queue, bd.Key)
-	}
-	return b
-}
-
-func readWiring(r *wire.Reader) Wiring {
-	var w Wiring
-	n := r.Count(5)
-	w.Exchanges = make([]DeclareExchange, n)
-	for i := range w.Exchanges {
-		w.Exchanges[i].decodeBody(r)
-	}
-	n = r.Count(20)
-	w.Queues = make([]DeclareQueue, n)
-	for i := range w.Queues {
-		w.Queues[i].decodeBody(r)
-	}
-	n = r.Count(6)
-	w.Bindings = make([]Binding, n)
-	for i := range w.Bindings {
-		w.Bindings[i] = Binding{readStr(r), readStr(r), readStr(r)}
-	}
-	return w
-}
-
 // DecodeState rebuilds a state from Encode's output.
 func DecodeState(b []byte) (*State, error) {
 	s := NewState()
-	r := newReader(b)
+	r := wire.NewReader(b)
 	format := r.U8()
 	if format != 2 && format != snapshotFormat {
 		return nil, fmt.Errorf("controlplane: unknown snapshot format %d", format)

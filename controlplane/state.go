@@ -35,66 +35,6 @@ type State struct {
 	controllers map[uint64]string
 }
 
-// Broker is a registered broker.
-type Broker struct {
-	ID      uint32
-	Addrs   []string
-	Version uint16
-}
-
-// Group is a replication group's controller record.
-type Group struct {
-	ID           uint32
-	Master       uint32 // 0: no master
-	Epoch        uint32
-	SyncStateSet []uint32 // sorted
-	// ElectedLogEnd is the winner's log end when it was elected.
-	ElectedLogEnd LogEnd
-}
-
-// Binding binds a queue to an exchange with a key.
-type Binding struct{ Exchange, Queue, Key string }
-
-// ClusterConfig is the cluster-wide configuration.
-type ClusterConfig struct {
-	Groups          uint32
-	Mode            uint8
-	UncleanElection bool
-}
-
-// Result codes of applying an event.
-const (
-	CodeOK uint8 = iota
-	CodeNotFound
-	CodeConflict
-	CodeStaleEpoch
-	CodeInvalid
-	CodeWrongMode // the cluster mode does not allow it (a primary in active-active)
-)
-
-// Result is what applying one event returned.
-type Result struct {
-	Code  uint8
-	Value uint64 // event-specific: the assigned broker id, groups elected
-	Msg   string
-}
-
-// Err turns a non-OK result into an error.
-func (r Result) Err() error {
-	if r.Code == CodeOK {
-		return nil
-	}
-	return &ResultError{Code: r.Code, Msg: r.Msg}
-}
-
-// ResultError is a state machine refusal: the event was applied and refused.
-type ResultError struct {
-	Code uint8
-	Msg  string
-}
-
-func (e *ResultError) Error() string { return "controlplane: " + e.Msg }
-
 func fail(code uint8, format string, args ...any) Result {
 	return Result{Code: code, Msg: fmt.Sprintf(format, args...)}
 }
@@ -523,13 +463,6 @@ func (s *State) GroupsMasteredBy(id uint32) []uint32 {
 func (s *State) Attribute(key string) (string, bool) {
 	v, ok := s.attrs[key]
 	return v, ok
-}
-
-// Wiring is a copy of all exchanges, queues and bindings.
-type Wiring struct {
-	Exchanges []DeclareExchange
-	Queues    []DeclareQueue
-	Bindings  []Binding
 }
 
 // Wiring returns the wiring sorted by name.

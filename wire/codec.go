@@ -24,6 +24,9 @@ type Reader struct {
 	err error
 }
 
+// NewReader returns a reader over body.
+func NewReader(body []byte) *Reader { return &Reader{b: body} }
+
 // Reset points the reader at body.
 func (r *Reader) Reset(body []byte) { r.b, r.off, r.err = body, 0, nil }
 
