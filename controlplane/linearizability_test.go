@@ -11,13 +11,15 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 )
 
 // The history is checked against a register per key, over the cluster
 // attributes (SetAttribute / GetAttribute).
 type kvInput struct {
 	put   bool
-	mode  ReadMode
+	mode  ctlapi.ReadMode
 	key   string
 	value string
 }
@@ -128,7 +130,7 @@ func runLinearizable(t *testing.T, seed int64, lease bool, duration time.Duratio
 		go func() {
 			defer wg.Done()
 			r := rand.New(rand.NewSource(seed + int64(ci)))
-			cl := NewClient(c.addrList())
+			cl := ctlclient.NewClient(c.addrList())
 			defer cl.Close()
 			for i := 0; ; i++ {
 				select {
@@ -153,7 +155,7 @@ func runLinearizable(t *testing.T, seed int64, lease bool, duration time.Duratio
 					rec.add(porcupine.Operation{ClientId: ci, Input: kvInput{put: true, key: key, value: val},
 						Call: call, Output: kvOutput{}, Return: ret})
 				} else {
-					mode := []ReadMode{ReadConsistent, ReadFollower}[r.Intn(2)]
+					mode := []ctlapi.ReadMode{ctlapi.ReadConsistent, ctlapi.ReadFollower}[r.Intn(2)]
 					call := rec.now()
 					v, _, err := cl.GetAttribute(ctx, mode, key)
 					ret := rec.now()

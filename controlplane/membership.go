@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/wire"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
@@ -41,11 +42,11 @@ type confItem struct {
 	index uint64
 }
 
-func encodeAddressBook(book map[uint64]string) []byte { return appendMembers(nil, book) }
+func encodeAddressBook(book map[uint64]string) []byte { return ctlapi.AppendMembers(nil, book) }
 
 func decodeAddressBook(b []byte) (map[uint64]string, error) {
 	r := wire.NewReader(b)
-	book := readMembers(r)
+	book := ctlapi.ReadMembers(r)
 	return book, r.Done()
 }
 
@@ -67,7 +68,7 @@ func inConf(cs *pb.ConfState, id uint64) bool {
 // new entry, so a caller that lost the reply can repeat it.
 func (n *Node) ChangeMembership(ctx context.Context, add map[uint64]string, remove []uint64) error {
 	if !n.isLdr.Load() {
-		return &NotLeaderError{Leader: n.leaderAddr()}
+		return &ctlapi.NotLeaderError{Leader: n.leaderAddr()}
 	}
 	n.confMu.Lock()
 	cs := n.confState
@@ -128,7 +129,7 @@ func (n *Node) ChangeMembership(ctx context.Context, add map[uint64]string, remo
 		if target[id] {
 			return fmt.Errorf("controlplane: cannot add controller %d: it is already a member (at %s)", id, book[id])
 		}
-		if err := CheckControllerAddr(addr); err != nil {
+		if err := ctlapi.CheckControllerAddr(addr); err != nil {
 			return fmt.Errorf("controlplane: cannot add controller %d: %v", id, err)
 		}
 		if other, ok := addrOwner[addr]; ok && !removing[other] {
@@ -150,15 +151,15 @@ func (n *Node) ChangeMembership(ctx context.Context, add map[uint64]string, remo
 	if len(target) == 0 {
 		return errors.New("controlplane: a membership change must leave at least one controller")
 	}
-	if len(target) > VotersMax {
-		return fmt.Errorf("controlplane: a controller group has at most %d members; this change would leave %d", VotersMax, len(target))
+	if len(target) > ctlapi.VotersMax {
+		return fmt.Errorf("controlplane: a controller group has at most %d members; this change would leave %d", ctlapi.VotersMax, len(target))
 	}
 	cc.Context = encodeAddressBook(book)
 	req := confRequest{cc: cc, done: make(chan error, 1)}
 	select {
 	case n.confQ <- req:
 	default:
-		return ErrBusy
+		return ctlapi.ErrBusy
 	}
 	select {
 	case err := <-req.done:
@@ -166,9 +167,9 @@ func (n *Node) ChangeMembership(ctx context.Context, add map[uint64]string, remo
 			return fmt.Errorf("controlplane: propose membership change: %w", err)
 		}
 	case <-ctx.Done():
-		return fmt.Errorf("%w: %v", ErrTimeout, ctx.Err())
+		return fmt.Errorf("%w: %v", ctlapi.ErrTimeout, ctx.Err())
 	case <-n.stop:
-		return ErrStopped
+		return ctlapi.ErrStopped
 	}
 	want := slices.Sorted(maps.Keys(target))
 	for {
@@ -180,9 +181,9 @@ func (n *Node) ChangeMembership(ctx context.Context, add map[uint64]string, remo
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w: membership change not complete: %v", ErrTimeout, ctx.Err())
+			return fmt.Errorf("%w: membership change not complete: %v", ctlapi.ErrTimeout, ctx.Err())
 		case <-n.stop:
-			return ErrStopped
+			return ctlapi.ErrStopped
 		case <-time.After(5 * time.Millisecond):
 		}
 	}

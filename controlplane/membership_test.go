@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -19,7 +21,7 @@ import (
 func TestMembershipJointConsensus(t *testing.T) {
 	c := newTestCluster(t, 3, nil)
 	leader := c.leader()
-	cl := NewClient(c.addrList())
+	cl := ctlclient.NewClient(c.addrList())
 	defer cl.Close()
 	writeN(t, cl, "before", 50)
 
@@ -109,7 +111,7 @@ func TestMembershipJointConsensus(t *testing.T) {
 	c.start(5, nil)
 	checkFor(t, 15*time.Second, 20*time.Millisecond, func() error {
 		var n int
-		if err := c.nodes[5].Read(ctx, ReadFollower, func(s *State) { n = len(s.Wiring().Queues) }); err != nil {
+		if err := c.nodes[5].Read(ctx, ctlapi.ReadFollower, func(s *State) { n = len(s.Wiring().Queues) }); err != nil {
 			return err
 		}
 		if n != 110 {
@@ -127,7 +129,7 @@ func TestMembershipJointConsensus(t *testing.T) {
 func TestMembershipOverService(t *testing.T) {
 	c := newTestCluster(t, 3, nil)
 	leader := c.leader()
-	cl := NewClient(c.addrList())
+	cl := ctlclient.NewClient(c.addrList())
 	defer cl.Close()
 	ctx := ctxT(t, 30*time.Second)
 	writeN(t, cl, "before", 20)
@@ -184,7 +186,7 @@ func TestMembershipOverService(t *testing.T) {
 	writeN(t, cl, "after", 20)
 	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		var q int
-		if err := n4.Read(ctx, ReadFollower, func(s *State) { q = len(s.Wiring().Queues) }); err != nil {
+		if err := n4.Read(ctx, ctlapi.ReadFollower, func(s *State) { q = len(s.Wiring().Queues) }); err != nil {
 			return err
 		}
 		if q != 40 {
@@ -211,7 +213,7 @@ func TestMembershipOverService(t *testing.T) {
 		{nil, slices.Sorted(maps.Keys(want)), "at least one controller"},
 	} {
 		err := cl.ChangeMembership(ctx, bad.add, bad.remove)
-		if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), bad.msg) {
+		if !errors.Is(err, ctlapi.ErrBadRequest) || !strings.Contains(err.Error(), bad.msg) {
 			t.Errorf("change +%v -%v: %v, want a bad request saying %q", bad.add, bad.remove, err, bad.msg)
 		}
 	}
@@ -252,15 +254,15 @@ func TestMembershipOverService(t *testing.T) {
 		"empty address": u32(str(u64(u32(nil, 1), 6), ""), 0),
 		"remove 0":      u64(u32(u32(nil, 0), 1), 0),
 	} {
-		resp, err := raw.do(ctx, opChangeMembers, body)
+		resp, err := raw.do(ctx, ctlapi.OpChangeMembers, body)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		if resp.Status != statusBadRequest || len(resp.Body) == 0 {
+		if resp.Status != ctlapi.StatusBadRequest || len(resp.Body) == 0 {
 			t.Errorf("%s: status %d %q, want a bad request with a message", name, resp.Status, resp.Body)
 		}
 	}
-	if resp, err := raw.do(ctx, opMembers, []byte{1}); err != nil || resp.Status != statusBadRequest {
+	if resp, err := raw.do(ctx, ctlapi.OpMembers, []byte{1}); err != nil || resp.Status != ctlapi.StatusBadRequest {
 		t.Errorf("members with a body: %+v %v", resp, err)
 	}
 	if got, err := cl.Members(ctx); err != nil || !maps.Equal(got, want) {
@@ -276,7 +278,7 @@ func TestMembershipOverService(t *testing.T) {
 func TestJoinerLearnsLeaderAddress(t *testing.T) {
 	c := newTestCluster(t, 3, nil)
 	leader := c.leader()
-	cl := NewClient(c.addrList())
+	cl := ctlclient.NewClient(c.addrList())
 	defer cl.Close()
 	writeN(t, cl, "a", 20)
 	var follower uint64

@@ -1,16 +1,18 @@
 package controlplane
 
-// The write path: proposals from any goroutine queue for the raft goroutine,
-// which packs them into log entries (drainProposals); each waiter gets its
-// own result when its event applies (apply, in ready.go).
-
 import (
 	"context"
 	"encoding/binary"
 	"fmt"
 	"slices"
 	"sync/atomic"
+
+	"github.com/berthmq/berth/controlplane/ctlapi"
 )
+
+// The write path: proposals from any goroutine queue for the raft goroutine,
+// which packs them into log entries (drainProposals); each waiter gets its
+// own result when its event applies (apply, in ready.go).
 
 // Bounds on proposals.
 const (
@@ -50,19 +52,19 @@ func (p *proposal) finish(r proposeResult) {
 }
 
 type proposeResult struct {
-	res Result
+	res ctlapi.Result
 	err error
 }
 
 // Propose puts ev through the log and returns its result once applied on
 // this node. Only the leader accepts proposals.
-func (n *Node) Propose(ctx context.Context, ev Event) (Result, error) {
-	if err := ValidateEvent(ev); err != nil {
-		return Result{}, err
+func (n *Node) Propose(ctx context.Context, ev ctlapi.Event) (ctlapi.Result, error) {
+	if err := ctlapi.ValidateEvent(ev); err != nil {
+		return ctlapi.Result{}, err
 	}
-	res, err := n.proposeMany(ctx, [][]byte{EncodeEvent(nil, ev)})
+	res, err := n.proposeMany(ctx, [][]byte{ctlapi.EncodeEvent(nil, ev)})
 	if err != nil {
-		return Result{}, err
+		return ctlapi.Result{}, err
 	}
 	return res[0].res, res[0].err
 }
@@ -73,7 +75,7 @@ func (n *Node) Propose(ctx context.Context, ev Event) (Result, error) {
 // and the group's outcome is unknown.
 func (n *Node) proposeMany(ctx context.Context, datas [][]byte) ([]proposeResult, error) {
 	if !n.isLdr.Load() {
-		return nil, &NotLeaderError{Leader: n.leaderAddr()}
+		return nil, &ctlapi.NotLeaderError{Leader: n.leaderAddr()}
 	}
 	g := &proposalGroup{res: make([]proposeResult, len(datas)), done: make(chan struct{})}
 	g.left.Store(int32(len(datas)))
@@ -81,7 +83,7 @@ func (n *Node) proposeMany(ctx context.Context, datas [][]byte) ([]proposeResult
 	n.propMu.Lock()
 	if len(n.propQ)+len(datas) > proposalQueueMax {
 		n.propMu.Unlock()
-		return nil, ErrBusy
+		return nil, ctlapi.ErrBusy
 	}
 	for i, d := range datas {
 		n.nextSeq++
@@ -94,9 +96,9 @@ func (n *Node) proposeMany(ctx context.Context, datas [][]byte) ([]proposeResult
 	case <-g.done:
 		return g.res, nil
 	case <-ctx.Done():
-		return nil, fmt.Errorf("%w: %v", ErrTimeout, ctx.Err())
+		return nil, fmt.Errorf("%w: %v", ctlapi.ErrTimeout, ctx.Err())
 	case <-n.stop:
-		return nil, ErrStopped
+		return nil, ctlapi.ErrStopped
 	}
 }
 
@@ -125,7 +127,7 @@ func (n *Node) drainProposals() {
 	}
 	if !n.isLdr.Load() {
 		for _, p := range q {
-			p.finish(proposeResult{err: &NotLeaderError{Leader: n.leaderAddr()}})
+			p.finish(proposeResult{err: &ctlapi.NotLeaderError{Leader: n.leaderAddr()}})
 		}
 		return
 	}
@@ -151,7 +153,7 @@ func (n *Node) drainProposals() {
 		}
 		if err := n.rn.Propose(buf); err != nil {
 			for _, p := range batch {
-				p.finish(proposeResult{err: &NotLeaderError{Leader: n.leaderAddr()}})
+				p.finish(proposeResult{err: &ctlapi.NotLeaderError{Leader: n.leaderAddr()}})
 			}
 			continue
 		}

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
 	"go.etcd.io/raft/v3"
 )
 
@@ -69,16 +70,16 @@ func (n *Node) ReadIndex(ctx context.Context, follower bool) (uint64, error) {
 // readIndex is ReadIndex for readers that may join until seal is sealed.
 func (n *Node) readIndex(ctx context.Context, follower bool, seal *readSeal) (uint64, error) {
 	if !follower && !n.isLdr.Load() {
-		return 0, &NotLeaderError{Leader: n.leaderAddr()}
+		return 0, &ctlapi.NotLeaderError{Leader: n.leaderAddr()}
 	}
 	if n.lead.Load() == 0 {
-		return 0, &NotLeaderError{}
+		return 0, &ctlapi.NotLeaderError{}
 	}
 	r := &readRequest{follower: follower, done: make(chan readIndexResult, 1), seal: seal}
 	n.readMu.Lock()
 	if len(n.readQ) >= readQueueMax {
 		n.readMu.Unlock()
-		return 0, ErrBusy
+		return 0, ctlapi.ErrBusy
 	}
 	n.readQ = append(n.readQ, r)
 	n.readMu.Unlock()
@@ -87,16 +88,16 @@ func (n *Node) readIndex(ctx context.Context, follower bool, seal *readSeal) (ui
 	select {
 	case res = <-r.done:
 	case <-ctx.Done():
-		return 0, fmt.Errorf("%w: %v", ErrTimeout, ctx.Err())
+		return 0, fmt.Errorf("%w: %v", ctlapi.ErrTimeout, ctx.Err())
 	case <-n.stop:
-		return 0, ErrStopped
+		return 0, ctlapi.ErrStopped
 	}
 	if res.err != nil {
 		return 0, res.err
 	}
 	if follower {
 		if applied := n.Applied(); res.index > applied+n.cfg.FollowerLagMax {
-			return 0, &LaggingError{Leader: n.leaderAddr(), Behind: res.index - applied}
+			return 0, &ctlapi.LaggingError{Leader: n.leaderAddr(), Behind: res.index - applied}
 		}
 	}
 	return res.index, n.waitApplied(ctx, res.index)
@@ -113,9 +114,9 @@ func (n *Node) waitApplied(ctx context.Context, index uint64) error {
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return fmt.Errorf("%w: %v", ErrTimeout, ctx.Err())
+			return fmt.Errorf("%w: %v", ctlapi.ErrTimeout, ctx.Err())
 		case <-n.stop:
-			return ErrStopped
+			return ctlapi.ErrStopped
 		}
 	}
 }
@@ -175,7 +176,7 @@ func (n *Node) drainReads() {
 	}
 	if len(n.readBatches) >= readBatchesMax {
 		for _, r := range q {
-			r.done <- readIndexResult{err: ErrBusy}
+			r.done <- readIndexResult{err: ctlapi.ErrBusy}
 		}
 		return
 	}
@@ -194,18 +195,18 @@ func (n *Node) drainReads() {
 
 // Read runs fn on the state once the read mode's consistency is met. fn runs
 // under the state's read lock and must not keep references into it.
-func (n *Node) Read(ctx context.Context, mode ReadMode, fn func(*State)) error {
+func (n *Node) Read(ctx context.Context, mode ctlapi.ReadMode, fn func(*State)) error {
 	switch mode {
-	case ReadUnsafe:
+	case ctlapi.ReadUnsafe:
 		if !n.isLdr.Load() {
-			return &NotLeaderError{Leader: n.leaderAddr()}
+			return &ctlapi.NotLeaderError{Leader: n.leaderAddr()}
 		}
-	case ReadConsistent, ReadFollower:
-		if _, err := n.ReadIndex(ctx, mode == ReadFollower); err != nil {
+	case ctlapi.ReadConsistent, ctlapi.ReadFollower:
+		if _, err := n.ReadIndex(ctx, mode == ctlapi.ReadFollower); err != nil {
 			return err
 		}
 	default:
-		return fmt.Errorf("%w: unknown read mode %d", ErrBadRequest, mode)
+		return fmt.Errorf("%w: unknown read mode %d", ctlapi.ErrBadRequest, mode)
 	}
 	n.mu.RLock()
 	defer n.mu.RUnlock()
@@ -218,7 +219,7 @@ func (n *Node) expireReads(now time.Time) {
 	for id, b := range n.readBatches {
 		if now.Sub(b.sent) > readBatchTimeout {
 			for _, r := range b.reqs {
-				r.done <- readIndexResult{err: ErrReadAborted}
+				r.done <- readIndexResult{err: ctlapi.ErrReadAborted}
 			}
 			delete(n.readBatches, id)
 			if b.term != 0 {

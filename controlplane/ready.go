@@ -1,16 +1,17 @@
 package controlplane
 
-// The raft goroutine: its loop (run), stepping messages, handling each
-// Ready (persist, send, apply, answer) and taking snapshots.
-
 import (
 	"encoding/binary"
 	"time"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"go.etcd.io/raft/v3/tracker"
 )
+
+// The raft goroutine: its loop (run), stepping messages, handling each
+// Ready (persist, send, apply, answer) and taking snapshots.
 
 // recvQueueMax bounds raft messages received and not yet stepped.
 const recvQueueMax = 4096
@@ -18,7 +19,7 @@ const recvQueueMax = 4096
 // run is the raft goroutine.
 func (n *Node) run() {
 	defer n.wg.Done()
-	defer n.abortAll(ErrStopped)
+	defer n.abortAll(ctlapi.ErrStopped)
 	ticker := time.NewTicker(n.cfg.TickInterval)
 	defer ticker.Stop()
 	for {
@@ -153,10 +154,10 @@ func (n *Node) softState(rd raft.Ready) {
 		isLeader := rd.SoftState.RaftState == raft.StateLeader
 		n.isLdr.Store(isLeader)
 		if wasLeader && !isLeader {
-			n.abortPending(ErrLeaderChanged)
+			n.abortPending(ctlapi.ErrLeaderChanged)
 		}
 		if !isLeader || rd.SoftState.Lead == raft.None {
-			n.abortReads(ErrReadAborted)
+			n.abortReads(ctlapi.ErrReadAborted)
 		}
 		if isLeader && !wasLeader {
 			n.mu.RLock()
@@ -253,7 +254,7 @@ func (n *Node) restoreSnapshot(snap *pb.Snapshot) error {
 
 type delivery struct {
 	p   *proposal
-	res Result
+	res ctlapi.Result
 }
 
 func (n *Node) apply(ents []*pb.Entry) {
@@ -322,9 +323,9 @@ func (n *Node) applyBatchLocked(data []byte, out []delivery) []delivery {
 		}
 		raw := rest[4 : 4+ln]
 		rest = rest[4+ln:]
-		var res Result
-		if ev, err := DecodeEvent(raw); err != nil {
-			res = fail(CodeInvalid, "undecodable event: %v", err)
+		var res ctlapi.Result
+		if ev, err := ctlapi.DecodeEvent(raw); err != nil {
+			res = fail(ctlapi.CodeInvalid, "undecodable event: %v", err)
 		} else {
 			res = n.state.Apply(ev)
 		}

@@ -10,6 +10,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
+	"github.com/berthmq/berth/controlplane/internal/coalesce"
 	"github.com/berthmq/berth/wire"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
@@ -57,7 +60,7 @@ func (n *Node) serve() {
 
 type serverConn struct {
 	c  net.Conn
-	w  coalescer
+	w  *coalesce.Writer
 	id uint64 // nonzero, unique per node
 
 	mu      sync.Mutex
@@ -78,7 +81,7 @@ func (sc *serverConn) sawBroker(id uint32) {
 func (sc *serverConn) reply(r wire.CtlResponse) {
 	// A failed write closes the connection (onFailed); the reader then
 	// stops and the client retries elsewhere.
-	sc.w.write(func(b []byte) []byte { return wire.AppendCtlResponse(b, r) })
+	sc.w.Send(func(b []byte) []byte { return wire.AppendCtlResponse(b, r) })
 }
 
 func (n *Node) serveConn(c net.Conn) {
@@ -89,7 +92,7 @@ func (n *Node) serveConn(c net.Conn) {
 		delete(n.conns, c)
 		n.connsMu.Unlock()
 	}()
-	sc := &serverConn{c: c, w: coalescer{c: c, onFailed: func(error) { c.Close() }}, id: n.connSeq.Add(1)}
+	sc := &serverConn{c: c, w: coalesce.New(c, func(error) { c.Close() }), id: n.connSeq.Add(1)}
 	defer func() {
 		if !n.cfg.KeepBrokersOnDisconnect {
 			sc.mu.Lock()
@@ -123,7 +126,7 @@ func (n *Node) serveConn(c net.Conn) {
 		if err != nil || h.Version.Major() != wire.VersionMajor {
 			return
 		}
-		if h.Type != wire.TypeRaftMessage && h.Type != wire.TypeRaftChunk && h.Length > ctlFrameMax {
+		if h.Type != wire.TypeRaftMessage && h.Type != wire.TypeRaftChunk && h.Length > ctlapi.RequestFrameMax {
 			return
 		}
 		var body []byte
@@ -176,13 +179,13 @@ func (n *Node) serveConn(c net.Conn) {
 					return
 				}
 			}
-			if req.Op == opRead && len(req.Body) > 0 &&
-				(ReadMode(req.Body[0]) == ReadConsistent || ReadMode(req.Body[0]) == ReadFollower) {
+			if req.Op == ctlapi.OpRead && len(req.Body) > 0 &&
+				(ctlapi.ReadMode(req.Body[0]) == ctlapi.ReadConsistent || ctlapi.ReadMode(req.Body[0]) == ctlapi.ReadFollower) {
 				q, err := parseRead(req.Body)
 				rb.add(batchedRead{id: req.ID, q: q, err: err})
 				continue
 			}
-			if req.Op == opPropose {
+			if req.Op == ctlapi.OpPropose {
 				wb.add(req.ID, req.Body)
 				continue
 			}
@@ -245,31 +248,31 @@ func (n *Node) handle(ctx context.Context, op uint8, body []byte) (status uint8,
 
 // LocalClient returns a client that calls this node in-process, for a
 // broker that embeds its controller (single-node mode).
-func (n *Node) LocalClient() *Client {
-	return NewLocal(n.handle)
+func (n *Node) LocalClient() *ctlclient.Client {
+	return ctlclient.NewLocal(n.handle)
 }
 
 // handleOn serves one request arriving on sc (nil in-process).
 func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []byte) (status uint8, leader string, out []byte) {
 	var err error
 	switch op {
-	case opPropose:
-		var ev Event
-		ev, err = DecodeEvent(body)
+	case ctlapi.OpPropose:
+		var ev ctlapi.Event
+		ev, err = ctlapi.DecodeEvent(body)
 		if err != nil {
-			return statusBadRequest, "", []byte(err.Error())
+			return ctlapi.StatusBadRequest, "", []byte(err.Error())
 		}
-		var res Result
+		var res ctlapi.Result
 		res, err = n.Propose(ctx, ev)
 		if err == nil {
-			out = appendResult(out, res)
+			out = ctlapi.AppendResult(out, res)
 		}
-	case opRead:
+	case ctlapi.OpRead:
 		out, err = n.handleRead(ctx, body)
-	case opHeartbeat:
+	case ctlapi.OpHeartbeat:
 		var broker uint32
-		var logEnds []GroupLogEnd
-		if broker, logEnds, err = decodeHeartbeat(body); err == nil {
+		var logEnds []ctlapi.GroupLogEnd
+		if broker, logEnds, err = ctlapi.DecodeHeartbeat(body); err == nil {
 			var conn uint64
 			if sc != nil {
 				conn = sc.id
@@ -278,41 +281,41 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 				sc.sawBroker(broker)
 			}
 		} else {
-			err = ErrBadRequest
+			err = ctlapi.ErrBadRequest
 		}
-	case opElect:
-		preferred, groups, derr := decodeElect(body)
+	case ctlapi.OpElect:
+		preferred, groups, derr := ctlapi.DecodeElect(body)
 		if derr != nil {
-			err = ErrBadRequest
+			err = ctlapi.ErrBadRequest
 			break
 		}
-		var res Result
+		var res ctlapi.Result
 		res, err = n.ElectNow(ctx, groups, preferred)
 		if err == nil {
-			out = appendResult(out, res)
+			out = ctlapi.AppendResult(out, res)
 		}
-	case opPrimary:
+	case ctlapi.OpPrimary:
 		r := wire.NewReader(body)
 		preferred := r.U32()
 		if err = r.Done(); err != nil || preferred == 0 {
-			err = ErrBadRequest
+			err = ctlapi.ErrBadRequest
 			break
 		}
-		var res Result
+		var res ctlapi.Result
 		res, err = n.ElectPrimaryNow(ctx, preferred)
-		var re *ResultError
+		var re *ctlapi.ResultError
 		if errors.As(err, &re) {
 			// A refusal by the state machine is an answer, not a failure.
-			res, err = Result{Code: re.Code, Msg: re.Msg}, nil
+			res, err = ctlapi.Result{Code: re.Code, Msg: re.Msg}, nil
 		}
 		if err == nil {
-			out = appendResult(out, res)
+			out = ctlapi.AppendResult(out, res)
 		}
-	case opWait:
+	case ctlapi.OpWait:
 		r := wire.NewReader(body)
 		after := r.U64()
 		if err = r.Done(); err != nil {
-			err = ErrBadRequest
+			err = ctlapi.ErrBadRequest
 			break
 		}
 		// Waiting until the request deadline is the normal outcome of a
@@ -321,9 +324,9 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 		n.waitApplied(wctx, after+1)
 		cancel()
 		out = wire.AppendU64(out, n.Applied())
-	case opMembers:
+	case ctlapi.OpMembers:
 		if len(body) != 0 {
-			return statusBadRequest, "", []byte("controlplane: members takes no arguments")
+			return ctlapi.StatusBadRequest, "", []byte("controlplane: members takes no arguments")
 		}
 		// The ReadIndex round proves this node still leads and waits until
 		// it applied every entry committed before the request, membership
@@ -332,58 +335,58 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 			break
 		}
 		out = wire.AppendU64(out, n.self)
-		out = appendMembers(out, n.memberAddrs())
-	case opChangeMembers:
+		out = ctlapi.AppendMembers(out, n.memberAddrs())
+	case ctlapi.OpChangeMembers:
 		var add map[uint64]string
 		var remove []uint64
-		add, remove, err = decodeMembersChange(body)
+		add, remove, err = ctlapi.DecodeMembersChange(body)
 		if err != nil {
-			return statusBadRequest, "", []byte(err.Error())
+			return ctlapi.StatusBadRequest, "", []byte(err.Error())
 		}
 		err = n.ChangeMembership(ctx, add, remove)
-	case opStatus:
+	case ctlapi.OpStatus:
 		s := n.Status()
 		for _, v := range []uint64{s.ID, s.Leader, s.Term, s.Applied, s.SnapshotIndex, s.FirstIndex, s.LastIndex} {
 			out = wire.AppendU64(out, v)
 		}
 	default:
-		return statusBadRequest, "", []byte("controlplane: unknown operation")
+		return ctlapi.StatusBadRequest, "", []byte("controlplane: unknown operation")
 	}
 	if err != nil {
-		if op == opPropose || op == opElect || op == opPrimary || op == opChangeMembers {
+		if op == ctlapi.OpPropose || op == ctlapi.OpElect || op == ctlapi.OpPrimary || op == ctlapi.OpChangeMembers {
 			return proposeErrorStatus(err)
 		}
 		return errorStatus(err)
 	}
-	return statusOK, "", out
+	return ctlapi.StatusOK, "", out
 }
 
 func errorStatus(err error) (uint8, string, []byte) {
-	var nl *NotLeaderError
-	var lag *LaggingError
+	var nl *ctlapi.NotLeaderError
+	var lag *ctlapi.LaggingError
 	switch {
 	case errors.As(err, &nl):
-		return statusNotLeader, nl.Leader, nil
+		return ctlapi.StatusNotLeader, nl.Leader, nil
 	case errors.As(err, &lag):
-		return statusLagging, lag.Leader, wire.AppendU64(nil, lag.Behind)
-	case errors.Is(err, ErrBusy):
-		return statusBusy, "", nil
-	case errors.Is(err, ErrLeaderChanged):
-		return statusAmbiguous, "", []byte(err.Error())
-	case errors.Is(err, ErrTimeout):
+		return ctlapi.StatusLagging, lag.Leader, wire.AppendU64(nil, lag.Behind)
+	case errors.Is(err, ctlapi.ErrBusy):
+		return ctlapi.StatusBusy, "", nil
+	case errors.Is(err, ctlapi.ErrLeaderChanged):
+		return ctlapi.StatusAmbiguous, "", []byte(err.Error())
+	case errors.Is(err, ctlapi.ErrTimeout):
 		// A proposal that timed out may still apply.
-		return statusAmbiguous, "", []byte(err.Error())
-	case errors.Is(err, ErrStopped):
-		return statusStopped, "", nil
-	case errors.Is(err, ErrReadAborted):
-		return statusUnavailable, "", []byte(err.Error())
+		return ctlapi.StatusAmbiguous, "", []byte(err.Error())
+	case errors.Is(err, ctlapi.ErrStopped):
+		return ctlapi.StatusStopped, "", nil
+	case errors.Is(err, ctlapi.ErrReadAborted):
+		return ctlapi.StatusUnavailable, "", []byte(err.Error())
 	}
-	return statusBadRequest, "", []byte(err.Error())
+	return ctlapi.StatusBadRequest, "", []byte(err.Error())
 }
 
-// readQuery is a parsed opRead body.
+// readQuery is a parsed ctlapi.OpRead body.
 type readQuery struct {
-	mode                ReadMode
+	mode                ctlapi.ReadMode
 	query               uint8
 	start, count, group uint32
 	key                 string
@@ -391,23 +394,23 @@ type readQuery struct {
 
 func parseRead(body []byte) (readQuery, error) {
 	r := wire.NewReader(body)
-	q := readQuery{mode: ReadMode(r.U8()), query: r.U8()}
+	q := readQuery{mode: ctlapi.ReadMode(r.U8()), query: r.U8()}
 	switch q.query {
-	case queryGroups:
+	case ctlapi.QueryGroups:
 		q.start, q.count = r.U32(), r.U32()
-		if q.count > groupsPerReplyMax {
-			q.count = groupsPerReplyMax
+		if q.count > ctlapi.GroupsPerReplyMax {
+			q.count = ctlapi.GroupsPerReplyMax
 		}
-	case queryAttribute:
-		q.key = readStr(r)
-	case querySyncStateSet:
+	case ctlapi.QueryAttribute:
+		q.key = ctlapi.ReadString(r)
+	case ctlapi.QuerySyncStateSet:
 		q.group = r.U32()
-	case queryWiring, queryBrokers, queryNextBrokerID, queryClusterInfo, queryPrimary:
+	case ctlapi.QueryWiring, ctlapi.QueryBrokers, ctlapi.QueryNextBrokerID, ctlapi.QueryClusterInfo, ctlapi.QueryPrimary:
 	default:
-		return q, ErrBadRequest
+		return q, ctlapi.ErrBadRequest
 	}
 	if err := r.Done(); err != nil {
-		return q, ErrBadRequest
+		return q, ctlapi.ErrBadRequest
 	}
 	return q, nil
 }
@@ -416,9 +419,9 @@ func parseRead(body []byte) (readQuery, error) {
 // read lock.
 func (q *readQuery) appendAnswer(b []byte, s *State) []byte {
 	switch q.query {
-	case queryWiring:
-		b = appendWiring(b, s.Wiring())
-	case queryGroups:
+	case ctlapi.QueryWiring:
+		b = ctlapi.AppendWiring(b, s.Wiring())
+	case ctlapi.QueryGroups:
 		total := uint32(s.GroupCount())
 		b = wire.AppendU32(b, total)
 		start := q.start
@@ -432,34 +435,33 @@ func (q *readQuery) appendAnswer(b []byte, s *State) []byte {
 		b = wire.AppendU32(b, uint32(end)-start)
 		for id := start; uint64(id) < end; id++ {
 			g, _ := s.Group(id)
-			b = appendGroup(b, g)
+			b = ctlapi.AppendGroup(b, g)
 		}
-	case queryBrokers:
+	case ctlapi.QueryBrokers:
 		bs := s.Brokers()
 		b = wire.AppendU32(b, uint32(len(bs)))
 		for _, br := range bs {
-			b = (&RegisterBroker{ID: br.ID, Addrs: br.Addrs, Version: br.Version}).appendBody(b)
+			b = ctlapi.AppendBroker(b, br)
 		}
-	case queryNextBrokerID:
+	case ctlapi.QueryNextBrokerID:
 		b = wire.AppendU32(b, s.NextBrokerID())
-	case queryAttribute:
+	case ctlapi.QueryAttribute:
 		v, ok := s.Attribute(q.key)
 		b = wire.AppendBool(b, ok)
-		b = appendStr(b, v)
-	case queryClusterInfo:
-		c := s.Config()
-		b = (&SetClusterConfig{Groups: c.Groups, Mode: c.Mode, UncleanElection: c.UncleanElection}).appendBody(b)
+		b = ctlapi.AppendString(b, v)
+	case ctlapi.QueryClusterInfo:
+		b = ctlapi.AppendClusterConfig(b, s.Config())
 		b = wire.AppendU16(b, s.ClusterVersion())
-	case querySyncStateSet:
+	case ctlapi.QuerySyncStateSet:
 		g, ok := s.Group(q.group)
 		b = wire.AppendBool(b, ok)
-		b = appendGroup(b, g)
-	case queryPrimary:
+		b = ctlapi.AppendGroup(b, g)
+	case ctlapi.QueryPrimary:
 		// mode, broker, epoch, then the broker's addresses.
 		p, epoch := s.Primary()
 		br, _ := s.Broker(p)
 		b = wire.AppendU8(b, s.Config().Mode)
-		b = (&RegisterBroker{ID: p, Addrs: br.Addrs}).appendBody(b)
+		b = ctlapi.AppendBroker(b, ctlapi.Broker{ID: p, Addrs: br.Addrs})
 		b = wire.AppendU32(b, epoch)
 	}
 	return b

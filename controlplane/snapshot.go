@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/wire"
 	"github.com/klauspost/compress/zstd"
 )
@@ -24,7 +25,7 @@ func (s *State) Encode() []byte {
 	b = wire.AppendU32(b, s.nextBrokerID)
 	b = wire.AppendU32(b, uint32(len(s.brokers)))
 	for _, br := range s.Brokers() {
-		b = (&RegisterBroker{ID: br.ID, Addrs: br.Addrs, Version: br.Version}).appendBody(b)
+		b = ctlapi.AppendBroker(b, br)
 	}
 	b = wire.AppendU32(b, s.config.Groups)
 	b = wire.AppendU8(b, s.config.Mode)
@@ -36,18 +37,18 @@ func (s *State) Encode() []byte {
 		b = wire.AppendU32(b, g.Epoch)
 		b = wire.AppendU32(b, g.ElectedLogEnd.Epoch)
 		b = wire.AppendU64(b, g.ElectedLogEnd.Index)
-		b = appendIDs(b, g.SyncStateSet)
+		b = ctlapi.AppendIDs(b, g.SyncStateSet)
 	}
-	b = appendWiring(b, s.Wiring())
+	b = ctlapi.AppendWiring(b, s.Wiring())
 	b = wire.AppendU32(b, uint32(len(s.attrs)))
 	for _, k := range slices.Sorted(maps.Keys(s.attrs)) {
-		b = appendStr(b, k)
-		b = appendStr(b, s.attrs[k])
+		b = ctlapi.AppendString(b, k)
+		b = ctlapi.AppendString(b, s.attrs[k])
 	}
 	b = wire.AppendU32(b, uint32(len(s.controllers)))
 	for _, id := range slices.Sorted(maps.Keys(s.controllers)) {
 		b = wire.AppendU64(b, id)
-		b = appendStr(b, s.controllers[id])
+		b = ctlapi.AppendString(b, s.controllers[id])
 	}
 	b = wire.AppendU32(b, s.primary)
 	return wire.AppendU32(b, s.primaryEpoch)
@@ -64,9 +65,8 @@ func DecodeState(b []byte) (*State, error) {
 	s.nextBrokerID = r.U32()
 	n := r.Count(10)
 	for i := 0; i < n; i++ {
-		var rb RegisterBroker
-		rb.decodeBody(r)
-		s.brokers[rb.ID] = &Broker{ID: rb.ID, Addrs: rb.Addrs, Version: rb.Version}
+		br := ctlapi.ReadBroker(r)
+		s.brokers[br.ID] = &br
 	}
 	s.config.Groups = r.U32()
 	s.config.Mode = r.U8()
@@ -75,20 +75,20 @@ func DecodeState(b []byte) (*State, error) {
 	if r.Err() == nil && uint32(n) != s.config.Groups {
 		return nil, fmt.Errorf("controlplane: snapshot holds %d groups, config says %d", n, s.config.Groups)
 	}
-	s.groups = make([]Group, n)
+	s.groups = make([]ctlapi.Group, n)
 	for i := range s.groups {
 		g := &s.groups[i]
 		g.ID = uint32(i)
 		master := r.U32()
 		g.Epoch = r.U32()
-		g.ElectedLogEnd = LogEnd{r.U32(), r.U64()}
-		g.SyncStateSet = readIDs(r)
+		g.ElectedLogEnd = ctlapi.LogEnd{Epoch: r.U32(), Index: r.U64()}
+		g.SyncStateSet = ctlapi.ReadIDs(r)
 		if len(g.SyncStateSet) == 0 {
 			g.SyncStateSet = nil
 		}
 		s.setMaster(g, master)
 	}
-	w := readWiring(r)
+	w := ctlapi.ReadWiring(r)
 	for _, x := range w.Exchanges {
 		s.exchanges[x.Name] = x
 	}
@@ -101,13 +101,13 @@ func DecodeState(b []byte) (*State, error) {
 	}
 	n = r.Count(4)
 	for i := 0; i < n; i++ {
-		k := readStr(r)
-		s.attrs[k] = readStr(r)
+		k := ctlapi.ReadString(r)
+		s.attrs[k] = ctlapi.ReadString(r)
 	}
 	n = r.Count(10)
 	for i := 0; i < n; i++ {
 		id := r.U64()
-		s.controllers[id] = readStr(r)
+		s.controllers[id] = ctlapi.ReadString(r)
 	}
 	if format >= 3 {
 		s.primary, s.primaryEpoch = r.U32(), r.U32()

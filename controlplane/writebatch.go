@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -42,12 +43,12 @@ type writeBatcher struct {
 // holds.
 func (wb *writeBatcher) add(id uint64, body []byte) {
 	w := batchedWrite{id: id}
-	if ev, err := DecodeEvent(body); err != nil {
+	if ev, err := ctlapi.DecodeEvent(body); err != nil {
 		w.err = err
-	} else if err := ValidateEvent(ev); err != nil {
+	} else if err := ctlapi.ValidateEvent(ev); err != nil {
 		w.err = err
 	} else {
-		w.data = EncodeEvent(nil, ev)
+		w.data = ctlapi.EncodeEvent(nil, ev)
 	}
 	wb.writes = append(wb.writes, w)
 	if len(wb.writes) >= connWriteBatchMax {
@@ -97,7 +98,7 @@ func (n *Node) serveWrites(sc *serverConn, writes []batchedWrite) {
 		resp := wire.CtlResponse{ID: w.id}
 		switch {
 		case w.err != nil:
-			resp.Status, resp.Body = statusBadRequest, []byte(w.err.Error())
+			resp.Status, resp.Body = ctlapi.StatusBadRequest, []byte(w.err.Error())
 		default:
 			werr := err
 			if werr == nil {
@@ -108,7 +109,7 @@ func (n *Node) serveWrites(sc *serverConn, writes []batchedWrite) {
 				resp.Status, resp.Leader, resp.Body = proposeErrorStatus(werr)
 				break
 			}
-			body = appendResult(body[:0], results[k-1].res)
+			body = ctlapi.AppendResult(body[:0], results[k-1].res)
 			resp.Body = body
 		}
 		out = wire.AppendCtlResponse(out, resp)
@@ -121,8 +122,8 @@ func (n *Node) serveWrites(sc *serverConn, writes []batchedWrite) {
 // retried it elsewhere could apply it twice (a porcupine run caught a put
 // applied again after later puts), so it is ambiguous.
 func proposeErrorStatus(err error) (uint8, string, []byte) {
-	if errors.Is(err, ErrStopped) {
-		return statusAmbiguous, "", []byte(err.Error())
+	if errors.Is(err, ctlapi.ErrStopped) {
+		return ctlapi.StatusAmbiguous, "", []byte(err.Error())
 	}
 	return errorStatus(err)
 }

@@ -1,4 +1,4 @@
-package controlplane
+package ctlclient
 
 import (
 	"bufio"
@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/internal/golden"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -96,10 +98,10 @@ func TestGoldenRequests(t *testing.T) {
 		call func() error
 	}{
 		{"propose", func() error {
-			return cl.DeclareQueue(ctx, "q", QueueOptions{Durable: true, TTLMs: 5, DeadLetterExchange: "dlx"})
+			return cl.DeclareQueue(ctx, "q", ctlapi.QueueOptions{Durable: true, TTLMs: 5, DeadLetterExchange: "dlx"})
 		}},
 		{"heartbeat", func() error {
-			return cl.Heartbeat(ctx, 7, []GroupLogEnd{{Group: 1, LogEnd: LogEnd{Epoch: 2, Index: 3}}, {Group: 4, LogEnd: LogEnd{Epoch: 5, Index: 1 << 40}}})
+			return cl.Heartbeat(ctx, 7, []ctlapi.GroupLogEnd{{Group: 1, LogEnd: ctlapi.LogEnd{Epoch: 2, Index: 3}}, {Group: 4, LogEnd: ctlapi.LogEnd{Epoch: 5, Index: 1 << 40}}})
 		}},
 		{"elect-master", func() error { _, err := cl.ElectMaster(ctx, []uint32{3, 1, 2}, 7); return err }},
 		{"elect-primary", func() error { _, err := cl.ElectPrimary(ctx, 8); return err }},
@@ -108,22 +110,22 @@ func TestGoldenRequests(t *testing.T) {
 		{"change-members", func() error {
 			return cl.ChangeMembership(ctx, map[uint64]string{5: "10.0.0.5:7402", 4: "10.0.0.4:7402"}, []uint64{2, 1})
 		}},
-		{"read/attribute", func() error { _, _, err := cl.GetAttribute(ctx, ReadConsistent, "key"); return err }},
-		{"read/wiring", func() error { _, err := cl.GetWiring(ctx, ReadFollower); return err }},
-		{"read/groups", func() error { _, _, err := cl.GetGroups(ctx, ReadUnsafe, 3, 1000); return err }},
-		{"read/replica-info", func() error { _, err := cl.GetReplicaInfo(ctx, ReadConsistent, 6); return err }},
+		{"read/attribute", func() error { _, _, err := cl.GetAttribute(ctx, ctlapi.ReadConsistent, "key"); return err }},
+		{"read/wiring", func() error { _, err := cl.GetWiring(ctx, ctlapi.ReadFollower); return err }},
+		{"read/groups", func() error { _, _, err := cl.GetGroups(ctx, ctlapi.ReadUnsafe, 3, 1000); return err }},
+		{"read/replica-info", func() error { _, err := cl.GetReplicaInfo(ctx, ctlapi.ReadConsistent, 6); return err }},
 		{"read/sync-state-set", func() error { _, err := cl.GetSyncStateSet(ctx, 6); return err }},
-		{"read/brokers", func() error { _, err := cl.GetBrokers(ctx, ReadConsistent); return err }},
-		{"read/next-broker-id", func() error { _, err := cl.GetNextBrokerID(ctx, ReadConsistent); return err }},
-		{"read/cluster-info", func() error { _, err := cl.GetClusterInfo(ctx, ReadConsistent); return err }},
-		{"read/primary", func() error { _, err := cl.GetPrimaryInfo(ctx, ReadFollower); return err }},
+		{"read/brokers", func() error { _, err := cl.GetBrokers(ctx, ctlapi.ReadConsistent); return err }},
+		{"read/next-broker-id", func() error { _, err := cl.GetNextBrokerID(ctx, ctlapi.ReadConsistent); return err }},
+		{"read/cluster-info", func() error { _, err := cl.GetClusterInfo(ctx, ctlapi.ReadConsistent); return err }},
+		{"read/primary", func() error { _, err := cl.GetPrimaryInfo(ctx, ctlapi.ReadFollower); return err }},
 	}
-	var got []golden
+	var got []golden.Entry
 	for _, c := range calls {
-		if err := c.call(); !errors.Is(err, ErrBadRequest) {
+		if err := c.call(); !errors.Is(err, ctlapi.ErrBadRequest) {
 			t.Fatalf("%s: %v, want the recording server's bad request", c.name, err)
 		}
-		got = append(got, golden{c.name, rs.last(t, c.name)})
+		got = append(got, golden.Entry{Name: c.name, Bytes: rs.last(t, c.name)})
 	}
-	checkGolden(t, "requests.golden", got)
+	golden.Check(t, "requests.golden", got)
 }

@@ -1,4 +1,4 @@
-package controlplane
+package ctlapi
 
 import (
 	"fmt"
@@ -168,8 +168,8 @@ type PrimaryCandidate struct {
 	Data   uint64
 }
 
-// ElectPrimary elects the primary broker of an active-passive cluster (see
-// primary.go for the rule). Epoch is the primary epoch the proposer saw; a
+// ElectPrimary elects the primary broker of an active-passive cluster (the
+// controlplane package's primary.go states the rule). Epoch is the primary epoch the proposer saw; a
 // primary epoch that has moved on refuses the event. The heartbeat data is
 // carried in the event so apply never looks outside the state machine.
 type ElectPrimary struct {
@@ -201,7 +201,7 @@ func (ev *RegisterBroker) appendBody(b []byte) []byte {
 	b = wire.AppendU16(b, ev.Version)
 	b = wire.AppendU32(b, uint32(len(ev.Addrs)))
 	for _, a := range ev.Addrs {
-		b = appendStr(b, a)
+		b = AppendString(b, a)
 	}
 	return b
 }
@@ -211,7 +211,7 @@ func (ev *RegisterBroker) decodeBody(r *wire.Reader) {
 	n := r.Count(2)
 	ev.Addrs = make([]string, 0, n)
 	for i := 0; i < n; i++ {
-		ev.Addrs = append(ev.Addrs, readStr(r))
+		ev.Addrs = append(ev.Addrs, ReadString(r))
 	}
 }
 
@@ -255,21 +255,21 @@ func (ev *AlterSyncStateSet) appendBody(b []byte) []byte {
 	b = wire.AppendU32(b, ev.Group)
 	b = wire.AppendU32(b, ev.Master)
 	b = wire.AppendU32(b, ev.Epoch)
-	return appendIDs(b, ev.Set)
+	return AppendIDs(b, ev.Set)
 }
 func (ev *AlterSyncStateSet) decodeBody(r *wire.Reader) {
 	ev.Group, ev.Master, ev.Epoch = r.U32(), r.U32(), r.U32()
-	ev.Set = readIDs(r)
+	ev.Set = ReadIDs(r)
 }
 
 func (ev *CleanBrokerData) appendBody(b []byte) []byte { return wire.AppendU32(b, ev.ID) }
 func (ev *CleanBrokerData) decodeBody(r *wire.Reader)  { ev.ID = r.U32() }
 
 func (ev *DeclareExchange) appendBody(b []byte) []byte {
-	return wire.AppendBool(appendStr(appendStr(b, ev.Name), ev.Type), ev.Durable)
+	return wire.AppendBool(AppendString(AppendString(b, ev.Name), ev.Type), ev.Durable)
 }
 func (ev *DeclareExchange) decodeBody(r *wire.Reader) {
-	ev.Name, ev.Type, ev.Durable = readStr(r), readStr(r), r.Bool()
+	ev.Name, ev.Type, ev.Durable = ReadString(r), ReadString(r), r.Bool()
 }
 
 func appendQueueOptions(b []byte, o *QueueOptions) []byte {
@@ -279,46 +279,46 @@ func appendQueueOptions(b []byte, o *QueueOptions) []byte {
 	b = wire.AppendU64(b, o.TTLMs)
 	b = wire.AppendU64(b, o.MaxLength)
 	b = wire.AppendU8(b, o.Overflow)
-	b = appendStr(b, o.DeadLetterExchange)
+	b = AppendString(b, o.DeadLetterExchange)
 	b = wire.AppendU32(b, o.MaxDeliveries)
 	b = wire.AppendU64(b, o.MaxLengthBytes)
-	return appendStr(b, o.DeadLetterKey)
+	return AppendString(b, o.DeadLetterKey)
 }
 func decodeQueueOptions(r *wire.Reader, o *QueueOptions) {
 	o.Durable, o.Exclusive, o.AutoDelete = r.Bool(), r.Bool(), r.Bool()
 	o.TTLMs, o.MaxLength = r.U64(), r.U64()
 	o.Overflow = r.U8()
-	o.DeadLetterExchange = readStr(r)
+	o.DeadLetterExchange = ReadString(r)
 	o.MaxDeliveries = r.U32()
 	o.MaxLengthBytes = r.U64()
-	o.DeadLetterKey = readStr(r)
+	o.DeadLetterKey = ReadString(r)
 }
 
 func (ev *DeclareQueue) appendBody(b []byte) []byte {
-	return appendQueueOptions(appendStr(b, ev.Name), &ev.Options)
+	return appendQueueOptions(AppendString(b, ev.Name), &ev.Options)
 }
 func (ev *DeclareQueue) decodeBody(r *wire.Reader) {
-	ev.Name = readStr(r)
+	ev.Name = ReadString(r)
 	decodeQueueOptions(r, &ev.Options)
 }
 
 func appendBinding(b []byte, exchange, queue, key string) []byte {
-	return appendStr(appendStr(appendStr(b, exchange), queue), key)
+	return AppendString(AppendString(AppendString(b, exchange), queue), key)
 }
 
 func (ev *Bind) appendBody(b []byte) []byte { return appendBinding(b, ev.Exchange, ev.Queue, ev.Key) }
 func (ev *Bind) decodeBody(r *wire.Reader) {
-	ev.Exchange, ev.Queue, ev.Key = readStr(r), readStr(r), readStr(r)
+	ev.Exchange, ev.Queue, ev.Key = ReadString(r), ReadString(r), ReadString(r)
 }
 func (ev *Unbind) appendBody(b []byte) []byte { return appendBinding(b, ev.Exchange, ev.Queue, ev.Key) }
 func (ev *Unbind) decodeBody(r *wire.Reader) {
-	ev.Exchange, ev.Queue, ev.Key = readStr(r), readStr(r), readStr(r)
+	ev.Exchange, ev.Queue, ev.Key = ReadString(r), ReadString(r), ReadString(r)
 }
 
-func (ev *DeleteQueue) appendBody(b []byte) []byte    { return appendStr(b, ev.Name) }
-func (ev *DeleteQueue) decodeBody(r *wire.Reader)     { ev.Name = readStr(r) }
-func (ev *DeleteExchange) appendBody(b []byte) []byte { return appendStr(b, ev.Name) }
-func (ev *DeleteExchange) decodeBody(r *wire.Reader)  { ev.Name = readStr(r) }
+func (ev *DeleteQueue) appendBody(b []byte) []byte    { return AppendString(b, ev.Name) }
+func (ev *DeleteQueue) decodeBody(r *wire.Reader)     { ev.Name = ReadString(r) }
+func (ev *DeleteExchange) appendBody(b []byte) []byte { return AppendString(b, ev.Name) }
+func (ev *DeleteExchange) decodeBody(r *wire.Reader)  { ev.Name = ReadString(r) }
 
 func (ev *SetClusterConfig) appendBody(b []byte) []byte {
 	b = wire.AppendU32(b, ev.Groups)
@@ -329,8 +329,10 @@ func (ev *SetClusterConfig) decodeBody(r *wire.Reader) {
 	ev.Groups, ev.Mode, ev.UncleanElection = r.U32(), r.U8(), r.Bool()
 }
 
-func (ev *SetAttribute) appendBody(b []byte) []byte { return appendStr(appendStr(b, ev.Key), ev.Value) }
-func (ev *SetAttribute) decodeBody(r *wire.Reader)  { ev.Key, ev.Value = readStr(r), readStr(r) }
+func (ev *SetAttribute) appendBody(b []byte) []byte {
+	return AppendString(AppendString(b, ev.Key), ev.Value)
+}
+func (ev *SetAttribute) decodeBody(r *wire.Reader) { ev.Key, ev.Value = ReadString(r), ReadString(r) }
 
 func (ev *ElectPrimary) appendBody(b []byte) []byte {
 	b = wire.AppendU32(b, ev.Epoch)
@@ -416,18 +418,18 @@ func DecodeEvent(b []byte) (Event, error) {
 
 // Limits checked by ValidateEvent before an event is proposed.
 const (
-	nameLenMax           = 255
-	addrsMax             = 16
-	electGroupsMax       = 4096 // groups per ElectMaster event
-	candidatesMax        = 64
-	primaryCandidatesMax = 1024 // candidates per ElectPrimary event
-	syncStateSetSizeMax  = 64
-	groupCountMax        = 1 << 20
+	NameLenMax           = 255
+	AddrsMax             = 16
+	ElectGroupsMax       = 4096 // groups per ElectMaster event
+	CandidatesMax        = 64
+	PrimaryCandidatesMax = 1024 // candidates per ElectPrimary event
+	SyncStateSetSizeMax  = 64
+	GroupCountMax        = 1 << 20
 )
 
 func validName(what, s string) error {
-	if s == "" || len(s) > nameLenMax {
-		return fmt.Errorf("controlplane: %s name must be 1..%d bytes", what, nameLenMax)
+	if s == "" || len(s) > NameLenMax {
+		return fmt.Errorf("controlplane: %s name must be 1..%d bytes", what, NameLenMax)
 	}
 	return nil
 }
@@ -437,26 +439,26 @@ func validName(what, s string) error {
 func ValidateEvent(ev Event) error {
 	switch ev := ev.(type) {
 	case *RegisterBroker:
-		if ev.ID == 0 || len(ev.Addrs) > addrsMax {
-			return fmt.Errorf("controlplane: register broker needs an id and at most %d addresses", addrsMax)
+		if ev.ID == 0 || len(ev.Addrs) > AddrsMax {
+			return fmt.Errorf("controlplane: register broker needs an id and at most %d addresses", AddrsMax)
 		}
 		for _, a := range ev.Addrs {
-			if a == "" || len(a) > nameLenMax {
+			if a == "" || len(a) > NameLenMax {
 				return fmt.Errorf("controlplane: bad broker address %q", a)
 			}
 		}
 	case *ElectMaster:
-		if len(ev.Groups) == 0 || len(ev.Groups) > electGroupsMax {
-			return fmt.Errorf("controlplane: elect master needs 1..%d groups", electGroupsMax)
+		if len(ev.Groups) == 0 || len(ev.Groups) > ElectGroupsMax {
+			return fmt.Errorf("controlplane: elect master needs 1..%d groups", ElectGroupsMax)
 		}
 		for _, g := range ev.Groups {
-			if len(g.Candidates) > candidatesMax {
-				return fmt.Errorf("controlplane: at most %d candidates per group", candidatesMax)
+			if len(g.Candidates) > CandidatesMax {
+				return fmt.Errorf("controlplane: at most %d candidates per group", CandidatesMax)
 			}
 		}
 	case *AlterSyncStateSet:
-		if len(ev.Set) == 0 || len(ev.Set) > syncStateSetSizeMax {
-			return fmt.Errorf("controlplane: SyncStateSet size must be 1..%d", syncStateSetSizeMax)
+		if len(ev.Set) == 0 || len(ev.Set) > SyncStateSetSizeMax {
+			return fmt.Errorf("controlplane: SyncStateSet size must be 1..%d", SyncStateSetSizeMax)
 		}
 	case *DeclareExchange:
 		if err := validName("exchange", ev.Name); err != nil {
@@ -469,7 +471,7 @@ func ValidateEvent(ev Event) error {
 		if err := validName("queue", ev.Name); err != nil {
 			return err
 		}
-		if ev.Options.Overflow > OverflowRejectPublish || len(ev.Options.DeadLetterExchange) > nameLenMax {
+		if ev.Options.Overflow > OverflowRejectPublish || len(ev.Options.DeadLetterExchange) > NameLenMax {
 			return fmt.Errorf("controlplane: bad queue options")
 		}
 	case *Bind:
@@ -479,8 +481,8 @@ func ValidateEvent(ev Event) error {
 		if err := validName("queue", ev.Queue); err != nil {
 			return err
 		}
-		if len(ev.Key) > nameLenMax {
-			return fmt.Errorf("controlplane: binding key longer than %d bytes", nameLenMax)
+		if len(ev.Key) > NameLenMax {
+			return fmt.Errorf("controlplane: binding key longer than %d bytes", NameLenMax)
 		}
 	case *Unbind:
 		return ValidateEvent(&Bind{ev.Exchange, ev.Queue, ev.Key})
@@ -489,19 +491,19 @@ func ValidateEvent(ev Event) error {
 	case *DeleteExchange:
 		return validName("exchange", ev.Name)
 	case *SetClusterConfig:
-		if ev.Groups == 0 || ev.Groups > groupCountMax || ev.Mode > ModeActivePassive {
-			return fmt.Errorf("controlplane: group count must be 1..%d and mode known", groupCountMax)
+		if ev.Groups == 0 || ev.Groups > GroupCountMax || ev.Mode > ModeActivePassive {
+			return fmt.Errorf("controlplane: group count must be 1..%d and mode known", GroupCountMax)
 		}
 	case *SetAttribute:
 		if err := validName("attribute", ev.Key); err != nil {
 			return err
 		}
-		if len(ev.Value) > stringLenMax {
-			return fmt.Errorf("controlplane: attribute value longer than %d bytes", stringLenMax)
+		if len(ev.Value) > StringLenMax {
+			return fmt.Errorf("controlplane: attribute value longer than %d bytes", StringLenMax)
 		}
 	case *ElectPrimary:
-		if len(ev.Candidates) > primaryCandidatesMax {
-			return fmt.Errorf("controlplane: at most %d candidates per primary election", primaryCandidatesMax)
+		if len(ev.Candidates) > PrimaryCandidatesMax {
+			return fmt.Errorf("controlplane: at most %d candidates per primary election", PrimaryCandidatesMax)
 		}
 	case nil:
 		return fmt.Errorf("controlplane: nil event")

@@ -1,4 +1,4 @@
-package controlplane
+package ctlapi
 
 import (
 	"errors"
@@ -19,65 +19,65 @@ import (
 // Service operations (wire.CtlRequest.Op). Persisted nowhere, but brokers
 // of other versions send them: never renumber.
 const (
-	opPropose   uint8 = 1 // body: an event; reply: a Result
-	opRead      uint8 = 2 // body: mode, query, args; reply: per query
-	opHeartbeat uint8 = 3 // body: broker, log ends
-	opElect     uint8 = 4 // body: preferred broker, group ids; reply: a Result
-	opStatus    uint8 = 5 // reply: a Status
-	opWait      uint8 = 6 // body: an applied index; reply: the applied index once past it
-	opPrimary   uint8 = 7 // body: preferred broker; reply: a Result (elected on the leader from its heartbeats)
-	// opMembers: no body; reply: the leader's id, then the voters as
+	OpPropose   uint8 = 1 // body: an event; reply: a Result
+	OpRead      uint8 = 2 // body: mode, query, args; reply: per query
+	OpHeartbeat uint8 = 3 // body: broker, log ends
+	OpElect     uint8 = 4 // body: preferred broker, group ids; reply: a Result
+	OpStatus    uint8 = 5 // reply: a Status
+	OpWait      uint8 = 6 // body: an applied index; reply: the applied index once past it
+	OpPrimary   uint8 = 7 // body: preferred broker; reply: a Result (elected on the leader from its heartbeats)
+	// OpMembers: no body; reply: the leader's id, then the voters as
 	// count + (id u64, address str)*. Served on the leader only, after a
 	// ReadIndex round (a consistent read): the configuration it reports
 	// holds every membership change committed before the request.
-	opMembers uint8 = 8
-	// opChangeMembers: body: adds as count + (id u64, address str)*,
-	// removes as count + id*; each count at most membersChangeMax. Runs
+	OpMembers uint8 = 8
+	// OpChangeMembers: body: adds as count + (id u64, address str)*,
+	// removes as count + id*; each count at most MembersChangeMax. Runs
 	// ChangeMembership on the leader; an empty reply once the joint
 	// configuration is left. A write: a stopping leader's answer is
 	// ambiguous. Repeating a change that took effect succeeds.
-	opChangeMembers uint8 = 9
+	OpChangeMembers uint8 = 9
 )
 
-// membersChangeMax bounds the adds and the removes in one opChangeMembers
+// MembersChangeMax bounds the adds and the removes in one OpChangeMembers
 // request: no change leaves more than VotersMax voters, and replacing a
 // whole 5-member group takes 5 of each.
-const membersChangeMax = VotersMax
+const MembersChangeMax = VotersMax
 
 // Read queries.
 const (
-	queryWiring uint8 = iota + 1
-	queryGroups
-	queryBrokers
-	queryNextBrokerID
-	queryAttribute
-	queryClusterInfo
-	querySyncStateSet
-	queryPrimary
+	QueryWiring uint8 = iota + 1
+	QueryGroups
+	QueryBrokers
+	QueryNextBrokerID
+	QueryAttribute
+	QueryClusterInfo
+	QuerySyncStateSet
+	QueryPrimary
 )
 
 // Response statuses (wire.CtlResponse.Status).
 const (
-	statusOK uint8 = iota
-	statusNotLeader
-	statusLagging
-	statusBusy
-	statusBadRequest
-	statusUnavailable // not served; safe to retry
-	statusAmbiguous   // a write whose outcome is unknown
-	statusStopped
+	StatusOK uint8 = iota
+	StatusNotLeader
+	StatusLagging
+	StatusBusy
+	StatusBadRequest
+	StatusUnavailable // not served; safe to retry
+	StatusAmbiguous   // a write whose outcome is unknown
+	StatusStopped
 )
 
 const (
-	// ctlFrameMax bounds a service request frame.
-	ctlFrameMax = 1 << 20
-	// groupsPerReplyMax bounds the groups in one GetGroups reply.
-	groupsPerReplyMax = 16384
+	// RequestFrameMax bounds a service request frame.
+	RequestFrameMax = 1 << 20
+	// GroupsPerReplyMax bounds the groups in one GetGroups reply.
+	GroupsPerReplyMax = 16384
 )
 
-// appendHeartbeat appends an opHeartbeat body: the broker, then each
+// AppendHeartbeat appends an OpHeartbeat body: the broker, then each
 // group's log end.
-func appendHeartbeat(b []byte, broker uint32, logEnds []GroupLogEnd) []byte {
+func AppendHeartbeat(b []byte, broker uint32, logEnds []GroupLogEnd) []byte {
 	b = wire.AppendU32(b, broker)
 	b = wire.AppendU32(b, uint32(len(logEnds)))
 	for _, l := range logEnds {
@@ -88,8 +88,8 @@ func appendHeartbeat(b []byte, broker uint32, logEnds []GroupLogEnd) []byte {
 	return b
 }
 
-// decodeHeartbeat reads an opHeartbeat body.
-func decodeHeartbeat(body []byte) (broker uint32, logEnds []GroupLogEnd, err error) {
+// DecodeHeartbeat reads an OpHeartbeat body.
+func DecodeHeartbeat(body []byte) (broker uint32, logEnds []GroupLogEnd, err error) {
 	r := wire.NewReader(body)
 	broker = r.U32()
 	logEnds = make([]GroupLogEnd, r.Count(16))
@@ -99,23 +99,23 @@ func decodeHeartbeat(body []byte) (broker uint32, logEnds []GroupLogEnd, err err
 	return broker, logEnds, r.Done()
 }
 
-// appendElect appends an opElect body: the preferred broker, then the
+// AppendElect appends an OpElect body: the preferred broker, then the
 // groups.
-func appendElect(b []byte, preferred uint32, groups []uint32) []byte {
-	return appendIDs(wire.AppendU32(b, preferred), groups)
+func AppendElect(b []byte, preferred uint32, groups []uint32) []byte {
+	return AppendIDs(wire.AppendU32(b, preferred), groups)
 }
 
-// decodeElect reads an opElect body.
-func decodeElect(body []byte) (preferred uint32, groups []uint32, err error) {
+// DecodeElect reads an OpElect body.
+func DecodeElect(body []byte) (preferred uint32, groups []uint32, err error) {
 	r := wire.NewReader(body)
 	preferred = r.U32()
-	groups = readIDs(r)
+	groups = ReadIDs(r)
 	return preferred, groups, r.Done()
 }
 
-// appendMembersChange appends an opChangeMembers body.
-func appendMembersChange(b []byte, add map[uint64]string, remove []uint64) []byte {
-	b = appendMembers(b, add)
+// AppendMembersChange appends an OpChangeMembers body.
+func AppendMembersChange(b []byte, add map[uint64]string, remove []uint64) []byte {
+	b = AppendMembers(b, add)
 	b = wire.AppendU32(b, uint32(len(remove)))
 	for _, id := range remove {
 		b = wire.AppendU64(b, id)
@@ -123,26 +123,26 @@ func appendMembersChange(b []byte, add map[uint64]string, remove []uint64) []byt
 	return b
 }
 
-// decodeMembersChange reads an opChangeMembers body. ChangeMembership
+// DecodeMembersChange reads an OpChangeMembers body. ChangeMembership
 // checks the ids and addresses against the membership; this checks only
 // the shape and the bounds.
-func decodeMembersChange(body []byte) (map[uint64]string, []uint64, error) {
+func DecodeMembersChange(body []byte) (map[uint64]string, []uint64, error) {
 	r := wire.NewReader(body)
 	na := r.Count(10) // id and string length
-	if na > membersChangeMax {
-		return nil, nil, fmt.Errorf("%w: %d controllers to add; at most %d per change", ErrBadRequest, na, membersChangeMax)
+	if na > MembersChangeMax {
+		return nil, nil, fmt.Errorf("%w: %d controllers to add; at most %d per change", ErrBadRequest, na, MembersChangeMax)
 	}
 	add := make(map[uint64]string, na)
 	for i := 0; i < na && r.Err() == nil; i++ {
-		id, addr := r.U64(), readStr(r)
+		id, addr := r.U64(), ReadString(r)
 		if _, dup := add[id]; dup && r.Err() == nil {
 			return nil, nil, fmt.Errorf("%w: controller %d is listed twice to add", ErrBadRequest, id)
 		}
 		add[id] = addr
 	}
 	nr := r.Count(8)
-	if nr > membersChangeMax {
-		return nil, nil, fmt.Errorf("%w: %d controllers to remove; at most %d per change", ErrBadRequest, nr, membersChangeMax)
+	if nr > MembersChangeMax {
+		return nil, nil, fmt.Errorf("%w: %d controllers to remove; at most %d per change", ErrBadRequest, nr, MembersChangeMax)
 	}
 	remove := make([]uint64, 0, nr)
 	for i := 0; i < nr && r.Err() == nil; i++ {
@@ -154,55 +154,57 @@ func decodeMembersChange(body []byte) (map[uint64]string, []uint64, error) {
 	return add, remove, nil
 }
 
-// appendResult appends the reply to a write: code, value, message.
-func appendResult(b []byte, r Result) []byte {
+// AppendResult appends the reply to a write: code, value, message.
+func AppendResult(b []byte, r Result) []byte {
 	b = wire.AppendU8(b, r.Code)
 	b = wire.AppendU64(b, r.Value)
-	return appendStr(b, r.Msg)
+	return AppendString(b, r.Msg)
 }
 
-// decodeResult reads what appendResult wrote.
-func decodeResult(b []byte) (Result, error) {
+// DecodeResult reads what AppendResult wrote.
+func DecodeResult(b []byte) (Result, error) {
 	r := wire.NewReader(b)
-	res := Result{Code: r.U8(), Value: r.U64(), Msg: readStr(r)}
+	res := Result{Code: r.U8(), Value: r.U64(), Msg: ReadString(r)}
 	return res, r.Done()
 }
 
-// appendGroup appends a group as the group reads answer it.
-func appendGroup(b []byte, g Group) []byte {
+// AppendGroup appends a group as the group reads answer it.
+func AppendGroup(b []byte, g Group) []byte {
 	b = wire.AppendU32(b, g.ID)
 	b = wire.AppendU32(b, g.Master)
 	b = wire.AppendU32(b, g.Epoch)
 	b = wire.AppendU32(b, g.ElectedLogEnd.Epoch)
 	b = wire.AppendU64(b, g.ElectedLogEnd.Index)
-	return appendIDs(b, g.SyncStateSet)
+	return AppendIDs(b, g.SyncStateSet)
 }
 
-// readGroup reads what appendGroup wrote.
-func readGroup(r *wire.Reader) Group {
+// ReadGroup reads what AppendGroup wrote.
+func ReadGroup(r *wire.Reader) Group {
 	g := Group{ID: r.U32(), Master: r.U32(), Epoch: r.U32()}
 	g.ElectedLogEnd = LogEnd{r.U32(), r.U64()}
-	g.SyncStateSet = readIDs(r)
+	g.SyncStateSet = ReadIDs(r)
 	return g
 }
 
-// appendMembers appends a count, then each id and its address by id.
-func appendMembers(b []byte, members map[uint64]string) []byte {
+// AppendMembers appends a count, then each controller id and its address,
+// by id. Membership change entries in the raft log store their address
+// book this way.
+func AppendMembers(b []byte, members map[uint64]string) []byte {
 	b = wire.AppendU32(b, uint32(len(members)))
 	for _, id := range slices.Sorted(maps.Keys(members)) {
 		b = wire.AppendU64(b, id)
-		b = appendStr(b, members[id])
+		b = AppendString(b, members[id])
 	}
 	return b
 }
 
-// readMembers reads what appendMembers wrote.
-func readMembers(r *wire.Reader) map[uint64]string {
+// ReadMembers reads what AppendMembers wrote.
+func ReadMembers(r *wire.Reader) map[uint64]string {
 	n := r.Count(10)
 	members := make(map[uint64]string, n)
 	for i := 0; i < n; i++ {
 		id := r.U64()
-		members[id] = readStr(r)
+		members[id] = ReadString(r)
 	}
 	return members
 }
@@ -217,8 +219,8 @@ func CheckControllerAddr(addr string) error {
 	if addr == "" {
 		return errors.New("address is empty")
 	}
-	if len(addr) > nameLenMax {
-		return fmt.Errorf("address is %d bytes, more than %d", len(addr), nameLenMax)
+	if len(addr) > NameLenMax {
+		return fmt.Errorf("address is %d bytes, more than %d", len(addr), NameLenMax)
 	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {

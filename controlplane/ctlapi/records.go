@@ -1,8 +1,10 @@
-package controlplane
+package ctlapi
 
-import (
-	"github.com/berthmq/berth/wire"
-)
+import "github.com/berthmq/berth/wire"
+
+// The records clients read from the controller, and their encodings. The
+// controller's state and its snapshots are made of the same records with
+// the same encodings.
 
 // ReadMode picks how a read is served.
 type ReadMode uint8
@@ -33,6 +35,16 @@ type Broker struct {
 	Version uint16
 }
 
+// AppendBroker appends a broker as a RegisterBroker event's body.
+func AppendBroker(b []byte, br Broker) []byte { return (*RegisterBroker)(&br).appendBody(b) }
+
+// ReadBroker reads what AppendBroker wrote.
+func ReadBroker(r *wire.Reader) Broker {
+	var rb RegisterBroker
+	rb.decodeBody(r)
+	return Broker(rb)
+}
+
 // Group is a replication group's controller record.
 type Group struct {
 	ID           uint32
@@ -51,6 +63,19 @@ type ClusterConfig struct {
 	Groups          uint32
 	Mode            uint8
 	UncleanElection bool
+}
+
+// AppendClusterConfig appends a configuration as a SetClusterConfig
+// event's body.
+func AppendClusterConfig(b []byte, c ClusterConfig) []byte {
+	return (*SetClusterConfig)(&c).appendBody(b)
+}
+
+// ReadClusterConfig reads what AppendClusterConfig wrote.
+func ReadClusterConfig(r *wire.Reader) ClusterConfig {
+	var sc SetClusterConfig
+	sc.decodeBody(r)
+	return ClusterConfig(sc)
 }
 
 // Result codes of applying an event.
@@ -93,7 +118,9 @@ type Wiring struct {
 	Bindings  []Binding
 }
 
-func appendWiring(b []byte, w Wiring) []byte {
+// AppendWiring appends the exchanges, the queues and the bindings, each as
+// a count, then each item as its declaring event's body.
+func AppendWiring(b []byte, w Wiring) []byte {
 	b = wire.AppendU32(b, uint32(len(w.Exchanges)))
 	for i := range w.Exchanges {
 		b = w.Exchanges[i].appendBody(b)
@@ -109,7 +136,8 @@ func appendWiring(b []byte, w Wiring) []byte {
 	return b
 }
 
-func readWiring(r *wire.Reader) Wiring {
+// ReadWiring reads what AppendWiring wrote.
+func ReadWiring(r *wire.Reader) Wiring {
 	var w Wiring
 	n := r.Count(5)
 	w.Exchanges = make([]DeclareExchange, n)
@@ -124,7 +152,7 @@ func readWiring(r *wire.Reader) Wiring {
 	n = r.Count(6)
 	w.Bindings = make([]Binding, n)
 	for i := range w.Bindings {
-		w.Bindings[i] = Binding{readStr(r), readStr(r), readStr(r)}
+		w.Bindings[i] = Binding{ReadString(r), ReadString(r), ReadString(r)}
 	}
 	return w
 }
