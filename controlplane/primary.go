@@ -1,13 +1,5 @@
 package controlplane
 
-import (
-	"context"
-	"slices"
-	"time"
-
-	"github.com/berthmq/berth/controlplane/ctlapi"
-)
-
 // Active-passive mode: the primary broker.
 //
 // In active-active mode (the default) every broker takes clients. In
@@ -54,6 +46,14 @@ import (
 //
 // Persistence: the primary and its epoch are fields of the state and of
 // snapshot format 3; a format 2 snapshot decodes as "no primary, epoch 0".
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/berthmq/berth/controlplane/ctlapi"
+)
 
 // Primary returns the primary broker (0: none) and the primary epoch.
 func (s *State) Primary() (broker, epoch uint32) {
