@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/cockroachdb/pebble/v2"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
@@ -29,11 +31,11 @@ const benchClients = 256
 
 // runParallel splits b.N operations over benchClients goroutines sharing a
 // few clients, and reports operations per second.
-func runParallel(b *testing.B, addrs []string, op func(cl *Client, i int) error) {
+func runParallel(b *testing.B, addrs []string, op func(cl *ctlclient.Client, i int) error) {
 	const clientConns = 16
-	clients := make([]*Client, clientConns)
+	clients := make([]*ctlclient.Client, clientConns)
 	for i := range clients {
-		clients[i] = NewClient(addrs)
+		clients[i] = ctlclient.NewClient(addrs)
 		defer clients[i].Close()
 	}
 	var next atomic.Int64
@@ -109,7 +111,7 @@ func BenchmarkWrite(b *testing.B) {
 		b.Run(fmt.Sprintf("batching=%v", batching), func(b *testing.B) {
 			b.ReportAllocs()
 			c := benchCluster(b, func(cfg *Config) { cfg.DisableBatching = !batching })
-			runParallel(b, c.addrList(), func(cl *Client, i int) error {
+			runParallel(b, c.addrList(), func(cl *ctlclient.Client, i int) error {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
 				return cl.SetAttribute(ctx, "k"+strconv.Itoa(i%1024), value)
@@ -123,16 +125,16 @@ func BenchmarkRead(b *testing.B) {
 	for _, tc := range []struct {
 		name  string
 		lease bool
-		mode  ReadMode
+		mode  ctlapi.ReadMode
 	}{
-		{"readindex", false, ReadConsistent},
-		{"lease", true, ReadConsistent},
-		{"follower", false, ReadFollower},
+		{"readindex", false, ctlapi.ReadConsistent},
+		{"lease", true, ctlapi.ReadConsistent},
+		{"follower", false, ctlapi.ReadFollower},
 	} {
 		b.Run("mode="+tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			c := benchCluster(b, func(cfg *Config) { cfg.LeaseRead = tc.lease })
-			cl := NewClient(c.addrList())
+			cl := ctlclient.NewClient(c.addrList())
 			ctx := ctxT(b, 10*time.Second)
 			for k := 0; k < 64; k++ {
 				if err := cl.SetAttribute(ctx, "k"+strconv.Itoa(k), strings.Repeat("v", 256)); err != nil {
@@ -140,7 +142,7 @@ func BenchmarkRead(b *testing.B) {
 				}
 			}
 			cl.Close()
-			runParallel(b, c.addrList(), func(cl *Client, i int) error {
+			runParallel(b, c.addrList(), func(cl *ctlclient.Client, i int) error {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
 				_, ok, err := cl.GetAttribute(ctx, tc.mode, "k"+strconv.Itoa(i%64))
@@ -162,7 +164,7 @@ func BenchmarkFailover(b *testing.B) {
 	const timeout = 500 * time.Millisecond
 	b.ReportAllocs()
 	c := benchCluster(b, func(cfg *Config) { cfg.BrokerTimeout = timeout })
-	cl := NewClient(c.addrList())
+	cl := ctlclient.NewClient(c.addrList())
 	defer cl.Close()
 	setupBrokers(b, cl, 3, groups)
 	hb2 := startHeartbeats(cl, 2, groups, 100, 100*time.Millisecond)
@@ -192,7 +194,7 @@ func BenchmarkFailover(b *testing.B) {
 		syncAll := func() {
 			var wg sync.WaitGroup
 			sem := make(chan struct{}, 256)
-			for _, g := range allGroups(b, cl, ReadConsistent) {
+			for _, g := range allGroups(b, cl, ctlapi.ReadConsistent) {
 				if g.Master == 0 || len(g.SyncStateSet) == 3 {
 					continue
 				}
@@ -254,11 +256,11 @@ func buildLog(b *testing.B, dir string, n int, snapshot bool) {
 	var buf []byte
 	for i := 0; i < n; i++ {
 		idx := uint64(i + 2)
-		ev := &SetAttribute{Key: "k" + strconv.Itoa(i%1000), Value: strconv.Itoa(i)}
+		ev := &ctlapi.SetAttribute{Key: "k" + strconv.Itoa(i%1000), Value: strconv.Itoa(i)}
 		data := []byte{entryFormat}
 		data = append(data, make([]byte, 20)...)
 		data[20] = 1 // count; proposer 0 and seq 0 match no waiter
-		evb := EncodeEvent(nil, ev)
+		evb := ctlapi.EncodeEvent(nil, ev)
 		data = append(data, byte(len(evb)>>24), byte(len(evb)>>16), byte(len(evb)>>8), byte(len(evb)))
 		data = append(data, evb...)
 		if snapshot {

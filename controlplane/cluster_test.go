@@ -11,6 +11,9 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 )
 
 func quietLogger() *slog.Logger {
@@ -65,8 +68,7 @@ func newTestCluster(t testing.TB, size int, tweak func(*Config)) *testCluster {
 
 func (c *testCluster) config(id uint64, ln net.Listener) Config {
 	cfg := Config{ID: id, Peers: c.addrs, Dir: filepath.Join(c.dir, fmt.Sprint(id)), Listener: ln,
-		Faults: c.faults, Logger: quietLogger(), TickInterval: 10 * time.Millisecond,
-		AsyncStorageWrites: os.Getenv("CONTROLPLANE_ASYNC") != ""}
+		Faults: c.faults, Logger: quietLogger(), TickInterval: 10 * time.Millisecond}
 	if c.tweak != nil {
 		c.tweak(&cfg)
 	}
@@ -153,18 +155,18 @@ func TestSingleNode(t *testing.T) {
 	if err := lc.DeclareExchange(ctx, "orders", "topic", true); err != nil {
 		t.Fatal(err)
 	}
-	if err := lc.DeclareQueue(ctx, "q1", QueueOptions{Durable: true, MaxLength: 100}); err != nil {
+	if err := lc.DeclareQueue(ctx, "q1", ctlapi.QueueOptions{Durable: true, MaxLength: 100}); err != nil {
 		t.Fatal(err)
 	}
 	if err := lc.Bind(ctx, "orders", "q1", "eu.*"); err != nil {
 		t.Fatal(err)
 	}
-	var re *ResultError
-	if err := lc.Bind(ctx, "orders", "missing", "k"); !errors.As(err, &re) || re.Code != CodeNotFound {
+	var re *ctlapi.ResultError
+	if err := lc.Bind(ctx, "orders", "missing", "k"); !errors.As(err, &re) || re.Code != ctlapi.CodeNotFound {
 		t.Fatalf("bind to missing queue: %v", err)
 	}
 	// The TCP service sees the same state.
-	tc := NewClient([]string{n.Addr()})
+	tc := ctlclient.NewClient([]string{n.Addr()})
 	defer tc.Close()
 	// A long poll returns once a change applies past the index it knew.
 	idx, err := tc.WaitChange(ctx, 0)
@@ -176,7 +178,7 @@ func TestSingleNode(t *testing.T) {
 		v, _ := tc.WaitChange(ctx, idx)
 		changed <- v
 	}()
-	if err := lc.DeclareQueue(ctx, "q2", QueueOptions{}); err != nil {
+	if err := lc.DeclareQueue(ctx, "q2", ctlapi.QueueOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if v := <-changed; v <= idx {
@@ -185,7 +187,7 @@ func TestSingleNode(t *testing.T) {
 	if err := lc.DeleteQueue(ctx, "q2"); err != nil {
 		t.Fatal(err)
 	}
-	w, err := tc.GetWiring(ctx, ReadConsistent)
+	w, err := tc.GetWiring(ctx, ctlapi.ReadConsistent)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +201,7 @@ func TestSingleNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Stop()
-	w, err = n.LocalClient().GetWiring(ctx, ReadConsistent)
+	w, err = n.LocalClient().GetWiring(ctx, ctlapi.ReadConsistent)
 	if err != nil || len(w.Queues) != 1 || len(w.Exchanges) != 1 {
 		t.Fatalf("after restart: %+v %v", w, err)
 	}
@@ -208,7 +210,7 @@ func TestSingleNode(t *testing.T) {
 func TestThreeNodeBasic(t *testing.T) {
 	c := newTestCluster(t, 3, nil)
 	c.leader()
-	cl := NewClient(c.addrList())
+	cl := ctlclient.NewClient(c.addrList())
 	defer cl.Close()
 	ctx := ctxT(t, 20*time.Second)
 	for i := 0; i < 20; i++ {
@@ -216,7 +218,7 @@ func TestThreeNodeBasic(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for _, mode := range []ReadMode{ReadConsistent, ReadFollower, ReadUnsafe} {
+	for _, mode := range []ctlapi.ReadMode{ctlapi.ReadConsistent, ctlapi.ReadFollower, ctlapi.ReadUnsafe} {
 		v, ok, err := cl.GetAttribute(ctx, mode, "k")
 		if err != nil || !ok || v != "19" {
 			t.Fatalf("mode %d: %q %v %v", mode, v, ok, err)
@@ -224,8 +226,8 @@ func TestThreeNodeBasic(t *testing.T) {
 	}
 	// Every follower serves a follower read after catching up.
 	for _, n := range c.nodes {
-		fc := NewClient([]string{n.Addr()})
-		v, _, err := fc.GetAttribute(ctx, ReadFollower, "k")
+		fc := ctlclient.NewClient([]string{n.Addr()})
+		v, _, err := fc.GetAttribute(ctx, ctlapi.ReadFollower, "k")
 		fc.Close()
 		if err != nil || v != "19" {
 			t.Fatalf("follower read at %d: %q %v", n.ID(), v, err)
@@ -242,7 +244,7 @@ func TestThreeNodeBasic(t *testing.T) {
 	c.start(old.ID(), nil)
 	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		var got string
-		err := c.nodes[old.ID()].Read(ctx, ReadFollower, func(s *State) { got, _ = s.Attribute("k") })
+		err := c.nodes[old.ID()].Read(ctx, ctlapi.ReadFollower, func(s *State) { got, _ = s.Attribute("k") })
 		if err != nil || got != "after" {
 			return fmt.Errorf("restarted node reads %q, %v", got, err)
 		}

@@ -11,14 +11,27 @@
 //
 //	n, err := controlplane.StartSingle(dir, "127.0.0.1:7402", logger)
 //	defer n.Stop()
-//	cl := n.LocalClient()               // no TCP
-//	err = cl.DeclareQueue(ctx, "q", controlplane.QueueOptions{Durable: true})
+//	cl := n.LocalClient()               // a *ctlclient.Client; no TCP
+//	err = cl.DeclareQueue(ctx, "q", ctlapi.QueueOptions{Durable: true})
 //
 // A cluster member: controlplane.Start(controlplane.Config{ID, Peers, Dir, ...}).
-// Remote callers (brokers, berthctl) use controlplane.NewClient(addrs), which
+// Remote callers (brokers, berthctl) use ctlclient.NewClient(addrs), which
 // finds the leader, follows redirects and retries what is safe to retry.
 // Client.WaitChange long-polls for the applied index to move, so a broker
 // re-reads wiring and groups only when something changed.
+//
+// # Packages
+//
+// What clients need lives apart, so that they link neither raft nor pebble:
+//
+//   - ctlapi: the events, the records clients read (brokers, groups,
+//     wiring, results), the service protocol and the errors, with their
+//     encodings (the wire package's codec). No I/O.
+//   - ctlclient: the Client, over TCP or in-process.
+//   - this package: the raft node, its storage, transport and service, and
+//     the state machine (State), which applies ctlapi events.
+//
+// Imports point from here to ctlclient and ctlapi, never back.
 //
 // # Three request paths (seed 002)
 //
@@ -83,10 +96,9 @@
 // (ChangeMembership, membership.go): one ConfChangeV2 entry carrying the
 // new address book; every member snapshots right after applying it, and a
 // joining member (Config.Join) takes appends only once a snapshot gave it
-// a configuration. Both storage loops support it. Operators reach it
-// through the service (Client.Members, Client.ChangeMembership; berthctl
-// members, members add, members remove) and start a new member with
-// berthd -controller-join.
+// a configuration. Operators reach it through the service (Client.Members,
+// Client.ChangeMembership; berthctl members, members add, members remove)
+// and start a new member with berthd -controller-join.
 //
 // # Lost logs and large snapshots
 //

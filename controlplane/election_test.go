@@ -7,6 +7,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 )
 
 // heartbeater sends heartbeats for one broker until stopped.
@@ -16,11 +19,11 @@ type heartbeater struct {
 	last atomic.Int64 // unix nanos of the last heartbeat the leader took
 }
 
-func startHeartbeats(cl *Client, broker uint32, groups uint32, index uint64, every time.Duration) *heartbeater {
+func startHeartbeats(cl *ctlclient.Client, broker uint32, groups uint32, index uint64, every time.Duration) *heartbeater {
 	h := &heartbeater{stop: make(chan struct{}), done: make(chan struct{})}
-	ends := make([]GroupLogEnd, groups)
+	ends := make([]ctlapi.GroupLogEnd, groups)
 	for g := range ends {
-		ends[g] = GroupLogEnd{Group: uint32(g), LogEnd: LogEnd{Epoch: 1, Index: index}}
+		ends[g] = ctlapi.GroupLogEnd{Group: uint32(g), LogEnd: ctlapi.LogEnd{Epoch: 1, Index: index}}
 	}
 	go func() {
 		defer close(h.done)
@@ -44,10 +47,10 @@ func startHeartbeats(cl *Client, broker uint32, groups uint32, index uint64, eve
 
 func (h *heartbeater) halt() { close(h.stop); <-h.done }
 
-func setupBrokers(t testing.TB, cl *Client, brokers int, groups uint32) {
+func setupBrokers(t testing.TB, cl *ctlclient.Client, brokers int, groups uint32) {
 	t.Helper()
 	ctx := ctxT(t, 20*time.Second)
-	if err := cl.SetClusterConfig(ctx, ClusterConfig{Groups: groups}); err != nil {
+	if err := cl.SetClusterConfig(ctx, ctlapi.ClusterConfig{Groups: groups}); err != nil {
 		t.Fatal(err)
 	}
 	for b := 1; b <= brokers; b++ {
@@ -61,9 +64,9 @@ func setupBrokers(t testing.TB, cl *Client, brokers int, groups uint32) {
 	}
 }
 
-func allGroups(t testing.TB, cl *Client, mode ReadMode) []Group {
+func allGroups(t testing.TB, cl *ctlclient.Client, mode ctlapi.ReadMode) []ctlapi.Group {
 	t.Helper()
-	gs, total, err := cl.GetGroups(ctxT(t, 10*time.Second), mode, 0, groupsPerReplyMax)
+	gs, total, err := cl.GetGroups(ctxT(t, 10*time.Second), mode, 0, ctlapi.GroupsPerReplyMax)
 	if err != nil || uint32(len(gs)) != total {
 		t.Fatalf("groups: %d of %d, %v", len(gs), total, err)
 	}
@@ -73,7 +76,7 @@ func allGroups(t testing.TB, cl *Client, mode ReadMode) []Group {
 func TestBrokerDeathElectsNewMasters(t *testing.T) {
 	c := newTestCluster(t, 3, func(cfg *Config) { cfg.BrokerTimeout = 400 * time.Millisecond })
 	c.leader()
-	cl := NewClient(c.addrList())
+	cl := ctlclient.NewClient(c.addrList())
 	defer cl.Close()
 	const groups = 60
 	setupBrokers(t, cl, 3, groups)
@@ -101,7 +104,7 @@ func TestBrokerDeathElectsNewMasters(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		gs := allGroups(t, cl, ReadConsistent)
+		gs := allGroups(t, cl, ctlapi.ReadConsistent)
 		for _, g := range gs {
 			if g.Master == 0 || len(g.SyncStateSet) != 3 {
 				return fmt.Errorf("group %+v not fully elected (elected %d this round)", g, elected)
@@ -119,7 +122,7 @@ func TestBrokerDeathElectsNewMasters(t *testing.T) {
 			h.halt()
 		}
 	}()
-	before := allGroups(t, cl, ReadConsistent)
+	before := allGroups(t, cl, ctlapi.ReadConsistent)
 	var ofOne []uint32
 	for _, g := range before {
 		if g.Master == 1 {
@@ -140,14 +143,14 @@ func TestBrokerDeathElectsNewMasters(t *testing.T) {
 	// The controller leader also dies; the next one must still notice.
 	c.stop(c.leader().ID())
 	checkFor(t, 15*time.Second, 20*time.Millisecond, func() error {
-		for _, g := range allGroups(t, cl, ReadConsistent) {
+		for _, g := range allGroups(t, cl, ctlapi.ReadConsistent) {
 			if g.Master == 1 {
 				return fmt.Errorf("group %d still mastered by dead broker 1", g.ID)
 			}
 		}
 		return nil
 	})
-	after := allGroups(t, cl, ReadFollower)
+	after := allGroups(t, cl, ctlapi.ReadFollower)
 	for i, g := range after {
 		old := before[i]
 		switch {
@@ -166,13 +169,13 @@ func TestBrokerDeathElectsNewMasters(t *testing.T) {
 		}
 	}
 	// Unclean election, once allowed, takes a live broker for the orphan.
-	if err := cl.SetClusterConfig(ctxT(t, 5*time.Second), ClusterConfig{Groups: groups, UncleanElection: true}); err != nil {
+	if err := cl.SetClusterConfig(ctxT(t, 5*time.Second), ctlapi.ClusterConfig{Groups: groups, UncleanElection: true}); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := cl.ElectMaster(ctxT(t, 5*time.Second), []uint32{g0.ID}, 0); err != nil || n != 1 {
 		t.Fatalf("unclean election: %d %v", n, err)
 	}
-	if g, err := cl.GetReplicaInfo(ctxT(t, 5*time.Second), ReadConsistent, g0.ID); err != nil || g.Master != 3 {
+	if g, err := cl.GetReplicaInfo(ctxT(t, 5*time.Second), ctlapi.ReadConsistent, g0.ID); err != nil || g.Master != 3 {
 		t.Fatalf("orphan after unclean election: %+v %v", g, err)
 	}
 }
@@ -185,7 +188,7 @@ func TestHeartbeatShardsExpireIncrementally(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			h.beat(b, []GroupLogEnd{{Group: 2, LogEnd: LogEnd{1, uint64(b)}}, {Group: 1}}, t0.Add(time.Duration(b)*time.Millisecond))
+			h.beat(b, []ctlapi.GroupLogEnd{{Group: 2, LogEnd: ctlapi.LogEnd{Epoch: 1, Index: uint64(b)}}, {Group: 1}}, t0.Add(time.Duration(b)*time.Millisecond))
 		}()
 	}
 	wg.Wait()
@@ -218,14 +221,14 @@ func TestHeartbeatShardsExpireIncrementally(t *testing.T) {
 func TestBrokerDisconnectElectsWithoutTimeout(t *testing.T) {
 	c := newTestCluster(t, 3, func(cfg *Config) { cfg.BrokerTimeout = time.Minute })
 	c.leader()
-	admin := NewClient(c.addrList())
+	admin := ctlclient.NewClient(c.addrList())
 	defer admin.Close()
 	const groups = 8
 	setupBrokers(t, admin, 3, groups)
-	clients := map[uint32]*Client{}
+	clients := map[uint32]*ctlclient.Client{}
 	var hbs []*heartbeater
 	for b := uint32(1); b <= 3; b++ {
-		clients[b] = NewClient(c.addrList())
+		clients[b] = ctlclient.NewClient(c.addrList())
 		hbs = append(hbs, startHeartbeats(clients[b], b, groups, 5, 50*time.Millisecond))
 	}
 	defer func() {
@@ -251,7 +254,7 @@ func TestBrokerDisconnectElectsWithoutTimeout(t *testing.T) {
 		if _, err := admin.ElectMaster(ctxT(t, 5*time.Second), ids, 1); err != nil {
 			return err
 		}
-		for _, g := range allGroups(t, admin, ReadConsistent) {
+		for _, g := range allGroups(t, admin, ctlapi.ReadConsistent) {
 			if g.Master != 1 || len(g.SyncStateSet) != 3 {
 				return fmt.Errorf("group %+v", g)
 			}
@@ -262,7 +265,7 @@ func TestBrokerDisconnectElectsWithoutTimeout(t *testing.T) {
 	hbs[0].halt()
 	clients[1].Close() // the broker process dies: its connection drops
 	checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
-		for _, g := range allGroups(t, admin, ReadConsistent) {
+		for _, g := range allGroups(t, admin, ctlapi.ReadConsistent) {
 			if g.Master == 1 || g.Master == 0 {
 				return fmt.Errorf("group %d master %d", g.ID, g.Master)
 			}

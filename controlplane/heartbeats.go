@@ -7,6 +7,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/berthmq/berth/controlplane/ctlapi"
 )
 
 // heartbeatShards splits the heartbeat table so that brokers heartbeating at
@@ -15,12 +17,6 @@ const heartbeatShards = 16
 
 // scanIntervalMax bounds the time between inactive-master scans.
 const scanIntervalMax = 100 * time.Millisecond
-
-// GroupLogEnd is one group's log end as a broker reports it.
-type GroupLogEnd struct {
-	Group  uint32
-	LogEnd LogEnd
-}
 
 // heartbeats is the leader's failure detector. It lives outside the state
 // machine: its data reaches the log only inside ElectMaster events. Each
@@ -45,10 +41,10 @@ type hbEntry struct {
 	// is only timed; it is no election candidate until it reports its log
 	// ends to this leader, so nobody wins on log ends it never reported.
 	heard   bool
-	conn    uint64        // service connection of the last heartbeat; 0 if in-process
-	logEnds []GroupLogEnd // sorted by group
-	data    uint64        // primaryData(logEnds), for primary elections
-	index   int           // position in heap; -1 when not in it
+	conn    uint64               // service connection of the last heartbeat; 0 if in-process
+	logEnds []ctlapi.GroupLogEnd // sorted by group
+	data    uint64               // primaryData(logEnds), for primary elections
+	index   int                  // position in heap; -1 when not in it
 }
 
 type hbHeap []*hbEntry
@@ -78,7 +74,7 @@ func (h *heartbeats) shard(id uint32) *hbShard { return &h.shards[id%heartbeatSh
 
 // becomeLeader forgets what an earlier term knew and gives every registered
 // broker one timeout to heartbeat to this leader.
-func (h *heartbeats) becomeLeader(brokers []Broker, now time.Time) {
+func (h *heartbeats) becomeLeader(brokers []ctlapi.Broker, now time.Time) {
 	for i := range h.shards {
 		s := &h.shards[i]
 		s.mu.Lock()
@@ -105,7 +101,7 @@ func (h *heartbeats) seed(id uint32, now time.Time) {
 }
 
 // beat records a heartbeat. logEnds may be nil to keep the last reported.
-func (h *heartbeats) beat(id uint32, logEnds []GroupLogEnd, now time.Time) {
+func (h *heartbeats) beat(id uint32, logEnds []ctlapi.GroupLogEnd, now time.Time) {
 	h.beatOn(id, logEnds, now, 0)
 }
 
@@ -124,7 +120,7 @@ func (h *heartbeats) disconnected(conn uint64, ids []uint32, now time.Time) {
 	}
 }
 
-func (h *heartbeats) beatOn(id uint32, logEnds []GroupLogEnd, now time.Time, conn uint64) {
+func (h *heartbeats) beatOn(id uint32, logEnds []ctlapi.GroupLogEnd, now time.Time, conn uint64) {
 	if logEnds != nil && !sort.SliceIsSorted(logEnds, func(i, j int) bool { return logEnds[i].Group < logEnds[j].Group }) {
 		logEnds = slices.Clone(logEnds)
 		sort.Slice(logEnds, func(i, j int) bool { return logEnds[i].Group < logEnds[j].Group })
@@ -171,17 +167,17 @@ func (h *heartbeats) expired(now time.Time) []uint32 {
 }
 
 // candidate is broker id's entry in an election's heartbeat snapshot.
-func (h *heartbeats) candidate(id, group uint32, now time.Time) Candidate {
+func (h *heartbeats) candidate(id, group uint32, now time.Time) ctlapi.Candidate {
 	s := h.shard(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := Candidate{Broker: id}
+	c := ctlapi.Candidate{Broker: id}
 	e := s.brokers[id]
 	if e == nil {
 		return c
 	}
 	c.Alive = e.heard && !e.dead && now.Before(e.deadline)
-	if i, ok := slices.BinarySearchFunc(e.logEnds, group, func(g GroupLogEnd, t uint32) int {
+	if i, ok := slices.BinarySearchFunc(e.logEnds, group, func(g ctlapi.GroupLogEnd, t uint32) int {
 		return int(int64(g.Group) - int64(t))
 	}); ok {
 		c.LogEnd = e.logEnds[i].LogEnd
@@ -191,34 +187,34 @@ func (h *heartbeats) candidate(id, group uint32, now time.Time) Candidate {
 
 // electionsFor builds ElectMaster events for every group mastered by one of
 // dead, at most electChunk groups per event.
-func (n *Node) electionsFor(dead []uint32, now time.Time) []*ElectMaster {
+func (n *Node) electionsFor(dead []uint32, now time.Time) []*ctlapi.ElectMaster {
 	const electChunk = 2048
-	var events []*ElectMaster
-	cur := &ElectMaster{Unclean: n.cfg.UncleanElection}
+	var events []*ctlapi.ElectMaster
+	cur := &ctlapi.ElectMaster{Unclean: n.cfg.UncleanElection}
 	n.mu.RLock()
-	var all []Broker
+	var all []ctlapi.Broker
 	if n.cfg.UncleanElection || n.state.Config().UncleanElection {
 		all = n.state.Brokers()
 	}
 	for _, b := range dead {
 		for _, gid := range n.state.GroupsMasteredBy(b) {
 			g, _ := n.state.Group(gid)
-			eg := ElectGroup{Group: gid, Epoch: g.Epoch}
+			eg := ctlapi.ElectGroup{Group: gid, Epoch: g.Epoch}
 			for _, id := range g.SyncStateSet {
 				eg.Candidates = append(eg.Candidates, n.hb.candidate(id, gid, now))
 			}
 			for _, br := range all {
-				if !slices.Contains(g.SyncStateSet, br.ID) && len(eg.Candidates) < candidatesMax {
+				if !slices.Contains(g.SyncStateSet, br.ID) && len(eg.Candidates) < ctlapi.CandidatesMax {
 					eg.Candidates = append(eg.Candidates, n.hb.candidate(br.ID, gid, now))
 				}
 			}
-			if !slices.ContainsFunc(eg.Candidates, func(c Candidate) bool { return c.Broker == b }) {
-				eg.Candidates = append(eg.Candidates, Candidate{Broker: b})
+			if !slices.ContainsFunc(eg.Candidates, func(c ctlapi.Candidate) bool { return c.Broker == b }) {
+				eg.Candidates = append(eg.Candidates, ctlapi.Candidate{Broker: b})
 			}
 			cur.Groups = append(cur.Groups, eg)
 			if len(cur.Groups) == electChunk {
 				events = append(events, cur)
-				cur = &ElectMaster{Unclean: cur.Unclean}
+				cur = &ctlapi.ElectMaster{Unclean: cur.Unclean}
 			}
 		}
 	}
@@ -288,13 +284,13 @@ func (n *Node) scanLoop() {
 }
 
 // Heartbeat records a broker heartbeat. Only the leader takes heartbeats.
-func (n *Node) Heartbeat(broker uint32, logEnds []GroupLogEnd) error {
+func (n *Node) Heartbeat(broker uint32, logEnds []ctlapi.GroupLogEnd) error {
 	return n.heartbeatOn(broker, logEnds, 0)
 }
 
-func (n *Node) heartbeatOn(broker uint32, logEnds []GroupLogEnd, conn uint64) error {
+func (n *Node) heartbeatOn(broker uint32, logEnds []ctlapi.GroupLogEnd, conn uint64) error {
 	if !n.isLdr.Load() {
-		return &NotLeaderError{Leader: n.leaderAddr()}
+		return &ctlapi.NotLeaderError{Leader: n.leaderAddr()}
 	}
 	n.hb.beatOn(broker, logEnds, time.Now(), conn)
 	return nil
@@ -303,13 +299,13 @@ func (n *Node) heartbeatOn(broker uint32, logEnds []GroupLogEnd, conn uint64) er
 // ElectNow proposes elections for the given groups from the current
 // heartbeat data; preferred, if not 0, wins ties. Brokers call it for
 // groups without a master, admins to move a master.
-func (n *Node) ElectNow(ctx context.Context, groups []uint32, preferred uint32) (Result, error) {
+func (n *Node) ElectNow(ctx context.Context, groups []uint32, preferred uint32) (ctlapi.Result, error) {
 	if !n.isLdr.Load() {
-		return Result{}, &NotLeaderError{Leader: n.leaderAddr()}
+		return ctlapi.Result{}, &ctlapi.NotLeaderError{Leader: n.leaderAddr()}
 	}
 	const electChunk = 2048
 	now := time.Now()
-	var events []*ElectMaster
+	var events []*ctlapi.ElectMaster
 	n.mu.RLock()
 	brokers := n.state.Brokers()
 	for _, gid := range groups {
@@ -317,20 +313,20 @@ func (n *Node) ElectNow(ctx context.Context, groups []uint32, preferred uint32) 
 		if !ok {
 			continue
 		}
-		eg := ElectGroup{Group: gid, Epoch: g.Epoch, Preferred: preferred}
+		eg := ctlapi.ElectGroup{Group: gid, Epoch: g.Epoch, Preferred: preferred}
 		for _, b := range brokers {
-			if len(eg.Candidates) < candidatesMax {
+			if len(eg.Candidates) < ctlapi.CandidatesMax {
 				eg.Candidates = append(eg.Candidates, n.hb.candidate(b.ID, gid, now))
 			}
 		}
 		if len(events) == 0 || len(events[len(events)-1].Groups) == electChunk {
-			events = append(events, &ElectMaster{Unclean: n.cfg.UncleanElection})
+			events = append(events, &ctlapi.ElectMaster{Unclean: n.cfg.UncleanElection})
 		}
 		last := events[len(events)-1]
 		last.Groups = append(last.Groups, eg)
 	}
 	n.mu.RUnlock()
-	var total Result
+	var total ctlapi.Result
 	for _, ev := range events {
 		res, err := n.Propose(ctx, ev)
 		if err != nil {

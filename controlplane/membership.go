@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net"
 	"slices"
-	"strconv"
 	"time"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/wire"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 )
@@ -24,10 +24,9 @@ import (
 // Every member snapshots and compacts right after applying a change, so a
 // member that joins later always starts from a snapshot carrying the right
 // configuration rather than replaying entries from a configuration it never
-// had. With asynchronous storage writes the state machine applies the
-// change's entry on the apply goroutine and raft applies the change on its
-// own goroutine just after; snapshots wait until both have (confSeen,
-// confIndex), so none records a configuration older than its index.
+// had. The raft goroutine applies the change's entry to the state and then
+// the change to raft (applyConfChange) before it looks for a snapshot to
+// take, so no snapshot records a configuration older than its index.
 
 // confQueueMax bounds membership proposals waiting for the raft goroutine.
 const confQueueMax = 4
@@ -37,56 +36,23 @@ type confRequest struct {
 	done chan error // cap 1
 }
 
-func encodeAddressBook(book map[uint64]string) []byte {
-	e := encoder{}
-	e.u32(uint32(len(book)))
-	for _, id := range slices.Sorted(maps.Keys(book)) {
-		e.u64(id)
-		e.str(book[id])
-	}
-	return e.b
+// confItem is a membership change and the index of its entry.
+type confItem struct {
+	cc    *pb.ConfChangeV2
+	index uint64
 }
 
+func encodeAddressBook(book map[uint64]string) []byte { return ctlapi.AppendMembers(nil, book) }
+
 func decodeAddressBook(b []byte) (map[uint64]string, error) {
-	d := decoder{b: b}
-	n := d.count(10)
-	book := make(map[uint64]string, n)
-	for i := 0; i < n; i++ {
-		id := d.u64()
-		book[id] = d.str()
-	}
-	return book, d.finish()
+	r := wire.NewReader(b)
+	book := ctlapi.ReadMembers(r)
+	return book, r.Done()
 }
 
 func inConf(cs *pb.ConfState, id uint64) bool {
 	return slices.Contains(cs.GetVoters(), id) || slices.Contains(cs.GetVotersOutgoing(), id) ||
 		slices.Contains(cs.GetLearners(), id) || slices.Contains(cs.GetLearnersNext(), id)
-}
-
-// VotersMax bounds the voters a membership change may leave: a controller
-// group has at most 5 members.
-const VotersMax = 5
-
-// CheckControllerAddr accepts host:port with a port in 1..65535 and at
-// most 255 bytes: the other members dial it.
-func CheckControllerAddr(addr string) error {
-	if addr == "" {
-		return errors.New("address is empty")
-	}
-	if len(addr) > nameLenMax {
-		return fmt.Errorf("address is %d bytes, more than %d", len(addr), nameLenMax)
-	}
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return fmt.Errorf("address %q: %v", addr, err)
-	}
-	if host == "" {
-		return fmt.Errorf("address %q has no host", addr)
-	}
-	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
-		return fmt.Errorf("address %q: port must be 1..65535", addr)
-	}
-	return nil
 }
 
 // ChangeMembership adds and removes controllers in one joint-consensus
@@ -102,7 +68,7 @@ func CheckControllerAddr(addr string) error {
 // new entry, so a caller that lost the reply can repeat it.
 func (n *Node) ChangeMembership(ctx context.Context, add map[uint64]string, remove []uint64) error {
 	if !n.isLdr.Load() {
-		return &NotLeaderError{Leader: n.leaderAddr()}
+		return &ctlapi.NotLeaderError{Leader: n.leaderAddr()}
 	}
 	n.confMu.Lock()
 	cs := n.confState
@@ -163,7 +129,7 @@ func (n *Node) ChangeMembership(ctx context.Context, add map[uint64]string, remo
 		if target[id] {
 			return fmt.Errorf("controlplane: cannot add controller %d: it is already a member (at %s)", id, book[id])
 		}
-		if err := CheckControllerAddr(addr); err != nil {
+		if err := ctlapi.CheckControllerAddr(addr); err != nil {
 			return fmt.Errorf("controlplane: cannot add controller %d: %v", id, err)
 		}
 		if other, ok := addrOwner[addr]; ok && !removing[other] {
@@ -185,15 +151,15 @@ func (n *Node) ChangeMembership(ctx context.Context, add map[uint64]string, remo
 	if len(target) == 0 {
 		return errors.New("controlplane: a membership change must leave at least one controller")
 	}
-	if len(target) > VotersMax {
-		return fmt.Errorf("controlplane: a controller group has at most %d members; this change would leave %d", VotersMax, len(target))
+	if len(target) > ctlapi.VotersMax {
+		return fmt.Errorf("controlplane: a controller group has at most %d members; this change would leave %d", ctlapi.VotersMax, len(target))
 	}
 	cc.Context = encodeAddressBook(book)
 	req := confRequest{cc: cc, done: make(chan error, 1)}
 	select {
 	case n.confQ <- req:
 	default:
-		return ErrBusy
+		return ctlapi.ErrBusy
 	}
 	select {
 	case err := <-req.done:
@@ -201,9 +167,9 @@ func (n *Node) ChangeMembership(ctx context.Context, add map[uint64]string, remo
 			return fmt.Errorf("controlplane: propose membership change: %w", err)
 		}
 	case <-ctx.Done():
-		return fmt.Errorf("%w: %v", ErrTimeout, ctx.Err())
+		return fmt.Errorf("%w: %v", ctlapi.ErrTimeout, ctx.Err())
 	case <-n.stop:
-		return ErrStopped
+		return ctlapi.ErrStopped
 	}
 	want := slices.Sorted(maps.Keys(target))
 	for {
@@ -215,9 +181,9 @@ func (n *Node) ChangeMembership(ctx context.Context, add map[uint64]string, remo
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w: membership change not complete: %v", ErrTimeout, ctx.Err())
+			return fmt.Errorf("%w: membership change not complete: %v", ctlapi.ErrTimeout, ctx.Err())
 		case <-n.stop:
-			return ErrStopped
+			return ctlapi.ErrStopped
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
@@ -293,13 +259,6 @@ func (n *Node) applyConfChange(c confItem) {
 	}
 	n.peersMu.Unlock()
 	n.forceSnap.Store(true)
-	if n.cfg.AsyncStorageWrites {
-		// The apply goroutine takes snapshots in this mode; wake it.
-		select {
-		case n.applyQ <- applyItem{}:
-		default: // a full queue wakes it anyway
-		}
-	}
 }
 
 // adoptAddressBook points the transport at the members a restored state

@@ -9,21 +9,19 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
+	"github.com/berthmq/berth/wire"
 )
 
 // TestMembershipJointConsensus replaces a member of a 3-controller group
 // and grows it to 5 in one joint-consensus change, then removes the old
-// leader, while writes keep flowing; in both storage modes.
+// leader, while writes keep flowing.
 func TestMembershipJointConsensus(t *testing.T) {
-	for _, async := range []bool{false, true} {
-		t.Run(fmt.Sprintf("async=%v", async), func(t *testing.T) { testMembership(t, async) })
-	}
-}
-
-func testMembership(t *testing.T, async bool) {
-	c := newTestCluster(t, 3, func(cfg *Config) { cfg.AsyncStorageWrites = async })
+	c := newTestCluster(t, 3, nil)
 	leader := c.leader()
-	cl := NewClient(c.addrList())
+	cl := ctlclient.NewClient(c.addrList())
 	defer cl.Close()
 	writeN(t, cl, "before", 50)
 
@@ -40,7 +38,6 @@ func testMembership(t *testing.T, async bool) {
 	for _, id := range []uint64{4, 5} {
 		cfg := c.config(id, lns[id])
 		cfg.Join = true
-		cfg.AsyncStorageWrites = async
 		n, err := Start(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -114,7 +111,7 @@ func testMembership(t *testing.T, async bool) {
 	c.start(5, nil)
 	checkFor(t, 15*time.Second, 20*time.Millisecond, func() error {
 		var n int
-		if err := c.nodes[5].Read(ctx, ReadFollower, func(s *State) { n = len(s.Wiring().Queues) }); err != nil {
+		if err := c.nodes[5].Read(ctx, ctlapi.ReadFollower, func(s *State) { n = len(s.Wiring().Queues) }); err != nil {
 			return err
 		}
 		if n != 110 {
@@ -132,7 +129,7 @@ func testMembership(t *testing.T, async bool) {
 func TestMembershipOverService(t *testing.T) {
 	c := newTestCluster(t, 3, nil)
 	leader := c.leader()
-	cl := NewClient(c.addrList())
+	cl := ctlclient.NewClient(c.addrList())
 	defer cl.Close()
 	ctx := ctxT(t, 30*time.Second)
 	writeN(t, cl, "before", 20)
@@ -189,7 +186,7 @@ func TestMembershipOverService(t *testing.T) {
 	writeN(t, cl, "after", 20)
 	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		var q int
-		if err := n4.Read(ctx, ReadFollower, func(s *State) { q = len(s.Wiring().Queues) }); err != nil {
+		if err := n4.Read(ctx, ctlapi.ReadFollower, func(s *State) { q = len(s.Wiring().Queues) }); err != nil {
 			return err
 		}
 		if q != 40 {
@@ -216,7 +213,7 @@ func TestMembershipOverService(t *testing.T) {
 		{nil, slices.Sorted(maps.Keys(want)), "at least one controller"},
 	} {
 		err := cl.ChangeMembership(ctx, bad.add, bad.remove)
-		if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), bad.msg) {
+		if !errors.Is(err, ctlapi.ErrBadRequest) || !strings.Contains(err.Error(), bad.msg) {
 			t.Errorf("change +%v -%v: %v, want a bad request saying %q", bad.add, bad.remove, err, bad.msg)
 		}
 	}
@@ -240,46 +237,32 @@ func TestMembershipOverService(t *testing.T) {
 	}
 	// Malformed bodies on the wire, past the client's checks.
 	leaderAddr := c.leader().Addr()
-	raw, err := dialClientConn(ctx, leaderAddr)
-	if err != nil {
-		t.Fatal(err)
+	raw := dialRaw(t, leaderAddr)
+	u32, u64, str := wire.AppendU32, wire.AppendU64, wire.AppendStr
+	sixAdds := u32(nil, 6)
+	for id := uint64(10); id < 16; id++ {
+		sixAdds = str(u64(sixAdds, id), fmt.Sprintf("127.0.0.1:%d", id))
 	}
-	defer raw.close(errors.New("test done"))
-	enc := func(f func(e *encoder)) []byte { e := encoder{}; f(&e); return e.b }
 	for name, body := range map[string][]byte{
-		"empty":      nil,
-		"truncated":  enc(func(e *encoder) { e.u32(1); e.u64(6) }),
-		"huge count": enc(func(e *encoder) { e.u32(1 << 30) }),
-		"six adds": enc(func(e *encoder) {
-			e.u32(6)
-			for id := uint64(10); id < 16; id++ {
-				e.u64(id)
-				e.str(fmt.Sprintf("127.0.0.1:%d", id))
-			}
-			e.u32(0)
-		}),
-		"duplicate add": enc(func(e *encoder) {
-			e.u32(2)
-			e.u64(6)
-			e.str(free)
-			e.u64(6)
-			e.str(free)
-			e.u32(0)
-		}),
-		"trailing":      enc(func(e *encoder) { e.u32(0); e.u32(1); e.u64(gone); e.u8(0) }),
-		"id 0":          enc(func(e *encoder) { e.u32(1); e.u64(0); e.str(free); e.u32(0) }),
-		"empty address": enc(func(e *encoder) { e.u32(1); e.u64(6); e.str(""); e.u32(0) }),
-		"remove 0":      enc(func(e *encoder) { e.u32(0); e.u32(1); e.u64(0) }),
+		"empty":         nil,
+		"truncated":     u64(u32(nil, 1), 6),
+		"huge count":    u32(nil, 1<<30),
+		"six adds":      u32(sixAdds, 0),
+		"duplicate add": u32(str(u64(str(u64(u32(nil, 2), 6), free), 6), free), 0),
+		"trailing":      wire.AppendU8(u64(u32(u32(nil, 0), 1), gone), 0),
+		"id 0":          u32(str(u64(u32(nil, 1), 0), free), 0),
+		"empty address": u32(str(u64(u32(nil, 1), 6), ""), 0),
+		"remove 0":      u64(u32(u32(nil, 0), 1), 0),
 	} {
-		resp, err := raw.do(ctx, opChangeMembers, body)
+		resp, err := raw.do(ctx, ctlapi.OpChangeMembers, body)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		if resp.Status != statusBadRequest || len(resp.Body) == 0 {
+		if resp.Status != ctlapi.StatusBadRequest || len(resp.Body) == 0 {
 			t.Errorf("%s: status %d %q, want a bad request with a message", name, resp.Status, resp.Body)
 		}
 	}
-	if resp, err := raw.do(ctx, opMembers, []byte{1}); err != nil || resp.Status != statusBadRequest {
+	if resp, err := raw.do(ctx, ctlapi.OpMembers, []byte{1}); err != nil || resp.Status != ctlapi.StatusBadRequest {
 		t.Errorf("members with a body: %+v %v", resp, err)
 	}
 	if got, err := cl.Members(ctx); err != nil || !maps.Equal(got, want) {
@@ -295,7 +278,7 @@ func TestMembershipOverService(t *testing.T) {
 func TestJoinerLearnsLeaderAddress(t *testing.T) {
 	c := newTestCluster(t, 3, nil)
 	leader := c.leader()
-	cl := NewClient(c.addrList())
+	cl := ctlclient.NewClient(c.addrList())
 	defer cl.Close()
 	writeN(t, cl, "a", 20)
 	var follower uint64

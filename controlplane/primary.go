@@ -51,6 +51,8 @@ import (
 	"context"
 	"slices"
 	"time"
+
+	"github.com/berthmq/berth/controlplane/ctlapi"
 )
 
 // Primary returns the primary broker (0: none) and the primary epoch.
@@ -71,59 +73,59 @@ func (s *State) clearPrimary() {
 	}
 }
 
-func (s *State) electPrimary(ev *ElectPrimary) Result {
-	if s.config.Mode != ModeActivePassive {
-		return fail(CodeWrongMode, "cluster is active-active: it has no primary")
+func (s *State) electPrimary(ev *ctlapi.ElectPrimary) ctlapi.Result {
+	if s.config.Mode != ctlapi.ModeActivePassive {
+		return fail(ctlapi.CodeWrongMode, "cluster is active-active: it has no primary")
 	}
 	cur, epoch := s.Primary()
 	if ev.Epoch != epoch {
-		return fail(CodeStaleEpoch, "primary epoch is %d, not %d", epoch, ev.Epoch)
+		return fail(ctlapi.CodeStaleEpoch, "primary epoch is %d, not %d", epoch, ev.Epoch)
 	}
 	if epoch == ^uint32(0) {
-		return fail(CodeInvalid, "primary epoch space exhausted")
+		return fail(ctlapi.CodeInvalid, "primary epoch space exhausted")
 	}
 	winner, res := decidePrimary(cur, ev, s.brokers)
-	if res.Code != CodeOK {
+	if res.Code != ctlapi.CodeOK {
 		return res
 	}
 	if winner == cur {
-		return Result{}
+		return ctlapi.Result{}
 	}
 	s.setPrimary(winner)
-	return Result{Value: 1}
+	return ctlapi.Result{Value: 1}
 }
 
 // decidePrimary is the election rule described at the top of this file. It
 // returns the primary after the event (cur when nothing changes).
-func decidePrimary(cur uint32, ev *ElectPrimary, brokers map[uint32]*Broker) (uint32, Result) {
+func decidePrimary(cur uint32, ev *ctlapi.ElectPrimary, brokers map[uint32]*ctlapi.Broker) (uint32, ctlapi.Result) {
 	if ev.Preferred != 0 {
 		if brokers[ev.Preferred] == nil {
-			return cur, fail(CodeNotFound, "broker %d is not registered", ev.Preferred)
+			return cur, fail(ctlapi.CodeNotFound, "broker %d is not registered", ev.Preferred)
 		}
 		for _, c := range ev.Candidates {
 			if c.Broker == ev.Preferred && !c.Alive {
-				return cur, fail(CodeInvalid, "broker %d is not alive", ev.Preferred)
+				return cur, fail(ctlapi.CodeInvalid, "broker %d is not alive", ev.Preferred)
 			}
 		}
-		return ev.Preferred, Result{}
+		return ev.Preferred, ctlapi.Result{}
 	}
-	var best PrimaryCandidate
+	var best ctlapi.PrimaryCandidate
 	found := false
 	for _, c := range ev.Candidates {
 		if !c.Alive || brokers[c.Broker] == nil {
 			continue
 		}
 		if c.Broker == cur {
-			return cur, Result{} // the primary lives: it keeps the role
+			return cur, ctlapi.Result{} // the primary lives: it keeps the role
 		}
 		if !found || c.Data > best.Data || (c.Data == best.Data && c.Broker < best.Broker) {
 			best, found = c, true
 		}
 	}
 	if !found {
-		return 0, Result{}
+		return 0, ctlapi.Result{}
 	}
-	return best.Broker, Result{}
+	return best.Broker, ctlapi.Result{}
 }
 
 // primaryAlive reports whether broker id still counts as alive for keeping
@@ -144,11 +146,11 @@ func (h *heartbeats) primaryAlive(id uint32, now time.Time) bool {
 }
 
 // primaryCandidate is broker id's entry in a primary election's snapshot.
-func (h *heartbeats) primaryCandidate(id uint32, now time.Time) PrimaryCandidate {
+func (h *heartbeats) primaryCandidate(id uint32, now time.Time) ctlapi.PrimaryCandidate {
 	s := h.shard(id)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	c := PrimaryCandidate{Broker: id}
+	c := ctlapi.PrimaryCandidate{Broker: id}
 	if e := s.brokers[id]; e != nil {
 		c.Alive = e.heard && !e.dead && now.Before(e.deadline)
 		c.Data = e.data
@@ -161,17 +163,17 @@ func (h *heartbeats) primaryCandidate(id uint32, now time.Time) PrimaryCandidate
 // active-active, or the primary lives, or there is no primary and no live
 // broker to make one. preferred, if not 0, asks for a handover and always
 // gives an event.
-func (n *Node) primaryElection(now time.Time, preferred uint32) *ElectPrimary {
+func (n *Node) primaryElection(now time.Time, preferred uint32) *ctlapi.ElectPrimary {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
-	if n.state.Config().Mode != ModeActivePassive {
+	if n.state.Config().Mode != ctlapi.ModeActivePassive {
 		return nil
 	}
 	cur, epoch := n.state.Primary()
 	if preferred == 0 && cur != 0 && n.hb.primaryAlive(cur, now) {
 		return nil
 	}
-	ev := &ElectPrimary{Epoch: epoch, Preferred: preferred}
+	ev := &ctlapi.ElectPrimary{Epoch: epoch, Preferred: preferred}
 	if cur != 0 {
 		ev.Candidates = append(ev.Candidates, n.hb.primaryCandidate(cur, now))
 	}
@@ -180,7 +182,7 @@ func (n *Node) primaryElection(now time.Time, preferred uint32) *ElectPrimary {
 	}
 	live := 0
 	for id := range n.state.brokers {
-		if len(ev.Candidates) >= primaryCandidatesMax {
+		if len(ev.Candidates) >= ctlapi.PrimaryCandidatesMax {
 			break
 		}
 		if id == cur || id == preferred {
@@ -196,7 +198,7 @@ func (n *Node) primaryElection(now time.Time, preferred uint32) *ElectPrimary {
 	}
 	// Map order is random; the rule does not depend on it, but sorted
 	// events are easier to read in a log dump.
-	slices.SortFunc(ev.Candidates, func(a, b PrimaryCandidate) int { return int(int64(a.Broker) - int64(b.Broker)) })
+	slices.SortFunc(ev.Candidates, func(a, b ctlapi.PrimaryCandidate) int { return int(int64(a.Broker) - int64(b.Broker)) })
 	return ev
 }
 
@@ -224,19 +226,19 @@ func (n *Node) scanPrimary(now time.Time) <-chan struct{} {
 // data. preferred, if not 0, hands the role to that broker, which must be
 // registered and not known dead; 0 elects only if the primary is missing or
 // dead. A refusal by the state machine is returned as a *ResultError.
-func (n *Node) ElectPrimaryNow(ctx context.Context, preferred uint32) (Result, error) {
+func (n *Node) ElectPrimaryNow(ctx context.Context, preferred uint32) (ctlapi.Result, error) {
 	if !n.isLdr.Load() {
-		return Result{}, &NotLeaderError{Leader: n.leaderAddr()}
+		return ctlapi.Result{}, &ctlapi.NotLeaderError{Leader: n.leaderAddr()}
 	}
 	ev := n.primaryElection(time.Now(), preferred)
 	if ev == nil {
 		n.mu.RLock()
 		mode := n.state.Config().Mode
 		n.mu.RUnlock()
-		if mode != ModeActivePassive {
-			return Result{}, &ResultError{Code: CodeWrongMode, Msg: "cluster is active-active: it has no primary"}
+		if mode != ctlapi.ModeActivePassive {
+			return ctlapi.Result{}, &ctlapi.ResultError{Code: ctlapi.CodeWrongMode, Msg: "cluster is active-active: it has no primary"}
 		}
-		return Result{}, nil // nothing to change
+		return ctlapi.Result{}, nil // nothing to change
 	}
 	res, err := n.Propose(ctx, ev)
 	if err != nil {
@@ -246,7 +248,7 @@ func (n *Node) ElectPrimaryNow(ctx context.Context, preferred uint32) (Result, e
 }
 
 // primaryData sums the indexes of reported log ends, saturating.
-func primaryData(ends []GroupLogEnd) uint64 {
+func primaryData(ends []ctlapi.GroupLogEnd) uint64 {
 	var sum uint64
 	for _, l := range ends {
 		if sum+l.LogEnd.Index < sum {

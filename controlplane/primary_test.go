@@ -7,18 +7,21 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 )
 
-func pAlive(id uint32, data uint64) PrimaryCandidate {
-	return PrimaryCandidate{Broker: id, Alive: true, Data: data}
+func pAlive(id uint32, data uint64) ctlapi.PrimaryCandidate {
+	return ctlapi.PrimaryCandidate{Broker: id, Alive: true, Data: data}
 }
 
-func pDead(id uint32) PrimaryCandidate { return PrimaryCandidate{Broker: id} }
+func pDead(id uint32) ctlapi.PrimaryCandidate { return ctlapi.PrimaryCandidate{Broker: id} }
 
 // applyCodec applies ev after a trip through the codec, as through the log.
-func applyCodec(t *testing.T, s *State, ev Event) Result {
+func applyCodec(t *testing.T, s *State, ev ctlapi.Event) ctlapi.Result {
 	t.Helper()
-	dec, err := DecodeEvent(EncodeEvent(nil, ev))
+	dec, err := ctlapi.DecodeEvent(ctlapi.EncodeEvent(nil, ev))
 	if err != nil {
 		t.Fatalf("codec %T: %v", ev, err)
 	}
@@ -33,13 +36,13 @@ func applyCodec(t *testing.T, s *State, ev Event) Result {
 func newActivePassive(t *testing.T) *State {
 	t.Helper()
 	s := newCluster(t, 4, 4)
-	mustOK(t, s, &SetClusterConfig{Groups: 4, Mode: ModeActivePassive})
+	mustOK(t, s, &ctlapi.SetClusterConfig{Groups: 4, Mode: ctlapi.ModeActivePassive})
 	if p, e := s.Primary(); p != 0 || e != 0 {
 		t.Fatalf("primary before any election: %d/%d", p, e)
 	}
 	// Broker 2 and 3 tie on data; the lower id wins. Broker 4 has more but
 	// is dead; 9 has most but is not registered.
-	r := mustOK(t, s, &ElectPrimary{Epoch: 0, Candidates: []PrimaryCandidate{
+	r := mustOK(t, s, &ctlapi.ElectPrimary{Epoch: 0, Candidates: []ctlapi.PrimaryCandidate{
 		pAlive(1, 10), pAlive(3, 30), pAlive(2, 30), pDead(4), pAlive(9, 99)}})
 	if p, e := s.Primary(); p != 2 || e != 1 || r.Value != 1 {
 		t.Fatalf("first election: primary %d epoch %d value %d, want 2/1/1", p, e, r.Value)
@@ -50,35 +53,32 @@ func newActivePassive(t *testing.T) *State {
 func TestElectPrimary(t *testing.T) {
 	tests := []struct {
 		name        string
-		ev          ElectPrimary
+		ev          ctlapi.ElectPrimary
 		wantCode    uint8
 		wantPrimary uint32
 		wantEpoch   uint32
 		wantValue   uint64
 	}{
-		{"live primary keeps the role", ElectPrimary{Epoch: 1, Candidates: []PrimaryCandidate{
-			pAlive(2, 0), pAlive(3, 100)}}, CodeOK, 2, 1, 0},
-		{"dead primary: most data wins", ElectPrimary{Epoch: 1, Candidates: []PrimaryCandidate{
-			pDead(2), pAlive(1, 5), pAlive(3, 7)}}, CodeOK, 3, 2, 1},
-		{"dead primary: tie to lowest id", ElectPrimary{Epoch: 1, Candidates: []PrimaryCandidate{
-			pAlive(4, 5), pDead(2), pAlive(3, 5)}}, CodeOK, 3, 2, 1},
-		{"primary missing from snapshot counts as dead", ElectPrimary{Epoch: 1, Candidates: []PrimaryCandidate{
-			pAlive(4, 5)}}, CodeOK, 4, 2, 1},
-		{"unregistered candidate ignored", ElectPrimary{Epoch: 1, Candidates: []PrimaryCandidate{
-			pDead(2), pAlive(77, 1000), pAlive(1, 1)}}, CodeOK, 1, 2, 1},
-		{"nobody alive clears under a new epoch", ElectPrimary{Epoch: 1, Candidates: []PrimaryCandidate{
-			pDead(2), pDead(1)}}, CodeOK, 0, 2, 1},
-		{"stale epoch refused", ElectPrimary{Epoch: 0, Candidates: []PrimaryCandidate{
-			pDead(2), pAlive(3, 1)}}, CodeStaleEpoch, 2, 1, 0},
-		{"future epoch refused", ElectPrimary{Epoch: 5, Candidates: []PrimaryCandidate{
-			pDead(2), pAlive(3, 1)}}, CodeStaleEpoch, 2, 1, 0},
-		{"preferred hands over from a live primary", ElectPrimary{Epoch: 1, Preferred: 1, Candidates: []PrimaryCandidate{
-			pAlive(2, 100), pAlive(1, 0)}}, CodeOK, 1, 2, 1},
-		{"preferred absent from snapshot is not vetoed", ElectPrimary{Epoch: 1, Preferred: 4}, CodeOK, 4, 2, 1},
-		{"preferred already primary changes nothing", ElectPrimary{Epoch: 1, Preferred: 2}, CodeOK, 2, 1, 0},
-		{"preferred reported dead refused", ElectPrimary{Epoch: 1, Preferred: 3, Candidates: []PrimaryCandidate{
-			pAlive(2, 1), pDead(3)}}, CodeInvalid, 2, 1, 0},
-		{"preferred unregistered refused", ElectPrimary{Epoch: 1, Preferred: 9}, CodeNotFound, 2, 1, 0},
+		{"live primary keeps the role", ctlapi.ElectPrimary{Epoch: 1, Candidates: []ctlapi.PrimaryCandidate{
+			pAlive(2, 0), pAlive(3, 100)}}, ctlapi.CodeOK, 2, 1, 0},
+		{"dead primary: most data wins", ctlapi.ElectPrimary{Epoch: 1, Candidates: []ctlapi.PrimaryCandidate{pDead(2), pAlive(1, 5), pAlive(3, 7)}}, ctlapi.CodeOK, 3, 2, 1},
+		{"dead primary: tie to lowest id", ctlapi.ElectPrimary{Epoch: 1, Candidates: []ctlapi.PrimaryCandidate{pAlive(4, 5), pDead(2), pAlive(3, 5)}}, ctlapi.CodeOK, 3, 2, 1},
+		{"primary missing from snapshot counts as dead", ctlapi.ElectPrimary{Epoch: 1, Candidates: []ctlapi.PrimaryCandidate{
+			pAlive(4, 5)}}, ctlapi.CodeOK, 4, 2, 1},
+		{"unregistered candidate ignored", ctlapi.ElectPrimary{Epoch: 1, Candidates: []ctlapi.PrimaryCandidate{pDead(2), pAlive(77, 1000), pAlive(1, 1)}}, ctlapi.CodeOK, 1, 2, 1},
+		{"nobody alive clears under a new epoch", ctlapi.ElectPrimary{Epoch: 1, Candidates: []ctlapi.PrimaryCandidate{
+			pDead(2), pDead(1)}}, ctlapi.CodeOK, 0, 2, 1},
+		{"stale epoch refused", ctlapi.ElectPrimary{Epoch: 0, Candidates: []ctlapi.PrimaryCandidate{
+			pDead(2), pAlive(3, 1)}}, ctlapi.CodeStaleEpoch, 2, 1, 0},
+		{"future epoch refused", ctlapi.ElectPrimary{Epoch: 5, Candidates: []ctlapi.PrimaryCandidate{
+			pDead(2), pAlive(3, 1)}}, ctlapi.CodeStaleEpoch, 2, 1, 0},
+		{"preferred hands over from a live primary", ctlapi.ElectPrimary{Epoch: 1, Preferred: 1, Candidates: []ctlapi.PrimaryCandidate{
+			pAlive(2, 100), pAlive(1, 0)}}, ctlapi.CodeOK, 1, 2, 1},
+		{"preferred absent from snapshot is not vetoed", ctlapi.ElectPrimary{Epoch: 1, Preferred: 4}, ctlapi.CodeOK, 4, 2, 1},
+		{"preferred already primary changes nothing", ctlapi.ElectPrimary{Epoch: 1, Preferred: 2}, ctlapi.CodeOK, 2, 1, 0},
+		{"preferred reported dead refused", ctlapi.ElectPrimary{Epoch: 1, Preferred: 3, Candidates: []ctlapi.PrimaryCandidate{
+			pAlive(2, 1), pDead(3)}}, ctlapi.CodeInvalid, 2, 1, 0},
+		{"preferred unregistered refused", ctlapi.ElectPrimary{Epoch: 1, Preferred: 9}, ctlapi.CodeNotFound, 2, 1, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -95,44 +95,44 @@ func TestElectPrimary(t *testing.T) {
 
 func TestElectPrimaryModes(t *testing.T) {
 	s := newCluster(t, 3, 4)
-	r := applyCodec(t, s, &ElectPrimary{Candidates: []PrimaryCandidate{pAlive(1, 0)}})
-	if r.Code != CodeWrongMode || r.Msg == "" {
+	r := applyCodec(t, s, &ctlapi.ElectPrimary{Candidates: []ctlapi.PrimaryCandidate{pAlive(1, 0)}})
+	if r.Code != ctlapi.CodeWrongMode || r.Msg == "" {
 		t.Fatalf("election in active-active: %+v", r)
 	}
 	if p, e := s.Primary(); p != 0 || e != 0 {
 		t.Fatalf("active-active got a primary: %d/%d", p, e)
 	}
 	// Nobody alive and no primary: nothing changes, not even the epoch.
-	mustOK(t, s, &SetClusterConfig{Groups: 4, Mode: ModeActivePassive})
-	if r := mustOK(t, s, &ElectPrimary{Candidates: []PrimaryCandidate{pDead(1)}}); r.Value != 0 {
+	mustOK(t, s, &ctlapi.SetClusterConfig{Groups: 4, Mode: ctlapi.ModeActivePassive})
+	if r := mustOK(t, s, &ctlapi.ElectPrimary{Candidates: []ctlapi.PrimaryCandidate{pDead(1)}}); r.Value != 0 {
 		t.Fatalf("election with nobody alive changed something: %+v", r)
 	}
-	mustOK(t, s, &ElectPrimary{Candidates: []PrimaryCandidate{pAlive(1, 0)}})
+	mustOK(t, s, &ctlapi.ElectPrimary{Candidates: []ctlapi.PrimaryCandidate{pAlive(1, 0)}})
 	// Updating other settings keeps the primary.
-	mustOK(t, s, &SetClusterConfig{Groups: 4, Mode: ModeActivePassive, UncleanElection: true})
+	mustOK(t, s, &ctlapi.SetClusterConfig{Groups: 4, Mode: ctlapi.ModeActivePassive, UncleanElection: true})
 	if p, e := s.Primary(); p != 1 || e != 1 {
 		t.Fatalf("primary after a config update: %d/%d", p, e)
 	}
 	// Back to active-active: cleared under a new epoch.
-	mustOK(t, s, &SetClusterConfig{Groups: 4})
+	mustOK(t, s, &ctlapi.SetClusterConfig{Groups: 4})
 	if p, e := s.Primary(); p != 0 || e != 2 {
 		t.Fatalf("primary after switching to active-active: %d/%d, want 0/2", p, e)
 	}
 	// The epoch keeps counting after switching back.
-	mustOK(t, s, &SetClusterConfig{Groups: 4, Mode: ModeActivePassive})
-	if r := applyCodec(t, s, &ElectPrimary{Epoch: 0, Candidates: []PrimaryCandidate{pAlive(3, 0)}}); r.Code != CodeStaleEpoch {
+	mustOK(t, s, &ctlapi.SetClusterConfig{Groups: 4, Mode: ctlapi.ModeActivePassive})
+	if r := applyCodec(t, s, &ctlapi.ElectPrimary{Epoch: 0, Candidates: []ctlapi.PrimaryCandidate{pAlive(3, 0)}}); r.Code != ctlapi.CodeStaleEpoch {
 		t.Fatalf("election from before the switch: %+v", r)
 	}
-	mustOK(t, s, &ElectPrimary{Epoch: 2, Candidates: []PrimaryCandidate{pAlive(3, 0)}})
+	mustOK(t, s, &ctlapi.ElectPrimary{Epoch: 2, Candidates: []ctlapi.PrimaryCandidate{pAlive(3, 0)}})
 	if p, e := s.Primary(); p != 3 || e != 3 {
 		t.Fatalf("primary after re-election: %d/%d, want 3/3", p, e)
 	}
 	// Removing the primary's broker clears it under a new epoch.
-	mustOK(t, s, &CleanBrokerData{ID: 3})
+	mustOK(t, s, &ctlapi.CleanBrokerData{ID: 3})
 	if p, e := s.Primary(); p != 0 || e != 4 {
 		t.Fatalf("primary after cleaning its broker: %d/%d, want 0/4", p, e)
 	}
-	mustOK(t, s, &CleanBrokerData{ID: 2}) // not the primary: no new epoch
+	mustOK(t, s, &ctlapi.CleanBrokerData{ID: 2}) // not the primary: no new epoch
 	if _, e := s.Primary(); e != 4 {
 		t.Fatalf("cleaning another broker moved the epoch to %d", e)
 	}
@@ -142,7 +142,7 @@ func TestElectPrimaryModes(t *testing.T) {
 // existed (format 2: no primary fields at the end) decodes as no primary.
 func TestPrimaryFormat2Snapshot(t *testing.T) {
 	s := newActivePassive(t)
-	mustOK(t, s, &SetAttribute{Key: "a", Value: "b"})
+	mustOK(t, s, &ctlapi.SetAttribute{Key: "a", Value: "b"})
 	cur := s.Encode()
 	old := append([]byte{2}, cur[1:len(cur)-8]...)
 	got, err := DecodeState(old)
@@ -166,8 +166,8 @@ func TestPrimaryFormat2Snapshot(t *testing.T) {
 
 func TestPrimarySnapshotRoundTrip(t *testing.T) {
 	s := newActivePassive(t)
-	mustOK(t, s, &ElectPrimary{Epoch: 1, Preferred: 4})
-	mustOK(t, s, &SetAttribute{Key: "a", Value: "b"})
+	mustOK(t, s, &ctlapi.ElectPrimary{Epoch: 1, Preferred: 4})
+	mustOK(t, s, &ctlapi.SetAttribute{Key: "a", Value: "b"})
 	raw := s.Encode()
 	r, err := DecodeState(decompressMust(t, compressSnapshot(raw)))
 	if err != nil {
@@ -180,7 +180,7 @@ func TestPrimarySnapshotRoundTrip(t *testing.T) {
 		t.Fatal("restored state encodes differently")
 	}
 	// The restored state goes on deciding as the original does.
-	ev := &ElectPrimary{Epoch: 2, Candidates: []PrimaryCandidate{pDead(4), pAlive(1, 3)}}
+	ev := &ctlapi.ElectPrimary{Epoch: 2, Candidates: []ctlapi.PrimaryCandidate{pDead(4), pAlive(1, 3)}}
 	if a, b := s.Apply(ev), r.Apply(ev); a != b || !bytes.Equal(s.Encode(), r.Encode()) {
 		t.Fatalf("restored state diverged: %+v vs %+v", a, b)
 	}
@@ -195,17 +195,17 @@ func TestPrimarySnapshotRoundTrip(t *testing.T) {
 }
 
 func TestElectPrimaryCodecBounds(t *testing.T) {
-	if _, err := DecodeEvent([]byte{byte(KindElectPrimary), 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff}); err == nil {
+	if _, err := ctlapi.DecodeEvent([]byte{byte(ctlapi.KindElectPrimary), 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff}); err == nil {
 		t.Fatal("huge candidate count decoded")
 	}
-	raw := EncodeEvent(nil, &ElectPrimary{Epoch: 3, Candidates: []PrimaryCandidate{pAlive(1, 2)}})
+	raw := ctlapi.EncodeEvent(nil, &ctlapi.ElectPrimary{Epoch: 3, Candidates: []ctlapi.PrimaryCandidate{pAlive(1, 2)}})
 	bad := bytes.Clone(raw)
 	bad[len(bad)-9] = 2 // the Alive byte
-	if _, err := DecodeEvent(bad); err == nil {
+	if _, err := ctlapi.DecodeEvent(bad); err == nil {
 		t.Fatal("boolean 2 decoded")
 	}
-	big := &ElectPrimary{Candidates: make([]PrimaryCandidate, primaryCandidatesMax+1)}
-	if err := ValidateEvent(big); err == nil {
+	big := &ctlapi.ElectPrimary{Candidates: make([]ctlapi.PrimaryCandidate, ctlapi.PrimaryCandidatesMax+1)}
+	if err := ctlapi.ValidateEvent(big); err == nil {
 		t.Fatal("oversized candidate list validated")
 	}
 }
@@ -213,7 +213,7 @@ func TestElectPrimaryCodecBounds(t *testing.T) {
 func TestPrimaryHeartbeatView(t *testing.T) {
 	h := newHeartbeats(time.Second)
 	t0 := time.Unix(1000, 0)
-	h.beat(1, []GroupLogEnd{{Group: 0, LogEnd: LogEnd{1, 5}}, {Group: 1, LogEnd: LogEnd{2, 7}}}, t0)
+	h.beat(1, []ctlapi.GroupLogEnd{{Group: 0, LogEnd: ctlapi.LogEnd{Epoch: 1, Index: 5}}, {Group: 1, LogEnd: ctlapi.LogEnd{Epoch: 2, Index: 7}}}, t0)
 	if c := h.primaryCandidate(1, t0); !c.Alive || c.Data != 12 {
 		t.Fatalf("candidate %+v, want alive with data 12", c)
 	}
@@ -236,7 +236,7 @@ func TestPrimaryHeartbeatView(t *testing.T) {
 	if dead := h.expired(later); len(dead) != 2 {
 		t.Fatalf("expired %v", dead)
 	}
-	if got := primaryData([]GroupLogEnd{{LogEnd: LogEnd{Index: ^uint64(0) - 1}}, {LogEnd: LogEnd{Index: 5}}}); got != ^uint64(0) {
+	if got := primaryData([]ctlapi.GroupLogEnd{{LogEnd: ctlapi.LogEnd{Index: ^uint64(0) - 1}}, {LogEnd: ctlapi.LogEnd{Index: 5}}}); got != ^uint64(0) {
 		t.Fatalf("data sum did not saturate: %d", got)
 	}
 }
@@ -248,7 +248,7 @@ func TestPrimaryHeartbeatView(t *testing.T) {
 func TestPrimaryFailover(t *testing.T) {
 	c := newTestCluster(t, 3, func(cfg *Config) { cfg.BrokerTimeout = 400 * time.Millisecond })
 	c.leader()
-	cl := NewClient(c.addrList())
+	cl := ctlclient.NewClient(c.addrList())
 	defer cl.Close()
 	const groups = 4
 	setupBrokers(t, cl, 3, groups)
@@ -263,12 +263,12 @@ func TestPrimaryFailover(t *testing.T) {
 		}
 	}()
 	ctx := ctxT(t, 20*time.Second)
-	if p, e, _, err := cl.GetPrimary(ctx, ReadConsistent); err != nil || p != 0 || e != 0 {
+	if p, e, _, err := cl.GetPrimary(ctx, ctlapi.ReadConsistent); err != nil || p != 0 || e != 0 {
 		t.Fatalf("active-active primary: %d/%d %v", p, e, err)
 	}
 	if _, err := cl.ElectPrimary(ctx, 1); err == nil {
 		t.Fatal("admin election in active-active accepted")
-	} else if re := (*ResultError)(nil); !errors.As(err, &re) || re.Code != CodeWrongMode {
+	} else if re := (*ctlapi.ResultError)(nil); !errors.As(err, &re) || re.Code != ctlapi.CodeWrongMode {
 		t.Fatalf("admin election in active-active: %v", err)
 	}
 	// Wait until the leader heard all three, so the first election sees
@@ -282,7 +282,7 @@ func TestPrimaryFailover(t *testing.T) {
 		}
 		return nil
 	})
-	if err := cl.SetClusterConfig(ctx, ClusterConfig{Groups: groups, Mode: ModeActivePassive}); err != nil {
+	if err := cl.SetClusterConfig(ctx, ctlapi.ClusterConfig{Groups: groups, Mode: ctlapi.ModeActivePassive}); err != nil {
 		t.Fatal(err)
 	}
 	waitPrimary := func(not uint32, minEpoch uint32) (uint32, uint32) {
@@ -291,7 +291,7 @@ func TestPrimaryFailover(t *testing.T) {
 		checkFor(t, 15*time.Second, 20*time.Millisecond, func() error {
 			var addrs []string
 			var err error
-			p, e, addrs, err = cl.GetPrimary(ctxT(t, 5*time.Second), ReadConsistent)
+			p, e, addrs, err = cl.GetPrimary(ctxT(t, 5*time.Second), ctlapi.ReadConsistent)
 			if err != nil {
 				return err
 			}
@@ -321,12 +321,12 @@ func TestPrimaryFailover(t *testing.T) {
 	// primary there is nothing to do.
 	if _, err := cl.ElectPrimary(ctx, 3); err == nil {
 		t.Fatal("client handover to a dead broker accepted")
-	} else if re := (*ResultError)(nil); !errors.As(err, &re) || re.Code != CodeInvalid {
+	} else if re := (*ctlapi.ResultError)(nil); !errors.As(err, &re) || re.Code != ctlapi.CodeInvalid {
 		t.Fatalf("client handover to a dead broker: %v", err)
 	}
 	if _, err := c.leader().ElectPrimaryNow(ctx, 3); err == nil {
 		t.Fatal("handover to a dead broker accepted")
-	} else if re := (*ResultError)(nil); !errors.As(err, &re) || re.Code != CodeInvalid {
+	} else if re := (*ctlapi.ResultError)(nil); !errors.As(err, &re) || re.Code != ctlapi.CodeInvalid {
 		t.Fatalf("handover to a dead broker: %v", err)
 	}
 	if r, err := c.leader().ElectPrimaryNow(ctx, 0); err != nil || r.Value != 0 {
@@ -362,10 +362,10 @@ func TestPrimaryFailover(t *testing.T) {
 		return nil
 	})
 	// Back to active-active: no primary, a new epoch.
-	if err := cl.SetClusterConfig(ctx, ClusterConfig{Groups: groups}); err != nil {
+	if err := cl.SetClusterConfig(ctx, ctlapi.ClusterConfig{Groups: groups}); err != nil {
 		t.Fatal(err)
 	}
-	if p2, e2, _, err := cl.GetPrimary(ctx, ReadConsistent); err != nil || p2 != 0 || e2 != e+1 {
+	if p2, e2, _, err := cl.GetPrimary(ctx, ctlapi.ReadConsistent); err != nil || p2 != 0 || e2 != e+1 {
 		t.Fatalf("after switching to active-active: %d/%d %v, want 0/%d", p2, e2, err, e+1)
 	}
 }

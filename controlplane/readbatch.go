@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -60,7 +61,7 @@ func readBatchSlot(follower bool) int {
 
 // add queues a read whose inflight slot the caller holds.
 func (rb *readBatcher) add(r batchedRead) {
-	i := readBatchSlot(r.q.mode == ReadFollower)
+	i := readBatchSlot(r.q.mode == ctlapi.ReadFollower)
 	rb.reads[i] = append(rb.reads[i], r)
 	if len(rb.reads[i]) >= connReadBatchMax {
 		rb.flushSlot(i)
@@ -111,7 +112,7 @@ var replyPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &
 // connection (onFailed); the reader then stops and the client retries
 // elsewhere.
 func (sc *serverConn) writeReplies(bp *[]byte, out []byte) {
-	sc.w.write(func(b []byte) []byte { return append(b, out...) })
+	sc.w.Send(func(b []byte) []byte { return append(b, out...) })
 	if cap(out) <= replyBufMax {
 		*bp = out[:0]
 		replyPool.Put(bp)
@@ -134,20 +135,19 @@ func (n *Node) serveReads(sc *serverConn, follower bool, cr *connReads) []batche
 	cr.seal.mu.Unlock()
 	bp := replyPool.Get().(*[]byte)
 	out := (*bp)[:0]
-	var e encoder
+	var body []byte // reused for each answer; copied into out
 	for _, r := range reads {
 		resp := wire.CtlResponse{ID: r.id}
 		switch {
 		case r.err != nil:
-			resp.Status, resp.Body = statusBadRequest, []byte(r.err.Error())
+			resp.Status, resp.Body = ctlapi.StatusBadRequest, []byte(r.err.Error())
 		case err != nil:
 			resp.Status, resp.Leader, resp.Body = errorStatus(err)
 		default:
-			e.b = e.b[:0]
 			n.mu.RLock()
-			r.q.encode(n.state, &e)
+			body = r.q.appendAnswer(body[:0], n.state)
 			n.mu.RUnlock()
-			resp.Body = e.b
+			resp.Body = body
 		}
 		out = wire.AppendCtlResponse(out, resp)
 	}

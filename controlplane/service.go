@@ -4,82 +4,27 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"fmt"
 	"io"
-	"maps"
 	"net"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
+	"github.com/berthmq/berth/controlplane/internal/coalesce"
 	"github.com/berthmq/berth/wire"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 )
 
-// Service operations (wire.CtlRequest.Op). Persisted nowhere, but brokers
-// of other versions send them: never renumber.
 const (
-	opPropose   uint8 = 1 // body: an event; reply: a Result
-	opRead      uint8 = 2 // body: mode, query, args; reply: per query
-	opHeartbeat uint8 = 3 // body: broker, log ends
-	opElect     uint8 = 4 // body: preferred broker, group ids; reply: a Result
-	opStatus    uint8 = 5 // reply: a Status
-	opWait      uint8 = 6 // body: an applied index; reply: the applied index once past it
-	opPrimary   uint8 = 7 // body: preferred broker; reply: a Result (elected on the leader from its heartbeats)
-	// opMembers: no body; reply: the leader's id, then the voters as
-	// count + (id u64, address str)*. Served on the leader only, after a
-	// ReadIndex round (a consistent read): the configuration it reports
-	// holds every membership change committed before the request.
-	opMembers uint8 = 8
-	// opChangeMembers: body: adds as count + (id u64, address str)*,
-	// removes as count + id*; each count at most membersChangeMax. Runs
-	// ChangeMembership on the leader; an empty reply once the joint
-	// configuration is left. A write: a stopping leader's answer is
-	// ambiguous. Repeating a change that took effect succeeds.
-	opChangeMembers uint8 = 9
-)
-
-// membersChangeMax bounds the adds and the removes in one opChangeMembers
-// request: no change leaves more than VotersMax voters, and replacing a
-// whole 5-member group takes 5 of each.
-const membersChangeMax = VotersMax
-
-// Read queries.
-const (
-	queryWiring uint8 = iota + 1
-	queryGroups
-	queryBrokers
-	queryNextBrokerID
-	queryAttribute
-	queryClusterInfo
-	querySyncStateSet
-	queryPrimary
-)
-
-// Response statuses (wire.CtlResponse.Status).
-const (
-	statusOK uint8 = iota
-	statusNotLeader
-	statusLagging
-	statusBusy
-	statusBadRequest
-	statusUnavailable // not served; safe to retry
-	statusAmbiguous   // a write whose outcome is unknown
-	statusStopped
-)
-
-const (
-	// ctlFrameMax bounds a service request frame.
-	ctlFrameMax = 1 << 20
 	// connInflightMax bounds requests served at once per connection.
 	connInflightMax = 1024
 	// requestTimeout bounds the time the server spends on one request.
 	requestTimeout = 5 * time.Second
 	// waitPollMax bounds one WaitChange long poll on the server.
 	waitPollMax = 2 * time.Second
-	// groupsPerReplyMax bounds the groups in one GetGroups reply.
-	groupsPerReplyMax = 16384
 )
 
 func (n *Node) serve() {
@@ -115,7 +60,7 @@ func (n *Node) serve() {
 
 type serverConn struct {
 	c  net.Conn
-	w  coalescer
+	w  *coalesce.Writer
 	id uint64 // nonzero, unique per node
 
 	mu      sync.Mutex
@@ -136,7 +81,7 @@ func (sc *serverConn) sawBroker(id uint32) {
 func (sc *serverConn) reply(r wire.CtlResponse) {
 	// A failed write closes the connection (onFailed); the reader then
 	// stops and the client retries elsewhere.
-	sc.w.write(func(b []byte) []byte { return wire.AppendCtlResponse(b, r) })
+	sc.w.Send(func(b []byte) []byte { return wire.AppendCtlResponse(b, r) })
 }
 
 func (n *Node) serveConn(c net.Conn) {
@@ -147,7 +92,7 @@ func (n *Node) serveConn(c net.Conn) {
 		delete(n.conns, c)
 		n.connsMu.Unlock()
 	}()
-	sc := &serverConn{c: c, w: coalescer{c: c, onFailed: func(error) { c.Close() }}, id: n.connSeq.Add(1)}
+	sc := &serverConn{c: c, w: coalesce.New(c, func(error) { c.Close() }), id: n.connSeq.Add(1)}
 	defer func() {
 		if !n.cfg.KeepBrokersOnDisconnect {
 			sc.mu.Lock()
@@ -181,7 +126,7 @@ func (n *Node) serveConn(c net.Conn) {
 		if err != nil || h.Version.Major() != wire.VersionMajor {
 			return
 		}
-		if h.Type != wire.TypeRaftMessage && h.Type != wire.TypeRaftChunk && h.Length > ctlFrameMax {
+		if h.Type != wire.TypeRaftMessage && h.Type != wire.TypeRaftChunk && h.Length > ctlapi.RequestFrameMax {
 			return
 		}
 		var body []byte
@@ -234,13 +179,13 @@ func (n *Node) serveConn(c net.Conn) {
 					return
 				}
 			}
-			if req.Op == opRead && len(req.Body) > 0 &&
-				(ReadMode(req.Body[0]) == ReadConsistent || ReadMode(req.Body[0]) == ReadFollower) {
+			if req.Op == ctlapi.OpRead && len(req.Body) > 0 &&
+				(ctlapi.ReadMode(req.Body[0]) == ctlapi.ReadConsistent || ctlapi.ReadMode(req.Body[0]) == ctlapi.ReadFollower) {
 				q, err := parseRead(req.Body)
 				rb.add(batchedRead{id: req.ID, q: q, err: err})
 				continue
 			}
-			if req.Op == opPropose {
+			if req.Op == ctlapi.OpPropose {
 				wb.add(req.ID, req.Body)
 				continue
 			}
@@ -301,33 +246,33 @@ func (n *Node) handle(ctx context.Context, op uint8, body []byte) (status uint8,
 	return n.handleOn(ctx, nil, op, body)
 }
 
+// LocalClient returns a client that calls this node in-process, for a
+// broker that embeds its controller (single-node mode).
+func (n *Node) LocalClient() *ctlclient.Client {
+	return ctlclient.NewLocal(n.handle)
+}
+
 // handleOn serves one request arriving on sc (nil in-process).
 func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []byte) (status uint8, leader string, out []byte) {
-	var e encoder
 	var err error
 	switch op {
-	case opPropose:
-		var ev Event
-		ev, err = DecodeEvent(body)
+	case ctlapi.OpPropose:
+		var ev ctlapi.Event
+		ev, err = ctlapi.DecodeEvent(body)
 		if err != nil {
-			return statusBadRequest, "", []byte(err.Error())
+			return ctlapi.StatusBadRequest, "", []byte(err.Error())
 		}
-		var res Result
+		var res ctlapi.Result
 		res, err = n.Propose(ctx, ev)
 		if err == nil {
-			encodeResult(&e, res)
+			out = ctlapi.AppendResult(out, res)
 		}
-	case opRead:
-		err = n.handleRead(ctx, body, &e)
-	case opHeartbeat:
-		d := decoder{b: body}
-		broker := d.u32()
-		cnt := d.count(16)
-		logEnds := make([]GroupLogEnd, cnt)
-		for i := range logEnds {
-			logEnds[i] = GroupLogEnd{d.u32(), LogEnd{d.u32(), d.u64()}}
-		}
-		if err = d.finish(); err == nil {
+	case ctlapi.OpRead:
+		out, err = n.handleRead(ctx, body)
+	case ctlapi.OpHeartbeat:
+		var broker uint32
+		var logEnds []ctlapi.GroupLogEnd
+		if broker, logEnds, err = ctlapi.DecodeHeartbeat(body); err == nil {
 			var conn uint64
 			if sc != nil {
 				conn = sc.id
@@ -336,43 +281,41 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 				sc.sawBroker(broker)
 			}
 		} else {
-			err = ErrBadRequest
+			err = ctlapi.ErrBadRequest
 		}
-	case opElect:
-		d := decoder{b: body}
-		preferred := d.u32()
-		groups := decodeIDs(&d)
-		if err = d.finish(); err != nil {
-			err = ErrBadRequest
+	case ctlapi.OpElect:
+		preferred, groups, derr := ctlapi.DecodeElect(body)
+		if derr != nil {
+			err = ctlapi.ErrBadRequest
 			break
 		}
-		var res Result
+		var res ctlapi.Result
 		res, err = n.ElectNow(ctx, groups, preferred)
 		if err == nil {
-			encodeResult(&e, res)
+			out = ctlapi.AppendResult(out, res)
 		}
-	case opPrimary:
-		d := decoder{b: body}
-		preferred := d.u32()
-		if err = d.finish(); err != nil || preferred == 0 {
-			err = ErrBadRequest
+	case ctlapi.OpPrimary:
+		r := wire.NewReader(body)
+		preferred := r.U32()
+		if err = r.Done(); err != nil || preferred == 0 {
+			err = ctlapi.ErrBadRequest
 			break
 		}
-		var res Result
+		var res ctlapi.Result
 		res, err = n.ElectPrimaryNow(ctx, preferred)
-		var re *ResultError
+		var re *ctlapi.ResultError
 		if errors.As(err, &re) {
 			// A refusal by the state machine is an answer, not a failure.
-			res, err = Result{Code: re.Code, Msg: re.Msg}, nil
+			res, err = ctlapi.Result{Code: re.Code, Msg: re.Msg}, nil
 		}
 		if err == nil {
-			encodeResult(&e, res)
+			out = ctlapi.AppendResult(out, res)
 		}
-	case opWait:
-		d := decoder{b: body}
-		after := d.u64()
-		if err = d.finish(); err != nil {
-			err = ErrBadRequest
+	case ctlapi.OpWait:
+		r := wire.NewReader(body)
+		after := r.U64()
+		if err = r.Done(); err != nil {
+			err = ctlapi.ErrBadRequest
 			break
 		}
 		// Waiting until the request deadline is the normal outcome of a
@@ -380,10 +323,10 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 		wctx, cancel := context.WithTimeout(ctx, waitPollMax)
 		n.waitApplied(wctx, after+1)
 		cancel()
-		e.u64(n.Applied())
-	case opMembers:
+		out = wire.AppendU64(out, n.Applied())
+	case ctlapi.OpMembers:
 		if len(body) != 0 {
-			return statusBadRequest, "", []byte("controlplane: members takes no arguments")
+			return ctlapi.StatusBadRequest, "", []byte("controlplane: members takes no arguments")
 		}
 		// The ReadIndex round proves this node still leads and waits until
 		// it applied every entry committed before the request, membership
@@ -391,177 +334,96 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 		if _, err = n.ReadIndex(ctx, false); err != nil {
 			break
 		}
-		members := n.memberAddrs()
-		e.u64(n.self)
-		e.u32(uint32(len(members)))
-		for _, id := range slices.Sorted(maps.Keys(members)) {
-			e.u64(id)
-			e.str(members[id])
-		}
-	case opChangeMembers:
+		out = wire.AppendU64(out, n.self)
+		out = ctlapi.AppendMembers(out, n.memberAddrs())
+	case ctlapi.OpChangeMembers:
 		var add map[uint64]string
 		var remove []uint64
-		add, remove, err = decodeMembersChange(body)
+		add, remove, err = ctlapi.DecodeMembersChange(body)
 		if err != nil {
-			return statusBadRequest, "", []byte(err.Error())
+			return ctlapi.StatusBadRequest, "", []byte(err.Error())
 		}
 		err = n.ChangeMembership(ctx, add, remove)
-	case opStatus:
+	case ctlapi.OpStatus:
 		s := n.Status()
 		for _, v := range []uint64{s.ID, s.Leader, s.Term, s.Applied, s.SnapshotIndex, s.FirstIndex, s.LastIndex} {
-			e.u64(v)
+			out = wire.AppendU64(out, v)
 		}
 	default:
-		return statusBadRequest, "", []byte("controlplane: unknown operation")
+		return ctlapi.StatusBadRequest, "", []byte("controlplane: unknown operation")
 	}
 	if err != nil {
-		if op == opPropose || op == opElect || op == opPrimary || op == opChangeMembers {
+		if op == ctlapi.OpPropose || op == ctlapi.OpElect || op == ctlapi.OpPrimary || op == ctlapi.OpChangeMembers {
 			return proposeErrorStatus(err)
 		}
 		return errorStatus(err)
 	}
-	return statusOK, "", e.b
-}
-
-func encodeMembersChange(e *encoder, add map[uint64]string, remove []uint64) {
-	e.u32(uint32(len(add)))
-	for _, id := range slices.Sorted(maps.Keys(add)) {
-		e.u64(id)
-		e.str(add[id])
-	}
-	encodeMemberIDs(e, remove)
-}
-
-func encodeMemberIDs(e *encoder, ids []uint64) {
-	e.u32(uint32(len(ids)))
-	for _, id := range ids {
-		e.u64(id)
-	}
-}
-
-// decodeMembersChange reads an opChangeMembers body. ChangeMembership
-// checks the ids and addresses against the membership; this checks only
-// the shape and the bounds.
-func decodeMembersChange(body []byte) (map[uint64]string, []uint64, error) {
-	d := decoder{b: body}
-	na := d.count(10) // id and string length
-	if na > membersChangeMax {
-		return nil, nil, fmt.Errorf("%w: %d controllers to add; at most %d per change", ErrBadRequest, na, membersChangeMax)
-	}
-	add := make(map[uint64]string, na)
-	for i := 0; i < na && d.err == nil; i++ {
-		id, addr := d.u64(), d.str()
-		if _, dup := add[id]; dup && d.err == nil {
-			return nil, nil, fmt.Errorf("%w: controller %d is listed twice to add", ErrBadRequest, id)
-		}
-		add[id] = addr
-	}
-	nr := d.count(8)
-	if nr > membersChangeMax {
-		return nil, nil, fmt.Errorf("%w: %d controllers to remove; at most %d per change", ErrBadRequest, nr, membersChangeMax)
-	}
-	remove := make([]uint64, 0, nr)
-	for i := 0; i < nr && d.err == nil; i++ {
-		remove = append(remove, d.u64())
-	}
-	if err := d.finish(); err != nil {
-		return nil, nil, fmt.Errorf("%w: malformed membership change: %v", ErrBadRequest, err)
-	}
-	return add, remove, nil
+	return ctlapi.StatusOK, "", out
 }
 
 func errorStatus(err error) (uint8, string, []byte) {
-	var nl *NotLeaderError
-	var lag *LaggingError
+	var nl *ctlapi.NotLeaderError
+	var lag *ctlapi.LaggingError
 	switch {
 	case errors.As(err, &nl):
-		return statusNotLeader, nl.Leader, nil
+		return ctlapi.StatusNotLeader, nl.Leader, nil
 	case errors.As(err, &lag):
-		var e encoder
-		e.u64(lag.Behind)
-		return statusLagging, lag.Leader, e.b
-	case errors.Is(err, ErrBusy):
-		return statusBusy, "", nil
-	case errors.Is(err, ErrLeaderChanged):
-		return statusAmbiguous, "", []byte(err.Error())
-	case errors.Is(err, ErrTimeout):
+		return ctlapi.StatusLagging, lag.Leader, wire.AppendU64(nil, lag.Behind)
+	case errors.Is(err, ctlapi.ErrBusy):
+		return ctlapi.StatusBusy, "", nil
+	case errors.Is(err, ctlapi.ErrLeaderChanged):
+		return ctlapi.StatusAmbiguous, "", []byte(err.Error())
+	case errors.Is(err, ctlapi.ErrTimeout):
 		// A proposal that timed out may still apply.
-		return statusAmbiguous, "", []byte(err.Error())
-	case errors.Is(err, ErrStopped):
-		return statusStopped, "", nil
-	case errors.Is(err, ErrReadAborted):
-		return statusUnavailable, "", []byte(err.Error())
+		return ctlapi.StatusAmbiguous, "", []byte(err.Error())
+	case errors.Is(err, ctlapi.ErrStopped):
+		return ctlapi.StatusStopped, "", nil
+	case errors.Is(err, ctlapi.ErrReadAborted):
+		return ctlapi.StatusUnavailable, "", []byte(err.Error())
 	}
-	return statusBadRequest, "", []byte(err.Error())
+	return ctlapi.StatusBadRequest, "", []byte(err.Error())
 }
 
-func encodeResult(e *encoder, r Result) {
-	e.u8(r.Code)
-	e.u64(r.Value)
-	e.str(r.Msg)
-}
-
-func decodeResult(b []byte) (Result, error) {
-	d := decoder{b: b}
-	r := Result{Code: d.u8(), Value: d.u64(), Msg: d.str()}
-	return r, d.finish()
-}
-
-func encodeGroup(e *encoder, g Group) {
-	e.u32(g.ID)
-	e.u32(g.Master)
-	e.u32(g.Epoch)
-	e.u32(g.ElectedLogEnd.Epoch)
-	e.u64(g.ElectedLogEnd.Index)
-	encodeIDs(e, g.SyncStateSet)
-}
-
-func decodeGroup(d *decoder) Group {
-	g := Group{ID: d.u32(), Master: d.u32(), Epoch: d.u32()}
-	g.ElectedLogEnd = LogEnd{d.u32(), d.u64()}
-	g.SyncStateSet = decodeIDs(d)
-	return g
-}
-
-// readQuery is a parsed opRead body.
+// readQuery is a parsed ctlapi.OpRead body.
 type readQuery struct {
-	mode                ReadMode
+	mode                ctlapi.ReadMode
 	query               uint8
 	start, count, group uint32
 	key                 string
 }
 
 func parseRead(body []byte) (readQuery, error) {
-	d := decoder{b: body}
-	q := readQuery{mode: ReadMode(d.u8()), query: d.u8()}
+	r := wire.NewReader(body)
+	q := readQuery{mode: ctlapi.ReadMode(r.U8()), query: r.U8()}
 	switch q.query {
-	case queryGroups:
-		q.start, q.count = d.u32(), d.u32()
-		if q.count > groupsPerReplyMax {
-			q.count = groupsPerReplyMax
+	case ctlapi.QueryGroups:
+		q.start, q.count = r.U32(), r.U32()
+		if q.count > ctlapi.GroupsPerReplyMax {
+			q.count = ctlapi.GroupsPerReplyMax
 		}
-	case queryAttribute:
-		q.key = d.str()
-	case querySyncStateSet:
-		q.group = d.u32()
-	case queryWiring, queryBrokers, queryNextBrokerID, queryClusterInfo, queryPrimary:
+	case ctlapi.QueryAttribute:
+		q.key = ctlapi.ReadString(r)
+	case ctlapi.QuerySyncStateSet:
+		q.group = r.U32()
+	case ctlapi.QueryWiring, ctlapi.QueryBrokers, ctlapi.QueryNextBrokerID, ctlapi.QueryClusterInfo, ctlapi.QueryPrimary:
 	default:
-		return q, ErrBadRequest
+		return q, ctlapi.ErrBadRequest
 	}
-	if err := d.finish(); err != nil {
-		return q, ErrBadRequest
+	if err := r.Done(); err != nil {
+		return q, ctlapi.ErrBadRequest
 	}
 	return q, nil
 }
 
-// encode appends the query's answer from s; the caller holds s's read lock.
-func (q *readQuery) encode(s *State, e *encoder) {
+// appendAnswer appends the query's answer from s; the caller holds s's
+// read lock.
+func (q *readQuery) appendAnswer(b []byte, s *State) []byte {
 	switch q.query {
-	case queryWiring:
-		encodeWiring(e, s.Wiring())
-	case queryGroups:
+	case ctlapi.QueryWiring:
+		b = ctlapi.AppendWiring(b, s.Wiring())
+	case ctlapi.QueryGroups:
 		total := uint32(s.GroupCount())
-		e.u32(total)
+		b = wire.AppendU32(b, total)
 		start := q.start
 		end := uint64(start) + uint64(q.count)
 		if end > uint64(total) {
@@ -570,45 +432,47 @@ func (q *readQuery) encode(s *State, e *encoder) {
 		if uint64(start) > end {
 			start = uint32(end)
 		}
-		e.u32(uint32(end) - start)
+		b = wire.AppendU32(b, uint32(end)-start)
 		for id := start; uint64(id) < end; id++ {
 			g, _ := s.Group(id)
-			encodeGroup(e, g)
+			b = ctlapi.AppendGroup(b, g)
 		}
-	case queryBrokers:
+	case ctlapi.QueryBrokers:
 		bs := s.Brokers()
-		e.u32(uint32(len(bs)))
-		for _, b := range bs {
-			(&RegisterBroker{ID: b.ID, Addrs: b.Addrs, Version: b.Version}).encode(e)
+		b = wire.AppendU32(b, uint32(len(bs)))
+		for _, br := range bs {
+			b = ctlapi.AppendBroker(b, br)
 		}
-	case queryNextBrokerID:
-		e.u32(s.NextBrokerID())
-	case queryAttribute:
+	case ctlapi.QueryNextBrokerID:
+		b = wire.AppendU32(b, s.NextBrokerID())
+	case ctlapi.QueryAttribute:
 		v, ok := s.Attribute(q.key)
-		e.boolean(ok)
-		e.str(v)
-	case queryClusterInfo:
-		c := s.Config()
-		(&SetClusterConfig{Groups: c.Groups, Mode: c.Mode, UncleanElection: c.UncleanElection}).encode(e)
-		e.u16(s.ClusterVersion())
-	case querySyncStateSet:
+		b = wire.AppendBool(b, ok)
+		b = ctlapi.AppendString(b, v)
+	case ctlapi.QueryClusterInfo:
+		b = ctlapi.AppendClusterConfig(b, s.Config())
+		b = wire.AppendU16(b, s.ClusterVersion())
+	case ctlapi.QuerySyncStateSet:
 		g, ok := s.Group(q.group)
-		e.boolean(ok)
-		encodeGroup(e, g)
-	case queryPrimary:
+		b = wire.AppendBool(b, ok)
+		b = ctlapi.AppendGroup(b, g)
+	case ctlapi.QueryPrimary:
 		// mode, broker, epoch, then the broker's addresses.
 		p, epoch := s.Primary()
-		b, _ := s.Broker(p)
-		e.u8(s.Config().Mode)
-		(&RegisterBroker{ID: p, Addrs: b.Addrs}).encode(e)
-		e.u32(epoch)
+		br, _ := s.Broker(p)
+		b = wire.AppendU8(b, s.Config().Mode)
+		b = ctlapi.AppendBroker(b, ctlapi.Broker{ID: p, Addrs: br.Addrs})
+		b = wire.AppendU32(b, epoch)
 	}
+	return b
 }
 
-func (n *Node) handleRead(ctx context.Context, body []byte, e *encoder) error {
+func (n *Node) handleRead(ctx context.Context, body []byte) ([]byte, error) {
 	q, err := parseRead(body)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return n.Read(ctx, q.mode, func(s *State) { q.encode(s, e) })
+	var out []byte
+	err = n.Read(ctx, q.mode, func(s *State) { out = q.appendAnswer(out, s) })
+	return out, err
 }

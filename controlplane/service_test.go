@@ -1,14 +1,18 @@
 package controlplane
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand"
 	"net"
 	"testing"
 	"time"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -22,8 +26,8 @@ func TestServiceRejectsGarbage(t *testing.T) {
 	defer n.Stop()
 	r := rand.New(rand.NewSource(7))
 	valid := [][]byte{
-		EncodeEvent(nil, &DeclareQueue{Name: "q"}),
-		{byte(ReadConsistent), queryGroups, 0, 0, 0, 0, 0, 0, 0, 10},
+		ctlapi.EncodeEvent(nil, &ctlapi.DeclareQueue{Name: "q"}),
+		{byte(ctlapi.ReadConsistent), ctlapi.QueryGroups, 0, 0, 0, 0, 0, 0, 0, 10},
 		{0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
 	}
 	for i := 0; i < 3000; i++ {
@@ -40,7 +44,7 @@ func TestServiceRejectsGarbage(t *testing.T) {
 		cancel()
 	}
 	// A bad read mode is refused with a clear error.
-	if status, _, out := n.handle(context.Background(), opRead, []byte{9, queryWiring}); status != statusBadRequest {
+	if status, _, out := n.handle(context.Background(), ctlapi.OpRead, []byte{9, ctlapi.QueryWiring}); status != ctlapi.StatusBadRequest {
 		t.Fatalf("bad mode: status %d %s", status, out)
 	}
 	// Garbage on the socket closes that connection only.
@@ -56,16 +60,16 @@ func TestServiceRejectsGarbage(t *testing.T) {
 	c.Close()
 	// An oversized request header is refused before allocation.
 	c, _ = net.Dial("tcp", n.Addr())
-	c.Write(wire.AppendHeader(nil, wire.Header{Version: wire.Current, Type: wire.TypeCtlRequest, Length: ctlFrameMax + 1}))
+	c.Write(wire.AppendHeader(nil, wire.Header{Version: wire.Current, Type: wire.TypeCtlRequest, Length: ctlapi.RequestFrameMax + 1}))
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
 		t.Fatalf("oversized request not refused: %v", err)
 	}
 	c.Close()
 	// The node still serves.
-	cl := NewClient([]string{n.Addr()})
+	cl := ctlclient.NewClient([]string{n.Addr()})
 	defer cl.Close()
-	if err := cl.DeclareQueue(ctxT(t, 5*time.Second), "still-alive", QueueOptions{}); err != nil {
+	if err := cl.DeclareQueue(ctxT(t, 5*time.Second), "still-alive", ctlapi.QueueOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -80,7 +84,7 @@ func TestClientFollowsRedirects(t *testing.T) {
 		}
 	}
 	// The client only knows a follower; it must find the leader.
-	cl := NewClient([]string{follower.Addr()})
+	cl := ctlclient.NewClient([]string{follower.Addr()})
 	defer cl.Close()
 	if err := cl.DeclareExchange(ctxT(t, 10*time.Second), "x", "fanout", false); err != nil {
 		t.Fatal(err)
@@ -89,12 +93,12 @@ func TestClientFollowsRedirects(t *testing.T) {
 		t.Fatalf("client learned leader %q, want %q", cl.Leader(), leader.Addr())
 	}
 	// Direct calls on a follower say who leads.
-	_, err := follower.Propose(ctxT(t, time.Second), &DeclareQueue{Name: "q"})
-	var nl *NotLeaderError
+	_, err := follower.Propose(ctxT(t, time.Second), &ctlapi.DeclareQueue{Name: "q"})
+	var nl *ctlapi.NotLeaderError
 	if !errors.As(err, &nl) || nl.Leader != leader.Addr() {
 		t.Fatalf("follower propose: %v", err)
 	}
-	if err := follower.Read(ctxT(t, time.Second), ReadUnsafe, func(*State) {}); !errors.As(err, &nl) {
+	if err := follower.Read(ctxT(t, time.Second), ctlapi.ReadUnsafe, func(*State) {}); !errors.As(err, &nl) {
 		t.Fatalf("follower unsafe read: %v", err)
 	}
 	if _, err := cl.GetSyncStateSet(ctxT(t, 5*time.Second), 0); err == nil {
@@ -112,7 +116,7 @@ func TestPipelinedReadsOverSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Stop()
-	cl := NewClient([]string{n.Addr()})
+	cl := ctlclient.NewClient([]string{n.Addr()})
 	defer cl.Close()
 	if err := cl.SetAttribute(ctxT(t, 5*time.Second), "k", "v1"); err != nil {
 		t.Fatal(err)
@@ -126,16 +130,12 @@ func TestPipelinedReadsOverSocket(t *testing.T) {
 	const malformed = 777
 	var burst []byte
 	for i := uint64(1); i <= requests; i++ {
-		e := encoder{}
-		mode := []ReadMode{ReadConsistent, ReadFollower, ReadUnsafe}[i%3]
-		e.u8(uint8(mode))
-		e.u8(queryAttribute)
-		e.str("k")
-		body := e.b
+		mode := []ctlapi.ReadMode{ctlapi.ReadConsistent, ctlapi.ReadFollower, ctlapi.ReadUnsafe}[i%3]
+		body := wire.AppendStr([]byte{uint8(mode), ctlapi.QueryAttribute}, "k")
 		if i == malformed {
 			body = body[:len(body)-1]
 		}
-		burst = wire.AppendCtlRequest(burst, wire.CtlRequest{ID: i, Op: opRead, Body: body})
+		burst = wire.AppendCtlRequest(burst, wire.CtlRequest{ID: i, Op: ctlapi.OpRead, Body: body})
 	}
 	c.SetDeadline(time.Now().Add(20 * time.Second))
 	go c.Write(burst) // the server answers while the burst still arrives
@@ -162,17 +162,17 @@ func TestPipelinedReadsOverSocket(t *testing.T) {
 		}
 		seen[resp.ID] = true
 		if resp.ID == malformed {
-			if resp.Status != statusBadRequest {
+			if resp.Status != ctlapi.StatusBadRequest {
 				t.Fatalf("malformed read: status %d", resp.Status)
 			}
 			continue
 		}
-		if resp.Status != statusOK {
+		if resp.Status != ctlapi.StatusOK {
 			t.Fatalf("read %d: status %d %s", resp.ID, resp.Status, resp.Body)
 		}
-		d := decoder{b: resp.Body}
-		ok, v := d.boolean(), d.str()
-		if err := d.finish(); err != nil || !ok || v != "v1" {
+		r := wire.NewReader(resp.Body)
+		ok, v := r.Bool(), ctlapi.ReadString(r)
+		if err := r.Done(); err != nil || !ok || v != "v1" {
 			t.Fatalf("read %d: %q %v %v", resp.ID, v, ok, err)
 		}
 	}
@@ -213,13 +213,62 @@ func TestStoppedWriteIsAmbiguous(t *testing.T) {
 		t.Fatal(err)
 	}
 	n.Stop()
-	status, _, out := n.handle(ctxT(t, 5*time.Second), opPropose, EncodeEvent(nil, &SetAttribute{Key: "k", Value: "w"}))
-	if status != statusAmbiguous && status != statusNotLeader {
+	status, _, out := n.handle(ctxT(t, 5*time.Second), ctlapi.OpPropose, ctlapi.EncodeEvent(nil, &ctlapi.SetAttribute{Key: "k", Value: "w"}))
+	if status != ctlapi.StatusAmbiguous && status != ctlapi.StatusNotLeader {
 		t.Fatalf("write on a stopped node: status %d %s, want ambiguous", status, out)
 	}
 	// Reads stay safe to retry.
-	status, _, _ = n.handle(ctxT(t, 5*time.Second), opRead, []byte{byte(ReadConsistent), queryNextBrokerID})
-	if status == statusOK || status == statusAmbiguous {
+	status, _, _ = n.handle(ctxT(t, 5*time.Second), ctlapi.OpRead, []byte{byte(ctlapi.ReadConsistent), ctlapi.QueryNextBrokerID})
+	if status == ctlapi.StatusOK || status == ctlapi.StatusAmbiguous {
 		t.Fatalf("read on a stopped node: status %d", status)
 	}
+}
+
+// rawConn sends controller requests as they are, past every check the
+// client makes, and reads their replies in order.
+type rawConn struct {
+	c      net.Conn
+	r      *bufio.Reader
+	nextID uint64
+}
+
+func dialRaw(t *testing.T, addr string) *rawConn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &rawConn{c: c, r: bufio.NewReader(c)}
+}
+
+// do sends one request and returns its reply.
+func (rc *rawConn) do(ctx context.Context, op uint8, body []byte) (wire.CtlResponse, error) {
+	if d, ok := ctx.Deadline(); ok {
+		rc.c.SetDeadline(d)
+	}
+	rc.nextID++
+	if _, err := rc.c.Write(wire.AppendCtlRequest(nil, wire.CtlRequest{ID: rc.nextID, Op: op, Body: body})); err != nil {
+		return wire.CtlResponse{}, err
+	}
+	var hdr [wire.HeaderSize]byte
+	if _, err := io.ReadFull(rc.r, hdr[:]); err != nil {
+		return wire.CtlResponse{}, err
+	}
+	h, err := wire.ReadHeader(hdr[:], wire.FrameSizeMax)
+	if err != nil {
+		return wire.CtlResponse{}, err
+	}
+	frame := make([]byte, h.Length)
+	if _, err := io.ReadFull(rc.r, frame); err != nil {
+		return wire.CtlResponse{}, err
+	}
+	resp, err := wire.DecodeCtlResponse(frame)
+	if err != nil {
+		return wire.CtlResponse{}, err
+	}
+	if h.Type != wire.TypeCtlResponse || resp.ID != rc.nextID {
+		return wire.CtlResponse{}, fmt.Errorf("reply of type %v with id %d to request %d", h.Type, resp.ID, rc.nextID)
+	}
+	return resp, nil
 }

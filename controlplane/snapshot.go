@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/wire"
 	"github.com/klauspost/compress/zstd"
 )
 
@@ -18,114 +20,75 @@ const snapshotBytesMax = 1 << 30
 // Encode serializes the state deterministically: equal states give equal
 // bytes, which tests use to compare controllers.
 func (s *State) Encode() []byte {
-	e := encoder{b: make([]byte, 0, 1024)}
-	e.u8(snapshotFormat)
-	e.u32(s.nextBrokerID)
-	e.u32(uint32(len(s.brokers)))
-	for _, b := range s.Brokers() {
-		(&RegisterBroker{ID: b.ID, Addrs: b.Addrs, Version: b.Version}).encode(&e)
+	b := make([]byte, 0, 1024)
+	b = wire.AppendU8(b, snapshotFormat)
+	b = wire.AppendU32(b, s.nextBrokerID)
+	b = wire.AppendU32(b, uint32(len(s.brokers)))
+	for _, br := range s.Brokers() {
+		b = ctlapi.AppendBroker(b, br)
 	}
-	e.u32(s.config.Groups)
-	e.u8(s.config.Mode)
-	e.boolean(s.config.UncleanElection)
-	e.u32(uint32(len(s.groups)))
+	b = wire.AppendU32(b, s.config.Groups)
+	b = wire.AppendU8(b, s.config.Mode)
+	b = wire.AppendBool(b, s.config.UncleanElection)
+	b = wire.AppendU32(b, uint32(len(s.groups)))
 	for i := range s.groups {
 		g := &s.groups[i]
-		e.u32(g.Master)
-		e.u32(g.Epoch)
-		e.u32(g.ElectedLogEnd.Epoch)
-		e.u64(g.ElectedLogEnd.Index)
-		encodeIDs(&e, g.SyncStateSet)
+		b = wire.AppendU32(b, g.Master)
+		b = wire.AppendU32(b, g.Epoch)
+		b = wire.AppendU32(b, g.ElectedLogEnd.Epoch)
+		b = wire.AppendU64(b, g.ElectedLogEnd.Index)
+		b = ctlapi.AppendIDs(b, g.SyncStateSet)
 	}
-	encodeWiring(&e, s.Wiring())
-	e.u32(uint32(len(s.attrs)))
+	b = ctlapi.AppendWiring(b, s.Wiring())
+	b = wire.AppendU32(b, uint32(len(s.attrs)))
 	for _, k := range slices.Sorted(maps.Keys(s.attrs)) {
-		e.str(k)
-		e.str(s.attrs[k])
+		b = ctlapi.AppendString(b, k)
+		b = ctlapi.AppendString(b, s.attrs[k])
 	}
-	e.u32(uint32(len(s.controllers)))
+	b = wire.AppendU32(b, uint32(len(s.controllers)))
 	for _, id := range slices.Sorted(maps.Keys(s.controllers)) {
-		e.u64(id)
-		e.str(s.controllers[id])
+		b = wire.AppendU64(b, id)
+		b = ctlapi.AppendString(b, s.controllers[id])
 	}
-	e.u32(s.primary)
-	e.u32(s.primaryEpoch)
-	return e.b
-}
-
-func encodeWiring(e *encoder, w Wiring) {
-	e.u32(uint32(len(w.Exchanges)))
-	for i := range w.Exchanges {
-		w.Exchanges[i].encode(e)
-	}
-	e.u32(uint32(len(w.Queues)))
-	for i := range w.Queues {
-		w.Queues[i].encode(e)
-	}
-	e.u32(uint32(len(w.Bindings)))
-	for _, b := range w.Bindings {
-		e.str(b.Exchange)
-		e.str(b.Queue)
-		e.str(b.Key)
-	}
-}
-
-func decodeWiring(d *decoder) Wiring {
-	var w Wiring
-	n := d.count(5)
-	w.Exchanges = make([]DeclareExchange, n)
-	for i := range w.Exchanges {
-		w.Exchanges[i].decode(d)
-	}
-	n = d.count(20)
-	w.Queues = make([]DeclareQueue, n)
-	for i := range w.Queues {
-		w.Queues[i].decode(d)
-	}
-	n = d.count(6)
-	w.Bindings = make([]Binding, n)
-	for i := range w.Bindings {
-		w.Bindings[i] = Binding{d.str(), d.str(), d.str()}
-	}
-	return w
+	b = wire.AppendU32(b, s.primary)
+	return wire.AppendU32(b, s.primaryEpoch)
 }
 
 // DecodeState rebuilds a state from Encode's output.
 func DecodeState(b []byte) (*State, error) {
 	s := NewState()
-	d := decoder{b: b}
-	format := d.u8()
+	r := wire.NewReader(b)
+	format := r.U8()
 	if format != 2 && format != snapshotFormat {
 		return nil, fmt.Errorf("controlplane: unknown snapshot format %d", format)
 	}
-	s.nextBrokerID = d.u32()
-	n := d.count(10)
+	s.nextBrokerID = r.U32()
+	n := r.Count(10)
 	for i := 0; i < n; i++ {
-		var rb RegisterBroker
-		rb.decode(&d)
-		s.brokers[rb.ID] = &Broker{ID: rb.ID, Addrs: rb.Addrs, Version: rb.Version}
+		br := ctlapi.ReadBroker(r)
+		s.brokers[br.ID] = &br
 	}
-	s.config.Groups = d.u32()
-	s.config.Mode = d.u8()
-	s.config.UncleanElection = d.boolean()
-	n = d.count(24)
-	if d.err == nil && uint32(n) != s.config.Groups {
+	s.config.Groups = r.U32()
+	s.config.Mode = r.U8()
+	s.config.UncleanElection = r.Bool()
+	n = r.Count(24)
+	if r.Err() == nil && uint32(n) != s.config.Groups {
 		return nil, fmt.Errorf("controlplane: snapshot holds %d groups, config says %d", n, s.config.Groups)
 	}
-	s.groups = make([]Group, n)
+	s.groups = make([]ctlapi.Group, n)
 	for i := range s.groups {
 		g := &s.groups[i]
 		g.ID = uint32(i)
-		master := d.u32()
-		g.Epoch = d.u32()
-		g.ElectedLogEnd = LogEnd{d.u32(), d.u64()}
-		g.SyncStateSet = decodeIDs(&d)
+		master := r.U32()
+		g.Epoch = r.U32()
+		g.ElectedLogEnd = ctlapi.LogEnd{Epoch: r.U32(), Index: r.U64()}
+		g.SyncStateSet = ctlapi.ReadIDs(r)
 		if len(g.SyncStateSet) == 0 {
 			g.SyncStateSet = nil
 		}
 		s.setMaster(g, master)
 	}
-	w := decodeWiring(&d)
+	w := ctlapi.ReadWiring(r)
 	for _, x := range w.Exchanges {
 		s.exchanges[x.Name] = x
 	}
@@ -136,20 +99,20 @@ func DecodeState(b []byte) (*State, error) {
 		addIndex(s.byExchange, b.Exchange, b)
 		addIndex(s.byQueue, b.Queue, b)
 	}
-	n = d.count(4)
+	n = r.Count(4)
 	for i := 0; i < n; i++ {
-		k := d.str()
-		s.attrs[k] = d.str()
+		k := ctlapi.ReadString(r)
+		s.attrs[k] = ctlapi.ReadString(r)
 	}
-	n = d.count(10)
+	n = r.Count(10)
 	for i := 0; i < n; i++ {
-		id := d.u64()
-		s.controllers[id] = d.str()
+		id := r.U64()
+		s.controllers[id] = ctlapi.ReadString(r)
 	}
 	if format >= 3 {
-		s.primary, s.primaryEpoch = d.u32(), d.u32()
+		s.primary, s.primaryEpoch = r.U32(), r.U32()
 	}
-	if err := d.finish(); err != nil {
+	if err := r.Done(); err != nil {
 		return nil, fmt.Errorf("controlplane: decode snapshot: %w", err)
 	}
 	s.recomputeVersion()

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -40,11 +42,13 @@ func (c *testCluster) converged() {
 	})
 }
 
-func writeN(t *testing.T, cl *Client, prefix string, n int) { writeConc(t, cl, prefix, n, 32) }
+func writeN(t *testing.T, cl *ctlclient.Client, prefix string, n int) {
+	writeConc(t, cl, prefix, n, 32)
+}
 
 // writeConc declares n queues with at most conc writes in flight; conc 1
 // gives one log entry per write.
-func writeConc(t *testing.T, cl *Client, prefix string, n, conc int) {
+func writeConc(t *testing.T, cl *ctlclient.Client, prefix string, n, conc int) {
 	t.Helper()
 	ctx := ctxT(t, 30*time.Second)
 	var wg sync.WaitGroup
@@ -57,9 +61,9 @@ func writeConc(t *testing.T, cl *Client, prefix string, n, conc int) {
 			defer func() { <-sem; wg.Done() }()
 			// Declares are idempotent, so an ambiguous outcome (a stale
 			// connection to a restarted node) is retried.
-			err := cl.DeclareQueue(ctx, fmt.Sprintf("%s-%d", prefix, i), QueueOptions{Durable: true})
-			for try := 0; try < 20 && errors.Is(err, ErrLeaderChanged); try++ {
-				err = cl.DeclareQueue(ctx, fmt.Sprintf("%s-%d", prefix, i), QueueOptions{Durable: true})
+			err := cl.DeclareQueue(ctx, fmt.Sprintf("%s-%d", prefix, i), ctlapi.QueueOptions{Durable: true})
+			for try := 0; try < 20 && errors.Is(err, ctlapi.ErrLeaderChanged); try++ {
+				err = cl.DeclareQueue(ctx, fmt.Sprintf("%s-%d", prefix, i), ctlapi.QueueOptions{Durable: true})
 			}
 			if err != nil {
 				errs <- err
@@ -73,20 +77,15 @@ func writeConc(t *testing.T, cl *Client, prefix string, n, conc int) {
 	}
 }
 
-func TestSnapshotsCompactAndInstallOnWipedFollower(t *testing.T) {
-	for _, async := range []bool{false, true} {
-		t.Run(fmt.Sprintf("async=%v", async), func(t *testing.T) { testSnapshots(t, async) })
-	}
-}
+func TestSnapshotsCompactAndInstallOnWipedFollower(t *testing.T) { testSnapshots(t) }
 
-func testSnapshots(t *testing.T, async bool) {
+func testSnapshots(t *testing.T) {
 	c := newTestCluster(t, 3, func(cfg *Config) {
 		cfg.SnapshotEntries = 10
 		cfg.SnapshotTrailing = 3
-		cfg.AsyncStorageWrites = cfg.AsyncStorageWrites || async
 	})
 	leader := c.leader()
-	cl := NewClient(c.addrList())
+	cl := ctlclient.NewClient(c.addrList())
 	defer cl.Close()
 	writeN(t, cl, "a", 300)
 	c.converged()
@@ -120,7 +119,7 @@ func testSnapshots(t *testing.T, async bool) {
 		t.Fatalf("wiped follower did not install a snapshot: %+v", st)
 	}
 	var queues int
-	c.nodes[victim].Read(ctxT(t, 5*time.Second), ReadFollower, func(s *State) { queues = len(s.Wiring().Queues) })
+	c.nodes[victim].Read(ctxT(t, 5*time.Second), ctlapi.ReadFollower, func(s *State) { queues = len(s.Wiring().Queues) })
 	if queues != 500 {
 		t.Fatalf("wiped follower holds %d queues, want 500", queues)
 	}
@@ -157,22 +156,22 @@ func TestFollowerReadRedirectsWhenLagging(t *testing.T) {
 			break
 		}
 	}
-	cl := NewClient(c.addrList())
+	cl := ctlclient.NewClient(c.addrList())
 	defer cl.Close()
 	writeN(t, cl, "warm", 5)
 	c.converged()
 	c.faults.BlockAppends(follower.ID(), true)
 	writeConc(t, cl, "lag", 100, 1)
 
-	fc := NewClient([]string{follower.Addr()})
+	fc := ctlclient.NewClient([]string{follower.Addr()})
 	defer fc.Close()
 	_, err := follower.ReadIndex(ctxT(t, 5*time.Second), true)
-	var lag *LaggingError
+	var lag *ctlapi.LaggingError
 	if !errors.As(err, &lag) || lag.Leader != leader.Addr() || lag.Behind < 100 {
 		t.Fatalf("lagging follower answered %v, want a redirect to %s", err, leader.Addr())
 	}
 	// Through the client the redirect is followed and the read succeeds.
-	w, err := fc.GetWiring(ctxT(t, 5*time.Second), ReadFollower)
+	w, err := fc.GetWiring(ctxT(t, 5*time.Second), ctlapi.ReadFollower)
 	if err != nil || len(w.Queues) != 105 {
 		t.Fatalf("redirected follower read: %d queues, %v", len(w.Queues), err)
 	}
@@ -190,16 +189,14 @@ func TestFollowerReadRedirectsWhenLagging(t *testing.T) {
 func TestWipedFollowerCatchesUpWhileLeaderHoldsItsLog(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		async bool
 		after int // writes after the wipe
-	}{{"sync/idle", false, 0}, {"sync/writes", false, 5}, {"async/idle", true, 0}, {"async/writes", true, 5}} {
+	}{{"idle", 0}, {"writes", 5}} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newTestCluster(t, 3, func(cfg *Config) {
 				cfg.SnapshotEntries = 100000 // no snapshot of its own during the test
-				cfg.AsyncStorageWrites = cfg.AsyncStorageWrites || tc.async
 			})
 			leader := c.leader()
-			cl := NewClient(c.addrList())
+			cl := ctlclient.NewClient(c.addrList())
 			defer cl.Close()
 			writeConc(t, cl, "a", 40, 1)
 			c.converged()
@@ -218,7 +215,7 @@ func TestWipedFollowerCatchesUpWhileLeaderHoldsItsLog(t *testing.T) {
 			c.start(victim, nil)
 			c.converged()
 			var queues int
-			if err := c.nodes[victim].Read(ctxT(t, 5*time.Second), ReadFollower, func(s *State) { queues = len(s.Wiring().Queues) }); err != nil {
+			if err := c.nodes[victim].Read(ctxT(t, 5*time.Second), ctlapi.ReadFollower, func(s *State) { queues = len(s.Wiring().Queues) }); err != nil {
 				t.Fatal(err)
 			}
 			if queues != 40+tc.after {
@@ -237,7 +234,7 @@ func TestSnapshotInChunks(t *testing.T) {
 	// Registered before the cluster's own cleanup, so it runs after the
 	// controllers (and their transports) stopped.
 	t.Cleanup(func() { snapChunkBytes = old })
-	testSnapshots(t, false)
+	testSnapshots(t)
 }
 
 func TestChunkAssembler(t *testing.T) {

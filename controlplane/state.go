@@ -5,6 +5,8 @@ import (
 	"maps"
 	"slices"
 	"sort"
+
+	"github.com/berthmq/berth/controlplane/ctlapi"
 )
 
 // State is the controller state machine. It is pure: Apply depends only on
@@ -12,20 +14,20 @@ import (
 // local configuration, so every controller that applies the same log ends in
 // the same state. State is not safe for concurrent use; Node guards it.
 type State struct {
-	brokers      map[uint32]*Broker
+	brokers      map[uint32]*ctlapi.Broker
 	nextBrokerID uint32
 	version      uint16 // lowest version among registered brokers; 0 if none
-	groups       []Group
+	groups       []ctlapi.Group
 	// masterOf indexes groups by master so that a dead broker's groups are
 	// found without scanning all groups. Derived; not in snapshots.
 	masterOf  map[uint32]map[uint32]struct{}
-	exchanges map[string]DeclareExchange
-	queues    map[string]QueueOptions
+	exchanges map[string]ctlapi.DeclareExchange
+	queues    map[string]ctlapi.QueueOptions
 	// bindings are indexed both ways so that deleting a queue or exchange
 	// does not scan every binding.
-	byExchange map[string]map[Binding]struct{}
-	byQueue    map[string]map[Binding]struct{}
-	config     ClusterConfig
+	byExchange map[string]map[ctlapi.Binding]struct{}
+	byQueue    map[string]map[ctlapi.Binding]struct{}
+	config     ctlapi.ClusterConfig
 	attrs      map[string]string
 	// primary is the active-passive primary broker (0: none), primaryEpoch
 	// the epoch every change of primary bumps (primary.go).
@@ -35,151 +37,91 @@ type State struct {
 	controllers map[uint64]string
 }
 
-// Broker is a registered broker.
-type Broker struct {
-	ID      uint32
-	Addrs   []string
-	Version uint16
-}
-
-// Group is a replication group's controller record.
-type Group struct {
-	ID           uint32
-	Master       uint32 // 0: no master
-	Epoch        uint32
-	SyncStateSet []uint32 // sorted
-	// ElectedLogEnd is the winner's log end when it was elected.
-	ElectedLogEnd LogEnd
-}
-
-// Binding binds a queue to an exchange with a key.
-type Binding struct{ Exchange, Queue, Key string }
-
-// ClusterConfig is the cluster-wide configuration.
-type ClusterConfig struct {
-	Groups          uint32
-	Mode            uint8
-	UncleanElection bool
-}
-
-// Result codes of applying an event.
-const (
-	CodeOK uint8 = iota
-	CodeNotFound
-	CodeConflict
-	CodeStaleEpoch
-	CodeInvalid
-	CodeWrongMode // the cluster mode does not allow it (a primary in active-active)
-)
-
-// Result is what applying one event returned.
-type Result struct {
-	Code  uint8
-	Value uint64 // event-specific: the assigned broker id, groups elected
-	Msg   string
-}
-
-// Err turns a non-OK result into an error.
-func (r Result) Err() error {
-	if r.Code == CodeOK {
-		return nil
-	}
-	return &ResultError{Code: r.Code, Msg: r.Msg}
-}
-
-// ResultError is a state machine refusal: the event was applied and refused.
-type ResultError struct {
-	Code uint8
-	Msg  string
-}
-
-func (e *ResultError) Error() string { return "controlplane: " + e.Msg }
-
-func fail(code uint8, format string, args ...any) Result {
-	return Result{Code: code, Msg: fmt.Sprintf(format, args...)}
+func fail(code uint8, format string, args ...any) ctlapi.Result {
+	return ctlapi.Result{Code: code, Msg: fmt.Sprintf(format, args...)}
 }
 
 // NewState returns an empty state machine.
 func NewState() *State {
 	return &State{
-		brokers:      map[uint32]*Broker{},
+		brokers:      map[uint32]*ctlapi.Broker{},
 		nextBrokerID: 1,
 		masterOf:     map[uint32]map[uint32]struct{}{},
-		exchanges:    map[string]DeclareExchange{},
-		queues:       map[string]QueueOptions{},
-		byExchange:   map[string]map[Binding]struct{}{},
-		byQueue:      map[string]map[Binding]struct{}{},
+		exchanges:    map[string]ctlapi.DeclareExchange{},
+		queues:       map[string]ctlapi.QueueOptions{},
+		byExchange:   map[string]map[ctlapi.Binding]struct{}{},
+		byQueue:      map[string]map[ctlapi.Binding]struct{}{},
 		attrs:        map[string]string{},
 		controllers:  map[uint64]string{},
 	}
 }
 
 // Apply applies one event and returns its result.
-func (s *State) Apply(ev Event) Result {
+func (s *State) Apply(ev ctlapi.Event) ctlapi.Result {
 	switch ev := ev.(type) {
-	case *ApplyBrokerID:
+	case *ctlapi.ApplyBrokerID:
 		return s.applyBrokerID(ev)
-	case *RegisterBroker:
+	case *ctlapi.RegisterBroker:
 		return s.registerBroker(ev)
-	case *ElectMaster:
+	case *ctlapi.ElectMaster:
 		return s.electMaster(ev)
-	case *AlterSyncStateSet:
+	case *ctlapi.AlterSyncStateSet:
 		return s.alterSyncStateSet(ev)
-	case *CleanBrokerData:
+	case *ctlapi.CleanBrokerData:
 		return s.cleanBroker(ev.ID)
-	case *DeclareExchange:
+	case *ctlapi.DeclareExchange:
 		return s.declareExchange(ev)
-	case *DeclareQueue:
+	case *ctlapi.DeclareQueue:
 		return s.declareQueue(ev)
-	case *Bind:
+	case *ctlapi.Bind:
 		return s.bind(ev)
-	case *Unbind:
-		return s.unbind(Binding(*ev))
-	case *DeleteQueue:
+	case *ctlapi.Unbind:
+		return s.unbind(ctlapi.Binding(*ev))
+	case *ctlapi.DeleteQueue:
 		return s.deleteQueue(ev.Name)
-	case *DeleteExchange:
+	case *ctlapi.DeleteExchange:
 		return s.deleteExchange(ev.Name)
-	case *SetClusterConfig:
+	case *ctlapi.SetClusterConfig:
 		return s.setClusterConfig(ev)
-	case *ElectPrimary:
+	case *ctlapi.ElectPrimary:
 		return s.electPrimary(ev)
-	case *SetAttribute:
+	case *ctlapi.SetAttribute:
 		if ev.Value == "" {
 			delete(s.attrs, ev.Key)
 		} else {
 			s.attrs[ev.Key] = ev.Value
 		}
-		return Result{}
+		return ctlapi.Result{}
 	}
-	return fail(CodeInvalid, "unknown event %T", ev)
+	return fail(ctlapi.CodeInvalid, "unknown event %T", ev)
 }
 
-func (s *State) applyBrokerID(ev *ApplyBrokerID) Result {
+func (s *State) applyBrokerID(ev *ctlapi.ApplyBrokerID) ctlapi.Result {
 	id := ev.Requested
 	if id == 0 {
 		id = s.nextBrokerID
 	} else if _, ok := s.brokers[id]; ok {
-		return fail(CodeConflict, "broker id %d is taken", id)
+		return fail(ctlapi.CodeConflict, "broker id %d is taken", id)
 	}
 	if id == 0 || id == ^uint32(0) {
-		return fail(CodeInvalid, "broker id space exhausted")
+		return fail(ctlapi.CodeInvalid, "broker id space exhausted")
 	}
-	s.brokers[id] = &Broker{ID: id}
+	s.brokers[id] = &ctlapi.Broker{ID: id}
 	if id >= s.nextBrokerID {
 		s.nextBrokerID = id + 1
 	}
-	return Result{Value: uint64(id)}
+	return ctlapi.Result{Value: uint64(id)}
 }
 
-func (s *State) registerBroker(ev *RegisterBroker) Result {
+func (s *State) registerBroker(ev *ctlapi.RegisterBroker) ctlapi.Result {
 	b, ok := s.brokers[ev.ID]
 	if !ok {
-		return fail(CodeNotFound, "broker %d has no id; apply for one first", ev.ID)
+		return fail(ctlapi.CodeNotFound, "broker %d has no id; apply for one first", ev.ID)
 	}
 	b.Addrs = slices.Clone(ev.Addrs)
 	b.Version = ev.Version
 	s.recomputeVersion()
-	return Result{Value: uint64(ev.ID)}
+	return ctlapi.Result{Value: uint64(ev.ID)}
 }
 
 // recomputeVersion is O(brokers); brokers register rarely and are few.
@@ -192,7 +134,7 @@ func (s *State) recomputeVersion() {
 	}
 }
 
-func (s *State) setMaster(g *Group, master uint32) {
+func (s *State) setMaster(g *ctlapi.Group, master uint32) {
 	if g.Master != 0 {
 		if m := s.masterOf[g.Master]; m != nil {
 			delete(m, g.ID)
@@ -212,7 +154,7 @@ func (s *State) setMaster(g *Group, master uint32) {
 	}
 }
 
-func (s *State) electMaster(ev *ElectMaster) Result {
+func (s *State) electMaster(ev *ctlapi.ElectMaster) ctlapi.Result {
 	unclean := ev.Unclean || s.config.UncleanElection
 	var elected uint64
 	for i := range ev.Groups {
@@ -244,10 +186,10 @@ func (s *State) electMaster(ev *ElectMaster) Result {
 		}
 		elected++
 	}
-	return Result{Value: elected}
+	return ctlapi.Result{Value: elected}
 }
 
-func candidateAlive(eg *ElectGroup, id uint32) bool {
+func candidateAlive(eg *ctlapi.ElectGroup, id uint32) bool {
 	for _, c := range eg.Candidates {
 		if c.Broker == id {
 			return c.Alive
@@ -257,7 +199,7 @@ func candidateAlive(eg *ElectGroup, id uint32) bool {
 }
 
 // eligible lists, sorted, the candidates allowed to become master.
-func eligible(g *Group, eg *ElectGroup, unclean bool, brokers map[uint32]*Broker) []uint32 {
+func eligible(g *ctlapi.Group, eg *ctlapi.ElectGroup, unclean bool, brokers map[uint32]*ctlapi.Broker) []uint32 {
 	var out []uint32
 	for _, c := range eg.Candidates {
 		if !c.Alive || brokers[c.Broker] == nil || slices.Contains(out, c.Broker) {
@@ -277,10 +219,10 @@ func eligible(g *Group, eg *ElectGroup, unclean bool, brokers map[uint32]*Broker
 // the preferred broker, else rotate by group id so masters spread out. With
 // no eligible candidate the group is left without a master under a new epoch,
 // which fences the dead one.
-func decideMaster(g *Group, eg *ElectGroup, unclean bool, brokers map[uint32]*Broker) (uint32, LogEnd, bool) {
+func decideMaster(g *ctlapi.Group, eg *ctlapi.ElectGroup, unclean bool, brokers map[uint32]*ctlapi.Broker) (uint32, ctlapi.LogEnd, bool) {
 	if g.Master != 0 && candidateAlive(eg, g.Master) && brokers[g.Master] != nil &&
 		(eg.Preferred == 0 || eg.Preferred == g.Master) {
-		return 0, LogEnd{}, false
+		return 0, ctlapi.LogEnd{}, false
 	}
 	elig := eligible(g, eg, false, brokers)
 	if len(elig) == 0 && unclean {
@@ -288,17 +230,17 @@ func decideMaster(g *Group, eg *ElectGroup, unclean bool, brokers map[uint32]*Br
 	}
 	if len(elig) == 0 {
 		if g.Master == 0 && g.Epoch > 0 {
-			return 0, LogEnd{}, false // already fenced; nothing to do
+			return 0, ctlapi.LogEnd{}, false // already fenced; nothing to do
 		}
 		if g.Master == 0 {
-			return 0, LogEnd{}, false // never elected and nobody alive
+			return 0, ctlapi.LogEnd{}, false // never elected and nobody alive
 		}
-		return 0, LogEnd{}, true
+		return 0, ctlapi.LogEnd{}, true
 	}
-	var best LogEnd
+	var best ctlapi.LogEnd
 	var top []uint32
 	for _, id := range elig {
-		var le LogEnd
+		var le ctlapi.LogEnd
 		for _, c := range eg.Candidates {
 			if c.Broker == id {
 				le = c.LogEnd
@@ -318,32 +260,32 @@ func decideMaster(g *Group, eg *ElectGroup, unclean bool, brokers map[uint32]*Br
 	return top[int(g.ID)%len(top)], best, true
 }
 
-func (s *State) alterSyncStateSet(ev *AlterSyncStateSet) Result {
+func (s *State) alterSyncStateSet(ev *ctlapi.AlterSyncStateSet) ctlapi.Result {
 	if ev.Group >= uint32(len(s.groups)) {
-		return fail(CodeNotFound, "group %d does not exist", ev.Group)
+		return fail(ctlapi.CodeNotFound, "group %d does not exist", ev.Group)
 	}
 	g := &s.groups[ev.Group]
 	if g.Master != ev.Master || g.Epoch != ev.Epoch {
-		return fail(CodeStaleEpoch, "group %d is at master %d epoch %d, not %d/%d", ev.Group, g.Master, g.Epoch, ev.Master, ev.Epoch)
+		return fail(ctlapi.CodeStaleEpoch, "group %d is at master %d epoch %d, not %d/%d", ev.Group, g.Master, g.Epoch, ev.Master, ev.Epoch)
 	}
 	set := slices.Clone(ev.Set)
 	slices.Sort(set)
 	set = slices.Compact(set)
 	if !slices.Contains(set, g.Master) {
-		return fail(CodeInvalid, "SyncStateSet of group %d must hold its master", ev.Group)
+		return fail(ctlapi.CodeInvalid, "SyncStateSet of group %d must hold its master", ev.Group)
 	}
 	for _, id := range set {
 		if s.brokers[id] == nil {
-			return fail(CodeNotFound, "broker %d is not registered", id)
+			return fail(ctlapi.CodeNotFound, "broker %d is not registered", id)
 		}
 	}
 	g.SyncStateSet = set
-	return Result{}
+	return ctlapi.Result{}
 }
 
-func (s *State) cleanBroker(id uint32) Result {
+func (s *State) cleanBroker(id uint32) ctlapi.Result {
 	if s.brokers[id] == nil {
-		return fail(CodeNotFound, "broker %d is not registered", id)
+		return fail(ctlapi.CodeNotFound, "broker %d is not registered", id)
 	}
 	delete(s.brokers, id)
 	if p, _ := s.Primary(); p == id {
@@ -361,41 +303,41 @@ func (s *State) cleanBroker(id uint32) Result {
 		}
 	}
 	s.recomputeVersion()
-	return Result{}
+	return ctlapi.Result{}
 }
 
-func (s *State) declareExchange(ev *DeclareExchange) Result {
+func (s *State) declareExchange(ev *ctlapi.DeclareExchange) ctlapi.Result {
 	if old, ok := s.exchanges[ev.Name]; ok {
 		if old != *ev {
-			return fail(CodeConflict, "exchange %q exists with different settings", ev.Name)
+			return fail(ctlapi.CodeConflict, "exchange %q exists with different settings", ev.Name)
 		}
-		return Result{}
+		return ctlapi.Result{}
 	}
 	s.exchanges[ev.Name] = *ev
-	return Result{}
+	return ctlapi.Result{}
 }
 
-func (s *State) declareQueue(ev *DeclareQueue) Result {
+func (s *State) declareQueue(ev *ctlapi.DeclareQueue) ctlapi.Result {
 	if old, ok := s.queues[ev.Name]; ok {
 		if old != ev.Options {
-			return fail(CodeConflict, "queue %q exists with different options", ev.Name)
+			return fail(ctlapi.CodeConflict, "queue %q exists with different options", ev.Name)
 		}
-		return Result{}
+		return ctlapi.Result{}
 	}
 	s.queues[ev.Name] = ev.Options
-	return Result{}
+	return ctlapi.Result{}
 }
 
-func addIndex(m map[string]map[Binding]struct{}, k string, b Binding) {
+func addIndex(m map[string]map[ctlapi.Binding]struct{}, k string, b ctlapi.Binding) {
 	set := m[k]
 	if set == nil {
-		set = map[Binding]struct{}{}
+		set = map[ctlapi.Binding]struct{}{}
 		m[k] = set
 	}
 	set[b] = struct{}{}
 }
 
-func delIndex(m map[string]map[Binding]struct{}, k string, b Binding) {
+func delIndex(m map[string]map[ctlapi.Binding]struct{}, k string, b ctlapi.Binding) {
 	if set := m[k]; set != nil {
 		delete(set, b)
 		if len(set) == 0 {
@@ -404,70 +346,70 @@ func delIndex(m map[string]map[Binding]struct{}, k string, b Binding) {
 	}
 }
 
-func (s *State) bind(ev *Bind) Result {
+func (s *State) bind(ev *ctlapi.Bind) ctlapi.Result {
 	if _, ok := s.exchanges[ev.Exchange]; !ok {
-		return fail(CodeNotFound, "exchange %q does not exist", ev.Exchange)
+		return fail(ctlapi.CodeNotFound, "exchange %q does not exist", ev.Exchange)
 	}
 	if _, ok := s.queues[ev.Queue]; !ok {
-		return fail(CodeNotFound, "queue %q does not exist", ev.Queue)
+		return fail(ctlapi.CodeNotFound, "queue %q does not exist", ev.Queue)
 	}
-	b := Binding(*ev)
+	b := ctlapi.Binding(*ev)
 	addIndex(s.byExchange, b.Exchange, b)
 	addIndex(s.byQueue, b.Queue, b)
-	return Result{}
+	return ctlapi.Result{}
 }
 
-func (s *State) unbind(b Binding) Result {
+func (s *State) unbind(b ctlapi.Binding) ctlapi.Result {
 	if _, ok := s.byQueue[b.Queue][b]; !ok {
-		return fail(CodeNotFound, "binding %s->%s (%q) does not exist", b.Exchange, b.Queue, b.Key)
+		return fail(ctlapi.CodeNotFound, "binding %s->%s (%q) does not exist", b.Exchange, b.Queue, b.Key)
 	}
 	delIndex(s.byExchange, b.Exchange, b)
 	delIndex(s.byQueue, b.Queue, b)
-	return Result{}
+	return ctlapi.Result{}
 }
 
-func (s *State) deleteQueue(name string) Result {
+func (s *State) deleteQueue(name string) ctlapi.Result {
 	if _, ok := s.queues[name]; !ok {
-		return fail(CodeNotFound, "queue %q does not exist", name)
+		return fail(ctlapi.CodeNotFound, "queue %q does not exist", name)
 	}
 	for b := range s.byQueue[name] {
 		delIndex(s.byExchange, b.Exchange, b)
 	}
 	delete(s.byQueue, name)
 	delete(s.queues, name)
-	return Result{}
+	return ctlapi.Result{}
 }
 
-func (s *State) deleteExchange(name string) Result {
+func (s *State) deleteExchange(name string) ctlapi.Result {
 	if _, ok := s.exchanges[name]; !ok {
-		return fail(CodeNotFound, "exchange %q does not exist", name)
+		return fail(ctlapi.CodeNotFound, "exchange %q does not exist", name)
 	}
 	for b := range s.byExchange[name] {
 		delIndex(s.byQueue, b.Queue, b)
 	}
 	delete(s.byExchange, name)
 	delete(s.exchanges, name)
-	return Result{}
+	return ctlapi.Result{}
 }
 
-func (s *State) setClusterConfig(ev *SetClusterConfig) Result {
-	if ev.Groups == 0 || ev.Groups > groupCountMax {
-		return fail(CodeInvalid, "group count %d out of range", ev.Groups)
+func (s *State) setClusterConfig(ev *ctlapi.SetClusterConfig) ctlapi.Result {
+	if ev.Groups == 0 || ev.Groups > ctlapi.GroupCountMax {
+		return fail(ctlapi.CodeInvalid, "group count %d out of range", ev.Groups)
 	}
 	if s.config.Groups != 0 && s.config.Groups != ev.Groups {
-		return fail(CodeConflict, "group count is fixed at %d", s.config.Groups)
+		return fail(ctlapi.CodeConflict, "group count is fixed at %d", s.config.Groups)
 	}
 	if s.config.Groups == 0 {
-		s.groups = make([]Group, ev.Groups)
+		s.groups = make([]ctlapi.Group, ev.Groups)
 		for i := range s.groups {
 			s.groups[i].ID = uint32(i)
 		}
 	}
-	s.config = ClusterConfig(*ev)
-	if s.config.Mode != ModeActivePassive {
+	s.config = ctlapi.ClusterConfig(*ev)
+	if s.config.Mode != ctlapi.ModeActivePassive {
 		s.clearPrimary()
 	}
-	return Result{}
+	return ctlapi.Result{}
 }
 
 // Read accessors. They return copies, so callers may keep them after the
@@ -480,20 +422,20 @@ func (s *State) NextBrokerID() uint32 { return s.nextBrokerID }
 func (s *State) ClusterVersion() uint16 { return s.version }
 
 // Config returns the cluster configuration.
-func (s *State) Config() ClusterConfig { return s.config }
+func (s *State) Config() ctlapi.ClusterConfig { return s.config }
 
 // Broker returns a registered broker.
-func (s *State) Broker(id uint32) (Broker, bool) {
+func (s *State) Broker(id uint32) (ctlapi.Broker, bool) {
 	b, ok := s.brokers[id]
 	if !ok {
-		return Broker{}, false
+		return ctlapi.Broker{}, false
 	}
-	return Broker{ID: b.ID, Addrs: slices.Clone(b.Addrs), Version: b.Version}, true
+	return ctlapi.Broker{ID: b.ID, Addrs: slices.Clone(b.Addrs), Version: b.Version}, true
 }
 
 // Brokers returns all registered brokers by id.
-func (s *State) Brokers() []Broker {
-	out := make([]Broker, 0, len(s.brokers))
+func (s *State) Brokers() []ctlapi.Broker {
+	out := make([]ctlapi.Broker, 0, len(s.brokers))
 	for _, id := range slices.Sorted(maps.Keys(s.brokers)) {
 		b, _ := s.Broker(id)
 		out = append(out, b)
@@ -502,9 +444,9 @@ func (s *State) Brokers() []Broker {
 }
 
 // Group returns one group.
-func (s *State) Group(id uint32) (Group, bool) {
+func (s *State) Group(id uint32) (ctlapi.Group, bool) {
 	if id >= uint32(len(s.groups)) {
-		return Group{}, false
+		return ctlapi.Group{}, false
 	}
 	g := s.groups[id]
 	g.SyncStateSet = slices.Clone(g.SyncStateSet)
@@ -525,21 +467,14 @@ func (s *State) Attribute(key string) (string, bool) {
 	return v, ok
 }
 
-// Wiring is a copy of all exchanges, queues and bindings.
-type Wiring struct {
-	Exchanges []DeclareExchange
-	Queues    []DeclareQueue
-	Bindings  []Binding
-}
-
 // Wiring returns the wiring sorted by name.
-func (s *State) Wiring() Wiring {
-	var w Wiring
+func (s *State) Wiring() ctlapi.Wiring {
+	var w ctlapi.Wiring
 	for _, n := range slices.Sorted(maps.Keys(s.exchanges)) {
 		w.Exchanges = append(w.Exchanges, s.exchanges[n])
 	}
 	for _, n := range slices.Sorted(maps.Keys(s.queues)) {
-		w.Queues = append(w.Queues, DeclareQueue{Name: n, Options: s.queues[n]})
+		w.Queues = append(w.Queues, ctlapi.DeclareQueue{Name: n, Options: s.queues[n]})
 	}
 	for _, set := range s.byQueue {
 		for b := range set {

@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+
+	"github.com/berthmq/berth/controlplane/ctlapi"
 )
 
 // newCluster returns a state with brokers 1..n registered and G groups.
@@ -14,17 +16,17 @@ func newCluster(t *testing.T, n int, groups uint32) *State {
 	t.Helper()
 	s := NewState()
 	for i := 1; i <= n; i++ {
-		mustOK(t, s, &ApplyBrokerID{})
-		mustOK(t, s, &RegisterBroker{ID: uint32(i), Addrs: []string{fmt.Sprintf("127.0.0.1:%d", 7400+i)}, Version: 0x0100})
+		mustOK(t, s, &ctlapi.ApplyBrokerID{})
+		mustOK(t, s, &ctlapi.RegisterBroker{ID: uint32(i), Addrs: []string{fmt.Sprintf("127.0.0.1:%d", 7400+i)}, Version: 0x0100})
 	}
-	mustOK(t, s, &SetClusterConfig{Groups: groups})
+	mustOK(t, s, &ctlapi.SetClusterConfig{Groups: groups})
 	return s
 }
 
-func mustOK(t *testing.T, s *State, ev Event) Result {
+func mustOK(t *testing.T, s *State, ev ctlapi.Event) ctlapi.Result {
 	t.Helper()
 	// Every event also goes through the codec, as it would through the log.
-	dec, err := DecodeEvent(EncodeEvent(nil, ev))
+	dec, err := ctlapi.DecodeEvent(ctlapi.EncodeEvent(nil, ev))
 	if err != nil {
 		t.Fatalf("codec %T: %v", ev, err)
 	}
@@ -32,41 +34,41 @@ func mustOK(t *testing.T, s *State, ev Event) Result {
 		t.Fatalf("codec round trip: %#v != %#v", dec, ev)
 	}
 	r := s.Apply(dec)
-	if r.Code != CodeOK {
+	if r.Code != ctlapi.CodeOK {
 		t.Fatalf("apply %T: %v", ev, r.Err())
 	}
 	return r
 }
 
-func alive(id uint32, epoch uint32, index uint64) Candidate {
-	return Candidate{Broker: id, Alive: true, LogEnd: LogEnd{epoch, index}}
+func alive(id uint32, epoch uint32, index uint64) ctlapi.Candidate {
+	return ctlapi.Candidate{Broker: id, Alive: true, LogEnd: ctlapi.LogEnd{Epoch: epoch, Index: index}}
 }
 
-func dead(id uint32) Candidate { return Candidate{Broker: id} }
+func dead(id uint32) ctlapi.Candidate { return ctlapi.Candidate{Broker: id} }
 
 func TestBrokerIDs(t *testing.T) {
 	s := NewState()
-	if r := s.Apply(&ApplyBrokerID{}); r.Value != 1 {
+	if r := s.Apply(&ctlapi.ApplyBrokerID{}); r.Value != 1 {
 		t.Fatalf("first id %d", r.Value)
 	}
-	if r := s.Apply(&ApplyBrokerID{Requested: 5}); r.Code != CodeOK || r.Value != 5 {
+	if r := s.Apply(&ctlapi.ApplyBrokerID{Requested: 5}); r.Code != ctlapi.CodeOK || r.Value != 5 {
 		t.Fatalf("requested 5: %+v", r)
 	}
-	if r := s.Apply(&ApplyBrokerID{Requested: 5}); r.Code != CodeConflict {
+	if r := s.Apply(&ctlapi.ApplyBrokerID{Requested: 5}); r.Code != ctlapi.CodeConflict {
 		t.Fatalf("duplicate id accepted: %+v", r)
 	}
-	if r := s.Apply(&ApplyBrokerID{}); r.Value != 6 {
+	if r := s.Apply(&ctlapi.ApplyBrokerID{}); r.Value != 6 {
 		t.Fatalf("next id after 5 is %d", r.Value)
 	}
-	if r := s.Apply(&RegisterBroker{ID: 9}); r.Code != CodeNotFound {
+	if r := s.Apply(&ctlapi.RegisterBroker{ID: 9}); r.Code != ctlapi.CodeNotFound {
 		t.Fatalf("register of unknown id: %+v", r)
 	}
-	s.Apply(&RegisterBroker{ID: 1, Version: 0x0102})
-	s.Apply(&RegisterBroker{ID: 5, Version: 0x0101})
+	s.Apply(&ctlapi.RegisterBroker{ID: 1, Version: 0x0102})
+	s.Apply(&ctlapi.RegisterBroker{ID: 5, Version: 0x0101})
 	if v := s.ClusterVersion(); v != 0x0101 {
 		t.Fatalf("cluster version %x, want lowest 0x0101", v)
 	}
-	s.Apply(&CleanBrokerData{ID: 5})
+	s.Apply(&ctlapi.CleanBrokerData{ID: 5})
 	if v := s.ClusterVersion(); v != 0x0102 {
 		t.Fatalf("cluster version after clean %x", v)
 	}
@@ -75,49 +77,49 @@ func TestBrokerIDs(t *testing.T) {
 // TestElection is a table of elections applied to a fresh 4-broker cluster
 // whose group 0 first elected broker 1 with SyncStateSet {1,2,3}.
 func TestElection(t *testing.T) {
-	first := ElectGroup{Group: 0, Epoch: 0, Preferred: 1, Candidates: []Candidate{
+	first := ctlapi.ElectGroup{Group: 0, Epoch: 0, Preferred: 1, Candidates: []ctlapi.Candidate{
 		alive(1, 0, 0), alive(2, 0, 0), alive(3, 0, 0)}}
 	tests := []struct {
 		name        string
 		clusterOpt  bool // cluster config unclean election
-		ev          ElectMaster
+		ev          ctlapi.ElectMaster
 		wantMaster  uint32
 		wantEpoch   uint32
 		wantSet     []uint32
 		wantElected uint64
 	}{
-		{"master alive keeps group", false, ElectMaster{Groups: []ElectGroup{{Group: 0, Epoch: 1,
-			Candidates: []Candidate{alive(1, 1, 5), alive(2, 1, 9)}}}}, 1, 1, []uint32{1, 2, 3}, 0},
-		{"highest log end in set wins", false, ElectMaster{Groups: []ElectGroup{{Group: 0, Epoch: 1,
-			Candidates: []Candidate{dead(1), alive(2, 1, 7), alive(3, 1, 9)}}}}, 3, 2, []uint32{3}, 1},
-		{"epoch beats index", false, ElectMaster{Groups: []ElectGroup{{Group: 0, Epoch: 1,
-			Candidates: []Candidate{dead(1), alive(2, 2, 1), alive(3, 1, 900)}}}}, 2, 2, []uint32{2}, 1},
-		{"outside set is not clean", false, ElectMaster{Groups: []ElectGroup{{Group: 0, Epoch: 1,
-			Candidates: []Candidate{dead(1), dead(2), dead(3), alive(4, 1, 100)}}}}, 0, 2, nil, 1},
-		{"unclean by event", false, ElectMaster{Unclean: true, Groups: []ElectGroup{{Group: 0, Epoch: 1,
-			Candidates: []Candidate{dead(1), dead(2), dead(3), alive(4, 1, 100)}}}}, 4, 2, []uint32{4}, 1},
-		{"unclean by cluster config", true, ElectMaster{Groups: []ElectGroup{{Group: 0, Epoch: 1,
-			Candidates: []Candidate{dead(1), alive(4, 1, 100)}}}}, 4, 2, []uint32{4}, 1},
-		{"clean preferred over unclean", false, ElectMaster{Unclean: true, Groups: []ElectGroup{{Group: 0, Epoch: 1,
-			Candidates: []Candidate{dead(1), alive(2, 1, 1), alive(4, 1, 100)}}}}, 2, 2, []uint32{2}, 1},
-		{"stale epoch ignored", false, ElectMaster{Groups: []ElectGroup{{Group: 0, Epoch: 0,
-			Candidates: []Candidate{dead(1), alive(2, 1, 7)}}}}, 1, 1, []uint32{1, 2, 3}, 0},
-		{"tie goes to preferred", false, ElectMaster{Groups: []ElectGroup{{Group: 0, Epoch: 1, Preferred: 3,
-			Candidates: []Candidate{dead(1), alive(2, 1, 7), alive(3, 1, 7)}}}}, 3, 2, []uint32{3}, 1},
-		{"preferred forces handover from live master", false, ElectMaster{Groups: []ElectGroup{{Group: 0, Epoch: 1, Preferred: 2,
-			Candidates: []Candidate{alive(1, 1, 7), alive(2, 1, 7)}}}}, 2, 2, []uint32{2}, 1},
-		{"unknown group ignored", false, ElectMaster{Groups: []ElectGroup{{Group: 99, Epoch: 1,
-			Candidates: []Candidate{alive(2, 1, 7)}}}}, 1, 1, []uint32{1, 2, 3}, 0},
-		{"unregistered candidate ignored", false, ElectMaster{Groups: []ElectGroup{{Group: 0, Epoch: 1,
-			Candidates: []Candidate{dead(1), alive(77, 9, 9), alive(2, 1, 1)}}}}, 2, 2, []uint32{2}, 1},
+		{"master alive keeps group", false, ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 1,
+			Candidates: []ctlapi.Candidate{alive(1, 1, 5), alive(2, 1, 9)}}}}, 1, 1, []uint32{1, 2, 3}, 0},
+		{"highest log end in set wins", false, ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 1,
+			Candidates: []ctlapi.Candidate{dead(1), alive(2, 1, 7), alive(3, 1, 9)}}}}, 3, 2, []uint32{3}, 1},
+		{"epoch beats index", false, ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 1,
+			Candidates: []ctlapi.Candidate{dead(1), alive(2, 2, 1), alive(3, 1, 900)}}}}, 2, 2, []uint32{2}, 1},
+		{"outside set is not clean", false, ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 1,
+			Candidates: []ctlapi.Candidate{dead(1), dead(2), dead(3), alive(4, 1, 100)}}}}, 0, 2, nil, 1},
+		{"unclean by event", false, ctlapi.ElectMaster{Unclean: true, Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 1,
+			Candidates: []ctlapi.Candidate{dead(1), dead(2), dead(3), alive(4, 1, 100)}}}}, 4, 2, []uint32{4}, 1},
+		{"unclean by cluster config", true, ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 1,
+			Candidates: []ctlapi.Candidate{dead(1), alive(4, 1, 100)}}}}, 4, 2, []uint32{4}, 1},
+		{"clean preferred over unclean", false, ctlapi.ElectMaster{Unclean: true, Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 1,
+			Candidates: []ctlapi.Candidate{dead(1), alive(2, 1, 1), alive(4, 1, 100)}}}}, 2, 2, []uint32{2}, 1},
+		{"stale epoch ignored", false, ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 0,
+			Candidates: []ctlapi.Candidate{dead(1), alive(2, 1, 7)}}}}, 1, 1, []uint32{1, 2, 3}, 0},
+		{"tie goes to preferred", false, ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 1, Preferred: 3,
+			Candidates: []ctlapi.Candidate{dead(1), alive(2, 1, 7), alive(3, 1, 7)}}}}, 3, 2, []uint32{3}, 1},
+		{"preferred forces handover from live master", false, ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 1, Preferred: 2,
+			Candidates: []ctlapi.Candidate{alive(1, 1, 7), alive(2, 1, 7)}}}}, 2, 2, []uint32{2}, 1},
+		{"unknown group ignored", false, ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{{Group: 99, Epoch: 1,
+			Candidates: []ctlapi.Candidate{alive(2, 1, 7)}}}}, 1, 1, []uint32{1, 2, 3}, 0},
+		{"unregistered candidate ignored", false, ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 1,
+			Candidates: []ctlapi.Candidate{dead(1), alive(77, 9, 9), alive(2, 1, 1)}}}}, 2, 2, []uint32{2}, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s := newCluster(t, 4, 4)
 			if tt.clusterOpt {
-				mustOK(t, s, &SetClusterConfig{Groups: 4, UncleanElection: true})
+				mustOK(t, s, &ctlapi.SetClusterConfig{Groups: 4, UncleanElection: true})
 			}
-			mustOK(t, s, &ElectMaster{Groups: []ElectGroup{first}})
+			mustOK(t, s, &ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{first}})
 			if g, _ := s.Group(0); g.Master != 1 || g.Epoch != 1 || !slices.Equal(g.SyncStateSet, []uint32{1, 2, 3}) {
 				t.Fatalf("first election: %+v", g)
 			}
@@ -140,9 +142,9 @@ func TestElection(t *testing.T) {
 
 func TestElectionSpreadsTies(t *testing.T) {
 	s := newCluster(t, 3, 30)
-	ev := &ElectMaster{}
+	ev := &ctlapi.ElectMaster{}
 	for g := uint32(0); g < 30; g++ {
-		ev.Groups = append(ev.Groups, ElectGroup{Group: g, Candidates: []Candidate{alive(1, 0, 0), alive(2, 0, 0), alive(3, 0, 0)}})
+		ev.Groups = append(ev.Groups, ctlapi.ElectGroup{Group: g, Candidates: []ctlapi.Candidate{alive(1, 0, 0), alive(2, 0, 0), alive(3, 0, 0)}})
 	}
 	if r := mustOK(t, s, ev); r.Value != 30 {
 		t.Fatalf("elected %d groups", r.Value)
@@ -156,18 +158,18 @@ func TestElectionSpreadsTies(t *testing.T) {
 
 func TestAlterSyncStateSet(t *testing.T) {
 	s := newCluster(t, 3, 1)
-	mustOK(t, s, &ElectMaster{Groups: []ElectGroup{{Group: 0, Preferred: 1, Candidates: []Candidate{alive(1, 0, 0)}}}})
+	mustOK(t, s, &ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{{Group: 0, Preferred: 1, Candidates: []ctlapi.Candidate{alive(1, 0, 0)}}}})
 	tests := []struct {
-		ev   AlterSyncStateSet
+		ev   ctlapi.AlterSyncStateSet
 		code uint8
 		set  []uint32
 	}{
-		{AlterSyncStateSet{Group: 0, Master: 1, Epoch: 1, Set: []uint32{3, 1, 1}}, CodeOK, []uint32{1, 3}},
-		{AlterSyncStateSet{Group: 0, Master: 1, Epoch: 0, Set: []uint32{1, 2}}, CodeStaleEpoch, []uint32{1, 3}},
-		{AlterSyncStateSet{Group: 0, Master: 2, Epoch: 1, Set: []uint32{1, 2}}, CodeStaleEpoch, []uint32{1, 3}},
-		{AlterSyncStateSet{Group: 0, Master: 1, Epoch: 1, Set: []uint32{2}}, CodeInvalid, []uint32{1, 3}},
-		{AlterSyncStateSet{Group: 0, Master: 1, Epoch: 1, Set: []uint32{1, 8}}, CodeNotFound, []uint32{1, 3}},
-		{AlterSyncStateSet{Group: 5, Master: 1, Epoch: 1, Set: []uint32{1}}, CodeNotFound, []uint32{1, 3}},
+		{ctlapi.AlterSyncStateSet{Group: 0, Master: 1, Epoch: 1, Set: []uint32{3, 1, 1}}, ctlapi.CodeOK, []uint32{1, 3}},
+		{ctlapi.AlterSyncStateSet{Group: 0, Master: 1, Epoch: 0, Set: []uint32{1, 2}}, ctlapi.CodeStaleEpoch, []uint32{1, 3}},
+		{ctlapi.AlterSyncStateSet{Group: 0, Master: 2, Epoch: 1, Set: []uint32{1, 2}}, ctlapi.CodeStaleEpoch, []uint32{1, 3}},
+		{ctlapi.AlterSyncStateSet{Group: 0, Master: 1, Epoch: 1, Set: []uint32{2}}, ctlapi.CodeInvalid, []uint32{1, 3}},
+		{ctlapi.AlterSyncStateSet{Group: 0, Master: 1, Epoch: 1, Set: []uint32{1, 8}}, ctlapi.CodeNotFound, []uint32{1, 3}},
+		{ctlapi.AlterSyncStateSet{Group: 5, Master: 1, Epoch: 1, Set: []uint32{1}}, ctlapi.CodeNotFound, []uint32{1, 3}},
 	}
 	for i, tt := range tests {
 		if r := s.Apply(&tt.ev); r.Code != tt.code {
@@ -182,22 +184,22 @@ func TestAlterSyncStateSet(t *testing.T) {
 func TestWiring(t *testing.T) {
 	s := NewState()
 	steps := []struct {
-		ev   Event
+		ev   ctlapi.Event
 		code uint8
 	}{
-		{&DeclareExchange{Name: "x", Type: "direct", Durable: true}, CodeOK},
-		{&DeclareExchange{Name: "x", Type: "direct", Durable: true}, CodeOK},
-		{&DeclareExchange{Name: "x", Type: "fanout"}, CodeConflict},
-		{&DeclareQueue{Name: "q", Options: QueueOptions{Durable: true, MaxLength: 10}}, CodeOK},
-		{&DeclareQueue{Name: "q", Options: QueueOptions{Durable: false}}, CodeConflict},
-		{&Bind{Exchange: "x", Queue: "q", Key: "k"}, CodeOK},
-		{&Bind{Exchange: "nope", Queue: "q", Key: "k"}, CodeNotFound},
-		{&Bind{Exchange: "x", Queue: "nope", Key: "k"}, CodeNotFound},
-		{&DeclareQueue{Name: "q2"}, CodeOK},
-		{&Bind{Exchange: "x", Queue: "q2", Key: "k"}, CodeOK},
-		{&Unbind{Exchange: "x", Queue: "q2", Key: "other"}, CodeNotFound},
-		{&DeleteQueue{Name: "q"}, CodeOK},
-		{&DeleteQueue{Name: "q"}, CodeNotFound},
+		{&ctlapi.DeclareExchange{Name: "x", Type: "direct", Durable: true}, ctlapi.CodeOK},
+		{&ctlapi.DeclareExchange{Name: "x", Type: "direct", Durable: true}, ctlapi.CodeOK},
+		{&ctlapi.DeclareExchange{Name: "x", Type: "fanout"}, ctlapi.CodeConflict},
+		{&ctlapi.DeclareQueue{Name: "q", Options: ctlapi.QueueOptions{Durable: true, MaxLength: 10}}, ctlapi.CodeOK},
+		{&ctlapi.DeclareQueue{Name: "q", Options: ctlapi.QueueOptions{Durable: false}}, ctlapi.CodeConflict},
+		{&ctlapi.Bind{Exchange: "x", Queue: "q", Key: "k"}, ctlapi.CodeOK},
+		{&ctlapi.Bind{Exchange: "nope", Queue: "q", Key: "k"}, ctlapi.CodeNotFound},
+		{&ctlapi.Bind{Exchange: "x", Queue: "nope", Key: "k"}, ctlapi.CodeNotFound},
+		{&ctlapi.DeclareQueue{Name: "q2"}, ctlapi.CodeOK},
+		{&ctlapi.Bind{Exchange: "x", Queue: "q2", Key: "k"}, ctlapi.CodeOK},
+		{&ctlapi.Unbind{Exchange: "x", Queue: "q2", Key: "other"}, ctlapi.CodeNotFound},
+		{&ctlapi.DeleteQueue{Name: "q"}, ctlapi.CodeOK},
+		{&ctlapi.DeleteQueue{Name: "q"}, ctlapi.CodeNotFound},
 	}
 	for i, st := range steps {
 		if r := s.Apply(st.ev); r.Code != st.code {
@@ -205,10 +207,10 @@ func TestWiring(t *testing.T) {
 		}
 	}
 	w := s.Wiring()
-	if len(w.Queues) != 1 || w.Queues[0].Name != "q2" || len(w.Bindings) != 1 || w.Bindings[0] != (Binding{"x", "q2", "k"}) {
+	if len(w.Queues) != 1 || w.Queues[0].Name != "q2" || len(w.Bindings) != 1 || w.Bindings[0] != (ctlapi.Binding{Exchange: "x", Queue: "q2", Key: "k"}) {
 		t.Fatalf("wiring %+v", w)
 	}
-	s.Apply(&DeleteExchange{Name: "x"})
+	s.Apply(&ctlapi.DeleteExchange{Name: "x"})
 	if w := s.Wiring(); len(w.Bindings) != 0 || len(w.Exchanges) != 0 || len(s.byQueue) != 0 {
 		t.Fatalf("delete exchange left %+v", w)
 	}
@@ -216,13 +218,13 @@ func TestWiring(t *testing.T) {
 
 func TestClusterConfigGroupsFixed(t *testing.T) {
 	s := NewState()
-	if r := s.Apply(&SetClusterConfig{Groups: 8, Mode: ModeActivePassive}); r.Code != CodeOK {
+	if r := s.Apply(&ctlapi.SetClusterConfig{Groups: 8, Mode: ctlapi.ModeActivePassive}); r.Code != ctlapi.CodeOK {
 		t.Fatal(r.Err())
 	}
-	if r := s.Apply(&SetClusterConfig{Groups: 9}); r.Code != CodeConflict {
+	if r := s.Apply(&ctlapi.SetClusterConfig{Groups: 9}); r.Code != ctlapi.CodeConflict {
 		t.Fatalf("group count changed: %+v", r)
 	}
-	if r := s.Apply(&SetClusterConfig{Groups: 8, UncleanElection: true}); r.Code != CodeOK || !s.Config().UncleanElection {
+	if r := s.Apply(&ctlapi.SetClusterConfig{Groups: 8, UncleanElection: true}); r.Code != ctlapi.CodeOK || !s.Config().UncleanElection {
 		t.Fatalf("config update: %+v", r)
 	}
 	if s.GroupCount() != 8 {
@@ -231,7 +233,7 @@ func TestClusterConfigGroupsFixed(t *testing.T) {
 }
 
 // randomEvent draws from a small name space so events interact.
-func randomEvent(r *rand.Rand) Event {
+func randomEvent(r *rand.Rand) ctlapi.Event {
 	name := func() string { return fmt.Sprintf("n%d", r.Intn(4)) }
 	ids := func() []uint32 {
 		var out []uint32
@@ -240,47 +242,48 @@ func randomEvent(r *rand.Rand) Event {
 		}
 		return out
 	}
-	switch EventKind(1 + r.Intn(int(kindMax)-1)) {
-	case KindApplyBrokerID:
-		return &ApplyBrokerID{Requested: uint32(r.Intn(3))}
-	case KindRegisterBroker:
-		return &RegisterBroker{ID: uint32(1 + r.Intn(5)), Addrs: []string{name()}, Version: uint16(0x100 + r.Intn(3))}
-	case KindElectMaster:
-		ev := &ElectMaster{Unclean: r.Intn(4) == 0}
+	// KindElectPrimary is the last kind; a new kind needs a case here.
+	switch ctlapi.EventKind(1 + r.Intn(int(ctlapi.KindElectPrimary))) {
+	case ctlapi.KindApplyBrokerID:
+		return &ctlapi.ApplyBrokerID{Requested: uint32(r.Intn(3))}
+	case ctlapi.KindRegisterBroker:
+		return &ctlapi.RegisterBroker{ID: uint32(1 + r.Intn(5)), Addrs: []string{name()}, Version: uint16(0x100 + r.Intn(3))}
+	case ctlapi.KindElectMaster:
+		ev := &ctlapi.ElectMaster{Unclean: r.Intn(4) == 0}
 		for i := 0; i < 1+r.Intn(3); i++ {
-			g := ElectGroup{Group: uint32(r.Intn(5)), Epoch: uint32(r.Intn(3)), Preferred: uint32(r.Intn(3))}
+			g := ctlapi.ElectGroup{Group: uint32(r.Intn(5)), Epoch: uint32(r.Intn(3)), Preferred: uint32(r.Intn(3))}
 			for _, id := range ids() {
-				g.Candidates = append(g.Candidates, Candidate{Broker: id, Alive: r.Intn(3) != 0, LogEnd: LogEnd{uint32(r.Intn(3)), uint64(r.Intn(10))}})
+				g.Candidates = append(g.Candidates, ctlapi.Candidate{Broker: id, Alive: r.Intn(3) != 0, LogEnd: ctlapi.LogEnd{Epoch: uint32(r.Intn(3)), Index: uint64(r.Intn(10))}})
 			}
 			ev.Groups = append(ev.Groups, g)
 		}
 		return ev
-	case KindAlterSyncStateSet:
-		return &AlterSyncStateSet{Group: uint32(r.Intn(4)), Master: uint32(r.Intn(5)), Epoch: uint32(r.Intn(3)), Set: ids()}
-	case KindCleanBrokerData:
-		return &CleanBrokerData{ID: uint32(1 + r.Intn(5))}
-	case KindDeclareExchange:
-		return &DeclareExchange{Name: name(), Type: []string{"direct", "topic"}[r.Intn(2)]}
-	case KindDeclareQueue:
-		return &DeclareQueue{Name: name(), Options: QueueOptions{Durable: r.Intn(2) == 0, DeadLetterExchange: name()}}
-	case KindBind:
-		return &Bind{name(), name(), name()}
-	case KindUnbind:
-		return &Unbind{name(), name(), name()}
-	case KindDeleteQueue:
-		return &DeleteQueue{Name: name()}
-	case KindDeleteExchange:
-		return &DeleteExchange{Name: name()}
-	case KindSetClusterConfig:
-		return &SetClusterConfig{Groups: 4, Mode: uint8(r.Intn(2)), UncleanElection: r.Intn(2) == 0}
-	case KindElectPrimary:
-		ev := &ElectPrimary{Epoch: uint32(r.Intn(4)), Preferred: uint32(r.Intn(7)) * uint32(r.Intn(2))}
+	case ctlapi.KindAlterSyncStateSet:
+		return &ctlapi.AlterSyncStateSet{Group: uint32(r.Intn(4)), Master: uint32(r.Intn(5)), Epoch: uint32(r.Intn(3)), Set: ids()}
+	case ctlapi.KindCleanBrokerData:
+		return &ctlapi.CleanBrokerData{ID: uint32(1 + r.Intn(5))}
+	case ctlapi.KindDeclareExchange:
+		return &ctlapi.DeclareExchange{Name: name(), Type: []string{"direct", "topic"}[r.Intn(2)]}
+	case ctlapi.KindDeclareQueue:
+		return &ctlapi.DeclareQueue{Name: name(), Options: ctlapi.QueueOptions{Durable: r.Intn(2) == 0, DeadLetterExchange: name()}}
+	case ctlapi.KindBind:
+		return &ctlapi.Bind{Exchange: name(), Queue: name(), Key: name()}
+	case ctlapi.KindUnbind:
+		return &ctlapi.Unbind{Exchange: name(), Queue: name(), Key: name()}
+	case ctlapi.KindDeleteQueue:
+		return &ctlapi.DeleteQueue{Name: name()}
+	case ctlapi.KindDeleteExchange:
+		return &ctlapi.DeleteExchange{Name: name()}
+	case ctlapi.KindSetClusterConfig:
+		return &ctlapi.SetClusterConfig{Groups: 4, Mode: uint8(r.Intn(2)), UncleanElection: r.Intn(2) == 0}
+	case ctlapi.KindElectPrimary:
+		ev := &ctlapi.ElectPrimary{Epoch: uint32(r.Intn(4)), Preferred: uint32(r.Intn(7)) * uint32(r.Intn(2))}
 		for _, id := range ids() {
-			ev.Candidates = append(ev.Candidates, PrimaryCandidate{Broker: id, Alive: r.Intn(3) != 0, Data: uint64(r.Intn(3))})
+			ev.Candidates = append(ev.Candidates, ctlapi.PrimaryCandidate{Broker: id, Alive: r.Intn(3) != 0, Data: uint64(r.Intn(3))})
 		}
 		return ev
 	default:
-		return &SetAttribute{Key: name(), Value: name()}
+		return &ctlapi.SetAttribute{Key: name(), Value: name()}
 	}
 }
 
@@ -293,12 +296,12 @@ func TestDeterminism(t *testing.T) {
 		a, b := NewState(), NewState()
 		for i := 0; i < 400; i++ {
 			ev := randomEvent(r)
-			raw := EncodeEvent(nil, ev)
-			evA, err := DecodeEvent(raw)
+			raw := ctlapi.EncodeEvent(nil, ev)
+			evA, err := ctlapi.DecodeEvent(raw)
 			if err != nil {
 				t.Fatalf("seed %d: decode: %v", seed, err)
 			}
-			evB, _ := DecodeEvent(raw)
+			evB, _ := ctlapi.DecodeEvent(raw)
 			ra, rb := a.Apply(evA), b.Apply(evB)
 			if ra != rb {
 				t.Fatalf("seed %d step %d: results differ %+v %+v", seed, i, ra, rb)
@@ -340,18 +343,18 @@ func decompressMust(t *testing.T, b []byte) []byte {
 func TestDecodeRejectsGarbage(t *testing.T) {
 	r := rand.New(rand.NewSource(3))
 	for i := 0; i < 2000; i++ {
-		raw := EncodeEvent(nil, randomEvent(r))
+		raw := ctlapi.EncodeEvent(nil, randomEvent(r))
 		for cut := 0; cut < len(raw); cut++ {
-			if _, err := DecodeEvent(raw[:cut]); err == nil {
+			if _, err := ctlapi.DecodeEvent(raw[:cut]); err == nil {
 				t.Fatalf("truncated event decoded: %x", raw[:cut])
 			}
 		}
 	}
-	if _, err := DecodeEvent([]byte{200}); err == nil {
+	if _, err := ctlapi.DecodeEvent([]byte{200}); err == nil {
 		t.Fatal("unknown kind decoded")
 	}
 	// A count claiming more items than bytes left must not allocate.
-	if _, err := DecodeEvent([]byte{byte(KindElectMaster), 0, 0xff, 0xff, 0xff, 0xff}); err == nil {
+	if _, err := ctlapi.DecodeEvent([]byte{byte(ctlapi.KindElectMaster), 0, 0xff, 0xff, 0xff, 0xff}); err == nil {
 		t.Fatal("huge count decoded")
 	}
 	if _, err := DecodeState([]byte{snapshotFormat, 0, 0, 0, 1, 0xff, 0xff, 0xff, 0xff}); err == nil {
@@ -362,37 +365,37 @@ func TestDecodeRejectsGarbage(t *testing.T) {
 func FuzzDecodeEvent(f *testing.F) {
 	r := rand.New(rand.NewSource(1))
 	for i := 0; i < 20; i++ {
-		f.Add(EncodeEvent(nil, randomEvent(r)))
+		f.Add(ctlapi.EncodeEvent(nil, randomEvent(r)))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		ev, err := DecodeEvent(b)
+		ev, err := ctlapi.DecodeEvent(b)
 		if err != nil {
 			return
 		}
 		NewState().Apply(ev) // must not panic
-		if !bytes.Equal(EncodeEvent(nil, ev), b) {
+		if !bytes.Equal(ctlapi.EncodeEvent(nil, ev), b) {
 			t.Fatalf("re-encode differs")
 		}
 	})
 }
 
 func TestValidateEvent(t *testing.T) {
-	bad := []Event{
-		&DeclareQueue{Name: ""},
-		&DeclareExchange{Name: "x", Type: "weird"},
-		&Bind{Exchange: "x", Queue: ""},
-		&SetClusterConfig{Groups: 0},
-		&ElectMaster{},
-		&AlterSyncStateSet{Group: 1},
-		&RegisterBroker{ID: 0},
+	bad := []ctlapi.Event{
+		&ctlapi.DeclareQueue{Name: ""},
+		&ctlapi.DeclareExchange{Name: "x", Type: "weird"},
+		&ctlapi.Bind{Exchange: "x", Queue: ""},
+		&ctlapi.SetClusterConfig{Groups: 0},
+		&ctlapi.ElectMaster{},
+		&ctlapi.AlterSyncStateSet{Group: 1},
+		&ctlapi.RegisterBroker{ID: 0},
 		nil,
 	}
 	for _, ev := range bad {
-		if err := ValidateEvent(ev); err == nil {
+		if err := ctlapi.ValidateEvent(ev); err == nil {
 			t.Fatalf("%#v validated", ev)
 		}
 	}
-	if err := ValidateEvent(&DeclareQueue{Name: "ok"}); err != nil {
+	if err := ctlapi.ValidateEvent(&ctlapi.DeclareQueue{Name: "ok"}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -410,11 +413,11 @@ func TestElectionInvariants(t *testing.T) {
 		epochs := make([]uint32, 6)
 		reelected := 0
 		for step := 0; step < 300; step++ {
-			before := make([]Group, 6)
+			before := make([]ctlapi.Group, 6)
 			for g := range before {
 				before[g], _ = s.Group(uint32(g))
 			}
-			var ev Event
+			var ev ctlapi.Event
 			switch r.Intn(10) {
 			case 0:
 				g := uint32(r.Intn(6))
@@ -425,30 +428,30 @@ func TestElectionInvariants(t *testing.T) {
 						set = append(set, b)
 					}
 				}
-				ev = &AlterSyncStateSet{Group: g, Master: cur.Master, Epoch: cur.Epoch, Set: set}
+				ev = &ctlapi.AlterSyncStateSet{Group: g, Master: cur.Master, Epoch: cur.Epoch, Set: set}
 			case 1:
 				if r.Intn(10) == 0 {
-					ev = &CleanBrokerData{ID: uint32(1 + r.Intn(5))}
+					ev = &ctlapi.CleanBrokerData{ID: uint32(1 + r.Intn(5))}
 				} else {
 					id := uint32(1 + r.Intn(5))
 					if _, ok := s.Broker(id); !ok {
-						ev = &ApplyBrokerID{Requested: id}
+						ev = &ctlapi.ApplyBrokerID{Requested: id}
 					}
 				}
 			default:
-				em := &ElectMaster{Unclean: r.Intn(5) == 0}
+				em := &ctlapi.ElectMaster{Unclean: r.Intn(5) == 0}
 				for g := uint32(0); g < 6; g++ {
 					if r.Intn(2) == 0 {
 						continue
 					}
 					cur, _ := s.Group(g)
-					eg := ElectGroup{Group: g, Epoch: cur.Epoch}
+					eg := ctlapi.ElectGroup{Group: g, Epoch: cur.Epoch}
 					if r.Intn(4) == 0 {
 						eg.Preferred = uint32(1 + r.Intn(5))
 					}
 					for b := uint32(1); b <= 5; b++ {
-						eg.Candidates = append(eg.Candidates, Candidate{Broker: b, Alive: r.Intn(3) != 0,
-							LogEnd: LogEnd{uint32(r.Intn(3)), uint64(r.Intn(5))}})
+						eg.Candidates = append(eg.Candidates, ctlapi.Candidate{Broker: b, Alive: r.Intn(3) != 0,
+							LogEnd: ctlapi.LogEnd{Epoch: uint32(r.Intn(3)), Index: uint64(r.Intn(5))}})
 					}
 					em.Groups = append(em.Groups, eg)
 				}
@@ -475,11 +478,11 @@ func TestElectionInvariants(t *testing.T) {
 						t.Fatalf("seed %d step %d: group %d master %d outside its set %v", seed, step, g, after.Master, after.SyncStateSet)
 					}
 				}
-				em, ok := ev.(*ElectMaster)
+				em, ok := ev.(*ctlapi.ElectMaster)
 				if !ok || after.Epoch == old.Epoch {
 					continue
 				}
-				var eg *ElectGroup
+				var eg *ctlapi.ElectGroup
 				for i := range em.Groups {
 					if em.Groups[i].Group == g {
 						eg = &em.Groups[i]
@@ -495,7 +498,7 @@ func TestElectionInvariants(t *testing.T) {
 					continue
 				}
 				reelected++
-				var win Candidate
+				var win ctlapi.Candidate
 				for _, c := range eg.Candidates {
 					if c.Broker == after.Master {
 						win = c

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
 	"go.etcd.io/raft/v3"
@@ -27,10 +26,6 @@ import (
 type diskStorage struct {
 	*raft.MemoryStorage
 	db *pebble.DB
-	// snapMu orders snapshot writes: with asynchronous storage writes the
-	// apply goroutine's own snapshots race a snapshot received from the
-	// leader, and an older one must never overwrite a newer one on disk.
-	snapMu sync.Mutex
 	// last is the index of the last entry on disk (or of the snapshot when
 	// there is none after it). Only the goroutine that saves touches it.
 	last uint64
@@ -202,10 +197,6 @@ func (s *diskStorage) save(hs *pb.HardState, ents []*pb.Entry, snap *pb.Snapshot
 	if raft.IsEmptySnap(snap) && len(ents) == 0 && raft.IsEmptyHardState(hs) {
 		return nil // a Ready with nothing durable costs no fsync
 	}
-	if !raft.IsEmptySnap(snap) {
-		s.snapMu.Lock()
-		defer s.snapMu.Unlock()
-	}
 	b := s.db.NewBatch()
 	defer b.Close()
 	if _, err := s.writeLog(b, snap, ents, nil); err != nil {
@@ -242,8 +233,6 @@ func (s *diskStorage) save(hs *pb.HardState, ents []*pb.Entry, snap *pb.Snapshot
 // to compactTo (at most index), keeping a trailing window so that a follower
 // a little behind catches up from the log rather than a snapshot.
 func (s *diskStorage) compact(index, compactTo uint64, cs *pb.ConfState, data []byte) error {
-	s.snapMu.Lock()
-	defer s.snapMu.Unlock()
 	snap, err := s.MemoryStorage.CreateSnapshot(index, cs, data)
 	if err != nil {
 		if errors.Is(err, raft.ErrSnapOutOfDate) {

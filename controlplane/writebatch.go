@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -42,12 +43,12 @@ type writeBatcher struct {
 // holds.
 func (wb *writeBatcher) add(id uint64, body []byte) {
 	w := batchedWrite{id: id}
-	if ev, err := DecodeEvent(body); err != nil {
+	if ev, err := ctlapi.DecodeEvent(body); err != nil {
 		w.err = err
-	} else if err := ValidateEvent(ev); err != nil {
+	} else if err := ctlapi.ValidateEvent(ev); err != nil {
 		w.err = err
 	} else {
-		w.data = EncodeEvent(nil, ev)
+		w.data = ctlapi.EncodeEvent(nil, ev)
 	}
 	wb.writes = append(wb.writes, w)
 	if len(wb.writes) >= connWriteBatchMax {
@@ -91,13 +92,13 @@ func (n *Node) serveWrites(sc *serverConn, writes []batchedWrite) {
 	}
 	bp := replyPool.Get().(*[]byte)
 	out := (*bp)[:0]
-	var e encoder
+	var body []byte // reused for each result; copied into out
 	k := 0
 	for _, w := range writes {
 		resp := wire.CtlResponse{ID: w.id}
 		switch {
 		case w.err != nil:
-			resp.Status, resp.Body = statusBadRequest, []byte(w.err.Error())
+			resp.Status, resp.Body = ctlapi.StatusBadRequest, []byte(w.err.Error())
 		default:
 			werr := err
 			if werr == nil {
@@ -108,9 +109,8 @@ func (n *Node) serveWrites(sc *serverConn, writes []batchedWrite) {
 				resp.Status, resp.Leader, resp.Body = proposeErrorStatus(werr)
 				break
 			}
-			e.b = e.b[:0]
-			encodeResult(&e, results[k-1].res)
-			resp.Body = e.b
+			body = ctlapi.AppendResult(body[:0], results[k-1].res)
+			resp.Body = body
 		}
 		out = wire.AppendCtlResponse(out, resp)
 	}
@@ -122,8 +122,8 @@ func (n *Node) serveWrites(sc *serverConn, writes []batchedWrite) {
 // retried it elsewhere could apply it twice (a porcupine run caught a put
 // applied again after later puts), so it is ambiguous.
 func proposeErrorStatus(err error) (uint8, string, []byte) {
-	if errors.Is(err, ErrStopped) {
-		return statusAmbiguous, "", []byte(err.Error())
+	if errors.Is(err, ctlapi.ErrStopped) {
+		return ctlapi.StatusAmbiguous, "", []byte(err.Error())
 	}
 	return errorStatus(err)
 }

@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/berthmq/berth/controlplane"
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
 )
@@ -81,7 +83,7 @@ func (c *Config) CheckController() error {
 			if id == 0 {
 				return errors.New("server: controller ids start at 1")
 			}
-			if err := controlplane.CheckControllerAddr(addr); err != nil {
+			if err := ctlapi.CheckControllerAddr(addr); err != nil {
 				return fmt.Errorf("server: controller %d: %w", id, err)
 			}
 			if other, ok := seen[addr]; ok {
@@ -141,7 +143,7 @@ func (s *Server) startController(wait bool) (*controllerWiring, error) {
 	for _, id := range slices.Sorted(maps.Keys(cfg.ControllerPeers)) {
 		addrs = append(addrs, cfg.ControllerPeers[id])
 	}
-	s.ctlClient = controlplane.NewClient(addrs)
+	s.ctlClient = ctlclient.NewClient(addrs)
 	cfg.Logger.Info("server: controller member started", "id", cfg.ControllerID, "addr", n.Addr(), "members", len(addrs), "join", cfg.ControllerJoin)
 	if cfg.ControllerJoin {
 		// A joining member hears from no leader until an operator adds
@@ -228,8 +230,8 @@ func startControllerOnly(s *Server) error {
 // node (always the leader); with 3 or 5 members it goes through a client
 // that finds the leader from any member and follows redirects.
 type controllerWiring struct {
-	n       *controlplane.Node   // one member, in-process
-	cl      *controlplane.Client // 3 or 5 members
+	n       *controlplane.Node // one member, in-process
+	cl      *ctlclient.Client  // 3 or 5 members
 	timeout time.Duration
 }
 
@@ -237,7 +239,7 @@ type controllerWiring struct {
 // group has no reachable leader.
 const wiringRetryDelay = 50 * time.Millisecond
 
-func (w *controllerWiring) propose(ev controlplane.Event) error {
+func (w *controllerWiring) propose(ev ctlapi.Event) error {
 	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
 	defer cancel()
 	if w.cl == nil {
@@ -255,18 +257,18 @@ func (w *controllerWiring) propose(ev controlplane.Event) error {
 	ambiguous := false
 	for {
 		_, err := w.cl.Propose(ctx, ev)
-		var re *controlplane.ResultError
+		var re *ctlapi.ResultError
 		switch {
 		case err == nil:
 			return nil
 		case errors.As(err, &re):
-			if ambiguous && re.Code == controlplane.CodeNotFound && isRemoval(ev) {
+			if ambiguous && re.Code == ctlapi.CodeNotFound && isRemoval(ev) {
 				return nil
 			}
 			return resultError(err)
-		case errors.Is(err, controlplane.ErrBadRequest):
+		case errors.Is(err, ctlapi.ErrBadRequest):
 			return shards.Errorf(wire.CodeInternal, "controller: %v", err)
-		case errors.Is(err, controlplane.ErrLeaderChanged):
+		case errors.Is(err, ctlapi.ErrLeaderChanged):
 			ambiguous = true
 		}
 		select {
@@ -277,9 +279,9 @@ func (w *controllerWiring) propose(ev controlplane.Event) error {
 	}
 }
 
-func isRemoval(ev controlplane.Event) bool {
+func isRemoval(ev ctlapi.Event) bool {
 	switch ev.(type) {
-	case *controlplane.DeleteQueue, *controlplane.DeleteExchange, *controlplane.Unbind:
+	case *ctlapi.DeleteQueue, *ctlapi.DeleteExchange, *ctlapi.Unbind:
 		return true
 	}
 	return false
@@ -290,17 +292,17 @@ func resultError(err error) error {
 	if err == nil {
 		return nil
 	}
-	var re *controlplane.ResultError
+	var re *ctlapi.ResultError
 	code := wire.CodeInternal
 	msg := err.Error()
 	if errors.As(err, &re) {
 		msg = re.Msg
 		switch re.Code {
-		case controlplane.CodeNotFound:
+		case ctlapi.CodeNotFound:
 			code = wire.CodeNotFound
-		case controlplane.CodeConflict:
+		case ctlapi.CodeConflict:
 			code = wire.CodePreconditionFailed
-		case controlplane.CodeInvalid:
+		case ctlapi.CodeInvalid:
 			code = wire.CodeInvalid
 		}
 	}
@@ -309,12 +311,12 @@ func resultError(err error) error {
 
 var exchangeKinds = [...]string{shards.KindDirect: "direct", shards.KindFanout: "fanout", shards.KindTopic: "topic"}
 
-func toControllerQueue(o shards.QueueOptions) controlplane.QueueOptions {
-	overflow := controlplane.OverflowRejectPublish
+func toControllerQueue(o shards.QueueOptions) ctlapi.QueueOptions {
+	overflow := ctlapi.OverflowRejectPublish
 	if o.Overflow == wire.OverflowDropHead {
-		overflow = controlplane.OverflowDropHead
+		overflow = ctlapi.OverflowDropHead
 	}
-	return controlplane.QueueOptions{
+	return ctlapi.QueueOptions{
 		Durable: o.Durable, Exclusive: o.Exclusive, AutoDelete: o.AutoDelete,
 		TTLMs: uint64(o.MessageTTLNanos / 1e6), MaxLength: o.MaxLength, MaxLengthBytes: o.MaxLengthBytes,
 		Overflow: overflow, DeadLetterExchange: o.DeadLetterExchange, DeadLetterKey: o.DeadLetterKey,
@@ -322,9 +324,9 @@ func toControllerQueue(o shards.QueueOptions) controlplane.QueueOptions {
 	}
 }
 
-func fromControllerQueue(o controlplane.QueueOptions) shards.QueueOptions {
+func fromControllerQueue(o ctlapi.QueueOptions) shards.QueueOptions {
 	overflow := wire.OverflowRejectPublish
-	if o.Overflow == controlplane.OverflowDropHead {
+	if o.Overflow == ctlapi.OverflowDropHead {
 		overflow = wire.OverflowDropHead
 	}
 	return shards.QueueOptions{
@@ -336,27 +338,27 @@ func fromControllerQueue(o controlplane.QueueOptions) shards.QueueOptions {
 }
 
 func (w *controllerWiring) DeclareExchange(name string, kind uint8, opts shards.ExchangeOptions) error {
-	return w.propose(&controlplane.DeclareExchange{Name: name, Type: exchangeKinds[kind], Durable: opts.Durable})
+	return w.propose(&ctlapi.DeclareExchange{Name: name, Type: exchangeKinds[kind], Durable: opts.Durable})
 }
 
 func (w *controllerWiring) DeclareQueue(name string, opts shards.QueueOptions) error {
-	return w.propose(&controlplane.DeclareQueue{Name: name, Options: toControllerQueue(opts)})
+	return w.propose(&ctlapi.DeclareQueue{Name: name, Options: toControllerQueue(opts)})
 }
 
 func (w *controllerWiring) Bind(exchange, queue, key string) error {
-	return w.propose(&controlplane.Bind{Exchange: exchange, Queue: queue, Key: key})
+	return w.propose(&ctlapi.Bind{Exchange: exchange, Queue: queue, Key: key})
 }
 
 func (w *controllerWiring) Unbind(exchange, queue, key string) error {
-	return w.propose(&controlplane.Unbind{Exchange: exchange, Queue: queue, Key: key})
+	return w.propose(&ctlapi.Unbind{Exchange: exchange, Queue: queue, Key: key})
 }
 
 func (w *controllerWiring) DeleteQueue(name string) error {
-	return w.propose(&controlplane.DeleteQueue{Name: name})
+	return w.propose(&ctlapi.DeleteQueue{Name: name})
 }
 
 func (w *controllerWiring) DeleteExchange(name string) error {
-	return w.propose(&controlplane.DeleteExchange{Name: name})
+	return w.propose(&ctlapi.DeleteExchange{Name: name})
 }
 
 // Load reads the wiring by a linearizable read, so it sees every change
@@ -364,9 +366,9 @@ func (w *controllerWiring) DeleteExchange(name string) error {
 func (w *controllerWiring) Load() (*shards.WiringSnapshot, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
 	defer cancel()
-	var cw controlplane.Wiring
+	var cw ctlapi.Wiring
 	if w.cl == nil {
-		if err := w.n.Read(ctx, controlplane.ReadConsistent, func(st *controlplane.State) { cw = st.Wiring() }); err != nil {
+		if err := w.n.Read(ctx, ctlapi.ReadConsistent, func(st *controlplane.State) { cw = st.Wiring() }); err != nil {
 			return nil, err
 		}
 	} else {
@@ -375,7 +377,7 @@ func (w *controllerWiring) Load() (*shards.WiringSnapshot, error) {
 		// leader. Retried while the group has no reachable leader.
 		for {
 			var err error
-			cw, err = w.cl.GetWiring(ctx, controlplane.ReadFollower)
+			cw, err = w.cl.GetWiring(ctx, ctlapi.ReadFollower)
 			if err == nil {
 				break
 			}

@@ -7,7 +7,8 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/client"
-	"github.com/berthmq/berth/controlplane"
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/server"
 )
 
@@ -36,8 +37,8 @@ func TestWiringGoesThroughController(t *testing.T) {
 	must(c.Bind(ctx, "cx", "cq", "a.#"))
 
 	// The controller holds the durable wiring, and only that.
-	cc := controlplane.NewClient([]string{s.ControllerAddr()})
-	w, err := cc.GetWiring(ctx, controlplane.ReadConsistent)
+	cc := ctlclient.NewClient([]string{s.ControllerAddr()})
+	w, err := cc.GetWiring(ctx, ctlapi.ReadConsistent)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +71,7 @@ func TestWiringGoesThroughController(t *testing.T) {
 	must(c2.DeleteQueue(ctx, "cq", client.QueueDeleteOptions{}))
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	w, err = controlplane.NewClient([]string{s2.ControllerAddr()}).GetWiring(cctx, controlplane.ReadConsistent)
+	w, err = ctlclient.NewClient([]string{s2.ControllerAddr()}).GetWiring(cctx, ctlapi.ReadConsistent)
 	if err != nil {
 		t.Fatal(err)
 	}

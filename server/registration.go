@@ -35,7 +35,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/berthmq/berth/controlplane"
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/wire"
 )
@@ -67,7 +68,7 @@ func (s *Server) BrokerRegistered() bool { return s.registered.Load() }
 
 // brokerClient is the controller client registration and heartbeats use:
 // in-process with a one-member controller, else the group client.
-func (s *Server) brokerClient() *controlplane.Client {
+func (s *Server) brokerClient() *ctlclient.Client {
 	if s.ctlClient != nil {
 		return s.ctlClient
 	}
@@ -152,11 +153,11 @@ func (s *Server) loadBrokerID() error {
 		if err == nil {
 			break
 		}
-		var re *controlplane.ResultError
-		if errors.As(err, &re) || errors.Is(err, controlplane.ErrBadRequest) {
+		var re *ctlapi.ResultError
+		if errors.As(err, &re) || errors.Is(err, ctlapi.ErrBadRequest) {
 			return fmt.Errorf("server: broker id: the controller refused: %w", err)
 		}
-		if errors.Is(err, controlplane.ErrLeaderChanged) {
+		if errors.Is(err, ctlapi.ErrLeaderChanged) {
 			// The id may have been granted; a retry takes another and
 			// that one stays unused in the controller's broker list.
 			s.log.Warn("server: broker id application was ambiguous; applying again", "err", err)
@@ -182,8 +183,8 @@ func (s *Server) register(ctx context.Context) error {
 	cl := s.brokerClient()
 	addrs := []string{cmp.Or(s.cfg.AdvertiseAddr, s.addr)}
 	err := cl.RegisterBroker(ctx, s.brokerID, addrs, uint16(wire.Current))
-	var re *controlplane.ResultError
-	if errors.As(err, &re) && re.Code == controlplane.CodeNotFound {
+	var re *ctlapi.ResultError
+	if errors.As(err, &re) && re.Code == ctlapi.CodeNotFound {
 		if _, aerr := cl.ApplyBrokerID(ctx, s.brokerID); aerr != nil && !errors.As(aerr, &re) {
 			return aerr
 		}

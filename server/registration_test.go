@@ -11,7 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berthmq/berth/controlplane"
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/server"
 )
 
@@ -19,11 +20,11 @@ import (
 // port and returns each broker's addresses by id.
 func registeredAddrs(t *testing.T, ctlAddr string) map[uint32][]string {
 	t.Helper()
-	cl := controlplane.NewClient([]string{ctlAddr})
+	cl := ctlclient.NewClient([]string{ctlAddr})
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	bs, err := cl.GetBrokers(ctx, controlplane.ReadConsistent)
+	bs, err := cl.GetBrokers(ctx, ctlapi.ReadConsistent)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,10 +155,10 @@ func TestBrokerHeartbeatsMakeItPrimary(t *testing.T) {
 		c.ControllerAddr = "127.0.0.1:0"
 		c.ControllerHeartbeat = 100 * time.Millisecond
 	})
-	cl := controlplane.NewClient([]string{s.ControllerAddr()})
+	cl := ctlclient.NewClient([]string{s.ControllerAddr()})
 	defer cl.Close()
 	ctx := ctxT(t)
-	info, err := cl.GetClusterInfo(ctx, controlplane.ReadConsistent)
+	info, err := cl.GetClusterInfo(ctx, ctlapi.ReadConsistent)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,12 +166,12 @@ func TestBrokerHeartbeatsMakeItPrimary(t *testing.T) {
 	if cfg.Groups == 0 {
 		cfg.Groups = 1
 	}
-	cfg.Mode = controlplane.ModeActivePassive
+	cfg.Mode = ctlapi.ModeActivePassive
 	if err := cl.SetClusterConfig(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 	checkFor(t, 10*time.Second, func() error {
-		p, _, addrs, err := cl.GetPrimary(ctx, controlplane.ReadConsistent)
+		p, _, addrs, err := cl.GetPrimary(ctx, ctlapi.ReadConsistent)
 		if err != nil {
 			return err
 		}

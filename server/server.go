@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berthmq/berth/controlplane"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
@@ -197,10 +198,10 @@ type Server struct {
 	ctl         *controlplane.Node // in-process controller, or nil
 	// ctlClient reaches the controller group's leader from this member
 	// (3 or 5 members only), or nil.
-	ctlClient *controlplane.Client
+	ctlClient *ctlclient.Client
 	// ctlLocal is the in-process client of a one-member controller, for
 	// registration and heartbeats, or nil.
-	ctlLocal *controlplane.Client
+	ctlLocal *ctlclient.Client
 	// brokerID is this broker's id in the controller (0: no controller);
 	// set in Start before anything reads it.
 	brokerID   uint32

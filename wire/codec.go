@@ -24,6 +24,9 @@ type Reader struct {
 	err error
 }
 
+// NewReader returns a reader over body.
+func NewReader(body []byte) *Reader { return &Reader{b: body} }
+
 // Reset points the reader at body.
 func (r *Reader) Reset(body []byte) { r.b, r.off, r.err = body, 0, nil }
 
@@ -90,6 +93,35 @@ func (r *Reader) U64() uint64 {
 	return v
 }
 
+// Bool reads a byte that must be 0 (false) or 1 (true); any other value is
+// malformed.
+func (r *Reader) Bool() bool {
+	v := r.U8()
+	if v > 1 {
+		r.fail()
+		return false
+	}
+	return v == 1
+}
+
+// Count reads a uint32 count of items that are each at least minSize bytes
+// long (at least 1). A count the unread bytes cannot hold is malformed, so
+// a caller may allocate count items without trusting the sender.
+func (r *Reader) Count(minSize int) int {
+	n := r.U32()
+	if r.err != nil {
+		return 0
+	}
+	if minSize < 1 {
+		minSize = 1
+	}
+	if uint64(n)*uint64(minSize) > uint64(r.Remaining()) {
+		r.fail()
+		return 0
+	}
+	return int(n)
+}
+
 // Str reads a uint16-length-prefixed string of at most max bytes.
 func (r *Reader) Str(max int) []byte {
 	n := int(r.U16())
@@ -139,6 +171,14 @@ func AppendU8(b []byte, v uint8) []byte   { return append(b, v) }
 func AppendU16(b []byte, v uint16) []byte { return binary.BigEndian.AppendUint16(b, v) }
 func AppendU32(b []byte, v uint32) []byte { return binary.BigEndian.AppendUint32(b, v) }
 func AppendU64(b []byte, v uint64) []byte { return binary.BigEndian.AppendUint64(b, v) }
+
+// AppendBool appends 1 for true, 0 for false.
+func AppendBool(b []byte, v bool) []byte {
+	if v {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
 
 // AppendStr appends a uint16-length-prefixed string.
 func AppendStr(b []byte, s string) []byte {

@@ -248,3 +248,43 @@ func TestAddIDAndAppendCompletes(t *testing.T) {
 		t.Fatalf("%d frames, %d ranges", frames, total)
 	}
 }
+
+func TestReaderBoolAndCount(t *testing.T) {
+	b := AppendBool(AppendBool(nil, true), false)
+	b = AppendU32(b, 2)
+	b = append(b, 1, 2, 3, 4)
+	var r Reader
+	r.Reset(b)
+	if !r.Bool() || r.Bool() {
+		t.Fatal("bools did not round-trip")
+	}
+	if n := r.Count(2); n != 2 || r.Err() != nil {
+		t.Fatalf("count %d %v, want 2", n, r.Err())
+	}
+	r.Skip(4)
+	if err := r.Done(); err != nil {
+		t.Fatal(err)
+	}
+	// A boolean byte other than 0 or 1 is malformed.
+	r.Reset([]byte{2})
+	if r.Bool(); !errors.Is(r.Err(), ErrMalformed) {
+		t.Fatalf("bool 2: %v", r.Err())
+	}
+	// A count the remaining bytes cannot hold is malformed before anyone
+	// allocates for it, and the error sticks.
+	r.Reset(append(AppendU32(nil, 3), 1, 2, 3, 4, 5))
+	if n := r.Count(2); n != 0 || !errors.Is(r.Err(), ErrMalformed) {
+		t.Fatalf("count 3 of 2 bytes in 5: %d %v", n, r.Err())
+	}
+	if r.U8() != 0 {
+		t.Fatal("read after an error returned data")
+	}
+	r.Reset(AppendU32(nil, 1<<31))
+	if n := r.Count(0); n != 0 || r.Err() == nil {
+		t.Fatalf("huge count with size 0 accepted: %d", n)
+	}
+	r.Reset(append(AppendU32(nil, 5), 1, 2, 3, 4, 5))
+	if n := r.Count(1); n != 5 || r.Err() != nil {
+		t.Fatalf("count 5 of 1 byte in 5: %d %v", n, r.Err())
+	}
+}

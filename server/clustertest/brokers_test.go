@@ -8,7 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/berthmq/berth/controlplane"
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 )
 
 // poll calls f until it returns nil or within passes.
@@ -40,14 +41,14 @@ func TestBrokersRegisterAndHeartbeat(t *testing.T) {
 	for _, n := range nodes {
 		ctlAddrs = append(ctlAddrs, n.ctl)
 	}
-	cl := controlplane.NewClient(ctlAddrs)
+	cl := ctlclient.NewClient(ctlAddrs)
 	defer cl.Close()
 
 	// Every broker registers once its listener is up; Start makes the
 	// first attempt, so they are all there by now or very soon.
 	byAddr := map[string]uint32{}
 	poll(t, 10*time.Second, func() error {
-		bs, err := cl.GetBrokers(ctx, controlplane.ReadConsistent)
+		bs, err := cl.GetBrokers(ctx, ctlapi.ReadConsistent)
 		if err != nil {
 			return err
 		}
@@ -72,7 +73,7 @@ func TestBrokersRegisterAndHeartbeat(t *testing.T) {
 		return nil
 	})
 
-	info, err := cl.GetClusterInfo(ctx, controlplane.ReadConsistent)
+	info, err := cl.GetClusterInfo(ctx, ctlapi.ReadConsistent)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,13 +81,13 @@ func TestBrokersRegisterAndHeartbeat(t *testing.T) {
 	if cfg.Groups == 0 {
 		cfg.Groups = 1 // unset; the state machine needs a group count
 	}
-	cfg.Mode = controlplane.ModeActivePassive
+	cfg.Mode = ctlapi.ModeActivePassive
 	if err := cl.SetClusterConfig(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 	var primary uint32
 	poll(t, 10*time.Second, func() error {
-		p, _, _, err := cl.GetPrimary(ctx, controlplane.ReadConsistent)
+		p, _, _, err := cl.GetPrimary(ctx, ctlapi.ReadConsistent)
 		if err != nil {
 			return err
 		}
@@ -111,11 +112,11 @@ func TestBrokersRegisterAndHeartbeat(t *testing.T) {
 	t.Logf("primary is broker %d (%s); killing it", primary, victim.name)
 	victim.stop(t, syscall.SIGKILL)
 
-	cr := controlplane.NewClient(rest)
+	cr := ctlclient.NewClient(rest)
 	defer cr.Close()
 	start := time.Now()
 	poll(t, 10*time.Second, func() error {
-		p, _, addrs, err := cr.GetPrimary(ctx, controlplane.ReadConsistent)
+		p, _, addrs, err := cr.GetPrimary(ctx, ctlapi.ReadConsistent)
 		if err != nil {
 			return err
 		}

@@ -23,7 +23,8 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/client"
-	"github.com/berthmq/berth/controlplane"
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/server"
 )
 
@@ -213,7 +214,7 @@ func dial(t *testing.T, ctx context.Context, addr string) *client.Conn {
 	return c
 }
 
-func queueNames(w controlplane.Wiring) []string {
+func queueNames(w ctlapi.Wiring) []string {
 	var names []string
 	for _, q := range w.Queues {
 		names = append(names, q.Name)
@@ -260,9 +261,9 @@ func TestThreeMemberController(t *testing.T) {
 	for _, n := range nodes {
 		addrs = append(addrs, n.ctl)
 	}
-	cc := controlplane.NewClient(addrs)
+	cc := ctlclient.NewClient(addrs)
 	defer cc.Close()
-	w, err := cc.GetWiring(ctx, controlplane.ReadConsistent)
+	w, err := cc.GetWiring(ctx, ctlapi.ReadConsistent)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,9 +298,9 @@ func TestThreeMemberController(t *testing.T) {
 	if err := cs.DeclareQueue(ctx, "q2", client.QueueOptions{Durable: true}); err != nil {
 		t.Fatalf("declare through %s after the leader died: %v", survivor.name, err)
 	}
-	cr := controlplane.NewClient(rest)
+	cr := ctlclient.NewClient(rest)
 	defer cr.Close()
-	w, err = cr.GetWiring(ctx, controlplane.ReadConsistent)
+	w, err = cr.GetWiring(ctx, ctlapi.ReadConsistent)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,12 +341,12 @@ func TestControllerOnly(t *testing.T) {
 	n.start(t)
 	n.waitUp(t, 20*time.Second)
 
-	cc := controlplane.NewClient([]string{ctl})
+	cc := ctlclient.NewClient([]string{ctl})
 	defer cc.Close()
-	if err := cc.DeclareQueue(ctx, "only", controlplane.QueueOptions{Durable: true}); err != nil {
+	if err := cc.DeclareQueue(ctx, "only", ctlapi.QueueOptions{Durable: true}); err != nil {
 		t.Fatal(err)
 	}
-	w, err := cc.GetWiring(ctx, controlplane.ReadConsistent)
+	w, err := cc.GetWiring(ctx, ctlapi.ReadConsistent)
 	if err != nil {
 		t.Fatal(err)
 	}

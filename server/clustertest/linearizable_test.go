@@ -13,7 +13,8 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
-	"github.com/berthmq/berth/controlplane"
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 )
 
 // A register per key over the controller's cluster attributes.
@@ -83,7 +84,7 @@ func testLinearizableProcesses(t *testing.T, lease bool) {
 		addrs[i] = n.ctl
 	}
 	{
-		cl := controlplane.NewClient(addrs)
+		cl := ctlclient.NewClient(addrs)
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		if err := cl.SetAttribute(ctx, "a", "init"); err != nil {
 			t.Fatalf("no leader: %v", err)
@@ -113,7 +114,7 @@ func testLinearizableProcesses(t *testing.T, lease bool) {
 		go func() {
 			defer wg.Done()
 			r := rand.New(rand.NewSource(seed + int64(ci)))
-			cl := controlplane.NewClient(addrs)
+			cl := ctlclient.NewClient(addrs)
 			defer cl.Close()
 			for i := 0; ; i++ {
 				select {
@@ -135,7 +136,7 @@ func testLinearizableProcesses(t *testing.T, lease bool) {
 					}
 					record(porcupine.Operation{ClientId: ci, Input: regInput{put: true, key: key, value: val}, Call: call, Output: "", Return: ret})
 				} else {
-					mode := []controlplane.ReadMode{controlplane.ReadConsistent, controlplane.ReadFollower}[r.Intn(2)]
+					mode := []ctlapi.ReadMode{ctlapi.ReadConsistent, ctlapi.ReadFollower}[r.Intn(2)]
 					call := now()
 					v, _, err := cl.GetAttribute(ctx, mode, key)
 					ret := now()

@@ -13,7 +13,8 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/client"
-	"github.com/berthmq/berth/controlplane"
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 )
 
 // TestControllerMembershipChange runs three controller-only berthd
@@ -30,9 +31,9 @@ func TestControllerMembershipChange(t *testing.T) {
 	for i, n := range nodes {
 		addrs[uint64(i+1)] = n.ctl
 	}
-	cl := controlplane.NewClient(slices.Collect(maps.Values(addrs)))
+	cl := ctlclient.NewClient(slices.Collect(maps.Values(addrs)))
 	defer cl.Close()
-	if err := cl.DeclareQueue(ctx, "before", controlplane.QueueOptions{Durable: true}); err != nil {
+	if err := cl.DeclareQueue(ctx, "before", ctlapi.QueueOptions{Durable: true}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -91,9 +92,9 @@ func TestControllerMembershipChange(t *testing.T) {
 		t.Fatalf("members after removing %d: %v %v, want %v", gone, members, err, want)
 	}
 	nodes[gone-1].stop(t, syscall.SIGKILL)
-	err = cl.DeclareQueue(ctx, "after", controlplane.QueueOptions{Durable: true})
-	for try := 0; try < 20 && errors.Is(err, controlplane.ErrLeaderChanged); try++ {
-		err = cl.DeclareQueue(ctx, "after", controlplane.QueueOptions{Durable: true})
+	err = cl.DeclareQueue(ctx, "after", ctlapi.QueueOptions{Durable: true})
+	for try := 0; try < 20 && errors.Is(err, ctlapi.ErrLeaderChanged); try++ {
+		err = cl.DeclareQueue(ctx, "after", ctlapi.QueueOptions{Durable: true})
 	}
 	if err != nil {
 		t.Fatalf("write after removing %d: %v", gone, err)
@@ -113,21 +114,21 @@ func TestControllerMembershipChange(t *testing.T) {
 		}
 	}
 	nodes[killed-1].stop(t, syscall.SIGKILL)
-	c2 := controlplane.NewClient([]string{addrs[kept], j.ctl})
+	c2 := ctlclient.NewClient([]string{addrs[kept], j.ctl})
 	defer c2.Close()
 	// The killed member may have led: the write can meet the election and
 	// come back ambiguous. A declare is idempotent, so retry it.
-	err = c2.DeclareQueue(ctx, "last", controlplane.QueueOptions{Durable: true})
-	for try := 0; try < 20 && errors.Is(err, controlplane.ErrLeaderChanged); try++ {
-		err = c2.DeclareQueue(ctx, "last", controlplane.QueueOptions{Durable: true})
+	err = c2.DeclareQueue(ctx, "last", ctlapi.QueueOptions{Durable: true})
+	for try := 0; try < 20 && errors.Is(err, ctlapi.ErrLeaderChanged); try++ {
+		err = c2.DeclareQueue(ctx, "last", ctlapi.QueueOptions{Durable: true})
 	}
 	if err != nil {
 		t.Fatalf("write with members %d and 4 left: %v", kept, err)
 	}
 	// Member 4 serves the data itself: a follower read sent to it alone.
-	c4 := controlplane.NewClient([]string{j.ctl})
+	c4 := ctlclient.NewClient([]string{j.ctl})
 	defer c4.Close()
-	w, err := c4.GetWiring(ctx, controlplane.ReadFollower)
+	w, err := c4.GetWiring(ctx, ctlapi.ReadFollower)
 	if err != nil {
 		t.Fatal(err)
 	}

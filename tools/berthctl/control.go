@@ -14,7 +14,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/berthmq/berth/controlplane"
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 )
 
 const (
@@ -26,12 +27,12 @@ const (
 	appliedWaitMax = 500 * time.Millisecond
 )
 
-func dialController(e *env) (*controlplane.Client, error) {
+func dialController(e *env) (*ctlclient.Client, error) {
 	addrs, err := e.controllerAddrs()
 	if err != nil {
 		return nil, err
 	}
-	return controlplane.NewClient(addrs), nil
+	return ctlclient.NewClient(addrs), nil
 }
 
 // readModeFlag registers --read on commands that read controller state.
@@ -39,23 +40,23 @@ func readModeFlag(fs *flag.FlagSet) *string {
 	return fs.String("read", "consistent", "controller read `mode`: consistent, follower or unsafe")
 }
 
-func parseReadMode(s string) (controlplane.ReadMode, error) {
+func parseReadMode(s string) (ctlapi.ReadMode, error) {
 	switch s {
 	case "consistent":
-		return controlplane.ReadConsistent, nil
+		return ctlapi.ReadConsistent, nil
 	case "follower":
-		return controlplane.ReadFollower, nil
+		return ctlapi.ReadFollower, nil
 	case "unsafe":
-		return controlplane.ReadUnsafe, nil
+		return ctlapi.ReadUnsafe, nil
 	}
 	return 0, usageErrorf("--read must be consistent, follower or unsafe, got %q", s)
 }
 
 func modeName(m uint8) string {
 	switch m {
-	case controlplane.ModeActiveActive:
+	case ctlapi.ModeActiveActive:
 		return "active-active"
-	case controlplane.ModeActivePassive:
+	case ctlapi.ModeActivePassive:
 		return "active-passive"
 	}
 	return fmt.Sprintf("unknown(%d)", m)
@@ -63,9 +64,9 @@ func modeName(m uint8) string {
 
 func overflowName(o uint8) string {
 	switch o {
-	case controlplane.OverflowDropHead:
+	case ctlapi.OverflowDropHead:
 		return "drop-head"
-	case controlplane.OverflowRejectPublish:
+	case ctlapi.OverflowRejectPublish:
 		return "reject-publish"
 	}
 	return fmt.Sprintf("unknown(%d)", o)
@@ -110,14 +111,14 @@ type brokerJSON struct {
 	Version uint16   `json:"version"`
 }
 
-func fetchControllerStatus(ctx context.Context, e *env, mode controlplane.ReadMode) (controllerStatus, error) {
+func fetchControllerStatus(ctx context.Context, e *env, mode ctlapi.ReadMode) (controllerStatus, error) {
 	var st controllerStatus
 	addrs, err := e.controllerAddrs()
 	if err != nil {
 		return st, err
 	}
 	st.Addrs = addrs
-	c := controlplane.NewClient(addrs)
+	c := ctlclient.NewClient(addrs)
 	defer c.Close()
 	info, err := c.GetClusterInfo(ctx, mode)
 	if err != nil {
@@ -250,7 +251,7 @@ type bindingJSON struct {
 	Key      string `json:"key"`
 }
 
-func toWiringJSON(w controlplane.Wiring) wiringJSON {
+func toWiringJSON(w ctlapi.Wiring) wiringJSON {
 	out := wiringJSON{Exchanges: []exchangeJSON{}, Queues: []queueJSON{}, Bindings: []bindingJSON{}}
 	for _, x := range w.Exchanges {
 		out.Exchanges = append(out.Exchanges, exchangeJSON{Name: x.Name, Type: x.Type, Durable: x.Durable})
@@ -365,7 +366,7 @@ type groupJSON struct {
 	ElectedIndex uint64   `json:"elected_log_end_index"`
 }
 
-func toGroupJSON(g controlplane.Group) groupJSON {
+func toGroupJSON(g ctlapi.Group) groupJSON {
 	set := g.SyncStateSet
 	if set == nil {
 		set = []uint32{}
@@ -423,8 +424,8 @@ func groupsCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 				if err != nil {
 					return err
 				}
-				var g controlplane.Group
-				if mode == controlplane.ReadUnsafe {
+				var g ctlapi.Group
+				if mode == ctlapi.ReadUnsafe {
 					g, err = c.GetSyncStateSet(ctx, id)
 				} else {
 					g, err = c.GetReplicaInfo(ctx, mode, id)
@@ -496,7 +497,7 @@ func electCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		// next to the masters that stayed.
 		after := make([]groupJSON, 0, len(groups))
 		for _, id := range groups {
-			g, err := c.GetReplicaInfo(ctx, controlplane.ReadConsistent, id)
+			g, err := c.GetReplicaInfo(ctx, ctlapi.ReadConsistent, id)
 			if err != nil {
 				return fmt.Errorf("controller: elected %d groups, then reading group %d: %w", changed, id, err)
 			}
@@ -543,7 +544,7 @@ type primaryJSON struct {
 	Changed *bool    `json:"changed,omitempty"` // set by "primary elect"
 }
 
-func printPrimary(e *env, p controlplane.PrimaryInfo, changed *bool) error {
+func printPrimary(e *env, p ctlclient.PrimaryInfo, changed *bool) error {
 	addrs := p.Addrs
 	if addrs == nil {
 		addrs = []string{}
@@ -598,7 +599,7 @@ func primaryCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 				return fmt.Errorf("controller: elect primary %d: %w", target, err)
 			}
 			changed = &moved
-			mode = controlplane.ReadConsistent // show the outcome, not an older view
+			mode = ctlapi.ReadConsistent // show the outcome, not an older view
 		}
 		p, err := c.GetPrimaryInfo(ctx, mode)
 		if err != nil {

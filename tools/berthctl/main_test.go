@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/controlplane"
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/server"
 )
 
@@ -215,10 +217,10 @@ func TestGroupsAndElect(t *testing.T) {
 	s := startBroker(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	c := controlplane.NewClient([]string{s.ControllerAddr()})
+	c := ctlclient.NewClient([]string{s.ControllerAddr()})
 	defer c.Close()
 	const groups = 3
-	if err := c.SetClusterConfig(ctx, controlplane.ClusterConfig{Groups: groups}); err != nil {
+	if err := c.SetClusterConfig(ctx, ctlapi.ClusterConfig{Groups: groups}); err != nil {
 		t.Fatalf("set cluster config: %v", err)
 	}
 	id, err := c.ApplyBrokerID(ctx, 0)
@@ -228,9 +230,9 @@ func TestGroupsAndElect(t *testing.T) {
 	if err := c.RegisterBroker(ctx, id, []string{"127.0.0.1:1"}, 1); err != nil {
 		t.Fatalf("register broker: %v", err)
 	}
-	var ends []controlplane.GroupLogEnd
+	var ends []ctlapi.GroupLogEnd
 	for g := uint32(0); g < groups; g++ {
-		ends = append(ends, controlplane.GroupLogEnd{Group: g})
+		ends = append(ends, ctlapi.GroupLogEnd{Group: g})
 	}
 	if err := c.Heartbeat(ctx, id, ends); err != nil {
 		t.Fatalf("heartbeat: %v", err)
@@ -271,7 +273,7 @@ func TestGroupsAndElect(t *testing.T) {
 	}
 
 	mustCtl(t, s, "clean-broker", strconv.FormatUint(uint64(id), 10))
-	brokers, err := c.GetBrokers(ctx, controlplane.ReadConsistent)
+	brokers, err := c.GetBrokers(ctx, ctlapi.ReadConsistent)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,9 +291,9 @@ func TestPrimary(t *testing.T) {
 	s := startBroker(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c := controlplane.NewClient([]string{s.ControllerAddr()})
+	c := ctlclient.NewClient([]string{s.ControllerAddr()})
 	defer c.Close()
-	if err := c.SetClusterConfig(ctx, controlplane.ClusterConfig{Groups: 2}); err != nil {
+	if err := c.SetClusterConfig(ctx, ctlapi.ClusterConfig{Groups: 2}); err != nil {
 		t.Fatalf("set cluster config: %v", err)
 	}
 	readPrimary := func() primaryJSON {
@@ -333,7 +335,7 @@ func TestPrimary(t *testing.T) {
 		for {
 			for _, id := range ids {
 				hctx, hcancel := context.WithTimeout(ctx, time.Second)
-				_ = c.Heartbeat(hctx, id, []controlplane.GroupLogEnd{{Group: 0}}) // a missed beat is retried
+				_ = c.Heartbeat(hctx, id, []ctlapi.GroupLogEnd{{Group: 0}}) // a missed beat is retried
 				hcancel()
 			}
 			select {
@@ -344,7 +346,7 @@ func TestPrimary(t *testing.T) {
 		}
 	}()
 	defer func() { close(stop); <-done }()
-	if err := c.SetClusterConfig(ctx, controlplane.ClusterConfig{Groups: 2, Mode: controlplane.ModeActivePassive}); err != nil {
+	if err := c.SetClusterConfig(ctx, ctlapi.ClusterConfig{Groups: 2, Mode: ctlapi.ModeActivePassive}); err != nil {
 		t.Fatalf("set active-passive: %v", err)
 	}
 	var first primaryJSON
@@ -505,15 +507,15 @@ func TestMembers(t *testing.T) {
 	// The group still commits, and the new member applies it.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c := controlplane.NewClient(list)
+	c := ctlclient.NewClient(list)
 	defer c.Close()
-	if err := c.DeclareQueue(ctx, "after-change", controlplane.QueueOptions{Durable: true}); err != nil {
+	if err := c.DeclareQueue(ctx, "after-change", ctlapi.QueueOptions{Durable: true}); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var found bool
-		err := n4.Read(ctx, controlplane.ReadFollower, func(s *controlplane.State) {
+		err := n4.Read(ctx, ctlapi.ReadFollower, func(s *controlplane.State) {
 			for _, q := range s.Wiring().Queues {
 				found = found || q.Name == "after-change"
 			}

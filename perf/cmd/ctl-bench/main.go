@@ -19,7 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/berthmq/berth/controlplane"
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 )
 
 func main() {
@@ -44,9 +45,9 @@ func run(args []string) int {
 		return 2
 	}
 	eps := strings.Split(*endpoints, ",")
-	cls := make([]*controlplane.Client, *conns)
+	cls := make([]*ctlclient.Client, *conns)
 	for i := range cls {
-		cls[i] = controlplane.NewClient(eps)
+		cls[i] = ctlclient.NewClient(eps)
 		defer cls[i].Close()
 	}
 	value := strings.Repeat("v", *size)
@@ -59,7 +60,7 @@ func run(args []string) int {
 		return 1
 	}
 	ok := true
-	phaseN := func(name string, n int, op func(c *controlplane.Client, ctx context.Context, i int) error) {
+	phaseN := func(name string, n int, op func(c *ctlclient.Client, ctx context.Context, i int) error) {
 		var next, failed atomic.Int64
 		var firstErr atomic.Value
 		deadline := time.Now().Add(*timeout)
@@ -103,10 +104,10 @@ func run(args []string) int {
 			}
 		}
 	}
-	phase := func(name string, op func(c *controlplane.Client, ctx context.Context, i int) error) {
+	phase := func(name string, op func(c *ctlclient.Client, ctx context.Context, i int) error) {
 		phaseN(name, *ops, op)
 	}
-	put := func(c *controlplane.Client, ctx context.Context, i int) error {
+	put := func(c *ctlclient.Client, ctx context.Context, i int) error {
 		return c.SetAttribute(ctx, "k"+strconv.Itoa(i%1024), value)
 	}
 	phaseN("", *warmup, put)
@@ -115,11 +116,11 @@ func run(args []string) int {
 		case "put":
 			phase(p, put)
 		case "linearizable-get", "follower-get":
-			mode := controlplane.ReadConsistent
+			mode := ctlapi.ReadConsistent
 			if p == "follower-get" {
-				mode = controlplane.ReadFollower
+				mode = ctlapi.ReadFollower
 			}
-			phase(p, func(c *controlplane.Client, ctx context.Context, i int) error {
+			phase(p, func(c *ctlclient.Client, ctx context.Context, i int) error {
 				_, found, err := c.GetAttribute(ctx, mode, "k"+strconv.Itoa(i%1024))
 				if err == nil && !found && i%1024 == 0 {
 					err = errors.New("k0 missing")

@@ -1,4 +1,12 @@
-package controlplane
+// Package ctlclient is the client of Berth's controller. A Client finds
+// the leader of a controller group, follows redirects and retries what is
+// safe to retry; brokers, berthctl and the benchmarks use it. A broker that
+// embeds its controller gets one from controlplane.Node.LocalClient, which
+// calls the node in-process.
+//
+// The package needs only ctlapi and wire, so a program that talks to
+// controllers links neither raft nor pebble; TestDependencies keeps it so.
+package ctlclient
 
 import (
 	"bufio"
@@ -11,6 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/internal/coalesce"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -32,13 +42,15 @@ const (
 	redirectsFree = 4
 	// callTimeoutDefault applies when the caller's context has no deadline.
 	callTimeoutDefault = 10 * time.Second
+	// dialTimeout bounds connecting to one controller.
+	dialTimeout = time.Second
 )
 
 // Client talks to a controller group. It finds the leader, follows
 // redirects and retries what is safe to retry. Safe for concurrent use.
 type Client struct {
 	addrs  []string
-	local  *Node // in-process; no TCP
+	local  Handler // in-process; no TCP
 	rr     atomic.Uint32
 	mu     sync.Mutex
 	leader string
@@ -51,10 +63,15 @@ func NewClient(addrs []string) *Client {
 	return &Client{addrs: append([]string(nil), addrs...), conns: map[string]*clientConn{}}
 }
 
-// LocalClient returns a client that calls this node in-process, for a
-// broker that embeds its controller (single-node mode).
-func (n *Node) LocalClient() *Client {
-	return &Client{local: n, addrs: []string{"local"}, conns: map[string]*clientConn{}}
+// Handler serves one request in-process, as a controller's service serves
+// one that arrived over TCP: op and body are the request's, and it returns
+// the reply's status, leader address and body.
+type Handler func(ctx context.Context, op uint8, body []byte) (status uint8, leader string, out []byte)
+
+// NewLocal returns a client that calls h instead of dialing, for a broker
+// that embeds its controller: the controller's Node.LocalClient.
+func NewLocal(h Handler) *Client {
+	return &Client{local: h, addrs: []string{"local"}, conns: map[string]*clientConn{}}
 }
 
 // Close closes the client's connections.
@@ -78,7 +95,7 @@ func (c *Client) Leader() string {
 
 type clientConn struct {
 	c       net.Conn
-	w       coalescer
+	w       *coalesce.Writer
 	sem     chan struct{}
 	mu      sync.Mutex
 	nextID  uint64
@@ -95,7 +112,7 @@ func dialClientConn(ctx context.Context, addr string) (*clientConn, error) {
 	}
 	cc := &clientConn{c: nc, sem: make(chan struct{}, clientInflightMax),
 		waiters: map[uint64]chan wire.CtlResponse{}, done: make(chan struct{})}
-	cc.w = coalescer{c: nc, onFailed: cc.close}
+	cc.w = coalesce.New(nc, cc.close)
 	go cc.readLoop()
 	return cc, nil
 }
@@ -118,7 +135,7 @@ func (cc *clientConn) readLoop() {
 			cc.close(err)
 			return
 		}
-		h, err := wire.ReadHeader(hdr[:], peerFrameMax)
+		h, err := wire.ReadHeader(hdr[:], wire.FrameSizeMax)
 		if err != nil {
 			cc.close(err)
 			return
@@ -146,34 +163,30 @@ func (cc *clientConn) readLoop() {
 	}
 }
 
-// errNotSent marks a request that never left this process, so retrying it
-// cannot apply it twice.
-var errNotSent = errors.New("controlplane: request not sent")
-
 func (cc *clientConn) do(ctx context.Context, op uint8, body []byte) (wire.CtlResponse, error) {
 	select {
 	case cc.sem <- struct{}{}:
 	case <-ctx.Done():
-		return wire.CtlResponse{}, fmt.Errorf("%w: %v", errNotSent, ctx.Err())
+		return wire.CtlResponse{}, fmt.Errorf("%w: %v", coalesce.ErrNotSent, ctx.Err())
 	}
 	defer func() { <-cc.sem }()
 	ch := make(chan wire.CtlResponse, 1)
 	cc.mu.Lock()
 	if cc.err != nil {
 		cc.mu.Unlock()
-		return wire.CtlResponse{}, fmt.Errorf("%w: %v", errNotSent, cc.err)
+		return wire.CtlResponse{}, fmt.Errorf("%w: %v", coalesce.ErrNotSent, cc.err)
 	}
 	cc.nextID++
 	id := cc.nextID
 	cc.waiters[id] = ch
 	cc.mu.Unlock()
-	err := cc.w.write(func(b []byte) []byte {
+	err := cc.w.Send(func(b []byte) []byte {
 		return wire.AppendCtlRequest(b, wire.CtlRequest{ID: id, Op: op, Body: body})
 	})
 	if err != nil {
 		// Frames queued behind a failed write may have partly left; only
 		// this caller's own failed write proves nothing was delivered, and
-		// the coalescer does not say whose it was. Err on ambiguity.
+		// the writer does not say whose it was. Err on ambiguity.
 		cc.close(err)
 		return wire.CtlResponse{}, err
 	}
@@ -260,14 +273,14 @@ func (c *Client) call(ctx context.Context, op uint8, body []byte, anyNode bool) 
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				return nil, fmt.Errorf("%w: %v (last error: %v)", ErrTimeout, ctx.Err(), lastErr)
+				return nil, fmt.Errorf("%w: %v (last error: %v)", ctlapi.ErrTimeout, ctx.Err(), lastErr)
 			case <-t.C:
 			}
 			delay = min(2*delay, retryDelayMax)
 		}
 		var resp wire.CtlResponse
 		if c.local != nil {
-			resp.Status, resp.Leader, resp.Body = c.local.handle(ctx, op, body)
+			resp.Status, resp.Leader, resp.Body = c.local(ctx, op, body)
 		} else {
 			cc, err := c.conn(ctx, addr)
 			if err == nil {
@@ -275,9 +288,9 @@ func (c *Client) call(ctx context.Context, op uint8, body []byte, anyNode bool) 
 			}
 			if err != nil {
 				lastErr = err
-				if isWrite(op) && cc != nil && !errors.Is(err, errNotSent) {
+				if isWrite(op) && cc != nil && !errors.Is(err, coalesce.ErrNotSent) {
 					// The request may have reached the leader.
-					return nil, fmt.Errorf("%w: %v", ErrLeaderChanged, err)
+					return nil, fmt.Errorf("%w: %v", ctlapi.ErrLeaderChanged, err)
 				}
 				c.setLeader("")
 				addr = c.pick(true)
@@ -285,13 +298,13 @@ func (c *Client) call(ctx context.Context, op uint8, body []byte, anyNode bool) 
 			}
 		}
 		switch resp.Status {
-		case statusOK:
+		case ctlapi.StatusOK:
 			if !anyNode && c.local == nil {
 				c.setLeader(addr)
 			}
 			return resp.Body, nil
-		case statusNotLeader:
-			lastErr = &NotLeaderError{Leader: resp.Leader}
+		case ctlapi.StatusNotLeader:
+			lastErr = &ctlapi.NotLeaderError{Leader: resp.Leader}
 			if resp.Leader != "" && c.local == nil {
 				c.setLeader(resp.Leader)
 				addr = resp.Leader
@@ -303,23 +316,22 @@ func (c *Client) call(ctx context.Context, op uint8, body []byte, anyNode bool) 
 				c.setLeader("")
 				addr = c.pick(true)
 			}
-		case statusLagging:
-			d := decoder{b: resp.Body}
-			lastErr = &LaggingError{Leader: resp.Leader, Behind: d.u64()}
+		case ctlapi.StatusLagging:
+			lastErr = &ctlapi.LaggingError{Leader: resp.Leader, Behind: wire.NewReader(resp.Body).U64()}
 			if resp.Leader != "" {
 				addr = resp.Leader
 			} else {
 				addr = c.pick(true)
 			}
-		case statusBusy:
-			lastErr = ErrBusy
-		case statusUnavailable, statusStopped:
+		case ctlapi.StatusBusy:
+			lastErr = ctlapi.ErrBusy
+		case ctlapi.StatusUnavailable, ctlapi.StatusStopped:
 			lastErr = fmt.Errorf("controlplane: %s unavailable: %s", addr, resp.Body)
 			addr = c.pick(anyNode)
-		case statusAmbiguous:
-			return nil, fmt.Errorf("%w: %s", ErrLeaderChanged, resp.Body)
+		case ctlapi.StatusAmbiguous:
+			return nil, fmt.Errorf("%w: %s", ctlapi.ErrLeaderChanged, resp.Body)
 		default:
-			return nil, fmt.Errorf("%w: %s", ErrBadRequest, resp.Body)
+			return nil, fmt.Errorf("%w: %s", ctlapi.ErrBadRequest, resp.Body)
 		}
 	}
 	return nil, fmt.Errorf("controlplane: gave up after %d attempts: %w", callAttemptsMax, lastErr)
@@ -328,47 +340,40 @@ func (c *Client) call(ctx context.Context, op uint8, body []byte, anyNode bool) 
 // Propose sends a write event and returns its result. A refusal by the
 // state machine is returned as a *ResultError. An ErrLeaderChanged error
 // means the event may or may not have been applied.
-func (c *Client) Propose(ctx context.Context, ev Event) (Result, error) {
-	if err := ValidateEvent(ev); err != nil {
-		return Result{}, err
+func (c *Client) Propose(ctx context.Context, ev ctlapi.Event) (ctlapi.Result, error) {
+	if err := ctlapi.ValidateEvent(ev); err != nil {
+		return ctlapi.Result{}, err
 	}
-	out, err := c.call(ctx, opPropose, EncodeEvent(nil, ev), false)
+	out, err := c.call(ctx, ctlapi.OpPropose, ctlapi.EncodeEvent(nil, ev), false)
 	if err != nil {
-		return Result{}, err
+		return ctlapi.Result{}, err
 	}
-	res, err := decodeResult(out)
+	res, err := ctlapi.DecodeResult(out)
 	if err != nil {
-		return Result{}, err
+		return ctlapi.Result{}, err
 	}
 	return res, res.Err()
 }
 
 // ApplyBrokerID asks for a broker id; 0 takes the next free one.
 func (c *Client) ApplyBrokerID(ctx context.Context, requested uint32) (uint32, error) {
-	r, err := c.Propose(ctx, &ApplyBrokerID{Requested: requested})
+	r, err := c.Propose(ctx, &ctlapi.ApplyBrokerID{Requested: requested})
 	return uint32(r.Value), err
 }
 
 // RegisterBroker records a broker's addresses and protocol version.
 func (c *Client) RegisterBroker(ctx context.Context, id uint32, addrs []string, version uint16) error {
-	_, err := c.Propose(ctx, &RegisterBroker{ID: id, Addrs: addrs, Version: version})
+	_, err := c.Propose(ctx, &ctlapi.RegisterBroker{ID: id, Addrs: addrs, Version: version})
 	return err
 }
 
 // Heartbeat reports a broker alive with each group's log end.
-func (c *Client) Heartbeat(ctx context.Context, broker uint32, logEnds []GroupLogEnd) error {
-	e := encoder{}
-	e.u32(broker)
-	e.u32(uint32(len(logEnds)))
-	for _, l := range logEnds {
-		e.u32(l.Group)
-		e.u32(l.LogEnd.Epoch)
-		e.u64(l.LogEnd.Index)
-	}
-	if len(e.b) > ctlFrameMax-64 {
+func (c *Client) Heartbeat(ctx context.Context, broker uint32, logEnds []ctlapi.GroupLogEnd) error {
+	body := ctlapi.AppendHeartbeat(nil, broker, logEnds)
+	if len(body) > ctlapi.RequestFrameMax-64 {
 		return fmt.Errorf("controlplane: heartbeat with %d groups is too large", len(logEnds))
 	}
-	_, err := c.call(ctx, opHeartbeat, e.b, false)
+	_, err := c.call(ctx, ctlapi.OpHeartbeat, body, false)
 	return err
 }
 
@@ -376,195 +381,186 @@ func (c *Client) Heartbeat(ctx context.Context, broker uint32, logEnds []GroupLo
 // data; preferred, if not 0, wins ties. It returns how many groups got a
 // new master.
 func (c *Client) ElectMaster(ctx context.Context, groups []uint32, preferred uint32) (uint64, error) {
-	if len(groups) > groupsPerReplyMax {
-		return 0, fmt.Errorf("controlplane: at most %d groups per election call", groupsPerReplyMax)
+	if len(groups) > ctlapi.GroupsPerReplyMax {
+		return 0, fmt.Errorf("controlplane: at most %d groups per election call", ctlapi.GroupsPerReplyMax)
 	}
-	e := encoder{}
-	e.u32(preferred)
-	encodeIDs(&e, groups)
-	out, err := c.call(ctx, opElect, e.b, false)
+	out, err := c.call(ctx, ctlapi.OpElect, ctlapi.AppendElect(nil, preferred, groups), false)
 	if err != nil {
 		return 0, err
 	}
-	r, err := decodeResult(out)
+	r, err := ctlapi.DecodeResult(out)
 	return r.Value, err
 }
 
 // AlterSyncStateSet replaces a group's SyncStateSet; master and epoch must
 // be current.
 func (c *Client) AlterSyncStateSet(ctx context.Context, group, master, epoch uint32, set []uint32) error {
-	_, err := c.Propose(ctx, &AlterSyncStateSet{Group: group, Master: master, Epoch: epoch, Set: set})
+	_, err := c.Propose(ctx, &ctlapi.AlterSyncStateSet{Group: group, Master: master, Epoch: epoch, Set: set})
 	return err
 }
 
 // CleanBrokerData removes a broker.
 func (c *Client) CleanBrokerData(ctx context.Context, id uint32) error {
-	_, err := c.Propose(ctx, &CleanBrokerData{ID: id})
+	_, err := c.Propose(ctx, &ctlapi.CleanBrokerData{ID: id})
 	return err
 }
 
 // DeclareExchange declares an exchange.
 func (c *Client) DeclareExchange(ctx context.Context, name, typ string, durable bool) error {
-	_, err := c.Propose(ctx, &DeclareExchange{Name: name, Type: typ, Durable: durable})
+	_, err := c.Propose(ctx, &ctlapi.DeclareExchange{Name: name, Type: typ, Durable: durable})
 	return err
 }
 
 // DeclareQueue declares a queue.
-func (c *Client) DeclareQueue(ctx context.Context, name string, opts QueueOptions) error {
-	_, err := c.Propose(ctx, &DeclareQueue{Name: name, Options: opts})
+func (c *Client) DeclareQueue(ctx context.Context, name string, opts ctlapi.QueueOptions) error {
+	_, err := c.Propose(ctx, &ctlapi.DeclareQueue{Name: name, Options: opts})
 	return err
 }
 
 // Bind binds a queue to an exchange.
 func (c *Client) Bind(ctx context.Context, exchange, queue, key string) error {
-	_, err := c.Propose(ctx, &Bind{exchange, queue, key})
+	_, err := c.Propose(ctx, &ctlapi.Bind{Exchange: exchange, Queue: queue, Key: key})
 	return err
 }
 
 // Unbind removes a binding.
 func (c *Client) Unbind(ctx context.Context, exchange, queue, key string) error {
-	_, err := c.Propose(ctx, &Unbind{exchange, queue, key})
+	_, err := c.Propose(ctx, &ctlapi.Unbind{Exchange: exchange, Queue: queue, Key: key})
 	return err
 }
 
 // DeleteQueue deletes a queue and its bindings.
 func (c *Client) DeleteQueue(ctx context.Context, name string) error {
-	_, err := c.Propose(ctx, &DeleteQueue{Name: name})
+	_, err := c.Propose(ctx, &ctlapi.DeleteQueue{Name: name})
 	return err
 }
 
 // DeleteExchange deletes an exchange and its bindings.
 func (c *Client) DeleteExchange(ctx context.Context, name string) error {
-	_, err := c.Propose(ctx, &DeleteExchange{Name: name})
+	_, err := c.Propose(ctx, &ctlapi.DeleteExchange{Name: name})
 	return err
 }
 
 // SetClusterConfig sets G (once), the mode and the unclean election default.
-func (c *Client) SetClusterConfig(ctx context.Context, cfg ClusterConfig) error {
-	_, err := c.Propose(ctx, &SetClusterConfig{Groups: cfg.Groups, Mode: cfg.Mode, UncleanElection: cfg.UncleanElection})
+func (c *Client) SetClusterConfig(ctx context.Context, cfg ctlapi.ClusterConfig) error {
+	_, err := c.Propose(ctx, &ctlapi.SetClusterConfig{Groups: cfg.Groups, Mode: cfg.Mode, UncleanElection: cfg.UncleanElection})
 	return err
 }
 
 // SetAttribute sets a cluster attribute; an empty value deletes it.
 func (c *Client) SetAttribute(ctx context.Context, key, value string) error {
-	_, err := c.Propose(ctx, &SetAttribute{Key: key, Value: value})
+	_, err := c.Propose(ctx, &ctlapi.SetAttribute{Key: key, Value: value})
 	return err
 }
 
-func (c *Client) read(ctx context.Context, mode ReadMode, query uint8, args func(e *encoder)) (*decoder, error) {
-	e := encoder{}
-	e.u8(uint8(mode))
-	e.u8(query)
+// read sends a read of query in mode; args, if set, appends the query's
+// arguments. It returns a reader over the answer.
+func (c *Client) read(ctx context.Context, mode ctlapi.ReadMode, query uint8, args func(b []byte) []byte) (*wire.Reader, error) {
+	b := []byte{uint8(mode), query}
 	if args != nil {
-		args(&e)
+		b = args(b)
 	}
-	out, err := c.call(ctx, opRead, e.b, mode == ReadFollower)
+	out, err := c.call(ctx, ctlapi.OpRead, b, mode == ctlapi.ReadFollower)
 	if err != nil {
 		return nil, err
 	}
-	return &decoder{b: out}, nil
+	return wire.NewReader(out), nil
 }
 
 // GetAttribute reads a cluster attribute.
-func (c *Client) GetAttribute(ctx context.Context, mode ReadMode, key string) (string, bool, error) {
-	d, err := c.read(ctx, mode, queryAttribute, func(e *encoder) { e.str(key) })
+func (c *Client) GetAttribute(ctx context.Context, mode ctlapi.ReadMode, key string) (string, bool, error) {
+	r, err := c.read(ctx, mode, ctlapi.QueryAttribute, func(b []byte) []byte { return ctlapi.AppendString(b, key) })
 	if err != nil {
 		return "", false, err
 	}
-	ok, v := d.boolean(), d.str()
-	return v, ok, d.finish()
+	ok, v := r.Bool(), ctlapi.ReadString(r)
+	return v, ok, r.Done()
 }
 
 // GetWiring reads all exchanges, queues and bindings.
-func (c *Client) GetWiring(ctx context.Context, mode ReadMode) (Wiring, error) {
-	d, err := c.read(ctx, mode, queryWiring, nil)
+func (c *Client) GetWiring(ctx context.Context, mode ctlapi.ReadMode) (ctlapi.Wiring, error) {
+	r, err := c.read(ctx, mode, ctlapi.QueryWiring, nil)
 	if err != nil {
-		return Wiring{}, err
+		return ctlapi.Wiring{}, err
 	}
-	w := decodeWiring(d)
-	return w, d.finish()
+	w := ctlapi.ReadWiring(r)
+	return w, r.Done()
 }
 
 // GetGroups reads up to count groups from start, and the group count G.
-func (c *Client) GetGroups(ctx context.Context, mode ReadMode, start, count uint32) ([]Group, uint32, error) {
-	d, err := c.read(ctx, mode, queryGroups, func(e *encoder) { e.u32(start); e.u32(count) })
+func (c *Client) GetGroups(ctx context.Context, mode ctlapi.ReadMode, start, count uint32) ([]ctlapi.Group, uint32, error) {
+	r, err := c.read(ctx, mode, ctlapi.QueryGroups, func(b []byte) []byte { return wire.AppendU32(wire.AppendU32(b, start), count) })
 	if err != nil {
 		return nil, 0, err
 	}
-	total := d.u32()
-	n := d.count(24)
-	gs := make([]Group, n)
+	total := r.U32()
+	gs := make([]ctlapi.Group, r.Count(24))
 	for i := range gs {
-		gs[i] = decodeGroup(d)
+		gs[i] = ctlapi.ReadGroup(r)
 	}
-	return gs, total, d.finish()
+	return gs, total, r.Done()
 }
 
 // GetReplicaInfo reads one group consistently.
-func (c *Client) GetReplicaInfo(ctx context.Context, mode ReadMode, group uint32) (Group, error) {
-	d, err := c.read(ctx, mode, querySyncStateSet, func(e *encoder) { e.u32(group) })
+func (c *Client) GetReplicaInfo(ctx context.Context, mode ctlapi.ReadMode, group uint32) (ctlapi.Group, error) {
+	r, err := c.read(ctx, mode, ctlapi.QuerySyncStateSet, func(b []byte) []byte { return wire.AppendU32(b, group) })
 	if err != nil {
-		return Group{}, err
+		return ctlapi.Group{}, err
 	}
-	ok := d.boolean()
-	g := decodeGroup(d)
-	if err := d.finish(); err != nil {
-		return Group{}, err
+	ok := r.Bool()
+	g := ctlapi.ReadGroup(r)
+	if err := r.Done(); err != nil {
+		return ctlapi.Group{}, err
 	}
 	if !ok {
-		return Group{}, &ResultError{Code: CodeNotFound, Msg: fmt.Sprintf("group %d does not exist", group)}
+		return ctlapi.Group{}, &ctlapi.ResultError{Code: ctlapi.CodeNotFound, Msg: fmt.Sprintf("group %d does not exist", group)}
 	}
 	return g, nil
 }
 
 // GetSyncStateSet reads one group from the leader without a consistency
 // check (an unsafe read, for admin tools).
-func (c *Client) GetSyncStateSet(ctx context.Context, group uint32) (Group, error) {
-	return c.GetReplicaInfo(ctx, ReadUnsafe, group)
+func (c *Client) GetSyncStateSet(ctx context.Context, group uint32) (ctlapi.Group, error) {
+	return c.GetReplicaInfo(ctx, ctlapi.ReadUnsafe, group)
 }
 
 // GetBrokers reads the registered brokers.
-func (c *Client) GetBrokers(ctx context.Context, mode ReadMode) ([]Broker, error) {
-	d, err := c.read(ctx, mode, queryBrokers, nil)
+func (c *Client) GetBrokers(ctx context.Context, mode ctlapi.ReadMode) ([]ctlapi.Broker, error) {
+	r, err := c.read(ctx, mode, ctlapi.QueryBrokers, nil)
 	if err != nil {
 		return nil, err
 	}
-	n := d.count(10)
-	out := make([]Broker, n)
+	out := make([]ctlapi.Broker, r.Count(10))
 	for i := range out {
-		var rb RegisterBroker
-		rb.decode(d)
-		out[i] = Broker(rb)
+		out[i] = ctlapi.ReadBroker(r)
 	}
-	return out, d.finish()
+	return out, r.Done()
 }
 
 // GetNextBrokerID reads the id the next ApplyBrokerID{0} would get.
-func (c *Client) GetNextBrokerID(ctx context.Context, mode ReadMode) (uint32, error) {
-	d, err := c.read(ctx, mode, queryNextBrokerID, nil)
+func (c *Client) GetNextBrokerID(ctx context.Context, mode ctlapi.ReadMode) (uint32, error) {
+	r, err := c.read(ctx, mode, ctlapi.QueryNextBrokerID, nil)
 	if err != nil {
 		return 0, err
 	}
-	v := d.u32()
-	return v, d.finish()
+	v := r.U32()
+	return v, r.Done()
 }
 
 // ClusterInfo is the cluster configuration and version.
 type ClusterInfo struct {
-	Config  ClusterConfig
+	Config  ctlapi.ClusterConfig
 	Version uint16
 }
 
 // GetClusterInfo reads the cluster configuration and version.
-func (c *Client) GetClusterInfo(ctx context.Context, mode ReadMode) (ClusterInfo, error) {
-	d, err := c.read(ctx, mode, queryClusterInfo, nil)
+func (c *Client) GetClusterInfo(ctx context.Context, mode ctlapi.ReadMode) (ClusterInfo, error) {
+	r, err := c.read(ctx, mode, ctlapi.QueryClusterInfo, nil)
 	if err != nil {
 		return ClusterInfo{}, err
 	}
-	var sc SetClusterConfig
-	sc.decode(d)
-	info := ClusterInfo{Config: ClusterConfig(sc), Version: d.u16()}
-	return info, d.finish()
+	info := ClusterInfo{Config: ctlapi.ReadClusterConfig(r), Version: r.U16()}
+	return info, r.Done()
 }
 
 // WaitChange long-polls the leader until its applied index passes after,
@@ -572,21 +568,19 @@ func (c *Client) GetClusterInfo(ctx context.Context, mode ReadMode) (ClusterInfo
 // it in a loop and re-reads wiring and groups when the index moves, so
 // changes made through any controller reach it without a fixed poll rate.
 func (c *Client) WaitChange(ctx context.Context, after uint64) (uint64, error) {
-	e := encoder{}
-	e.u64(after)
-	out, err := c.call(ctx, opWait, e.b, false)
+	out, err := c.call(ctx, ctlapi.OpWait, wire.AppendU64(nil, after), false)
 	if err != nil {
 		return 0, err
 	}
-	d := decoder{b: out}
-	v := d.u64()
-	return v, d.finish()
+	r := wire.NewReader(out)
+	v := r.U64()
+	return v, r.Done()
 }
 
 // GetPrimary reads the primary broker of an active-passive cluster (0 when
 // there is none, or the cluster is active-active), the primary epoch and
 // the primary's addresses.
-func (c *Client) GetPrimary(ctx context.Context, mode ReadMode) (broker, epoch uint32, addrs []string, err error) {
+func (c *Client) GetPrimary(ctx context.Context, mode ctlapi.ReadMode) (broker, epoch uint32, addrs []string, err error) {
 	info, err := c.GetPrimaryInfo(ctx, mode)
 	return info.Broker, info.Epoch, info.Addrs, err
 }
@@ -600,18 +594,17 @@ type PrimaryInfo struct {
 }
 
 // GetPrimaryInfo reads the cluster mode and the primary in one read.
-func (c *Client) GetPrimaryInfo(ctx context.Context, mode ReadMode) (PrimaryInfo, error) {
-	d, err := c.read(ctx, mode, queryPrimary, nil)
+func (c *Client) GetPrimaryInfo(ctx context.Context, mode ctlapi.ReadMode) (PrimaryInfo, error) {
+	r, err := c.read(ctx, mode, ctlapi.QueryPrimary, nil)
 	if err != nil {
 		return PrimaryInfo{}, err
 	}
 	var info PrimaryInfo
-	info.Mode = d.u8()
-	var rb RegisterBroker
-	rb.decode(d)
-	info.Broker, info.Addrs = rb.ID, rb.Addrs
-	info.Epoch = d.u32()
-	if err := d.finish(); err != nil {
+	info.Mode = r.U8()
+	br := ctlapi.ReadBroker(r)
+	info.Broker, info.Addrs = br.ID, br.Addrs
+	info.Epoch = r.U32()
+	if err := r.Done(); err != nil {
 		return PrimaryInfo{}, err
 	}
 	return info, nil
@@ -626,13 +619,11 @@ func (c *Client) ElectPrimary(ctx context.Context, preferred uint32) (bool, erro
 	if preferred == 0 {
 		return false, fmt.Errorf("controlplane: elect primary needs a broker id")
 	}
-	e := encoder{}
-	e.u32(preferred)
-	out, err := c.call(ctx, opPrimary, e.b, false)
+	out, err := c.call(ctx, ctlapi.OpPrimary, wire.AppendU32(nil, preferred), false)
 	if err != nil {
 		return false, err
 	}
-	r, err := decodeResult(out)
+	r, err := ctlapi.DecodeResult(out)
 	if err != nil {
 		return false, err
 	}
@@ -643,18 +634,14 @@ func (c *Client) ElectPrimary(ctx context.Context, preferred uint32) (bool, erro
 // the leader's id, from the leader after a ReadIndex round: it reflects
 // every membership change committed before the call.
 func (c *Client) MemberList(ctx context.Context) (members map[uint64]string, leader uint64, err error) {
-	out, err := c.call(ctx, opMembers, nil, false)
+	out, err := c.call(ctx, ctlapi.OpMembers, nil, false)
 	if err != nil {
 		return nil, 0, err
 	}
-	d := decoder{b: out}
-	leader = d.u64()
-	cnt := d.count(10)
-	members = make(map[uint64]string, cnt)
-	for i := 0; i < cnt; i++ {
-		members[d.u64()] = d.str()
-	}
-	if err := d.finish(); err != nil {
+	r := wire.NewReader(out)
+	leader = r.U64()
+	members = ctlapi.ReadMembers(r)
+	if err := r.Done(); err != nil {
 		return nil, 0, err
 	}
 	return members, leader, nil
@@ -677,14 +664,14 @@ func (c *Client) ChangeMembership(ctx context.Context, add map[uint64]string, re
 	if len(add) == 0 && len(remove) == 0 {
 		return errors.New("controlplane: a membership change must add or remove a controller")
 	}
-	if len(add) > membersChangeMax || len(remove) > membersChangeMax {
-		return fmt.Errorf("controlplane: at most %d controllers added and %d removed per change", membersChangeMax, membersChangeMax)
+	if len(add) > ctlapi.MembersChangeMax || len(remove) > ctlapi.MembersChangeMax {
+		return fmt.Errorf("controlplane: at most %d controllers added and %d removed per change", ctlapi.MembersChangeMax, ctlapi.MembersChangeMax)
 	}
 	for id, addr := range add {
 		if id == 0 {
 			return errors.New("controlplane: cannot add controller 0: ids start at 1")
 		}
-		if err := CheckControllerAddr(addr); err != nil {
+		if err := ctlapi.CheckControllerAddr(addr); err != nil {
 			return fmt.Errorf("controlplane: cannot add controller %d: %v", id, err)
 		}
 	}
@@ -693,9 +680,7 @@ func (c *Client) ChangeMembership(ctx context.Context, add map[uint64]string, re
 			return errors.New("controlplane: cannot remove controller 0: ids start at 1")
 		}
 	}
-	e := encoder{}
-	encodeMembersChange(&e, add, remove)
-	_, err := c.call(ctx, opChangeMembers, e.b, false)
+	_, err := c.call(ctx, ctlapi.OpChangeMembers, ctlapi.AppendMembersChange(nil, add, remove), false)
 	return err
 }
 
@@ -704,7 +689,7 @@ func (c *Client) ChangeMembership(ctx context.Context, add map[uint64]string, re
 // elsewhere but reported as ambiguous.
 func isWrite(op uint8) bool {
 	switch op {
-	case opPropose, opElect, opPrimary, opChangeMembers:
+	case ctlapi.OpPropose, ctlapi.OpElect, ctlapi.OpPrimary, ctlapi.OpChangeMembers:
 		return true
 	}
 	return false

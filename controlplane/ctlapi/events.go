@@ -1,8 +1,10 @@
-package controlplane
+package ctlapi
 
 import (
 	"fmt"
 	"slices"
+
+	"github.com/berthmq/berth/wire"
 )
 
 // EventKind identifies a write event. Values are persisted in the raft log:
@@ -31,8 +33,8 @@ const (
 // every controller's state machine.
 type Event interface {
 	Kind() EventKind
-	encode(e *encoder)
-	decode(d *decoder)
+	appendBody(b []byte) []byte // the encoding without the kind byte
+	decodeBody(r *wire.Reader)
 }
 
 // ApplyBrokerID asks for a broker id. Requested 0 takes the next free id.
@@ -166,8 +168,8 @@ type PrimaryCandidate struct {
 	Data   uint64
 }
 
-// ElectPrimary elects the primary broker of an active-passive cluster (see
-// primary.go for the rule). Epoch is the primary epoch the proposer saw; a
+// ElectPrimary elects the primary broker of an active-passive cluster (the
+// controlplane package's primary.go states the rule). Epoch is the primary epoch the proposer saw; a
 // primary epoch that has moved on refuses the event. The heartbeat data is
 // carried in the event so apply never looks outside the state machine.
 type ElectPrimary struct {
@@ -191,173 +193,176 @@ func (SetClusterConfig) Kind() EventKind  { return KindSetClusterConfig }
 func (SetAttribute) Kind() EventKind      { return KindSetAttribute }
 func (ElectPrimary) Kind() EventKind      { return KindElectPrimary }
 
-func (ev *ApplyBrokerID) encode(e *encoder) { e.u32(ev.Requested) }
-func (ev *ApplyBrokerID) decode(d *decoder) { ev.Requested = d.u32() }
+func (ev *ApplyBrokerID) appendBody(b []byte) []byte { return wire.AppendU32(b, ev.Requested) }
+func (ev *ApplyBrokerID) decodeBody(r *wire.Reader)  { ev.Requested = r.U32() }
 
-func (ev *RegisterBroker) encode(e *encoder) {
-	e.u32(ev.ID)
-	e.u16(ev.Version)
-	e.u32(uint32(len(ev.Addrs)))
+func (ev *RegisterBroker) appendBody(b []byte) []byte {
+	b = wire.AppendU32(b, ev.ID)
+	b = wire.AppendU16(b, ev.Version)
+	b = wire.AppendU32(b, uint32(len(ev.Addrs)))
 	for _, a := range ev.Addrs {
-		e.str(a)
+		b = AppendString(b, a)
 	}
+	return b
 }
-func (ev *RegisterBroker) decode(d *decoder) {
-	ev.ID = d.u32()
-	ev.Version = d.u16()
-	n := d.count(2)
+func (ev *RegisterBroker) decodeBody(r *wire.Reader) {
+	ev.ID = r.U32()
+	ev.Version = r.U16()
+	n := r.Count(2)
 	ev.Addrs = make([]string, 0, n)
 	for i := 0; i < n; i++ {
-		ev.Addrs = append(ev.Addrs, d.str())
+		ev.Addrs = append(ev.Addrs, ReadString(r))
 	}
 }
 
-func (ev *ElectMaster) encode(e *encoder) {
-	e.boolean(ev.Unclean)
-	e.u32(uint32(len(ev.Groups)))
+func (ev *ElectMaster) appendBody(b []byte) []byte {
+	b = wire.AppendBool(b, ev.Unclean)
+	b = wire.AppendU32(b, uint32(len(ev.Groups)))
 	for _, g := range ev.Groups {
-		e.u32(g.Group)
-		e.u32(g.Epoch)
-		e.u32(g.Preferred)
-		e.u32(uint32(len(g.Candidates)))
+		b = wire.AppendU32(b, g.Group)
+		b = wire.AppendU32(b, g.Epoch)
+		b = wire.AppendU32(b, g.Preferred)
+		b = wire.AppendU32(b, uint32(len(g.Candidates)))
 		for _, c := range g.Candidates {
-			e.u32(c.Broker)
-			e.boolean(c.Alive)
-			e.u32(c.LogEnd.Epoch)
-			e.u64(c.LogEnd.Index)
+			b = wire.AppendU32(b, c.Broker)
+			b = wire.AppendBool(b, c.Alive)
+			b = wire.AppendU32(b, c.LogEnd.Epoch)
+			b = wire.AppendU64(b, c.LogEnd.Index)
 		}
 	}
+	return b
 }
-func (ev *ElectMaster) decode(d *decoder) {
-	ev.Unclean = d.boolean()
-	n := d.count(16)
+func (ev *ElectMaster) decodeBody(r *wire.Reader) {
+	ev.Unclean = r.Bool()
+	n := r.Count(16)
 	ev.Groups = make([]ElectGroup, n)
 	for i := range ev.Groups {
 		g := &ev.Groups[i]
-		g.Group, g.Epoch, g.Preferred = d.u32(), d.u32(), d.u32()
-		m := d.count(17)
+		g.Group, g.Epoch, g.Preferred = r.U32(), r.U32(), r.U32()
+		m := r.Count(17)
 		g.Candidates = make([]Candidate, m)
 		for j := range g.Candidates {
 			c := &g.Candidates[j]
-			c.Broker = d.u32()
-			c.Alive = d.boolean()
-			c.LogEnd.Epoch = d.u32()
-			c.LogEnd.Index = d.u64()
+			c.Broker = r.U32()
+			c.Alive = r.Bool()
+			c.LogEnd.Epoch = r.U32()
+			c.LogEnd.Index = r.U64()
 		}
 	}
 }
 
-func (ev *AlterSyncStateSet) encode(e *encoder) {
-	e.u32(ev.Group)
-	e.u32(ev.Master)
-	e.u32(ev.Epoch)
-	encodeIDs(e, ev.Set)
+func (ev *AlterSyncStateSet) appendBody(b []byte) []byte {
+	b = wire.AppendU32(b, ev.Group)
+	b = wire.AppendU32(b, ev.Master)
+	b = wire.AppendU32(b, ev.Epoch)
+	return AppendIDs(b, ev.Set)
 }
-func (ev *AlterSyncStateSet) decode(d *decoder) {
-	ev.Group, ev.Master, ev.Epoch = d.u32(), d.u32(), d.u32()
-	ev.Set = decodeIDs(d)
-}
-
-func encodeIDs(e *encoder, ids []uint32) {
-	e.u32(uint32(len(ids)))
-	for _, id := range ids {
-		e.u32(id)
-	}
-}
-func decodeIDs(d *decoder) []uint32 {
-	n := d.count(4)
-	ids := make([]uint32, n)
-	for i := range ids {
-		ids[i] = d.u32()
-	}
-	return ids
+func (ev *AlterSyncStateSet) decodeBody(r *wire.Reader) {
+	ev.Group, ev.Master, ev.Epoch = r.U32(), r.U32(), r.U32()
+	ev.Set = ReadIDs(r)
 }
 
-func (ev *CleanBrokerData) encode(e *encoder) { e.u32(ev.ID) }
-func (ev *CleanBrokerData) decode(d *decoder) { ev.ID = d.u32() }
+func (ev *CleanBrokerData) appendBody(b []byte) []byte { return wire.AppendU32(b, ev.ID) }
+func (ev *CleanBrokerData) decodeBody(r *wire.Reader)  { ev.ID = r.U32() }
 
-func (ev *DeclareExchange) encode(e *encoder) { e.str(ev.Name); e.str(ev.Type); e.boolean(ev.Durable) }
-func (ev *DeclareExchange) decode(d *decoder) {
-	ev.Name, ev.Type, ev.Durable = d.str(), d.str(), d.boolean()
+func (ev *DeclareExchange) appendBody(b []byte) []byte {
+	return wire.AppendBool(AppendString(AppendString(b, ev.Name), ev.Type), ev.Durable)
+}
+func (ev *DeclareExchange) decodeBody(r *wire.Reader) {
+	ev.Name, ev.Type, ev.Durable = ReadString(r), ReadString(r), r.Bool()
 }
 
-func encodeQueueOptions(e *encoder, o *QueueOptions) {
-	e.boolean(o.Durable)
-	e.boolean(o.Exclusive)
-	e.boolean(o.AutoDelete)
-	e.u64(o.TTLMs)
-	e.u64(o.MaxLength)
-	e.u8(o.Overflow)
-	e.str(o.DeadLetterExchange)
-	e.u32(o.MaxDeliveries)
-	e.u64(o.MaxLengthBytes)
-	e.str(o.DeadLetterKey)
+func appendQueueOptions(b []byte, o *QueueOptions) []byte {
+	b = wire.AppendBool(b, o.Durable)
+	b = wire.AppendBool(b, o.Exclusive)
+	b = wire.AppendBool(b, o.AutoDelete)
+	b = wire.AppendU64(b, o.TTLMs)
+	b = wire.AppendU64(b, o.MaxLength)
+	b = wire.AppendU8(b, o.Overflow)
+	b = AppendString(b, o.DeadLetterExchange)
+	b = wire.AppendU32(b, o.MaxDeliveries)
+	b = wire.AppendU64(b, o.MaxLengthBytes)
+	return AppendString(b, o.DeadLetterKey)
 }
-func decodeQueueOptions(d *decoder, o *QueueOptions) {
-	o.Durable, o.Exclusive, o.AutoDelete = d.boolean(), d.boolean(), d.boolean()
-	o.TTLMs, o.MaxLength = d.u64(), d.u64()
-	o.Overflow = d.u8()
-	o.DeadLetterExchange = d.str()
-	o.MaxDeliveries = d.u32()
-	o.MaxLengthBytes = d.u64()
-	o.DeadLetterKey = d.str()
-}
-
-func (ev *DeclareQueue) encode(e *encoder) { e.str(ev.Name); encodeQueueOptions(e, &ev.Options) }
-func (ev *DeclareQueue) decode(d *decoder) { ev.Name = d.str(); decodeQueueOptions(d, &ev.Options) }
-
-func (ev *Bind) encode(e *encoder)   { e.str(ev.Exchange); e.str(ev.Queue); e.str(ev.Key) }
-func (ev *Bind) decode(d *decoder)   { ev.Exchange, ev.Queue, ev.Key = d.str(), d.str(), d.str() }
-func (ev *Unbind) encode(e *encoder) { e.str(ev.Exchange); e.str(ev.Queue); e.str(ev.Key) }
-func (ev *Unbind) decode(d *decoder) { ev.Exchange, ev.Queue, ev.Key = d.str(), d.str(), d.str() }
-
-func (ev *DeleteQueue) encode(e *encoder)    { e.str(ev.Name) }
-func (ev *DeleteQueue) decode(d *decoder)    { ev.Name = d.str() }
-func (ev *DeleteExchange) encode(e *encoder) { e.str(ev.Name) }
-func (ev *DeleteExchange) decode(d *decoder) { ev.Name = d.str() }
-
-func (ev *SetClusterConfig) encode(e *encoder) {
-	e.u32(ev.Groups)
-	e.u8(ev.Mode)
-	e.boolean(ev.UncleanElection)
-}
-func (ev *SetClusterConfig) decode(d *decoder) {
-	ev.Groups, ev.Mode, ev.UncleanElection = d.u32(), d.u8(), d.boolean()
+func decodeQueueOptions(r *wire.Reader, o *QueueOptions) {
+	o.Durable, o.Exclusive, o.AutoDelete = r.Bool(), r.Bool(), r.Bool()
+	o.TTLMs, o.MaxLength = r.U64(), r.U64()
+	o.Overflow = r.U8()
+	o.DeadLetterExchange = ReadString(r)
+	o.MaxDeliveries = r.U32()
+	o.MaxLengthBytes = r.U64()
+	o.DeadLetterKey = ReadString(r)
 }
 
-func (ev *SetAttribute) encode(e *encoder) { e.str(ev.Key); e.str(ev.Value) }
-func (ev *SetAttribute) decode(d *decoder) { ev.Key, ev.Value = d.str(), d.str() }
+func (ev *DeclareQueue) appendBody(b []byte) []byte {
+	return appendQueueOptions(AppendString(b, ev.Name), &ev.Options)
+}
+func (ev *DeclareQueue) decodeBody(r *wire.Reader) {
+	ev.Name = ReadString(r)
+	decodeQueueOptions(r, &ev.Options)
+}
 
-func (ev *ElectPrimary) encode(e *encoder) {
-	e.u32(ev.Epoch)
-	e.u32(ev.Preferred)
-	e.u32(uint32(len(ev.Candidates)))
+func appendBinding(b []byte, exchange, queue, key string) []byte {
+	return AppendString(AppendString(AppendString(b, exchange), queue), key)
+}
+
+func (ev *Bind) appendBody(b []byte) []byte { return appendBinding(b, ev.Exchange, ev.Queue, ev.Key) }
+func (ev *Bind) decodeBody(r *wire.Reader) {
+	ev.Exchange, ev.Queue, ev.Key = ReadString(r), ReadString(r), ReadString(r)
+}
+func (ev *Unbind) appendBody(b []byte) []byte { return appendBinding(b, ev.Exchange, ev.Queue, ev.Key) }
+func (ev *Unbind) decodeBody(r *wire.Reader) {
+	ev.Exchange, ev.Queue, ev.Key = ReadString(r), ReadString(r), ReadString(r)
+}
+
+func (ev *DeleteQueue) appendBody(b []byte) []byte    { return AppendString(b, ev.Name) }
+func (ev *DeleteQueue) decodeBody(r *wire.Reader)     { ev.Name = ReadString(r) }
+func (ev *DeleteExchange) appendBody(b []byte) []byte { return AppendString(b, ev.Name) }
+func (ev *DeleteExchange) decodeBody(r *wire.Reader)  { ev.Name = ReadString(r) }
+
+func (ev *SetClusterConfig) appendBody(b []byte) []byte {
+	b = wire.AppendU32(b, ev.Groups)
+	b = wire.AppendU8(b, ev.Mode)
+	return wire.AppendBool(b, ev.UncleanElection)
+}
+func (ev *SetClusterConfig) decodeBody(r *wire.Reader) {
+	ev.Groups, ev.Mode, ev.UncleanElection = r.U32(), r.U8(), r.Bool()
+}
+
+func (ev *SetAttribute) appendBody(b []byte) []byte {
+	return AppendString(AppendString(b, ev.Key), ev.Value)
+}
+func (ev *SetAttribute) decodeBody(r *wire.Reader) { ev.Key, ev.Value = ReadString(r), ReadString(r) }
+
+func (ev *ElectPrimary) appendBody(b []byte) []byte {
+	b = wire.AppendU32(b, ev.Epoch)
+	b = wire.AppendU32(b, ev.Preferred)
+	b = wire.AppendU32(b, uint32(len(ev.Candidates)))
 	for _, c := range ev.Candidates {
-		e.u32(c.Broker)
-		e.boolean(c.Alive)
-		e.u64(c.Data)
+		b = wire.AppendU32(b, c.Broker)
+		b = wire.AppendBool(b, c.Alive)
+		b = wire.AppendU64(b, c.Data)
 	}
+	return b
 }
-func (ev *ElectPrimary) decode(d *decoder) {
-	ev.Epoch, ev.Preferred = d.u32(), d.u32()
-	n := d.count(13)
+func (ev *ElectPrimary) decodeBody(r *wire.Reader) {
+	ev.Epoch, ev.Preferred = r.U32(), r.U32()
+	n := r.Count(13)
 	ev.Candidates = nil // none (an admin handover) decodes as it was built
 	if n > 0 {
 		ev.Candidates = make([]PrimaryCandidate, n)
 	}
 	for i := range ev.Candidates {
 		c := &ev.Candidates[i]
-		c.Broker = d.u32()
-		c.Alive = d.boolean()
-		c.Data = d.u64()
+		c.Broker = r.U32()
+		c.Alive = r.Bool()
+		c.Data = r.U64()
 	}
 }
 
 // EncodeEvent appends the encoding of ev (kind byte then body) to dst.
 func EncodeEvent(dst []byte, ev Event) []byte {
-	e := encoder{b: append(dst, byte(ev.Kind()))}
-	ev.encode(&e)
-	return e.b
+	return ev.appendBody(append(dst, byte(ev.Kind())))
 }
 
 func newEvent(k EventKind) Event {
@@ -397,15 +402,15 @@ func newEvent(k EventKind) Event {
 // DecodeEvent decodes one event. It returns pointer event types.
 func DecodeEvent(b []byte) (Event, error) {
 	if len(b) < 1 {
-		return nil, errCodec
+		return nil, wire.ErrMalformed
 	}
 	ev := newEvent(EventKind(b[0]))
 	if ev == nil {
 		return nil, fmt.Errorf("controlplane: unknown event kind %d", b[0])
 	}
-	d := decoder{b: b[1:]}
-	ev.decode(&d)
-	if err := d.finish(); err != nil {
+	r := wire.NewReader(b[1:])
+	ev.decodeBody(r)
+	if err := r.Done(); err != nil {
 		return nil, err
 	}
 	return ev, nil
@@ -413,18 +418,18 @@ func DecodeEvent(b []byte) (Event, error) {
 
 // Limits checked by ValidateEvent before an event is proposed.
 const (
-	nameLenMax           = 255
-	addrsMax             = 16
-	electGroupsMax       = 4096 // groups per ElectMaster event
-	candidatesMax        = 64
-	primaryCandidatesMax = 1024 // candidates per ElectPrimary event
-	syncStateSetSizeMax  = 64
-	groupCountMax        = 1 << 20
+	NameLenMax           = 255
+	AddrsMax             = 16
+	ElectGroupsMax       = 4096 // groups per ElectMaster event
+	CandidatesMax        = 64
+	PrimaryCandidatesMax = 1024 // candidates per ElectPrimary event
+	SyncStateSetSizeMax  = 64
+	GroupCountMax        = 1 << 20
 )
 
 func validName(what, s string) error {
-	if s == "" || len(s) > nameLenMax {
-		return fmt.Errorf("controlplane: %s name must be 1..%d bytes", what, nameLenMax)
+	if s == "" || len(s) > NameLenMax {
+		return fmt.Errorf("controlplane: %s name must be 1..%d bytes", what, NameLenMax)
 	}
 	return nil
 }
@@ -434,26 +439,26 @@ func validName(what, s string) error {
 func ValidateEvent(ev Event) error {
 	switch ev := ev.(type) {
 	case *RegisterBroker:
-		if ev.ID == 0 || len(ev.Addrs) > addrsMax {
-			return fmt.Errorf("controlplane: register broker needs an id and at most %d addresses", addrsMax)
+		if ev.ID == 0 || len(ev.Addrs) > AddrsMax {
+			return fmt.Errorf("controlplane: register broker needs an id and at most %d addresses", AddrsMax)
 		}
 		for _, a := range ev.Addrs {
-			if a == "" || len(a) > nameLenMax {
+			if a == "" || len(a) > NameLenMax {
 				return fmt.Errorf("controlplane: bad broker address %q", a)
 			}
 		}
 	case *ElectMaster:
-		if len(ev.Groups) == 0 || len(ev.Groups) > electGroupsMax {
-			return fmt.Errorf("controlplane: elect master needs 1..%d groups", electGroupsMax)
+		if len(ev.Groups) == 0 || len(ev.Groups) > ElectGroupsMax {
+			return fmt.Errorf("controlplane: elect master needs 1..%d groups", ElectGroupsMax)
 		}
 		for _, g := range ev.Groups {
-			if len(g.Candidates) > candidatesMax {
-				return fmt.Errorf("controlplane: at most %d candidates per group", candidatesMax)
+			if len(g.Candidates) > CandidatesMax {
+				return fmt.Errorf("controlplane: at most %d candidates per group", CandidatesMax)
 			}
 		}
 	case *AlterSyncStateSet:
-		if len(ev.Set) == 0 || len(ev.Set) > syncStateSetSizeMax {
-			return fmt.Errorf("controlplane: SyncStateSet size must be 1..%d", syncStateSetSizeMax)
+		if len(ev.Set) == 0 || len(ev.Set) > SyncStateSetSizeMax {
+			return fmt.Errorf("controlplane: SyncStateSet size must be 1..%d", SyncStateSetSizeMax)
 		}
 	case *DeclareExchange:
 		if err := validName("exchange", ev.Name); err != nil {
@@ -466,7 +471,7 @@ func ValidateEvent(ev Event) error {
 		if err := validName("queue", ev.Name); err != nil {
 			return err
 		}
-		if ev.Options.Overflow > OverflowRejectPublish || len(ev.Options.DeadLetterExchange) > nameLenMax {
+		if ev.Options.Overflow > OverflowRejectPublish || len(ev.Options.DeadLetterExchange) > NameLenMax {
 			return fmt.Errorf("controlplane: bad queue options")
 		}
 	case *Bind:
@@ -476,8 +481,8 @@ func ValidateEvent(ev Event) error {
 		if err := validName("queue", ev.Queue); err != nil {
 			return err
 		}
-		if len(ev.Key) > nameLenMax {
-			return fmt.Errorf("controlplane: binding key longer than %d bytes", nameLenMax)
+		if len(ev.Key) > NameLenMax {
+			return fmt.Errorf("controlplane: binding key longer than %d bytes", NameLenMax)
 		}
 	case *Unbind:
 		return ValidateEvent(&Bind{ev.Exchange, ev.Queue, ev.Key})
@@ -486,19 +491,19 @@ func ValidateEvent(ev Event) error {
 	case *DeleteExchange:
 		return validName("exchange", ev.Name)
 	case *SetClusterConfig:
-		if ev.Groups == 0 || ev.Groups > groupCountMax || ev.Mode > ModeActivePassive {
-			return fmt.Errorf("controlplane: group count must be 1..%d and mode known", groupCountMax)
+		if ev.Groups == 0 || ev.Groups > GroupCountMax || ev.Mode > ModeActivePassive {
+			return fmt.Errorf("controlplane: group count must be 1..%d and mode known", GroupCountMax)
 		}
 	case *SetAttribute:
 		if err := validName("attribute", ev.Key); err != nil {
 			return err
 		}
-		if len(ev.Value) > stringLenMax {
-			return fmt.Errorf("controlplane: attribute value longer than %d bytes", stringLenMax)
+		if len(ev.Value) > StringLenMax {
+			return fmt.Errorf("controlplane: attribute value longer than %d bytes", StringLenMax)
 		}
 	case *ElectPrimary:
-		if len(ev.Candidates) > primaryCandidatesMax {
-			return fmt.Errorf("controlplane: at most %d candidates per primary election", primaryCandidatesMax)
+		if len(ev.Candidates) > PrimaryCandidatesMax {
+			return fmt.Errorf("controlplane: at most %d candidates per primary election", PrimaryCandidatesMax)
 		}
 	case nil:
 		return fmt.Errorf("controlplane: nil event")

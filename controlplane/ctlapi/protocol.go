@@ -1,0 +1,236 @@
+package ctlapi
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"slices"
+	"strconv"
+
+	"github.com/berthmq/berth/wire"
+)
+
+// The controller service's protocol: operations, read queries, reply
+// statuses, their bounds, and the request and reply bodies that the client
+// writes and the service reads (or the other way). A frame is a
+// wire.CtlRequest or wire.CtlResponse; the bodies use the wire codec.
+
+// Service operations (wire.CtlRequest.Op). Persisted nowhere, but brokers
+// of other versions send them: never renumber.
+const (
+	OpPropose   uint8 = 1 // body: an event; reply: a Result
+	OpRead      uint8 = 2 // body: mode, query, args; reply: per query
+	OpHeartbeat uint8 = 3 // body: broker, log ends
+	OpElect     uint8 = 4 // body: preferred broker, group ids; reply: a Result
+	OpStatus    uint8 = 5 // reply: a Status
+	OpWait      uint8 = 6 // body: an applied index; reply: the applied index once past it
+	OpPrimary   uint8 = 7 // body: preferred broker; reply: a Result (elected on the leader from its heartbeats)
+	// OpMembers: no body; reply: the leader's id, then the voters as
+	// count + (id u64, address str)*. Served on the leader only, after a
+	// ReadIndex round (a consistent read): the configuration it reports
+	// holds every membership change committed before the request.
+	OpMembers uint8 = 8
+	// OpChangeMembers: body: adds as count + (id u64, address str)*,
+	// removes as count + id*; each count at most MembersChangeMax. Runs
+	// ChangeMembership on the leader; an empty reply once the joint
+	// configuration is left. A write: a stopping leader's answer is
+	// ambiguous. Repeating a change that took effect succeeds.
+	OpChangeMembers uint8 = 9
+)
+
+// MembersChangeMax bounds the adds and the removes in one OpChangeMembers
+// request: no change leaves more than VotersMax voters, and replacing a
+// whole 5-member group takes 5 of each.
+const MembersChangeMax = VotersMax
+
+// Read queries.
+const (
+	QueryWiring uint8 = iota + 1
+	QueryGroups
+	QueryBrokers
+	QueryNextBrokerID
+	QueryAttribute
+	QueryClusterInfo
+	QuerySyncStateSet
+	QueryPrimary
+)
+
+// Response statuses (wire.CtlResponse.Status).
+const (
+	StatusOK uint8 = iota
+	StatusNotLeader
+	StatusLagging
+	StatusBusy
+	StatusBadRequest
+	StatusUnavailable // not served; safe to retry
+	StatusAmbiguous   // a write whose outcome is unknown
+	StatusStopped
+)
+
+const (
+	// RequestFrameMax bounds a service request frame.
+	RequestFrameMax = 1 << 20
+	// GroupsPerReplyMax bounds the groups in one GetGroups reply.
+	GroupsPerReplyMax = 16384
+)
+
+// AppendHeartbeat appends an OpHeartbeat body: the broker, then each
+// group's log end.
+func AppendHeartbeat(b []byte, broker uint32, logEnds []GroupLogEnd) []byte {
+	b = wire.AppendU32(b, broker)
+	b = wire.AppendU32(b, uint32(len(logEnds)))
+	for _, l := range logEnds {
+		b = wire.AppendU32(b, l.Group)
+		b = wire.AppendU32(b, l.LogEnd.Epoch)
+		b = wire.AppendU64(b, l.LogEnd.Index)
+	}
+	return b
+}
+
+// DecodeHeartbeat reads an OpHeartbeat body.
+func DecodeHeartbeat(body []byte) (broker uint32, logEnds []GroupLogEnd, err error) {
+	r := wire.NewReader(body)
+	broker = r.U32()
+	logEnds = make([]GroupLogEnd, r.Count(16))
+	for i := range logEnds {
+		logEnds[i] = GroupLogEnd{r.U32(), LogEnd{r.U32(), r.U64()}}
+	}
+	return broker, logEnds, r.Done()
+}
+
+// AppendElect appends an OpElect body: the preferred broker, then the
+// groups.
+func AppendElect(b []byte, preferred uint32, groups []uint32) []byte {
+	return AppendIDs(wire.AppendU32(b, preferred), groups)
+}
+
+// DecodeElect reads an OpElect body.
+func DecodeElect(body []byte) (preferred uint32, groups []uint32, err error) {
+	r := wire.NewReader(body)
+	preferred = r.U32()
+	groups = ReadIDs(r)
+	return preferred, groups, r.Done()
+}
+
+// AppendMembersChange appends an OpChangeMembers body.
+func AppendMembersChange(b []byte, add map[uint64]string, remove []uint64) []byte {
+	b = AppendMembers(b, add)
+	b = wire.AppendU32(b, uint32(len(remove)))
+	for _, id := range remove {
+		b = wire.AppendU64(b, id)
+	}
+	return b
+}
+
+// DecodeMembersChange reads an OpChangeMembers body. ChangeMembership
+// checks the ids and addresses against the membership; this checks only
+// the shape and the bounds.
+func DecodeMembersChange(body []byte) (map[uint64]string, []uint64, error) {
+	r := wire.NewReader(body)
+	na := r.Count(10) // id and string length
+	if na > MembersChangeMax {
+		return nil, nil, fmt.Errorf("%w: %d controllers to add; at most %d per change", ErrBadRequest, na, MembersChangeMax)
+	}
+	add := make(map[uint64]string, na)
+	for i := 0; i < na && r.Err() == nil; i++ {
+		id, addr := r.U64(), ReadString(r)
+		if _, dup := add[id]; dup && r.Err() == nil {
+			return nil, nil, fmt.Errorf("%w: controller %d is listed twice to add", ErrBadRequest, id)
+		}
+		add[id] = addr
+	}
+	nr := r.Count(8)
+	if nr > MembersChangeMax {
+		return nil, nil, fmt.Errorf("%w: %d controllers to remove; at most %d per change", ErrBadRequest, nr, MembersChangeMax)
+	}
+	remove := make([]uint64, 0, nr)
+	for i := 0; i < nr && r.Err() == nil; i++ {
+		remove = append(remove, r.U64())
+	}
+	if err := r.Done(); err != nil {
+		return nil, nil, fmt.Errorf("%w: malformed membership change: %v", ErrBadRequest, err)
+	}
+	return add, remove, nil
+}
+
+// AppendResult appends the reply to a write: code, value, message.
+func AppendResult(b []byte, r Result) []byte {
+	b = wire.AppendU8(b, r.Code)
+	b = wire.AppendU64(b, r.Value)
+	return AppendString(b, r.Msg)
+}
+
+// DecodeResult reads what AppendResult wrote.
+func DecodeResult(b []byte) (Result, error) {
+	r := wire.NewReader(b)
+	res := Result{Code: r.U8(), Value: r.U64(), Msg: ReadString(r)}
+	return res, r.Done()
+}
+
+// AppendGroup appends a group as the group reads answer it.
+func AppendGroup(b []byte, g Group) []byte {
+	b = wire.AppendU32(b, g.ID)
+	b = wire.AppendU32(b, g.Master)
+	b = wire.AppendU32(b, g.Epoch)
+	b = wire.AppendU32(b, g.ElectedLogEnd.Epoch)
+	b = wire.AppendU64(b, g.ElectedLogEnd.Index)
+	return AppendIDs(b, g.SyncStateSet)
+}
+
+// ReadGroup reads what AppendGroup wrote.
+func ReadGroup(r *wire.Reader) Group {
+	g := Group{ID: r.U32(), Master: r.U32(), Epoch: r.U32()}
+	g.ElectedLogEnd = LogEnd{r.U32(), r.U64()}
+	g.SyncStateSet = ReadIDs(r)
+	return g
+}
+
+// AppendMembers appends a count, then each controller id and its address,
+// by id. Membership change entries in the raft log store their address
+// book this way.
+func AppendMembers(b []byte, members map[uint64]string) []byte {
+	b = wire.AppendU32(b, uint32(len(members)))
+	for _, id := range slices.Sorted(maps.Keys(members)) {
+		b = wire.AppendU64(b, id)
+		b = AppendString(b, members[id])
+	}
+	return b
+}
+
+// ReadMembers reads what AppendMembers wrote.
+func ReadMembers(r *wire.Reader) map[uint64]string {
+	n := r.Count(10)
+	members := make(map[uint64]string, n)
+	for i := 0; i < n; i++ {
+		id := r.U64()
+		members[id] = ReadString(r)
+	}
+	return members
+}
+
+// VotersMax bounds the voters a membership change may leave: a controller
+// group has at most 5 members.
+const VotersMax = 5
+
+// CheckControllerAddr accepts host:port with a port in 1..65535 and at
+// most 255 bytes: the other members dial it.
+func CheckControllerAddr(addr string) error {
+	if addr == "" {
+		return errors.New("address is empty")
+	}
+	if len(addr) > NameLenMax {
+		return fmt.Errorf("address is %d bytes, more than %d", len(addr), NameLenMax)
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("address %q: %v", addr, err)
+	}
+	if host == "" {
+		return fmt.Errorf("address %q has no host", addr)
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+		return fmt.Errorf("address %q: port must be 1..65535", addr)
+	}
+	return nil
+}
