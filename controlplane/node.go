@@ -283,6 +283,7 @@ type Node struct {
 	nextSeq    uint64     // guarded by propMu
 	pendingMu  sync.Mutex // guards pending: the raft and apply goroutines share it
 	pending    map[uint64]*proposal
+	batches    entryBatches // proposals per entry (metrics.go)
 
 	readMu      sync.Mutex
 	readQ       []*readRequest
@@ -753,6 +754,7 @@ func (n *Node) drainProposals() {
 			}
 			continue
 		}
+		n.batches.observe(len(batch))
 		n.pendingMu.Lock()
 		for _, p := range batch {
 			n.pending[p.seq] = p
