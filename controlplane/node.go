@@ -168,6 +168,7 @@ type Node struct {
 	propSignal chan struct{}
 	nextSeq    uint64               // guarded by propMu
 	pending    map[uint64]*proposal // raft goroutine only
+	batches    entryBatches         // proposals per entry (metrics.go)
 
 	readMu      sync.Mutex
 	readQ       []*readRequest

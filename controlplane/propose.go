@@ -157,6 +157,7 @@ func (n *Node) drainProposals() {
 			}
 			continue
 		}
+		n.batches.observe(len(batch))
 		for _, p := range batch {
 			n.pending[p.seq] = p
 		}

@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"path/filepath"
 	"sync"
+	"time"
 )
 
 // Pos is the logical position of a record. Positions are assigned at append
@@ -63,6 +64,10 @@ const (
 	// batchHistogramBuckets: bucket i counts fsyncs that covered
 	// [2^i, 2^(i+1)) records; the last bucket takes the rest.
 	batchHistogramBuckets = 20
+	// FsyncHistogramBuckets: bucket i counts fsyncs that took
+	// [2^i, 2^(i+1)) microseconds (bucket 0 also takes under 1 us); the
+	// last bucket takes the rest (from 2^22 us, about 4.2 s).
+	FsyncHistogramBuckets = 23
 )
 
 // Errors returned by the journal. I/O errors are wrapped with the
@@ -88,7 +93,13 @@ type Stats struct {
 	// Fsyncs it gives the mean records per fsync.
 	RecordsSynced uint64
 	// BatchHistogram[i] counts fsyncs covering [2^i, 2^(i+1)) records.
-	BatchHistogram    [batchHistogramBuckets]uint64
+	BatchHistogram [batchHistogramBuckets]uint64
+	// FsyncHistogram[i] counts those fsyncs by how long they took:
+	// [2^i, 2^(i+1)) microseconds (see FsyncHistogramBuckets), measured on
+	// the writer goroutine around the fsync that ends the batch.
+	FsyncHistogram [FsyncHistogramBuckets]uint64
+	// FsyncNanos is the total time of those fsyncs.
+	FsyncNanos        uint64
 	Compactions       uint64 // rewrites of sparse segments
 	SegmentsReclaimed uint64 // segment files deleted
 	BytesRelocated    uint64
@@ -527,6 +538,12 @@ func (j *Journal) Stats() Stats {
 	}
 	s.Err = j.mu.err
 	return s
+}
+
+// fsyncBucket is the FsyncHistogram bucket of an fsync that took d.
+func fsyncBucket(d time.Duration) int {
+	b := bits.Len64(uint64(max(d, 0)/time.Microsecond)) - 1
+	return min(max(b, 0), FsyncHistogramBuckets-1)
 }
 
 func batchBucket(n int) int {

@@ -3,6 +3,7 @@ package journal
 import (
 	"fmt"
 	"os"
+	"time"
 )
 
 // writeLoop is the group-commit goroutine. It takes everything appended
@@ -36,10 +37,11 @@ func (j *Journal) writeLoop() {
 
 		var err error
 		synced := false
+		var took time.Duration // the batch's closing fsync
 		if failed != nil {
 			err = fmt.Errorf("%w: %w", ErrFailed, failed)
 		} else {
-			synced, err = j.writeBatch(b, forceSync)
+			synced, took, err = j.writeBatch(b, forceSync)
 		}
 
 		ok := 0
@@ -64,6 +66,8 @@ func (j *Journal) writeLoop() {
 			j.mu.stats.Fsyncs++
 			j.mu.stats.RecordsSynced += uint64(ok)
 			j.mu.stats.BatchHistogram[batchBucket(ok)]++
+			j.mu.stats.FsyncHistogram[fsyncBucket(took)]++
+			j.mu.stats.FsyncNanos += uint64(took)
 		}
 		j.mu.Unlock()
 
@@ -93,12 +97,12 @@ func (j *Journal) writeLoop() {
 // writeBatch writes b's chunks in order and syncs them. A segment is
 // synced and sealed before the first byte goes to its successor, so a crash
 // never leaves a later segment ahead of a torn earlier one. It reports
-// whether the batch ended with an fsync.
-func (j *Journal) writeBatch(b *batch, forceSync bool) (bool, error) {
+// whether the batch ended with an fsync, and how long that fsync took.
+func (j *Journal) writeBatch(b *batch, forceSync bool) (bool, time.Duration, error) {
 	for _, c := range b.chunks {
 		if c.seg != j.writerCur {
 			if err := j.switchSegment(c.seg); err != nil {
-				return false, err
+				return false, 0, err
 			}
 		}
 		n, err := c.seg.file.Write(b.buf[c.start:c.end])
@@ -109,18 +113,21 @@ func (j *Journal) writeBatch(b *batch, forceSync bool) (bool, error) {
 			err = fmt.Errorf("short write %d of %d", n, c.end-c.start)
 		}
 		if err != nil {
-			return false, fmt.Errorf("journal: write %s: %w", segmentName(c.seg.id), err)
+			return false, 0, fmt.Errorf("journal: write %s: %w", segmentName(c.seg.id), err)
 		}
 	}
 	if j.opts.Fsync == FsyncNever && !forceSync {
-		return false, nil
+		return false, 0, nil
 	}
+	var took time.Duration
 	if cur := j.writerCur; cur != nil {
+		start := time.Now()
 		if err := cur.file.Sync(); err != nil {
-			return false, fmt.Errorf("journal: fsync %s: %w", segmentName(cur.id), err)
+			return false, 0, fmt.Errorf("journal: fsync %s: %w", segmentName(cur.id), err)
 		}
+		took = time.Since(start)
 	}
-	return true, nil
+	return true, took, nil
 }
 
 // switchSegment seals the writer's current segment and creates next.

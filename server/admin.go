@@ -22,6 +22,12 @@ type metrics struct {
 	ringFull          prometheus.Counter
 }
 
+// newMetrics builds the registry /metrics serves. A broker exports its
+// connection counters, its shards and queues (one snapshot round trip per
+// shard and scrape, shardCollector) and its controller member if it runs
+// one; a controller-only node its member. Both export the Go runtime and
+// process collectors and berth_ready. The counters the event loops bump
+// exist on either role, registered only on a broker.
 func newMetrics(s *Server) *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	m.connections = prometheus.NewGauge(prometheus.GaugeOpts{Name: "berth_connections", Help: "Open client connections."})
@@ -29,21 +35,25 @@ func newMetrics(s *Server) *metrics {
 	m.heartbeatTimeouts = prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_heartbeat_timeouts_total", Help: "Connections closed for missed heartbeats."})
 	m.unroutable = prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_unroutable_total", Help: "Published messages that matched no queue."})
 	m.ringFull = prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_ring_full_total", Help: "Times an event loop found a shard ring full and backed off."})
-	m.reg.MustRegister(m.connections, m.protocolErrors, m.heartbeatTimeouts, m.unroutable, m.ringFull,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	b := s.broker
-	stat := func(name, help string, pick func() float64) {
-		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, pick))
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "berth_ready", Help: "1 when /readyz answers 200, else 0."}, func() float64 {
+			if s.Ready() {
+				return 1
+			}
+			return 0
+		}))
+	if s.cfg.Role != RoleController {
+		m.reg.MustRegister(m.connections, m.protocolErrors, m.heartbeatTimeouts, m.unroutable, m.ringFull, newShardCollector(s))
 	}
-	stat("berth_messages_published_total", "Messages enqueued.", func() float64 { return float64(b.Stats().Published) })
-	stat("berth_messages_delivered_total", "Messages delivered to consumers.", func() float64 { return float64(b.Stats().Delivered) })
-	stat("berth_messages_accepted_total", "Messages accepted.", func() float64 { return float64(b.Stats().Accepted) })
-	stat("berth_messages_dead_lettered_total", "Messages dead-lettered or discarded.", func() float64 { return float64(b.Stats().DeadLettered) })
-	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "berth_queues", Help: "Declared queues."},
-		func() float64 { return float64(len(b.Queues())) }))
+	if s.cfg.controllerEmbedded() {
+		m.reg.MustRegister(newControllerCollector(s))
+	}
 	return m
 }
 
+// startAdmin serves the admin HTTP of either role: /healthz, /readyz,
+// /metrics, /debug/pprof/, /v1/status, and on a broker /v1/queues. Start
+// runs it first, so that it answers while the rest comes up.
 func (s *Server) startAdmin() error {
 	ln, err := net.Listen("tcp", s.cfg.AdminAddr)
 	if err != nil {
@@ -52,29 +62,47 @@ func (s *Server) startAdmin() error {
 	s.adminLn = ln
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ready") })
+	mux.HandleFunc("/readyz", s.serveReady)
 	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	handlePprof(mux)
-	mux.HandleFunc("/v1/queues", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, s.broker.Queues())
-	})
-	mux.HandleFunc("/v1/status", func(w http.ResponseWriter, r *http.Request) {
-		s.conns.Lock()
-		n := len(s.conns.set)
-		s.conns.Unlock()
-		out := map[string]any{
-			"server": s.cfg.ServerName, "clients": s.addr, "connections": n,
-			"shards": s.cfg.Shards, "loops": s.cfg.Loops, "stats": s.broker.Stats(),
-			"broker_id": s.BrokerID(), "broker_registered": s.BrokerRegistered(),
-		}
-		if s.ctl != nil {
-			out["controller"] = s.controllerStatus()
-		}
-		writeJSON(w, out)
-	})
+	mux.HandleFunc("/v1/status", s.serveStatus)
+	if s.cfg.Role != RoleController {
+		mux.HandleFunc("/v1/queues", func(w http.ResponseWriter, r *http.Request) {
+			b := s.boot.broker.Load()
+			if b == nil || !b.Recovered() {
+				http.Error(w, "starting: the queues are not recovered yet", http.StatusServiceUnavailable)
+				return
+			}
+			writeJSON(w, b.Queues())
+		})
+	}
 	s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = s.admin.Serve(ln) }()
 	return nil
+}
+
+// serveStatus is /v1/status. While Start runs it shows readiness and the
+// controller member only.
+func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
+	unmet := s.unready()
+	out := map[string]any{"server": s.cfg.ServerName, "role": s.cfg.Role, "ready": len(unmet) == 0}
+	if len(unmet) > 0 {
+		out["unready"] = unmet
+	}
+	if s.boot.ctl.Load() != nil {
+		out["controller"] = s.controllerStatus()
+	}
+	if s.cfg.Role == RoleController || !s.boot.started.Load() {
+		writeJSON(w, out)
+		return
+	}
+	s.conns.Lock()
+	n := len(s.conns.set)
+	s.conns.Unlock()
+	out["clients"], out["connections"] = s.addr, n
+	out["shards"], out["loops"], out["stats"] = s.cfg.Shards, s.cfg.Loops, s.broker.Stats()
+	out["broker_id"], out["broker_registered"] = s.BrokerID(), s.BrokerRegistered()
+	writeJSON(w, out)
 }
 
 func writeJSON(w http.ResponseWriter, v any) {

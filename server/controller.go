@@ -6,15 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"net"
-	"net/http"
 	"path/filepath"
 	"slices"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/berthmq/berth/controlplane"
 	"github.com/berthmq/berth/controlplane/ctlapi"
@@ -129,6 +123,7 @@ func (s *Server) startController(wait bool) (*controllerWiring, error) {
 			return nil, fmt.Errorf("server: controller: %w", err)
 		}
 		s.ctl = n
+		s.boot.ctl.Store(n)
 		watchController(n, cfg.Logger)
 		return &controllerWiring{n: n, timeout: wiringTimeout}, nil
 	}
@@ -138,6 +133,7 @@ func (s *Server) startController(wait bool) (*controllerWiring, error) {
 		return nil, fmt.Errorf("server: controller: %w", err)
 	}
 	s.ctl = n
+	s.boot.ctl.Store(n)
 	watchController(n, cfg.Logger)
 	addrs := make([]string, 0, len(cfg.ControllerPeers))
 	for _, id := range slices.Sorted(maps.Keys(cfg.ControllerPeers)) {
@@ -187,39 +183,11 @@ func waitControllerLeader(n *controlplane.Node, wait time.Duration, members int,
 	return nil
 }
 
-// startControllerOnly runs a controller member and the admin HTTP, with no
-// client listener and no shards.
+// startControllerOnly runs a controller member, with no client listener
+// and no shards; Start has started the admin HTTP.
 func startControllerOnly(s *Server) error {
 	if _, err := s.startController(false); err != nil {
 		return err
-	}
-	if s.cfg.AdminAddr != "" {
-		ln, err := net.Listen("tcp", s.cfg.AdminAddr)
-		if err != nil {
-			s.stopController()
-			return fmt.Errorf("server: admin listen on %s: %w", s.cfg.AdminAddr, err)
-		}
-		s.adminLn = ln
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		mux := http.NewServeMux()
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
-		mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-			if s.ctl.Leader() == 0 {
-				http.Error(w, "no controller leader", http.StatusServiceUnavailable)
-				return
-			}
-			fmt.Fprintln(w, "ready")
-		})
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		handlePprof(mux)
-		mux.HandleFunc("/v1/status", func(w http.ResponseWriter, r *http.Request) {
-			writeJSON(w, map[string]any{
-				"server": s.cfg.ServerName, "role": RoleController, "controller": s.controllerStatus(),
-			})
-		})
-		s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = s.admin.Serve(ln) }()
 	}
 	s.log.Info("berth: controller started", "controller", s.ctl.Addr(), "id", s.ctl.ID(), "admin", s.AdminAddr())
 	return nil
@@ -425,9 +393,10 @@ func watchController(n *controlplane.Node, log *slog.Logger) {
 // controllerStatus is the embedded controller member's raft status, for
 // /v1/status.
 func (s *Server) controllerStatus() map[string]any {
-	st := s.ctl.Status()
+	n := s.boot.ctl.Load() // the admin HTTP may ask while Start runs
+	st := n.Status()
 	return map[string]any{
-		"id": st.ID, "addr": s.ctl.Addr(), "leader": st.Leader, "is_leader": s.ctl.IsLeader(),
+		"id": st.ID, "addr": n.Addr(), "leader": st.Leader, "is_leader": n.IsLeader(),
 		"term": st.Term, "applied": st.Applied, "snapshot_index": st.SnapshotIndex,
 		"first_index": st.FirstIndex, "last_index": st.LastIndex,
 	}

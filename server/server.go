@@ -195,6 +195,7 @@ type Server struct {
 	}
 	nextSession atomic.Uint64
 	metrics     *metrics
+	boot        boot               // what Start brought up, for the admin HTTP (ready.go)
 	ctl         *controlplane.Node // in-process controller, or nil
 	// ctlClient reaches the controller group's leader from this member
 	// (3 or 5 members only), or nil.
@@ -234,10 +235,26 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s.regCtx, s.regCancel = context.WithCancel(context.Background())
 	s.conns.set = map[*connState]struct{}{}
+	s.metrics = newMetrics(s)
+	// The admin HTTP comes first: /readyz answers 503 while the rest
+	// comes up.
+	if cfg.AdminAddr != "" {
+		if err := s.startAdmin(); err != nil {
+			return nil, err
+		}
+	}
+	started := false
+	defer func() {
+		if !started && s.admin != nil {
+			_ = s.admin.Close()
+		}
+	}()
 	if cfg.Role == RoleController {
 		if err := startControllerOnly(s); err != nil {
 			return nil, err
 		}
+		started = true
+		s.boot.started.Store(true)
 		return s, nil
 	}
 	bcfg := shards.Config{Shards: cfg.Shards, CreditMax: cfg.CreditMax, Logger: cfg.Logger, RingSize: cfg.RingSize}
@@ -268,11 +285,11 @@ func Start(cfg Config) (*Server, error) {
 		}
 	}
 	s.broker = shards.New(bcfg)
+	s.boot.broker.Store(s.broker)
 	if err := s.broker.Start(); err != nil {
 		s.stopController()
 		return nil, fmt.Errorf("server: %w", err)
 	}
-	s.metrics = newMetrics(s)
 
 	s.mgmtWG.Add(1)
 	go s.runMgmt()
@@ -299,12 +316,7 @@ func Start(cfg Config) (*Server, error) {
 		s.mgmtWG.Wait()
 		return nil, fmt.Errorf("server: listen on %s: %w", cfg.ClientAddr, err)
 	}
-	if cfg.AdminAddr != "" {
-		if err := s.startAdmin(); err != nil {
-			_ = s.Close()
-			return nil, err
-		}
-	}
+	s.boot.serving.Store(true)
 	s.hbWG.Add(1)
 	go s.heartbeats()
 	if s.brokerID != 0 {
@@ -313,6 +325,8 @@ func Start(cfg Config) (*Server, error) {
 		go s.controllerLoop()
 	}
 	s.log.Info("berth: broker started", "clients", s.addr, "admin", s.AdminAddr(), "shards", cfg.Shards, "loops", cfg.Loops, "broker_id", s.brokerID)
+	started = true
+	s.boot.started.Store(true)
 	return s, nil
 }
 

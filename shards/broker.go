@@ -113,6 +113,8 @@ type Broker struct {
 	restore   *wiringState
 	loadErr   error
 	restoring bool // Start is replaying the wiring: do not log it again
+
+	startup startup // what Start has done so far (ready.go)
 }
 
 // logged reports whether durable changes go to the wiring log now.
@@ -161,12 +163,15 @@ func (b *Broker) Start() error {
 	}
 	b.startShards()
 	if b.cfg.Journal == nil {
+		b.startup.wiringRestored.Store(true)
+		b.startup.recovered.Store(true)
 		return nil
 	}
 	if err := b.restoreWiring(); err != nil {
 		b.Stop()
 		return err
 	}
+	b.startup.wiringRestored.Store(true)
 	for _, s := range b.shards {
 		var err error
 		if callErr := b.Call(s, func(sh *Shard) { err = sh.openJournal(*b.cfg.Journal, b.log) }); callErr != nil {
@@ -176,7 +181,9 @@ func (b *Broker) Start() error {
 			b.Stop()
 			return fmt.Errorf("shards: open journal of shard %d: %w", s.idx, err)
 		}
+		b.startup.shardsRecovered.Add(1)
 	}
+	b.startup.recovered.Store(true)
 	return nil
 }
 

@@ -244,11 +244,15 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 			q.ready.push(e)
 			q.readyBytes += uint64(m.body.Size())
 			q.totalBytes += uint64(m.body.Size())
+			q.Enqueued++
 		}
+		q.Recovered++
 		live++
 	}
+	s.meters.recovery = time.Since(start)
+	s.meters.recovered = uint64(live)
 	log.Info("shards: journal recovered", "shard", s.idx, "records", records, "messages", live,
-		"orphans_dropped", dropped, "dropped_bytes", j.Stats().DroppedBytes, "took", time.Since(start).String())
+		"orphans_dropped", dropped, "dropped_bytes", j.Stats().DroppedBytes, "took", s.meters.recovery.String())
 	return nil
 }
 

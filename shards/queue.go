@@ -151,6 +151,9 @@ type Queue struct {
 
 	// counters
 	Enqueued, Delivered, Acked, DeadLettered, Expired uint64
+	// Recovered counts the enqueues that were journal replay at start,
+	// not publishes.
+	Recovered uint64
 }
 
 // NewQueue returns an empty queue.

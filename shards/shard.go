@@ -109,7 +109,8 @@ type Shard struct {
 	now       int64
 	journal   *shardJournal // nil when the broker keeps nothing on disk
 
-	stats ShardStats
+	stats  ShardStats
+	meters shardMeters // metrics.go
 }
 
 // ShardStats are counters read by the metrics endpoint (approximate).
@@ -136,7 +137,13 @@ func newShard(idx int, b *Broker, cfg ShardConfig) *Shard {
 }
 
 // TryPush hands cmd to the shard without blocking; false if its ring is full.
-func (s *Shard) TryPush(cmd Command) bool { return s.in.TryPush(cmd) }
+func (s *Shard) TryPush(cmd Command) bool {
+	if s.in.TryPush(cmd) {
+		return true
+	}
+	s.meters.ringFull.Add(1)
+	return false
+}
 
 // Push hands cmd to the shard, waiting for room. Never call it from an
 // event loop.

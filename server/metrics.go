@@ -1,0 +1,254 @@
+package server
+
+import (
+	"context"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/berthmq/berth/controlplane"
+	"github.com/berthmq/berth/journal"
+	"github.com/berthmq/berth/shards"
+)
+
+// scrapeTimeout bounds the shards' answers to one scrape.
+const scrapeTimeout = 10 * time.Second
+
+// shardCollector exports the broker's shard and queue metrics. Each scrape
+// asks every shard once (shards.Broker.Metrics): the shards count on their
+// own goroutines in plain fields, and nothing on the publish path takes a
+// lock or an atomic shared across cores for a metric. Until Start has
+// recovered every shard, and after Close, it exports none of them.
+type shardCollector struct {
+	s *Server
+
+	published, delivered, accepted, deadLettered, queues *prometheus.Desc
+
+	qDepth, qReady, qUnacked, qConsumers, qBytes                     *prometheus.Desc
+	qPublished, qDelivered, qAccepted, qDeadLettered, qExpired       *prometheus.Desc
+	ringFull, storeErrors, droppedDeadLetters, recovery, recoveredMs *prometheus.Desc
+	fsyncs, recordsPerFsync, fsyncSeconds, appends, segments         *prometheus.Desc
+	diskBytes, liveBytes, journalFailed                              *prometheus.Desc
+}
+
+func newShardCollector(s *Server) *shardCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, labels, nil)
+	}
+	q, sh := "queue", "shard"
+	return &shardCollector{
+		s: s,
+
+		published:    d("berth_messages_published_total", "Messages enqueued, summed over the queues (dead letters included; journal recovery not)."),
+		delivered:    d("berth_messages_delivered_total", "Messages delivered to consumers, redeliveries included."),
+		accepted:     d("berth_messages_accepted_total", "Messages accepted by an ACCEPT."),
+		deadLettered: d("berth_messages_dead_lettered_total", "Messages dead-lettered or discarded."),
+		queues:       d("berth_queues", "Declared queues."),
+
+		qDepth:        d("berth_queue_depth", "Messages in the queue: ready and unacked.", q),
+		qReady:        d("berth_queue_ready", "Messages ready for delivery.", q),
+		qUnacked:      d("berth_queue_unacked", "Messages delivered and not yet accepted, released or rejected.", q),
+		qConsumers:    d("berth_queue_consumers", "Consumers subscribed to the queue.", q),
+		qBytes:        d("berth_queue_bytes", "Payload and property bytes of the messages in the queue, ready and unacked.", q),
+		qPublished:    d("berth_queue_published_total", "Messages that entered the queue since start: publishes and dead letters routed to it (not journal recovery).", q),
+		qDelivered:    d("berth_queue_delivered_total", "Deliveries from the queue, redeliveries included.", q),
+		qAccepted:     d("berth_queue_accepted_total", "Messages accepted from the queue: by ACCEPT, or on delivery in ack mode none.", q),
+		qDeadLettered: d("berth_queue_dead_lettered_total", "Messages that left the queue for its dead-letter exchange or were discarded: rejected, expired, over a limit.", q),
+		qExpired:      d("berth_queue_expired_total", "Messages that expired in the queue.", q),
+
+		ringFull:           d("berth_shard_ring_full_total", "Times a non-blocking push (an event loop, a ticker, another shard) found the shard's ring full.", sh),
+		storeErrors:        d("berth_shard_store_errors_total", "Journal records of the shard that failed to become durable; their commands got an error.", sh),
+		droppedDeadLetters: d("berth_shard_dropped_dead_letters_total", "Dead letters the shard dropped because other shards' rings stayed full.", sh),
+		recovery:           d("berth_shard_recovery_seconds", "How long the shard's journal recovery took at start.", sh),
+		recoveredMs:        d("berth_shard_recovered_messages", "Messages the shard's journal recovery brought back at start.", sh),
+		fsyncs:             d("berth_journal_fsyncs_total", "Journal fsyncs that made records durable.", sh),
+		recordsPerFsync:    d("berth_journal_records_per_fsync", "Records made durable by each journal fsync (group commit).", sh),
+		fsyncSeconds:       d("berth_journal_fsync_seconds", "Time of each journal fsync that made records durable, measured on the journal's writer goroutine.", sh),
+		appends:            d("berth_journal_appends_total", "Records appended to the shard's journal.", sh),
+		segments:           d("berth_journal_segments", "Segment files of the shard's journal.", sh),
+		diskBytes:          d("berth_journal_disk_bytes", "Bytes in the shard's journal segments.", sh),
+		liveBytes:          d("berth_journal_live_bytes", "Bytes of journal records that must stay on disk.", sh),
+		journalFailed:      d("berth_journal_failed", "1 once the shard's journal has failed on an I/O error and refuses records.", sh),
+	}
+}
+
+func (c *shardCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.published, c.delivered, c.accepted, c.deadLettered, c.queues,
+		c.qDepth, c.qReady, c.qUnacked, c.qConsumers, c.qBytes,
+		c.qPublished, c.qDelivered, c.qAccepted, c.qDeadLettered, c.qExpired,
+		c.ringFull, c.storeErrors, c.droppedDeadLetters, c.recovery, c.recoveredMs,
+		c.fsyncs, c.recordsPerFsync, c.fsyncSeconds, c.appends, c.segments,
+		c.diskBytes, c.liveBytes, c.journalFailed} {
+		ch <- d
+	}
+}
+
+func (c *shardCollector) Collect(ch chan<- prometheus.Metric) {
+	b := c.s.boot.broker.Load()
+	if b == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
+	defer cancel()
+	ms, err := b.Metrics(ctx)
+	if err != nil {
+		// Still starting (or stopping): the shards are not asked. A
+		// timeout is reported as a failed scrape.
+		if err != shards.ErrNotRunning {
+			ch <- prometheus.NewInvalidMetric(c.published, err)
+		}
+		return
+	}
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	var total shards.ShardStats
+	nq := 0
+	for i := range ms {
+		m := &ms[i]
+		total.Published += m.Stats.Published
+		total.Delivered += m.Stats.Delivered
+		total.Accepted += m.Stats.Accepted
+		total.DeadLettered += m.Stats.DeadLettered
+		nq += len(m.Queues)
+		for _, q := range m.Queues {
+			name := labelValue(q.Name)
+			gauge(c.qDepth, float64(q.Ready+q.Unacked), name)
+			gauge(c.qReady, float64(q.Ready), name)
+			gauge(c.qUnacked, float64(q.Unacked), name)
+			gauge(c.qConsumers, float64(q.Consumers), name)
+			gauge(c.qBytes, float64(q.Bytes), name)
+			counter(c.qPublished, q.Published, name)
+			counter(c.qDelivered, q.Delivered, name)
+			counter(c.qAccepted, q.Accepted, name)
+			counter(c.qDeadLettered, q.DeadLettered, name)
+			counter(c.qExpired, q.Expired, name)
+		}
+		shard := strconv.Itoa(m.Shard)
+		counter(c.ringFull, m.RingFull, shard)
+		counter(c.storeErrors, m.Stats.StoreErrors, shard)
+		counter(c.droppedDeadLetters, m.Stats.DroppedDeadLetters, shard)
+		if !m.Journaled {
+			continue
+		}
+		gauge(c.recovery, m.Recovery.Seconds(), shard)
+		gauge(c.recoveredMs, float64(m.RecoveredMessages), shard)
+		j := &m.Journal
+		counter(c.fsyncs, j.Fsyncs, shard)
+		ch <- recordsPerFsyncHistogram(c.recordsPerFsync, j, shard)
+		ch <- fsyncSecondsHistogram(c.fsyncSeconds, j, shard)
+		counter(c.appends, j.Appends, shard)
+		gauge(c.segments, float64(j.Segments), shard)
+		gauge(c.diskBytes, float64(j.DiskBytes), shard)
+		gauge(c.liveBytes, float64(j.LiveBytes), shard)
+		failed := 0.0
+		if j.Err != nil {
+			failed = 1
+		}
+		gauge(c.journalFailed, failed, shard)
+	}
+	counter(c.published, total.Published)
+	counter(c.delivered, total.Delivered)
+	counter(c.accepted, total.Accepted)
+	counter(c.deadLettered, total.DeadLettered)
+	gauge(c.queues, float64(nq))
+}
+
+// labelValue makes a queue name a valid label value: names are bytes on
+// the wire, labels UTF-8. A name that is not UTF-8 is shown quoted, with
+// escapes.
+func labelValue(name string) string {
+	if utf8.ValidString(name) {
+		return name
+	}
+	return strconv.Quote(name)
+}
+
+// powerOfTwoHistogram builds a const histogram from counts where bucket i
+// holds observations below bound(i); the last bucket is open-ended.
+func powerOfTwoHistogram(d *prometheus.Desc, counts []uint64, sum float64, bound func(i int) float64, labels ...string) prometheus.Metric {
+	buckets := make(map[float64]uint64, len(counts)-1)
+	var cum uint64
+	for i, n := range counts {
+		cum += n
+		if i < len(counts)-1 {
+			buckets[bound(i)] = cum
+		}
+	}
+	return prometheus.MustNewConstHistogram(d, cum, sum, buckets, labels...)
+}
+
+// recordsPerFsyncHistogram: journal bucket i counts fsyncs of [2^i,
+// 2^(i+1)) records, so at most 2^(i+1)-1.
+func recordsPerFsyncHistogram(d *prometheus.Desc, j *journal.Stats, labels ...string) prometheus.Metric {
+	return powerOfTwoHistogram(d, j.BatchHistogram[:], float64(j.RecordsSynced),
+		func(i int) float64 { return float64(uint64(1)<<(i+1) - 1) }, labels...)
+}
+
+// fsyncSecondsHistogram: journal bucket i counts fsyncs of [2^i, 2^(i+1))
+// microseconds.
+func fsyncSecondsHistogram(d *prometheus.Desc, j *journal.Stats, labels ...string) prometheus.Metric {
+	return powerOfTwoHistogram(d, j.FsyncHistogram[:], float64(j.FsyncNanos)/1e9,
+		func(i int) float64 { return float64(uint64(1)<<(i+1)) / 1e6 }, labels...)
+}
+
+// controllerCollector exports this node's controller member: term,
+// leader, applied index and the proposals the leader packed per log
+// entry. It reads atomics in the member, nothing on disk.
+type controllerCollector struct {
+	s                                         *Server
+	term, leader, isLeader, applied, perEntry *prometheus.Desc
+}
+
+func newControllerCollector(s *Server) *controllerCollector {
+	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, nil) }
+	return &controllerCollector{
+		s:        s,
+		term:     d("berth_controller_term", "Raft term of this node's controller member."),
+		leader:   d("berth_controller_leader", "Raft id of the controller leader this member knows, 0 if none."),
+		isLeader: d("berth_controller_is_leader", "1 if this node's controller member is the leader."),
+		applied:  d("berth_controller_applied_index", "Last log index this controller member applied."),
+		perEntry: d("berth_controller_proposals_per_entry",
+			"Proposals (events) this member packed into each log entry it proposed as leader."),
+	}
+}
+
+func (c *controllerCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.term
+	ch <- c.leader
+	ch <- c.isLeader
+	ch <- c.applied
+	ch <- c.perEntry
+}
+
+func (c *controllerCollector) Collect(ch chan<- prometheus.Metric) {
+	n := c.s.boot.ctl.Load()
+	if n == nil {
+		return
+	}
+	m := n.Metrics()
+	gauge := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	}
+	gauge(c.term, float64(m.Term))
+	gauge(c.leader, float64(m.Leader))
+	isLeader := 0.0
+	if m.IsLeader {
+		isLeader = 1
+	}
+	gauge(c.isLeader, isLeader)
+	gauge(c.applied, float64(m.Applied))
+	ch <- proposalsPerEntryHistogram(c.perEntry, &m)
+}
+
+// proposalsPerEntryHistogram: bucket i counts entries of [2^i, 2^(i+1))
+// proposals, so at most 2^(i+1)-1.
+func proposalsPerEntryHistogram(d *prometheus.Desc, m *controlplane.Metrics) prometheus.Metric {
+	return powerOfTwoHistogram(d, m.EntryBatchHistogram[:], float64(m.Proposals),
+		func(i int) float64 { return float64(uint64(1)<<(i+1) - 1) })
+}

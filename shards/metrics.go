@@ -1,0 +1,112 @@
+package shards
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"github.com/berthmq/berth/journal"
+)
+
+// shardMeters are a shard's counters beyond ShardStats. Only ringFull is
+// written off the shard goroutine: by producers that found the ring full,
+// and each shard has its own. The rest belong to the shard goroutine and
+// are read on it, by the metrics snapshot.
+type shardMeters struct {
+	ringFull  atomic.Uint64 // TryPush found the ring full
+	recovery  time.Duration // journal replay and rebuild at start
+	recovered uint64        // messages the replay brought back
+}
+
+// QueueMetrics are one queue's numbers at a snapshot.
+type QueueMetrics struct {
+	Name      string
+	Ready     int // ready to deliver
+	Unacked   int // delivered (acquired) and not yet settled
+	Consumers int
+	// Bytes is the payload and properties of every message the queue
+	// holds, ready or acquired.
+	Bytes uint64
+	// Published counts the messages that entered the queue since start:
+	// publishes, and dead letters routed to it. Messages recovered from
+	// the journal at start are not counted.
+	Published uint64
+	// Delivered counts deliveries, redeliveries included.
+	Delivered uint64
+	// Accepted counts messages dequeued as accepted: by ACCEPT, or at
+	// delivery to a consumer in ack mode none.
+	Accepted     uint64
+	DeadLettered uint64 // dead-lettered or discarded: rejected, expired, over a limit
+	Expired      uint64
+}
+
+// ShardMetrics are one shard's numbers, all taken at one instant on the
+// shard's goroutine.
+type ShardMetrics struct {
+	Shard int
+	Stats ShardStats
+	// RingFull counts the times a non-blocking push (an event loop, a
+	// ticker, another shard) found this shard's ring full.
+	RingFull uint64
+	// Journaled is false when the broker keeps nothing on disk; Journal,
+	// Recovery and RecoveredMessages are then zero.
+	Journaled         bool
+	Journal           journal.Stats
+	Recovery          time.Duration // journal recovery at start
+	RecoveredMessages uint64
+	Queues            []QueueMetrics
+}
+
+// ErrNotRunning is returned by Metrics before Start has recovered every
+// shard, and after Stop.
+var ErrNotRunning = errors.New("shards: broker not running")
+
+// Metrics asks every shard for its numbers, once each and all at the same
+// time. Each shard answers on its own goroutine from its plain counters,
+// so the hot path needs neither locks nor atomics for them. It fails with
+// ErrNotRunning before Start has recovered every shard (a shard busy
+// replaying its journal would hold the caller up) and after Stop.
+func (b *Broker) Metrics(ctx context.Context) ([]ShardMetrics, error) {
+	if !b.Recovered() {
+		return nil, ErrNotRunning
+	}
+	answers := make([]chan ShardMetrics, len(b.shards))
+	for i, s := range b.shards {
+		ch := make(chan ShardMetrics, 1) // a late answer is dropped, not blocked on
+		answers[i] = ch
+		if err := s.Push(ctx, Command{Op: opCall, Call: func(sh *Shard) { ch <- sh.metrics() }}); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]ShardMetrics, len(b.shards))
+	for i, ch := range answers {
+		select {
+		case out[i] = <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-b.ctx.Done():
+			return nil, ErrNotRunning
+		}
+	}
+	return out, nil
+}
+
+// metrics runs on the shard goroutine.
+func (s *Shard) metrics() ShardMetrics {
+	m := ShardMetrics{Shard: s.idx, Stats: s.stats, RingFull: s.meters.ringFull.Load(),
+		Recovery: s.meters.recovery, RecoveredMessages: s.meters.recovered}
+	if s.journal != nil {
+		m.Journaled = true
+		m.Journal = s.journal.j.Stats()
+	}
+	m.Queues = make([]QueueMetrics, 0, len(s.queues))
+	for q := range s.queues {
+		m.Queues = append(m.Queues, QueueMetrics{
+			Name: q.Name, Ready: q.Ready(), Unacked: q.Unacked(), Consumers: len(q.consumers), Bytes: q.totalBytes,
+			Published: q.Enqueued - q.Recovered, Delivered: q.Delivered, Accepted: q.Acked,
+			DeadLettered: q.DeadLettered, Expired: q.Expired,
+		})
+	}
+	return m
+}
