@@ -74,7 +74,8 @@ func allGroups(t testing.TB, cl *ctlclient.Client, mode ctlapi.ReadMode) []ctlap
 }
 
 func TestBrokerDeathElectsNewMasters(t *testing.T) {
-	c := newTestCluster(t, 3, func(cfg *Config) { cfg.BrokerTimeout = 400 * time.Millisecond })
+	// Heartbeats every 50 ms; 1 s is wide enough for a loaded machine under -race.
+	c := newTestCluster(t, 3, func(cfg *Config) { cfg.BrokerTimeout = time.Second })
 	c.leader()
 	cl := ctlclient.NewClient(c.addrList())
 	defer cl.Close()

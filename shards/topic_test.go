@@ -200,3 +200,27 @@ func BenchmarkTopicRouteReported(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkTopicRoute10kBindings routes a key through a topic exchange with
+// 10,000 bindings that do not match it (one per queue, "dev<i>.*.temp"),
+// the shape of the wiring-scale report (2,458 publishes/s before this
+// matcher, which split the key again for every binding).
+func BenchmarkTopicRoute10kBindings(b *testing.B) {
+	r := emptyRouting()
+	r.exchanges["t"] = &exchange{name: "t", kind: KindTopic}
+	for i := 0; i < 10000; i++ {
+		name := "q" + strings.Repeat("x", i%7) + string(rune('a'+i%26)) + itoa(i)
+		r.queues[name] = &Queue{Name: name}
+		r.bindings = append(r.bindings, Binding{Exchange: "t", Queue: name, Key: "dev" + itoa(i) + ".*.temp"})
+	}
+	r.rebuildExchanges()
+	key := []byte("sensor.room1.humidity")
+	dst := make([]*Queue, 0, 4)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		var err error
+		if dst, err = r.Route([]byte("t"), key, dst[:0]); err != nil || len(dst) != 0 {
+			b.Fatal(err, len(dst))
+		}
+	}
+}
