@@ -9,23 +9,8 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/controlplane"
+	"github.com/berthmq/berth/internal/testutil"
 )
-
-// poll calls f until it returns nil or within passes.
-func poll(t *testing.T, within time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 // TestBrokersRegisterAndHeartbeat runs three brokers embedding a 3-member
 // controller: each gets its own broker id and registers its client
@@ -46,7 +31,7 @@ func TestBrokersRegisterAndHeartbeat(t *testing.T) {
 	// Every broker registers once its listener is up; Start makes the
 	// first attempt, so they are all there by now or very soon.
 	byAddr := map[string]uint32{}
-	poll(t, 10*time.Second, func() error {
+	testutil.WaitFor(t, 10*time.Second, func() error {
 		bs, err := cl.GetBrokers(ctx, controlplane.ReadConsistent)
 		if err != nil {
 			return err
@@ -85,7 +70,7 @@ func TestBrokersRegisterAndHeartbeat(t *testing.T) {
 		t.Fatal(err)
 	}
 	var primary uint32
-	poll(t, 10*time.Second, func() error {
+	testutil.WaitFor(t, 10*time.Second, func() error {
 		p, _, _, err := cl.GetPrimary(ctx, controlplane.ReadConsistent)
 		if err != nil {
 			return err
@@ -114,7 +99,7 @@ func TestBrokersRegisterAndHeartbeat(t *testing.T) {
 	cr := controlplane.NewClient(rest)
 	defer cr.Close()
 	start := time.Now()
-	poll(t, 10*time.Second, func() error {
+	testutil.WaitFor(t, 10*time.Second, func() error {
 		p, _, addrs, err := cr.GetPrimary(ctx, controlplane.ReadConsistent)
 		if err != nil {
 			return err
