@@ -29,35 +29,6 @@ func main() {
 	os.Exit(run(os.Args[1:]))
 }
 
-func envOr(key, def string) string {
-	if v, ok := os.LookupEnv(key); ok {
-		return v
-	}
-	return def
-}
-
-func envInt(key string, def int) int {
-	if v, ok := os.LookupEnv(key); ok {
-		if n, err := strconv.Atoi(v); err == nil {
-			return n
-		}
-	}
-	return def
-}
-
-// envBool reads a boolean variable; unset or empty is def.
-func envBool(key string, def bool) (bool, error) {
-	v, ok := os.LookupEnv(key)
-	if !ok || strings.TrimSpace(v) == "" {
-		return def, nil
-	}
-	b, err := strconv.ParseBool(strings.TrimSpace(v))
-	if err != nil {
-		return false, fmt.Errorf("%s=%q: want true or false", key, v)
-	}
-	return b, nil
-}
-
 func run(args []string) int {
 	opts, err := parseArgs(args)
 	if err != nil {
@@ -98,77 +69,164 @@ type options struct {
 	mutexFraction, blockRate int
 }
 
+// envPrefix starts the environment variable of every flag: -controller-id
+// is BERTH_CONTROLLER_ID.
+const envPrefix = "BERTH_"
+
+// envName is the environment variable bound to the flag name.
+func envName(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// flags holds the values of berthd's flags.
+type flags struct {
+	listen, admin, dataDir, controller, fsync, role    string
+	controllerID, controllerPeers, advertise, logLevel string
+	shards, loops, heartbeatMs, ctlHeartbeatMs         int
+	mutexFraction, blockRate                           int
+	segmentBytes                                       int64
+	join, leaseRead                                    bool
+	controllerWait                                     time.Duration
+}
+
+// newFlagSet defines every berthd flag with its built-in default. Each
+// flag's environment variable is bound by bindEnv, not here.
+func newFlagSet() (*flag.FlagSet, *flags) {
+	d := server.DefaultConfig()
+	f := &flags{}
+	fs := flag.NewFlagSet("berthd", flag.ContinueOnError)
+	fs.StringVar(&f.listen, "listen", d.ClientAddr, "client listen address")
+	fs.StringVar(&f.admin, "admin", d.AdminAddr, "admin HTTP listen address, empty to disable")
+	fs.StringVar(&f.dataDir, "data", d.DataDir, "data directory")
+	fs.IntVar(&f.shards, "shards", 0, "shard count, 0 = one per core")
+	fs.IntVar(&f.loops, "loops", 0, "event loop count, 0 = one per core")
+	fs.IntVar(&f.heartbeatMs, "heartbeat-ms", int(d.HeartbeatMs), "default heartbeat interval in ms")
+	fs.StringVar(&f.controller, "controller", "127.0.0.1:7402", "in-process controller address; durable wiring goes through it; empty to keep wiring in a local file")
+	fs.StringVar(&f.fsync, "fsync", d.Fsync, "journal fsync policy: always, or never (unsafe)")
+	fs.Int64Var(&f.segmentBytes, "journal-segment-bytes", 0, "journal segment size in bytes, 0 = default 2 MiB")
+	fs.IntVar(&f.mutexFraction, "mutex-profile-fraction", 0, "sample 1/n mutex contention events for /debug/pprof/mutex, 0 = off")
+	fs.IntVar(&f.blockRate, "block-profile-rate", 0, "sample blocking events of this many ns for /debug/pprof/block, 0 = off")
+	fs.StringVar(&f.role, "role", server.RoleBroker, "broker (serves clients, embeds its controller member) or controller (controller member only)")
+	fs.StringVar(&f.controllerID, "controller-id", "", "this node's id in -controller-peers")
+	fs.StringVar(&f.controllerPeers, "controller-peers", "", "controller group members as id=host:port,... (1, 3 or 5), this node included; overrides -controller")
+	fs.BoolVar(&f.join, "controller-join", false, "start this controller member to be added to a running group (then run 'berthctl members add ID=ADDR'); -controller-peers lists this node and the members it knows")
+	fs.BoolVar(&f.leaseRead, "controller-lease-read", false, "serve the controller's consistent reads from the leader's lease instead of a heartbeat round each; relies on bounded clock drift")
+	fs.DurationVar(&f.controllerWait, "controller-wait", server.ControllerWaitDefault, "how long a broker with a member of a 3- or 5-member controller group waits at start for the group to elect a leader before it gives up")
+	fs.StringVar(&f.advertise, "advertise", "", "client address registered with the controller for others to dial, empty = the -listen address")
+	fs.IntVar(&f.ctlHeartbeatMs, "controller-heartbeat-ms", int(server.ControllerHeartbeatDefault/time.Millisecond), "interval of the broker's heartbeats to the controller in ms; keep it well under the controller's 3 s broker timeout")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.VisitAll(func(fl *flag.Flag) { fl.Usage += " (env " + envName(fl.Name) + ")" })
+	return fs, f
+}
+
+// isStringFlag reports whether the flag holds a string, for which an empty
+// value is a value (BERTH_ADMIN= disables the admin listener).
+func isStringFlag(fl *flag.Flag) bool {
+	g, ok := fl.Value.(flag.Getter)
+	if !ok {
+		return false
+	}
+	_, isString := g.Get().(string)
+	return isString
+}
+
+// bindEnv sets every flag of fs whose environment variable is set, as if
+// it had been given on the command line; call it before fs.Parse so that
+// the command line wins. A value the flag does not accept is an error
+// naming the variable, even when the command line sets the flag too. For
+// flags other than strings, an empty or blank variable counts as unset.
+func bindEnv(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
+	var errs []error
+	fs.VisitAll(func(fl *flag.Flag) {
+		key := envName(fl.Name)
+		v, ok := lookup(key)
+		if !ok {
+			return
+		}
+		if !isStringFlag(fl) {
+			v = strings.TrimSpace(v)
+			if v == "" {
+				return
+			}
+		}
+		if err := fl.Value.Set(v); err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %v", key, v, envSetError(fl, err)))
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// envSetError says what a flag wants instead of the flag package's
+// "parse error" wording.
+func envSetError(fl *flag.Flag, err error) error {
+	g, ok := fl.Value.(flag.Getter)
+	if !ok {
+		return err
+	}
+	switch g.Get().(type) {
+	case bool:
+		return errors.New("want true or false")
+	case int, int64:
+		if strings.Contains(err.Error(), "range") {
+			return errors.New("integer out of range")
+		}
+		return errors.New("want an integer")
+	case time.Duration:
+		return errors.New("want a duration such as 500ms or 30s")
+	}
+	return err
+}
+
 // parseArgs turns flags and environment variables into a checked server
 // configuration; it starts nothing.
 func parseArgs(args []string) (options, error) {
-	d := server.DefaultConfig()
-	fs := flag.NewFlagSet("berthd", flag.ContinueOnError)
-	listen := fs.String("listen", envOr("BERTH_LISTEN", d.ClientAddr), "client listen address (env BERTH_LISTEN)")
-	admin := fs.String("admin", envOr("BERTH_ADMIN", d.AdminAddr), "admin HTTP listen address, empty to disable (env BERTH_ADMIN)")
-	dataDir := fs.String("data", envOr("BERTH_DATA", d.DataDir), "data directory (env BERTH_DATA)")
-	shardCount := fs.Int("shards", envInt("BERTH_SHARDS", 0), "shard count, 0 = one per core (env BERTH_SHARDS)")
-	loops := fs.Int("loops", envInt("BERTH_LOOPS", 0), "event loop count, 0 = one per core (env BERTH_LOOPS)")
-	heartbeat := fs.Int("heartbeat-ms", envInt("BERTH_HEARTBEAT_MS", int(d.HeartbeatMs)), "default heartbeat interval in ms (env BERTH_HEARTBEAT_MS)")
-	controller := fs.String("controller", envOr("BERTH_CONTROLLER", "127.0.0.1:7402"), "in-process controller address; durable wiring goes through it; empty to keep wiring in a local file (env BERTH_CONTROLLER)")
-	fsync := fs.String("fsync", envOr("BERTH_FSYNC", d.Fsync), "journal fsync policy: always, or never (unsafe) (env BERTH_FSYNC)")
-	segmentBytes := fs.Int64("journal-segment-bytes", int64(envInt("BERTH_JOURNAL_SEGMENT_BYTES", 0)), "journal segment size in bytes, 0 = default 2 MiB (env BERTH_JOURNAL_SEGMENT_BYTES)")
-	mutexFraction := fs.Int("mutex-profile-fraction", envInt("BERTH_MUTEX_PROFILE_FRACTION", 0), "sample 1/n mutex contention events for /debug/pprof/mutex, 0 = off (env BERTH_MUTEX_PROFILE_FRACTION)")
-	blockRate := fs.Int("block-profile-rate", envInt("BERTH_BLOCK_PROFILE_RATE", 0), "sample blocking events of this many ns for /debug/pprof/block, 0 = off (env BERTH_BLOCK_PROFILE_RATE)")
-	role := fs.String("role", envOr("BERTH_ROLE", server.RoleBroker), "broker (serves clients, embeds its controller member) or controller (controller member only) (env BERTH_ROLE)")
-	controllerID := fs.String("controller-id", envOr("BERTH_CONTROLLER_ID", ""), "this node's id in -controller-peers (env BERTH_CONTROLLER_ID)")
-	controllerPeers := fs.String("controller-peers", envOr("BERTH_CONTROLLER_PEERS", ""), "controller group members as id=host:port,... (1, 3 or 5), this node included; overrides -controller (env BERTH_CONTROLLER_PEERS)")
-	joinDefault, err := envBool("BERTH_CONTROLLER_JOIN", false)
-	if err != nil {
+	fs, f := newFlagSet()
+	if err := bindEnv(fs, os.LookupEnv); err != nil {
 		return options{}, err
 	}
-	join := fs.Bool("controller-join", joinDefault, "start this controller member to be added to a running group (then run 'berthctl members add ID=ADDR'); -controller-peers lists this node and the members it knows (env BERTH_CONTROLLER_JOIN)")
-	leaseDefault, err := envBool("BERTH_CONTROLLER_LEASE_READ", false)
-	if err != nil {
-		return options{}, err
-	}
-	leaseRead := fs.Bool("controller-lease-read", leaseDefault, "serve the controller's consistent reads from the leader's lease instead of a heartbeat round each; relies on bounded clock drift (env BERTH_CONTROLLER_LEASE_READ)")
-	advertise := fs.String("advertise", envOr("BERTH_ADVERTISE", ""), "client address registered with the controller for others to dial, empty = the -listen address (env BERTH_ADVERTISE)")
-	ctlHeartbeat := fs.Int("controller-heartbeat-ms", envInt("BERTH_CONTROLLER_HEARTBEAT_MS", int(server.ControllerHeartbeatDefault/time.Millisecond)), "interval of the broker's heartbeats to the controller in ms; keep it well under the controller's 3 s broker timeout (env BERTH_CONTROLLER_HEARTBEAT_MS)")
-	logLevel := fs.String("log-level", envOr("BERTH_LOG_LEVEL", "info"), "debug, info, warn or error (env BERTH_LOG_LEVEL)")
 	if err := fs.Parse(args); err != nil {
 		return options{}, errUsage
 	}
 	if fs.NArg() > 0 {
 		return options{}, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	id, peers, err := controllerFlags(*controllerID, *controllerPeers, *join)
+	id, peers, err := controllerFlags(f.controllerID, f.controllerPeers, f.join)
 	if err != nil {
 		return options{}, err
 	}
 	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
 		return options{}, fmt.Errorf("bad -log-level: %v", err)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	cfg := d
-	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir = *listen, *admin, *dataDir
-	cfg.Shards, cfg.Loops, cfg.HeartbeatMs = *shardCount, *loops, uint32(*heartbeat)
+	cfg := server.DefaultConfig()
+	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir = f.listen, f.admin, f.dataDir
+	cfg.Shards, cfg.Loops, cfg.HeartbeatMs = f.shards, f.loops, uint32(f.heartbeatMs)
 	cfg.Logger = log
-	cfg.Fsync = *fsync
-	cfg.ControllerAddr = *controller
-	cfg.JournalSegmentBytes = *segmentBytes
-	cfg.Role, cfg.ControllerID, cfg.ControllerPeers = *role, id, peers
-	cfg.ControllerJoin = *join
-	cfg.AdvertiseAddr = *advertise
-	cfg.ControllerLeaseRead = *leaseRead
-	if *ctlHeartbeat <= 0 {
-		return options{}, fmt.Errorf("-controller-heartbeat-ms %d: want a positive interval", *ctlHeartbeat)
+	cfg.Fsync = f.fsync
+	cfg.ControllerAddr = f.controller
+	cfg.JournalSegmentBytes = f.segmentBytes
+	cfg.Role, cfg.ControllerID, cfg.ControllerPeers = f.role, id, peers
+	cfg.ControllerJoin = f.join
+	cfg.AdvertiseAddr = f.advertise
+	cfg.ControllerLeaseRead = f.leaseRead
+	if f.ctlHeartbeatMs <= 0 {
+		return options{}, fmt.Errorf("-controller-heartbeat-ms %d: want a positive interval", f.ctlHeartbeatMs)
 	}
-	cfg.ControllerHeartbeat = time.Duration(*ctlHeartbeat) * time.Millisecond
-	if *advertise != "" {
-		if _, _, err := net.SplitHostPort(*advertise); err != nil {
-			return options{}, fmt.Errorf("-advertise %q: want host:port", *advertise)
+	cfg.ControllerHeartbeat = time.Duration(f.ctlHeartbeatMs) * time.Millisecond
+	if f.controllerWait <= 0 {
+		return options{}, fmt.Errorf("-controller-wait %v: want a positive duration", f.controllerWait)
+	}
+	cfg.ControllerWait = f.controllerWait
+	if f.advertise != "" {
+		if _, _, err := net.SplitHostPort(f.advertise); err != nil {
+			return options{}, fmt.Errorf("-advertise %q: want host:port", f.advertise)
 		}
 	}
 	if err := cfg.CheckController(); err != nil {
 		return options{}, err
 	}
-	return options{cfg: cfg, mutexFraction: *mutexFraction, blockRate: *blockRate}, nil
+	return options{cfg: cfg, mutexFraction: f.mutexFraction, blockRate: f.blockRate}, nil
 }
 
 // controllerFlags parses -controller-id and -controller-peers. Peers look

@@ -1,10 +1,20 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"maps"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/berthmq/berth/internal/testutil"
 )
 
 func TestControllerFlags(t *testing.T) {
@@ -85,6 +95,8 @@ func TestArgs(t *testing.T) {
 		{env: map[string]string{"BERTH_ROLE": "both"}},
 		{args: []string{"-advertise", "no-port"}},
 		{args: []string{"-controller-heartbeat-ms", "0"}},
+		{args: []string{"-controller-wait", "0s"}},
+		{env: map[string]string{"BERTH_CONTROLLER_WAIT": "-1s"}},
 	}
 	for _, c := range cases {
 		for k, v := range c.env {
@@ -192,5 +204,218 @@ func TestControllerJoinArgs(t *testing.T) {
 	t.Setenv("BERTH_CONTROLLER_JOIN", "")
 	if o, err := parseArgs([]string{"-data", "d"}); err != nil || o.cfg.ControllerJoin {
 		t.Errorf("empty BERTH_CONTROLLER_JOIN: %+v %v", o.cfg.ControllerJoin, err)
+	}
+}
+
+// TestMalformedEnv: a variable its flag cannot parse is an error naming
+// the variable, for every kind of flag, and run exits with 2; it is an
+// error even when the command line sets the flag too.
+func TestMalformedEnv(t *testing.T) {
+	dir := t.TempDir()
+	cases := []struct{ key, value, want string }{
+		{"BERTH_SHARDS", "four", "want an integer"},
+		{"BERTH_HEARTBEAT_MS", "1.5", "want an integer"},
+		{"BERTH_CONTROLLER_HEARTBEAT_MS", "99999999999999999999", "out of range"},
+		{"BERTH_JOURNAL_SEGMENT_BYTES", "2MiB", "want an integer"},
+		{"BERTH_CONTROLLER_LEASE_READ", "perhaps", "want true or false"},
+		{"BERTH_CONTROLLER_JOIN", "yes", "want true or false"},
+		{"BERTH_CONTROLLER_WAIT", "30", "want a duration"},
+		{"BERTH_CONTROLLER_WAIT", "soon", "want a duration"},
+	}
+	args := []string{"-data", dir, "-admin", "", "-listen", "127.0.0.1:0", "-controller", ""}
+	for _, c := range cases {
+		t.Run(c.key+"="+c.value, func(t *testing.T) {
+			t.Setenv(c.key, c.value)
+			_, err := parseArgs(args)
+			if err == nil || !strings.Contains(err.Error(), c.key) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("parseArgs with %s=%q: %v, want an error naming %s and saying %q", c.key, c.value, err, c.key, c.want)
+			}
+			if code := run(args); code != 2 {
+				t.Fatalf("run with %s=%q = %d, want 2", c.key, c.value, code)
+			}
+		})
+	}
+	t.Setenv("BERTH_SHARDS", "four")
+	if _, err := parseArgs(append(args, "-shards", "4")); err == nil || !strings.Contains(err.Error(), "BERTH_SHARDS") {
+		t.Fatalf("BERTH_SHARDS=four with -shards 4: %v, want an error naming BERTH_SHARDS", err)
+	}
+	// Blank counts as unset for a flag that is not a string.
+	t.Setenv("BERTH_SHARDS", " ")
+	if o, err := parseArgs(args); err != nil || o.cfg.Shards != 0 {
+		t.Fatalf("blank BERTH_SHARDS: shards %d, %v", o.cfg.Shards, err)
+	}
+}
+
+// TestFlagOverridesEnv: each variable sets its flag's value; the command
+// line wins over it.
+func TestFlagOverridesEnv(t *testing.T) {
+	env := map[string]string{
+		"BERTH_LISTEN":                "127.0.0.1:7501",
+		"BERTH_ADMIN":                 "", // a set empty string is a value: no admin listener
+		"BERTH_SHARDS":                "3",
+		"BERTH_JOURNAL_SEGMENT_BYTES": "1048576",
+		"BERTH_CONTROLLER_LEASE_READ": "true",
+		"BERTH_CONTROLLER_WAIT":       "5s",
+		"BERTH_FSYNC":                 "never",
+	}
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	o, err := parseArgs([]string{"-data", "d"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := o.cfg
+	if c.ClientAddr != "127.0.0.1:7501" || c.AdminAddr != "" || c.Shards != 3 || c.JournalSegmentBytes != 1<<20 ||
+		!c.ControllerLeaseRead || c.ControllerWait != 5*time.Second || c.Fsync != "never" {
+		t.Fatalf("config from the environment: %+v", c)
+	}
+	o, err = parseArgs([]string{"-data", "d", "-listen", "127.0.0.1:7502", "-admin", "127.0.0.1:7580", "-shards", "5",
+		"-journal-segment-bytes", "4096", "-controller-lease-read=false", "-controller-wait", "2s", "-fsync", "always"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c = o.cfg
+	if c.ClientAddr != "127.0.0.1:7502" || c.AdminAddr != "127.0.0.1:7580" || c.Shards != 5 || c.JournalSegmentBytes != 4096 ||
+		c.ControllerLeaseRead || c.ControllerWait != 2*time.Second || c.Fsync != "always" {
+		t.Fatalf("flags did not override the environment: %+v", c)
+	}
+}
+
+// TestEveryFlagHasEnv walks berthd's flags: each one's variable, set to a
+// value other than the default, sets the flag; a flag that is not a
+// string refuses a malformed value naming its variable; each flag's help
+// names its variable.
+func TestEveryFlagHasEnv(t *testing.T) {
+	fs, _ := newFlagSet()
+	n := 0
+	fs.VisitAll(func(fl *flag.Flag) {
+		n++
+		key := envName(fl.Name)
+		if !strings.HasPrefix(key, "BERTH_") || strings.ContainsAny(key, "-.") {
+			t.Errorf("-%s: variable %q", fl.Name, key)
+		}
+		if !strings.Contains(fl.Usage, "(env "+key+")") {
+			t.Errorf("-%s: help %q does not name %s", fl.Name, fl.Usage, key)
+		}
+		var good, bad string
+		switch def := fl.Value.(flag.Getter).Get().(type) {
+		case string:
+			good = "from-env"
+		case bool:
+			good = strconv.FormatBool(!def)
+			bad = "maybe"
+		case int, int64:
+			good, bad = "12345", "12x"
+		case time.Duration:
+			good, bad = "42s", "42"
+		default:
+			t.Errorf("-%s: a %T flag; teach this test its values", fl.Name, def)
+			return
+		}
+		if good == fl.DefValue {
+			t.Fatalf("-%s: the test value %q is the default", fl.Name, good)
+		}
+		fs, _ := newFlagSet()
+		lookup := func(k string) (string, bool) {
+			if k == key {
+				return good, true
+			}
+			return "", false
+		}
+		if err := bindEnv(fs, lookup); err != nil {
+			t.Errorf("%s=%s: %v", key, good, err)
+			return
+		}
+		if got := fs.Lookup(fl.Name).Value.String(); got != good {
+			t.Errorf("%s=%s: -%s is %q", key, good, fl.Name, got)
+		}
+		fs.VisitAll(func(other *flag.Flag) {
+			if other.Name != fl.Name && other.Value.String() != other.DefValue {
+				t.Errorf("%s set -%s too", key, other.Name)
+			}
+		})
+		if bad == "" {
+			return
+		}
+		fs, _ = newFlagSet()
+		err := bindEnv(fs, func(k string) (string, bool) { return bad, k == key })
+		if err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("%s=%s: %v, want an error naming %s", key, bad, err, key)
+		}
+	})
+	if n < 20 {
+		t.Fatalf("walked %d flags", n)
+	}
+}
+
+// TestREADMEFlagTable: the README's berthd flag table lists every flag
+// with its variable and nothing else.
+func TestREADMEFlagTable(t *testing.T) {
+	b, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, table, ok := strings.Cut(string(b), "## berthd flags")
+	if !ok {
+		t.Fatal("README has no berthd flags section")
+	}
+	table, _, _ = strings.Cut(table, "\n## ")
+	listed := map[string]string{} // flag -> the table row naming it
+	for _, line := range strings.Split(table, "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) < 3 || !strings.Contains(cells[1], "`-") {
+			continue
+		}
+		for _, f := range strings.Split(cells[1], ",") {
+			listed[strings.Trim(strings.TrimSpace(f), "`-")] = cells[2]
+		}
+	}
+	fs, _ := newFlagSet()
+	fs.VisitAll(func(fl *flag.Flag) {
+		row, ok := listed[fl.Name]
+		if !ok {
+			t.Errorf("README's berthd flag table lacks -%s", fl.Name)
+		} else if !strings.Contains(row, "`"+envName(fl.Name)+"`") {
+			t.Errorf("README's row for -%s does not name %s: %q", fl.Name, envName(fl.Name), row)
+		}
+		delete(listed, fl.Name)
+	})
+	for name := range listed {
+		t.Errorf("README's berthd flag table lists -%s, which berthd does not have", name)
+	}
+}
+
+func TestMain(m *testing.M) { testutil.Main(m) }
+
+// TestProcessEnv runs the berthd binary configured by the environment: it
+// listens where the -listen flag says, not BERTH_LISTEN, stops cleanly on
+// SIGTERM, and exits with 2 and the variable's name on a malformed one.
+func TestProcessEnv(t *testing.T) {
+	dir := t.TempDir()
+	envAddr, flagAddr := testutil.FreeAddr(t), testutil.FreeAddr(t)
+	cmd := exec.Command(testutil.Berthd(t), "-listen", flagAddr)
+	cmd.Env = append(os.Environ(), "BERTH_LISTEN="+envAddr, "BERTH_ADMIN=", "BERTH_DATA="+filepath.Join(dir, "data"),
+		"BERTH_CONTROLLER=", "BERTH_SHARDS=1", "BERTH_LOOPS=1", "BERTH_LOG_LEVEL=warn")
+	p := testutil.Start(t, cmd, filepath.Join(dir, "berthd.log"))
+	p.WaitPort(t, flagAddr, 20*time.Second)
+	if c, err := net.DialTimeout("tcp", envAddr, time.Second); err == nil {
+		c.Close()
+		t.Fatalf("berthd listens on BERTH_LISTEN %s although -listen says %s", envAddr, flagAddr)
+	}
+	p.Stop(t, syscall.SIGTERM, 20*time.Second)
+	if err := p.Wait(t, time.Second); err != nil {
+		t.Fatalf("exit after SIGTERM: %v\n%s", err, p.LogTail())
+	}
+
+	cmd = exec.Command(testutil.Berthd(t), "-listen", flagAddr)
+	cmd.Env = append(os.Environ(), "BERTH_DATA="+filepath.Join(dir, "data"), "BERTH_SHARDS=many")
+	p = testutil.Start(t, cmd, filepath.Join(dir, "bad.log"))
+	var ee *exec.ExitError
+	if err := p.Wait(t, 20*time.Second); !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Fatalf("berthd with BERTH_SHARDS=many: %v, want exit status 2\n%s", err, p.LogTail())
+	}
+	if !strings.Contains(p.LogTail(), `BERTH_SHARDS="many"`) {
+		t.Fatalf("stderr does not name the variable:\n%s", p.LogTail())
 	}
 }

@@ -10,23 +10,8 @@ import (
 
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/ctlclient"
+	"github.com/berthmq/berth/internal/testutil"
 )
-
-// poll calls f until it returns nil or within passes.
-func poll(t *testing.T, within time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 // TestBrokersRegisterAndHeartbeat runs three brokers embedding a 3-member
 // controller: each gets its own broker id and registers its client
@@ -47,7 +32,7 @@ func TestBrokersRegisterAndHeartbeat(t *testing.T) {
 	// Every broker registers once its listener is up; Start makes the
 	// first attempt, so they are all there by now or very soon.
 	byAddr := map[string]uint32{}
-	poll(t, 10*time.Second, func() error {
+	testutil.WaitFor(t, 10*time.Second, func() error {
 		bs, err := cl.GetBrokers(ctx, ctlapi.ReadConsistent)
 		if err != nil {
 			return err
@@ -86,7 +71,7 @@ func TestBrokersRegisterAndHeartbeat(t *testing.T) {
 		t.Fatal(err)
 	}
 	var primary uint32
-	poll(t, 10*time.Second, func() error {
+	testutil.WaitFor(t, 10*time.Second, func() error {
 		p, _, _, err := cl.GetPrimary(ctx, ctlapi.ReadConsistent)
 		if err != nil {
 			return err
@@ -115,7 +100,7 @@ func TestBrokersRegisterAndHeartbeat(t *testing.T) {
 	cr := ctlclient.NewClient(rest)
 	defer cr.Close()
 	start := time.Now()
-	poll(t, 10*time.Second, func() error {
+	testutil.WaitFor(t, 10*time.Second, func() error {
 		p, _, addrs, err := cr.GetPrimary(ctx, ctlapi.ReadConsistent)
 		if err != nil {
 			return err

@@ -12,12 +12,9 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,57 +22,11 @@ import (
 	"github.com/berthmq/berth/client"
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/ctlclient"
+	"github.com/berthmq/berth/internal/testutil"
 	"github.com/berthmq/berth/server"
 )
 
-var berthd string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "berth-cluster-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	berthd = filepath.Join(dir, "berthd")
-	out, err := exec.Command("go", "build", "-o", berthd, "github.com/berthmq/berth/cmd/berthd").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build berthd: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-// handedOut holds every address freePort returned, so that it never
-// returns one twice: the kernel may give a just-closed port to the next
-// listener on :0.
-var handedOut struct {
-	sync.Mutex
-	addrs map[string]bool
-}
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	handedOut.Lock()
-	defer handedOut.Unlock()
-	if handedOut.addrs == nil {
-		handedOut.addrs = map[string]bool{}
-	}
-	for {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := ln.Addr().String()
-		ln.Close()
-		if !handedOut.addrs[addr] {
-			handedOut.addrs[addr] = true
-			return addr
-		}
-	}
-}
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 // node is one berthd process and what it needs to be restarted.
 type node struct {
@@ -84,76 +35,50 @@ type node struct {
 	client  string // client address, "" for a controller-only node
 	ctl     string // controller member address
 	logPath string
-	cmd     *exec.Cmd
-	exited  chan struct{}
+	proc    *testutil.Proc // nil until started and after stop
 }
 
 func (n *node) start(t *testing.T) {
 	t.Helper()
-	logf, err := os.OpenFile(n.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(berthd, n.args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		t.Fatal(err)
-	}
-	n.cmd, n.exited = cmd, make(chan struct{})
-	go func() { _ = cmd.Wait(); logf.Close(); close(n.exited) }()
+	n.proc = testutil.StartBerthd(t, n.logPath, n.args...)
 }
 
-// waitUp polls the node's client port (or controller port) until it
-// accepts a connection.
+// waitUp waits until the node's client port (or controller port) accepts
+// a connection.
 func (n *node) waitUp(t *testing.T, within time.Duration) {
 	t.Helper()
 	addr := n.client
 	if addr == "" {
 		addr = n.ctl
 	}
-	deadline := time.Now().Add(within)
-	for {
-		select {
-		case <-n.exited:
-			t.Fatalf("%s exited during start:\n%s", n.name, n.logTail())
-		default:
-		}
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s did not come up on %s: %v\n%s", n.name, addr, err, n.logTail())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	n.proc.WaitPort(t, addr, within)
 }
 
 func (n *node) stop(t *testing.T, sig syscall.Signal) {
 	t.Helper()
-	if n.cmd == nil {
+	if n.proc == nil {
 		return
 	}
-	_ = n.cmd.Process.Signal(sig)
-	select {
-	case <-n.exited:
-	case <-time.After(10 * time.Second):
-		_ = n.cmd.Process.Kill()
-		<-n.exited
-		t.Errorf("%s did not stop on %v", n.name, sig)
-	}
-	n.cmd = nil
+	n.proc.Stop(t, sig, 10*time.Second)
+	n.proc = nil
 }
 
-func (n *node) logTail() string {
-	b, _ := os.ReadFile(n.logPath)
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
+// signal sends sig (SIGSTOP, SIGCONT) to a running node.
+func (n *node) signal(sig syscall.Signal) {
+	if n.proc != nil {
+		_ = n.proc.Signal(sig)
 	}
-	return string(b)
 }
+
+// kill ends the node's process at test cleanup.
+func (n *node) kill() {
+	if n.proc != nil {
+		n.proc.Kill()
+		n.proc = nil
+	}
+}
+
+func (n *node) logTail() string { return testutil.FileTail(n.logPath, 4000) }
 
 // startGroup starts len(roles) berthd processes forming one controller
 // group; role "broker" embeds a member, "controller" runs only one.
@@ -168,7 +93,7 @@ func startGroupArgs(t *testing.T, extra []string, roles ...string) []*node {
 	nodes := make([]*node, len(roles))
 	var peers []string
 	for i := range nodes {
-		nodes[i] = &node{name: fmt.Sprintf("berthd-%d", i+1), ctl: freePort(t)}
+		nodes[i] = &node{name: fmt.Sprintf("berthd-%d", i+1), ctl: testutil.FreeAddr(t)}
 		peers = append(peers, fmt.Sprintf("%d=%s", i+1, nodes[i].ctl))
 	}
 	dir := t.TempDir()
@@ -179,16 +104,13 @@ func startGroupArgs(t *testing.T, extra []string, roles ...string) []*node {
 			"-shards", "1", "-loops", "1", "-log-level", "info"}
 		n.args = append(n.args, extra...)
 		if roles[i] == "broker" {
-			n.client = freePort(t)
+			n.client = testutil.FreeAddr(t)
 			n.args = append(n.args, "-listen", n.client)
 		}
 	}
 	t.Cleanup(func() {
 		for _, n := range nodes {
-			if n.cmd != nil {
-				_ = n.cmd.Process.Kill()
-				<-n.exited
-			}
+			n.kill()
 			if t.Failed() {
 				t.Logf("%s log:\n%s", n.name, n.logTail())
 			}
@@ -325,15 +247,12 @@ func TestControllerOnly(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	dir := t.TempDir()
-	admin, ctl := freePort(t), freePort(t)
+	admin, ctl := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	n := &node{name: "controller-only", ctl: ctl, logPath: filepath.Join(dir, "berthd.log"),
 		args: []string{"-role", "controller", "-data", filepath.Join(dir, "data"), "-admin", admin,
 			"-controller-id", "1", "-controller-peers", "1=" + ctl, "-log-level", "info"}}
 	t.Cleanup(func() {
-		if n.cmd != nil {
-			_ = n.cmd.Process.Kill()
-			<-n.exited
-		}
+		n.kill()
 		if t.Failed() {
 			t.Logf("log:\n%s", n.logTail())
 		}
@@ -395,7 +314,7 @@ func TestNoMajority(t *testing.T) {
 	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir = "127.0.0.1:0", "", t.TempDir()
 	cfg.Shards, cfg.Loops = 1, 1
 	cfg.ControllerID = 1
-	cfg.ControllerPeers = map[uint64]string{1: freePort(t), 2: freePort(t), 3: freePort(t)}
+	cfg.ControllerPeers = map[uint64]string{1: testutil.FreeAddr(t), 2: testutil.FreeAddr(t), 3: testutil.FreeAddr(t)}
 	cfg.ControllerWait = 500 * time.Millisecond
 	start := time.Now()
 	s, err := server.Start(cfg)

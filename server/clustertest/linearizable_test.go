@@ -162,7 +162,7 @@ func testLinearizableProcesses(t *testing.T, lease bool) {
 			killed.start(t)
 			killed = nil
 		case frozen != nil:
-			_ = frozen.cmd.Process.Signal(syscall.SIGCONT)
+			frozen.signal(syscall.SIGCONT)
 			frozen = nil
 		case r.Intn(2) == 0:
 			killed = nodes[r.Intn(len(nodes))]
@@ -170,7 +170,7 @@ func testLinearizableProcesses(t *testing.T, lease bool) {
 			faults++
 		default:
 			frozen = nodes[r.Intn(len(nodes))]
-			_ = frozen.cmd.Process.Signal(syscall.SIGSTOP)
+			frozen.signal(syscall.SIGSTOP)
 			faults++
 		}
 	}
@@ -178,7 +178,7 @@ func testLinearizableProcesses(t *testing.T, lease bool) {
 		killed.start(t)
 	}
 	if frozen != nil {
-		_ = frozen.cmd.Process.Signal(syscall.SIGCONT)
+		frozen.signal(syscall.SIGCONT)
 	}
 	// A little traffic on the healed group, so the history ends with
 	// completed operations.

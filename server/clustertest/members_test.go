@@ -15,6 +15,7 @@ import (
 	"github.com/berthmq/berth/client"
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/ctlclient"
+	"github.com/berthmq/berth/internal/testutil"
 )
 
 // TestControllerMembershipChange runs three controller-only berthd
@@ -40,16 +41,13 @@ func TestControllerMembershipChange(t *testing.T) {
 	// The joining member: a broker whose peer list names itself and two
 	// of the three members.
 	dir := t.TempDir()
-	j := &node{name: "berthd-4-join", ctl: freePort(t), client: freePort(t), logPath: filepath.Join(dir, "berthd-4.log")}
+	j := &node{name: "berthd-4-join", ctl: testutil.FreeAddr(t), client: testutil.FreeAddr(t), logPath: filepath.Join(dir, "berthd-4.log")}
 	j.args = []string{"-role", "broker", "-data", filepath.Join(dir, "data"), "-admin", "", "-listen", j.client,
 		"-controller-join", "-controller-id", "4",
 		"-controller-peers", fmt.Sprintf("1=%s,2=%s,4=%s", addrs[1], addrs[2], j.ctl),
 		"-shards", "1", "-loops", "1", "-log-level", "info"}
 	t.Cleanup(func() {
-		if j.cmd != nil {
-			_ = j.cmd.Process.Kill()
-			<-j.exited
-		}
+		j.kill()
 		if t.Failed() {
 			t.Logf("%s log:\n%s", j.name, j.logTail())
 		}

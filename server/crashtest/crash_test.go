@@ -15,9 +15,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -26,71 +24,35 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/client"
+	"github.com/berthmq/berth/internal/testutil"
 )
 
-var berthd string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "berth-crash-bin")
-	if err != nil {
-		panic(err)
-	}
-	berthd = filepath.Join(dir, "berthd")
-	out, err := exec.Command("go", "build", "-o", berthd, "github.com/berthmq/berth/cmd/berthd").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build berthd: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-func freePort(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
+func TestMain(m *testing.M) { testutil.Main(m) }
 
 type broker struct {
-	cmd  *exec.Cmd
+	proc *testutil.Proc
 	addr string
 }
 
-func startBroker(t *testing.T, dataDir, addr string) *broker {
+// startBroker starts berthd on dataDir, its output appended to logPath,
+// and waits until it accepts clients on addr.
+func startBroker(t *testing.T, dataDir, logPath, addr string) *broker {
 	t.Helper()
-	cmd := exec.Command(berthd, "-listen", addr, "-admin", "", "-data", dataDir, "-shards", "2", "-loops", "2", "-fsync", "always", "-controller", "127.0.0.1:0", "-log-level", "warn")
-	cmd.Stdout = os.Stderr
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	b := &broker{cmd: cmd, addr: addr}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _, _ = cmd.Process.Wait() })
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err == nil {
-			c.Close()
-			return b
-		}
-		if time.Now().After(deadline) {
-			_ = cmd.Process.Signal(syscall.SIGQUIT) // its goroutine dump shows where it hangs
-			time.Sleep(time.Second)
-			t.Fatalf("berthd did not come up on %s: %v", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	p := testutil.StartBerthd(t, logPath, "-listen", addr, "-admin", "", "-data", dataDir, "-shards", "2", "-loops", "2", "-fsync", "always", "-controller", "127.0.0.1:0", "-log-level", "warn")
+	p.WaitPort(t, addr, 10*time.Second)
+	return &broker{proc: p, addr: addr}
 }
 
-func (b *broker) kill(t *testing.T) {
-	if err := b.cmd.Process.Signal(os.Kill); err != nil {
-		t.Fatal(err)
-	}
-	_, _ = b.cmd.Process.Wait()
+func (b *broker) kill() { b.proc.Kill() }
+
+// logOnFailure logs the end of the berthd log if the test fails.
+func logOnFailure(t *testing.T, logPath string) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		t.Logf("berthd log:\n%s", testutil.FileTail(logPath, 8000))
+	})
 }
 
 const (
@@ -128,18 +90,19 @@ func TestKill9Durability(t *testing.T) {
 	}
 	t.Logf("seed %d (BERTH_CRASH_SEED reproduces the kill timing)", seed)
 	rng := rand.New(rand.NewSource(seed))
-	dataDir := t.TempDir()
-	addr := freePort(t)
+	dataDir, logPath := t.TempDir(), filepath.Join(t.TempDir(), "berthd.log")
+	logOnFailure(t, logPath)
+	addr := testutil.FreeAddr(t)
 	led := &ledger{sent: map[string]bool{}, completed: map[string]bool{}, accepted: map[string]bool{}, acceptSent: map[string]bool{}}
 	nextSeq := make([]int, producers)
 
 	for round := 0; round < rounds; round++ {
-		b := startBroker(t, dataDir, addr)
+		b := startBroker(t, dataDir, logPath, addr)
 		check(t, round, b.addr, led)
 		runLoad(t, b.addr, led, nextSeq, time.Duration(50+rng.Intn(400))*time.Millisecond)
-		b.kill(t)
+		b.kill()
 	}
-	b := startBroker(t, dataDir, addr)
+	b := startBroker(t, dataDir, logPath, addr)
 	check(t, rounds, b.addr, led)
 	led.mu.Lock()
 	t.Logf("%d rounds: %d sent, %d publishes completed, %d accepts completed", rounds, len(led.sent), len(led.completed), len(led.accepted))
@@ -312,9 +275,10 @@ func check(t *testing.T, round int, addr string, led *ledger) {
 // TestSIGTERMFinishesInFlight sends SIGTERM while publishes are in flight:
 // berthd exits 0, and every publish it completed is there after a restart.
 func TestSIGTERMFinishesInFlight(t *testing.T) {
-	dataDir := t.TempDir()
-	addr := freePort(t)
-	b := startBroker(t, dataDir, addr)
+	dataDir, logPath := t.TempDir(), filepath.Join(t.TempDir(), "berthd.log")
+	logOnFailure(t, logPath)
+	addr := testutil.FreeAddr(t)
+	b := startBroker(t, dataDir, logPath, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := client.Dial(ctx, addr)
@@ -328,7 +292,7 @@ func TestSIGTERMFinishesInFlight(t *testing.T) {
 	completed := map[string]bool{}
 	go func() {
 		time.Sleep(100 * time.Millisecond)
-		_ = b.cmd.Process.Signal(syscall.SIGTERM)
+		_ = b.proc.Signal(syscall.SIGTERM)
 	}()
 	for i := 0; ; i++ {
 		id := fmt.Sprintf("m%08d", i)
@@ -343,10 +307,10 @@ func TestSIGTERMFinishesInFlight(t *testing.T) {
 			break
 		}
 	}
-	if err := b.cmd.Wait(); err != nil {
+	if err := b.proc.Wait(t, 30*time.Second); err != nil {
 		t.Fatalf("berthd did not exit cleanly on SIGTERM: %v", err)
 	}
-	b2 := startBroker(t, dataDir, addr)
+	b2 := startBroker(t, dataDir, logPath, addr)
 	c2, err := client.Dial(ctx, b2.addr)
 	if err != nil {
 		t.Fatal(err)

@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/berthmq/berth/client"
+	"github.com/berthmq/berth/internal/testutil"
 )
 
 // TestDeliveredMeansDurable: a consumer must never receive a persistent
@@ -28,24 +30,25 @@ func TestDeliveredMeansDurable(t *testing.T) {
 	if v := os.Getenv("BERTH_VISIBILITY_ROUNDS"); v != "" {
 		rounds, _ = strconv.Atoi(v)
 	}
-	dataDir := t.TempDir()
-	addr := freePort(t)
+	dataDir, logPath := t.TempDir(), filepath.Join(t.TempDir(), "berthd.log")
+	logOnFailure(t, logPath)
+	addr := testutil.FreeAddr(t)
 	// A slow disk: each journal write waits, so records sit appended but
 	// unwritten for a while. kill -9 keeps what was written (the page
 	// cache survives), so only unwritten records can be lost.
 	t.Setenv("BERTH_FAULT_JOURNAL_WRITE_DELAY", "30ms")
 	lost := 0
 	for round := 0; round < rounds; round++ {
-		b := startBroker(t, dataDir, addr)
+		b := startBroker(t, dataDir, logPath, addr)
 		probe := fmt.Sprintf("probe-%d", round)
-		deliveredProbe(t, b.addr, probe, func() { b.kill(t) })
+		deliveredProbe(t, b.addr, probe, b.kill)
 
-		b = startBroker(t, dataDir, addr)
+		b = startBroker(t, dataDir, logPath, addr)
 		if !probePresent(t, b.addr, probe) {
 			lost++
 			t.Errorf("round %d: %s was delivered, never accepted, and is gone after SIGKILL", round, probe)
 		}
-		b.kill(t)
+		b.kill()
 	}
 	t.Logf("%d rounds, probe lost in %d", rounds, lost)
 }

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -19,6 +21,7 @@ import (
 	"github.com/berthmq/berth/controlplane"
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/ctlclient"
+	"github.com/berthmq/berth/internal/testutil"
 	"github.com/berthmq/berth/server"
 )
 
@@ -350,13 +353,12 @@ func TestPrimary(t *testing.T) {
 		t.Fatalf("set active-passive: %v", err)
 	}
 	var first primaryJSON
-	deadline := time.Now().Add(10 * time.Second)
-	for first = readPrimary(); first.Primary == 0; first = readPrimary() {
-		if time.Now().After(deadline) {
-			t.Fatalf("no primary elected: %+v", first)
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if first = readPrimary(); first.Primary == 0 {
+			return fmt.Errorf("no primary elected: %+v", first)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	if first.Mode != "active-passive" || first.Epoch == 0 || len(first.Addrs) != 1 ||
 		first.Addrs[0] != "127.0.0.1:"+strconv.Itoa(9000+int(first.Primary)) {
 		t.Fatalf("first primary %+v", first)
@@ -512,22 +514,21 @@ func TestMembers(t *testing.T) {
 	if err := c.DeclareQueue(ctx, "after-change", ctlapi.QueueOptions{Durable: true}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testutil.WaitFor(t, 10*time.Second, func() error {
 		var found bool
 		err := n4.Read(ctx, ctlapi.ReadFollower, func(s *controlplane.State) {
 			for _, q := range s.Wiring().Queues {
 				found = found || q.Name == "after-change"
 			}
 		})
-		if err == nil && found {
-			break
+		if err == nil && !found {
+			err = errors.New("not there")
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("member 4 does not hold the queue declared after the change: %v", err)
+		if err != nil {
+			return fmt.Errorf("member 4 does not hold the queue declared after the change: %v", err)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 
 	// The controller refuses what it cannot do, with its reason.
 	if code, _, errOut := ctlAt(list, "members", "add", "5="+addrs[4]); code != exitFail || !strings.Contains(errOut, "already has the address") {

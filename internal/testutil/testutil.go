@@ -1,0 +1,297 @@
+// Package testutil holds the helpers Berth's tests share: polling until a
+// condition holds, loopback addresses that are free and never handed out
+// twice, and berthd run as a real process (built once per test binary,
+// started, waited for on its port, signalled and stopped).
+//
+// A package that starts berthd processes builds the binary before its
+// tests and removes it after them with
+//
+//	func TestMain(m *testing.M) { testutil.Main(m) }
+package testutil
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// pollMax is the longest sleep between two calls of WaitFor's condition;
+// the first sleeps are shorter, so a condition that holds soon is seen
+// soon.
+const pollMax = 20 * time.Millisecond
+
+// WaitFor calls f until it returns nil, and fails t with f's last error
+// if within passes first. f runs on the caller's goroutine, so it may
+// call t.Fatal itself.
+func WaitFor(t testing.TB, within time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	sleep := time.Millisecond
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %v", within, err)
+			return
+		}
+		time.Sleep(sleep)
+		sleep = min(2*sleep, pollMax)
+	}
+}
+
+// handedOut holds every address FreeAddr returned in this process.
+var handedOut struct {
+	sync.Mutex
+	addrs map[string]bool
+}
+
+// FreeAddr returns a 127.0.0.1 host:port that nothing listened on when it
+// was picked. It never returns the same address twice within a process:
+// the kernel may give a just-closed port to the next listener on port 0,
+// and two members of one test must not get the same port. Another process
+// may still take the port before the caller listens on it.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	if handedOut.addrs == nil {
+		handedOut.addrs = map[string]bool{}
+	}
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		if !handedOut.addrs[addr] {
+			handedOut.addrs[addr] = true
+			return addr
+		}
+	}
+}
+
+// BerthdPackage is the import path Berthd builds.
+const BerthdPackage = "github.com/berthmq/berth/cmd/berthd"
+
+var built struct {
+	sync.Mutex
+	dir, path string
+	err       error
+}
+
+// Berthd returns the path of a berthd binary built from this module's
+// cmd/berthd: the one Main built, or, in a package without that TestMain,
+// one built on the first call (left in the temporary directory). A
+// failed build fails t.
+func Berthd(t testing.TB) string {
+	t.Helper()
+	path, err := berthd()
+	if err != nil {
+		t.Fatalf("build berthd: %v", err)
+	}
+	return path
+}
+
+func berthd() (string, error) {
+	built.Lock()
+	defer built.Unlock()
+	if built.path == "" && built.err == nil {
+		built.path, built.err = build()
+	}
+	return built.path, built.err
+}
+
+func build() (string, error) {
+	dir, err := os.MkdirTemp("", "berth-testutil-bin")
+	if err != nil {
+		return "", err
+	}
+	built.dir = dir
+	path := filepath.Join(dir, "berthd")
+	out, err := exec.Command("go", "build", "-o", path, BerthdPackage).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("%v\n%s", err, out)
+	}
+	return path, nil
+}
+
+// Main builds berthd, so that no test's time limits include the build,
+// runs the package's tests, removes the binary and exits with the tests'
+// status. A failed build exits with status 1 before any test runs.
+func Main(m *testing.M) {
+	if _, err := berthd(); err != nil {
+		fmt.Fprintf(os.Stderr, "build berthd: %v\n", err)
+		removeBuild()
+		os.Exit(1)
+	}
+	code := m.Run()
+	removeBuild()
+	os.Exit(code)
+}
+
+func removeBuild() {
+	built.Lock()
+	defer built.Unlock()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
+}
+
+// Proc is a process started by Start, its output appended to a log file.
+type Proc struct {
+	cmd     *exec.Cmd
+	logPath string
+	exited  chan struct{}
+	err     error // cmd.Wait's result, set before exited is closed
+}
+
+// Start starts cmd with its standard output and error appended to
+// logPath. The test's cleanup kills the process if it still runs.
+func Start(t testing.TB, cmd *exec.Cmd, logPath string) *Proc {
+	t.Helper()
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		t.Fatalf("start %s: %v", cmd.Path, err)
+	}
+	p := &Proc{cmd: cmd, logPath: logPath, exited: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		logf.Close()
+		close(p.exited)
+	}()
+	t.Cleanup(p.Kill)
+	return p
+}
+
+// StartBerthd starts the berthd binary Berthd built with args.
+func StartBerthd(t testing.TB, logPath string, args ...string) *Proc {
+	t.Helper()
+	return Start(t, exec.Command(Berthd(t), args...), logPath)
+}
+
+// Pid is the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Exited is closed once the process has exited.
+func (p *Proc) Exited() <-chan struct{} { return p.exited }
+
+// Running reports whether the process has not exited yet.
+func (p *Proc) Running() bool {
+	select {
+	case <-p.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// Signal sends sig to the process; a process that has exited is not an
+// error.
+func (p *Proc) Signal(sig os.Signal) error {
+	if !p.Running() {
+		return nil
+	}
+	err := p.cmd.Process.Signal(sig)
+	if errors.Is(err, os.ErrProcessDone) {
+		return nil
+	}
+	return err
+}
+
+// Kill sends SIGKILL and waits until the process has exited.
+func (p *Proc) Kill() {
+	_ = p.Signal(syscall.SIGKILL)
+	<-p.exited
+}
+
+// Wait waits for the process to exit by itself and returns how it ended
+// (nil for exit status 0, an *exec.ExitError otherwise). If within passes
+// first, it kills the process and fails t.
+func (p *Proc) Wait(t testing.TB, within time.Duration) error {
+	t.Helper()
+	select {
+	case <-p.exited:
+		return p.err
+	case <-time.After(within):
+		p.Kill()
+		t.Fatalf("%s did not exit within %v\n%s", p.cmd.Path, within, p.LogTail())
+		return nil
+	}
+}
+
+// Stop sends sig and waits for the process to exit. If it has not exited
+// within the given time, Stop kills it and reports an error on t.
+func (p *Proc) Stop(t testing.TB, sig os.Signal, within time.Duration) {
+	t.Helper()
+	if err := p.Signal(sig); err != nil {
+		t.Errorf("signal %v: %v", sig, err)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(within):
+		p.Kill()
+		t.Errorf("%s did not stop on %v within %v", p.cmd.Path, sig, within)
+	}
+}
+
+// WaitPort waits until addr accepts a TCP connection. It fails t with the
+// end of the log if the process exits first or addr does not accept
+// within the given time; then it first sends SIGQUIT, so that a Go
+// process's log ends with its goroutines.
+func (p *Proc) WaitPort(t testing.TB, addr string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		select {
+		case <-p.exited:
+			t.Fatalf("%s exited (%v) before %s accepted connections:\n%s", p.cmd.Path, p.err, addr, p.LogTail())
+		default:
+		}
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			_ = p.Signal(syscall.SIGQUIT)
+			select {
+			case <-p.exited:
+			case <-time.After(2 * time.Second):
+			}
+			t.Fatalf("%s did not accept connections on %s within %v: %v\n%s", p.cmd.Path, addr, within, err, p.logTail(64<<10))
+		}
+		time.Sleep(pollMax)
+	}
+}
+
+// LogTail returns the last 4 KiB of the process's log file.
+func (p *Proc) LogTail() string { return FileTail(p.logPath, 4<<10) }
+
+func (p *Proc) logTail(n int) string { return FileTail(p.logPath, n) }
+
+// FileTail returns the last n bytes of the file at path, or why it cannot.
+func FileTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(%v)", err)
+	}
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
