@@ -28,6 +28,7 @@ func startServer(t testing.TB, mutate ...func(*server.Config)) *server.Server {
 	cfg.Shards = 2
 	cfg.Loops = 2
 	cfg.Logger = testLogger(t)
+	applyMatrixCell(t, &cfg) // shards and fsync of TestSemanticsMatrix's cell, if t runs in one
 	for _, m := range mutate {
 		m(&cfg)
 	}
