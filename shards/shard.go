@@ -133,6 +133,11 @@ func newShard(idx int, b *Broker, cfg ShardConfig) *Shard {
 		consumers: map[consumerKey]*Consumer{},
 		outs:      map[*Session]*sessOut{},
 		qDirty:    map[*Queue]bool{},
+		// The clock starts at the wall clock, not 0: recovery and the
+		// first subscribers come before the first tick, and a message
+		// whose TTL ran out while the broker was down must not be
+		// delivered to them.
+		now: time.Now().UnixNano(),
 	}
 }
 
@@ -159,6 +164,13 @@ func (s *Shard) run(ctx context.Context) {
 	for {
 		got := s.drainJournal()
 		n := s.in.PopBatch(s.cmds)
+		if n > 0 {
+			// One clock read per batch keeps expiry exact to the batch
+			// rather than to the tick.
+			if now := time.Now().UnixNano(); now > s.now {
+				s.now = now
+			}
+		}
 		for i := 0; i < n; i++ {
 			s.handle(&s.cmds[i])
 			s.cmds[i] = Command{}
@@ -486,9 +498,6 @@ func (s *Shard) requeueAll(con *Consumer) {
 }
 
 func (s *Shard) tick() {
-	if s.now == 0 {
-		s.now = time.Now().UnixNano()
-	}
 	for q := range s.queues {
 		if q.Ready() == 0 {
 			continue
