@@ -43,6 +43,8 @@ type connState struct {
 	fanRest    []*shards.Queue
 	fanNext    int
 
+	mgmt mgmtQueue // management commands, run in order off the loop (mgmt.go)
+
 	out     []byte       // frames written at the end of OnTraffic
 	ranges  []wire.Range // completions the loop itself makes
 	targets []*shards.Queue

@@ -13,6 +13,7 @@ import (
 	"github.com/berthmq/berth/controlplane"
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/ctlclient"
+	"github.com/berthmq/berth/server/wiring"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
 )
@@ -194,7 +195,7 @@ func startControllerOnly(s *Server) error {
 }
 
 // controllerWiring records durable wiring in the controller. It implements
-// shards.WiringLog. With a one-member controller it calls the in-process
+// wiring.Log. With a one-member controller it calls the in-process
 // node (always the leader); with 3 or 5 members it goes through a client
 // that finds the leader from any member and follows redirects.
 type controllerWiring struct {
@@ -277,7 +278,7 @@ func resultError(err error) error {
 	return shards.Errorf(code, "controller: %s", msg)
 }
 
-var exchangeKinds = [...]string{shards.KindDirect: "direct", shards.KindFanout: "fanout", shards.KindTopic: "topic"}
+var exchangeKinds = [...]string{wiring.KindDirect: "direct", wiring.KindFanout: "fanout", wiring.KindTopic: "topic"}
 
 func toControllerQueue(o shards.QueueOptions) ctlapi.QueueOptions {
 	overflow := ctlapi.OverflowRejectPublish
@@ -305,7 +306,7 @@ func fromControllerQueue(o ctlapi.QueueOptions) shards.QueueOptions {
 	}
 }
 
-func (w *controllerWiring) DeclareExchange(name string, kind uint8, opts shards.ExchangeOptions) error {
+func (w *controllerWiring) DeclareExchange(name string, kind uint8, opts wiring.ExchangeOptions) error {
 	return w.propose(&ctlapi.DeclareExchange{Name: name, Type: exchangeKinds[kind], Durable: opts.Durable})
 }
 
@@ -331,7 +332,7 @@ func (w *controllerWiring) DeleteExchange(name string) error {
 
 // Load reads the wiring by a linearizable read, so it sees every change
 // the controller committed.
-func (w *controllerWiring) Load() (*shards.WiringSnapshot, error) {
+func (w *controllerWiring) Load() (*wiring.Snapshot, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
 	defer cancel()
 	var cw ctlapi.Wiring
@@ -356,7 +357,7 @@ func (w *controllerWiring) Load() (*shards.WiringSnapshot, error) {
 			}
 		}
 	}
-	snap := &shards.WiringSnapshot{}
+	snap := &wiring.Snapshot{}
 	for _, x := range cw.Exchanges {
 		kind := -1
 		for k, name := range exchangeKinds {
@@ -367,13 +368,13 @@ func (w *controllerWiring) Load() (*shards.WiringSnapshot, error) {
 		if kind < 0 {
 			continue // a kind this broker does not serve
 		}
-		snap.Exchanges = append(snap.Exchanges, shards.WiringExchange{Name: x.Name, Kind: uint8(kind), Options: shards.ExchangeOptions{Durable: x.Durable}})
+		snap.Exchanges = append(snap.Exchanges, wiring.WiringExchange{Name: x.Name, Kind: uint8(kind), Options: wiring.ExchangeOptions{Durable: x.Durable}})
 	}
 	for _, q := range cw.Queues {
-		snap.Queues = append(snap.Queues, shards.WiringQueue{Name: q.Name, Options: fromControllerQueue(q.Options)})
+		snap.Queues = append(snap.Queues, wiring.WiringQueue{Name: q.Name, Options: fromControllerQueue(q.Options)})
 	}
 	for _, b := range cw.Bindings {
-		snap.Bindings = append(snap.Bindings, shards.Binding{Exchange: b.Exchange, Queue: b.Queue, Key: b.Key})
+		snap.Bindings = append(snap.Bindings, wiring.Binding{Exchange: b.Exchange, Queue: b.Queue, Key: b.Key})
 	}
 	return snap, nil
 }

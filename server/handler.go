@@ -67,7 +67,7 @@ func (h *handler) OnClose(c gnet.Conn, closeErr error) gnet.Action {
 				fan.Queue = q
 				_ = shardList[q.Shard()].Push(context.Background(), fan)
 			}
-			h.s.broker.SessionClosed(sess)
+			h.s.wiring.SessionClosed(sess)
 		}()
 	}
 	return gnet.None
@@ -249,7 +249,7 @@ func (h *handler) publish(cs *connState, body []byte) (bool, gnet.Action) {
 	if err := wire.DecodePublish(body, &p); err != nil {
 		return true, cs.protocolError(wire.CodeMalformed, "PUBLISH: "+err.Error())
 	}
-	routing := h.s.broker.Routing()
+	routing := h.s.wiring.Routing()
 	shardList := h.s.broker.Shards()
 	now := time.Now().UnixNano()
 	window := int64(h.s.cfg.WindowMax) - cs.sess.Inflight.Load()
@@ -355,7 +355,7 @@ func (h *handler) subscribe(cs *connState, body []byte) (bool, gnet.Action) {
 		cs.fail(m.CommandID, wire.CodeInvalid, "unknown ack mode")
 		return true, gnet.None
 	}
-	q := h.s.broker.Routing().Queue(m.Queue)
+	q := h.s.wiring.Routing().Queue(m.Queue)
 	if q == nil {
 		cs.fail(m.CommandID, wire.CodeNotFound, "no queue "+string(m.Queue))
 		return true, gnet.None

@@ -1,15 +1,28 @@
 package server
 
 import (
+	"sync"
+
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/berthmq/berth/server/wiring"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
 )
 
-// mgmtQueueMax bounds management commands waiting for the management
-// goroutine; past it a command fails with resource-limit.
-const mgmtQueueMax = 4096
+// Management commands (declares, binds, deletes, purges) run off the event
+// loops, because they wait on shards and on the controller. Each connection
+// runs its own in order, on a goroutine that lives while it has some, so a
+// client's declare-then-bind keeps its order while different clients'
+// commands wait for their consensus rounds at the same time.
+const (
+	// mgmtQueueMax bounds the management commands taken and not yet
+	// answered, over all connections; past it a command fails with
+	// resource-limit.
+	mgmtQueueMax = 4096
+	// mgmtConnMax bounds them per connection.
+	mgmtConnMax = 256
+)
 
 // mgmtReq is a wiring command decoded on a loop. Names are copied out of
 // the read buffer, which the loop reuses.
@@ -21,11 +34,17 @@ type mgmtReq struct {
 	conn gnet.Conn
 }
 
-// management decodes a wiring command and hands it to the management
-// goroutine: wiring changes can wait on shards and, later, on the
-// controller, and a loop never waits.
+// mgmtQueue is one connection's management commands, run in order.
+type mgmtQueue struct {
+	mu      sync.Mutex
+	reqs    []mgmtReq
+	running bool // a goroutine is draining reqs
+}
+
+// management decodes a wiring command and hands it to the connection's
+// management goroutine: a loop never waits.
 func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Action {
-	b := h.s.broker
+	b := h.s.wiring
 	var req mgmtReq
 	req.cs, req.typ, req.conn = cs, t, cs.c
 	switch t {
@@ -61,7 +80,7 @@ func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Actio
 			return cs.protocolError(wire.CodeMalformed, "DECLARE_EXCHANGE: "+err.Error())
 		}
 		name, kind := string(m.Name), m.Kind
-		opts := shards.ExchangeOptions{Durable: m.Flags&wire.ExchangeDurable != 0, AutoDelete: m.Flags&wire.ExchangeAutoDelete != 0}
+		opts := wiring.ExchangeOptions{Durable: m.Flags&wire.ExchangeDurable != 0, AutoDelete: m.Flags&wire.ExchangeAutoDelete != 0}
 		passive := m.Flags&wire.ExchangePassive != 0
 		req.id = m.CommandID
 		req.run = func() error { return b.DeclareExchange(name, kind, opts, passive) }
@@ -103,17 +122,55 @@ func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Actio
 		req.id = m.CommandID
 		req.run = func() error { _, err := b.Purge(name); return err }
 	}
-	select {
-	case h.s.mgmt <- req:
-	default:
-		cs.fail(req.id, wire.CodeResourceLimit, "too many management commands in flight")
+	if msg := h.s.enqueueMgmt(req); msg != "" {
+		cs.fail(req.id, wire.CodeResourceLimit, msg)
 	}
 	return gnet.None
 }
 
-func (s *Server) runMgmt() {
+// enqueueMgmt queues req on its connection and starts the connection's
+// management goroutine if none runs. It returns why it refused, or "".
+// It runs on the connection's loop, inside OnTraffic, so Close's quiesce
+// orders it before the wait for the management goroutines.
+func (s *Server) enqueueMgmt(req mgmtReq) string {
+	if s.mgmtPending.Add(1) > mgmtQueueMax {
+		s.mgmtPending.Add(-1)
+		return "too many management commands in flight"
+	}
+	q := &req.cs.mgmt
+	q.mu.Lock()
+	if len(q.reqs) >= mgmtConnMax {
+		q.mu.Unlock()
+		s.mgmtPending.Add(-1)
+		return "too many management commands in flight on this connection"
+	}
+	q.reqs = append(q.reqs, req)
+	start := !q.running
+	q.running = true
+	q.mu.Unlock()
+	if start {
+		s.mgmtWG.Add(1)
+		go s.runMgmt(q)
+	}
+	return ""
+}
+
+// runMgmt runs one connection's management commands in order until none
+// is left.
+func (s *Server) runMgmt(q *mgmtQueue) {
 	defer s.mgmtWG.Done()
-	for req := range s.mgmt {
+	for {
+		q.mu.Lock()
+		if len(q.reqs) == 0 {
+			q.running = false
+			q.reqs = nil
+			q.mu.Unlock()
+			return
+		}
+		req := q.reqs[0]
+		q.reqs[0] = mgmtReq{}
+		q.reqs = q.reqs[1:]
+		q.mu.Unlock()
 		err := req.run()
 		var frame []byte
 		v := req.cs.version
@@ -123,5 +180,6 @@ func (s *Server) runMgmt() {
 			frame = wire.AppendComplete(nil, v, []wire.Range{{First: req.id, Last: req.id}})
 		}
 		_ = req.conn.AsyncWrite(frame, nil)
+		s.mgmtPending.Add(-1)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/berthmq/berth/controlplane"
+	"github.com/berthmq/berth/server/wiring"
 	"github.com/berthmq/berth/shards"
 )
 
@@ -35,6 +36,7 @@ import (
 type boot struct {
 	ctl    atomic.Pointer[controlplane.Node] // set as soon as the member runs
 	broker atomic.Pointer[shards.Broker]     // set before the broker starts
+	wiring atomic.Pointer[wiring.Wiring]     // set before the broker starts
 	// serving: the client listener is bound (s.addr is set).
 	serving atomic.Bool
 	// started: Start has returned this server; every field is set.
@@ -61,7 +63,7 @@ func (s *Server) unready() []string {
 		return out
 	}
 	b := s.boot.broker.Load()
-	if b == nil || !b.WiringRestored() {
+	if w := s.boot.wiring.Load(); w == nil || !w.Restored() {
 		out = append(out, "wiring: not restored")
 	}
 	if b == nil || !b.Recovered() {

@@ -22,6 +22,7 @@ import (
 	"github.com/berthmq/berth/controlplane"
 	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/journal"
+	"github.com/berthmq/berth/server/wiring"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
 )
@@ -175,6 +176,7 @@ type Server struct {
 	cfg    Config
 	log    *slog.Logger
 	broker *shards.Broker
+	wiring *wiring.Wiring
 	eng    gnet.Engine
 	addr   string
 
@@ -182,8 +184,10 @@ type Server struct {
 	runErr   chan error
 	admin    *http.Server
 	adminLn  net.Listener
-	mgmt     chan mgmtReq
-	mgmtWG   sync.WaitGroup
+	// mgmtWG counts the connections' management goroutines (mgmt.go);
+	// mgmtPending the commands they hold.
+	mgmtWG      sync.WaitGroup
+	mgmtPending atomic.Int64
 	stopOnce sync.Once
 	draining atomic.Bool // Close began: no new work is taken (drain.go)
 	stopHB   chan struct{}
@@ -230,7 +234,6 @@ func Start(cfg Config) (*Server, error) {
 		log:    cfg.Logger,
 		booted: make(chan struct{}),
 		runErr: make(chan error, 1),
-		mgmt:   make(chan mgmtReq, mgmtQueueMax),
 		stopHB: make(chan struct{}),
 	}
 	s.regCtx, s.regCancel = context.WithCancel(context.Background())
@@ -257,7 +260,20 @@ func Start(cfg Config) (*Server, error) {
 		s.boot.started.Store(true)
 		return s, nil
 	}
+	if cfg.DataDir != "" {
+		// Queues hash onto shards and each shard has its journal, so the
+		// count is fixed when the data directory is created.
+		n, err := wiring.ShardCount(cfg.DataDir)
+		if err != nil {
+			return nil, fmt.Errorf("server: %w", err)
+		}
+		if n > 0 && n != cfg.Shards {
+			cfg.Logger.Warn("server: keeping the shard count of the data directory", "configured", cfg.Shards, "data_dir", n)
+			cfg.Shards, s.cfg.Shards = n, n
+		}
+	}
 	bcfg := shards.Config{Shards: cfg.Shards, CreditMax: cfg.CreditMax, Logger: cfg.Logger, RingSize: cfg.RingSize}
+	wcfg := wiring.Config{Logger: cfg.Logger}
 	if cfg.DataDir != "" {
 		var policy journal.FsyncPolicy
 		switch cfg.Fsync {
@@ -275,7 +291,7 @@ func Start(cfg Config) (*Server, error) {
 			if err != nil {
 				return nil, err
 			}
-			bcfg.WiringLog = wl
+			wcfg.Log = wl
 			if cfg.registersWithController() {
 				if err := s.loadBrokerID(); err != nil {
 					s.stopController()
@@ -285,14 +301,25 @@ func Start(cfg Config) (*Server, error) {
 		}
 	}
 	s.broker = shards.New(bcfg)
-	s.boot.broker.Store(s.broker)
-	if err := s.broker.Start(); err != nil {
-		s.stopController()
-		return nil, fmt.Errorf("server: %w", err)
+	wcfg.Broker = s.broker
+	if bcfg.Journal != nil {
+		wcfg.Dir = cfg.DataDir
 	}
-
-	s.mgmtWG.Add(1)
-	go s.runMgmt()
+	s.wiring = wiring.New(wcfg)
+	s.boot.wiring.Store(s.wiring)
+	s.boot.broker.Store(s.broker)
+	// The shards run first; the wiring adds the durable queues to them;
+	// then the journals replay into those queues.
+	if err := s.broker.Start(); err == nil {
+		if err = s.wiring.Restore(); err == nil {
+			err = s.broker.Recover()
+		}
+		if err != nil {
+			s.broker.Stop()
+			s.stopController()
+			return nil, fmt.Errorf("server: %w", err)
+		}
+	}
 
 	h := &handler{s: s}
 	go func() {
@@ -312,8 +339,6 @@ func Start(cfg Config) (*Server, error) {
 	case err := <-s.runErr:
 		s.broker.Stop()
 		s.stopController()
-		close(s.mgmt)
-		s.mgmtWG.Wait()
 		return nil, fmt.Errorf("server: listen on %s: %w", cfg.ClientAddr, err)
 	}
 	s.boot.serving.Store(true)
@@ -369,6 +394,9 @@ func (s *Server) Close() error {
 		// client and stop the loops.
 		s.draining.Store(true)
 		s.quiesce()
+		// Management commands taken before finish first: they may need
+		// the shards and the controller.
+		s.mgmtWG.Wait()
 		s.broker.Stop()
 		s.conns.Lock()
 		for cs := range s.conns.set {
@@ -392,8 +420,6 @@ func (s *Server) Close() error {
 		defer cancel()
 		err = s.eng.Stop(ctx)
 		<-s.runErr
-		close(s.mgmt)
-		s.mgmtWG.Wait()
 		s.stopController()
 	})
 	return err

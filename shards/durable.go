@@ -220,12 +220,15 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 	}
 	sj.j = j
 	s.journal = sj
-	routing := s.broker.Routing()
+	byName := make(map[string]*Queue, len(s.queues))
+	for q := range s.queues {
+		byName[q.Name] = q
+	}
 	live, dropped := 0, 0
 	for i := range msgs {
 		m := &msgs[i]
 		pos := m.pos
-		q := routing.queues[names[m.queue]]
+		q := byName[names[m.queue]]
 		if m.dead || q == nil || q.shard != s.idx || !q.Options.Durable {
 			j.Free(pos)
 			m.body.Unref()

@@ -20,10 +20,7 @@ func TestExpiredWhileDownIsNotDelivered(t *testing.T) {
 	cfg := Config{Shards: 1, TickInterval: time.Hour,
 		Journal: &JournalConfig{Dir: t.TempDir()}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	b := New(cfg)
-	if err := b.Start(); err != nil {
-		t.Fatal(err)
-	}
-	q, err := b.DeclareQueue("ttl", QueueOptions{Durable: true}, false, nil)
+	q, err := startWith(b, "ttl")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,14 +38,10 @@ func TestExpiredWhileDownIsNotDelivered(t *testing.T) {
 	time.Sleep(5 * time.Millisecond)
 
 	b = New(cfg)
-	if err := b.Start(); err != nil {
+	if q, err = startWith(b, "ttl"); err != nil {
 		t.Fatal(err)
 	}
 	defer b.Stop()
-	q = b.Routing().Queue([]byte("ttl"))
-	if q == nil {
-		t.Fatal("durable queue not restored")
-	}
 	sh := b.shards[0]
 	sess = &Session{ID: 2, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{}}
 	if err := sh.Push(ctx, Command{Op: OpSubscribe, Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 10, AckMode: wire.AckExplicit}); err != nil {
@@ -69,4 +62,17 @@ func TestExpiredWhileDownIsNotDelivered(t *testing.T) {
 	if unacked != 1 {
 		t.Fatalf("%d messages delivered after the restart, want 1: the one that expired while the broker was down was delivered", unacked)
 	}
+}
+
+// startWith starts b with one durable queue, added before the journal
+// replay as the wiring layer adds the restored queues.
+func startWith(b *Broker, name string) (*Queue, error) {
+	if err := b.Start(); err != nil {
+		return nil, err
+	}
+	q, err := b.AddQueue(name, QueueOptions{Durable: true}, nil)
+	if err != nil {
+		return nil, err
+	}
+	return q, b.Recover()
 }

@@ -25,18 +25,15 @@ func TestMetricsSnapshot(t *testing.T) {
 	if _, err := b.Metrics(ctx); !errors.Is(err, ErrNotRunning) {
 		t.Fatalf("Metrics before Start: %v, want ErrNotRunning", err)
 	}
-	if b.WiringRestored() || b.Recovered() {
-		t.Fatal("ready before Start")
+	if b.Recovered() {
+		t.Fatal("recovered before Start")
 	}
-	if err := b.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if !b.WiringRestored() || !b.Recovered() || b.ShardsRecovered() != 2 {
-		t.Fatalf("after Start: wiring %v recovered %v shards %d", b.WiringRestored(), b.Recovered(), b.ShardsRecovered())
-	}
-	q, err := b.DeclareQueue("dq", QueueOptions{Durable: true}, false, nil)
+	q, err := startWith(b, "dq")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !b.Recovered() || b.ShardsRecovered() != 2 {
+		t.Fatalf("after Recover: recovered %v shards %d", b.Recovered(), b.ShardsRecovered())
 	}
 	sh := b.shards[q.shard]
 	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{}}
@@ -122,7 +119,7 @@ func TestMetricsSnapshot(t *testing.T) {
 
 	// The 7 messages not accepted come back; they are not publishes.
 	b = New(cfg)
-	if err := b.Start(); err != nil {
+	if _, err := startWith(b, "dq"); err != nil {
 		t.Fatal(err)
 	}
 	defer b.Stop()

@@ -156,6 +156,13 @@ type Queue struct {
 	Recovered uint64
 }
 
+// Owner is the session an exclusive queue belongs to, or nil.
+func (q *Queue) Owner() *Session { s, _ := q.owner.(*Session); return s }
+
+// Deleted reports whether the queue was dropped. Read it on the queue's
+// shard, or after a Call to it.
+func (q *Queue) Deleted() bool { return q.deleted }
+
 // NewQueue returns an empty queue.
 func NewQueue(name string, opts QueueOptions, shard int, pool *entryPool) *Queue {
 	if pool == nil {

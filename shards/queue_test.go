@@ -159,21 +159,3 @@ func TestQueueApplyIsDeterministic(t *testing.T) {
 		t.Fatal("the log exercised nothing")
 	}
 }
-
-func TestTopicMatch(t *testing.T) {
-	cases := []struct {
-		pattern, key string
-		want         bool
-	}{
-		{"a.b", "a.b", true}, {"a.*", "a.b", true}, {"a.*", "a.b.c", false},
-		{"a.#", "a", true}, {"a.#", "a.b.c", true}, {"#", "", true}, {"#", "x.y", true},
-		{"#.c", "a.b.c", true}, {"#.c", "c", true}, {"#.c", "a.b", false},
-		{"a.#.c", "a.c", true}, {"a.#.c", "a.x.y.c", true}, {"a.#.c", "a.x.y", false},
-		{"*", "", true}, {"*", "a.b", false}, {"*.*", "a", false}, {"a.*.#", "a", false},
-	}
-	for _, c := range cases {
-		if got := topicMatches(c.pattern, c.key); got != c.want {
-			t.Errorf("%q ~ %q = %v, want %v", c.pattern, c.key, got, c.want)
-		}
-	}
-}

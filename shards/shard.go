@@ -593,7 +593,7 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 		key = []byte(q.Options.DeadLetterKey)
 	}
 	var buf [8]*Queue
-	targets, err := s.broker.Routing().Route([]byte(dlx), key, buf[:0])
+	targets, err := s.broker.hooks.Router.Route([]byte(dlx), key, buf[:0])
 	if err != nil {
 		return
 	}

@@ -1,11 +1,14 @@
-package shards
+package wiring
 
 import (
 	"bytes"
 	"math/rand"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/berthmq/berth/shards"
 )
 
 // topicMatches compiles pattern and matches key with it, as Route does.
@@ -185,13 +188,13 @@ func BenchmarkTopicMatchWorstCase(b *testing.B) {
 // binding, split and all, as a publish does.
 func BenchmarkTopicRouteReported(b *testing.B) {
 	r := emptyRouting()
-	q := &Queue{}
+	q := &shards.Queue{}
 	r.queues["q"] = q
 	r.exchanges["t"] = &exchange{name: "t", kind: KindTopic}
 	r.bindings = []Binding{{Exchange: "t", Queue: "q", Key: strings.Repeat("#.", 12) + "z"}}
 	r.rebuildExchanges()
 	key := []byte(strings.TrimSuffix(strings.Repeat("a.", 30), "."))
-	dst := make([]*Queue, 0, 4)
+	dst := make([]*shards.Queue, 0, 4)
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {
 		var err error
@@ -209,19 +212,37 @@ func BenchmarkTopicRoute10kBindings(b *testing.B) {
 	r := emptyRouting()
 	r.exchanges["t"] = &exchange{name: "t", kind: KindTopic}
 	for i := 0; i < 10000; i++ {
-		name := "q" + strings.Repeat("x", i%7) + string(rune('a'+i%26)) + itoa(i)
-		r.queues[name] = &Queue{Name: name}
-		r.bindings = append(r.bindings, Binding{Exchange: "t", Queue: name, Key: "dev" + itoa(i) + ".*.temp"})
+		name := "q" + strings.Repeat("x", i%7) + string(rune('a'+i%26)) + strconv.Itoa(i)
+		r.queues[name] = &shards.Queue{Name: name}
+		r.bindings = append(r.bindings, Binding{Exchange: "t", Queue: name, Key: "dev" + strconv.Itoa(i) + ".*.temp"})
 	}
 	r.rebuildExchanges()
 	key := []byte("sensor.room1.humidity")
-	dst := make([]*Queue, 0, 4)
+	dst := make([]*shards.Queue, 0, 4)
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		var err error
 		if dst, err = r.Route([]byte("t"), key, dst[:0]); err != nil || len(dst) != 0 {
 			b.Fatal(err, len(dst))
+		}
+	}
+}
+
+func TestTopicMatch(t *testing.T) {
+	cases := []struct {
+		pattern, key string
+		want         bool
+	}{
+		{"a.b", "a.b", true}, {"a.*", "a.b", true}, {"a.*", "a.b.c", false},
+		{"a.#", "a", true}, {"a.#", "a.b.c", true}, {"#", "", true}, {"#", "x.y", true},
+		{"#.c", "a.b.c", true}, {"#.c", "c", true}, {"#.c", "a.b", false},
+		{"a.#.c", "a.c", true}, {"a.#.c", "a.x.y.c", true}, {"a.#.c", "a.x.y", false},
+		{"*", "", true}, {"*", "a.b", false}, {"*.*", "a", false}, {"a.*.#", "a", false},
+	}
+	for _, c := range cases {
+		if got := topicMatches(c.pattern, c.key); got != c.want {
+			t.Errorf("%q ~ %q = %v, want %v", c.pattern, c.key, got, c.want)
 		}
 	}
 }

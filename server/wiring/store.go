@@ -1,4 +1,4 @@
-package shards
+package wiring
 
 import (
 	"encoding/json"
@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -25,15 +26,30 @@ type wiringState struct {
 	Bindings  []Binding        `json:"bindings"`
 }
 
+// WiringExchange is a durable exchange as the wiring file and the wiring
+// log hold it.
 type WiringExchange struct {
 	Name    string          `json:"name"`
 	Kind    uint8           `json:"kind"`
 	Options ExchangeOptions `json:"options"`
 }
 
+// WiringQueue is a durable queue as the wiring file and the wiring log
+// hold it.
 type WiringQueue struct {
-	Name    string       `json:"name"`
-	Options QueueOptions `json:"options"`
+	Name    string              `json:"name"`
+	Options shards.QueueOptions `json:"options"`
+}
+
+// ShardCount returns the shard count recorded in the data directory, or 0
+// for a new one. Queues hash onto shards and each shard has its journal,
+// so the count is fixed when the directory is created.
+func ShardCount(dir string) (int, error) {
+	st, err := loadWiring(dir)
+	if err != nil || st == nil {
+		return 0, err
+	}
+	return st.Shards, nil
 }
 
 func loadWiring(dir string) (*wiringState, error) {
@@ -42,23 +58,23 @@ func loadWiring(dir string) (*wiringState, error) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("shards: read wiring: %w", err)
+		return nil, fmt.Errorf("wiring: read %s: %w", wiringFile, err)
 	}
 	var st wiringState
 	if err := json.Unmarshal(data, &st); err != nil {
-		return nil, fmt.Errorf("shards: wiring file %s is corrupt: %w", filepath.Join(dir, wiringFile), err)
+		return nil, fmt.Errorf("wiring: wiring file %s is corrupt: %w", filepath.Join(dir, wiringFile), err)
 	}
 	return &st, nil
 }
 
-// saveWiringLocked writes the durable part of r. b.mu must be held. With
-// a wiring log, the log holds the wiring and the file only the shard count.
-func (b *Broker) saveWiringLocked(r *Routing) error {
-	if b.cfg.Journal == nil {
+// saveLocked writes the durable part of r. w.mu must be held. With a
+// wiring log, the log holds the wiring and the file only the shard count.
+func (w *Wiring) saveLocked(r *Routing) error {
+	if w.cfg.Dir == "" {
 		return nil
 	}
-	st := wiringState{Version: 1, Shards: len(b.shards)}
-	if b.cfg.WiringLog != nil {
+	st := wiringState{Version: 1, Shards: len(w.b.Shards())}
+	if w.cfg.Log != nil {
 		r = emptyRouting()
 	}
 	durableQ := map[string]bool{}
@@ -84,36 +100,36 @@ func (b *Broker) saveWiringLocked(r *Routing) error {
 	if err != nil {
 		return err
 	}
-	dir := b.cfg.Journal.Dir
+	dir := w.cfg.Dir
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return Errorf(wire.CodeStore, "save wiring: %v", err)
+		return shards.Errorf(wire.CodeStore, "save wiring: %v", err)
 	}
 	tmp := filepath.Join(dir, wiringFile+".tmp")
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o644)
 	if err != nil {
-		return Errorf(wire.CodeStore, "save wiring: %v", err)
+		return shards.Errorf(wire.CodeStore, "save wiring: %v", err)
 	}
 	if _, err := f.Write(data); err != nil {
 		f.Close()
-		return Errorf(wire.CodeStore, "save wiring: %v", err)
+		return shards.Errorf(wire.CodeStore, "save wiring: %v", err)
 	}
 	if err := f.Sync(); err != nil {
 		f.Close()
-		return Errorf(wire.CodeStore, "save wiring: %v", err)
+		return shards.Errorf(wire.CodeStore, "save wiring: %v", err)
 	}
 	if err := f.Close(); err != nil {
-		return Errorf(wire.CodeStore, "save wiring: %v", err)
+		return shards.Errorf(wire.CodeStore, "save wiring: %v", err)
 	}
 	if err := os.Rename(tmp, filepath.Join(dir, wiringFile)); err != nil {
-		return Errorf(wire.CodeStore, "save wiring: %v", err)
+		return shards.Errorf(wire.CodeStore, "save wiring: %v", err)
 	}
 	d, err := os.Open(dir)
 	if err != nil {
-		return Errorf(wire.CodeStore, "save wiring: %v", err)
+		return shards.Errorf(wire.CodeStore, "save wiring: %v", err)
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {
-		return Errorf(wire.CodeStore, "save wiring: %v", err)
+		return shards.Errorf(wire.CodeStore, "save wiring: %v", err)
 	}
 	return nil
 }

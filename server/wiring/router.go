@@ -1,12 +1,12 @@
-package shards
+package wiring
 
 import (
 	"bytes"
-	"errors"
 	"math/bits"
 	"sort"
 	"strings"
 
+	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -16,10 +16,6 @@ const (
 	KindFanout uint8 = 1
 	KindTopic  uint8 = 2
 )
-
-// ErrNoExchange is returned when routing through an exchange that does not
-// exist.
-var ErrNoExchange = errors.New("shards: no such exchange")
 
 // ExchangeOptions are fixed when an exchange is declared.
 type ExchangeOptions struct {
@@ -39,37 +35,37 @@ type exchange struct {
 	name    string
 	kind    uint8
 	options ExchangeOptions
-	direct  map[string][]*Queue
-	fanout  []*Queue
+	direct  map[string][]*shards.Queue
+	fanout  []*shards.Queue
 	topic   []topicBinding
 	count   int // bindings
 }
 
 type topicBinding struct {
 	pattern topicPattern
-	queue   *Queue
+	queue   *shards.Queue
 }
 
 // Routing is an immutable snapshot of the wiring: every exchange, queue and
 // binding. Event loops route through it without locks; a change builds a
 // new snapshot and swaps an atomic pointer (copy on write).
 type Routing struct {
-	queues    map[string]*Queue
+	queues    map[string]*shards.Queue
 	exchanges map[string]*exchange
 	bindings  []Binding // sorted, for listing and rebuilding
 }
 
 func emptyRouting() *Routing {
-	return &Routing{queues: map[string]*Queue{}, exchanges: map[string]*exchange{}}
+	return &Routing{queues: map[string]*shards.Queue{}, exchanges: map[string]*exchange{}}
 }
 
 // Queue looks a queue up by name. The []byte form does not allocate.
-func (r *Routing) Queue(name []byte) *Queue { return r.queues[string(name)] }
+func (r *Routing) Queue(name []byte) *shards.Queue { return r.queues[string(name)] }
 
 // Route appends to dst the queues that a message with key, published to
 // the named exchange, goes to, each queue once. The default exchange ""
 // routes to the queue named by the key.
-func (r *Routing) Route(exchangeName, key []byte, dst []*Queue) ([]*Queue, error) {
+func (r *Routing) Route(exchangeName, key []byte, dst []*shards.Queue) ([]*shards.Queue, error) {
 	if len(exchangeName) == 0 {
 		if q := r.queues[string(key)]; q != nil {
 			dst = append(dst, q)
@@ -78,7 +74,7 @@ func (r *Routing) Route(exchangeName, key []byte, dst []*Queue) ([]*Queue, error
 	}
 	ex := r.exchanges[string(exchangeName)]
 	if ex == nil {
-		return dst, ErrNoExchange
+		return dst, shards.ErrNoExchange
 	}
 	start := len(dst)
 	switch ex.kind {
@@ -102,7 +98,7 @@ func (r *Routing) Route(exchangeName, key []byte, dst []*Queue) ([]*Queue, error
 	return dst, nil
 }
 
-func containsQueue(qs []*Queue, q *Queue) bool {
+func containsQueue(qs []*shards.Queue, q *shards.Queue) bool {
 	for _, x := range qs {
 		if x == q {
 			return true
@@ -235,7 +231,7 @@ func (p *topicPattern) match(k [][]byte) bool {
 func TopicPatternError(key string) error {
 	words := 1 + strings.Count(key, ".")
 	if words > topicWordsMax {
-		return Errorf(wire.CodeInvalid, "topic binding key has %d words; at most %d are allowed", words, topicWordsMax)
+		return shards.Errorf(wire.CodeInvalid, "topic binding key has %d words; at most %d are allowed", words, topicWordsMax)
 	}
 	return nil
 }
@@ -243,7 +239,7 @@ func TopicPatternError(key string) error {
 // clone copies the snapshot's maps so a change can be made to the copy.
 func (r *Routing) clone() *Routing {
 	n := &Routing{
-		queues:    make(map[string]*Queue, len(r.queues)),
+		queues:    make(map[string]*shards.Queue, len(r.queues)),
 		exchanges: make(map[string]*exchange, len(r.exchanges)),
 		bindings:  append([]Binding(nil), r.bindings...),
 	}
@@ -260,7 +256,7 @@ func (r *Routing) clone() *Routing {
 // binding list. Wiring changes are rare, so simplicity wins over speed.
 func (r *Routing) rebuildExchanges() {
 	for name, ex := range r.exchanges {
-		n := &exchange{name: ex.name, kind: ex.kind, options: ex.options, direct: map[string][]*Queue{}}
+		n := &exchange{name: ex.name, kind: ex.kind, options: ex.options, direct: map[string][]*shards.Queue{}}
 		r.exchanges[name] = n
 	}
 	kept := r.bindings[:0]

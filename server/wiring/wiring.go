@@ -1,0 +1,466 @@
+// Package wiring owns what routes messages to queues: exchanges, bindings,
+// which queue names exist and with which options, the durable wiring log
+// (the controller) and the local wiring file. It sits between the server,
+// whose event loops route through its immutable Routing snapshot, and the
+// shards, which own the queues themselves.
+//
+// A change is committed before it is applied: a durable declare, bind,
+// unbind or delete is first recorded in the wiring log (a consensus round
+// in the controller), then the queue is created on or dropped from its
+// shard, and last a new Routing snapshot is published. Changes to
+// different names run at the same time, each waiting for its own
+// consensus round (the controller batches concurrent rounds into one log
+// write); changes to one name are serialised from commit to apply, so the
+// shards and the routing see them in the order the log committed them.
+// Only the final snapshot swap is serialised for the whole broker, and no
+// lock is held across a consensus round except the changed names' own.
+package wiring
+
+import (
+	"hash/fnv"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/berthmq/berth/shards"
+	"github.com/berthmq/berth/wire"
+)
+
+// Log records durable wiring changes. Its methods may block for a
+// consensus round; the wiring calls them holding only the locks of the
+// names being changed.
+type Log interface {
+	DeclareExchange(name string, kind uint8, opts ExchangeOptions) error
+	DeclareQueue(name string, opts shards.QueueOptions) error
+	Bind(exchange, queue, key string) error
+	Unbind(exchange, queue, key string) error
+	DeleteQueue(name string) error
+	DeleteExchange(name string) error
+	// Load returns the durable wiring to restore at start.
+	Load() (*Snapshot, error)
+}
+
+// Snapshot is the durable wiring: exchanges, queues and bindings.
+type Snapshot struct {
+	Exchanges []WiringExchange
+	Queues    []WiringQueue
+	Bindings  []Binding
+}
+
+// Config configures the wiring.
+type Config struct {
+	Broker *shards.Broker
+	// Dir holds the wiring file. Empty keeps no wiring on disk (a broker
+	// without a journal).
+	Dir string
+	// Log, if set, is the authority for durable wiring: every durable
+	// change is committed there before it takes effect, and Restore reads
+	// the wiring from it rather than from the wiring file.
+	Log    Log
+	Logger *slog.Logger
+}
+
+// nameStripes is how many locks serialise changes by name; two names that
+// share a stripe only wait for each other.
+const nameStripes = 256
+
+// Wiring is a broker's exchanges, queues and bindings.
+type Wiring struct {
+	cfg     Config
+	b       *shards.Broker
+	log     *slog.Logger
+	routing atomic.Pointer[Routing]
+
+	// names serialises the changes of one exchange or queue name from
+	// commit to apply. Taken before mu, in stripe order.
+	names [nameStripes]sync.Mutex
+	// mu serialises snapshot swaps (and, without a log, the wiring file
+	// writes). Never held across a consensus round or a shard call.
+	mu sync.Mutex
+
+	restoring bool // Restore is replaying the wiring: do not log it again
+	restored  atomic.Bool
+}
+
+// New returns the wiring of b and connects b's dead-letter routing and
+// auto-delete hooks to it. Call it before b.Start.
+func New(cfg Config) *Wiring {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	w := &Wiring{cfg: cfg, b: cfg.Broker, log: cfg.Logger}
+	w.routing.Store(emptyRouting())
+	w.b.SetHooks(shards.Hooks{Router: w, AutoDeleted: w.autoDeleted})
+	return w
+}
+
+// Routing returns the current snapshot. It never blocks.
+func (w *Wiring) Routing() *Routing { return w.routing.Load() }
+
+// Route routes through the current snapshot (shards.Router).
+func (w *Wiring) Route(exchange, key []byte, dst []*shards.Queue) ([]*shards.Queue, error) {
+	return w.routing.Load().Route(exchange, key, dst)
+}
+
+// Restored reports whether Restore has finished.
+func (w *Wiring) Restored() bool { return w.restored.Load() }
+
+// Restore brings back the durable wiring: from the log if there is one,
+// otherwise from the wiring file. The broker's shards must be running
+// (shards.Broker.Start) and their journals not yet replayed
+// (shards.Broker.Recover), so that the replay finds its queues.
+func (w *Wiring) Restore() error {
+	if w.cfg.Dir == "" {
+		w.restored.Store(true)
+		return nil
+	}
+	st, err := loadWiring(w.cfg.Dir)
+	if err != nil {
+		return err
+	}
+	if w.cfg.Log != nil {
+		snap, err := w.cfg.Log.Load()
+		if err != nil {
+			return shards.Errorf(wire.CodeInternal, "wiring: load from the controller: %v", err)
+		}
+		st = &wiringState{Exchanges: snap.Exchanges, Queues: snap.Queues, Bindings: snap.Bindings}
+	}
+	w.mu.Lock()
+	err = w.saveLocked(w.routing.Load()) // records the shard count
+	w.mu.Unlock()
+	if err != nil || st == nil {
+		w.restored.Store(err == nil)
+		return err
+	}
+	w.restoring = true
+	defer func() { w.restoring = false }()
+	for _, x := range st.Exchanges {
+		if err := w.DeclareExchange(x.Name, x.Kind, x.Options, false); err != nil {
+			return shards.Errorf(shards.CodeOf(err), "wiring: restore exchange %q: %v", x.Name, err)
+		}
+	}
+	for _, q := range st.Queues {
+		if _, err := w.DeclareQueue(q.Name, q.Options, false, nil); err != nil {
+			return shards.Errorf(shards.CodeOf(err), "wiring: restore queue %q: %v", q.Name, err)
+		}
+	}
+	for _, bd := range st.Bindings {
+		if err := w.Bind(bd.Exchange, bd.Queue, bd.Key); err != nil {
+			return shards.Errorf(shards.CodeOf(err), "wiring: restore binding: %v", err)
+		}
+	}
+	w.log.Info("wiring: restored", "exchanges", len(st.Exchanges), "queues", len(st.Queues), "bindings", len(st.Bindings))
+	w.restored.Store(true)
+	return nil
+}
+
+// logged reports whether durable changes go to the log now.
+func (w *Wiring) logged() bool { return w.cfg.Log != nil && !w.restoring }
+
+// logError gives a log failure a wire code.
+func logError(err error) error {
+	if e, ok := err.(*shards.Error); ok {
+		return e
+	}
+	return shards.Errorf(wire.CodeInternal, "controller: %v", err)
+}
+
+// lockNames locks the stripes of the given names in stripe order and
+// returns the unlock.
+func (w *Wiring) lockNames(names ...string) func() {
+	var idx [2]int
+	n := 0
+	for _, name := range names {
+		h := fnv.New32a()
+		h.Write([]byte(name))
+		i := int(h.Sum32() % nameStripes)
+		if !slices.Contains(idx[:n], i) {
+			idx[n] = i
+			n++
+		}
+	}
+	held := idx[:n]
+	slices.Sort(held)
+	for _, i := range held {
+		w.names[i].Lock()
+	}
+	return func() {
+		for j := len(held) - 1; j >= 0; j-- {
+			w.names[held[j]].Unlock()
+		}
+	}
+}
+
+// apply builds the next snapshot from the current one with change and
+// publishes it, saving the wiring file first when the change is durable
+// and there is no log.
+func (w *Wiring) apply(durable bool, change func(n *Routing)) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := w.routing.Load().clone()
+	change(n)
+	if durable && w.cfg.Log == nil {
+		if err := w.saveLocked(n); err != nil {
+			return err
+		}
+	}
+	w.routing.Store(n)
+	return nil
+}
+
+func checkQueue(q *shards.Queue, opts shards.QueueOptions, passive bool, owner *shards.Session) (*shards.Queue, error) {
+	if o := q.Owner(); o != nil && o != owner {
+		return nil, shards.Errorf(wire.CodeNotAllowed, "queue %q is exclusive to another session", q.Name)
+	}
+	if passive || q.Options == opts {
+		return q, nil
+	}
+	return nil, shards.Errorf(wire.CodePreconditionFailed, "queue %q exists with other options", q.Name)
+}
+
+// DeclareQueue creates a queue, or checks an existing one. owner is the
+// session of an exclusive queue.
+func (w *Wiring) DeclareQueue(name string, opts shards.QueueOptions, passive bool, owner *shards.Session) (*shards.Queue, error) {
+	if name == "" {
+		return nil, shards.Errorf(wire.CodeInvalid, "a queue needs a name")
+	}
+	if q := w.Routing().queues[name]; q != nil {
+		return checkQueue(q, opts, passive, owner)
+	}
+	if passive {
+		return nil, shards.Errorf(wire.CodeNotFound, "no queue %q", name)
+	}
+	defer w.lockNames(name)()
+	r := w.Routing()
+	if q := r.queues[name]; q != nil {
+		return checkQueue(q, opts, passive, owner)
+	}
+	if opts.DeadLetterExchange != "" && r.exchanges[opts.DeadLetterExchange] == nil {
+		return nil, shards.Errorf(wire.CodeNotFound, "no dead-letter exchange %q", opts.DeadLetterExchange)
+	}
+	if opts.Durable && !opts.Exclusive && w.logged() {
+		if err := w.cfg.Log.DeclareQueue(name, opts); err != nil {
+			return nil, logError(err)
+		}
+	}
+	// The shard learns of the queue before any event loop can route to it.
+	q, err := w.b.AddQueue(name, opts, owner)
+	if err != nil {
+		return nil, err
+	}
+	if err := w.apply(opts.Durable, func(n *Routing) { n.queues[name] = q }); err != nil {
+		_, _ = w.b.DropQueue(q)
+		return nil, err
+	}
+	return q, nil
+}
+
+// DeclareExchange creates an exchange, or checks an existing one.
+func (w *Wiring) DeclareExchange(name string, kind uint8, opts ExchangeOptions, passive bool) error {
+	if name == "" {
+		return shards.Errorf(wire.CodeNotAllowed, "the default exchange cannot be declared")
+	}
+	if kind > KindTopic {
+		return shards.Errorf(wire.CodeInvalid, "unknown exchange kind %d", kind)
+	}
+	check := func(ex *exchange) error {
+		if passive || (ex.kind == kind && ex.options == opts) {
+			return nil
+		}
+		return shards.Errorf(wire.CodePreconditionFailed, "exchange %q exists with other options", name)
+	}
+	if ex := w.Routing().exchanges[name]; ex != nil {
+		return check(ex)
+	}
+	if passive {
+		return shards.Errorf(wire.CodeNotFound, "no exchange %q", name)
+	}
+	defer w.lockNames(name)()
+	if ex := w.Routing().exchanges[name]; ex != nil {
+		return check(ex)
+	}
+	if opts.Durable && w.logged() {
+		if err := w.cfg.Log.DeclareExchange(name, kind, opts); err != nil {
+			return logError(err)
+		}
+	}
+	return w.apply(opts.Durable, func(n *Routing) {
+		n.exchanges[name] = &exchange{name: name, kind: kind, options: opts, direct: map[string][]*shards.Queue{}}
+	})
+}
+
+// Bind adds a binding; binding twice is a no-op.
+func (w *Wiring) Bind(exchangeName, queue, key string) error {
+	defer w.lockNames(exchangeName, queue)()
+	r := w.Routing()
+	ex, q := r.exchanges[exchangeName], r.queues[queue]
+	if ex == nil {
+		return shards.Errorf(wire.CodeNotFound, "no exchange %q", exchangeName)
+	}
+	if q == nil {
+		return shards.Errorf(wire.CodeNotFound, "no queue %q", queue)
+	}
+	// A pattern accepted before the cap existed is kept on restore: it is
+	// compiled to one that matches nothing, in bounded time.
+	if ex.kind == KindTopic && !w.restoring {
+		if err := TopicPatternError(key); err != nil {
+			return err
+		}
+	}
+	nb := Binding{Exchange: exchangeName, Queue: queue, Key: key}
+	if slices.Contains(r.bindings, nb) {
+		return nil
+	}
+	durable := q.Options.Durable && !q.Options.Exclusive && ex.options.Durable
+	if durable && w.logged() {
+		if err := w.cfg.Log.Bind(exchangeName, queue, key); err != nil {
+			return logError(err)
+		}
+	}
+	return w.apply(durable, func(n *Routing) {
+		n.bindings = append(n.bindings, nb)
+		n.rebuildExchanges()
+	})
+}
+
+// Unbind removes a binding.
+func (w *Wiring) Unbind(exchangeName, queue, key string) error {
+	defer w.lockNames(exchangeName, queue)()
+	r := w.Routing()
+	nb := Binding{Exchange: exchangeName, Queue: queue, Key: key}
+	if !slices.Contains(r.bindings, nb) {
+		return shards.Errorf(wire.CodeNotFound, "no binding %s -> %s (%q)", exchangeName, queue, key)
+	}
+	q, ex := r.queues[queue], r.exchanges[exchangeName]
+	durable := q != nil && ex != nil && q.Options.Durable && ex.options.Durable
+	if durable && w.logged() {
+		if err := w.cfg.Log.Unbind(exchangeName, queue, key); err != nil {
+			return logError(err)
+		}
+	}
+	return w.apply(true, func(n *Routing) {
+		n.bindings = slices.DeleteFunc(n.bindings, func(x Binding) bool { return x == nb })
+		n.rebuildExchanges()
+	})
+}
+
+// DeleteQueue deletes a queue and every message in it, and cancels its
+// consumers. It returns the number of messages dropped. A durable queue's
+// deletion is committed in the log first: a log that refuses leaves the
+// queue as it was.
+func (w *Wiring) DeleteQueue(name string, ifUnused, ifEmpty bool) (int, error) {
+	defer w.lockNames(name)()
+	q := w.Routing().queues[name]
+	if q == nil {
+		return 0, shards.Errorf(wire.CodeNotFound, "no queue %q", name)
+	}
+	if ifUnused || ifEmpty {
+		if err := w.b.CheckDrop(q, ifUnused, ifEmpty); err != nil {
+			return 0, err
+		}
+	}
+	if q.Options.Durable && !q.Options.Exclusive && w.logged() {
+		if err := w.cfg.Log.DeleteQueue(name); err != nil {
+			return 0, logError(err)
+		}
+	}
+	dropped, err := w.b.DropQueue(q)
+	if err != nil {
+		return 0, err
+	}
+	w.unpublish(q)
+	return dropped, nil
+}
+
+// unpublish removes a dropped queue from the routing. The queue's name
+// lock is held.
+func (w *Wiring) unpublish(q *shards.Queue) {
+	err := w.apply(q.Options.Durable, func(n *Routing) {
+		if n.queues[q.Name] == q {
+			delete(n.queues, q.Name)
+			n.rebuildExchanges()
+		}
+	})
+	if err != nil {
+		// The queue is gone from memory; on restart it comes back empty
+		// of the messages whose dequeues were journaled.
+		w.log.Error("wiring: save the wiring file after deleting a queue", "queue", q.Name, "err", err)
+		w.mu.Lock()
+		n := w.routing.Load().clone()
+		delete(n.queues, q.Name)
+		n.rebuildExchanges()
+		w.routing.Store(n)
+		w.mu.Unlock()
+	}
+}
+
+// autoDeleted removes a queue its shard dropped when its last consumer
+// left.
+func (w *Wiring) autoDeleted(q *shards.Queue) {
+	defer w.lockNames(q.Name)()
+	if w.Routing().queues[q.Name] != q {
+		return
+	}
+	if q.Options.Durable && !q.Options.Exclusive && w.logged() {
+		// The queue is gone from this broker already; a log that refuses
+		// leaves it to come back empty on restart.
+		if err := w.cfg.Log.DeleteQueue(q.Name); err != nil {
+			w.log.Error("wiring: record an auto-deleted queue", "queue", q.Name, "err", err)
+		}
+	}
+	w.unpublish(q)
+}
+
+// DeleteExchange deletes an exchange and its bindings.
+func (w *Wiring) DeleteExchange(name string, ifUnused bool) error {
+	defer w.lockNames(name)()
+	ex := w.Routing().exchanges[name]
+	if ex == nil {
+		return shards.Errorf(wire.CodeNotFound, "no exchange %q", name)
+	}
+	if ifUnused && ex.count > 0 {
+		return shards.Errorf(wire.CodePreconditionFailed, "exchange %q has bindings", name)
+	}
+	if ex.options.Durable && w.logged() {
+		if err := w.cfg.Log.DeleteExchange(name); err != nil {
+			return logError(err)
+		}
+	}
+	return w.apply(ex.options.Durable, func(n *Routing) {
+		delete(n.exchanges, name)
+		n.rebuildExchanges()
+	})
+}
+
+// Purge drops every ready message of a queue and returns how many.
+func (w *Wiring) Purge(name string) (int, error) {
+	q := w.Routing().queues[name]
+	if q == nil {
+		return 0, shards.Errorf(wire.CodeNotFound, "no queue %q", name)
+	}
+	return w.b.Purge(q)
+}
+
+// SessionClosed requeues what the session held and deletes its exclusive
+// queues. It may block; never call it from an event loop.
+func (w *Wiring) SessionClosed(sess *shards.Session) {
+	w.b.SessionClosed(sess)
+	var exclusive []*shards.Queue
+	for _, q := range w.Routing().queues {
+		if q.Owner() == sess {
+			exclusive = append(exclusive, q)
+		}
+	}
+	for _, q := range exclusive {
+		func() {
+			defer w.lockNames(q.Name)()
+			if w.Routing().queues[q.Name] != q {
+				return
+			}
+			if _, err := w.b.DropQueue(q); err == nil {
+				w.unpublish(q)
+			}
+		}()
+	}
+}
