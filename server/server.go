@@ -180,18 +180,18 @@ type Server struct {
 	eng    gnet.Engine
 	addr   string
 
-	booted   chan struct{}
-	runErr   chan error
-	admin    *http.Server
-	adminLn  net.Listener
+	booted  chan struct{}
+	runErr  chan error
+	admin   *http.Server
+	adminLn net.Listener
 	// mgmtWG counts the connections' management goroutines (mgmt.go);
 	// mgmtPending the commands they hold.
 	mgmtWG      sync.WaitGroup
 	mgmtPending atomic.Int64
-	stopOnce sync.Once
-	draining atomic.Bool // Close began: no new work is taken (drain.go)
-	stopHB   chan struct{}
-	hbWG     sync.WaitGroup
+	stopOnce    sync.Once
+	draining    atomic.Bool // Close began: no new work is taken (drain.go)
+	stopHB      chan struct{}
+	hbWG        sync.WaitGroup
 
 	conns struct {
 		sync.Mutex // guards set; taken on open, close and heartbeat scans
