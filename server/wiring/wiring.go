@@ -172,9 +172,7 @@ func (w *Wiring) lockNames(names ...string) func() {
 	var idx [2]int
 	n := 0
 	for _, name := range names {
-		h := fnv.New32a()
-		h.Write([]byte(name))
-		i := int(h.Sum32() % nameStripes)
+		i := stripe(name)
 		if !slices.Contains(idx[:n], i) {
 			idx[n] = i
 			n++
@@ -190,6 +188,13 @@ func (w *Wiring) lockNames(names ...string) func() {
 			w.names[held[j]].Unlock()
 		}
 	}
+}
+
+// stripe is the lock index of a name.
+func stripe(name string) int {
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	return int(h.Sum32() % nameStripes)
 }
 
 // apply builds the next snapshot from the current one with change and

@@ -1,0 +1,164 @@
+package wiring
+
+import (
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berthmq/berth/shards"
+	"github.com/berthmq/berth/wire"
+)
+
+// gateLog is a wiring log that holds the changes of chosen names until
+// released, and refuses those it is told to: it stands in for a
+// controller whose consensus rounds take as long as the test wants.
+type gateLog struct {
+	mu     sync.Mutex
+	held   map[string]chan struct{}
+	refuse map[string]bool
+	order  []string
+}
+
+func newGateLog() *gateLog {
+	return &gateLog{held: map[string]chan struct{}{}, refuse: map[string]bool{}}
+}
+
+func (g *gateLog) pass(op, name string) error {
+	g.mu.Lock()
+	gate := g.held[name]
+	refuse := g.refuse[name]
+	g.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if refuse {
+		return shards.Errorf(wire.CodeInternal, "controller: refused %s %s", op, name)
+	}
+	g.order = append(g.order, op+" "+name)
+	return nil
+}
+
+func (g *gateLog) DeclareExchange(name string, _ uint8, _ ExchangeOptions) error {
+	return g.pass("exchange", name)
+}
+func (g *gateLog) DeclareQueue(name string, _ shards.QueueOptions) error {
+	return g.pass("queue", name)
+}
+func (g *gateLog) Bind(_, queue, _ string) error   { return g.pass("bind", queue) }
+func (g *gateLog) Unbind(_, queue, _ string) error { return g.pass("unbind", queue) }
+func (g *gateLog) DeleteQueue(name string) error   { return g.pass("delete", name) }
+func (g *gateLog) DeleteExchange(name string) error {
+	return g.pass("delete-exchange", name)
+}
+func (g *gateLog) Load() (*Snapshot, error) { return &Snapshot{}, nil }
+
+func startWiring(t *testing.T, log Log) *Wiring {
+	t.Helper()
+	b := shards.New(shards.Config{Shards: 2, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	w := New(Config{Broker: b, Log: log, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := b.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Stop)
+	if err := w.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// TestDeclaresDoNotWaitForOtherNames: while the log holds the durable
+// declare of one queue (a slow consensus round), declares of other
+// queues complete; the held queue is neither routable nor on its shard
+// until its round commits.
+func TestDeclaresDoNotWaitForOtherNames(t *testing.T) {
+	g := newGateLog()
+	release := make(chan struct{})
+	g.held["slow"] = release
+	w := startWiring(t, g)
+	durable := shards.QueueOptions{Durable: true}
+	slowDone := make(chan error, 1)
+	go func() { _, err := w.DeclareQueue("slow", durable, false, nil); slowDone <- err }()
+	// Wait until the slow declare is inside its round: it holds its name.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if !w.names[stripe("slow")].TryLock() {
+			break
+		}
+		w.names[stripe("slow")].Unlock()
+		if time.Now().After(deadline) {
+			t.Fatal("the slow declare never started")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for i := range 50 {
+		name := "fast" + string(rune('a'+i%26)) + string(rune('a'+i/26))
+		if stripe(name) == stripe("slow") {
+			continue // shares the slow name's lock: it would wait, by design
+		}
+		done := make(chan error, 1)
+		go func() { _, err := w.DeclareQueue(name, durable, false, nil); done <- err }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("declare %s: %v", name, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("declare of %s waited for the round of another queue", name)
+		}
+	}
+	if w.Routing().Queue([]byte("slow")) != nil {
+		t.Fatal("a queue is routable before its declare committed")
+	}
+	select {
+	case err := <-slowDone:
+		t.Fatalf("the held declare finished before its round: %v", err)
+	default:
+	}
+	close(release)
+	if err := <-slowDone; err != nil {
+		t.Fatal(err)
+	}
+	if w.Routing().Queue([]byte("slow")) == nil {
+		t.Fatal("the committed queue is not routable")
+	}
+}
+
+// TestRefusedDeleteKeepsQueue: a durable queue whose deletion the log
+// refuses stays, with its messages' shard state untouched.
+func TestRefusedDeleteKeepsQueue(t *testing.T) {
+	g := newGateLog()
+	w := startWiring(t, g)
+	if _, err := w.DeclareQueue("q", shards.QueueOptions{Durable: true}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	g.mu.Lock()
+	g.refuse["q"] = true
+	g.mu.Unlock()
+	if _, err := w.DeleteQueue("q", false, false); err == nil {
+		t.Fatal("delete succeeded although the log refused it")
+	}
+	q := w.Routing().Queue([]byte("q"))
+	if q == nil {
+		t.Fatal("the queue is gone although its deletion was refused")
+	}
+	deleted := true
+	if err := w.b.Call(w.b.Shards()[q.Shard()], func(*shards.Shard) { deleted = q.Deleted() }); err != nil {
+		t.Fatal(err)
+	}
+	if deleted {
+		t.Fatal("the shard dropped the queue although its deletion was refused")
+	}
+	g.mu.Lock()
+	g.refuse["q"] = false
+	g.mu.Unlock()
+	if _, err := w.DeleteQueue("q", false, false); err != nil {
+		t.Fatal(err)
+	}
+	if w.Routing().Queue([]byte("q")) != nil {
+		t.Fatal("deleted queue still routable")
+	}
+}
