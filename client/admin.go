@@ -38,6 +38,16 @@ type QueueOptions struct {
 	DeadLetterKey      string // "" keeps each message's routing key
 }
 
+// wire gives the options as the protocol defines them.
+func (o *QueueOptions) wire() wire.QueueOptions {
+	return wire.QueueOptions{
+		Durable: o.Durable, Exclusive: o.Exclusive, AutoDelete: o.AutoDelete,
+		MaxDeliveries: o.MaxDeliveries, MessageTTLMs: durationMs(o.MessageTTL),
+		MaxLength: o.MaxLength, MaxLengthBytes: o.MaxLengthBytes, Overflow: uint8(o.Overflow),
+		DeadLetterExchange: o.DeadLetterExchange, DeadLetterKey: o.DeadLetterKey,
+	}
+}
+
 // ExchangeKind is how an exchange routes.
 type ExchangeKind uint8
 
@@ -90,23 +100,12 @@ func (c *Conn) DeclareQueue(ctx context.Context, name string, opts QueueOptions)
 	if opts.Overflow > OverflowDropHead {
 		return fmt.Errorf("%w: overflow policy %d", ErrInvalid, opts.Overflow)
 	}
-	d := wire.DeclareQueue{
-		Name:               []byte(name),
-		MaxDeliveries:      opts.MaxDeliveries,
-		MessageTTLMs:       durationMs(opts.MessageTTL),
-		MaxLength:          opts.MaxLength,
-		MaxLengthBytes:     opts.MaxLengthBytes,
-		Overflow:           uint8(opts.Overflow),
-		DeadLetterExchange: []byte(opts.DeadLetterExchange),
-		DeadLetterKey:      []byte(opts.DeadLetterKey),
+	d := wire.DeclareQueue{Name: []byte(name), Options: opts.wire()}
+	if opts.Passive {
+		d.Flags |= wire.QueuePassive
 	}
-	for _, f := range []struct {
-		on   bool
-		flag uint16
-	}{{opts.Durable, wire.QueueDurable}, {opts.Exclusive, wire.QueueExclusive}, {opts.AutoDelete, wire.QueueAutoDelete}, {opts.Passive, wire.QueuePassive}, {opts.NoReplicate, wire.QueueNoReplicate}} {
-		if f.on {
-			d.Flags |= f.flag
-		}
+	if opts.NoReplicate {
+		d.Flags |= wire.QueueNoReplicate
 	}
 	return c.roundTrip(ctx, func(b []byte, id uint64) []byte {
 		d.CommandID = id

@@ -8,6 +8,7 @@ import (
 
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/internal/golden"
+	"github.com/berthmq/berth/wire"
 )
 
 // The golden files in testdata pin the controller's encodings (see package
@@ -29,7 +30,7 @@ func goldenEvents() []ctlapi.Event {
 		&ctlapi.CleanBrokerData{ID: 8},
 		&ctlapi.DeclareExchange{Name: "ex", Type: "topic", Durable: true},
 		&ctlapi.DeclareQueue{Name: "q", Options: ctlapi.QueueOptions{Durable: true, Exclusive: true, AutoDelete: true,
-			TTLMs: 60000, MaxLength: 1000, Overflow: ctlapi.OverflowRejectPublish, DeadLetterExchange: "dlx",
+			MessageTTLMs: 60000, MaxLength: 1000, Overflow: wire.OverflowRejectPublish, DeadLetterExchange: "dlx",
 			MaxDeliveries: 5, MaxLengthBytes: 1 << 30, DeadLetterKey: "dead"}},
 		&ctlapi.Bind{Exchange: "ex", Queue: "q", Key: "a.*.c"},
 		&ctlapi.Unbind{Exchange: "ex", Queue: "q", Key: "a.#"},
@@ -60,7 +61,9 @@ func goldenState(t *testing.T) *State {
 		&ctlapi.DeclareExchange{Name: "ex", Type: "topic", Durable: true},
 		&ctlapi.DeclareExchange{Name: "fan", Type: "fanout"},
 		goldenEvents()[6], // the queue with every option
-		&ctlapi.DeclareQueue{Name: "plain"},
+		// Zero options but the overflow byte, which the old zero value
+		// stored as drop-head: the stored bytes stay as they were.
+		&ctlapi.DeclareQueue{Name: "plain", Options: ctlapi.QueueOptions{Overflow: wire.OverflowDropHead}},
 		&ctlapi.Bind{Exchange: "ex", Queue: "q", Key: "a.*.c"},
 		&ctlapi.Bind{Exchange: "fan", Queue: "plain"},
 		&ctlapi.SetAttribute{Key: "k", Value: "v"},

@@ -280,38 +280,12 @@ func resultError(err error) error {
 
 var exchangeKinds = [...]string{wiring.KindDirect: "direct", wiring.KindFanout: "fanout", wiring.KindTopic: "topic"}
 
-func toControllerQueue(o shards.QueueOptions) ctlapi.QueueOptions {
-	overflow := ctlapi.OverflowRejectPublish
-	if o.Overflow == wire.OverflowDropHead {
-		overflow = ctlapi.OverflowDropHead
-	}
-	return ctlapi.QueueOptions{
-		Durable: o.Durable, Exclusive: o.Exclusive, AutoDelete: o.AutoDelete,
-		TTLMs: uint64(o.MessageTTLNanos / 1e6), MaxLength: o.MaxLength, MaxLengthBytes: o.MaxLengthBytes,
-		Overflow: overflow, DeadLetterExchange: o.DeadLetterExchange, DeadLetterKey: o.DeadLetterKey,
-		MaxDeliveries: o.MaxDeliveries,
-	}
-}
-
-func fromControllerQueue(o ctlapi.QueueOptions) shards.QueueOptions {
-	overflow := wire.OverflowRejectPublish
-	if o.Overflow == ctlapi.OverflowDropHead {
-		overflow = wire.OverflowDropHead
-	}
-	return shards.QueueOptions{
-		Durable: o.Durable, Exclusive: o.Exclusive, AutoDelete: o.AutoDelete,
-		MessageTTLNanos: int64(o.TTLMs) * 1e6, MaxLength: o.MaxLength, MaxLengthBytes: o.MaxLengthBytes,
-		Overflow: overflow, DeadLetterExchange: o.DeadLetterExchange, DeadLetterKey: o.DeadLetterKey,
-		MaxDeliveries: o.MaxDeliveries,
-	}
-}
-
 func (w *controllerWiring) DeclareExchange(name string, kind uint8, opts wiring.ExchangeOptions) error {
 	return w.propose(&ctlapi.DeclareExchange{Name: name, Type: exchangeKinds[kind], Durable: opts.Durable})
 }
 
 func (w *controllerWiring) DeclareQueue(name string, opts shards.QueueOptions) error {
-	return w.propose(&ctlapi.DeclareQueue{Name: name, Options: toControllerQueue(opts)})
+	return w.propose(&ctlapi.DeclareQueue{Name: name, Options: opts})
 }
 
 func (w *controllerWiring) Bind(exchange, queue, key string) error {
@@ -371,7 +345,7 @@ func (w *controllerWiring) Load() (*wiring.Snapshot, error) {
 		snap.Exchanges = append(snap.Exchanges, wiring.WiringExchange{Name: x.Name, Kind: uint8(kind), Options: wiring.ExchangeOptions{Durable: x.Durable}})
 	}
 	for _, q := range cw.Queues {
-		snap.Queues = append(snap.Queues, wiring.WiringQueue{Name: q.Name, Options: fromControllerQueue(q.Options)})
+		snap.Queues = append(snap.Queues, wiring.WiringQueue{Name: q.Name, Options: q.Options})
 	}
 	for _, b := range cw.Bindings {
 		snap.Bindings = append(snap.Bindings, wiring.Binding{Exchange: b.Exchange, Queue: b.Queue, Key: b.Key})

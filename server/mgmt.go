@@ -53,23 +53,11 @@ func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Actio
 		if err := wire.DecodeDeclareQueue(body, &m); err != nil {
 			return cs.protocolError(wire.CodeMalformed, "DECLARE_QUEUE: "+err.Error())
 		}
-		if m.Overflow > wire.OverflowDropHead {
-			cs.fail(m.CommandID, wire.CodeInvalid, "unknown overflow policy")
+		if err := m.Options.Check(); err != nil {
+			cs.fail(m.CommandID, wire.CodeInvalid, err.Error())
 			return gnet.None
 		}
-		name := string(m.Name)
-		opts := shards.QueueOptions{
-			Durable:            m.Flags&wire.QueueDurable != 0,
-			Exclusive:          m.Flags&wire.QueueExclusive != 0,
-			AutoDelete:         m.Flags&wire.QueueAutoDelete != 0,
-			MaxDeliveries:      m.MaxDeliveries,
-			MessageTTLNanos:    int64(m.MessageTTLMs) * 1e6,
-			MaxLength:          m.MaxLength,
-			MaxLengthBytes:     m.MaxLengthBytes,
-			Overflow:           m.Overflow,
-			DeadLetterExchange: string(m.DeadLetterExchange),
-			DeadLetterKey:      string(m.DeadLetterKey),
-		}
+		name, opts := string(m.Name), m.Options
 		passive := m.Flags&wire.QueuePassive != 0
 		sess := cs.sess
 		req.id = m.CommandID

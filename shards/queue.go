@@ -3,21 +3,13 @@ package shards
 import (
 	"container/heap"
 	"errors"
+
+	"github.com/berthmq/berth/wire"
 )
 
-// QueueOptions are fixed when a queue is declared.
-type QueueOptions struct {
-	Durable            bool
-	Exclusive          bool
-	AutoDelete         bool
-	MaxDeliveries      uint32 // 0 = unlimited
-	MessageTTLNanos    int64  // 0 = none
-	MaxLength          uint64 // 0 = unlimited
-	MaxLengthBytes     uint64 // 0 = unlimited
-	Overflow           uint8  // wire.OverflowRejectPublish or wire.OverflowDropHead
-	DeadLetterExchange string
-	DeadLetterKey      string
-}
+// QueueOptions are fixed when a queue is declared (one type for the wire,
+// the shards, the wiring and the controller).
+type QueueOptions = wire.QueueOptions
 
 // Errors of the queue state machine.
 var (

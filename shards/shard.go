@@ -278,7 +278,7 @@ func (s *Shard) publish(c *Command) {
 	if c.TTLNanos > 0 {
 		ev.ExpiresAt = c.Now + c.TTLNanos
 	}
-	if t := q.Options.MessageTTLNanos; t > 0 && (ev.ExpiresAt == 0 || c.Now+t < ev.ExpiresAt) {
+	if t := q.Options.TTLNanos(); t > 0 && (ev.ExpiresAt == 0 || c.Now+t < ev.ExpiresAt) {
 		ev.ExpiresAt = c.Now + t
 	}
 	if s.journaled(q, c.Body) {

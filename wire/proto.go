@@ -1,5 +1,7 @@
 package wire
 
+import "fmt"
+
 // Client protocol frame types (v1).
 const (
 	TypeHello           Type = 0x01
@@ -377,47 +379,95 @@ const (
 // DeclareQueue creates a queue, or checks that an existing one has the same
 // options.
 type DeclareQueue struct {
-	CommandID          uint64
-	Name               []byte
-	Flags              uint16
-	MaxDeliveries      uint32 // 0 = unlimited
-	MessageTTLMs       uint64 // 0 = none
-	MaxLength          uint64 // 0 = unlimited
-	MaxLengthBytes     uint64 // 0 = unlimited
-	Overflow           uint8
-	DeadLetterExchange []byte
-	DeadLetterKey      []byte // routing key for dead letters; empty = keep the message's
+	CommandID uint64
+	Name      []byte
+	// Flags as sent: QueuePassive and QueueNoReplicate, and the option
+	// flags of Options (set in Options when decoded, merged in when
+	// encoded).
+	Flags   uint16
+	Options QueueOptions
+}
+
+// QueueOptions are a queue's options, fixed when it is declared. It is the
+// one definition that the wire, the shards, the wiring and the controller
+// share; zero values mean "none" or "unlimited".
+type QueueOptions struct {
+	Durable            bool
+	Exclusive          bool
+	AutoDelete         bool
+	MaxDeliveries      uint32 // dead-letter a message delivered this often
+	MessageTTLMs       uint64 // per-queue message TTL
+	MaxLength          uint64 // messages
+	MaxLengthBytes     uint64 // payload bytes
+	Overflow           uint8  // OverflowRejectPublish or OverflowDropHead
+	DeadLetterExchange string
+	DeadLetterKey      string // "" keeps each message's routing key
+}
+
+// TTLNanos is the per-queue message TTL in nanoseconds, 0 for none.
+func (o *QueueOptions) TTLNanos() int64 { return int64(o.MessageTTLMs) * 1e6 }
+
+// Check reports options that no queue may have.
+func (o *QueueOptions) Check() error {
+	switch {
+	case o.Overflow > OverflowDropHead:
+		return fmt.Errorf("unknown overflow policy %d", o.Overflow)
+	case len(o.DeadLetterExchange) > NameLenMax:
+		return fmt.Errorf("dead-letter exchange name longer than %d bytes", NameLenMax)
+	case len(o.DeadLetterKey) > RoutingKeyLenMax:
+		return fmt.Errorf("dead-letter key longer than %d bytes", RoutingKeyLenMax)
+	}
+	return nil
+}
+
+func (o *QueueOptions) flags() uint16 {
+	var f uint16
+	if o.Durable {
+		f |= QueueDurable
+	}
+	if o.Exclusive {
+		f |= QueueExclusive
+	}
+	if o.AutoDelete {
+		f |= QueueAutoDelete
+	}
+	return f
 }
 
 func AppendDeclareQueue(b []byte, v Version, d *DeclareQueue) []byte {
+	o := &d.Options
 	b, s := StartFrame(b, v, TypeDeclareQueue, 0)
 	b = AppendU64(b, d.CommandID)
 	b = AppendStrBytes(b, d.Name)
-	b = AppendU16(b, d.Flags)
-	b = AppendU32(b, d.MaxDeliveries)
-	b = AppendU64(b, d.MessageTTLMs)
-	b = AppendU64(b, d.MaxLength)
-	b = AppendU64(b, d.MaxLengthBytes)
-	b = AppendU8(b, d.Overflow)
-	b = AppendStrBytes(b, d.DeadLetterExchange)
-	b = AppendStrBytes(b, d.DeadLetterKey)
+	b = AppendU16(b, d.Flags|o.flags())
+	b = AppendU32(b, o.MaxDeliveries)
+	b = AppendU64(b, o.MessageTTLMs)
+	b = AppendU64(b, o.MaxLength)
+	b = AppendU64(b, o.MaxLengthBytes)
+	b = AppendU8(b, o.Overflow)
+	b = AppendStr(b, o.DeadLetterExchange)
+	b = AppendStr(b, o.DeadLetterKey)
 	EndFrame(b, s, 0)
 	return b
 }
 
+// DecodeDeclareQueue decodes a DECLARE_QUEUE body. Name aliases body; the
+// options' strings are copies.
 func DecodeDeclareQueue(body []byte, d *DeclareQueue) error {
 	var r Reader
 	r.Reset(body)
+	o := &d.Options
 	d.CommandID = r.U64()
 	d.Name = r.Str(NameLenMax)
 	d.Flags = r.U16()
-	d.MaxDeliveries = r.U32()
-	d.MessageTTLMs = r.U64()
-	d.MaxLength = r.U64()
-	d.MaxLengthBytes = r.U64()
-	d.Overflow = r.U8()
-	d.DeadLetterExchange = r.Str(NameLenMax)
-	d.DeadLetterKey = r.Str(RoutingKeyLenMax)
+	o.Durable, o.Exclusive, o.AutoDelete = d.Flags&QueueDurable != 0, d.Flags&QueueExclusive != 0, d.Flags&QueueAutoDelete != 0
+	o.MaxDeliveries = r.U32()
+	o.MessageTTLMs = r.U64()
+	o.MaxLength = r.U64()
+	o.MaxLengthBytes = r.U64()
+	o.Overflow = r.U8()
+	o.DeadLetterExchange = string(r.Str(NameLenMax))
+	o.DeadLetterKey = string(r.Str(RoutingKeyLenMax))
 	return r.Done()
 }
 

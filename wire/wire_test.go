@@ -131,11 +131,13 @@ func TestSettleAndComplete(t *testing.T) {
 }
 
 func TestCommandsRoundTrip(t *testing.T) {
-	dq := DeclareQueue{CommandID: 1, Name: []byte("q"), Flags: QueueDurable, MaxDeliveries: 3, MessageTTLMs: 10,
-		MaxLength: 100, MaxLengthBytes: 1000, Overflow: OverflowDropHead, DeadLetterExchange: []byte("dlx"), DeadLetterKey: []byte("dk")}
+	dq := DeclareQueue{CommandID: 1, Name: []byte("q"), Flags: QueuePassive, Options: QueueOptions{Durable: true, AutoDelete: true,
+		MaxDeliveries: 3, MessageTTLMs: 10, MaxLength: 100, MaxLengthBytes: 1000, Overflow: OverflowDropHead,
+		DeadLetterExchange: "dlx", DeadLetterKey: "dk"}}
 	_, body := mustNext(t, AppendDeclareQueue(nil, Current, &dq))
 	var dq2 DeclareQueue
-	if err := DecodeDeclareQueue(body, &dq2); err != nil || string(dq2.DeadLetterKey) != "dk" || dq2.MaxLength != 100 || dq2.Overflow != OverflowDropHead {
+	if err := DecodeDeclareQueue(body, &dq2); err != nil || dq2.Options != dq.Options ||
+		dq2.Flags != QueuePassive|QueueDurable|QueueAutoDelete || string(dq2.Name) != "q" {
 		t.Fatalf("%+v %v", dq2, err)
 	}
 	de := DeclareExchange{CommandID: 2, Name: []byte("e"), Kind: ExchangeTopic, Flags: ExchangeDurable}

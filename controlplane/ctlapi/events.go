@@ -102,25 +102,38 @@ type DeclareExchange struct {
 	Durable bool
 }
 
-// Overflow policies for a queue at its max length.
+// QueueOptions are a queue's declared options, as the wire defines them.
+// Brokers interpret them; the controller only stores and compares them.
+type QueueOptions = wire.QueueOptions
+
+// The overflow policy as the controller's log and snapshots store it: the
+// opposite numbering of the wire's, kept so that existing logs read the
+// same. appendQueueOptions and decodeQueueOptions translate.
 const (
-	OverflowDropHead uint8 = iota
-	OverflowRejectPublish
+	storedOverflowDropHead uint8 = iota
+	storedOverflowRejectPublish
 )
 
-// QueueOptions are a queue's declared options. Brokers interpret them; the
-// controller only stores and compares them.
-type QueueOptions struct {
-	Durable            bool
-	Exclusive          bool
-	AutoDelete         bool
-	TTLMs              uint64
-	MaxLength          uint64
-	Overflow           uint8
-	DeadLetterExchange string
-	MaxDeliveries      uint32
-	MaxLengthBytes     uint64
-	DeadLetterKey      string
+// storedOverflow and wireOverflow swap the two policies' numbers and keep
+// any other byte as it is, so decoding and re-encoding give the same bytes.
+func storedOverflow(o uint8) uint8 {
+	switch o {
+	case wire.OverflowDropHead:
+		return storedOverflowDropHead
+	case wire.OverflowRejectPublish:
+		return storedOverflowRejectPublish
+	}
+	return o
+}
+
+func wireOverflow(stored uint8) uint8 {
+	switch stored {
+	case storedOverflowDropHead:
+		return wire.OverflowDropHead
+	case storedOverflowRejectPublish:
+		return wire.OverflowRejectPublish
+	}
+	return stored
 }
 
 // DeclareQueue creates a queue, or checks an existing one matches.
@@ -276,9 +289,9 @@ func appendQueueOptions(b []byte, o *QueueOptions) []byte {
 	b = wire.AppendBool(b, o.Durable)
 	b = wire.AppendBool(b, o.Exclusive)
 	b = wire.AppendBool(b, o.AutoDelete)
-	b = wire.AppendU64(b, o.TTLMs)
+	b = wire.AppendU64(b, o.MessageTTLMs)
 	b = wire.AppendU64(b, o.MaxLength)
-	b = wire.AppendU8(b, o.Overflow)
+	b = wire.AppendU8(b, storedOverflow(o.Overflow))
 	b = AppendString(b, o.DeadLetterExchange)
 	b = wire.AppendU32(b, o.MaxDeliveries)
 	b = wire.AppendU64(b, o.MaxLengthBytes)
@@ -286,8 +299,8 @@ func appendQueueOptions(b []byte, o *QueueOptions) []byte {
 }
 func decodeQueueOptions(r *wire.Reader, o *QueueOptions) {
 	o.Durable, o.Exclusive, o.AutoDelete = r.Bool(), r.Bool(), r.Bool()
-	o.TTLMs, o.MaxLength = r.U64(), r.U64()
-	o.Overflow = r.U8()
+	o.MessageTTLMs, o.MaxLength = r.U64(), r.U64()
+	o.Overflow = wireOverflow(r.U8())
 	o.DeadLetterExchange = ReadString(r)
 	o.MaxDeliveries = r.U32()
 	o.MaxLengthBytes = r.U64()
@@ -471,7 +484,7 @@ func ValidateEvent(ev Event) error {
 		if err := validName("queue", ev.Name); err != nil {
 			return err
 		}
-		if ev.Options.Overflow > OverflowRejectPublish || len(ev.Options.DeadLetterExchange) > NameLenMax {
+		if ev.Options.Overflow > wire.OverflowDropHead || len(ev.Options.DeadLetterExchange) > NameLenMax {
 			return fmt.Errorf("controlplane: bad queue options")
 		}
 	case *Bind:

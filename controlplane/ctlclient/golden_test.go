@@ -98,7 +98,7 @@ func TestGoldenRequests(t *testing.T) {
 		call func() error
 	}{
 		{"propose", func() error {
-			return cl.DeclareQueue(ctx, "q", ctlapi.QueueOptions{Durable: true, TTLMs: 5, DeadLetterExchange: "dlx"})
+			return cl.DeclareQueue(ctx, "q", ctlapi.QueueOptions{Durable: true, MessageTTLMs: 5, Overflow: wire.OverflowDropHead, DeadLetterExchange: "dlx"})
 		}},
 		{"heartbeat", func() error {
 			return cl.Heartbeat(ctx, 7, []ctlapi.GroupLogEnd{{Group: 1, LogEnd: ctlapi.LogEnd{Epoch: 2, Index: 3}}, {Group: 4, LogEnd: ctlapi.LogEnd{Epoch: 5, Index: 1 << 40}}})

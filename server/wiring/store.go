@@ -64,6 +64,20 @@ func loadWiring(dir string) (*wiringState, error) {
 	if err := json.Unmarshal(data, &st); err != nil {
 		return nil, fmt.Errorf("wiring: wiring file %s is corrupt: %w", filepath.Join(dir, wiringFile), err)
 	}
+	// Files written before the options became wire.QueueOptions held the
+	// TTL in nanoseconds.
+	var old struct {
+		Queues []struct {
+			Options struct{ MessageTTLNanos int64 } `json:"options"`
+		} `json:"queues"`
+	}
+	if json.Unmarshal(data, &old) == nil && len(old.Queues) == len(st.Queues) {
+		for i, q := range old.Queues {
+			if ns := q.Options.MessageTTLNanos; ns > 0 && st.Queues[i].Options.MessageTTLMs == 0 {
+				st.Queues[i].Options.MessageTTLMs = uint64(ns / 1e6)
+			}
+		}
+	}
 	return &st, nil
 }
 

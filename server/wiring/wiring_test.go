@@ -3,6 +3,8 @@ package wiring
 import (
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -160,5 +162,39 @@ func TestRefusedDeleteKeepsQueue(t *testing.T) {
 	}
 	if w.Routing().Queue([]byte("q")) != nil {
 		t.Fatal("deleted queue still routable")
+	}
+}
+
+// TestWiringFileFromBeforeWireOptions: a wiring file written when queue
+// options held the TTL in nanoseconds restores the same TTL.
+func TestWiringFileFromBeforeWireOptions(t *testing.T) {
+	dir := t.TempDir()
+	old := `{"version":1,"shards":1,"exchanges":[{"name":"dlx","kind":1,"options":{"Durable":true,"AutoDelete":false}}],
+"queues":[{"name":"q","options":{"Durable":true,"Exclusive":false,"AutoDelete":false,"MaxDeliveries":3,
+"MessageTTLNanos":60000000000,"MaxLength":10,"MaxLengthBytes":0,"Overflow":1,"DeadLetterExchange":"dlx","DeadLetterKey":"k"}}],
+"bindings":[{"Exchange":"dlx","Queue":"q","Key":""}]}`
+	if err := os.WriteFile(filepath.Join(dir, wiringFile), []byte(old), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b := shards.New(shards.Config{Shards: 1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	w := New(Config{Broker: b, Dir: dir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := b.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop()
+	if err := w.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	q := w.Routing().Queue([]byte("q"))
+	if q == nil {
+		t.Fatal("queue not restored")
+	}
+	want := shards.QueueOptions{Durable: true, MaxDeliveries: 3, MessageTTLMs: 60000, MaxLength: 10,
+		Overflow: wire.OverflowDropHead, DeadLetterExchange: "dlx", DeadLetterKey: "k"}
+	if q.Options != want {
+		t.Fatalf("restored options %+v, want %+v", q.Options, want)
+	}
+	if got, _ := w.Routing().Route([]byte("dlx"), nil, nil); len(got) != 1 || got[0] != q {
+		t.Fatalf("binding not restored: %v", got)
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/ctlclient"
+	"github.com/berthmq/berth/wire"
 )
 
 const (
@@ -64,9 +65,9 @@ func modeName(m uint8) string {
 
 func overflowName(o uint8) string {
 	switch o {
-	case ctlapi.OverflowDropHead:
+	case wire.OverflowDropHead:
 		return "drop-head"
-	case ctlapi.OverflowRejectPublish:
+	case wire.OverflowRejectPublish:
 		return "reject-publish"
 	}
 	return fmt.Sprintf("unknown(%d)", o)
@@ -260,7 +261,7 @@ func toWiringJSON(w ctlapi.Wiring) wiringJSON {
 		o := q.Options
 		out.Queues = append(out.Queues, queueJSON{
 			Name: q.Name, Durable: o.Durable, Exclusive: o.Exclusive, AutoDelete: o.AutoDelete,
-			TTLMs: o.TTLMs, MaxLength: o.MaxLength, MaxLengthBytes: o.MaxLengthBytes,
+			TTLMs: o.MessageTTLMs, MaxLength: o.MaxLength, MaxLengthBytes: o.MaxLengthBytes,
 			Overflow: overflowName(o.Overflow), DeadLetterExchange: o.DeadLetterExchange,
 			DeadLetterKey: o.DeadLetterKey, MaxDeliveries: o.MaxDeliveries,
 		})
