@@ -15,6 +15,7 @@ type QueueOptions = wire.QueueOptions
 var (
 	ErrQueueFull     = errors.New("shards: queue is full")
 	ErrNoSuchMessage = errors.New("shards: no such message")
+	ErrNoCredit      = errors.New("shards: consumer has no credit")
 )
 
 // EventKind names a change to a queue's state.
@@ -71,6 +72,7 @@ type Event struct {
 	DeliveryCount uint32
 	Consumer      *Consumer // EvAcquire
 	Tag           uint64    // EvAcquire
+	Cursor        int       // EvAcquire: the round-robin cursor after it
 	Now           int64     // EvExpire
 	JournalPos    uint64    // EvEnqueue of a journaled message
 }
@@ -293,10 +295,20 @@ func (q *Queue) enqueue(ev *Event, fx Effects) error {
 	return nil
 }
 
+// acquire hands the head to a consumer: it takes one credit, the
+// consumer's next tag, and moves the round-robin cursor past it.
 func (q *Queue) acquire(ev *Event) error {
 	e := q.peek()
 	if e == nil || e.Seq != ev.Seq {
 		return ErrNoSuchMessage
+	}
+	if con := ev.Consumer; con != nil {
+		if con.credit == 0 {
+			return ErrNoCredit
+		}
+		con.credit--
+		con.nextTag = ev.Tag
+		q.rr = ev.Cursor
 	}
 	q.pop()
 	e.consumer = ev.Consumer
@@ -304,6 +316,44 @@ func (q *Queue) acquire(ev *Event) error {
 	q.acquired[e.Seq] = e
 	q.Delivered++
 	return nil
+}
+
+// NextDelivery decides the queue's next delivery step at time now, without
+// changing anything: the event to apply, or false when there is nothing to
+// do. It is the whole delivery policy:
+//   - a head whose TTL ran out is expired first (EvExpire);
+//   - a head whose enqueue is not yet durable (or, in a cluster,
+//     committed) is not delivered, and nothing behind it is: FIFO holds;
+//   - otherwise the head goes to the first consumer with credit, starting
+//     at the round-robin cursor (EvAcquire with that consumer, its next
+//     tag, and the cursor just past it).
+//
+// Applying the returned event and asking again delivers as long as there
+// are messages and credit. A replica that applies the same events in the
+// same order makes the same decisions: the choice depends only on the
+// queue's state and now.
+func (q *Queue) NextDelivery(now int64) (Event, bool) {
+	if q.deleted {
+		return Event{}, false
+	}
+	h := q.peek()
+	if h == nil {
+		return Event{}, false
+	}
+	if h.ExpiresAt != 0 && h.ExpiresAt <= now {
+		return Event{Kind: EvExpire, Now: now}, true
+	}
+	if !q.Deliverable(h) {
+		return Event{}, false
+	}
+	n := len(q.consumers)
+	for i := 0; i < n; i++ {
+		at := (q.rr + i) % n
+		if c := q.consumers[at]; c.credit > 0 {
+			return Event{Kind: EvAcquire, Seq: h.Seq, Consumer: c, Tag: c.nextTag + 1, Cursor: (at + 1) % n}, true
+		}
+	}
+	return Event{}, false
 }
 
 func (q *Queue) unacquire(e *Entry) {

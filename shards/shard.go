@@ -520,38 +520,17 @@ func (s *Shard) dispatchDirty() {
 }
 
 func (s *Shard) dispatch(q *Queue) {
-	if q.deleted {
-		return
-	}
-	n := len(q.consumers)
-	for n > 0 {
-		h := q.Head()
-		if h == nil {
-			return
+	for {
+		ev, ok := q.NextDelivery(s.now)
+		if !ok {
+			return // nothing ready, not durable yet (journalDone dispatches again), or no credit
 		}
-		if h.ExpiresAt != 0 && h.ExpiresAt <= s.now {
-			ev := Event{Kind: EvExpire, Now: s.now}
+		if ev.Kind == EvExpire {
 			_ = q.Apply(&ev, s)
 			continue
 		}
-		if !q.Deliverable(h) {
-			return // its enqueue is not durable yet: journalDone dispatches again
-		}
-		var con *Consumer
-		for i := 0; i < n; i++ {
-			c := q.consumers[(q.rr+i)%n]
-			if c.credit > 0 {
-				con = c
-				q.rr = (q.rr + i + 1) % n
-				break
-			}
-		}
-		if con == nil {
-			return
-		}
-		con.credit--
-		con.nextTag++
-		tag := con.nextTag
+		h := q.Head()
+		con := ev.Consumer
 		flags := uint8(0)
 		if h.DeliveryCount > 0 {
 			flags |= wire.MsgRedelivered
@@ -560,18 +539,16 @@ func (s *Shard) dispatch(q *Queue) {
 			flags |= wire.MsgPersistent
 		}
 		h.Body.Ref()
-		con.pending = append(con.pending, delivery{tag: tag, count: h.DeliveryCount, flags: flags, body: h.Body})
-		seq := h.Seq
-		ev := Event{Kind: EvAcquire, Seq: seq, Consumer: con, Tag: tag}
+		con.pending = append(con.pending, delivery{tag: ev.Tag, count: h.DeliveryCount, flags: flags, body: h.Body})
 		if err := q.Apply(&ev, s); err != nil {
 			panic("shards: acquire of the head failed: " + err.Error())
 		}
 		s.stats.Delivered++
 		if con.ackNone {
-			ev = Event{Kind: EvDequeue, Seq: seq}
+			ev = Event{Kind: EvDequeue, Seq: ev.Seq}
 			_ = q.Apply(&ev, s)
 		} else {
-			con.unacked[tag] = seq
+			con.unacked[ev.Tag] = ev.Seq
 		}
 		o := s.out(con.Session)
 		if len(con.pending) == 1 {

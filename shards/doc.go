@@ -1,0 +1,60 @@
+// Package shards is Berth's per-core data plane: queues, consumers,
+// credit and delivery, and each shard's write-ahead journal. It knows
+// nothing of exchanges, bindings or the controller; those live one layer
+// up, in server/wiring, which creates and drops queues here and hands the
+// shards a Router for dead letters.
+//
+// # What it owns
+//
+//   - Queue (queue.go): one queue's messages as a pure state machine.
+//     Apply takes an Event (enqueue, acquire, release, reject, dequeue,
+//     expire, purge) and changes the queue; NextDelivery decides, without
+//     changing anything, what the queue does next (expire the head, or
+//     hand it to which consumer with which tag). Neither reads a clock nor
+//     does I/O: the shard passes the time in, and what leaves the queue
+//     goes out through Effects. The replication work drives the same two
+//     functions from a group log, and tests drive them in a simulator
+//     (delivery_test.go).
+//   - Shard (shard.go): one goroutine that owns a set of queues, their
+//     consumers, the per-session output buffers and, with a journal, the
+//     shard's journal (durable.go). Everything a shard owns is touched by
+//     its goroutine only; nothing on it takes a lock shared with another
+//     core.
+//   - Broker (broker.go): the shards as a set. It starts and stops them,
+//     creates and drops queues on them (AddQueue, DropQueue), replays the
+//     journals (Recover), and answers status and metrics by asking each
+//     shard (Call).
+//   - Body, Session, Fanout (message.go, session.go, broker.go): a
+//     message's bytes, shared by reference count; a client session as the
+//     shards see it; one publish's progress over several queues.
+//
+// # Goroutines
+//
+// Per shard: the shard goroutine (Shard.run), a ticker goroutine that
+// pushes OpTick for expiry, and, with a journal, the journal's writer,
+// which runs fsync and reports completions through a ring. Broker hands
+// AutoDeleted to a goroutine of its own, so the wiring can wait on other
+// shards without holding this one.
+//
+// # Who may call what
+//
+//   - Event loops (server) call Shard.TryPush with Commands, and read
+//     Queue fields only through the Routing snapshot's pointers, never
+//     a queue's state: a loop never blocks and never takes a lock.
+//   - The wiring layer and admin code call Broker methods: AddQueue,
+//     CheckDrop, DropQueue, Purge, SessionClosed, Queues, Stats, Metrics,
+//     Call. These block until the shard has run them; never call them from
+//     an event loop or from a shard goroutine.
+//   - Shard.Push blocks while the ring is full: management goroutines
+//     only.
+//   - Queue and Consumer fields are the shard goroutine's. Other
+//     goroutines read them inside Broker.Call only. A Queue's Name, shard
+//     and Options never change after AddQueue and may be read anywhere.
+//
+// # Order of start-up
+//
+// New, SetHooks (the router and auto-delete hook), Start (the shard
+// goroutines), AddQueue for every queue that existed before (the wiring
+// layer restores them), then Recover, which replays each journal into
+// those queues and drops the records of queues that are gone.
+package shards
