@@ -180,8 +180,8 @@
       setText("ov-leader", "no leader");
       setText("ov-term", "term " + c.term + " · this member " + c.id);
     } else {
-      setText("ov-leader", "member " + c.leader + (c.is_leader ? " (this node)" : ""));
-      setText("ov-term", "term " + c.term + " · applied " + fmtInt(c.applied));
+      setText("ov-leader", "member " + c.leader);
+      setText("ov-term", (c.is_leader ? "this node · " : "") + "term " + c.term + " · applied " + fmtInt(c.applied));
     }
     setText("ov-conns", st.connections == null ? "–" : fmtInt(st.connections));
     setText("ov-shards", st.shards ? st.shards + " shards · " + st.loops + " event loops" : "");
@@ -211,13 +211,20 @@
       q.delRate = p ? rate(q.delivered, p.delivered) : null;
       q.accRate = p ? rate(q.accepted, p.accepted) : null;
     }
+    // The totals' rates are the queues' summed, over the queues in both
+    // samples: a deleted queue takes its counters with it and must not
+    // show as a negative rate.
     const t = stats.totals;
-    const pt = prev ? prev.totals : null;
-    const totalRates = {
-      pub: pt ? rate(t.published, pt.published) : null,
-      del: pt ? rate(t.delivered, pt.delivered) : null,
-      acc: pt ? rate(t.accepted, pt.accepted) : null,
-    };
+    const totalRates = { pub: null, del: null, acc: null };
+    if (prev && dt > 0) {
+      totalRates.pub = totalRates.del = totalRates.acc = 0;
+      for (const q of stats.queues) {
+        if (q.pubRate == null) continue;
+        totalRates.pub += q.pubRate;
+        totalRates.del += q.delRate;
+        totalRates.acc += q.accRate;
+      }
+    }
     state.prev = stats;
     state.queues = stats.queues;
     clockSkew = stats.time_ms - Date.now();
@@ -358,10 +365,12 @@
     for (const k in attrs) e.setAttribute(k, attrs[k]);
     return e;
   }
-  function niceMax(v) {
+  // niceStep is the smallest 1, 2 or 5 times a power of ten that covers
+  // v in at most four steps.
+  function niceStep(v) {
     if (!(v > 0)) return 1;
-    const p = Math.pow(10, Math.floor(Math.log10(v)));
-    for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
+    const raw = v / 4, p = Math.pow(10, Math.floor(Math.log10(raw)));
+    for (const m of [1, 2, 5, 10]) if (m * p >= raw) return Math.max(m * p, 1);
     return 10 * p;
   }
 
@@ -385,12 +394,12 @@
     const visible = points.filter((p) => p.t >= tStart);
     let max = 0;
     for (const p of visible) for (const s of series) if (!p.gap && p[s.key] != null) max = Math.max(max, p[s.key]);
-    const yMax = niceMax(max);
+    const step = niceStep(max), ticks = Math.max(1, Math.ceil(max / step)), yMax = step * ticks;
     const x = (t) => L + (t - tStart) / WINDOW_MS * pw;
     const y = (v) => T + ph - v / yMax * ph;
     const kids = [];
-    for (let i = 0; i <= 4; i++) {
-      const v = yMax * i / 4, yy = y(v);
+    for (let i = 0; i <= ticks; i++) {
+      const v = step * i, yy = y(v);
       kids.push(svgEl("line", { class: "grid", x1: L, x2: W - R, y1: yy, y2: yy }));
       const lab = svgEl("text", { class: "axis", x: L - 6, y: yy + 3, "text-anchor": "end" });
       lab.textContent = fmtShort(v);
@@ -521,6 +530,7 @@
       await action("../v1/queues/declare", body);
       toast("Declared " + (body.durable ? "durable " : "") + "queue " + name);
       $("declare-name").value = "";
+      $("declare-durable").checked = false;
     } catch (e) {
       toast("Declare " + name + ": " + e.message, true);
     } finally {
