@@ -42,6 +42,7 @@
 
   // ---- formatting ----
   const nf = new Intl.NumberFormat("en-US");
+  function plural(n, what) { return n + " " + what + (n === 1 ? "" : "s"); }
   function fmtInt(n) { return n == null ? "–" : nf.format(n); }
   function fmtRate(r) {
     if (r == null || !isFinite(r)) return "–";
@@ -184,7 +185,7 @@
       setText("ov-term", (c.is_leader ? "this node · " : "") + "term " + c.term + " · applied " + fmtInt(c.applied));
     }
     setText("ov-conns", st.connections == null ? "–" : fmtInt(st.connections));
-    setText("ov-shards", st.shards ? st.shards + " shards · " + st.loops + " event loops" : "");
+    setText("ov-shards", st.shards ? plural(st.shards, "shard") + " · " + plural(st.loops, "event loop") : "");
   }
 
   function renderInfo() {
@@ -377,7 +378,7 @@
   const RATE_SERIES = [
     { key: "pub", label: "publish", color: "#1f6feb" },
     { key: "del", label: "deliver", color: "#8250df" },
-    { key: "acc", label: "accept", color: "#1a7f37" },
+    { key: "acc", label: "accept", color: "#1a7f37", dash: "5 4" }, // dashed: often equal to deliver
   ];
   const DEPTH_SERIES = [
     { key: "ready", label: "ready", color: "#d97706", area: true },
@@ -436,7 +437,11 @@
       }
       if (s.area) closeArea();
       if (s.area && area) kids.push(svgEl("path", { class: "area", d: area, fill: s.color }));
-      if (d) kids.push(svgEl("path", { class: "series", d: d, stroke: s.color, "data-series": s.key }));
+      if (d) {
+        const path = svgEl("path", { class: "series", d: d, stroke: s.color, "data-series": s.key });
+        if (s.dash) path.setAttribute("stroke-dasharray", s.dash);
+        kids.push(path);
+      }
     }
     if (!any) {
       const t = svgEl("text", { class: "nodata", x: L + pw / 2, y: T + ph / 2, "text-anchor": "middle" });
