@@ -206,7 +206,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.Flag("hide-scrollbars", true),
 		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1440, 1200),
+		chromedp.WindowSize(1440, 980),
 	)
 	defer cancelAlloc()
 	var pageErrs struct {
@@ -216,7 +216,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	browser, cancelBrowser := chromedp.NewContext(allocCtx)
 	defer cancelBrowser()
 	// The first Run starts the browser; its context must be the browser's.
-	if err := chromedp.Do(browser, chromedp.EmulateViewport(1440, 1200)); err != nil {
+	if err := chromedp.Do(browser, chromedp.EmulateViewport(1440, 980)); err != nil {
 		t.Fatalf("start chromium: %v", err)
 	}
 	messages := chromedp.Console(browser)

@@ -113,8 +113,13 @@
 
   // ---- polling ----
   let statusFails = 0;
+  // One poll at a time, so a slow broker does not pile requests up; a
+  // poll asked for meanwhile (after an action) runs when it ends.
+  let polling = false, pollAgain = false;
   async function pollMain() {
     if (state.paused) return;
+    if (polling) { pollAgain = true; return; }
+    polling = true;
     try {
       const [status, stats] = await Promise.all([
         getJSON("../v1/status"),
@@ -136,8 +141,14 @@
       const ps = $("poll-state");
       ps.classList.add("error");
       ps.textContent = "cannot reach the broker (" + statusFails + ")";
+    } finally {
+      polling = false;
     }
     drawCharts();
+    if (pollAgain) {
+      pollAgain = false;
+      pollMain();
+    }
   }
 
   async function pollInfo() {
