@@ -262,7 +262,7 @@ func TestConsoleConnectionsAndFiles(t *testing.T) {
 	s := startServer(t, func(c *server.Config) { c.AdminAddr = "127.0.0.1:0" })
 	admin := "http://" + s.AdminAddr()
 	ctx := ctxT(t)
-	idle := dial(t, s)
+	dial(t, s) // a connection with no consumer
 	busy := dial(t, s)
 	for _, q := range []string{"a", "b"} {
 		if err := busy.DeclareQueue(ctx, q, client.QueueOptions{}); err != nil {
@@ -272,7 +272,6 @@ func TestConsoleConnectionsAndFiles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_ = idle
 	var conns struct {
 		Connections []struct {
 			Addr      string
