@@ -66,6 +66,7 @@ func (s *Server) startAdmin() error {
 	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	handlePprof(mux)
 	mux.HandleFunc("/v1/status", s.serveStatus)
+	s.mountConsole(mux) // /ui/ and its endpoints (admin_console.go)
 	if s.cfg.Role != RoleController {
 		mux.HandleFunc("/v1/queues", func(w http.ResponseWriter, r *http.Request) {
 			b := s.boot.broker.Load()
