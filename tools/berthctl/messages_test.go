@@ -218,7 +218,7 @@ func TestConsumeAckModes(t *testing.T) {
 
 	// release: each message printed once, all back on the queue, then
 	// delivered again as redelivered.
-	if out := mustBctl(t, b, "", "consume", "rel", "--count", "3", "--ack", "release"); out != "1\n2\n3\n" {
+	if out := mustBctl(t, b, "", "consume", "rel", "--count", "3", "--ack", "release", "--prefetch", "1"); out != "1\n2\n3\n" {
 		t.Fatalf("consume --ack release printed %q", out)
 	}
 	wantDepth(t, b, "rel", 3)
