@@ -10,8 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthmq/berth/client"
 	"github.com/berthmq/berth/perf/driver"
 	"github.com/berthmq/berth/server"
+	"github.com/berthmq/berth/wire"
 )
 
 func startServer(t *testing.T) *server.Server {
@@ -167,5 +169,16 @@ func TestRunCancel(t *testing.T) {
 	}
 	if res == nil || res.Published == 0 || res.Completed+res.Failed != res.Published {
 		t.Fatalf("result after cancel: %+v", res)
+	}
+	// An interrupted run still deletes the queue it declared.
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	c, err := client.Dial(cctx, srv.ClientAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.DeclareQueue(cctx, "cancel-0", client.QueueOptions{Passive: true}); client.Code(err) != wire.CodeNotFound {
+		t.Fatalf("queue cancel-0 after the interrupted run: %v, want not-found", err)
 	}
 }

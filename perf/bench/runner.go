@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +27,8 @@ const (
 	drainTimeoutDefault = 30 * time.Second
 	// timelineMax bounds the samples kept for the plot (a day at 1 s).
 	timelineMax = 86400
+	// cleanupTimeout bounds deleting the queues a run created.
+	cleanupTimeout = 30 * time.Second
 )
 
 // Options are how a run is carried out, as opposed to what it does.
@@ -46,6 +49,13 @@ type Options struct {
 	// Profiler, if not nil, is started when the measured phase begins and
 	// finished when it ends.
 	Profiler *Profiler
+	// Reuse lets the run use queues that exist and hold messages (see
+	// driver.SetupOptions); their messages are then consumed too.
+	Reuse bool
+	// Keep leaves the queues the run created in place; without it they
+	// are deleted when it ends, however it ends. Queues the run did not
+	// create are never deleted.
+	Keep bool
 }
 
 // Payload layout: the send time (Unix ns, little endian) in bytes 0..8,
@@ -114,9 +124,13 @@ func (s *runState) stopped() bool {
 
 // Run carries out w through o.Driver and returns what it measured. It
 // returns an error if setup fails or a producer or consumer cannot start
-// or breaks off; publish failures reported by the broker are counted, not
-// returned.
-func Run(ctx context.Context, w Workload, o Options) (*Result, error) {
+// or breaks off, or if the queues it created could not be deleted; publish
+// failures reported by the broker are counted, not returned.
+//
+// Run declares the queues it needs that do not exist, refuses queues that
+// exist and hold messages unless o.Reuse, and deletes the queues it
+// created (only those) when it ends, unless o.Keep.
+func Run(ctx context.Context, w Workload, o Options) (res *Result, err error) {
 	if err := w.Validate(); err != nil {
 		return nil, err
 	}
@@ -141,7 +155,29 @@ func Run(ctx context.Context, w Workload, o Options) (*Result, error) {
 		perQueue = (w.Consumers + w.Queues - 1) / w.Queues
 	}
 	cc := driver.ConsumerConfig{Credit: w.Credit, Ack: w.Ack, PerQueue: perQueue}
-	if err := o.Driver.Setup(ctx, queues, cc); err != nil {
+	// Registered first, so it runs after every connection is closed.
+	defer func() {
+		created := o.Driver.Created()
+		if len(created) == 0 {
+			return
+		}
+		if o.Keep {
+			if res != nil {
+				res.Notes = append(res.Notes, fmt.Sprintf("kept the queues it created (--keep): %s", strings.Join(created, ", ")))
+			}
+			return
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if cerr := o.Driver.Cleanup(cctx); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("bench: deleting the queues it created: %w", cerr))
+			return
+		}
+		if res != nil {
+			res.Notes = append(res.Notes, fmt.Sprintf("deleted the queues it created: %s", strings.Join(created, ", ")))
+		}
+	}()
+	if err := o.Driver.Setup(ctx, queues, cc, driver.SetupOptions{Reuse: o.Reuse}); err != nil {
 		return nil, err
 	}
 
@@ -202,7 +238,7 @@ func Run(ctx context.Context, w Workload, o Options) (*Result, error) {
 	producersDone := make(chan struct{})
 	go func() { wg.Wait(); close(producersDone) }()
 
-	res := &Result{
+	res = &Result{
 		Version: ResultVersion, Driver: o.DriverName, Addrs: o.Addrs, Label: o.Label,
 		Workload: w.String(), Settings: settingsOf(&w), Started: started,
 	}
@@ -226,10 +262,10 @@ func Run(ctx context.Context, w Workload, o Options) (*Result, error) {
 	}
 	s.finish(res)
 	s.firstErr.Lock()
-	err := s.firstErr.err
+	runErr := s.firstErr.err
 	s.firstErr.Unlock()
-	if err != nil && ctx.Err() == nil {
-		return res, err
+	if runErr != nil && ctx.Err() == nil {
+		return res, runErr
 	}
 	return res, ctx.Err()
 }

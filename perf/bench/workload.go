@@ -49,7 +49,8 @@ type Workload struct {
 	Producers int
 	Consumers int
 	Queues    int
-	// QueuePrefix names the queues: prefix-0, prefix-1, ...
+	// QueuePrefix names the queues: prefix-0, prefix-1, ... The run
+	// declares those that do not exist and deletes them when it ends.
 	QueuePrefix string
 	Size        int // payload bytes
 	Mode        Mode
@@ -70,10 +71,11 @@ type Workload struct {
 }
 
 // DefaultWorkload is the standard run: two producers and two consumers on
-// one queue, 1 KiB messages, async window 256, credit 256, explicit acks.
+// one queue, 1 KiB messages, async window 256, credit 256, explicit acks,
+// 2 s of warm-up and 10 s measured.
 func DefaultWorkload() Workload {
 	return Workload{
-		Producers: 2, Consumers: 2, Queues: 1, QueuePrefix: "bench",
+		Producers: 2, Consumers: 2, Queues: 1, QueuePrefix: "berth-bench",
 		Size: 1024, Mode: ModeAsync, Window: 256, Batch: 64, Credit: 256,
 		Ack: driver.AckExplicit, Duration: 10 * time.Second, Warmup: 2 * time.Second,
 	}
@@ -85,7 +87,7 @@ func (w *Workload) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&w.Producers, "producers", w.Producers, "producer connections")
 	fs.IntVar(&w.Consumers, "consumers", w.Consumers, "consumer connections (0: publish only)")
 	fs.IntVar(&w.Queues, "queues", w.Queues, "queues; producers and consumers are spread over them round robin")
-	fs.StringVar(&w.QueuePrefix, "queue-prefix", w.QueuePrefix, "queue names are <prefix>-<n>")
+	fs.StringVar(&w.QueuePrefix, "queue-prefix", w.QueuePrefix, "queue names are <prefix>-<n>; the run declares those that do not exist, and deletes only those")
 	fs.Func("size", fmt.Sprintf("message size in bytes, with optional KiB/MiB suffix, %d..%d (default %d)", sizeMin, sizeMax, w.Size), func(s string) error {
 		n, err := ParseSize(s)
 		w.Size = n
@@ -111,8 +113,8 @@ func (w *Workload) RegisterFlags(fs *flag.FlagSet) {
 		w.Rate = r
 		return err
 	})
-	fs.DurationVar(&w.Duration, "duration", w.Duration, "measured duration (0: bounded by -count only)")
-	fs.Func("count", "measured messages over all producers, k/M suffix allowed (0: bounded by -duration only)", func(s string) error {
+	fs.DurationVar(&w.Duration, "duration", w.Duration, "measured duration (0: bounded by -count only; with -count and no -duration, 0)")
+	fs.Func("count", "measured messages over all producers, k/M suffix allowed (0: bounded by -duration only); given alone, it is the only bound: no default duration, no warm-up", func(s string) error {
 		r, err := ParseRate(s)
 		if err == nil && r != math.Trunc(r) {
 			err = fmt.Errorf("bench: count %q is not a whole number", s)
@@ -120,7 +122,25 @@ func (w *Workload) RegisterFlags(fs *flag.FlagSet) {
 		w.Count = int64(r)
 		return err
 	})
-	fs.DurationVar(&w.Warmup, "warmup", w.Warmup, "unmeasured warm-up before the measured phase")
+	fs.DurationVar(&w.Warmup, "warmup", w.Warmup, "unmeasured warm-up before the measured phase (with -count and no -warmup, 0)")
+}
+
+// CountAlone applies the rule for a count given on its own, after fs (on
+// which RegisterFlags registered w's flags) was parsed: a --count without
+// --duration is not cut short by the default duration, and one without
+// --warmup gets no warm-up added to it. A count is then the whole run.
+func (w *Workload) CountAlone(fs *flag.FlagSet) {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !set["count"] || w.Count == 0 {
+		return
+	}
+	if !set["duration"] {
+		w.Duration = 0
+	}
+	if !set["warmup"] {
+		w.Warmup = 0
+	}
 }
 
 func (w *Workload) setMode(s string) error {

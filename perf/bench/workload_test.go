@@ -29,7 +29,7 @@ func TestWorkloadFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Workload{Producers: 4, Consumers: 3, Queues: 3, QueuePrefix: "bench", Size: 4096, Mode: ModeBatch,
+	want := Workload{Producers: 4, Consumers: 3, Queues: 3, QueuePrefix: "berth-bench", Size: 4096, Mode: ModeBatch,
 		Window: 256, Batch: 32, Credit: 100, Ack: driver.AckNone, Persistent: true, Rate: 20000,
 		Count: 1_000_000, Warmup: 500 * time.Millisecond}
 	if w != want {
@@ -38,7 +38,7 @@ func TestWorkloadFlags(t *testing.T) {
 	if got := w.InFlight(); got != 32 {
 		t.Fatalf("InFlight = %d, want the batch 32", got)
 	}
-	if got := w.QueueNames(); strings.Join(got, ",") != "bench-0,bench-1,bench-2" {
+	if got := w.QueueNames(); strings.Join(got, ",") != "berth-bench-0,berth-bench-1,berth-bench-2" {
 		t.Fatalf("QueueNames = %v", got)
 	}
 }
@@ -133,5 +133,37 @@ func TestWorkloadString(t *testing.T) {
 	want := "p=2 c=2 q=1 size=1024 mode=async:256 credit=256 ack=explicit persistent=false rate=5000/s"
 	if got != want {
 		t.Fatalf("String() = %q, want %q", got, want)
+	}
+}
+
+// A count given alone is the whole run: the default duration does not cut
+// it short and the default warm-up does not add to it.
+func TestCountAlone(t *testing.T) {
+	def := DefaultWorkload()
+	for _, tc := range []struct {
+		args             []string
+		duration, warmup time.Duration
+	}{
+		{[]string{"--count", "500"}, 0, 0},
+		{[]string{"--count", "2k", "--duration", "5s"}, 5 * time.Second, 0},
+		{[]string{"--count", "500", "--warmup", "1s"}, 0, time.Second},
+		{[]string{"--duration", "3s"}, 3 * time.Second, def.Warmup},
+		{[]string{"--count", "0", "--duration", "3s"}, 3 * time.Second, def.Warmup},
+		{nil, def.Duration, def.Warmup},
+	} {
+		w := DefaultWorkload()
+		fs := flag.NewFlagSet("test", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		w.RegisterFlags(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		w.CountAlone(fs)
+		if err := w.Validate(); err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if w.Duration != tc.duration || w.Warmup != tc.warmup {
+			t.Errorf("%v: duration %v warm-up %v, want %v and %v", tc.args, w.Duration, w.Warmup, tc.duration, tc.warmup)
+		}
 	}
 }

@@ -12,7 +12,10 @@ import (
 
 func init() { register("amqp", openAMQP) }
 
-type amqpDriver struct{ opts Options }
+type amqpDriver struct {
+	opts Options
+	own  owned
+}
 
 func openAMQP(opts Options) (Driver, error) { return &amqpDriver{opts: opts}, nil }
 
@@ -38,26 +41,92 @@ func (d *amqpDriver) dial(id int) (*amqp.Connection, *amqp.Channel, error) {
 	return conn, ch, nil
 }
 
-func (d *amqpDriver) Setup(ctx context.Context, queues []string, _ ConsumerConfig) error {
-	conn, ch, err := d.dial(0)
+func (d *amqpDriver) Setup(ctx context.Context, queues []string, cc ConsumerConfig, so SetupOptions) error {
+	conn, err := amqp.Dial(amqpURL(addrFor(d.opts.Addrs, 0)))
+	if err != nil {
+		return fmt.Errorf("driver: amqp dial: %w", err)
+	}
+	defer conn.Close()
+	return setupQueues(ctx, &amqpOps{conn: conn}, &d.own, queues, cc, so)
+}
+
+func (d *amqpDriver) Created() []string { return d.own.created() }
+
+func (d *amqpDriver) Cleanup(ctx context.Context) error {
+	if d.own.empty() {
+		return nil
+	}
+	conn, err := amqp.Dial(amqpURL(addrFor(d.opts.Addrs, 0)))
+	if err != nil {
+		return fmt.Errorf("driver: amqp dial: %w", err)
+	}
+	defer conn.Close()
+	return cleanupQueues(ctx, &amqpOps{conn: conn}, &d.own)
+}
+
+func (d *amqpDriver) Close() error { return nil }
+
+// amqpOps open a channel per step: a failed passive declare closes its
+// channel.
+type amqpOps struct{ conn *amqp.Connection }
+
+func (o *amqpOps) channel() (*amqp.Channel, error) {
+	ch, err := o.conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("driver: amqp channel: %w", err)
+	}
+	return ch, nil
+}
+
+func (o *amqpOps) inspect(_ context.Context, q string) (queueState, error) {
+	ch, err := o.channel()
+	if err != nil {
+		return queueState{}, err
+	}
+	defer ch.Close()
+	info, err := ch.QueueDeclarePassive(q, true, false, false, false, nil)
+	var aerr *amqp.Error
+	if errors.As(err, &aerr) && aerr.Code == amqp.NotFound {
+		return queueState{}, nil
+	}
+	if err != nil {
+		return queueState{}, fmt.Errorf("driver: amqp check queue %s: %w", q, err)
+	}
+	// Messages counts ready ones only; a queue with unacked ones has a
+	// consumer, which is counted.
+	return queueState{exists: true, messages: int64(info.Messages), consumers: info.Consumers}, nil
+}
+
+func (o *amqpOps) create(_ context.Context, q string, _ ConsumerConfig) error {
+	ch, err := o.channel()
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	for _, q := range queues {
-		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
-			return fmt.Errorf("driver: amqp delete queue %s: %w", q, err)
-		}
-		// Quorum queues are always durable and replicated by Raft.
-		_, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
-		if err != nil {
-			return fmt.Errorf("driver: amqp declare queue %s: %w", q, err)
-		}
+	defer ch.Close()
+	// Quorum queues are always durable and replicated by Raft.
+	if _, err := ch.QueueDeclare(q, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		return fmt.Errorf("driver: amqp declare queue %s: %w", q, err)
 	}
 	return nil
 }
 
-func (d *amqpDriver) Close() error { return nil }
+func (o *amqpOps) adopt(context.Context, string, ConsumerConfig) (bool, error) { return false, nil }
+
+func (o *amqpOps) remove(_ context.Context, q string) error {
+	ch, err := o.channel()
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	_, err = ch.QueueDelete(q, false, false, false)
+	var aerr *amqp.Error
+	if err != nil && !(errors.As(err, &aerr) && aerr.Code == amqp.NotFound) {
+		return fmt.Errorf("driver: amqp delete queue %s: %w", q, err)
+	}
+	return nil
+}
+
+func (o *amqpOps) unadopt(context.Context, string) error { return nil }
 
 // amqpProducer waits for confirms in publish order on one goroutine; a
 // channel's confirms arrive in delivery-tag order.

@@ -2,8 +2,12 @@ package driver
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"strings"
 	"sync"
 
 	"github.com/berthmq/berth/client"
@@ -16,7 +20,10 @@ func init() { register("berth", openBerth) }
 // consumer also accepts whenever it has nothing more buffered.
 const acceptBatchMax = 256
 
-type berthDriver struct{ opts Options }
+type berthDriver struct {
+	opts Options
+	own  owned
+}
 
 func openBerth(opts Options) (Driver, error) { return &berthDriver{opts: opts}, nil }
 
@@ -34,24 +41,125 @@ func (d *berthDriver) dial(ctx context.Context, id int, name string) (*client.Co
 	return c, nil
 }
 
-func (d *berthDriver) Setup(ctx context.Context, queues []string, _ ConsumerConfig) error {
+func (d *berthDriver) Setup(ctx context.Context, queues []string, cc ConsumerConfig, so SetupOptions) error {
 	c, err := d.dial(ctx, 0, "berth-bench-setup")
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	for _, q := range queues {
-		if err := c.DeleteQueue(ctx, q, client.QueueDeleteOptions{}); err != nil && client.Code(err) != wire.CodeNotFound {
-			return fmt.Errorf("driver: berth delete queue %s: %w", q, err)
+	return setupQueues(ctx, &berthOps{d: d, c: c}, &d.own, queues, cc, so)
+}
+
+func (d *berthDriver) Created() []string { return d.own.created() }
+
+func (d *berthDriver) Cleanup(ctx context.Context) error {
+	if d.own.empty() {
+		return nil
+	}
+	c, err := d.dial(ctx, 0, "berth-bench-cleanup")
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return cleanupQueues(ctx, &berthOps{d: d, c: c}, &d.own)
+}
+
+func (d *berthDriver) Close() error { return nil }
+
+// berthOps act on one session.
+type berthOps struct {
+	d *berthDriver
+	c *client.Conn
+}
+
+func (o *berthOps) inspect(ctx context.Context, q string) (queueState, error) {
+	err := o.c.DeclareQueue(ctx, q, client.QueueOptions{Passive: true})
+	switch {
+	case client.Code(err) == wire.CodeNotFound:
+		return queueState{}, nil
+	case err != nil:
+		return queueState{}, fmt.Errorf("driver: berth check queue %s: %w", q, err)
+	}
+	st := queueState{exists: true, messages: -1}
+	if o.d.opts.Admin == "" {
+		st.unknown = "queue depths come from the broker's admin HTTP; give its address (--admin)"
+		return st, nil
+	}
+	qs, err := adminQueues(ctx, o.d.opts.Admin)
+	if err != nil {
+		return st, err
+	}
+	for _, info := range qs {
+		if info.Name == q {
+			st.messages = int64(info.Ready) + int64(info.Unacked)
+			st.consumers = info.Consumers
+			return st, nil
 		}
-		if err := c.DeclareQueue(ctx, q, client.QueueOptions{Durable: d.opts.Persistent}); err != nil {
-			return fmt.Errorf("driver: berth declare queue %s: %w", q, err)
-		}
+	}
+	st.unknown = "the broker at " + o.d.opts.Admin + " does not list it"
+	return st, nil
+}
+
+func (o *berthOps) create(ctx context.Context, q string, _ ConsumerConfig) error {
+	// Another client could declare the same queue between the check and
+	// this declare: the protocol has no "create only if absent".
+	if err := o.c.DeclareQueue(ctx, q, client.QueueOptions{Durable: o.d.opts.Persistent}); err != nil {
+		return fmt.Errorf("driver: berth declare queue %s: %w", q, err)
 	}
 	return nil
 }
 
-func (d *berthDriver) Close() error { return nil }
+func (o *berthOps) adopt(context.Context, string, ConsumerConfig) (bool, error) { return false, nil }
+
+func (o *berthOps) remove(ctx context.Context, q string) error {
+	if err := o.c.DeleteQueue(ctx, q, client.QueueDeleteOptions{}); err != nil && client.Code(err) != wire.CodeNotFound {
+		return fmt.Errorf("driver: berth delete queue %s: %w", q, err)
+	}
+	return nil
+}
+
+func (o *berthOps) unadopt(context.Context, string) error { return nil }
+
+// berthQueueInfo is the part of the admin endpoint's /v1/queues entries
+// Setup reads.
+type berthQueueInfo struct {
+	Name      string `json:"name"`
+	Ready     int    `json:"ready"`
+	Unacked   int    `json:"unacked"`
+	Consumers int    `json:"consumers"`
+}
+
+// adminBodyMax bounds the /v1/queues reply read.
+const adminBodyMax = 64 << 20
+
+func adminQueues(ctx context.Context, addr string) ([]berthQueueInfo, error) {
+	url := addr
+	if !strings.Contains(url, "://") {
+		url = "http://" + url
+	}
+	url = strings.TrimRight(url, "/") + "/v1/queues"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("driver: berth admin address %q: %w", addr, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("driver: berth queue depths: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, adminBodyMax+1))
+	if err != nil {
+		return nil, fmt.Errorf("driver: berth queue depths: GET %s: %w", url, err)
+	}
+	if resp.StatusCode != http.StatusOK || len(body) > adminBodyMax {
+		return nil, fmt.Errorf("driver: berth queue depths: GET %s: %s", url, resp.Status)
+	}
+	var qs []berthQueueInfo
+	if err := json.Unmarshal(body, &qs); err != nil {
+		return nil, fmt.Errorf("driver: berth queue depths: GET %s: not a queue list: %w", url, err)
+	}
+	return qs, nil
+}
 
 type berthProducer struct {
 	c    *client.Conn

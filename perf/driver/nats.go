@@ -22,7 +22,10 @@ const natsConsumerName = "berth-bench"
 // consumers without explicit acks on a work-queue stream.
 var ErrNATSAckNone = errors.New("driver: nats: a JetStream work-queue stream needs explicit acks; ack mode none is not supported")
 
-type natsDriver struct{ opts Options }
+type natsDriver struct {
+	opts Options
+	own  owned
+}
 
 func openNATS(opts Options) (Driver, error) { return &natsDriver{opts: opts}, nil }
 
@@ -41,47 +44,127 @@ func (d *natsDriver) connect(id int, name string) (*nats.Conn, error) {
 	return nc, nil
 }
 
-func (d *natsDriver) Setup(ctx context.Context, queues []string, cc ConsumerConfig) error {
-	nc, err := d.connect(0, "berth-bench-setup")
+// jetStream opens a connection for setup or cleanup.
+func (d *natsDriver) jetStream(name string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := d.connect(0, name)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("driver: nats jetstream: %w", err)
+	}
+	return nc, js, nil
+}
+
+func (d *natsDriver) Setup(ctx context.Context, queues []string, cc ConsumerConfig, so SetupOptions) error {
+	if cc.Ack == AckNone {
+		return ErrNATSAckNone
+	}
+	nc, js, err := d.jetStream("berth-bench-setup")
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	return setupQueues(ctx, &natsOps{d: d, js: js}, &d.own, queues, cc, so)
+}
+
+func (d *natsDriver) Created() []string { return d.own.created() }
+
+func (d *natsDriver) Cleanup(ctx context.Context) error {
+	if d.own.empty() {
+		return nil
+	}
+	nc, js, err := d.jetStream("berth-bench-cleanup")
 	if err != nil {
-		return fmt.Errorf("driver: nats jetstream: %w", err)
+		return err
 	}
-	if cc.Ack == AckNone {
-		return ErrNATSAckNone
+	defer nc.Close()
+	return cleanupQueues(ctx, &natsOps{d: d, js: js}, &d.own)
+}
+
+func (d *natsDriver) Close() error { return nil }
+
+// natsOps: a queue is a work-queue stream of the same name whose one
+// subject is that name, read through one durable consumer.
+type natsOps struct {
+	d  *natsDriver
+	js jetstream.JetStream
+}
+
+func (o *natsOps) inspect(ctx context.Context, q string) (queueState, error) {
+	s, err := o.js.Stream(ctx, q)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return queueState{}, nil
 	}
-	for _, q := range queues {
-		if err := js.DeleteStream(ctx, q); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return fmt.Errorf("driver: nats delete stream %s: %w", q, err)
+	if err != nil {
+		return queueState{}, fmt.Errorf("driver: nats check stream %s: %w", q, err)
+	}
+	// Consumers are not counted: on JetStream they are configuration, not
+	// readers that are there, and a work-queue stream refuses a second
+	// consumer that would overlap with one it has.
+	return queueState{exists: true, messages: int64(s.CachedInfo().State.Msgs)}, nil
+}
+
+func (o *natsOps) consumerConfig(cc ConsumerConfig) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       natsConsumerName,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		MaxAckPending: max(1, cc.Credit*max(1, cc.PerQueue)),
+		Replicas:      o.d.opts.Replicas,
+	}
+}
+
+func (o *natsOps) create(ctx context.Context, q string, cc ConsumerConfig) error {
+	_, err := o.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:      q,
+		Subjects:  []string{q},
+		Retention: jetstream.WorkQueuePolicy,
+		Storage:   jetstream.FileStorage,
+		Replicas:  o.d.opts.Replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("driver: nats create stream %s: %w", q, err)
+	}
+	if _, err := o.js.CreateConsumer(ctx, q, o.consumerConfig(cc)); err != nil {
+		if derr := o.js.DeleteStream(context.WithoutCancel(ctx), q); derr != nil {
+			err = errors.Join(err, fmt.Errorf("and deleting the stream it made: %w", derr))
 		}
-		_, err := js.CreateStream(ctx, jetstream.StreamConfig{
-			Name:      q,
-			Subjects:  []string{q},
-			Retention: jetstream.WorkQueuePolicy,
-			Storage:   jetstream.FileStorage,
-			Replicas:  d.opts.Replicas,
-		})
-		if err != nil {
-			return fmt.Errorf("driver: nats create stream %s: %w", q, err)
-		}
-		_, err = js.CreateOrUpdateConsumer(ctx, q, jetstream.ConsumerConfig{
-			Durable:       natsConsumerName,
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			MaxAckPending: max(1, cc.Credit*max(1, cc.PerQueue)),
-			Replicas:      d.opts.Replicas,
-		})
-		if err != nil {
-			return fmt.Errorf("driver: nats create consumer on %s: %w", q, err)
-		}
+		return fmt.Errorf("driver: nats create consumer on %s: %w", q, err)
 	}
 	return nil
 }
 
-func (d *natsDriver) Close() error { return nil }
+// adopt adds the bench's consumer to a stream that lacks it; one that is
+// there already is used as it is.
+func (o *natsOps) adopt(ctx context.Context, q string, cc ConsumerConfig) (bool, error) {
+	_, err := o.js.Consumer(ctx, q, natsConsumerName)
+	if err == nil {
+		return false, nil
+	}
+	if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return false, fmt.Errorf("driver: nats check consumer on %s: %w", q, err)
+	}
+	if _, err := o.js.CreateConsumer(ctx, q, o.consumerConfig(cc)); err != nil {
+		return false, fmt.Errorf("driver: nats create consumer on %s: %w", q, err)
+	}
+	return true, nil
+}
+
+func (o *natsOps) remove(ctx context.Context, q string) error {
+	if err := o.js.DeleteStream(ctx, q); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("driver: nats delete stream %s: %w", q, err)
+	}
+	return nil
+}
+
+func (o *natsOps) unadopt(ctx context.Context, q string) error {
+	if err := o.js.DeleteConsumer(ctx, q, natsConsumerName); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("driver: nats delete consumer on %s: %w", q, err)
+	}
+	return nil
+}
 
 // natsProducer waits for PubAcks in publish order on one goroutine: acks of
 // one stream come back in order, and a single waiter avoids a goroutine per

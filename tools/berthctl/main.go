@@ -4,7 +4,8 @@
 //
 // It talks to three endpoints: the controller (status, wiring, groups,
 // elections, cleanup), the broker's admin HTTP (status, queue depths) and
-// the broker's client port (declares, binds, deletes, purges). Declares go
+// the broker's client port (declares, binds, deletes, purges, and
+// publish, consume and get). Declares go
 // through the broker, not straight to the controller, so the broker applies
 // them itself and records durable wiring in the controller on its own path.
 //
@@ -23,8 +24,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -48,7 +51,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.admin, "admin", "127.0.0.1:7480", "broker admin HTTP `ADDR`")
 	fs.StringVar(&g.broker, "broker", "127.0.0.1:7400", "broker client `ADDR`")
 	fs.BoolVar(&g.json, "json", false, "machine-readable JSON output")
-	fs.DurationVar(&g.timeout, "timeout", 5*time.Second, "bound on the whole command")
+	fs.DurationVar(&g.timeout, "timeout", 5*time.Second, "bound on the whole command; for publish, consume and get, on each wait for the broker")
 }
 
 // controllerAddrs splits --controller; an empty entry is a typo worth
@@ -68,6 +71,7 @@ func (g *globals) controllerAddrs() ([]string, error) {
 // env is what a command runs with.
 type env struct {
 	globals
+	stdin          io.Reader
 	stdout, stderr io.Writer
 }
 
@@ -102,6 +106,9 @@ func commands() []command {
 		{"delete-queue", "NAME", "delete a queue and its messages", deleteQueueCmd},
 		{"delete-exchange", "NAME", "delete an exchange and its bindings", deleteExchangeCmd},
 		{"purge", "NAME", "remove every ready message of a queue", purgeCmd},
+		{"publish", "(QUEUE | --exchange EX [--key K]) BODY|-", "publish messages to a queue or an exchange; - reads standard input", publishCmd},
+		{"consume", "QUEUE", "print the messages of a queue as they arrive, and settle them", consumeCmd},
+		{"get", "QUEUE", "print one message of a queue; by default it goes back to the queue", getCmd},
 		{"elect", "GROUP...", "force a master election for groups", electCmd},
 		{"clean-broker", "ID", "remove a broker and everything pointing at it from the controller", cleanBrokerCmd},
 		{"primary", "[elect ID]", "the primary broker of an active-passive cluster; elect hands it to broker ID", primaryCmd},
@@ -113,9 +120,19 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// streaming commands run until their work is done or SIGINT/SIGTERM
+// arrives; --timeout bounds each of their waits for the broker, not the
+// whole command.
+var streaming = map[string]bool{"publish": true, "consume": true, "get": true}
+
 // run is main without the process: tests call it directly.
 func run(args []string, stdout, stderr io.Writer) int {
-	e := &env{stdout: stdout, stderr: stderr}
+	return runIO(args, os.Stdin, stdout, stderr)
+}
+
+// runIO is run with the standard input given too.
+func runIO(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	e := &env{stdin: stdin, stdout: stdout, stderr: stderr}
 	top := flag.NewFlagSet("berthctl", flag.ContinueOnError)
 	top.SetOutput(io.Discard)
 	e.register(top)
@@ -167,7 +184,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "berthctl %s: --timeout must be positive, got %v\n", c.name, e.timeout)
 		return exitUsage
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if streaming[c.name] {
+		ctx, cancel = signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	} else {
+		ctx, cancel = context.WithTimeout(context.Background(), e.timeout)
+	}
 	defer cancel()
 	if err := exec(ctx, e, pos); err != nil {
 		fmt.Fprintf(stderr, "berthctl %s: %v\n", c.name, err)

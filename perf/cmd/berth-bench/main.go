@@ -6,13 +6,21 @@
 //	berth-bench --addr 127.0.0.1:7400 --producers 4 --consumers 4 --mode async:512 --duration 30s
 //	berth-bench --driver nats --addr 127.0.0.1:4222 --persistent --json out.json --plot out.svg
 //	berth-bench --profile prof/ --admin 127.0.0.1:7480
+//	berth-bench --count 100k   # exactly 100,000 measured messages, no warm-up, no time limit
+//
+// It does no harm to queues it did not make: it works on the queues
+// <queue-prefix>-0, -1, ..., declares those that do not exist, refuses one
+// that exists and holds messages (or has consumers, or whose depth it
+// cannot read: Berth's comes from --admin) unless --reuse, and when the
+// run ends, however it ends, deletes the queues it declared and only
+// those, unless --keep.
 package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -41,11 +49,12 @@ func (a *addrList) Set(s string) error {
 }
 
 func main() {
-	os.Exit(run(os.Args[1:]))
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-func run(args []string) int {
+func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("berth-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	w := bench.DefaultWorkload()
 	w.RegisterFlags(fs)
 	driverName := fs.String("driver", "berth", "broker driver: "+strings.Join(driver.Names(), ", "))
@@ -55,7 +64,9 @@ func run(args []string) int {
 	jsonPath := fs.String("json", "", "write the result as JSON to this file")
 	plotPath := fs.String("plot", "", "write an SVG chart of throughput and latency over time to this file")
 	profileDir := fs.String("profile", "", "fetch CPU, heap, allocs, mutex and block profiles from the server into this directory (needs --admin)")
-	admin := fs.String("admin", "", "server admin HTTP address serving /debug/pprof, for --profile")
+	admin := fs.String("admin", "", "berth: the broker's admin HTTP address, serving /debug/pprof for --profile and the depths of queues that exist already")
+	reuse := fs.Bool("reuse", false, "run on queues that exist and hold messages (or whose depth cannot be read); their messages are consumed too")
+	keep := fs.Bool("keep", false, "leave the queues the run declared in place when it ends")
 	profileSecs := fs.Int("profile-seconds", 10, "CPU profile length when the run is bounded by --count only")
 	label := fs.String("label", "", "free-form label stored in the result")
 	quiet := fs.Bool("quiet", false, "no progress line")
@@ -63,38 +74,41 @@ func run(args []string) int {
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "berth-bench: unexpected arguments %q\n", fs.Args())
+		fmt.Fprintf(stderr, "berth-bench: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
+	w.CountAlone(fs)
 	if err := w.Validate(); err != nil {
-		fmt.Fprintln(os.Stderr, "berth-bench:", err)
+		fmt.Fprintln(stderr, "berth-bench:", err)
 		return 2
 	}
 	if len(addrs) == 0 {
 		def, ok := defaultAddr[*driverName]
 		if !ok {
-			fmt.Fprintf(os.Stderr, "berth-bench: unknown driver %q (have %v)\n", *driverName, driver.Names())
+			fmt.Fprintf(stderr, "berth-bench: unknown driver %q (have %v)\n", *driverName, driver.Names())
 			return 2
 		}
 		addrs = addrList{def}
 	}
-	d, err := driver.New(*driverName, driver.Options{Addrs: addrs, Persistent: w.Persistent, Window: w.InFlight(), Replicas: *replicas})
+	d, err := driver.New(*driverName, driver.Options{Addrs: addrs, Persistent: w.Persistent, Window: w.InFlight(), Replicas: *replicas, Admin: *admin})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "berth-bench:", err)
+		fmt.Fprintln(stderr, "berth-bench:", err)
 		return 2
 	}
 	defer d.Close()
-	opts := bench.Options{DriverName: *driverName, Driver: d, Addrs: addrs, Label: *label}
+	opts := bench.Options{DriverName: *driverName, Driver: d, Addrs: addrs, Label: *label, Reuse: *reuse, Keep: *keep}
 	if !*quiet {
-		opts.Progress = os.Stderr
-		if st, err := os.Stderr.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
-			opts.ProgressCR = true
+		opts.Progress = stderr
+		if f, ok := stderr.(*os.File); ok {
+			if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+				opts.ProgressCR = true
+			}
 		}
 	}
 	if *profileDir != "" {
 		p, err := bench.NewProfiler(*admin, *profileDir)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "berth-bench:", err)
+			fmt.Fprintln(stderr, "berth-bench:", err)
 			return 2
 		}
 		p.Seconds = *profileSecs
@@ -104,25 +118,25 @@ func run(args []string) int {
 	defer stop()
 	res, err := bench.Run(ctx, w, opts)
 	if res != nil {
-		res.WriteTable(os.Stdout)
+		res.WriteTable(stdout)
 		if *jsonPath != "" {
 			if werr := res.WriteJSONFile(*jsonPath); werr != nil {
-				fmt.Fprintln(os.Stderr, "berth-bench:", werr)
+				fmt.Fprintln(stderr, "berth-bench:", werr)
 				return 1
 			}
 		}
 		if *plotPath != "" {
 			if werr := bench.WritePlotFile(*plotPath, res); werr != nil {
-				fmt.Fprintln(os.Stderr, "berth-bench:", werr)
+				fmt.Fprintln(stderr, "berth-bench:", werr)
 				return 1
 			}
 		}
 	}
 	if err != nil {
-		if errors.Is(err, context.Canceled) {
-			fmt.Fprintln(os.Stderr, "berth-bench: interrupted")
+		if err == context.Canceled {
+			fmt.Fprintln(stderr, "berth-bench: interrupted")
 		} else {
-			fmt.Fprintln(os.Stderr, "berth-bench:", err)
+			fmt.Fprintln(stderr, "berth-bench:", err)
 		}
 		return 1
 	}
