@@ -287,13 +287,15 @@ func parseArgs(args []string) (options, error) {
 	default:
 		return options{}, o.annotate(fmt.Errorf("-log-format %q: want text or json", f.logFormat), "log-format")
 	}
+	// The server's own checks, made here too so that a value from the file
+	// is reported with its line; like the server, empty means the default.
 	switch f.fsync {
-	case "always", "never":
+	case "", "always", "never":
 	default:
 		return options{}, o.annotate(fmt.Errorf("-fsync %q: want always or never", f.fsync), "fsync")
 	}
 	switch f.role {
-	case server.RoleBroker, server.RoleController:
+	case "", server.RoleBroker, server.RoleController:
 	default:
 		return options{}, o.annotate(fmt.Errorf("-role %q: want %s or %s", f.role, server.RoleBroker, server.RoleController), "role")
 	}
