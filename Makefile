@@ -7,12 +7,22 @@ PKGS      := ./...
 # Packages with concurrency run under the race detector in `make test`.
 RACE_PKGS := ./ring/... ./shards/... ./server/... ./client/... ./journal/... ./controlplane/... ./perf/... ./tools/... ./internal/...
 
-.PHONY: all build run test test-race test-plain bench fuzz vet crash soak clean
+.PHONY: all build run test test-race test-plain bench fuzz vet crash soak clean release deb
+
+# Version stamping (internal/version). VERSION is the latest vX.Y.Z tag as
+# git describe gives it, without the v (1.2.0; 1.2.0-3-gabc1234 three
+# commits later; -dirty with uncommitted changes), or 0.0.0-dev without a
+# tag. COMMIT is the commit hash, -dirty with uncommitted changes.
+VERSION ?= $(shell git describe --tags --match 'v[0-9]*' --dirty 2>/dev/null | sed 's/^v//')
+VERSION := $(or $(VERSION),0.0.0-dev)
+COMMIT  ?= $(shell c=$$(git rev-parse HEAD 2>/dev/null) && { git diff --quiet HEAD -- 2>/dev/null || c=$$c-dirty; echo $$c; })
+COMMIT  := $(COMMIT)
+LDFLAGS := -X github.com/berthmq/berth/internal/version.Version=$(VERSION) -X github.com/berthmq/berth/internal/version.Commit=$(COMMIT)
 
 all: build
 
 build:
-	$(GO) build -o $(BIN)/ ./cmd/... ./tools/berthctl
+	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/... ./tools/berthctl
 
 run: build
 	./$(BIN)/berthd
@@ -54,7 +64,30 @@ fuzz:
 	$(GO) test ./wire -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
 
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) $(DIST)
+
+# Release binaries: static (no cgo), linux/amd64 and linux/arm64, into
+# dist/linux-ARCH/, with dist/SHA256SUMS. `make deb` packages them.
+DIST           ?= dist
+RELEASE_ARCHES ?= amd64 arm64
+DEB_MAINTAINER ?= Berth maintainers <maintainers@berthmq.invalid>
+# File times inside the .deb: the commit's, so a rebuild is identical.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null)
+SHA256SUM      ?= sha256sum
+
+release:
+	rm -rf $(DIST)/linux-* $(DIST)/SHA256SUMS
+	for arch in $(RELEASE_ARCHES); do \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' \
+			-o $(DIST)/linux-$$arch/ ./cmd/berthd ./tools/berthctl || exit 1; \
+	done
+	cd $(DIST) && $(SHA256SUM) linux-*/* > SHA256SUMS
+
+deb: release
+	rm -f $(DIST)/*.deb
+	cd packaging/mkdeb && SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run . -version '$(VERSION)' \
+		-root ../.. -dist $(abspath $(DIST)) -arch '$(RELEASE_ARCHES)' -maintainer '$(DEB_MAINTAINER)'
+	cd $(DIST) && $(SHA256SUM) linux-*/* *.deb > SHA256SUMS
 
 # Perf tooling targets (berth-bench, bench-compare, flamegraph) live with
 # the perf package.

@@ -6,13 +6,20 @@
 // 5-member controller group; -role controller runs only that member.
 // -controller-join starts a member to be added to a running group with
 // "berthctl members add ID=ADDR".
+//
+// -config FILE reads settings from a TOML file whose keys are the flag
+// names (docs/berth.example.toml); -print-config prints the effective
+// configuration and exits; -version prints the build's version, commit and
+// Go version and exits.
 package main
 
 import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"os/signal"
@@ -22,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/berthmq/berth/internal/version"
 	"github.com/berthmq/berth/server"
 )
 
@@ -36,6 +44,17 @@ func run(args []string) int {
 			fmt.Fprintln(os.Stderr, "berthd:", err)
 		}
 		return 2
+	}
+	switch {
+	case opts.version:
+		fmt.Println("berthd", version.Get())
+		return 0
+	case opts.printConfig:
+		if err := printConfig(os.Stdout, opts.fs, opts.origins, opts.cmdline); err != nil {
+			fmt.Fprintln(os.Stderr, "berthd:", err)
+			return 1
+		}
+		return 0
 	}
 	runtime.SetMutexProfileFraction(opts.mutexFraction)
 	runtime.SetBlockProfileRate(opts.blockRate)
@@ -67,6 +86,14 @@ var errUsage = errors.New("usage")
 type options struct {
 	cfg                      server.Config
 	mutexFraction, blockRate int
+
+	// version and printConfig ask for an action instead of a start; for
+	// printConfig, fs holds the effective values, origins and cmdline
+	// where they came from.
+	version, printConfig bool
+	fs                   *flag.FlagSet
+	origins              origins
+	cmdline              map[string]bool
 }
 
 // envPrefix starts the environment variable of every flag: -controller-id
@@ -82,6 +109,8 @@ func envName(flagName string) string {
 type flags struct {
 	listen, admin, dataDir, controller, fsync, role    string
 	controllerID, controllerPeers, advertise, logLevel string
+	logFormat, configPath                              string
+	printConfig, version                               bool
 	shards, loops, heartbeatMs, ctlHeartbeatMs         int
 	mutexFraction, blockRate                           int
 	segmentBytes                                       int64
@@ -115,7 +144,15 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.StringVar(&f.advertise, "advertise", "", "client address registered with the controller for others to dial, empty = the -listen address")
 	fs.IntVar(&f.ctlHeartbeatMs, "controller-heartbeat-ms", int(server.ControllerHeartbeatDefault/time.Millisecond), "interval of the broker's heartbeats to the controller in ms; keep it well under the controller's 3 s broker timeout")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.VisitAll(func(fl *flag.Flag) { fl.Usage += " (env " + envName(fl.Name) + ")" })
+	fs.StringVar(&f.logFormat, "log-format", "text", "log lines as text (key=value) or json")
+	fs.StringVar(&f.configPath, "config", "", "read settings from this TOML file (keys are the flag names); flags and BERTH_* variables override it")
+	fs.BoolVar(&f.printConfig, "print-config", false, "print the effective configuration as TOML and exit")
+	fs.BoolVar(&f.version, "version", false, "print the version, commit and Go version and exit")
+	fs.VisitAll(func(fl *flag.Flag) {
+		if !notInEnv[fl.Name] {
+			fl.Usage += " (env " + envName(fl.Name) + ")"
+		}
+	})
 	return fs, f
 }
 
@@ -135,9 +172,19 @@ func isStringFlag(fl *flag.Flag) bool {
 // the command line wins. A value the flag does not accept is an error
 // naming the variable, even when the command line sets the flag too. For
 // flags other than strings, an empty or blank variable counts as unset.
+// The action flags (-version, -print-config) have no variable.
 func bindEnv(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
+	return bindEnvOrigins(fs, lookup, nil)
+}
+
+// bindEnvOrigins is bindEnv recording in o, if not nil, each variable that
+// set its flag.
+func bindEnvOrigins(fs *flag.FlagSet, lookup func(string) (string, bool), o origins) error {
 	var errs []error
 	fs.VisitAll(func(fl *flag.Flag) {
+		if notInEnv[fl.Name] {
+			return
+		}
 		key := envName(fl.Name)
 		v, ok := lookup(key)
 		if !ok {
@@ -151,6 +198,10 @@ func bindEnv(fs *flag.FlagSet, lookup func(string) (string, bool)) error {
 		}
 		if err := fl.Value.Set(v); err != nil {
 			errs = append(errs, fmt.Errorf("%s=%q: %v", key, v, envSetError(fl, err)))
+			return
+		}
+		if o != nil {
+			o[fl.Name] = key
 		}
 	})
 	return errors.Join(errs...)
@@ -177,28 +228,80 @@ func envSetError(fl *flag.Flag, err error) error {
 	return err
 }
 
-// parseArgs turns flags and environment variables into a checked server
-// configuration; it starts nothing.
+// parseArgs turns flags, environment variables and the -config file into
+// a checked server configuration; it starts nothing. Each source
+// overrides the ones after it: the command line, the environment, the
+// file, the defaults.
 func parseArgs(args []string) (options, error) {
+	// The command line alone first: it may ask for the version, and it
+	// names the file unless BERTH_CONFIG does.
+	cl, clf := newFlagSet()
+	if err := cl.Parse(args); err != nil {
+		return options{}, errUsage
+	}
+	if cl.NArg() > 0 {
+		return options{}, fmt.Errorf("unexpected arguments %q", cl.Args())
+	}
+	if clf.version {
+		return options{version: true}, nil
+	}
+	cmdline := map[string]bool{}
+	cl.Visit(func(fl *flag.Flag) { cmdline[fl.Name] = true })
+	path := clf.configPath
+	if !cmdline["config"] {
+		path, _ = os.LookupEnv(envName("config"))
+	}
+
 	fs, f := newFlagSet()
-	if err := bindEnv(fs, os.LookupEnv); err != nil {
+	fs.SetOutput(io.Discard) // the first parse reported any usage error
+	o := origins{}
+	if path != "" {
+		if err := loadConfigFile(fs, path, o); err != nil {
+			return options{}, err
+		}
+	}
+	if err := bindEnvOrigins(fs, os.LookupEnv, o); err != nil {
 		return options{}, err
 	}
 	if err := fs.Parse(args); err != nil {
 		return options{}, errUsage
 	}
-	if fs.NArg() > 0 {
-		return options{}, fmt.Errorf("unexpected arguments %q", fs.Args())
+	for name := range cmdline {
+		delete(o, name)
 	}
 	id, peers, err := controllerFlags(f.controllerID, f.controllerPeers, f.join)
 	if err != nil {
-		return options{}, err
+		return options{}, o.annotate(err, "controller-id", "controller-peers", "controller-join")
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(f.logLevel)); err != nil {
-		return options{}, fmt.Errorf("bad -log-level: %v", err)
+		return options{}, o.annotate(fmt.Errorf("bad -log-level %q: want debug, info, warn or error", f.logLevel), "log-level")
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	hopts := &slog.HandlerOptions{Level: level}
+	var log *slog.Logger
+	switch f.logFormat {
+	case "text":
+		log = slog.New(slog.NewTextHandler(os.Stderr, hopts))
+	case "json":
+		log = slog.New(slog.NewJSONHandler(os.Stderr, hopts))
+	default:
+		return options{}, o.annotate(fmt.Errorf("-log-format %q: want text or json", f.logFormat), "log-format")
+	}
+	// The server's own checks, made here too so that a value from the file
+	// is reported with its line; like the server, empty means the default.
+	switch f.fsync {
+	case "", "always", "never":
+	default:
+		return options{}, o.annotate(fmt.Errorf("-fsync %q: want always or never", f.fsync), "fsync")
+	}
+	switch f.role {
+	case "", server.RoleBroker, server.RoleController:
+	default:
+		return options{}, o.annotate(fmt.Errorf("-role %q: want %s or %s", f.role, server.RoleBroker, server.RoleController), "role")
+	}
+	if f.heartbeatMs < 0 || int64(f.heartbeatMs) > math.MaxUint32 {
+		return options{}, o.annotate(fmt.Errorf("-heartbeat-ms %d: want 0 (the default) or a positive interval", f.heartbeatMs), "heartbeat-ms")
+	}
 	cfg := server.DefaultConfig()
 	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir = f.listen, f.admin, f.dataDir
 	cfg.Shards, cfg.Loops, cfg.HeartbeatMs = f.shards, f.loops, uint32(f.heartbeatMs)
@@ -211,22 +314,23 @@ func parseArgs(args []string) (options, error) {
 	cfg.AdvertiseAddr = f.advertise
 	cfg.ControllerLeaseRead = f.leaseRead
 	if f.ctlHeartbeatMs <= 0 {
-		return options{}, fmt.Errorf("-controller-heartbeat-ms %d: want a positive interval", f.ctlHeartbeatMs)
+		return options{}, o.annotate(fmt.Errorf("-controller-heartbeat-ms %d: want a positive interval", f.ctlHeartbeatMs), "controller-heartbeat-ms")
 	}
 	cfg.ControllerHeartbeat = time.Duration(f.ctlHeartbeatMs) * time.Millisecond
 	if f.controllerWait <= 0 {
-		return options{}, fmt.Errorf("-controller-wait %v: want a positive duration", f.controllerWait)
+		return options{}, o.annotate(fmt.Errorf("-controller-wait %v: want a positive duration", f.controllerWait), "controller-wait")
 	}
 	cfg.ControllerWait = f.controllerWait
 	if f.advertise != "" {
 		if _, _, err := net.SplitHostPort(f.advertise); err != nil {
-			return options{}, fmt.Errorf("-advertise %q: want host:port", f.advertise)
+			return options{}, o.annotate(fmt.Errorf("-advertise %q: want host:port", f.advertise), "advertise")
 		}
 	}
 	if err := cfg.CheckController(); err != nil {
-		return options{}, err
+		return options{}, o.annotate(err, "role", "controller", "data", "controller-id", "controller-peers", "controller-join")
 	}
-	return options{cfg: cfg, mutexFraction: f.mutexFraction, blockRate: f.blockRate}, nil
+	return options{cfg: cfg, mutexFraction: f.mutexFraction, blockRate: f.blockRate,
+		printConfig: f.printConfig, fs: fs, origins: o, cmdline: cmdline}, nil
 }
 
 // controllerFlags parses -controller-id and -controller-peers. Peers look

@@ -285,13 +285,27 @@ func TestFlagOverridesEnv(t *testing.T) {
 // TestEveryFlagHasEnv walks berthd's flags: each one's variable, set to a
 // value other than the default, sets the flag; a flag that is not a
 // string refuses a malformed value naming its variable; each flag's help
-// names its variable.
+// names its variable. The action flags (-version, -print-config) have no
+// variable: theirs set nothing and their help names none.
 func TestEveryFlagHasEnv(t *testing.T) {
 	fs, _ := newFlagSet()
 	n := 0
 	fs.VisitAll(func(fl *flag.Flag) {
 		n++
 		key := envName(fl.Name)
+		if notInEnv[fl.Name] {
+			if strings.Contains(fl.Usage, "(env ") {
+				t.Errorf("-%s is not bound to a variable, but its help says %q", fl.Name, fl.Usage)
+			}
+			fs, _ := newFlagSet()
+			if err := bindEnv(fs, func(k string) (string, bool) { return "true", k == key }); err != nil {
+				t.Errorf("%s=true: %v", key, err)
+			}
+			if got := fs.Lookup(fl.Name).Value.String(); got != fl.DefValue {
+				t.Errorf("%s=true set -%s to %q", key, fl.Name, got)
+			}
+			return
+		}
 		if !strings.HasPrefix(key, "BERTH_") || strings.ContainsAny(key, "-.") {
 			t.Errorf("-%s: variable %q", fl.Name, key)
 		}
@@ -376,6 +390,10 @@ func TestREADMEFlagTable(t *testing.T) {
 		row, ok := listed[fl.Name]
 		if !ok {
 			t.Errorf("README's berthd flag table lacks -%s", fl.Name)
+		} else if notInEnv[fl.Name] {
+			if strings.Contains(row, "BERTH_") {
+				t.Errorf("README's row for -%s names a variable, but it has none: %q", fl.Name, row)
+			}
 		} else if !strings.Contains(row, "`"+envName(fl.Name)+"`") {
 			t.Errorf("README's row for -%s does not name %s: %q", fl.Name, envName(fl.Name), row)
 		}
