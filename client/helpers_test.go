@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthmq/berth/internal/testutil"
 	"github.com/berthmq/berth/server"
 )
 
@@ -171,11 +172,5 @@ func (p *proxy) close() {
 // waitFor polls cond until it holds or the test timeout passes.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(testTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.WaitUntil(t, testTimeout, what, cond)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/ctlclient"
+	"github.com/berthmq/berth/internal/testutil"
 )
 
 func quietLogger() *slog.Logger {
@@ -24,17 +25,11 @@ func quietLogger() *slog.Logger {
 }
 
 // checkFor polls f until it returns nil or total passes.
-func checkFor(t testing.TB, total, sleep time.Duration, f func() error) {
+// The poll interval is testutil.WaitFor's (1 ms growing to 20 ms); sleep
+// is kept for the callers that name the pace they expect.
+func checkFor(t testing.TB, total, _ time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(total)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(sleep)
-	}
-	t.Fatalf("condition not met after %v: %v", total, err)
+	testutil.WaitFor(t, total, f)
 }
 
 type testCluster struct {

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/berthmq/berth/internal/testutil"
 )
 
 func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -442,17 +444,7 @@ func TestPositionsSurviveFullReclaim(t *testing.T) {
 
 func waitFor(t testing.TB, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met in 60s: %v", err)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testutil.WaitFor(t, 60*time.Second, cond)
 }
 
 // TestBackpressure: with the writer held, Append parks once PendingBytesMax

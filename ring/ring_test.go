@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/berthmq/berth/internal/testutil"
 )
 
 // testTimeout bounds every wait in these tests, so that a lost wakeup
@@ -56,13 +58,7 @@ func scaled(n int) int {
 // waitFor polls cond until it holds or testTimeout passes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(testTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.WaitUntil(t, testTimeout, what, cond)
 }
 
 // finish waits for done, failing the test instead of hanging.

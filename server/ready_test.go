@@ -3,7 +3,6 @@ package server_test
 import (
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/client"
+	"github.com/berthmq/berth/internal/testutil"
 	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/server"
 )
@@ -20,17 +20,8 @@ import (
 func freeAddrs(t *testing.T, n int) []string {
 	t.Helper()
 	var out []string
-	var lns []net.Listener
-	for i := 0; i < n; i++ {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln) // held until all are picked: no repeats
-		out = append(out, ln.Addr().String())
-	}
-	for _, ln := range lns {
-		ln.Close()
+	for range n {
+		out = append(out, testutil.FreeAddr(t))
 	}
 	return out
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/client"
+	"github.com/berthmq/berth/internal/testutil"
 	"github.com/berthmq/berth/server"
 	"github.com/berthmq/berth/wire"
 )
@@ -61,17 +62,7 @@ func ctxT(t testing.TB) context.Context {
 // checkFor polls f until it returns nil or the time runs out.
 func checkFor(t testing.TB, total time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.WaitFor(t, total, f)
 }
 
 func next(t testing.TB, c *client.Consumer, wait time.Duration) *client.Delivery {

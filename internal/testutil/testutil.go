@@ -12,7 +12,9 @@ package testutil
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,6 +48,36 @@ func WaitFor(t testing.TB, within time.Duration, f func() error) {
 		time.Sleep(sleep)
 		sleep = min(2*sleep, pollMax)
 	}
+}
+
+// WaitUntil is WaitFor for a condition that holds or not; what names it
+// in the failure.
+func WaitUntil(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	WaitFor(t, within, func() error {
+		if cond() {
+			return nil
+		}
+		return errors.New("waiting for " + what)
+	})
+}
+
+// WaitReady waits until the admin endpoint at admin answers /readyz with
+// 200, and fails t with the last answer if within passes first.
+func WaitReady(t testing.TB, admin string, within time.Duration) {
+	t.Helper()
+	WaitFor(t, within, func() error {
+		resp, err := http.Get("http://" + admin + "/readyz")
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz: %s: %s", resp.Status, body)
+		}
+		return nil
+	})
 }
 
 // handedOut holds every address FreeAddr returned in this process.

@@ -60,17 +60,7 @@ func startBerthd(t *testing.T) berthd {
 		"-data", filepath.Join(dir, "data"), "-shards", "2", "-loops", "1", "-log-level", "warn")
 	t.Cleanup(func() { p.Stop(t, syscall.SIGTERM, 10*time.Second) })
 	p.WaitPort(t, b.client, 20*time.Second)
-	testutil.WaitFor(t, 20*time.Second, func() error {
-		resp, err := http.Get("http://" + b.admin + "/readyz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("/readyz: %s", resp.Status)
-		}
-		return nil
-	})
+	testutil.WaitReady(t, b.admin, 20*time.Second)
 	return b
 }
 

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -45,17 +44,7 @@ func (b *berthd) start(t *testing.T) {
 	b.proc = testutil.StartBerthd(t, b.log, "-listen", b.client, "-admin", b.admin, "-data", b.data,
 		"-controller", "127.0.0.1:0", "-shards", "2", "-loops", "1", "-fsync", "never", "-log-level", "warn")
 	b.proc.WaitPort(t, b.client, 20*time.Second)
-	testutil.WaitFor(t, 20*time.Second, func() error {
-		resp, err := http.Get("http://" + b.admin + "/readyz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("/readyz: %s", resp.Status)
-		}
-		return nil
-	})
+	testutil.WaitReady(t, b.admin, 20*time.Second)
 }
 
 func (b *berthd) restart(t *testing.T) {

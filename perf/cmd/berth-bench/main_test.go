@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -39,17 +37,7 @@ func startBroker(t *testing.T) *broker {
 		}
 	})
 	p.WaitPort(t, b.client, 20*time.Second)
-	testutil.WaitFor(t, 20*time.Second, func() error {
-		resp, err := http.Get("http://" + b.admin + "/readyz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("/readyz: %s", resp.Status)
-		}
-		return nil
-	})
+	testutil.WaitReady(t, b.admin, 20*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := client.Dial(ctx, b.client)
