@@ -557,7 +557,7 @@ class Connection:
         await self._acquire()
         if self._pub_msgs and (ex != self._pub_ex or len(self._pub_msgs) == wire.BATCH_MAX
                                or wire.publish_overhead(ex) + self._pub_size + len(msg) > self._frame_max):
-            self._close_batch()
+            self._flush()  # a full frame: write it now, not when the caller yields
         if not self._pub_msgs:
             self._pub_ex = ex
             self._pub_first = self._next_id
