@@ -838,6 +838,12 @@ class Consumer:
     async def cancel(self) -> None:
         """CANCEL (6.2). Messages already received stay readable and
         settleable; iteration ends once they are taken."""
-        await self.conn._call(lambda cid: wire.cancel(cid, self.id))
+        try:
+            await self.conn._call(lambda cid: wire.cancel(cid, self.id))
+        except E.NotFoundError:
+            # The server has no such consumer (its queue was deleted: 4.4).
+            self.conn._consumers.pop(self.id, None)
+            self._end(None)
+            raise
         self.conn._consumers.pop(self.id, None)
         self._end(None)

@@ -383,3 +383,20 @@ def test_close_waits_for_completions(berthd):
         async with await berth.connect(berthd.addr) as c2:
             await c2.delete_queue(q)
     run(t())
+
+
+def test_deleting_a_queue_drops_its_consumers_silently(berthd):
+    async def t():
+        async with await berth.connect(berthd.addr) as c:
+            q = qname("gone")
+            await c.declare_queue(q)
+            await c.publish("", q, b"held")
+            cons = await c.subscribe(q, credit=10)
+            m = await cons.get(5)
+            await c.delete_queue(q)
+            assert not c.closed  # no frame about it; the session goes on
+            with pytest.raises(errors.NotFoundError):
+                await m.accept()
+            with pytest.raises(errors.NotFoundError):
+                await cons.cancel()
+    run(t())
