@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import enum
+import functools
 import logging
 import struct
 import time
@@ -548,7 +549,8 @@ class Connection:
             raise ValueError(f"exchange name is {len(ex)} bytes, at most {wire.NAME_LEN_MAX}")
         msg = wire.publish_message(routing_key.encode("utf-8"), bytes(payload), bytes(props),
                                    persistent, ttl_ms)
-        if wire.publish_overhead(ex) + len(msg) > self._frame_max:
+        overhead = wire.publish_overhead(ex)
+        if overhead + len(msg) > self._frame_max:
             raise E.FrameTooLargeError(
                 E.FRAME_TOO_LARGE,
                 f"a message of {len(msg)} bytes does not fit the {self._frame_max}-byte frame maximum")
@@ -556,7 +558,7 @@ class Connection:
             await self._write_paused
         await self._acquire()
         if self._pub_msgs and (ex != self._pub_ex or len(self._pub_msgs) == wire.BATCH_MAX
-                               or wire.publish_overhead(ex) + self._pub_size + len(msg) > self._frame_max):
+                               or overhead + self._pub_size + len(msg) > self._frame_max):
             self._flush()  # a full frame: write it now, not when the caller yields
         if not self._pub_msgs:
             self._pub_ex = ex
@@ -726,9 +728,8 @@ class Consumer:
         self._done = False
         self._owed = 0  # credit to give back (prefetch mode)
         self.delivered = 0
+        self._make = functools.partial(Message, self)
 
-    def _make(self, *fields) -> Message:
-        return Message(self, *fields)
 
     def _deliver(self, msgs: list[Message]) -> None:
         self.delivered += len(msgs)

@@ -79,7 +79,6 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _RANGE = struct.Struct(">QQ")
 _PUB_MSG_HEAD = struct.Struct(">BQ")  # flags, ttl_ms
-_DLV_MSG_HEAD = struct.Struct(">QIB")  # tag, delivery_count, flags
 
 
 class MalformedFrame(ValueError):
@@ -405,19 +404,59 @@ class Delivery:
     payload: bytes
 
 
+_DLV_FRAME_HEAD = struct.Struct(">IH")  # consumer_id, count
+_DLV_MSG_FIXED = struct.Struct(">QIBH")  # tag, delivery_count, flags, exchange length
+
+
 def decode_deliver(body, pos: int = 0, end: int | None = None, make=Delivery) -> tuple[int, list]:
     """Consumer id and its messages, each built by ``make(tag, delivery_count,
-    flags, exchange, routing_key, props, payload)``."""
-    r = Reader(body, pos, end)
-    consumer_id = r.u32()
-    n = r.u16()
+    flags, exchange, routing_key, props, payload)``.
+
+    Written out field by field (not with :class:`Reader`): this is the hot
+    path of consuming.
+    """
+    if end is None:
+        end = len(body)
+    if end - pos < 6:
+        raise MalformedFrame("DELIVER too short")
+    consumer_id, n = _DLV_FRAME_HEAD.unpack_from(body, pos)
     if not 1 <= n <= BATCH_MAX:
         raise MalformedFrame(f"DELIVER of {n} messages, 1 to {BATCH_MAX} allowed")
+    p = pos + 6
     out = []
-    buf = r.buf
-    for _ in range(n):
-        tag, count, flags = _DLV_MSG_HEAD.unpack_from(buf, r._need(13))
-        out.append(make(tag, count, flags, r.str(NAME_LEN_MAX), r.str(ROUTING_KEY_LEN_MAX),
-                            r.bytes(PROPS_LEN_MAX), r.bytes()))
-    r.done()
+    u16, u32 = _U16.unpack_from, _U32.unpack_from
+    fixed = _DLV_MSG_FIXED.unpack_from
+    try:
+        for _ in range(n):
+            if p + 15 > end:
+                raise MalformedFrame("DELIVER message runs past the end of the body")
+            tag, count, flags, exlen = fixed(body, p)
+            p += 15
+            if exlen > NAME_LEN_MAX or p + exlen + 2 > end:
+                raise MalformedFrame("DELIVER exchange over its maximum or past the end")
+            exchange = body[p:p + exlen].decode("utf-8")
+            p += exlen
+            klen = u16(body, p)[0]
+            p += 2
+            if klen > ROUTING_KEY_LEN_MAX or p + klen + 4 > end:
+                raise MalformedFrame("DELIVER routing key over its maximum or past the end")
+            key = body[p:p + klen].decode("utf-8")
+            p += klen
+            plen = u32(body, p)[0]
+            p += 4
+            if plen > PROPS_LEN_MAX or p + plen + 4 > end:
+                raise MalformedFrame("DELIVER props over their maximum or past the end")
+            props = bytes(body[p:p + plen])
+            p += plen
+            ylen = u32(body, p)[0]
+            p += 4
+            if p + ylen > end:
+                raise MalformedFrame("DELIVER payload runs past the end of the body")
+            payload = bytes(body[p:p + ylen])
+            p += ylen
+            out.append(make(tag, count, flags, exchange, key, props, payload))
+    except UnicodeDecodeError as e:
+        raise MalformedFrame(f"string is not UTF-8: {e}") from None
+    if p != end:
+        raise MalformedFrame(f"{end - p} bytes left over after the last field")
     return consumer_id, out

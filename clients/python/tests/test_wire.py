@@ -129,3 +129,15 @@ def test_decoders_refuse_bad_bodies():
         wire.decode_header(b"\xb3\x28" + bytes(10))  # bad magic
     with pytest.raises(ValueError):
         wire.publish_message(b"k" * 1025, b"")
+
+
+def test_deliver_decoder_refuses_bad_bodies():
+    body = h("""00 00 00 01  00 01  00 00 00 00 00 00 00 01  00 00 00 00  00  00 00  00 01 71
+        00 00 00 00  00 00 00 02 68 69""")
+    assert wire.decode_deliver(body)[1][0].payload == b"hi"
+    for bad in (body[:-1], body + b"\x00", body[:4] + b"\x00\x00" + body[6:],
+                body.replace(b"\x00\x01\x71", b"\x00\x09\x71")):
+        with pytest.raises(wire.MalformedFrame):
+            wire.decode_deliver(bad)
+    with pytest.raises(wire.MalformedFrame):
+        wire.decode_deliver(body.replace(b"\x00\x01\x71", b"\x00\x01\xff"))  # not UTF-8
