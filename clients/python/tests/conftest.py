@@ -98,8 +98,19 @@ class Berthd:
         self.stop()
         self.start()
 
-    def pause(self) -> None:
+    def pause(self, timeout: float = 5.0) -> None:
+        """SIGSTOP, returning once the process is stopped (the signal is
+        asynchronous: a running berthd could answer one more command)."""
         self.proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while True:
+            with open(f"/proc/{self.proc.pid}/stat") as f:
+                state = f.read().rpartition(")")[2].split()[0]
+            if state in ("T", "t"):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"berthd not stopped {timeout} s after SIGSTOP (state {state})")
+            time.sleep(0.005)
 
     def resume(self) -> None:
         self.proc.send_signal(signal.SIGCONT)
