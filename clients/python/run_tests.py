@@ -5,7 +5,9 @@ pytest comes from Debian's python3-pytest: a pure-Python package that any
 python3 of 3.10 or later can import once /usr/lib/python3/dist-packages is
 on its path, put last so that this interpreter's own packages win. When it
 is missing, this script installs it with apt-get (as root, or through
-sudo), so that the project's own files install what the tests need.
+sudo), so that the project's own files install what the tests need; on
+Python 3.10 also the two backports it needs there (Debian builds it for
+3.11).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 
 DEBIAN_PACKAGES = "/usr/lib/python3/dist-packages"
 HERE = Path(__file__).resolve().parent
+PACKAGES = ["python3-pytest"] + (["python3-exceptiongroup", "python3-tomli"]
+                                 if sys.version_info < (3, 11) else [])
 
 
 def import_pytest():
@@ -26,7 +30,8 @@ def import_pytest():
     try:
         import pytest
         return pytest
-    except ImportError:
+    except ImportError as e:
+        print(f"run_tests: cannot import pytest: {e}", flush=True)
         return None
 
 
@@ -37,12 +42,12 @@ def apt_install() -> None:
                  "install pytest for this python3")
     prefix = [] if os.geteuid() == 0 else (["sudo", "-n"] if shutil.which("sudo") else [])
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = prefix + [apt, "install", "-y", "-q", "python3-pytest"]
-    print("run_tests: pytest missing; installing Debian's python3-pytest", flush=True)
+    install = prefix + [apt, "install", "-y", "-q", *PACKAGES]
+    print(f"run_tests: installing Debian's {' '.join(PACKAGES)}", flush=True)
     if subprocess.run(install, env=env).returncode != 0:
         subprocess.run(prefix + [apt, "update", "-q"], env=env)
         if subprocess.run(install, env=env).returncode != 0:
-            sys.exit("run_tests: apt-get install python3-pytest failed")
+            sys.exit(f"run_tests: apt-get install {' '.join(PACKAGES)} failed")
 
 
 def main() -> int:
