@@ -27,7 +27,7 @@ build:
 run: build
 	./$(BIN)/berthd
 
-test: vet test-plain test-race
+test: vet test-plain test-race test-python
 
 # vet also fails when go.mod or go.sum is not as `go mod tidy` leaves it.
 vet:
@@ -39,6 +39,12 @@ test-plain:
 
 test-race:
 	$(GO) test -count=1 -race -timeout 8m $(RACE_PKGS)
+
+# The Python client (clients/python) against a real berthd; the script
+# installs Debian's python3-pytest when pytest is missing.
+PYTHON ?= python3
+test-python:
+	GO=$(GO) $(PYTHON) clients/python/run_tests.py
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS)
