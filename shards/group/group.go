@@ -1,0 +1,657 @@
+// Package group is the replication-group state machine: one member's view
+// of a group's totally ordered event log, replicated from the group's
+// master to its followers and committed by the SyncStateSet rule.
+//
+// It is a pure core, in the manner of etcd raft's: a Member takes inputs
+// (controller decisions, peer messages, disk completions, proposals, ticks)
+// and returns what to do in a Ready (entries to write, messages to send,
+// committed entries to apply, a SyncStateSet change to ask the controller
+// for). It does no I/O, reads no clock and holds no goroutine, so a
+// simulator drives it step by step (sim_test.go) and a broker drives it
+// from its shard goroutine.
+//
+// # The protocol
+//
+//   - The controller elects one master per group under an epoch that only
+//     grows, from the group's SyncStateSet, and tells the members
+//     (BecomeMaster, BecomeFollower). A restarted member is nobody's master
+//     until the controller says so again, under a new epoch.
+//   - The master gives each proposal the next index in its epoch, writes it
+//     to its own log and streams it to every follower in Append messages
+//     that name the entry before them (PrevIndex, PrevEpoch). A follower
+//     whose log does not hold that entry refuses and says where its log
+//     diverges (the epoch of its entry there and that epoch's first index);
+//     the master backs up to the end of that epoch in its own log and tries
+//     again, so a follower truncates at most what the master lacks, by epoch
+//     boundaries.
+//   - A follower acknowledges an index once it is durable on its disk and
+//     known to agree with the master's log (Match).
+//   - An entry commits when every member of the SyncStateSet holds it
+//     durably, and at least MinSync members do. The master's own copy
+//     counts once its disk has it. Every member applies committed entries
+//     in log order; the master completes a proposal when it applies it.
+//   - The master asks the controller to shrink the SyncStateSet when a
+//     follower has not acknowledged for LagTicks, and to grow it when a
+//     follower has caught up to the commit index. A shrink takes effect when
+//     the controller confirms it (SetSyncStateSet); a grow counts at once,
+//     since a larger set only makes commits harder. So the controller's set
+//     is always a subset of the one the master commits with, every member
+//     the controller may elect holds every committed entry, and a master of
+//     an old epoch cannot commit: the new master is in its set and refuses
+//     its epoch.
+//   - Every message carries the sender's epoch. A member refuses messages
+//     of an epoch older than its own, and a master that sees a newer epoch
+//     steps down: its pending proposals end with ErrNotMaster, their
+//     outcome unknown to the client.
+package group
+
+import (
+	"errors"
+	"slices"
+)
+
+// MemberID names a broker within a group. 0 is nobody.
+type MemberID uint32
+
+// Entry is one event of the group log.
+type Entry struct {
+	Epoch uint32
+	Index uint64
+	Data  []byte
+}
+
+// MsgKind is the kind of a peer message.
+type MsgKind uint8
+
+const (
+	MsgAppend MsgKind = iota + 1
+	MsgAppendResp
+)
+
+// Message is a peer message between members of one group.
+type Message struct {
+	Kind     MsgKind
+	From, To MemberID
+	Epoch    uint32
+
+	// MsgAppend
+	PrevIndex uint64
+	PrevEpoch uint32
+	Entries   []Entry
+	Commit    uint64
+
+	// MsgAppendResp
+	OK        bool
+	Match     uint64 // durable and agreeing with the master's log
+	Last      uint64 // agreeing with the master's log (written, maybe not durable)
+	HintEpoch uint32 // on refusal: the epoch of the follower's entry at the divergence
+	HintIndex uint64 // on refusal: the first index of that epoch in the follower's log
+}
+
+// AlterSet asks the controller to make Set the SyncStateSet of the
+// master's epoch.
+type AlterSet struct {
+	Epoch uint32
+	Set   []MemberID
+}
+
+// Ready is what a Member asks its caller to do, in this order: truncate
+// the log after TruncateAfter (when Truncate), write Persist, send
+// Messages, apply Apply, and send AlterSet to the controller.
+type Ready struct {
+	Truncate      bool
+	TruncateAfter uint64
+	Persist       []Entry
+	Messages      []Message
+	Apply         []Entry
+	Completed     []Completion
+	AlterSet      *AlterSet
+}
+
+// Completion is the outcome of a proposal this member took as master.
+type Completion struct {
+	Index uint64
+	Epoch uint32
+	Err   error // nil: committed and applied; ErrNotMaster: unknown
+}
+
+// Errors of Propose and of completions.
+var (
+	ErrNotMaster    = errors.New("group: not the master of the group")
+	ErrNotEnoughSet = errors.New("group: fewer members in sync than min-sync-replicas")
+	ErrBacklog      = errors.New("group: too many uncommitted entries")
+)
+
+// Config configures a member.
+type Config struct {
+	ID       MemberID
+	Replicas []MemberID // the group's replica set, this member included
+	MinSync  int        // default: a majority of Replicas
+	LagTicks int        // a follower silent this long leaves the set; default 5
+	// MaxBatch bounds the entries of one Append; default 64.
+	MaxBatch int
+	// MaxUncommitted bounds the entries a master holds past its commit
+	// index; Propose refuses past it. Default 1<<16.
+	MaxUncommitted int
+}
+
+// Role is a member's role in its current epoch.
+type Role uint8
+
+const (
+	RoleNone Role = iota // restarted or not yet told
+	RoleFollower
+	RoleMaster
+)
+
+type follower struct {
+	next    uint64 // next index to send
+	match   uint64 // durable and agreeing
+	last    uint64 // agreeing, maybe not durable
+	lastAck int    // tick of the last accepting response in this epoch
+	acked   bool   // it accepted an Append in this epoch
+}
+
+// Member is one member's replication state for one group.
+type Member struct {
+	cfg Config
+
+	epoch  uint32
+	role   Role
+	master MemberID
+
+	log     []Entry // log[i].Index == first+i
+	first   uint64  // index of log[0]; 1 while nothing is compacted
+	durable uint64  // the disk holds the log up to here
+	// matched is the last index known to agree with the current master's
+	// log (a follower's) or the log end (the master's own).
+	matched uint64
+	commit  uint64
+	applied uint64
+
+	// master state
+	set      []MemberID // the SyncStateSet as the controller confirmed it
+	growing  []MemberID // added by a pending AlterSet: counted at once
+	alter    *AlterSet  // the pending request, if any
+	// inherited is the log end when this member became master: every
+	// entry an earlier master may have committed is at or before it.
+	inherited uint64
+	peers    map[MemberID]*follower
+	tick     int
+	proposed map[uint64]uint32 // index -> epoch of proposals awaiting commit
+
+	rd Ready
+}
+
+// New returns a member with the durable state it restarts with: its log
+// (every entry of it durable) and the last epoch it knew.
+func New(cfg Config, log []Entry, epoch uint32) *Member {
+	if cfg.MinSync <= 0 {
+		cfg.MinSync = len(cfg.Replicas)/2 + 1
+	}
+	if cfg.LagTicks <= 0 {
+		cfg.LagTicks = 5
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 64
+	}
+	if cfg.MaxUncommitted <= 0 {
+		cfg.MaxUncommitted = 1 << 16
+	}
+	m := &Member{cfg: cfg, epoch: epoch, first: 1, log: slices.Clone(log)}
+	if len(log) > 0 {
+		m.first = log[0].Index
+	}
+	m.durable = m.lastIndex()
+	return m
+}
+
+// Epoch, Role, Master, Commit, Applied, LastIndex and Durable report the
+// member's state.
+func (m *Member) Epoch() uint32     { return m.epoch }
+func (m *Member) Role() Role        { return m.role }
+func (m *Member) Master() MemberID  { return m.master }
+func (m *Member) Commit() uint64    { return m.commit }
+func (m *Member) Applied() uint64   { return m.applied }
+func (m *Member) LastIndex() uint64 { return m.lastIndex() }
+func (m *Member) Durable() uint64   { return m.durable }
+
+// SyncStateSet is the set the master commits with: the confirmed set and
+// any member a pending request adds.
+func (m *Member) SyncStateSet() []MemberID { return m.effectiveSet() }
+
+// LogEnd is the epoch and index of the last durable entry, which a member
+// reports to the controller for elections.
+func (m *Member) LogEnd() (epoch uint32, index uint64) {
+	if m.durable < m.first || m.durable == 0 {
+		return 0, 0
+	}
+	return m.entry(m.durable).Epoch, m.durable
+}
+
+func (m *Member) lastIndex() uint64 { return m.first + uint64(len(m.log)) - 1 }
+
+func (m *Member) entry(i uint64) *Entry { return &m.log[i-m.first] }
+
+// epochAt is the epoch of the entry at i; 0 for index 0 or beyond the log.
+func (m *Member) epochAt(i uint64) uint32 {
+	if i == 0 || i < m.first || i > m.lastIndex() {
+		return 0
+	}
+	return m.entry(i).Epoch
+}
+
+// Ready returns what to do since the last call and clears it.
+func (m *Member) Ready() Ready {
+	m.advanceApply()
+	rd := m.rd
+	m.rd = Ready{}
+	return rd
+}
+
+// BecomeMaster makes this member the master of epoch with the controller's
+// SyncStateSet. An epoch not newer than the member's is ignored.
+//
+// The epoch must be newer than any the member knew: a member that learned
+// an epoch from another was not elected in it, and one restarted with its
+// old epoch must never be master of it again (its log may have lost the
+// tail it wrote in that epoch, and an index must name one entry per epoch).
+func (m *Member) BecomeMaster(epoch uint32, set []MemberID) {
+	if epoch <= m.epoch {
+		return
+	}
+	m.stepDown()
+	m.epoch, m.role, m.master = epoch, RoleMaster, m.cfg.ID
+	m.set = slices.Clone(set)
+	m.growing, m.alter = nil, nil
+	m.peers = map[MemberID]*follower{}
+	for _, r := range m.cfg.Replicas {
+		if r != m.cfg.ID {
+			m.peers[r] = &follower{next: m.lastIndex() + 1, lastAck: m.tick}
+		}
+	}
+	m.matched = m.lastIndex()
+	m.inherited = m.lastIndex()
+	m.proposed = map[uint64]uint32{}
+	m.broadcast()
+}
+
+// BecomeFollower makes this member a follower of master in epoch. An
+// older epoch is ignored.
+func (m *Member) BecomeFollower(epoch uint32, master MemberID) {
+	if epoch < m.epoch || (epoch == m.epoch && m.role == RoleMaster) {
+		return
+	}
+	if epoch > m.epoch || m.role != RoleFollower {
+		m.stepDown()
+		m.matched = 0
+	}
+	m.epoch, m.role, m.master = epoch, RoleFollower, master
+}
+
+// SetSyncStateSet is the controller's confirmation of the set for epoch.
+func (m *Member) SetSyncStateSet(epoch uint32, set []MemberID) {
+	if m.role != RoleMaster || epoch != m.epoch {
+		return
+	}
+	m.set = slices.Clone(set)
+	m.growing = nil
+	m.alter = nil
+	m.maybeCommit()
+}
+
+// AlterRefused tells the master that the controller refused its request
+// (the epoch moved on, or the set did not match); it may ask again.
+func (m *Member) AlterRefused(epoch uint32) {
+	if epoch > m.epoch {
+		m.stepDown() // the epoch itself is learned from the controller or the new master
+		return
+	}
+	m.alter, m.growing = nil, nil
+}
+
+// stepDown ends this member's mastership: proposals not yet committed end
+// with an unknown outcome.
+func (m *Member) stepDown() {
+	if m.role == RoleMaster {
+		idx := make([]uint64, 0, len(m.proposed))
+		for i := range m.proposed {
+			idx = append(idx, i)
+		}
+		slices.Sort(idx)
+		for _, i := range idx {
+			m.rd.Completed = append(m.rd.Completed, Completion{Index: i, Epoch: m.proposed[i], Err: ErrNotMaster})
+		}
+		m.proposed = nil
+		m.peers = nil
+		m.set, m.growing, m.alter = nil, nil, nil
+	}
+	m.role, m.master = RoleNone, 0
+}
+
+// Propose appends data as the next entry of the master's epoch and returns
+// its index. Its completion comes in a later Ready.
+func (m *Member) Propose(data []byte) (uint64, error) {
+	if m.role != RoleMaster {
+		return 0, ErrNotMaster
+	}
+	if len(m.effectiveSet()) < m.cfg.MinSync {
+		return 0, ErrNotEnoughSet
+	}
+	if m.lastIndex()-m.commit >= uint64(m.cfg.MaxUncommitted) {
+		return 0, ErrBacklog
+	}
+	e := Entry{Epoch: m.epoch, Index: m.lastIndex() + 1, Data: data}
+	m.log = append(m.log, e)
+	m.matched = e.Index
+	m.rd.Persist = append(m.rd.Persist, e)
+	m.proposed[e.Index] = m.epoch
+	m.broadcast()
+	return e.Index, nil
+}
+
+// Persisted reports that the disk holds the log up to index.
+func (m *Member) Persisted(index uint64) {
+	index = min(index, m.lastIndex())
+	if index <= m.durable {
+		return
+	}
+	m.durable = index
+	switch m.role {
+	case RoleMaster:
+		m.maybeCommit()
+	case RoleFollower:
+		m.respond(true, 0, 0)
+	}
+}
+
+// Tick advances the member's time: the master resends what followers lack
+// and shrinks the set past a follower that stays silent.
+func (m *Member) Tick() {
+	m.tick++
+	if m.role != RoleMaster {
+		return
+	}
+	// Resend what is not known to have arrived: messages may be lost.
+	for _, f := range m.peers {
+		f.next = f.last + 1
+	}
+	m.broadcast()
+	m.maybeAlter()
+}
+
+// Step takes one peer message.
+func (m *Member) Step(msg Message) {
+	if msg.To != m.cfg.ID || msg.From == m.cfg.ID {
+		return
+	}
+	if msg.Epoch < m.epoch {
+		if msg.Kind == MsgAppend {
+			// Tell the stale master about the newer epoch.
+			m.rd.Messages = append(m.rd.Messages, Message{Kind: MsgAppendResp, From: m.cfg.ID, To: msg.From, Epoch: m.epoch})
+		}
+		return
+	}
+	switch msg.Kind {
+	case MsgAppend:
+		if msg.Epoch > m.epoch || m.role != RoleFollower || m.master != msg.From {
+			// Only the master the controller elected for an epoch sends
+			// Appends in it.
+			if msg.Epoch == m.epoch && m.role == RoleMaster {
+				return // cannot happen: one master per epoch
+			}
+			m.BecomeFollower(msg.Epoch, msg.From)
+		}
+		m.stepAppend(msg)
+	case MsgAppendResp:
+		if msg.Epoch > m.epoch {
+			m.stepDown() // the epoch itself is learned from the controller or the new master
+			return
+		}
+		if m.role != RoleMaster {
+			return
+		}
+		m.stepAppendResp(msg)
+	}
+}
+
+func (m *Member) stepAppend(msg Message) {
+	p := msg.PrevIndex
+	if p > m.lastIndex() {
+		// Behind: the master is to send from our end.
+		m.respondHint(0, m.lastIndex()+1)
+		return
+	}
+	if p >= m.first && m.epochAt(p) != msg.PrevEpoch {
+		// Diverged: our entry at p is of another epoch. Say which, and
+		// where that epoch starts in our log, so the master can skip it
+		// whole.
+		he := m.epochAt(p)
+		hi := p
+		for hi > m.first && m.epochAt(hi-1) == he {
+			hi--
+		}
+		m.respondHint(he, hi)
+		return
+	}
+	// The entries after p: keep what agrees, truncate at the first
+	// conflict, append the rest.
+	i := 0
+	for ; i < len(msg.Entries); i++ {
+		e := msg.Entries[i]
+		if e.Index > m.lastIndex() {
+			break
+		}
+		if m.epochAt(e.Index) != e.Epoch {
+			m.truncateAfter(e.Index - 1)
+			break
+		}
+	}
+	for ; i < len(msg.Entries); i++ {
+		e := msg.Entries[i]
+		m.log = append(m.log, e)
+		m.rd.Persist = append(m.rd.Persist, e)
+	}
+	last := p + uint64(len(msg.Entries))
+	if last > m.matched {
+		m.matched = last
+	}
+	if c := min(msg.Commit, m.matched); c > m.commit {
+		m.commit = c
+	}
+	m.respond(true, 0, 0)
+}
+
+// truncateAfter drops the log after index.
+func (m *Member) truncateAfter(index uint64) {
+	if index >= m.lastIndex() {
+		return
+	}
+	if index < m.commit {
+		panic("group: truncating committed entries")
+	}
+	m.log = m.log[:index+1-m.first]
+	m.durable = min(m.durable, index)
+	m.matched = min(m.matched, index)
+	if !m.rd.Truncate || index < m.rd.TruncateAfter {
+		m.rd.Truncate, m.rd.TruncateAfter = true, index
+	}
+	// Entries handed out for writing and now gone must not be written.
+	kept := m.rd.Persist[:0]
+	for _, e := range m.rd.Persist {
+		if e.Index <= index {
+			kept = append(kept, e)
+		}
+	}
+	m.rd.Persist = kept
+}
+
+func (m *Member) respond(ok bool, hintEpoch uint32, hintIndex uint64) {
+	if m.role != RoleFollower {
+		return
+	}
+	m.rd.Messages = append(m.rd.Messages, Message{Kind: MsgAppendResp, From: m.cfg.ID, To: m.master, Epoch: m.epoch,
+		OK: ok, Match: min(m.durable, m.matched), Last: m.matched, HintEpoch: hintEpoch, HintIndex: hintIndex})
+}
+
+func (m *Member) respondHint(epoch uint32, index uint64) { m.respond(false, epoch, index) }
+
+func (m *Member) stepAppendResp(msg Message) {
+	f := m.peers[msg.From]
+	if f == nil {
+		return
+	}
+	if !msg.OK {
+		// Behind: send from its end. Diverged: skip its diverging epoch
+		// whole, to just after our last entry of that epoch if we have
+		// one, or to where the epoch starts in its log if we never had it.
+		next := msg.HintIndex
+		if msg.HintEpoch != 0 {
+			if end, ok := m.lastOfEpoch(msg.HintEpoch); ok {
+				next = end + 1
+			}
+		}
+		f.next = min(max(next, 1), m.lastIndex()+1)
+		f.last = min(f.last, f.next-1)
+		m.send(msg.From, f)
+		return
+	}
+	f.lastAck, f.acked = m.tick, true
+	f.match = max(f.match, msg.Match)
+	f.last = max(f.last, msg.Last)
+	f.next = max(f.next, f.last+1)
+	m.maybeCommit()
+	m.maybeAlter()
+}
+
+// lastOfEpoch is the last index of epoch e in this member's log.
+func (m *Member) lastOfEpoch(e uint32) (uint64, bool) {
+	for i := m.lastIndex(); i >= m.first && i > 0; i-- {
+		switch ep := m.epochAt(i); {
+		case ep == e:
+			return i, true
+		case ep < e:
+			return 0, false
+		}
+	}
+	return 0, false
+}
+
+func (m *Member) effectiveSet() []MemberID {
+	if len(m.growing) == 0 {
+		return m.set
+	}
+	out := slices.Clone(m.set)
+	for _, g := range m.growing {
+		if !slices.Contains(out, g) {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// maybeCommit advances the commit index to what every member of the set
+// holds durably, if at least MinSync members are in it.
+func (m *Member) maybeCommit() {
+	set := m.effectiveSet()
+	if len(set) < m.cfg.MinSync {
+		return
+	}
+	c := m.durable
+	for _, id := range set {
+		if id == m.cfg.ID {
+			continue
+		}
+		f := m.peers[id]
+		if f == nil {
+			return
+		}
+		c = min(c, f.match)
+	}
+	if !slices.Contains(set, m.cfg.ID) {
+		return
+	}
+	if c > m.commit {
+		m.commit = c
+		m.broadcast()
+	}
+}
+
+// maybeAlter asks the controller to drop a silent follower from the set or
+// to add one that caught up; one request at a time.
+func (m *Member) maybeAlter() {
+	if m.alter != nil {
+		return
+	}
+	next := slices.Clone(m.set)
+	changed := false
+	for _, id := range m.cfg.Replicas {
+		f := m.peers[id]
+		if f == nil {
+			continue
+		}
+		in := slices.Contains(next, id)
+		switch {
+		case in && m.tick-f.lastAck > m.cfg.LagTicks:
+			next = slices.DeleteFunc(next, func(x MemberID) bool { return x == id })
+			changed = true
+		case !in && f.acked && f.match >= max(m.commit, m.inherited) && m.tick-f.lastAck <= m.cfg.LagTicks:
+			// It holds durably all that this epoch committed and all that
+			// an earlier one may have: the commit index itself is not
+			// durable, so a master after a restart knows less of it than
+			// was committed.
+			next = append(next, id)
+			m.growing = append(m.growing, id)
+			changed = true
+		}
+	}
+	if !changed {
+		return
+	}
+	slices.Sort(next)
+	m.alter = &AlterSet{Epoch: m.epoch, Set: next}
+	m.rd.AlterSet = m.alter
+}
+
+// broadcast sends every follower what it lacks, or an empty Append that
+// carries the commit index.
+func (m *Member) broadcast() {
+	if m.role != RoleMaster {
+		return
+	}
+	ids := make([]MemberID, 0, len(m.peers))
+	for id := range m.peers {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		m.send(id, m.peers[id])
+	}
+}
+
+func (m *Member) send(to MemberID, f *follower) {
+	next := min(max(f.next, m.first), m.lastIndex()+1)
+	prev := next - 1
+	end := min(m.lastIndex(), next+uint64(m.cfg.MaxBatch)-1)
+	var ents []Entry
+	if next <= end {
+		ents = slices.Clone(m.log[next-m.first : end+1-m.first])
+		f.next = end + 1 // pipelined: the next send goes on from here
+	}
+	m.rd.Messages = append(m.rd.Messages, Message{Kind: MsgAppend, From: m.cfg.ID, To: to, Epoch: m.epoch,
+		PrevIndex: prev, PrevEpoch: m.epochAt(prev), Entries: ents, Commit: m.commit})
+}
+
+// advanceApply hands committed entries to Apply, and completes this
+// master's proposals among them.
+func (m *Member) advanceApply() {
+	for m.applied < m.commit && m.applied < m.lastIndex() {
+		m.applied++
+		e := *m.entry(m.applied)
+		m.rd.Apply = append(m.rd.Apply, e)
+		if ep, ok := m.proposed[e.Index]; ok {
+			delete(m.proposed, e.Index)
+			m.rd.Completed = append(m.rd.Completed, Completion{Index: e.Index, Epoch: ep})
+		}
+	}
+}
