@@ -48,45 +48,30 @@ package group
 import (
 	"errors"
 	"slices"
+
+	"github.com/berthmq/berth/wire"
 )
 
-// MemberID names a broker within a group. 0 is nobody.
-type MemberID uint32
+// MemberID names a broker within a group: its broker id. 0 is nobody.
+type MemberID = uint32
 
 // Entry is one event of the group log.
-type Entry struct {
-	Epoch uint32
-	Index uint64
-	Data  []byte
-}
+type Entry = wire.GroupEntry
 
-// MsgKind is the kind of a peer message.
-type MsgKind uint8
+// Message is a peer message between members of one group, as the wire
+// carries it. In an Append: the entry before the batch (PrevIndex,
+// PrevEpoch), the batch, and the master's commit index. In a response:
+// OK, Match (durable and agreeing with the master's log), Last (agreeing,
+// maybe not durable), and on refusal HintEpoch (the epoch of the
+// follower's entry where they diverge, 0 when it is only behind) and
+// HintIndex (where that epoch starts in its log, or its end + 1).
+type Message = wire.GroupMessage
 
+// Message kinds.
 const (
-	MsgAppend MsgKind = iota + 1
-	MsgAppendResp
+	MsgAppend     = wire.GroupAppend
+	MsgAppendResp = wire.GroupAppendResp
 )
-
-// Message is a peer message between members of one group.
-type Message struct {
-	Kind     MsgKind
-	From, To MemberID
-	Epoch    uint32
-
-	// MsgAppend
-	PrevIndex uint64
-	PrevEpoch uint32
-	Entries   []Entry
-	Commit    uint64
-
-	// MsgAppendResp
-	OK        bool
-	Match     uint64 // durable and agreeing with the master's log
-	Last      uint64 // agreeing with the master's log (written, maybe not durable)
-	HintEpoch uint32 // on refusal: the epoch of the follower's entry at the divergence
-	HintIndex uint64 // on refusal: the first index of that epoch in the follower's log
-}
 
 // AlterSet asks the controller to make Set the SyncStateSet of the
 // master's epoch.
@@ -124,6 +109,7 @@ var (
 
 // Config configures a member.
 type Config struct {
+	Group    uint32 // the group's number, put in every message
 	ID       MemberID
 	Replicas []MemberID // the group's replica set, this member included
 	MinSync  int        // default: a majority of Replicas
@@ -388,7 +374,7 @@ func (m *Member) Step(msg Message) {
 	if msg.Epoch < m.epoch {
 		if msg.Kind == MsgAppend {
 			// Tell the stale master about the newer epoch.
-			m.rd.Messages = append(m.rd.Messages, Message{Kind: MsgAppendResp, From: m.cfg.ID, To: msg.From, Epoch: m.epoch})
+			m.rd.Messages = append(m.rd.Messages, Message{Group: m.cfg.Group, Kind: MsgAppendResp, From: m.cfg.ID, To: msg.From, Epoch: m.epoch})
 		}
 		return
 	}
@@ -490,7 +476,7 @@ func (m *Member) respond(ok bool, hintEpoch uint32, hintIndex uint64) {
 	if m.role != RoleFollower {
 		return
 	}
-	m.rd.Messages = append(m.rd.Messages, Message{Kind: MsgAppendResp, From: m.cfg.ID, To: m.master, Epoch: m.epoch,
+	m.rd.Messages = append(m.rd.Messages, Message{Group: m.cfg.Group, Kind: MsgAppendResp, From: m.cfg.ID, To: m.master, Epoch: m.epoch,
 		OK: ok, Match: min(m.durable, m.matched), Last: m.matched, HintEpoch: hintEpoch, HintIndex: hintIndex})
 }
 
@@ -638,7 +624,7 @@ func (m *Member) send(to MemberID, f *follower) {
 		ents = slices.Clone(m.log[next-m.first : end+1-m.first])
 		f.next = end + 1 // pipelined: the next send goes on from here
 	}
-	m.rd.Messages = append(m.rd.Messages, Message{Kind: MsgAppend, From: m.cfg.ID, To: to, Epoch: m.epoch,
+	m.rd.Messages = append(m.rd.Messages, Message{Group: m.cfg.Group, Kind: MsgAppend, From: m.cfg.ID, To: to, Epoch: m.epoch,
 		PrevIndex: prev, PrevEpoch: m.epochAt(prev), Entries: ents, Commit: m.commit})
 }
 

@@ -1,0 +1,138 @@
+package wire
+
+// Broker peer frames: the replication groups' messages between brokers,
+// on the peer port. Their types sit in 0xC0..0xFF, the range reserved for
+// the data plane's peer protocol. A connection starts with a
+// TypeGroupHello from the dialing broker; every frame after it carries one
+// GroupMessage of one group.
+
+import "encoding/binary"
+
+const (
+	// TypeGroupHello opens a peer connection: the sender's broker id
+	// uint32 and the highest protocol version it speaks (uint16).
+	TypeGroupHello Type = 0xC0
+	// TypeGroupMessage carries one GroupMessage.
+	TypeGroupMessage Type = 0xC1
+)
+
+// Group message kinds.
+const (
+	GroupAppend     uint8 = 1
+	GroupAppendResp uint8 = 2
+)
+
+// GroupEntry is one event of a group log.
+type GroupEntry struct {
+	Epoch uint32
+	Index uint64
+	Data  []byte
+}
+
+// GroupMessage is one replication message of one group between two of
+// its members (shards/group defines what the fields mean).
+type GroupMessage struct {
+	Group    uint32
+	Kind     uint8
+	From, To uint32
+	Epoch    uint32
+
+	// GroupAppend
+	PrevIndex uint64
+	PrevEpoch uint32
+	Entries   []GroupEntry
+	Commit    uint64
+
+	// GroupAppendResp
+	OK        bool
+	Match     uint64
+	Last      uint64
+	HintEpoch uint32
+	HintIndex uint64
+}
+
+// GroupEntriesMax bounds the entries of one GroupMessage.
+const GroupEntriesMax = 1 << 16
+
+// AppendGroupHello appends a whole TypeGroupHello frame.
+func AppendGroupHello(dst []byte, broker uint32, version Version) []byte {
+	dst = AppendHeader(dst, Header{Version: Current, Type: TypeGroupHello, Length: 6})
+	dst = binary.BigEndian.AppendUint32(dst, broker)
+	return binary.BigEndian.AppendUint16(dst, uint16(version))
+}
+
+// DecodeGroupHello decodes a TypeGroupHello body.
+func DecodeGroupHello(body []byte) (broker uint32, version Version, err error) {
+	if len(body) != 6 {
+		return 0, 0, ErrMalformed
+	}
+	return binary.BigEndian.Uint32(body), Version(binary.BigEndian.Uint16(body[4:])), nil
+}
+
+// AppendGroupMessage appends m as a whole TypeGroupMessage frame.
+func AppendGroupMessage(dst []byte, m *GroupMessage) []byte {
+	dst, s := StartFrame(dst, Current, TypeGroupMessage, 0)
+	dst = AppendU32(dst, m.Group)
+	dst = AppendU8(dst, m.Kind)
+	dst = AppendU32(dst, m.From)
+	dst = AppendU32(dst, m.To)
+	dst = AppendU32(dst, m.Epoch)
+	switch m.Kind {
+	case GroupAppend:
+		dst = AppendU64(dst, m.PrevIndex)
+		dst = AppendU32(dst, m.PrevEpoch)
+		dst = AppendU64(dst, m.Commit)
+		dst = AppendU32(dst, uint32(len(m.Entries)))
+		for i := range m.Entries {
+			e := &m.Entries[i]
+			dst = AppendU32(dst, e.Epoch)
+			dst = AppendU64(dst, e.Index)
+			dst = AppendBytes(dst, e.Data)
+		}
+	case GroupAppendResp:
+		dst = AppendBool(dst, m.OK)
+		dst = AppendU64(dst, m.Match)
+		dst = AppendU64(dst, m.Last)
+		dst = AppendU32(dst, m.HintEpoch)
+		dst = AppendU64(dst, m.HintIndex)
+	}
+	EndFrame(dst, s, 0)
+	return dst
+}
+
+// DecodeGroupMessage decodes a TypeGroupMessage body into m. The entries'
+// data are copied into one new buffer, so m outlives body.
+func DecodeGroupMessage(body []byte, m *GroupMessage) error {
+	var r Reader
+	r.Reset(body)
+	*m = GroupMessage{}
+	m.Group = r.U32()
+	m.Kind = r.U8()
+	m.From, m.To, m.Epoch = r.U32(), r.U32(), r.U32()
+	switch m.Kind {
+	case GroupAppend:
+		m.PrevIndex, m.PrevEpoch, m.Commit = r.U64(), r.U32(), r.U64()
+		n := r.Count(16) // an entry takes at least 16 bytes
+		if n > GroupEntriesMax {
+			return ErrMalformed
+		}
+		if n > 0 {
+			data := make([]byte, 0, r.Remaining())
+			m.Entries = make([]GroupEntry, n)
+			for i := range m.Entries {
+				e := &m.Entries[i]
+				e.Epoch, e.Index = r.U32(), r.U64()
+				b := r.Bytes(FrameSizeMax)
+				start := len(data)
+				data = append(data, b...)
+				e.Data = data[start:len(data):len(data)]
+			}
+		}
+	case GroupAppendResp:
+		m.OK = r.Bool()
+		m.Match, m.Last, m.HintEpoch, m.HintIndex = r.U64(), r.U64(), r.U32(), r.U64()
+	default:
+		return ErrMalformed
+	}
+	return r.Done()
+}
