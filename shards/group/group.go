@@ -156,15 +156,15 @@ type Member struct {
 	applied uint64
 
 	// master state
-	set      []MemberID // the SyncStateSet as the controller confirmed it
-	growing  []MemberID // added by a pending AlterSet: counted at once
-	alter    *AlterSet  // the pending request, if any
+	set     []MemberID // the SyncStateSet as the controller confirmed it
+	growing []MemberID // added by a pending AlterSet: counted at once
+	alter   *AlterSet  // the pending request, if any
 	// inherited is the log end when this member became master: every
 	// entry an earlier master may have committed is at or before it.
 	inherited uint64
-	peers    map[MemberID]*follower
-	tick     int
-	proposed map[uint64]uint32 // index -> epoch of proposals awaiting commit
+	peers     map[MemberID]*follower
+	tick      int
+	proposed  map[uint64]uint32 // index -> epoch of proposals awaiting commit
 
 	rd Ready
 }
