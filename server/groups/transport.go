@@ -1,0 +1,303 @@
+// Package groups runs a broker's replication groups: the peer transport
+// between brokers (port 7401 by default), and a Node that drives the
+// shards/group state machines with a write-ahead journal on disk.
+package groups
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/berthmq/berth/wire"
+)
+
+// Faults are injected into a transport's traffic, for tests: messages to
+// a peer in CutOut are dropped when sent, messages from a peer in CutIn
+// are dropped when received, Drop is the chance that any message sent is
+// lost, and Delay holds every outgoing batch that long before it is
+// written (order is kept).
+type Faults struct {
+	CutOut map[uint32]bool
+	CutIn  map[uint32]bool
+	Drop   float64
+	Delay  time.Duration
+}
+
+// peerQueueMax bounds the frames queued for one peer. Past it new frames
+// are dropped: the replication protocol resends what is not acknowledged.
+const peerQueueMax = 8192
+
+// dialBackoffMax bounds the wait between two dials of an unreachable peer.
+const dialBackoffMax = 500 * time.Millisecond
+
+// Transport carries group messages between brokers over TCP: one
+// connection for each direction of each pair of brokers, all groups
+// multiplexed on it.
+type Transport struct {
+	self    uint32
+	ln      net.Listener
+	handler func(*wire.GroupMessage)
+	log     *slog.Logger
+	faults  atomic.Pointer[Faults]
+
+	mu    sync.Mutex
+	addrs map[uint32]string
+	out   map[uint32]*peerOut
+	in    map[net.Conn]struct{}
+
+	done chan struct{}
+	wg   sync.WaitGroup
+
+	// Dropped counts messages lost to full queues and injected faults.
+	Dropped atomic.Uint64
+}
+
+type peerOut struct {
+	id    uint32
+	queue chan []byte
+}
+
+// Listen starts a transport for broker self on addr. handler is called
+// with each message received, on the receiving connection's goroutine; it
+// must not block for long.
+func Listen(addr string, self uint32, handler func(*wire.GroupMessage), log *slog.Logger) (*Transport, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("groups: peer listen on %s: %w", addr, err)
+	}
+	t := &Transport{self: self, ln: ln, handler: handler, log: log,
+		addrs: map[uint32]string{}, out: map[uint32]*peerOut{}, in: map[net.Conn]struct{}{}, done: make(chan struct{})}
+	t.faults.Store(&Faults{})
+	t.wg.Add(1)
+	go t.accept()
+	return t, nil
+}
+
+// Addr is the address the transport listens on.
+func (t *Transport) Addr() string { return t.ln.Addr().String() }
+
+// SetFaults replaces the injected faults.
+func (t *Transport) SetFaults(f Faults) { t.faults.Store(&f) }
+
+// SetPeer records where broker id listens.
+func (t *Transport) SetPeer(id uint32, addr string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.addrs[id] = addr
+}
+
+// Send queues m for its destination broker. It never blocks.
+func (t *Transport) Send(m *wire.GroupMessage) {
+	f := t.faults.Load()
+	if f.CutOut[m.To] || (f.Drop > 0 && rand.Float64() < f.Drop) {
+		t.Dropped.Add(1)
+		return
+	}
+	p := t.peer(m.To)
+	if p == nil {
+		t.Dropped.Add(1)
+		return
+	}
+	select {
+	case p.queue <- wire.AppendGroupMessage(nil, m):
+	default:
+		t.Dropped.Add(1)
+	}
+}
+
+func (t *Transport) peer(id uint32) *peerOut {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	select {
+	case <-t.done:
+		return nil
+	default:
+	}
+	if p := t.out[id]; p != nil {
+		return p
+	}
+	if _, ok := t.addrs[id]; !ok {
+		return nil
+	}
+	p := &peerOut{id: id, queue: make(chan []byte, peerQueueMax)}
+	t.out[id] = p
+	t.wg.Add(1)
+	go t.write(p)
+	return p
+}
+
+// write dials the peer and writes its queue, redialling after failures.
+func (t *Transport) write(p *peerOut) {
+	defer t.wg.Done()
+	backoff := 10 * time.Millisecond
+	for {
+		t.mu.Lock()
+		addr := t.addrs[p.id]
+		t.mu.Unlock()
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			select {
+			case <-t.done:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, dialBackoffMax)
+			continue
+		}
+		backoff = 10 * time.Millisecond
+		if err := t.writeConn(conn, p); err != nil && !errors.Is(err, net.ErrClosed) {
+			t.log.Debug("groups: peer connection ended", "peer", p.id, "err", err)
+		}
+		conn.Close()
+		select {
+		case <-t.done:
+			return
+		default:
+		}
+	}
+}
+
+func (t *Transport) writeConn(conn net.Conn, p *peerOut) error {
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		select {
+		case <-t.done:
+			conn.Close()
+		case <-stop:
+		}
+	}()
+	w := bufio.NewWriterSize(conn, 64<<10)
+	if _, err := w.Write(wire.AppendGroupHello(nil, t.self, wire.Current)); err != nil {
+		return err
+	}
+	for {
+		var frame []byte
+		select {
+		case frame = <-p.queue:
+		case <-t.done:
+			return w.Flush()
+		}
+		if d := t.faults.Load().Delay; d > 0 {
+			time.Sleep(d)
+		}
+		if _, err := w.Write(frame); err != nil {
+			return err
+		}
+		// Batch what is queued already into one write.
+		for n := len(p.queue); n > 0; n-- {
+			if _, err := w.Write(<-p.queue); err != nil {
+				return err
+			}
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+	}
+}
+
+func (t *Transport) accept() {
+	defer t.wg.Done()
+	for {
+		conn, err := t.ln.Accept()
+		if err != nil {
+			return
+		}
+		t.mu.Lock()
+		select {
+		case <-t.done:
+			t.mu.Unlock()
+			conn.Close()
+			return
+		default:
+		}
+		t.in[conn] = struct{}{}
+		t.wg.Add(1)
+		t.mu.Unlock()
+		go t.read(conn)
+	}
+}
+
+// read decodes the frames of one inbound connection. A malformed frame
+// ends the connection (the peer redials); it never reaches the handler.
+func (t *Transport) read(conn net.Conn) {
+	defer t.wg.Done()
+	defer func() {
+		t.mu.Lock()
+		delete(t.in, conn)
+		t.mu.Unlock()
+		conn.Close()
+	}()
+	r := bufio.NewReaderSize(conn, 64<<10)
+	var hdr [wire.HeaderSize]byte
+	var body []byte
+	from := uint32(0)
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return
+		}
+		h, err := wire.ReadHeader(hdr[:], wire.FrameSizeMax)
+		if err != nil {
+			t.log.Warn("groups: bad frame from peer", "peer", from, "remote", conn.RemoteAddr().String(), "err", err)
+			return
+		}
+		if cap(body) < int(h.Length) {
+			body = make([]byte, h.Length)
+		}
+		body = body[:h.Length]
+		if _, err := io.ReadFull(r, body); err != nil {
+			return
+		}
+		switch {
+		case from == 0 && h.Type == wire.TypeGroupHello:
+			id, _, err := wire.DecodeGroupHello(body)
+			if err != nil || id == 0 {
+				t.log.Warn("groups: bad hello from peer", "remote", conn.RemoteAddr().String())
+				return
+			}
+			from = id
+		case from != 0 && h.Type == wire.TypeGroupMessage:
+			var m wire.GroupMessage
+			if err := wire.DecodeGroupMessage(body, &m); err != nil || m.From != from || m.To != t.self {
+				t.log.Warn("groups: bad message from peer", "peer", from, "err", err)
+				return
+			}
+			if t.faults.Load().CutIn[from] {
+				t.Dropped.Add(1)
+				continue
+			}
+			t.handler(&m)
+		default:
+			t.log.Warn("groups: unexpected frame from peer", "peer", from, "type", h.Type)
+			return
+		}
+	}
+}
+
+// Close stops the transport and waits for its goroutines.
+func (t *Transport) Close() {
+	t.mu.Lock()
+	select {
+	case <-t.done:
+		t.mu.Unlock()
+		return
+	default:
+	}
+	close(t.done)
+	t.ln.Close()
+	for c := range t.in {
+		c.Close()
+	}
+	t.mu.Unlock()
+	t.wg.Wait()
+}
