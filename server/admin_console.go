@@ -8,12 +8,12 @@ import (
 	"io"
 	"mime"
 	"net/http"
-	"runtime/debug"
 	"sort"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/berthmq/berth/internal/version"
 	"github.com/berthmq/berth/server/console"
 	"github.com/berthmq/berth/server/wiring"
 	"github.com/berthmq/berth/shards"
@@ -103,32 +103,18 @@ func (s *Server) readyBroker(w http.ResponseWriter) (*shards.Broker, *wiring.Wir
 	return b, wr
 }
 
-// buildInfo is what the binary knows of its own build.
+// buildInfo is what the binary knows of its own build (internal/version:
+// stamped at build time, or read from the Go build information).
 type buildInfo struct {
 	Version   string `json:"version"`
 	Revision  string `json:"revision,omitempty"`
-	Modified  bool   `json:"modified,omitempty"`
 	GoVersion string `json:"go"`
+	Platform  string `json:"platform"`
 }
 
 func readBuildInfo() buildInfo {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return buildInfo{Version: "unknown"}
-	}
-	out := buildInfo{Version: bi.Main.Version, GoVersion: bi.GoVersion}
-	if out.Version == "" {
-		out.Version = "(devel)"
-	}
-	for _, kv := range bi.Settings {
-		switch kv.Key {
-		case "vcs.revision":
-			out.Revision = kv.Value
-		case "vcs.modified":
-			out.Modified = kv.Value == "true"
-		}
-	}
-	return out
+	v := version.Get()
+	return buildInfo{Version: v.Version, Revision: v.Commit, GoVersion: v.GoVersion, Platform: v.Platform}
 }
 
 // serveInfo is /v1/info.
