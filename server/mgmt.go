@@ -31,7 +31,6 @@ type mgmtReq struct {
 	typ  wire.Type
 	id   uint64
 	run  func() error
-	conn gnet.Conn
 }
 
 // mgmtQueue is one connection's management commands, run in order.
@@ -46,7 +45,7 @@ type mgmtQueue struct {
 func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Action {
 	b := h.s.wiring
 	var req mgmtReq
-	req.cs, req.typ, req.conn = cs, t, cs.c
+	req.cs, req.typ = cs, t
 	switch t {
 	case wire.TypeDeclareQueue:
 		var m wire.DeclareQueue
@@ -167,7 +166,7 @@ func (s *Server) runMgmt(q *mgmtQueue) {
 		} else {
 			frame = wire.AppendComplete(nil, v, []wire.Range{{First: req.id, Last: req.id}})
 		}
-		_ = req.conn.AsyncWrite(frame, nil)
+		_ = req.cs.t.send(frame, false)
 		s.mgmtPending.Add(-1)
 	}
 }

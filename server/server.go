@@ -404,8 +404,7 @@ func (s *Server) Close() error {
 			if v == 0 {
 				v = wire.Current
 			}
-			_ = cs.c.AsyncWrite(wire.AppendClose(nil, v, wire.CodeShutdown, "server shutting down"),
-				func(c gnet.Conn, _ error) error { return c.Close() })
+			_ = cs.t.send(wire.AppendClose(nil, v, wire.CodeShutdown, "server shutting down"), true)
 		}
 		s.conns.Unlock()
 		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
