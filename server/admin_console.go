@@ -12,7 +12,6 @@ import (
 	"sort"
 	"time"
 
-
 	"github.com/berthmq/berth/server/console"
 	"github.com/berthmq/berth/server/wiring"
 	"github.com/berthmq/berth/shards"

@@ -27,10 +27,10 @@ const (
 // mgmtReq is a wiring command decoded on a loop. Names are copied out of
 // the read buffer, which the loop reuses.
 type mgmtReq struct {
-	cs   *connState
-	typ  wire.Type
-	id   uint64
-	run  func() error
+	cs  *connState
+	typ wire.Type
+	id  uint64
+	run func() error
 }
 
 // mgmtQueue is one connection's management commands, run in order.
