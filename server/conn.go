@@ -1,6 +1,7 @@
 package server
 
 import (
+	"crypto/x509"
 	"sync/atomic"
 	"time"
 
@@ -14,10 +15,13 @@ import (
 // to the connection's owner: its event loop, or for TLS its reader
 // goroutine.
 type connState struct {
-	s    *Server
-	t    transport
-	tls  bool            // served by the TLS listener
-	sess *shards.Session // nil until HELLO
+	s   *Server
+	t   transport
+	tls bool // served by the TLS listener
+	// peerCerts are the verified client certificates of a TLS connection
+	// (mutual TLS), for EXTERNAL; set before the first frame.
+	peerCerts []*x509.Certificate
+	sess      *shards.Session // nil until HELLO
 
 	version     wire.Version
 	frameMax    uint32

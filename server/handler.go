@@ -247,8 +247,12 @@ func (h *handler) hello(cs *connState, body []byte) gnet.Action {
 	cs.hbNs.Store(cs.heartbeatNs)
 	cs.helloVer.Store(uint32(v))
 	cs.sess = &shards.Session{ID: h.s.nextSession.Add(1), Version: v, FrameMax: frameMax, Out: cs.t}
+	addr := h.s.addr
+	if cs.tls {
+		addr = h.s.TLSAddr() // a TLS client fails over to TLS addresses
+	}
 	w := wire.Welcome{Version: v, FrameSizeMax: frameMax, HeartbeatMs: hb, CreditMax: cfg.CreditMax,
-		WindowMax: cfg.WindowMax, ServerName: []byte(cfg.ServerName), Addrs: [][]byte{[]byte(h.s.addr)}}
+		WindowMax: cfg.WindowMax, ServerName: []byte(cfg.ServerName), Addrs: [][]byte{[]byte(addr)}}
 	cs.out = wire.AppendWelcome(cs.out, &w)
 	return gnet.None
 }
