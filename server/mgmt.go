@@ -78,10 +78,21 @@ func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Actio
 		}
 		ex, q, key := string(m.Exchange), string(m.Queue), string(m.Key)
 		req.id = m.CommandID
+		sess := cs.sess
 		if t == wire.TypeBind {
-			req.run = func() error { return b.Bind(ex, q, key) }
+			req.run = func() error {
+				if err := h.s.exclusiveToOther(q, sess); err != nil {
+					return err
+				}
+				return b.Bind(ex, q, key)
+			}
 		} else {
-			req.run = func() error { return b.Unbind(ex, q, key) }
+			req.run = func() error {
+				if err := h.s.exclusiveToOther(q, sess); err != nil {
+					return err
+				}
+				return b.Unbind(ex, q, key)
+			}
 		}
 	case wire.TypeDelete:
 		var m wire.Delete
@@ -93,7 +104,14 @@ func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Actio
 		req.id = m.CommandID
 		switch m.What {
 		case wire.DeleteQueue:
-			req.run = func() error { _, err := b.DeleteQueue(name, ifUnused, ifEmpty); return err }
+			sess := cs.sess
+			req.run = func() error {
+				if err := h.s.exclusiveToOther(name, sess); err != nil {
+					return err
+				}
+				_, err := b.DeleteQueue(name, ifUnused, ifEmpty)
+				return err
+			}
 		case wire.DeleteExchange:
 			req.run = func() error { return b.DeleteExchange(name, ifUnused) }
 		default:
@@ -107,7 +125,14 @@ func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Actio
 		}
 		name := string(m.Queue)
 		req.id = m.CommandID
-		req.run = func() error { _, err := b.Purge(name); return err }
+		sess := cs.sess
+		req.run = func() error {
+			if err := h.s.exclusiveToOther(name, sess); err != nil {
+				return err
+			}
+			_, err := b.Purge(name)
+			return err
+		}
 	}
 	if msg := h.s.enqueueMgmt(req); msg != "" {
 		cs.fail(req.id, wire.CodeResourceLimit, msg)
@@ -169,4 +194,19 @@ func (s *Server) runMgmt(q *mgmtQueue) {
 		_ = req.cs.t.send(frame, false)
 		s.mgmtPending.Add(-1)
 	}
+}
+
+// exclusiveToOther refuses a command on a queue that is exclusive to
+// another session, as DECLARE_QUEUE and SUBSCRIBE do. PUBLISH is not
+// refused: like RabbitMQ, whose RPC replies go to the caller's exclusive
+// queue, publishing is an exchange's business, not the queue's.
+func (s *Server) exclusiveToOther(queue string, sess *shards.Session) error {
+	q := s.wiring.Routing().Queue([]byte(queue))
+	if q == nil {
+		return nil // the wiring call reports not-found
+	}
+	if o := q.Owner(); o != nil && o != sess {
+		return shards.Errorf(wire.CodeNotAllowed, "queue %q is exclusive to another session", queue)
+	}
+	return nil
 }
