@@ -191,6 +191,11 @@ func TestGoldenReplies(t *testing.T) {
 	} {
 		got = append(got, golden.Entry{Name: "read/" + q.name, Bytes: q.q.appendAnswer(nil, s)})
 	}
+	withUser := goldenState(t)
+	if r := withUser.Apply(&ctlapi.AddUser{User: goldenUser()}); r.Code != ctlapi.CodeOK {
+		t.Fatal(r.Err())
+	}
+	got = append(got, golden.Entry{Name: "read/users", Bytes: (&readQuery{query: ctlapi.QueryUsers}).appendAnswer(nil, withUser)})
 	got = append(got, golden.Entry{Name: "result", Bytes: ctlapi.AppendResult(nil, ctlapi.Result{Code: ctlapi.CodeConflict, Value: 1<<32 + 5, Msg: "exchange \"ex\" exists"})})
 	_, _, lag := errorStatus(&ctlapi.LaggingError{Leader: "10.0.0.1:7402", Behind: 1234})
 	got = append(got, golden.Entry{Name: "lagging", Bytes: lag})
