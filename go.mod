@@ -15,6 +15,7 @@ require (
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/tidwall/wal v1.2.1
 	github.com/valyala/bytebufferpool v1.0.0
+	github.com/xdg-go/scram v1.4.0
 	go.etcd.io/raft/v3 v3.7.0
 	golang.org/x/sys v0.48.0
 	google.golang.org/protobuf v1.36.12
@@ -53,6 +54,7 @@ require (
 	github.com/tidwall/match v1.1.1 // indirect
 	github.com/tidwall/pretty v1.2.0 // indirect
 	github.com/tidwall/tinylru v1.1.0 // indirect
+	github.com/xdg-go/stringprep v1.0.4 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
 	go.uber.org/zap v1.27.0 // indirect
 	golang.org/x/crypto v0.57.0 // indirect

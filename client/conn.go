@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -47,6 +48,10 @@ type Config struct {
 	// reader goroutine and must not block; a call from it that would wait
 	// returns ErrCalledFromCallback.
 	ErrorHandler func(error)
+	// TLS, if set, makes the connection speak TLS (to the server's
+	// -listen-tls address). Without a ServerName the host part of each
+	// address dialled is used. Give Certificates for mutual TLS.
+	TLS *tls.Config
 }
 
 func (cfg *Config) withDefaults() (Config, error) {
@@ -191,6 +196,11 @@ func dialOne(ctx context.Context, cfg Config, addr string) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.TLS != nil {
+		if nc, err = clientTLS(ctx, cfg, nc, addr); err != nil {
+			return nil, err
+		}
+	}
 	c := &Conn{nc: nc, cfg: cfg, addr: addr, start: time.Now()}
 	leftover, err := c.handshake(ctx)
 	if err != nil {
@@ -209,6 +219,27 @@ func dialOne(ctx context.Context, cfg Config, addr string) (*Conn, error) {
 	go c.readLoop(leftover)
 	go c.heartbeatLoop()
 	return c, nil
+}
+
+// clientTLS runs the TLS handshake on nc, within HandshakeTimeout; it
+// closes nc on failure.
+func clientTLS(ctx context.Context, cfg Config, nc net.Conn, addr string) (net.Conn, error) {
+	tc := cfg.TLS.Clone()
+	if tc.ServerName == "" {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			host = addr
+		}
+		tc.ServerName = host
+	}
+	conn := tls.Client(nc, tc)
+	hctx, cancel := context.WithTimeout(ctx, cfg.HandshakeTimeout)
+	defer cancel()
+	if err := conn.HandshakeContext(hctx); err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("client: TLS handshake: %w", err)
+	}
+	return conn, nil
 }
 
 // handshake sends HELLO and reads the answer. It returns bytes read past

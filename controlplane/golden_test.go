@@ -40,7 +40,21 @@ func goldenEvents() []ctlapi.Event {
 		&ctlapi.SetAttribute{Key: "k", Value: "v\x00\xff"},
 		&ctlapi.ElectPrimary{Epoch: 2, Preferred: 8, Candidates: []ctlapi.PrimaryCandidate{{Broker: 7, Alive: true, Data: 1 << 33}, {Broker: 8}}},
 		&ctlapi.ElectPrimary{Epoch: 3},
+		&ctlapi.AddUser{User: goldenUser()},
+		&ctlapi.SetUserCredentials{Name: "alice", Credentials: goldenCredentials(9)},
+		&ctlapi.SetPermissions{Name: "alice", Permissions: ctlapi.Permissions{Configure: "", Write: "amq\\..*|orders", Read: ".*"}},
+		&ctlapi.RemoveUser{Name: "bob"},
 	}
+}
+
+func goldenCredentials(seed byte) ctlapi.Credentials {
+	fill := func(n int, b byte) []byte { return bytes.Repeat([]byte{b}, n) }
+	return ctlapi.Credentials{Salt: fill(16, seed), Iterations: 4096, StoredKey: fill(32, seed+1), ServerKey: fill(32, seed+2)}
+}
+
+func goldenUser() ctlapi.User {
+	return ctlapi.User{Name: "alice", Credentials: goldenCredentials(1),
+		Permissions: ctlapi.Permissions{Configure: "alice-.*", Write: ".*", Read: "alice-.*|orders"}}
 }
 
 // goldenState is a state with something in every part a snapshot holds.
@@ -90,12 +104,37 @@ func TestGoldenStoredEncodings(t *testing.T) {
 	got = append(got, golden.Entry{Name: "state", Bytes: s.Encode()})
 	book := map[uint64]string{1: "10.0.0.1:7402", 4: "10.0.0.4:7402"}
 	got = append(got, golden.Entry{Name: "address-book", Bytes: encodeAddressBook(book)})
+	withUsers := goldenState(t)
+	for _, ev := range []ctlapi.Event{&ctlapi.AddUser{User: goldenUser()},
+		&ctlapi.AddUser{User: ctlapi.User{Name: "bob", Credentials: goldenCredentials(5)}}} {
+		if r := withUsers.Apply(ev); r.Code != ctlapi.CodeOK {
+			t.Fatal(r.Err())
+		}
+	}
+	got = append(got, golden.Entry{Name: "state-with-users", Bytes: withUsers.Encode()})
 	golden.Check(t, "stored.golden", got)
 	if *golden.Rewrite {
 		return
 	}
 	// What was stored decodes to what was written, and encodes the same.
 	stored := golden.Read(t, "stored.golden")
+	byName := map[string][]byte{}
+	for _, e := range stored {
+		byName[e.Name] = e.Bytes
+	}
+	su, err := DecodeState(byName["state-with-users"])
+	if err != nil {
+		t.Fatalf("stored state with users: %v", err)
+	}
+	if !bytes.Equal(su.Encode(), byName["state-with-users"]) {
+		t.Error("stored state with users decodes to a state that encodes differently")
+	}
+	if u, ok := su.User("alice"); !ok || !reflect.DeepEqual(u, goldenUser()) {
+		t.Errorf("stored state: user alice is %+v", u)
+	}
+	if len(su.Users()) != 2 {
+		t.Errorf("stored state: users %+v", su.Users())
+	}
 	for i, ev := range goldenEvents() {
 		dec, err := ctlapi.DecodeEvent(stored[i].Bytes)
 		if err != nil {
@@ -108,11 +147,11 @@ func TestGoldenStoredEncodings(t *testing.T) {
 			t.Errorf("%s: decoded kind %d", stored[i].Name, dec.Kind())
 		}
 	}
-	st, err := DecodeState(stored[len(stored)-2].Bytes)
+	st, err := DecodeState(byName["state"])
 	if err != nil {
 		t.Fatalf("stored state: %v", err)
 	}
-	if !bytes.Equal(st.Encode(), stored[len(stored)-2].Bytes) {
+	if !bytes.Equal(st.Encode(), byName["state"]) {
 		t.Error("stored state decodes to a state that encodes differently")
 	}
 	if p, e := st.Primary(); p != 8 || e != 1 {
@@ -124,7 +163,7 @@ func TestGoldenStoredEncodings(t *testing.T) {
 	if got := st.GroupsMasteredBy(8); len(got) != 1 || got[0] != 1 {
 		t.Errorf("stored state: broker 8 masters %v, want [1]", got)
 	}
-	b, err := decodeAddressBook(stored[len(stored)-1].Bytes)
+	b, err := decodeAddressBook(byName["address-book"])
 	if err != nil || len(b) != 2 || b[4] != "10.0.0.4:7402" {
 		t.Errorf("stored address book: %v %v", b, err)
 	}
@@ -152,6 +191,11 @@ func TestGoldenReplies(t *testing.T) {
 	} {
 		got = append(got, golden.Entry{Name: "read/" + q.name, Bytes: q.q.appendAnswer(nil, s)})
 	}
+	withUser := goldenState(t)
+	if r := withUser.Apply(&ctlapi.AddUser{User: goldenUser()}); r.Code != ctlapi.CodeOK {
+		t.Fatal(r.Err())
+	}
+	got = append(got, golden.Entry{Name: "read/users", Bytes: (&readQuery{query: ctlapi.QueryUsers}).appendAnswer(nil, withUser)})
 	got = append(got, golden.Entry{Name: "result", Bytes: ctlapi.AppendResult(nil, ctlapi.Result{Code: ctlapi.CodeConflict, Value: 1<<32 + 5, Msg: "exchange \"ex\" exists"})})
 	_, _, lag := errorStatus(&ctlapi.LaggingError{Leader: "10.0.0.1:7402", Behind: 1234})
 	got = append(got, golden.Entry{Name: "lagging", Bytes: lag})

@@ -405,7 +405,7 @@ func parseRead(body []byte) (readQuery, error) {
 		q.key = ctlapi.ReadString(r)
 	case ctlapi.QuerySyncStateSet:
 		q.group = r.U32()
-	case ctlapi.QueryWiring, ctlapi.QueryBrokers, ctlapi.QueryNextBrokerID, ctlapi.QueryClusterInfo, ctlapi.QueryPrimary:
+	case ctlapi.QueryWiring, ctlapi.QueryBrokers, ctlapi.QueryNextBrokerID, ctlapi.QueryClusterInfo, ctlapi.QueryPrimary, ctlapi.QueryUsers:
 	default:
 		return q, ctlapi.ErrBadRequest
 	}
@@ -463,6 +463,12 @@ func (q *readQuery) appendAnswer(b []byte, s *State) []byte {
 		b = wire.AppendU8(b, s.Config().Mode)
 		b = ctlapi.AppendBroker(b, ctlapi.Broker{ID: p, Addrs: br.Addrs})
 		b = wire.AppendU32(b, epoch)
+	case ctlapi.QueryUsers:
+		us := s.Users()
+		b = wire.AppendU32(b, uint32(len(us)))
+		for i := range us {
+			b = ctlapi.AppendUser(b, &us[i])
+		}
 	}
 	return b
 }

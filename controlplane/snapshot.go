@@ -51,7 +51,8 @@ func (s *State) Encode() []byte {
 		b = ctlapi.AppendString(b, s.controllers[id])
 	}
 	b = wire.AppendU32(b, s.primary)
-	return wire.AppendU32(b, s.primaryEpoch)
+	b = wire.AppendU32(b, s.primaryEpoch)
+	return s.appendUsers(b)
 }
 
 // DecodeState rebuilds a state from Encode's output.
@@ -111,6 +112,7 @@ func DecodeState(b []byte) (*State, error) {
 	}
 	if format >= 3 {
 		s.primary, s.primaryEpoch = r.U32(), r.U32()
+		s.readUsers(r)
 	}
 	if err := r.Done(); err != nil {
 		return nil, fmt.Errorf("controlplane: decode snapshot: %w", err)

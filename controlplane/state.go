@@ -35,6 +35,8 @@ type State struct {
 	// controllers holds the address of each controller added by a
 	// membership change, so a restarted member knows its peers.
 	controllers map[uint64]string
+	// users of the client port, by name (users.go).
+	users map[string]ctlapi.User
 }
 
 func fail(code uint8, format string, args ...any) ctlapi.Result {
@@ -53,6 +55,7 @@ func NewState() *State {
 		byQueue:      map[string]map[ctlapi.Binding]struct{}{},
 		attrs:        map[string]string{},
 		controllers:  map[uint64]string{},
+		users:        map[string]ctlapi.User{},
 	}
 }
 
@@ -85,6 +88,8 @@ func (s *State) Apply(ev ctlapi.Event) ctlapi.Result {
 		return s.setClusterConfig(ev)
 	case *ctlapi.ElectPrimary:
 		return s.electPrimary(ev)
+	case *ctlapi.AddUser, *ctlapi.SetUserCredentials, *ctlapi.SetPermissions, *ctlapi.RemoveUser:
+		return s.applyUser(ev)
 	case *ctlapi.SetAttribute:
 		if ev.Value == "" {
 			delete(s.attrs, ev.Key)

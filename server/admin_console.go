@@ -11,8 +11,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/panjf2000/gnet/v2"
-
 	"github.com/berthmq/berth/internal/version"
 	"github.com/berthmq/berth/server/console"
 	"github.com/berthmq/berth/server/wiring"
@@ -257,7 +255,7 @@ func (s *Server) serveConnections(w http.ResponseWriter, r *http.Request) {
 	asked := 0
 	for i, cs := range list {
 		row := &rows[i]
-		if a := cs.c.RemoteAddr(); a != nil {
+		if a := cs.t.RemoteAddr(); a != nil {
 			row.Addr = a.String()
 		}
 		row.IdleMs = (now - cs.lastRecv.Load()) / int64(time.Millisecond)
@@ -265,13 +263,12 @@ func (s *Server) serveConnections(w http.ResponseWriter, r *http.Request) {
 			row.Protocol = wire.Version(v).String()
 			row.HeartbeatMs = cs.hbNs.Load() / int64(time.Millisecond)
 		}
-		err := cs.c.AsyncWrite(nil, func(gnet.Conn, error) error {
+		err := cs.t.runOwned(func() {
 			a := loopAnswer{i: i, consumers: len(cs.consumers)}
 			if cs.sess != nil {
 				a.session = cs.sess.ID
 			}
 			answers <- a
-			return nil
 		})
 		if err == nil {
 			asked++

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"crypto/x509"
 	"sync/atomic"
 	"time"
 
@@ -10,12 +11,17 @@ import (
 	"github.com/berthmq/berth/wire"
 )
 
-// connState is one client connection. Everything but lastRecv and closed
-// belongs to the connection's event loop.
+// connState is one client connection. Everything but the atomics belongs
+// to the connection's owner: its event loop, or for TLS its reader
+// goroutine.
 type connState struct {
-	s    *Server
-	c    gnet.Conn
-	sess *shards.Session // nil until HELLO
+	s   *Server
+	t   transport
+	tls bool // served by the TLS listener
+	// peerCerts are the verified client certificates of a TLS connection
+	// (mutual TLS), for EXTERNAL; set before the first frame.
+	peerCerts []*x509.Certificate
+	sess      *shards.Session // nil until HELLO
 
 	version     wire.Version
 	frameMax    uint32
@@ -50,20 +56,6 @@ type connState struct {
 	targets []*shards.Queue
 }
 
-// connWriter lets shards write to a connection from their goroutines.
-type connWriter struct{ c gnet.Conn }
-
-// WriteAsync hands one batch of whole frames to the connection's loop. The
-// batch goes out in one writev, so frames of concurrent writers never
-// interleave; shards keep a batch under the kernel's IOV_MAX
-// (shards.IovecsMax).
-func (w connWriter) WriteAsync(bufs [][]byte, done func()) error {
-	return w.c.AsyncWritev(bufs, func(gnet.Conn, error) error {
-		done()
-		return nil
-	})
-}
-
 func (cs *connState) heartbeat(now int64) {
 	if cs.closing.Load() {
 		return
@@ -80,12 +72,12 @@ func (cs *connState) heartbeat(now int64) {
 			v = wire.Current
 		}
 		frame := wire.AppendClose(nil, v, wire.CodeHeartbeatTimeout, "no traffic for 3 heartbeat intervals")
-		_ = cs.c.AsyncWrite(frame, func(c gnet.Conn, _ error) error { return c.Close() })
+		_ = cs.t.send(frame, true)
 		return
 	}
 	if v := cs.helloVer.Load(); v != 0 && now-cs.lastBeat >= hb/2 {
 		cs.lastBeat = now
-		_ = cs.c.AsyncWrite(wire.AppendHeartbeat(nil, wire.Version(v)), nil)
+		_ = cs.t.send(wire.AppendHeartbeat(nil, wire.Version(v)), false)
 	}
 }
 

@@ -36,12 +36,10 @@ func (s *Server) quiesce() {
 	}
 }
 
-// refuse answers every whole frame in the inbound buffer of a connection
-// while the server shuts down.
-func (h *handler) refuse(cs *connState, c gnet.Conn) gnet.Action {
-	buf, _ := c.Peek(-1)
-	consumed := 0
-	action := gnet.None
+// refuse answers every whole frame in buf, the inbound bytes of a
+// connection while the server shuts down, and returns how many it took.
+func (h *handler) refuse(cs *connState, buf []byte) (consumed int, action gnet.Action) {
+	action = gnet.None
 	maxFrame := h.s.cfg.FrameSizeMax
 	if cs.frameMax != 0 {
 		maxFrame = cs.frameMax
@@ -93,9 +91,6 @@ func (h *handler) refuse(cs *connState, c gnet.Conn) gnet.Action {
 			}
 		}
 	}
-	if consumed > 0 {
-		_, _ = c.Discard(consumed)
-	}
 	h.writeOut(cs)
-	return action
+	return consumed, action
 }

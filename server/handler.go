@@ -28,15 +28,20 @@ func (h *handler) OnBoot(eng gnet.Engine) gnet.Action {
 }
 
 func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
-	cs := &connState{s: h.s, c: c, consumers: map[uint32]int{}, usedIDs: map[uint32]bool{}}
+	c.SetContext(h.opened(gnetConn{c}, false))
+	return nil, gnet.None
+}
+
+// opened registers a new connection, whichever listener took it.
+func (h *handler) opened(t transport, tls bool) *connState {
+	cs := &connState{s: h.s, t: t, tls: tls, consumers: map[uint32]int{}, usedIDs: map[uint32]bool{}}
 	cs.lastRecv.Store(time.Now().UnixNano())
 	cs.lastBeat = cs.lastRecv.Load()
-	c.SetContext(cs)
 	h.s.conns.Lock()
 	h.s.conns.set[cs] = struct{}{}
 	h.s.conns.Unlock()
 	h.s.metrics.connections.Inc()
-	return nil, gnet.None
+	return cs
 }
 
 func (h *handler) OnClose(c gnet.Conn, closeErr error) gnet.Action {
@@ -45,6 +50,12 @@ func (h *handler) OnClose(c gnet.Conn, closeErr error) gnet.Action {
 	if cs == nil {
 		return gnet.None
 	}
+	h.closed(cs)
+	return gnet.None
+}
+
+// closed unregisters a connection and ends its session, on its owner.
+func (h *handler) closed(cs *connState) {
 	cs.closing.Store(true)
 	h.s.conns.Lock()
 	delete(h.s.conns.set, cs)
@@ -70,26 +81,42 @@ func (h *handler) OnClose(c gnet.Conn, closeErr error) gnet.Action {
 			h.s.wiring.SessionClosed(sess)
 		}()
 	}
-	return gnet.None
 }
 
 func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 	cs := c.Context().(*connState)
+	buf, _ := c.Peek(-1)
+	consumed, action, stalled := h.traffic(cs, buf)
+	if consumed > 0 {
+		_, _ = c.Discard(consumed)
+	}
+	if stalled && action == gnet.None {
+		// A shard ring is full: come back once the loop has run its other
+		// work, and carry on where we stopped.
+		_ = c.Wake(nil)
+	}
+	return action
+}
+
+// traffic handles the whole frames at the head of buf, on the
+// connection's owner, and writes what they produced. It returns how many
+// bytes it took, what the owner should do, and whether a full shard ring
+// stopped it (then the owner calls again later with the same bytes,
+// after discarding consumed).
+func (h *handler) traffic(cs *connState, buf []byte) (consumed int, action gnet.Action, stalled bool) {
 	cs.lastRecv.Store(time.Now().UnixNano())
 	cs.busy.Store(true)
 	defer cs.busy.Store(false)
 	if h.s.draining.Load() {
-		return h.refuse(cs, c)
+		consumed, action = h.refuse(cs, buf)
+		return consumed, action, false
 	}
-	buf, _ := c.Peek(-1)
 	if len(buf) > h.s.cfg.InboundMax {
 		act := cs.protocolError(wire.CodeResourceLimit, "inbound buffer limit exceeded")
 		h.writeOut(cs)
-		return act
+		return 0, act, false
 	}
-	consumed := 0
-	action := gnet.None
-	stalled := false
+	action = gnet.None
 	maxFrame := h.s.cfg.FrameSizeMax
 	if cs.frameMax != 0 {
 		maxFrame = cs.frameMax
@@ -122,23 +149,17 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 		consumed += n
 		cs.resume = 0
 	}
-	if consumed > 0 {
-		_, _ = c.Discard(consumed)
-	}
 	h.writeOut(cs)
 	if stalled && action == gnet.None {
-		// A shard ring is full: come back once the loop has run its other
-		// work, and carry on where we stopped.
 		h.s.metrics.ringFull.Inc()
-		_ = c.Wake(nil)
 	}
-	return action
+	return consumed, action, stalled
 }
 
 func (h *handler) writeOut(cs *connState) {
 	cs.flushRanges()
 	if len(cs.out) > 0 {
-		_, _ = cs.c.Write(cs.out)
+		cs.t.writeOwned(cs.out)
 		cs.out = cs.out[:0]
 	}
 }
@@ -225,9 +246,13 @@ func (h *handler) hello(cs *connState, body []byte) gnet.Action {
 	cs.heartbeatNs = int64(hb) * int64(time.Millisecond)
 	cs.hbNs.Store(cs.heartbeatNs)
 	cs.helloVer.Store(uint32(v))
-	cs.sess = &shards.Session{ID: h.s.nextSession.Add(1), Version: v, FrameMax: frameMax, Out: connWriter{cs.c}}
+	cs.sess = &shards.Session{ID: h.s.nextSession.Add(1), Version: v, FrameMax: frameMax, Out: cs.t}
+	addr := h.s.addr
+	if cs.tls {
+		addr = h.s.TLSAddr() // a TLS client fails over to TLS addresses
+	}
 	w := wire.Welcome{Version: v, FrameSizeMax: frameMax, HeartbeatMs: hb, CreditMax: cfg.CreditMax,
-		WindowMax: cfg.WindowMax, ServerName: []byte(cfg.ServerName), Addrs: [][]byte{[]byte(h.s.addr)}}
+		WindowMax: cfg.WindowMax, ServerName: []byte(cfg.ServerName), Addrs: [][]byte{[]byte(addr)}}
 	cs.out = wire.AppendWelcome(cs.out, &w)
 	return gnet.None
 }

@@ -27,11 +27,10 @@ const (
 // mgmtReq is a wiring command decoded on a loop. Names are copied out of
 // the read buffer, which the loop reuses.
 type mgmtReq struct {
-	cs   *connState
-	typ  wire.Type
-	id   uint64
-	run  func() error
-	conn gnet.Conn
+	cs  *connState
+	typ wire.Type
+	id  uint64
+	run func() error
 }
 
 // mgmtQueue is one connection's management commands, run in order.
@@ -46,7 +45,7 @@ type mgmtQueue struct {
 func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Action {
 	b := h.s.wiring
 	var req mgmtReq
-	req.cs, req.typ, req.conn = cs, t, cs.c
+	req.cs, req.typ = cs, t
 	switch t {
 	case wire.TypeDeclareQueue:
 		var m wire.DeclareQueue
@@ -79,10 +78,21 @@ func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Actio
 		}
 		ex, q, key := string(m.Exchange), string(m.Queue), string(m.Key)
 		req.id = m.CommandID
+		sess := cs.sess
 		if t == wire.TypeBind {
-			req.run = func() error { return b.Bind(ex, q, key) }
+			req.run = func() error {
+				if err := h.s.exclusiveToOther(q, sess); err != nil {
+					return err
+				}
+				return b.Bind(ex, q, key)
+			}
 		} else {
-			req.run = func() error { return b.Unbind(ex, q, key) }
+			req.run = func() error {
+				if err := h.s.exclusiveToOther(q, sess); err != nil {
+					return err
+				}
+				return b.Unbind(ex, q, key)
+			}
 		}
 	case wire.TypeDelete:
 		var m wire.Delete
@@ -94,7 +104,14 @@ func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Actio
 		req.id = m.CommandID
 		switch m.What {
 		case wire.DeleteQueue:
-			req.run = func() error { _, err := b.DeleteQueue(name, ifUnused, ifEmpty); return err }
+			sess := cs.sess
+			req.run = func() error {
+				if err := h.s.exclusiveToOther(name, sess); err != nil {
+					return err
+				}
+				_, err := b.DeleteQueue(name, ifUnused, ifEmpty)
+				return err
+			}
 		case wire.DeleteExchange:
 			req.run = func() error { return b.DeleteExchange(name, ifUnused) }
 		default:
@@ -108,7 +125,14 @@ func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Actio
 		}
 		name := string(m.Queue)
 		req.id = m.CommandID
-		req.run = func() error { _, err := b.Purge(name); return err }
+		sess := cs.sess
+		req.run = func() error {
+			if err := h.s.exclusiveToOther(name, sess); err != nil {
+				return err
+			}
+			_, err := b.Purge(name)
+			return err
+		}
 	}
 	if msg := h.s.enqueueMgmt(req); msg != "" {
 		cs.fail(req.id, wire.CodeResourceLimit, msg)
@@ -167,7 +191,22 @@ func (s *Server) runMgmt(q *mgmtQueue) {
 		} else {
 			frame = wire.AppendComplete(nil, v, []wire.Range{{First: req.id, Last: req.id}})
 		}
-		_ = req.conn.AsyncWrite(frame, nil)
+		_ = req.cs.t.send(frame, false)
 		s.mgmtPending.Add(-1)
 	}
+}
+
+// exclusiveToOther refuses a command on a queue that is exclusive to
+// another session, as DECLARE_QUEUE and SUBSCRIBE do. PUBLISH is not
+// refused: like RabbitMQ, whose RPC replies go to the caller's exclusive
+// queue, publishing is an exchange's business, not the queue's.
+func (s *Server) exclusiveToOther(queue string, sess *shards.Session) error {
+	q := s.wiring.Routing().Queue([]byte(queue))
+	if q == nil {
+		return nil // the wiring call reports not-found
+	}
+	if o := q.Owner(); o != nil && o != sess {
+		return shards.Errorf(wire.CodeNotAllowed, "queue %q is exclusive to another session", queue)
+	}
+	return nil
 }

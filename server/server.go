@@ -100,6 +100,13 @@ type Config struct {
 	// address the client listener is bound to (which must then not be a
 	// wildcard such as 0.0.0.0).
 	AdvertiseAddr string
+
+	// TLSAddr is the TLS client address (host:port; port 0 picks a free
+	// one); "" runs no TLS listener. It needs TLSCert and TLSKey, PEM
+	// files; TLSClientCA, if set, is a PEM file of the CAs whose client
+	// certificates are required (mutual TLS). Server.ReloadTLS rereads
+	// all three.
+	TLSAddr, TLSCert, TLSKey, TLSClientCA string
 }
 
 // DefaultConfig returns the embedded defaults: clients on 127.0.0.1:7400,
@@ -193,6 +200,17 @@ type Server struct {
 	stopHB      chan struct{}
 	hbWG        sync.WaitGroup
 
+	// The TLS listener (tls.go), or nil.
+	tlsMat   *tlsMaterial
+	tlsLn    net.Listener
+	tlsWG    sync.WaitGroup // accept loop and connection goroutines
+	tlsConns struct {
+		sync.Mutex
+		set    map[net.Conn]struct{} // raw connections, closed by Close
+		closed bool
+	}
+	sec *securityMetrics
+
 	conns struct {
 		sync.Mutex // guards set; taken on open, close and heartbeat scans
 		set        map[*connState]struct{}
@@ -239,6 +257,7 @@ func Start(cfg Config) (*Server, error) {
 	s.regCtx, s.regCancel = context.WithCancel(context.Background())
 	s.conns.set = map[*connState]struct{}{}
 	s.metrics = newMetrics(s)
+	s.sec = newSecurityMetrics(s.metrics.reg, cfg.Role != RoleController)
 	// The admin HTTP comes first: /readyz answers 503 while the rest
 	// comes up.
 	if cfg.AdminAddr != "" {
@@ -341,6 +360,17 @@ func Start(cfg Config) (*Server, error) {
 		s.stopController()
 		return nil, fmt.Errorf("server: listen on %s: %w", cfg.ClientAddr, err)
 	}
+	if cfg.TLSAddr != "" {
+		if err := s.startTLS(); err != nil {
+			_ = s.eng.Stop(context.Background())
+			<-s.runErr
+			s.broker.Stop()
+			s.stopController()
+			return nil, err
+		}
+		s.tlsWG.Add(1)
+		go s.serveTLS(h)
+	}
 	s.boot.serving.Store(true)
 	s.hbWG.Add(1)
 	go s.heartbeats()
@@ -349,7 +379,7 @@ func Start(cfg Config) (*Server, error) {
 		s.regWG.Add(1)
 		go s.controllerLoop()
 	}
-	s.log.Info("berth: broker started", "clients", s.addr, "admin", s.AdminAddr(), "shards", cfg.Shards, "loops", cfg.Loops, "broker_id", s.brokerID)
+	s.log.Info("berth: broker started", "clients", s.addr, "tls", s.TLSAddr(), "admin", s.AdminAddr(), "shards", cfg.Shards, "loops", cfg.Loops, "broker_id", s.brokerID)
 	started = true
 	s.boot.started.Store(true)
 	return s, nil
@@ -392,6 +422,7 @@ func (s *Server) Close() error {
 		}
 		// Take no new work, finish what is in flight, then tell every
 		// client and stop the loops.
+		s.stopTLSAccept()
 		s.draining.Store(true)
 		s.quiesce()
 		// Management commands taken before finish first: they may need
@@ -404,8 +435,7 @@ func (s *Server) Close() error {
 			if v == 0 {
 				v = wire.Current
 			}
-			_ = cs.c.AsyncWrite(wire.AppendClose(nil, v, wire.CodeShutdown, "server shutting down"),
-				func(c gnet.Conn, _ error) error { return c.Close() })
+			_ = cs.t.send(wire.AppendClose(nil, v, wire.CodeShutdown, "server shutting down"), true)
 		}
 		s.conns.Unlock()
 		for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
@@ -416,6 +446,7 @@ func (s *Server) Close() error {
 				break
 			}
 		}
+		s.closeTLSConns()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		err = s.eng.Stop(ctx)

@@ -69,8 +69,16 @@ func run(args []string) int {
 		return 1
 	}
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	sig := <-sigs
+	for ; sig == syscall.SIGHUP; sig = <-sigs {
+		// SIGHUP rereads the TLS files; open connections stay.
+		if cfg.TLSAddr == "" {
+			log.Info("berthd: SIGHUP ignored: no -listen-tls")
+		} else if err := srv.ReloadTLS(); err != nil {
+			log.Error("berthd: TLS reload failed; keeping the certificates in use", "err", err)
+		}
+	}
 	log.Info("berthd: shutting down", "signal", sig.String())
 	if err := srv.Close(); err != nil {
 		log.Error("berthd: shutdown", "err", err)
@@ -110,6 +118,7 @@ type flags struct {
 	listen, admin, dataDir, controller, fsync, role    string
 	controllerID, controllerPeers, advertise, logLevel string
 	logFormat, configPath                              string
+	listenTLS, tlsCert, tlsKey, tlsClientCA            string
 	printConfig, version                               bool
 	shards, loops, heartbeatMs, ctlHeartbeatMs         int
 	mutexFraction, blockRate                           int
@@ -125,6 +134,10 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	f := &flags{}
 	fs := flag.NewFlagSet("berthd", flag.ContinueOnError)
 	fs.StringVar(&f.listen, "listen", d.ClientAddr, "client listen address")
+	fs.StringVar(&f.listenTLS, "listen-tls", "", "TLS client listen address, empty for none; needs -tls-cert and -tls-key")
+	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate (chain) of the TLS listener; reread on SIGHUP")
+	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key of -tls-cert; reread on SIGHUP")
+	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "PEM CA certificates; TLS clients must present a certificate they signed (mutual TLS); reread on SIGHUP")
 	fs.StringVar(&f.admin, "admin", d.AdminAddr, "admin HTTP listen address, empty to disable")
 	fs.StringVar(&f.dataDir, "data", d.DataDir, "data directory")
 	fs.IntVar(&f.shards, "shards", 0, "shard count, 0 = one per core")
@@ -312,6 +325,10 @@ func parseArgs(args []string) (options, error) {
 	cfg.Role, cfg.ControllerID, cfg.ControllerPeers = f.role, id, peers
 	cfg.ControllerJoin = f.join
 	cfg.AdvertiseAddr = f.advertise
+	if f.listenTLS != "" && (f.tlsCert == "" || f.tlsKey == "") {
+		return options{}, o.annotate(fmt.Errorf("-listen-tls %q needs -tls-cert and -tls-key", f.listenTLS), "listen-tls", "tls-cert", "tls-key")
+	}
+	cfg.TLSAddr, cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA = f.listenTLS, f.tlsCert, f.tlsKey, f.tlsClientCA
 	cfg.ControllerLeaseRead = f.leaseRead
 	if f.ctlHeartbeatMs <= 0 {
 		return options{}, o.annotate(fmt.Errorf("-controller-heartbeat-ms %d: want a positive interval", f.ctlHeartbeatMs), "controller-heartbeat-ms")

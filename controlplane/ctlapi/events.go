@@ -26,6 +26,10 @@ const (
 	KindSetClusterConfig
 	KindSetAttribute
 	KindElectPrimary
+	KindAddUser
+	KindSetUserCredentials
+	KindSetPermissions
+	KindRemoveUser
 	kindMax
 )
 
@@ -408,6 +412,14 @@ func newEvent(k EventKind) Event {
 		return &SetAttribute{}
 	case KindElectPrimary:
 		return &ElectPrimary{}
+	case KindAddUser:
+		return &AddUser{}
+	case KindSetUserCredentials:
+		return &SetUserCredentials{}
+	case KindSetPermissions:
+		return &SetPermissions{}
+	case KindRemoveUser:
+		return &RemoveUser{}
 	}
 	return nil
 }
@@ -518,6 +530,8 @@ func ValidateEvent(ev Event) error {
 		if len(ev.Candidates) > PrimaryCandidatesMax {
 			return fmt.Errorf("controlplane: at most %d candidates per primary election", PrimaryCandidatesMax)
 		}
+	case *AddUser, *SetUserCredentials, *SetPermissions, *RemoveUser:
+		return validateUserEvent(ev)
 	case nil:
 		return fmt.Errorf("controlplane: nil event")
 	}

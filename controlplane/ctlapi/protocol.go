@@ -54,6 +54,9 @@ const (
 	QueryClusterInfo
 	QuerySyncStateSet
 	QueryPrimary
+	// QueryUsers answers every user with credentials and permissions
+	// (brokers check logins with them); never a password.
+	QueryUsers
 )
 
 // Response statuses (wire.CtlResponse.Status).

@@ -537,6 +537,19 @@ func (c *Client) GetBrokers(ctx context.Context, mode ctlapi.ReadMode) ([]ctlapi
 	return out, r.Done()
 }
 
+// GetUsers reads every user: credentials (salted keys) and permissions.
+func (c *Client) GetUsers(ctx context.Context, mode ctlapi.ReadMode) ([]ctlapi.User, error) {
+	r, err := c.read(ctx, mode, ctlapi.QueryUsers, nil)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ctlapi.User, r.Count(2+4+4+4+4+6))
+	for i := range out {
+		out[i] = ctlapi.ReadUser(r)
+	}
+	return out, r.Done()
+}
+
 // GetNextBrokerID reads the id the next ApplyBrokerID{0} would get.
 func (c *Client) GetNextBrokerID(ctx context.Context, mode ctlapi.ReadMode) (uint32, error) {
 	r, err := c.read(ctx, mode, ctlapi.QueryNextBrokerID, nil)

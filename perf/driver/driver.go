@@ -13,6 +13,7 @@ package driver
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"sort"
@@ -44,6 +45,8 @@ type Options struct {
 	// Admin is the broker's admin HTTP address (berth only): where Setup
 	// reads how many messages a queue that exists already holds.
 	Admin string
+	// TLS, if set, makes the berth driver dial with TLS.
+	TLS *tls.Config
 }
 
 // SetupOptions say what Setup may do with queues that exist already.

@@ -18,6 +18,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"flag"
 	"fmt"
 	"io"
@@ -70,6 +72,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	profileSecs := fs.Int("profile-seconds", 10, "CPU profile length when the run is bounded by --count only")
 	label := fs.String("label", "", "free-form label stored in the result")
 	quiet := fs.Bool("quiet", false, "no progress line")
+	tlsCA := fs.String("tls-ca", "", "berth: speak TLS to --addr (the broker's -listen-tls), trusting the CA certificates in this PEM file")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -90,7 +93,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		addrs = addrList{def}
 	}
-	d, err := driver.New(*driverName, driver.Options{Addrs: addrs, Persistent: w.Persistent, Window: w.InFlight(), Replicas: *replicas, Admin: *admin})
+	var tlsCfg *tls.Config
+	if *tlsCA != "" {
+		pem, err := os.ReadFile(*tlsCA)
+		if err != nil {
+			fmt.Fprintln(stderr, "berth-bench:", err)
+			return 2
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			fmt.Fprintf(stderr, "berth-bench: --tls-ca %s: no PEM certificate in it\n", *tlsCA)
+			return 2
+		}
+		tlsCfg = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	}
+	d, err := driver.New(*driverName, driver.Options{Addrs: addrs, Persistent: w.Persistent, Window: w.InFlight(), Replicas: *replicas, Admin: *admin, TLS: tlsCfg})
 	if err != nil {
 		fmt.Fprintln(stderr, "berth-bench:", err)
 		return 2

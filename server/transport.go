@@ -1,0 +1,57 @@
+package server
+
+import (
+	"net"
+
+	"github.com/panjf2000/gnet/v2"
+)
+
+// transport is what the frame handling needs of a client connection,
+// whichever listener serves it: a gnet event loop (plaintext, gnetConn) or
+// a reader goroutine per connection (TLS, tlsConn). The connection's
+// state (connState) belongs to its owner: the loop, or the reader.
+type transport interface {
+	// WriteAsync queues a batch of whole frames from any goroutine; the
+	// batch goes out in one piece, so frames of concurrent writers never
+	// interleave. done runs once bufs are no longer needed. It is
+	// shards.Writer.
+	WriteAsync(bufs [][]byte, done func()) error
+	// send queues one whole frame from any goroutine; with closeAfter the
+	// connection closes once the frame is written.
+	send(frame []byte, closeAfter bool) error
+	// writeOwned writes frames from the connection's owner; b may be
+	// reused once it returns.
+	writeOwned(b []byte)
+	// runOwned runs f where it may read the owner's state (the loop; for
+	// TLS, between two rounds of frame handling), from any goroutine.
+	runOwned(f func()) error
+	RemoteAddr() net.Addr
+}
+
+// gnetConn serves a plaintext connection on a gnet loop.
+type gnetConn struct{ c gnet.Conn }
+
+// WriteAsync hands the batch to the connection's loop, which writes it in
+// one writev; shards keep a batch under the kernel's IOV_MAX
+// (shards.IovecsMax).
+func (g gnetConn) WriteAsync(bufs [][]byte, done func()) error {
+	return g.c.AsyncWritev(bufs, func(gnet.Conn, error) error {
+		done()
+		return nil
+	})
+}
+
+func (g gnetConn) send(frame []byte, closeAfter bool) error {
+	if !closeAfter {
+		return g.c.AsyncWrite(frame, nil)
+	}
+	return g.c.AsyncWrite(frame, func(c gnet.Conn, _ error) error { return c.Close() })
+}
+
+func (g gnetConn) writeOwned(b []byte) { _, _ = g.c.Write(b) }
+
+func (g gnetConn) runOwned(f func()) error {
+	return g.c.AsyncWrite(nil, func(gnet.Conn, error) error { f(); return nil })
+}
+
+func (g gnetConn) RemoteAddr() net.Addr { return g.c.RemoteAddr() }
