@@ -38,6 +38,7 @@ import (
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/journal"
+	"github.com/berthmq/berth/server/groups"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -213,6 +214,31 @@ func (s *Server) registerAtStart() {
 	}
 }
 
+// startGroups starts the replication groups' manager: the peer
+// transport, and the goroutine that follows the controller's group
+// decisions. Entries are not applied to queues yet: the replicated data
+// plane's queue events come next.
+func (s *Server) startGroups() error {
+	policy := journal.FsyncAlways
+	if s.cfg.Fsync == "never" {
+		policy = journal.FsyncNever
+	}
+	m, err := groups.StartManager(groups.ManagerConfig{
+		Self: s.brokerID, PeerAddr: s.cfg.PeerAddr, Advertise: s.cfg.PeerAdvertise,
+		Dir: filepath.Join(s.cfg.DataDir, "groups"), Fsync: policy, Ctl: s.brokerClient(),
+		Replicas: s.cfg.GroupReplicas, Logger: s.log,
+	})
+	if err != nil {
+		return fmt.Errorf("server: %w", err)
+	}
+	s.groups.Store(m)
+	s.log.Info("server: replication groups' peer transport listening", "peer", m.PeerAddr())
+	return nil
+}
+
+// GroupsManager is the replication groups' manager, or nil.
+func (s *Server) GroupsManager() *groups.Manager { return s.groups.Load() }
+
 // controllerLoop registers the broker if Start could not, then heartbeats
 // until Close.
 func (s *Server) controllerLoop() {
@@ -234,7 +260,11 @@ func (s *Server) controllerLoop() {
 			what = "registration"
 			err = s.register(ctx)
 		} else {
-			err = s.brokerClient().Heartbeat(ctx, s.brokerID, nil)
+			var ends []ctlapi.GroupLogEnd
+			if g := s.groups.Load(); g != nil {
+				ends = g.LogEnds()
+			}
+			err = s.brokerClient().Heartbeat(ctx, s.brokerID, ends)
 		}
 		cancel()
 		if s.regCtx.Err() != nil {

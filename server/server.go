@@ -22,6 +22,7 @@ import (
 	"github.com/berthmq/berth/controlplane"
 	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/journal"
+	"github.com/berthmq/berth/server/groups"
 	"github.com/berthmq/berth/server/wiring"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
@@ -107,6 +108,15 @@ type Config struct {
 	// certificates are required (mutual TLS). Server.ReloadTLS rereads
 	// all three.
 	TLSAddr, TLSCert, TLSKey, TLSClientCA string
+
+	// PeerAddr is where this broker's replication-group transport listens
+	// (host:port); "" runs no groups. It needs a controller. The broker
+	// publishes PeerAdvertise (default: the bound address) in the
+	// controller, and replicates every group of the cluster (the count
+	// set by "berthctl cluster init") with the GroupReplicas lowest-id
+	// brokers (default 3) once that many have registered.
+	PeerAddr, PeerAdvertise string
+	GroupReplicas           int
 }
 
 // DefaultConfig returns the embedded defaults: clients on 127.0.0.1:7400,
@@ -229,6 +239,8 @@ type Server struct {
 	// set in Start before anything reads it.
 	brokerID   uint32
 	registered atomic.Bool
+	// groups runs the replication groups (PeerAddr set), or nil.
+	groups atomic.Pointer[groups.Manager]
 	// regCtx ends at Close; it stops the registration and heartbeat loop
 	// (regWG) and cancels its calls.
 	regCtx    context.Context
@@ -376,6 +388,13 @@ func Start(cfg Config) (*Server, error) {
 	go s.heartbeats()
 	if s.brokerID != 0 {
 		s.registerAtStart()
+		if cfg.PeerAddr != "" {
+			if err := s.startGroups(); err != nil {
+				started = true // Close cleans up from here
+				_ = s.Close()
+				return nil, err
+			}
+		}
 		s.regWG.Add(1)
 		go s.controllerLoop()
 	}
@@ -408,6 +427,9 @@ func (s *Server) Close() error {
 		// departure before its member stops.
 		s.regCancel()
 		s.regWG.Wait()
+		if g := s.groups.Load(); g != nil {
+			g.Close()
+		}
 		if s.broker == nil { // controller-only
 			if s.admin != nil {
 				_ = s.admin.Close()

@@ -119,6 +119,8 @@ type flags struct {
 	controllerID, controllerPeers, advertise, logLevel string
 	logFormat, configPath                              string
 	listenTLS, tlsCert, tlsKey, tlsClientCA            string
+	peer, peerAdvertise                                string
+	groupReplicas                                      int
 	printConfig, version                               bool
 	shards, loops, heartbeatMs, ctlHeartbeatMs         int
 	mutexFraction, blockRate                           int
@@ -155,6 +157,9 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.BoolVar(&f.leaseRead, "controller-lease-read", false, "serve the controller's consistent reads from the leader's lease instead of a heartbeat round each; relies on bounded clock drift")
 	fs.DurationVar(&f.controllerWait, "controller-wait", server.ControllerWaitDefault, "how long a broker with a member of a 3- or 5-member controller group waits at start for the group to elect a leader before it gives up")
 	fs.StringVar(&f.advertise, "advertise", "", "client address registered with the controller for others to dial, empty = the -listen address")
+	fs.StringVar(&f.peer, "peer", "", "replication groups' peer listen address (default port 7401), empty = no groups; needs a controller")
+	fs.StringVar(&f.peerAdvertise, "peer-advertise", "", "peer address published in the controller for other brokers to dial, empty = the -peer address")
+	fs.IntVar(&f.groupReplicas, "group-replicas", 3, "brokers that hold every replication group (the lowest broker ids)")
 	fs.IntVar(&f.ctlHeartbeatMs, "controller-heartbeat-ms", int(server.ControllerHeartbeatDefault/time.Millisecond), "interval of the broker's heartbeats to the controller in ms; keep it well under the controller's 3 s broker timeout")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log lines as text (key=value) or json")
@@ -325,6 +330,20 @@ func parseArgs(args []string) (options, error) {
 	cfg.Role, cfg.ControllerID, cfg.ControllerPeers = f.role, id, peers
 	cfg.ControllerJoin = f.join
 	cfg.AdvertiseAddr = f.advertise
+	for _, a := range []struct{ name, v string }{{"peer", f.peer}, {"peer-advertise", f.peerAdvertise}} {
+		if a.v != "" {
+			if _, _, err := net.SplitHostPort(a.v); err != nil {
+				return options{}, o.annotate(fmt.Errorf("-%s %q: want host:port", a.name, a.v), a.name)
+			}
+		}
+	}
+	if f.groupReplicas < 1 {
+		return options{}, o.annotate(fmt.Errorf("-group-replicas %d: want at least 1", f.groupReplicas), "group-replicas")
+	}
+	if f.peer != "" && f.dataDir == "" {
+		return options{}, o.annotate(fmt.Errorf("-peer needs -data: the group log is journaled"), "peer", "data")
+	}
+	cfg.PeerAddr, cfg.PeerAdvertise, cfg.GroupReplicas = f.peer, f.peerAdvertise, f.groupReplicas
 	if f.listenTLS != "" && (f.tlsCert == "" || f.tlsKey == "") {
 		return options{}, o.annotate(fmt.Errorf("-listen-tls %q needs -tls-cert and -tls-key", f.listenTLS), "listen-tls", "tls-cert", "tls-key")
 	}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/shards/group"
 	"github.com/berthmq/berth/wire"
@@ -275,6 +276,19 @@ func (n *Node) Status(g uint32) (Status, error) {
 			Commit: m.Commit(), Applied: m.Applied(), Dur: m.Durable(), Set: slices.Clone(m.SyncStateSet())}
 	})
 	return st, err
+}
+
+// LogEnds reports every group's durable log end, for the heartbeats that
+// the controller's elections are decided from.
+func (n *Node) LogEnds() []ctlapi.GroupLogEnd {
+	var out []ctlapi.GroupLogEnd
+	_ = n.do(func() {
+		for _, g := range n.sortedGroups() {
+			e, i := n.members[g].m.LogEnd()
+			out = append(out, ctlapi.GroupLogEnd{Group: g, LogEnd: ctlapi.LogEnd{Epoch: e, Index: i}})
+		}
+	})
+	return out
 }
 
 // Propose appends data to group g's log through this node, which must be
