@@ -265,6 +265,9 @@ func (s *Server) controllerLoop() {
 				ends = g.LogEnds()
 			}
 			err = s.brokerClient().Heartbeat(ctx, s.brokerID, ends)
+			if g := s.groups.Load(); g != nil && err == nil {
+				g.Heartbeated()
+			}
 		}
 		cancel()
 		if s.regCtx.Err() != nil {

@@ -90,6 +90,12 @@ func startGroup(t *testing.T, roles ...string) []*node {
 // startGroupArgs is startGroup with extra berthd flags for every node.
 func startGroupArgs(t *testing.T, extra []string, roles ...string) []*node {
 	t.Helper()
+	return startGroupEach(t, func(int, *node) []string { return extra }, roles...)
+}
+
+// startGroupEach is startGroup with extra berthd flags per node.
+func startGroupEach(t *testing.T, each func(i int, n *node) []string, roles ...string) []*node {
+	t.Helper()
 	nodes := make([]*node, len(roles))
 	var peers []string
 	for i := range nodes {
@@ -102,7 +108,7 @@ func startGroupArgs(t *testing.T, extra []string, roles ...string) []*node {
 		n.args = []string{"-role", roles[i], "-data", filepath.Join(dir, n.name), "-admin", "",
 			"-controller-id", fmt.Sprint(i + 1), "-controller-peers", strings.Join(peers, ","),
 			"-shards", "1", "-loops", "1", "-log-level", "info"}
-		n.args = append(n.args, extra...)
+		n.args = append(n.args, each(i, n)...)
 		if roles[i] == "broker" {
 			n.client = testutil.FreeAddr(t)
 			n.args = append(n.args, "-listen", n.client)

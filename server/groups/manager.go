@@ -49,6 +49,14 @@ type Manager struct {
 	log *slog.Logger
 	tr  *Transport
 
+	// alive is closed once the controller has taken a heartbeat of this
+	// broker (Heartbeated): only then does the broker publish its peer
+	// address, so a broker that sees every replica's address knows the
+	// controller counts them all alive, and the first elections spread
+	// the masters over all of them.
+	alive     chan struct{}
+	aliveOnce sync.Once
+
 	mu   sync.Mutex
 	node *Node
 	seen map[uint32]ctlapi.Group // the group records last passed on
@@ -67,7 +75,7 @@ func StartManager(cfg ManagerConfig) (*Manager, error) {
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = 3
 	}
-	m := &Manager{cfg: cfg, log: cfg.Logger, seen: map[uint32]ctlapi.Group{}}
+	m := &Manager{cfg: cfg, log: cfg.Logger, seen: map[uint32]ctlapi.Group{}, alive: make(chan struct{})}
 	tr, err := Listen(cfg.PeerAddr, cfg.Self, func(msg *wire.GroupMessage) {
 		if n := m.currentNode(); n != nil {
 			n.Deliver(msg)
@@ -85,6 +93,10 @@ func StartManager(cfg ManagerConfig) (*Manager, error) {
 	go m.run()
 	return m, nil
 }
+
+// Heartbeated tells the manager that the controller took a heartbeat of
+// this broker.
+func (m *Manager) Heartbeated() { m.aliveOnce.Do(func() { close(m.alive) }) }
 
 // PeerAddr is the transport's bound address.
 func (m *Manager) PeerAddr() string { return m.tr.Addr() }
@@ -138,6 +150,11 @@ func (m *Manager) call(f func(ctx context.Context) error) error {
 func (m *Manager) run() {
 	defer m.wg.Done()
 	cl := m.cfg.Ctl
+	select {
+	case <-m.alive:
+	case <-m.ctx.Done():
+		return
+	}
 	// Publish where the others reach this broker's transport.
 	for m.call(func(ctx context.Context) error {
 		return cl.SetAttribute(ctx, PeerAttribute(m.cfg.Self), m.cfg.Advertise)
