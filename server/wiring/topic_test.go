@@ -188,11 +188,10 @@ func BenchmarkTopicMatchWorstCase(b *testing.B) {
 // binding, split and all, as a publish does.
 func BenchmarkTopicRouteReported(b *testing.B) {
 	r := emptyRouting()
-	q := &shards.Queue{}
-	r.queues["q"] = q
-	r.exchanges["t"] = &exchange{name: "t", kind: KindTopic}
-	r.bindings = []Binding{{Exchange: "t", Queue: "q", Key: strings.Repeat("#.", 12) + "z"}}
-	r.rebuildExchanges()
+	r.addExchange("t", KindTopic, ExchangeOptions{})
+	q := &shards.Queue{Name: "q"}
+	r.addQueue(q)
+	r.bind("t", q, strings.Repeat("#.", 12)+"z")
 	key := []byte(strings.TrimSuffix(strings.Repeat("a.", 30), "."))
 	dst := make([]*shards.Queue, 0, 4)
 	b.ReportAllocs()
@@ -210,13 +209,13 @@ func BenchmarkTopicRouteReported(b *testing.B) {
 // matcher, which split the key again for every binding).
 func BenchmarkTopicRoute10kBindings(b *testing.B) {
 	r := emptyRouting()
-	r.exchanges["t"] = &exchange{name: "t", kind: KindTopic}
+	r.addExchange("t", KindTopic, ExchangeOptions{})
 	for i := 0; i < 10000; i++ {
 		name := "q" + strings.Repeat("x", i%7) + string(rune('a'+i%26)) + strconv.Itoa(i)
-		r.queues[name] = &shards.Queue{Name: name}
-		r.bindings = append(r.bindings, Binding{Exchange: "t", Queue: name, Key: "dev" + strconv.Itoa(i) + ".*.temp"})
+		q := &shards.Queue{Name: name}
+		r.addQueue(q)
+		r.bind("t", q, "dev"+strconv.Itoa(i)+".*.temp")
 	}
-	r.rebuildExchanges()
 	key := []byte("sensor.room1.humidity")
 	dst := make([]*shards.Queue, 0, 4)
 	b.ReportAllocs()
