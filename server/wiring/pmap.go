@@ -32,9 +32,12 @@ type hnode[V any] struct {
 	entries []hentry[V]
 }
 
-// hentry is a key and its value, or, when child is set, a subtree.
+// hentry is a key, its hash and its value, or, when child is set, a
+// subtree. The hash is kept so that pushing an entry a level down (when
+// another key lands in its slot) need not hash its key again.
 type hentry[V any] struct {
 	key   string
+	hash  uint64
 	val   V
 	child *hnode[V]
 }
@@ -134,25 +137,25 @@ func set[V any](n *hnode[V], level int, h uint64, key string, val V) (*hnode[V],
 		if n != nil {
 			for i := range n.entries {
 				if n.entries[i].key == key {
-					c.entries = append(append(c.entries, n.entries[:i]...), hentry[V]{key: key, val: val})
+					c.entries = append(append(c.entries, n.entries[:i]...), hentry[V]{key: key, hash: h, val: val})
 					c.entries = append(c.entries, n.entries[i+1:]...)
 					return c, false
 				}
 			}
 			c.entries = append(c.entries, n.entries...)
 		}
-		c.entries = append(c.entries, hentry[V]{key: key, val: val})
+		c.entries = append(c.entries, hentry[V]{key: key, hash: h, val: val})
 		return c, true
 	}
 	bit := uint32(1) << (h >> (level * hashBitsPerLevel) & 31)
 	if n == nil {
-		return &hnode[V]{bitmap: bit, entries: []hentry[V]{{key: key, val: val}}}, true
+		return &hnode[V]{bitmap: bit, entries: []hentry[V]{{key: key, hash: h, val: val}}}, true
 	}
 	pos := bits.OnesCount32(n.bitmap & (bit - 1))
 	if n.bitmap&bit == 0 {
 		c := &hnode[V]{bitmap: n.bitmap | bit, entries: make([]hentry[V], len(n.entries)+1)}
 		copy(c.entries, n.entries[:pos])
-		c.entries[pos] = hentry[V]{key: key, val: val}
+		c.entries[pos] = hentry[V]{key: key, hash: h, val: val}
 		copy(c.entries[pos+1:], n.entries[pos:])
 		return c, true
 	}
@@ -170,7 +173,7 @@ func set[V any](n *hnode[V], level int, h uint64, key string, val V) (*hnode[V],
 	default:
 		// Two keys in one slot: push both one level down.
 		old := *e
-		child, _ := set[V](nil, level+1, hashString(old.key), old.key, old.val)
+		child, _ := set[V](nil, level+1, old.hash, old.key, old.val)
 		child, _ = set(child, level+1, h, key, val)
 		*e = hentry[V]{child: child}
 		return c, true
@@ -224,7 +227,7 @@ func del[V any](n *hnode[V], level int, h uint64, key string) (*hnode[V], bool) 
 		case child == nil:
 			return removeSlot(n, bit, pos), true
 		case len(child.entries) == 1 && child.entries[0].child == nil:
-			c.entries[pos] = hentry[V]{key: child.entries[0].key, val: child.entries[0].val}
+			c.entries[pos] = child.entries[0]
 		default:
 			c.entries[pos].child = child
 		}
