@@ -3,6 +3,7 @@ package wiring
 import (
 	"hash/maphash"
 	"math/bits"
+	"slices"
 )
 
 // pmap is a persistent map from string to V: a hash array mapped trie
@@ -264,6 +265,91 @@ func walk[V any](n *hnode[V], f func(string, V) bool) bool {
 				return false
 			}
 		} else if !f(e.key, e.val) {
+			return false
+		}
+	}
+	return true
+}
+
+// buildPmap returns a pmap of the given keys and values, built bottom-up
+// in O(n x levels) with one allocation per node: inserting them one by
+// one would copy a path of nodes per key and leave that much garbage. A
+// key listed twice keeps its last value.
+func buildPmap[V any](keys []string, vals []V) pmap[V] {
+	entries := make([]hentry[V], len(keys))
+	for i, k := range keys {
+		entries[i] = hentry[V]{key: k, hash: hashString(k), val: vals[i]}
+	}
+	root, n := buildNode(entries, 0)
+	return pmap[V]{root: root, n: n}
+}
+
+// buildNode builds the node at level for entries, whose hashes agree on
+// every level above. It returns the node (nil for
+// none) and the number of distinct keys under it.
+func buildNode[V any](entries []hentry[V], level int) (*hnode[V], int) {
+	if len(entries) == 0 {
+		return nil, 0
+	}
+	if level == hashLevels {
+		c := &hnode[V]{}
+		for _, e := range entries {
+			i := slices.IndexFunc(c.entries, func(x hentry[V]) bool { return x.key == e.key })
+			if i >= 0 {
+				c.entries[i] = e
+			} else {
+				c.entries = append(c.entries, e)
+			}
+		}
+		return c, len(c.entries)
+	}
+	slot := func(e *hentry[V]) int { return int(e.hash >> (level * hashBitsPerLevel) & 31) }
+	// A stable counting sort by slot, so that of a key listed twice the
+	// last stays last.
+	var start [33]int
+	for i := range entries {
+		start[slot(&entries[i])+1]++
+	}
+	for i := 1; i < len(start); i++ {
+		start[i] += start[i-1]
+	}
+	sorted := make([]hentry[V], len(entries))
+	for i := range entries {
+		s := slot(&entries[i])
+		sorted[start[s]] = entries[i]
+		start[s]++
+	}
+	entries = sorted
+	c := &hnode[V]{}
+	total := 0
+	for i := 0; i < len(entries); {
+		j := i + 1
+		for j < len(entries) && slot(&entries[j]) == slot(&entries[i]) {
+			j++
+		}
+		c.bitmap |= 1 << slot(&entries[i])
+		run := entries[i:j]
+		if len(run) == 1 || allSameKey(run) {
+			c.entries = append(c.entries, run[len(run)-1])
+			total++
+		} else {
+			child, n := buildNode(run, level+1)
+			if len(child.entries) == 1 && child.entries[0].child == nil {
+				c.entries = append(c.entries, child.entries[0])
+			} else {
+				c.entries = append(c.entries, hentry[V]{child: child})
+			}
+			total += n
+		}
+		i = j
+	}
+	c.entries = slices.Clip(c.entries)
+	return c, total
+}
+
+func allSameKey[V any](run []hentry[V]) bool {
+	for _, e := range run[1:] {
+		if e.key != run[0].key {
 			return false
 		}
 	}

@@ -100,3 +100,46 @@ func TestPmapCollisions(t *testing.T) {
 		t.Fatalf("empty trie keeps nodes: %+v", root)
 	}
 }
+
+// TestBuildPmap builds a pmap from keys with repeats (the last value wins)
+// and checks it against a Go map, then changes it and checks again.
+func TestBuildPmap(t *testing.T) {
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewSource(seed))
+	for _, n := range []int{0, 1, 2, 33, 5000} {
+		keys := make([]string, n)
+		vals := make([]int, n)
+		ref := map[string]int{}
+		for i := range keys {
+			keys[i] = strconv.Itoa(rng.Intn(n + 1))
+			vals[i] = i
+			ref[keys[i]] = i
+		}
+		m := buildPmap(keys, vals)
+		check := func(when string) {
+			t.Helper()
+			if m.Len() != len(ref) {
+				t.Fatalf("seed %d n %d %s: Len %d, want %d", seed, n, when, m.Len(), len(ref))
+			}
+			for i := range n + 2 {
+				k := strconv.Itoa(i)
+				got, ok := m.GetBytes([]byte(k))
+				if want, wantOK := ref[k]; ok != wantOK || got != want {
+					t.Fatalf("seed %d n %d %s: %s = %d %v, want %d %v", seed, n, when, k, got, ok, want, wantOK)
+				}
+			}
+		}
+		check("built")
+		for i := range n / 2 {
+			k := strconv.Itoa(i)
+			if i%2 == 0 {
+				m = m.Delete(k)
+				delete(ref, k)
+			} else {
+				m = m.Set(k, -i)
+				ref[k] = -i
+			}
+		}
+		check("changed")
+	}
+}

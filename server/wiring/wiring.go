@@ -17,6 +17,7 @@
 package wiring
 
 import (
+	"errors"
 	"hash/fnv"
 	"log/slog"
 	"slices"
@@ -159,32 +160,119 @@ func (w *Wiring) Restore() error {
 		}
 		st = &wiringState{Exchanges: snap.Exchanges, Queues: snap.Queues, Bindings: snap.Bindings}
 	}
-	w.mu.Lock()
-	err = w.saveLocked(w.routing.Load()) // records the shard count
-	w.mu.Unlock()
+	if w.cfg.Log != nil || st == nil {
+		w.mu.Lock()
+		err = w.saveLocked(w.routing.Load()) // records the shard count
+		w.mu.Unlock()
+	}
+	// Otherwise restoreState rewrites the file once the wiring is back:
+	// writing it empty first would lose the wiring to a crash between.
 	if err != nil || st == nil {
 		w.restored.Store(err == nil)
 		return err
 	}
 	w.restoring = true
 	defer func() { w.restoring = false }()
-	for _, x := range st.Exchanges {
-		if err := w.DeclareExchange(x.Name, x.Kind, x.Options, false); err != nil {
-			return shards.Errorf(shards.CodeOf(err), "wiring: restore exchange %q: %v", x.Name, err)
-		}
-	}
-	for _, q := range st.Queues {
-		if _, err := w.DeclareQueue(q.Name, q.Options, false, nil); err != nil {
-			return shards.Errorf(shards.CodeOf(err), "wiring: restore queue %q: %v", q.Name, err)
-		}
-	}
-	for _, bd := range st.Bindings {
-		if err := w.Bind(bd.Exchange, bd.Queue, bd.Key); err != nil {
-			return shards.Errorf(shards.CodeOf(err), "wiring: restore binding: %v", err)
-		}
+	if err := w.restoreState(st); err != nil {
+		return err
 	}
 	w.log.Info("wiring: restored", "exchanges", len(st.Exchanges), "queues", len(st.Queues), "bindings", len(st.Bindings))
 	w.restored.Store(true)
+	return nil
+}
+
+// restoreState adds the wiring st to the routing in one snapshot: the
+// checks of DeclareExchange, DeclareQueue and Bind without a snapshot swap
+// per change, and the queues added on their shards by one goroutine per
+// shard. Nothing routes before Restore returns, so nothing sees the
+// wiring half restored.
+func (w *Wiring) restoreState(st *wiringState) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := *w.routing.Load()
+	for _, x := range st.Exchanges {
+		if x.Name == "" || x.Kind > KindTopic {
+			return shards.Errorf(wire.CodeInvalid, "wiring: restore exchange %q of kind %d: not a declarable exchange", x.Name, x.Kind)
+		}
+		if n.exchange(x.Name) == nil {
+			n.addExchange(x.Name, x.Kind, x.Options)
+		}
+	}
+	for _, q := range st.Queues {
+		if q.Name == "" {
+			return shards.Errorf(wire.CodeInvalid, "wiring: restore a queue without a name")
+		}
+		if d := q.Options.DeadLetterExchange; d != "" && n.exchange(d) == nil {
+			return shards.Errorf(wire.CodeNotFound, "wiring: restore queue %q: no dead-letter exchange %q", q.Name, d)
+		}
+	}
+	// One goroutine per shard: each AddQueue is a round trip to its shard.
+	shardCount := len(w.b.Shards())
+	byShard := make([][]int, shardCount)
+	seen := make(map[string]struct{}, len(st.Queues))
+	for i, q := range st.Queues {
+		if _, dup := seen[q.Name]; dup || n.queue(q.Name) != nil {
+			continue // listed twice: keep the first
+		}
+		seen[q.Name] = struct{}{}
+		s := w.b.ShardFor(q.Name)
+		byShard[s] = append(byShard[s], i)
+	}
+	seen = nil
+	added := make([]*shards.Queue, len(st.Queues))
+	errs := make([]error, shardCount)
+	var wg sync.WaitGroup
+	for s, idx := range byShard {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, i := range idx {
+				q, err := w.b.AddQueue(st.Queues[i].Name, st.Queues[i].Options, nil)
+				if err != nil {
+					errs[s] = shards.Errorf(shards.CodeOf(err), "wiring: restore queue %q: %v", st.Queues[i].Name, err)
+					return
+				}
+				added[i] = q
+			}
+		}()
+	}
+	wg.Wait()
+	var keys []string
+	var vals []*shards.Queue
+	for _, q := range added {
+		if q == nil {
+			continue // its shard failed: errs says why
+		}
+		if n.queues.Len() == 0 {
+			keys, vals = append(keys, q.Name), append(vals, q)
+		} else {
+			n.addQueue(q)
+		}
+	}
+	if len(keys) > 0 {
+		// Built at once rather than a path copy per queue (buildPmap).
+		n.queues = buildPmap(keys, vals)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for _, bd := range st.Bindings {
+		// A pattern accepted before the cap existed is kept: the trie
+		// leaves out what can match nothing.
+		q := n.queue(bd.Queue)
+		if n.exchange(bd.Exchange) == nil || q == nil {
+			return shards.Errorf(wire.CodeNotFound, "wiring: restore binding %s -> %s (%q): no such exchange or queue", bd.Exchange, bd.Queue, bd.Key)
+		}
+		if !n.hasBinding(bd.Exchange, bd.Queue, bd.Key) {
+			n.bind(bd.Exchange, q, bd.Key)
+		}
+	}
+	if w.cfg.Log == nil {
+		if err := w.saveLocked(&n); err != nil {
+			return err
+		}
+	}
+	w.routing.Store(&n)
 	return nil
 }
 
