@@ -349,3 +349,48 @@ func BenchmarkRestore(b *testing.B) {
 }
 
 var benchRestoreSizes = []int{100_000, 300_000, 1_000_000}
+
+// TestQueuePage lists 2,500 queues (and some that the prefix leaves out)
+// in pages of several sizes and checks that the pages, put together, are
+// every matching name once, in order.
+func TestQueuePage(t *testing.T) {
+	w := startWiring(t, nil)
+	var want []string
+	for i := range 2500 {
+		name := fmt.Sprintf("p-%05d", (i*7919)%2500) // declared out of order
+		if _, err := w.DeclareQueue(name, shards.QueueOptions{}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, name)
+		if _, err := w.DeclareQueue(fmt.Sprintf("o-%d", i), shards.QueueOptions{}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slices.Sort(want)
+	for _, limit := range []int{1, 7, 1000, 2500, 5000} {
+		var got []string
+		after := ""
+		for pages := 0; ; pages++ {
+			if pages > 2600 {
+				t.Fatalf("limit %d: too many pages", limit)
+			}
+			page, more := w.QueuePage(after, "p-", limit)
+			if len(page) > limit || (more && len(page) != limit) {
+				t.Fatalf("limit %d: page of %d, more=%v", limit, len(page), more)
+			}
+			for _, q := range page {
+				got = append(got, q.Name)
+			}
+			if !more {
+				break
+			}
+			after = page[len(page)-1].Name
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("limit %d: pages hold %d names (first %v), want %d", limit, len(got), got[:min(3, len(got))], len(want))
+		}
+	}
+	if page, more := w.QueuePage("p-02497", "p-", 10); len(page) != 2 || more {
+		t.Fatalf("the last page is %d queues, more=%v", len(page), more)
+	}
+}
