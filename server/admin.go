@@ -6,12 +6,20 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/berthmq/berth/server/wiring"
+	"github.com/berthmq/berth/shards"
 )
+
+// queuePageDefault is the page size of /v1/queues when after or prefix
+// asks for a page without a limit.
+const queuePageDefault = 1000
 
 type metrics struct {
 	reg               *prometheus.Registry
@@ -74,7 +82,31 @@ func (s *Server) startAdmin() error {
 				http.Error(w, "starting: the queues are not recovered yet", http.StatusServiceUnavailable)
 				return
 			}
-			writeJSON(w, b.Queues())
+			q := r.URL.Query()
+			if !q.Has("after") && !q.Has("limit") && !q.Has("prefix") {
+				writeJSON(w, b.Queues()) // every queue, unordered, as before pagination
+				return
+			}
+			// A page: {"queues": [...] in name order, "next_after": the
+			// name to pass as after for the next page, absent at the end}.
+			limit := queuePageDefault
+			if v := q.Get("limit"); v != "" {
+				n, err := strconv.Atoi(v)
+				if err != nil || n <= 0 || n > wiring.QueuePageMax {
+					http.Error(w, fmt.Sprintf("limit: want 1 to %d, got %q", wiring.QueuePageMax, v), http.StatusBadRequest)
+					return
+				}
+				limit = n
+			}
+			page, more := s.boot.wiring.Load().QueuePage(q.Get("after"), q.Get("prefix"), limit)
+			out := struct {
+				Queues    []shards.QueueInfo `json:"queues"`
+				NextAfter string             `json:"next_after,omitempty"`
+			}{Queues: b.QueueInfos(page)}
+			if more {
+				out.NextAfter = page[len(page)-1].Name
+			}
+			writeJSON(w, out)
 		})
 	}
 	s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}

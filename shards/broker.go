@@ -391,6 +391,36 @@ func (b *Broker) Queues() []QueueInfo {
 	return out
 }
 
+// QueueInfos returns the view Queues gives of the listed queues only, in
+// their order, asking each of their shards once: a page of a long list.
+// A queue dropped meanwhile is left out.
+func (b *Broker) QueueInfos(qs []*Queue) []QueueInfo {
+	infos := make([]QueueInfo, len(qs))
+	live := make([]bool, len(qs))
+	for si, s := range b.shards {
+		_ = b.Call(s, func(sh *Shard) {
+			for i, q := range qs {
+				if q.shard != si {
+					continue
+				}
+				if _, ok := sh.queues[q]; !ok {
+					continue
+				}
+				live[i] = true
+				infos[i] = QueueInfo{Name: q.Name, Shard: q.shard, Ready: q.Ready(), Unacked: q.Unacked(),
+					Consumers: len(q.consumers), Durable: q.Options.Durable, Enqueued: q.Enqueued, Delivered: q.Delivered, Acked: q.Acked}
+			}
+		})
+	}
+	out := infos[:0]
+	for i := range infos {
+		if live[i] {
+			out = append(out, infos[i])
+		}
+	}
+	return out
+}
+
 // Stats sums the shards' counters.
 func (b *Broker) Stats() ShardStats {
 	var t ShardStats

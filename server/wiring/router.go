@@ -3,7 +3,6 @@ package wiring
 import (
 	"bytes"
 	"math/bits"
-	"sort"
 	"strings"
 
 	"github.com/berthmq/berth/shards"
@@ -30,56 +29,89 @@ type Binding struct {
 	Key      string
 }
 
-// exchange is immutable once published in a Routing snapshot.
+// exchange is immutable once published in a Routing snapshot: a binding
+// change replaces the exchange, sharing its tables' unchanged parts.
 type exchange struct {
 	name    string
 	kind    uint8
 	options ExchangeOptions
-	direct  map[string][]*shards.Queue
-	fanout  []*shards.Queue
-	topic   []topicBinding
-	count   int // bindings
+	// gen tells this exchange from an earlier one of the same name: the
+	// queues' binding lists keep it, and a binding whose gen is not the
+	// current exchange's died with the exchange (deleting an exchange does
+	// not visit its queues).
+	gen    uint64
+	direct pmap[[]*shards.Queue] // by routing key
+	fanout []*shards.Queue       // each queue once
+	topic  *tnode
+	count  int // bindings
 }
 
-type topicBinding struct {
-	pattern topicPattern
-	queue   *shards.Queue
+// queueBinding is one binding as its queue's binding list holds it.
+type queueBinding struct {
+	exchange string
+	gen      uint64
+	key      string
 }
 
 // Routing is an immutable snapshot of the wiring: every exchange, queue and
 // binding. Event loops route through it without locks; a change builds a
 // new snapshot and swaps an atomic pointer (copy on write).
+//
+// Every table is persistent (pmap, tnode): a new snapshot copies the
+// Routing struct and the few nodes on the paths to what changed, so a
+// declare, bind, unbind or delete costs O(log n) in the number of queues
+// and bindings, plus the bindings of the one queue or key it touches.
 type Routing struct {
-	queues    map[string]*shards.Queue
-	exchanges map[string]*exchange
-	bindings  []Binding // sorted, for listing and rebuilding
+	queues    pmap[*shards.Queue]
+	exchanges pmap[*exchange]
+	// bindings holds each queue's bindings, by queue name, so that a
+	// queue's deletion removes its bindings without a scan, and a bind
+	// finds a duplicate among its queue's bindings only.
+	bindings pmap[[]queueBinding]
+	gen      uint64 // the last exchange generation handed out
 }
 
-func emptyRouting() *Routing {
-	return &Routing{queues: map[string]*shards.Queue{}, exchanges: map[string]*exchange{}}
+func emptyRouting() *Routing { return &Routing{} }
+
+// Queue looks a queue up by name. It does not allocate.
+func (r *Routing) Queue(name []byte) *shards.Queue {
+	q, _ := r.queues.GetBytes(name)
+	return q
 }
 
-// Queue looks a queue up by name. The []byte form does not allocate.
-func (r *Routing) Queue(name []byte) *shards.Queue { return r.queues[string(name)] }
+// Len returns the number of queues.
+func (r *Routing) Len() int { return r.queues.Len() }
+
+func (r *Routing) queue(name string) *shards.Queue {
+	q, _ := r.queues.Get(name)
+	return q
+}
+
+func (r *Routing) exchange(name string) *exchange {
+	ex, _ := r.exchanges.Get(name)
+	return ex
+}
 
 // Route appends to dst the queues that a message with key, published to
 // the named exchange, goes to, each queue once. The default exchange ""
-// routes to the queue named by the key.
+// routes to the queue named by the key. It takes no lock and does not
+// allocate (unless a topic match tracks more than trieStatesInline
+// nodes at once).
 func (r *Routing) Route(exchangeName, key []byte, dst []*shards.Queue) ([]*shards.Queue, error) {
 	if len(exchangeName) == 0 {
-		if q := r.queues[string(key)]; q != nil {
+		if q, _ := r.queues.GetBytes(key); q != nil {
 			dst = append(dst, q)
 		}
 		return dst, nil
 	}
-	ex := r.exchanges[string(exchangeName)]
+	ex, _ := r.exchanges.GetBytes(exchangeName)
 	if ex == nil {
 		return dst, shards.ErrNoExchange
 	}
-	start := len(dst)
 	switch ex.kind {
 	case KindDirect:
-		dst = append(dst, ex.direct[string(key)]...)
+		qs, _ := ex.direct.GetBytes(key)
+		dst = append(dst, qs...)
 	case KindFanout:
 		dst = append(dst, ex.fanout...)
 	case KindTopic:
@@ -88,12 +120,7 @@ func (r *Routing) Route(exchangeName, key []byte, dst []*shards.Queue) ([]*shard
 		if !ok {
 			break // longer keys match no topic binding
 		}
-		for i := range ex.topic {
-			tb := &ex.topic[i]
-			if tb.pattern.match(words) && !containsQueue(dst[start:], tb.queue) {
-				dst = append(dst, tb.queue)
-			}
-		}
+		dst = ex.topic.route(words, dst, len(dst))
 	}
 	return dst, nil
 }
@@ -234,60 +261,4 @@ func TopicPatternError(key string) error {
 		return shards.Errorf(wire.CodeInvalid, "topic binding key has %d words; at most %d are allowed", words, topicWordsMax)
 	}
 	return nil
-}
-
-// clone copies the snapshot's maps so a change can be made to the copy.
-func (r *Routing) clone() *Routing {
-	n := &Routing{
-		queues:    make(map[string]*shards.Queue, len(r.queues)),
-		exchanges: make(map[string]*exchange, len(r.exchanges)),
-		bindings:  append([]Binding(nil), r.bindings...),
-	}
-	for k, v := range r.queues {
-		n.queues[k] = v
-	}
-	for k, v := range r.exchanges {
-		n.exchanges[k] = v
-	}
-	return n
-}
-
-// rebuildExchanges recomputes every exchange's routing tables from the
-// binding list. Wiring changes are rare, so simplicity wins over speed.
-func (r *Routing) rebuildExchanges() {
-	for name, ex := range r.exchanges {
-		n := &exchange{name: ex.name, kind: ex.kind, options: ex.options, direct: map[string][]*shards.Queue{}}
-		r.exchanges[name] = n
-	}
-	kept := r.bindings[:0]
-	for _, b := range r.bindings {
-		ex := r.exchanges[b.Exchange]
-		q := r.queues[b.Queue]
-		if ex == nil || q == nil {
-			continue // the exchange or queue was deleted: the binding goes too
-		}
-		kept = append(kept, b)
-		ex.count++
-		switch ex.kind {
-		case KindDirect:
-			ex.direct[b.Key] = append(ex.direct[b.Key], q)
-		case KindFanout:
-			if !containsQueue(ex.fanout, q) {
-				ex.fanout = append(ex.fanout, q)
-			}
-		case KindTopic:
-			ex.topic = append(ex.topic, topicBinding{pattern: compileTopicPattern(b.Key), queue: q})
-		}
-	}
-	r.bindings = kept
-	sort.Slice(r.bindings, func(i, j int) bool {
-		a, b := r.bindings[i], r.bindings[j]
-		if a.Exchange != b.Exchange {
-			return a.Exchange < b.Exchange
-		}
-		if a.Queue != b.Queue {
-			return a.Queue < b.Queue
-		}
-		return a.Key < b.Key
-	})
 }

@@ -1,12 +1,15 @@
 package wiring
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
@@ -91,25 +94,31 @@ func (w *Wiring) saveLocked(r *Routing) error {
 	if w.cfg.Log != nil {
 		r = emptyRouting()
 	}
-	durableQ := map[string]bool{}
-	durableX := map[string]bool{}
-	for name, ex := range r.exchanges {
+	// Without a log the whole file is rewritten on every durable change:
+	// O(wiring) per change. A broker with a controller (the default) never
+	// gets here with a wiring to write.
+	r.exchanges.All(func(name string, ex *exchange) bool {
 		if ex.options.Durable {
-			durableX[name] = true
 			st.Exchanges = append(st.Exchanges, WiringExchange{Name: name, Kind: ex.kind, Options: ex.options})
 		}
-	}
-	for name, q := range r.queues {
+		return true
+	})
+	r.queues.All(func(name string, q *shards.Queue) bool {
 		if q.Options.Durable && !q.Options.Exclusive {
-			durableQ[name] = true
 			st.Queues = append(st.Queues, WiringQueue{Name: name, Options: q.Options})
+			for _, bd := range r.liveBindings(name) {
+				if r.exchange(bd.exchange).options.Durable {
+					st.Bindings = append(st.Bindings, Binding{Exchange: bd.exchange, Queue: name, Key: bd.key})
+				}
+			}
 		}
-	}
-	for _, bd := range r.bindings {
-		if durableX[bd.Exchange] && durableQ[bd.Queue] {
-			st.Bindings = append(st.Bindings, bd)
-		}
-	}
+		return true
+	})
+	slices.SortFunc(st.Exchanges, func(a, b WiringExchange) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(st.Queues, func(a, b WiringQueue) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(st.Bindings, func(a, b Binding) int {
+		return cmp.Or(strings.Compare(a.Exchange, b.Exchange), strings.Compare(a.Queue, b.Queue), strings.Compare(a.Key, b.Key))
+	})
 	data, err := json.MarshalIndent(&st, "", " ")
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package wiring
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand"
 	"strconv"
 	"strings"
@@ -188,11 +189,10 @@ func BenchmarkTopicMatchWorstCase(b *testing.B) {
 // binding, split and all, as a publish does.
 func BenchmarkTopicRouteReported(b *testing.B) {
 	r := emptyRouting()
-	q := &shards.Queue{}
-	r.queues["q"] = q
-	r.exchanges["t"] = &exchange{name: "t", kind: KindTopic}
-	r.bindings = []Binding{{Exchange: "t", Queue: "q", Key: strings.Repeat("#.", 12) + "z"}}
-	r.rebuildExchanges()
+	r.addExchange("t", KindTopic, ExchangeOptions{})
+	q := &shards.Queue{Name: "q"}
+	r.addQueue(q)
+	r.bind("t", q, strings.Repeat("#.", 12)+"z")
 	key := []byte(strings.TrimSuffix(strings.Repeat("a.", 30), "."))
 	dst := make([]*shards.Queue, 0, 4)
 	b.ReportAllocs()
@@ -210,13 +210,13 @@ func BenchmarkTopicRouteReported(b *testing.B) {
 // matcher, which split the key again for every binding).
 func BenchmarkTopicRoute10kBindings(b *testing.B) {
 	r := emptyRouting()
-	r.exchanges["t"] = &exchange{name: "t", kind: KindTopic}
+	r.addExchange("t", KindTopic, ExchangeOptions{})
 	for i := 0; i < 10000; i++ {
 		name := "q" + strings.Repeat("x", i%7) + string(rune('a'+i%26)) + strconv.Itoa(i)
-		r.queues[name] = &shards.Queue{Name: name}
-		r.bindings = append(r.bindings, Binding{Exchange: "t", Queue: name, Key: "dev" + strconv.Itoa(i) + ".*.temp"})
+		q := &shards.Queue{Name: name}
+		r.addQueue(q)
+		r.bind("t", q, "dev"+strconv.Itoa(i)+".*.temp")
 	}
-	r.rebuildExchanges()
 	key := []byte("sensor.room1.humidity")
 	dst := make([]*shards.Queue, 0, 4)
 	b.ReportAllocs()
@@ -243,6 +243,45 @@ func TestTopicMatch(t *testing.T) {
 	for _, c := range cases {
 		if got := topicMatches(c.pattern, c.key); got != c.want {
 			t.Errorf("%q ~ %q = %v, want %v", c.pattern, c.key, got, c.want)
+		}
+	}
+}
+
+// BenchmarkRouteScale routes through a wiring of n queues, each bound to a
+// topic exchange by "dev<i>.*.temp" and to a direct exchange by "k<i>":
+// a publish to the default exchange (queue lookup), a direct key and a
+// topic key that each match one queue, and a topic key that matches none.
+func BenchmarkRouteScale(b *testing.B) {
+	for _, n := range []int{10, 10_000, 1_000_000} {
+		r := emptyRouting()
+		r.addExchange("t", KindTopic, ExchangeOptions{})
+		r.addExchange("d", KindDirect, ExchangeOptions{})
+		for i := range n {
+			q := &shards.Queue{Name: "q" + strconv.Itoa(i)}
+			r.addQueue(q)
+			r.bind("t", q, "dev"+strconv.Itoa(i)+".*.temp")
+			r.bind("d", q, "k"+strconv.Itoa(i))
+		}
+		mid := strconv.Itoa(n / 2)
+		for _, c := range []struct{ name, exchange, key string }{
+			{"default", "", "q" + mid}, {"direct", "d", "k" + mid},
+			{"topic-match", "t", "dev" + mid + ".room1.temp"}, {"topic-none", "t", "sensor.room1.humidity"},
+		} {
+			b.Run(fmt.Sprintf("bindings=%d/%s", n, c.name), func(b *testing.B) {
+				ex, key := []byte(c.exchange), []byte(c.key)
+				want := 1
+				if c.name == "topic-none" {
+					want = 0
+				}
+				dst := make([]*shards.Queue, 0, 4)
+				b.ReportAllocs()
+				for b.Loop() {
+					var err error
+					if dst, err = r.Route(ex, key, dst[:0]); err != nil || len(dst) != want {
+						b.Fatal(err, len(dst))
+					}
+				}
+			})
 		}
 	}
 }

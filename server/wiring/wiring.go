@@ -17,6 +17,7 @@
 package wiring
 
 import (
+	"errors"
 	"hash/fnv"
 	"log/slog"
 	"slices"
@@ -81,6 +82,39 @@ type Wiring struct {
 
 	restoring bool // Restore is replaying the wiring: do not log it again
 	restored  atomic.Bool
+
+	// exclusive lists each session's exclusive queues, so that a session's
+	// end finds them without scanning every queue.
+	exclusive struct {
+		sync.Mutex
+		bySession map[*shards.Session][]*shards.Queue
+	}
+}
+
+func (w *Wiring) addExclusive(q *shards.Queue) {
+	w.exclusive.Lock()
+	defer w.exclusive.Unlock()
+	if w.exclusive.bySession == nil {
+		w.exclusive.bySession = map[*shards.Session][]*shards.Queue{}
+	}
+	w.exclusive.bySession[q.Owner()] = append(w.exclusive.bySession[q.Owner()], q)
+}
+
+func (w *Wiring) removeExclusive(q *shards.Queue) {
+	w.exclusive.Lock()
+	defer w.exclusive.Unlock()
+	qs := slices.DeleteFunc(w.exclusive.bySession[q.Owner()], func(x *shards.Queue) bool { return x == q })
+	if len(qs) == 0 {
+		delete(w.exclusive.bySession, q.Owner())
+	} else {
+		w.exclusive.bySession[q.Owner()] = qs
+	}
+}
+
+func (w *Wiring) exclusiveOf(sess *shards.Session) []*shards.Queue {
+	w.exclusive.Lock()
+	defer w.exclusive.Unlock()
+	return slices.Clone(w.exclusive.bySession[sess])
 }
 
 // New returns the wiring of b and connects b's dead-letter routing and
@@ -126,32 +160,119 @@ func (w *Wiring) Restore() error {
 		}
 		st = &wiringState{Exchanges: snap.Exchanges, Queues: snap.Queues, Bindings: snap.Bindings}
 	}
-	w.mu.Lock()
-	err = w.saveLocked(w.routing.Load()) // records the shard count
-	w.mu.Unlock()
+	if w.cfg.Log != nil || st == nil {
+		w.mu.Lock()
+		err = w.saveLocked(w.routing.Load()) // records the shard count
+		w.mu.Unlock()
+	}
+	// Otherwise restoreState rewrites the file once the wiring is back:
+	// writing it empty first would lose the wiring to a crash between.
 	if err != nil || st == nil {
 		w.restored.Store(err == nil)
 		return err
 	}
 	w.restoring = true
 	defer func() { w.restoring = false }()
-	for _, x := range st.Exchanges {
-		if err := w.DeclareExchange(x.Name, x.Kind, x.Options, false); err != nil {
-			return shards.Errorf(shards.CodeOf(err), "wiring: restore exchange %q: %v", x.Name, err)
-		}
-	}
-	for _, q := range st.Queues {
-		if _, err := w.DeclareQueue(q.Name, q.Options, false, nil); err != nil {
-			return shards.Errorf(shards.CodeOf(err), "wiring: restore queue %q: %v", q.Name, err)
-		}
-	}
-	for _, bd := range st.Bindings {
-		if err := w.Bind(bd.Exchange, bd.Queue, bd.Key); err != nil {
-			return shards.Errorf(shards.CodeOf(err), "wiring: restore binding: %v", err)
-		}
+	if err := w.restoreState(st); err != nil {
+		return err
 	}
 	w.log.Info("wiring: restored", "exchanges", len(st.Exchanges), "queues", len(st.Queues), "bindings", len(st.Bindings))
 	w.restored.Store(true)
+	return nil
+}
+
+// restoreState adds the wiring st to the routing in one snapshot: the
+// checks of DeclareExchange, DeclareQueue and Bind without a snapshot swap
+// per change, and the queues added on their shards by one goroutine per
+// shard. Nothing routes before Restore returns, so nothing sees the
+// wiring half restored.
+func (w *Wiring) restoreState(st *wiringState) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := *w.routing.Load()
+	for _, x := range st.Exchanges {
+		if x.Name == "" || x.Kind > KindTopic {
+			return shards.Errorf(wire.CodeInvalid, "wiring: restore exchange %q of kind %d: not a declarable exchange", x.Name, x.Kind)
+		}
+		if n.exchange(x.Name) == nil {
+			n.addExchange(x.Name, x.Kind, x.Options)
+		}
+	}
+	for _, q := range st.Queues {
+		if q.Name == "" {
+			return shards.Errorf(wire.CodeInvalid, "wiring: restore a queue without a name")
+		}
+		if d := q.Options.DeadLetterExchange; d != "" && n.exchange(d) == nil {
+			return shards.Errorf(wire.CodeNotFound, "wiring: restore queue %q: no dead-letter exchange %q", q.Name, d)
+		}
+	}
+	// One goroutine per shard: each AddQueue is a round trip to its shard.
+	shardCount := len(w.b.Shards())
+	byShard := make([][]int, shardCount)
+	seen := make(map[string]struct{}, len(st.Queues))
+	for i, q := range st.Queues {
+		if _, dup := seen[q.Name]; dup || n.queue(q.Name) != nil {
+			continue // listed twice: keep the first
+		}
+		seen[q.Name] = struct{}{}
+		s := w.b.ShardFor(q.Name)
+		byShard[s] = append(byShard[s], i)
+	}
+	seen = nil
+	added := make([]*shards.Queue, len(st.Queues))
+	errs := make([]error, shardCount)
+	var wg sync.WaitGroup
+	for s, idx := range byShard {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, i := range idx {
+				q, err := w.b.AddQueue(st.Queues[i].Name, st.Queues[i].Options, nil)
+				if err != nil {
+					errs[s] = shards.Errorf(shards.CodeOf(err), "wiring: restore queue %q: %v", st.Queues[i].Name, err)
+					return
+				}
+				added[i] = q
+			}
+		}()
+	}
+	wg.Wait()
+	var keys []string
+	var vals []*shards.Queue
+	for _, q := range added {
+		if q == nil {
+			continue // its shard failed: errs says why
+		}
+		if n.queues.Len() == 0 {
+			keys, vals = append(keys, q.Name), append(vals, q)
+		} else {
+			n.addQueue(q)
+		}
+	}
+	if len(keys) > 0 {
+		// Built at once rather than a path copy per queue (buildPmap).
+		n.queues = buildPmap(keys, vals)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for _, bd := range st.Bindings {
+		// A pattern accepted before the cap existed is kept: the trie
+		// leaves out what can match nothing.
+		q := n.queue(bd.Queue)
+		if n.exchange(bd.Exchange) == nil || q == nil {
+			return shards.Errorf(wire.CodeNotFound, "wiring: restore binding %s -> %s (%q): no such exchange or queue", bd.Exchange, bd.Queue, bd.Key)
+		}
+		if !n.hasBinding(bd.Exchange, bd.Queue, bd.Key) {
+			n.bind(bd.Exchange, q, bd.Key)
+		}
+	}
+	if w.cfg.Log == nil {
+		if err := w.saveLocked(&n); err != nil {
+			return err
+		}
+	}
+	w.routing.Store(&n)
 	return nil
 }
 
@@ -203,14 +324,14 @@ func stripe(name string) int {
 func (w *Wiring) apply(durable bool, change func(n *Routing)) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	n := w.routing.Load().clone()
-	change(n)
+	n := *w.routing.Load() // the tables are persistent: copying the struct is enough
+	change(&n)
 	if durable && w.cfg.Log == nil {
-		if err := w.saveLocked(n); err != nil {
+		if err := w.saveLocked(&n); err != nil {
 			return err
 		}
 	}
-	w.routing.Store(n)
+	w.routing.Store(&n)
 	return nil
 }
 
@@ -230,7 +351,7 @@ func (w *Wiring) DeclareQueue(name string, opts shards.QueueOptions, passive boo
 	if name == "" {
 		return nil, shards.Errorf(wire.CodeInvalid, "a queue needs a name")
 	}
-	if q := w.Routing().queues[name]; q != nil {
+	if q := w.Routing().queue(name); q != nil {
 		return checkQueue(q, opts, passive, owner)
 	}
 	if passive {
@@ -238,10 +359,10 @@ func (w *Wiring) DeclareQueue(name string, opts shards.QueueOptions, passive boo
 	}
 	defer w.lockNames(name)()
 	r := w.Routing()
-	if q := r.queues[name]; q != nil {
+	if q := r.queue(name); q != nil {
 		return checkQueue(q, opts, passive, owner)
 	}
-	if opts.DeadLetterExchange != "" && r.exchanges[opts.DeadLetterExchange] == nil {
+	if opts.DeadLetterExchange != "" && r.exchange(opts.DeadLetterExchange) == nil {
 		return nil, shards.Errorf(wire.CodeNotFound, "no dead-letter exchange %q", opts.DeadLetterExchange)
 	}
 	if opts.Durable && !opts.Exclusive && w.logged() {
@@ -254,9 +375,12 @@ func (w *Wiring) DeclareQueue(name string, opts shards.QueueOptions, passive boo
 	if err != nil {
 		return nil, err
 	}
-	if err := w.apply(opts.Durable, func(n *Routing) { n.queues[name] = q }); err != nil {
+	if err := w.apply(opts.Durable, func(n *Routing) { n.addQueue(q) }); err != nil {
 		_, _ = w.b.DropQueue(q)
 		return nil, err
+	}
+	if q.Owner() != nil {
+		w.addExclusive(q)
 	}
 	return q, nil
 }
@@ -275,14 +399,14 @@ func (w *Wiring) DeclareExchange(name string, kind uint8, opts ExchangeOptions, 
 		}
 		return shards.Errorf(wire.CodePreconditionFailed, "exchange %q exists with other options", name)
 	}
-	if ex := w.Routing().exchanges[name]; ex != nil {
+	if ex := w.Routing().exchange(name); ex != nil {
 		return check(ex)
 	}
 	if passive {
 		return shards.Errorf(wire.CodeNotFound, "no exchange %q", name)
 	}
 	defer w.lockNames(name)()
-	if ex := w.Routing().exchanges[name]; ex != nil {
+	if ex := w.Routing().exchange(name); ex != nil {
 		return check(ex)
 	}
 	if opts.Durable && w.logged() {
@@ -290,16 +414,14 @@ func (w *Wiring) DeclareExchange(name string, kind uint8, opts ExchangeOptions, 
 			return logError(err)
 		}
 	}
-	return w.apply(opts.Durable, func(n *Routing) {
-		n.exchanges[name] = &exchange{name: name, kind: kind, options: opts, direct: map[string][]*shards.Queue{}}
-	})
+	return w.apply(opts.Durable, func(n *Routing) { n.addExchange(name, kind, opts) })
 }
 
 // Bind adds a binding; binding twice is a no-op.
 func (w *Wiring) Bind(exchangeName, queue, key string) error {
 	defer w.lockNames(exchangeName, queue)()
 	r := w.Routing()
-	ex, q := r.exchanges[exchangeName], r.queues[queue]
+	ex, q := r.exchange(exchangeName), r.queue(queue)
 	if ex == nil {
 		return shards.Errorf(wire.CodeNotFound, "no exchange %q", exchangeName)
 	}
@@ -313,8 +435,7 @@ func (w *Wiring) Bind(exchangeName, queue, key string) error {
 			return err
 		}
 	}
-	nb := Binding{Exchange: exchangeName, Queue: queue, Key: key}
-	if slices.Contains(r.bindings, nb) {
+	if r.hasBinding(exchangeName, queue, key) {
 		return nil
 	}
 	durable := q.Options.Durable && !q.Options.Exclusive && ex.options.Durable
@@ -323,31 +444,24 @@ func (w *Wiring) Bind(exchangeName, queue, key string) error {
 			return logError(err)
 		}
 	}
-	return w.apply(durable, func(n *Routing) {
-		n.bindings = append(n.bindings, nb)
-		n.rebuildExchanges()
-	})
+	return w.apply(durable, func(n *Routing) { n.bind(exchangeName, q, key) })
 }
 
 // Unbind removes a binding.
 func (w *Wiring) Unbind(exchangeName, queue, key string) error {
 	defer w.lockNames(exchangeName, queue)()
 	r := w.Routing()
-	nb := Binding{Exchange: exchangeName, Queue: queue, Key: key}
-	if !slices.Contains(r.bindings, nb) {
+	if !r.hasBinding(exchangeName, queue, key) {
 		return shards.Errorf(wire.CodeNotFound, "no binding %s -> %s (%q)", exchangeName, queue, key)
 	}
-	q, ex := r.queues[queue], r.exchanges[exchangeName]
-	durable := q != nil && ex != nil && q.Options.Durable && ex.options.Durable
+	q, ex := r.queue(queue), r.exchange(exchangeName)
+	durable := q.Options.Durable && ex.options.Durable
 	if durable && w.logged() {
 		if err := w.cfg.Log.Unbind(exchangeName, queue, key); err != nil {
 			return logError(err)
 		}
 	}
-	return w.apply(true, func(n *Routing) {
-		n.bindings = slices.DeleteFunc(n.bindings, func(x Binding) bool { return x == nb })
-		n.rebuildExchanges()
-	})
+	return w.apply(true, func(n *Routing) { n.unbind(exchangeName, q, key) })
 }
 
 // DeleteQueue deletes a queue and every message in it, and cancels its
@@ -356,7 +470,7 @@ func (w *Wiring) Unbind(exchangeName, queue, key string) error {
 // queue as it was.
 func (w *Wiring) DeleteQueue(name string, ifUnused, ifEmpty bool) (int, error) {
 	defer w.lockNames(name)()
-	q := w.Routing().queues[name]
+	q := w.Routing().queue(name)
 	if q == nil {
 		return 0, shards.Errorf(wire.CodeNotFound, "no queue %q", name)
 	}
@@ -381,21 +495,18 @@ func (w *Wiring) DeleteQueue(name string, ifUnused, ifEmpty bool) (int, error) {
 // unpublish removes a dropped queue from the routing. The queue's name
 // lock is held.
 func (w *Wiring) unpublish(q *shards.Queue) {
-	err := w.apply(q.Options.Durable, func(n *Routing) {
-		if n.queues[q.Name] == q {
-			delete(n.queues, q.Name)
-			n.rebuildExchanges()
-		}
-	})
+	if q.Owner() != nil {
+		w.removeExclusive(q)
+	}
+	err := w.apply(q.Options.Durable, func(n *Routing) { n.removeQueue(q) })
 	if err != nil {
 		// The queue is gone from memory; on restart it comes back empty
 		// of the messages whose dequeues were journaled.
 		w.log.Error("wiring: save the wiring file after deleting a queue", "queue", q.Name, "err", err)
 		w.mu.Lock()
-		n := w.routing.Load().clone()
-		delete(n.queues, q.Name)
-		n.rebuildExchanges()
-		w.routing.Store(n)
+		n := *w.routing.Load()
+		n.removeQueue(q)
+		w.routing.Store(&n)
 		w.mu.Unlock()
 	}
 }
@@ -404,7 +515,7 @@ func (w *Wiring) unpublish(q *shards.Queue) {
 // left.
 func (w *Wiring) autoDeleted(q *shards.Queue) {
 	defer w.lockNames(q.Name)()
-	if w.Routing().queues[q.Name] != q {
+	if w.Routing().queue(q.Name) != q {
 		return
 	}
 	if q.Options.Durable && !q.Options.Exclusive && w.logged() {
@@ -420,7 +531,7 @@ func (w *Wiring) autoDeleted(q *shards.Queue) {
 // DeleteExchange deletes an exchange and its bindings.
 func (w *Wiring) DeleteExchange(name string, ifUnused bool) error {
 	defer w.lockNames(name)()
-	ex := w.Routing().exchanges[name]
+	ex := w.Routing().exchange(name)
 	if ex == nil {
 		return shards.Errorf(wire.CodeNotFound, "no exchange %q", name)
 	}
@@ -432,15 +543,12 @@ func (w *Wiring) DeleteExchange(name string, ifUnused bool) error {
 			return logError(err)
 		}
 	}
-	return w.apply(ex.options.Durable, func(n *Routing) {
-		delete(n.exchanges, name)
-		n.rebuildExchanges()
-	})
+	return w.apply(ex.options.Durable, func(n *Routing) { n.removeExchange(name) })
 }
 
 // Purge drops every ready message of a queue and returns how many.
 func (w *Wiring) Purge(name string) (int, error) {
-	q := w.Routing().queues[name]
+	q := w.Routing().queue(name)
 	if q == nil {
 		return 0, shards.Errorf(wire.CodeNotFound, "no queue %q", name)
 	}
@@ -451,16 +559,10 @@ func (w *Wiring) Purge(name string) (int, error) {
 // queues. It may block; never call it from an event loop.
 func (w *Wiring) SessionClosed(sess *shards.Session) {
 	w.b.SessionClosed(sess)
-	var exclusive []*shards.Queue
-	for _, q := range w.Routing().queues {
-		if q.Owner() == sess {
-			exclusive = append(exclusive, q)
-		}
-	}
-	for _, q := range exclusive {
+	for _, q := range w.exclusiveOf(sess) {
 		func() {
 			defer w.lockNames(q.Name)()
-			if w.Routing().queues[q.Name] != q {
+			if w.Routing().queue(q.Name) != q {
 				return
 			}
 			if _, err := w.b.DropQueue(q); err == nil {

@@ -1,10 +1,14 @@
 package wiring
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -61,7 +65,11 @@ func (g *gateLog) Load() (*Snapshot, error) { return &Snapshot{}, nil }
 func startWiring(t *testing.T, log Log) *Wiring {
 	t.Helper()
 	b := shards.New(shards.Config{Shards: 2, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	w := New(Config{Broker: b, Log: log, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	cfg := Config{Broker: b, Log: log, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if log != nil {
+		cfg.Dir = t.TempDir() // Restore reads the log only for a broker with a data directory
+	}
+	w := New(cfg)
 	if err := b.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -196,5 +204,193 @@ func TestWiringFileFromBeforeWireOptions(t *testing.T) {
 	}
 	if got, _ := w.Routing().Route([]byte("dlx"), nil, nil); len(got) != 1 || got[0] != q {
 		t.Fatalf("binding not restored: %v", got)
+	}
+}
+
+// snapLog is a wiring log that loads a fixed snapshot and refuses changes.
+type snapLog struct{ snap *Snapshot }
+
+func (l snapLog) DeclareExchange(string, uint8, ExchangeOptions) error { return errRefused }
+func (l snapLog) DeclareQueue(string, shards.QueueOptions) error       { return errRefused }
+func (l snapLog) Bind(_, _, _ string) error                            { return errRefused }
+func (l snapLog) Unbind(_, _, _ string) error                          { return errRefused }
+func (l snapLog) DeleteQueue(string) error                             { return errRefused }
+func (l snapLog) DeleteExchange(string) error                          { return errRefused }
+func (l snapLog) Load() (*Snapshot, error)                             { return l.snap, nil }
+
+var errRefused = shards.Errorf(wire.CodeInternal, "controller: refused")
+
+// bigSnapshot is n durable queues named q<i>, every tenth bound to a
+// durable topic exchange by "dev<i>.*.temp".
+func bigSnapshot(n int) *Snapshot {
+	s := &Snapshot{Exchanges: []WiringExchange{{Name: "t", Kind: KindTopic, Options: ExchangeOptions{Durable: true}}}}
+	s.Queues = make([]WiringQueue, n)
+	for i := range s.Queues {
+		s.Queues[i] = WiringQueue{Name: "q" + strconv.Itoa(i), Options: shards.QueueOptions{Durable: true}}
+		if i%10 == 0 {
+			s.Bindings = append(s.Bindings, Binding{Exchange: "t", Queue: s.Queues[i].Name, Key: "dev" + strconv.Itoa(i) + ".*.temp"})
+		}
+	}
+	return s
+}
+
+// TestRestoreFromLog restores a snapshot with a queue listed twice and a
+// binding to a topic pattern over the word cap (accepted before the cap),
+// and checks queues, bindings and routes.
+func TestRestoreFromLog(t *testing.T) {
+	snap := bigSnapshot(1000)
+	snap.Queues = append(snap.Queues, snap.Queues[3])
+	long := strings.Repeat("a.", topicWordsMax) + "a"
+	snap.Bindings = append(snap.Bindings, Binding{Exchange: "t", Queue: "q1", Key: long})
+	w := startWiring(t, snapLog{snap})
+	r := w.Routing()
+	if r.Len() != 1000 {
+		t.Fatalf("%d queues restored, want 1000", r.Len())
+	}
+	for _, i := range []int{0, 3, 999} {
+		if q := r.Queue([]byte("q" + strconv.Itoa(i))); q == nil || !q.Options.Durable {
+			t.Fatalf("queue q%d not restored as durable: %v", i, q)
+		}
+	}
+	for _, i := range []int{0, 10, 990} {
+		got := routeNames(t, r, "t", "dev"+strconv.Itoa(i)+".x.temp")
+		if want := []string{"q" + strconv.Itoa(i)}; !slices.Equal(got, want) {
+			t.Fatalf("route dev%d = %v, want %v", i, got, want)
+		}
+	}
+	if got := routeNames(t, r, "t", "dev1.x.temp"); len(got) != 0 {
+		t.Fatalf("an unbound key routes to %v", got)
+	}
+	if !r.hasBinding("t", "q1", long) {
+		t.Fatal("the over-long pattern was not kept")
+	}
+	if got := routeNames(t, r, "t", strings.Repeat("a.", topicWordsMax-1)+"a"); len(got) != 0 {
+		t.Fatalf("the over-long pattern matches %v", got)
+	}
+}
+
+// TestRestoreWiringFile: without a log, a restart restores the wiring file,
+// and the file still holds the wiring afterwards (Restore does not write it
+// empty first).
+func TestRestoreWiringFile(t *testing.T) {
+	dir := t.TempDir()
+	start := func() (*Wiring, func()) {
+		b := shards.New(shards.Config{Shards: 2, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		w := New(Config{Broker: b, Dir: dir, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err := b.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Restore(); err != nil {
+			b.Stop()
+			t.Fatal(err)
+		}
+		return w, b.Stop
+	}
+	w, stop := start()
+	if err := w.DeclareExchange("x", KindDirect, ExchangeOptions{Durable: true}, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"a", "b"} {
+		if _, err := w.DeclareQueue(q, shards.QueueOptions{Durable: true}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Bind("x", q, "k"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop()
+	for range 2 {
+		w, stop = start()
+		if got := routeNames(t, w.Routing(), "x", "k"); !slices.Equal(got, []string{"a", "b"}) {
+			t.Fatalf("after restart: route x k = %v", got)
+		}
+		stop()
+		st, err := loadWiring(dir)
+		if err != nil || st == nil || len(st.Queues) != 2 || len(st.Bindings) != 2 {
+			t.Fatalf("wiring file after restore: %+v, %v", st, err)
+		}
+	}
+}
+
+// BenchmarkRestore restores n durable queues (a tenth of them bound) from
+// a log, as a broker's start-up does after the controller's Load. With
+// tick=100ms the shards run their expiry tick as berthd does, and each
+// tick walks every queue of its shard (shards.Shard.tick), which competes
+// with the restore; tick=off isolates the wiring's own cost.
+func BenchmarkRestore(b *testing.B) {
+	for _, n := range benchRestoreSizes {
+		snap := bigSnapshot(n)
+		for _, tick := range []time.Duration{100 * time.Millisecond, time.Hour} {
+			tickName := "100ms"
+			if tick == time.Hour {
+				tickName = "off"
+			}
+			b.Run(fmt.Sprintf("queues=%d/tick=%s", n, tickName), func(b *testing.B) {
+				b.ReportAllocs()
+				for range b.N {
+					br := shards.New(shards.Config{Shards: 2, TickInterval: tick, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+					w := New(Config{Broker: br, Log: snapLog{snap}, Dir: b.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+					if err := br.Start(); err != nil {
+						b.Fatal(err)
+					}
+					if err := w.Restore(); err != nil {
+						b.Fatal(err)
+					}
+					if w.Routing().Len() != n {
+						b.Fatalf("%d queues", w.Routing().Len())
+					}
+					b.StopTimer()
+					br.Stop()
+					b.StartTimer()
+				}
+			})
+		}
+	}
+}
+
+var benchRestoreSizes = []int{100_000, 300_000, 1_000_000}
+
+// TestQueuePage lists 2,500 queues (and some that the prefix leaves out)
+// in pages of several sizes and checks that the pages, put together, are
+// every matching name once, in order.
+func TestQueuePage(t *testing.T) {
+	w := startWiring(t, nil)
+	var want []string
+	for i := range 2500 {
+		name := fmt.Sprintf("p-%05d", (i*7919)%2500) // declared out of order
+		if _, err := w.DeclareQueue(name, shards.QueueOptions{}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, name)
+		if _, err := w.DeclareQueue(fmt.Sprintf("o-%d", i), shards.QueueOptions{}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slices.Sort(want)
+	for _, limit := range []int{1, 7, 1000, 2500, 5000} {
+		var got []string
+		after := ""
+		for pages := 0; ; pages++ {
+			if pages > 2600 {
+				t.Fatalf("limit %d: too many pages", limit)
+			}
+			page, more := w.QueuePage(after, "p-", limit)
+			if len(page) > limit || (more && len(page) != limit) {
+				t.Fatalf("limit %d: page of %d, more=%v", limit, len(page), more)
+			}
+			for _, q := range page {
+				got = append(got, q.Name)
+			}
+			if !more {
+				break
+			}
+			after = page[len(page)-1].Name
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("limit %d: pages hold %d names (first %v), want %d", limit, len(got), got[:min(3, len(got))], len(want))
+		}
+	}
+	if page, more := w.QueuePage("p-02497", "p-", 10); len(page) != 2 || more {
+		t.Fatalf("the last page is %d queues, more=%v", len(page), more)
 	}
 }

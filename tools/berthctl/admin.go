@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 )
@@ -71,12 +73,52 @@ func fetchQueues(ctx context.Context, addr string) ([]queueInfo, error) {
 	return qs, nil
 }
 
+// fetchQueuePage fetches one page of /v1/queues: up to limit queues in
+// name order whose names start with prefix and sort after after, and the
+// after of the next page ("" at the end).
+func fetchQueuePage(ctx context.Context, addr, after, prefix string, limit int) ([]queueInfo, string, error) {
+	v := url.Values{}
+	v.Set("after", after)
+	v.Set("prefix", prefix)
+	if limit > 0 {
+		v.Set("limit", strconv.Itoa(limit))
+	}
+	body, err := adminGet(ctx, addr, "/v1/queues?"+v.Encode())
+	if err != nil {
+		return nil, "", err
+	}
+	var page struct {
+		Queues    []queueInfo `json:"queues"`
+		NextAfter string      `json:"next_after"`
+	}
+	if err := json.Unmarshal(body, &page); err != nil {
+		return nil, "", fmt.Errorf("admin: /v1/queues is not a page of queues: %w", err)
+	}
+	return page.Queues, page.NextAfter, nil
+}
+
 func queuesCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
+	limit := fs.Int("limit", 0, "list at most this many queues, in name order (one page; the broker caps a page at 10000)")
+	prefix := fs.String("prefix", "", "list only queues whose names start with this")
+	after := fs.String("after", "", "list queues whose names sort after this (the next page)")
 	return func(ctx context.Context, e *env, args []string) error {
 		if len(args) != 0 {
 			return usageErrorf("queues takes no arguments, got %q", args)
 		}
-		qs, err := fetchQueues(ctx, e.admin)
+		if *limit < 0 {
+			return usageErrorf("--limit must not be negative")
+		}
+		var qs []queueInfo
+		var err error
+		if *limit == 0 && *prefix == "" && *after == "" {
+			qs, err = fetchQueues(ctx, e.admin)
+		} else {
+			var next string
+			qs, next, err = fetchQueuePage(ctx, e.admin, *after, *prefix, *limit)
+			if err == nil && next != "" {
+				fmt.Fprintf(e.stderr, "more queues follow: --after %s\n", next)
+			}
+		}
 		if err != nil {
 			return err
 		}

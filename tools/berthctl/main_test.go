@@ -574,3 +574,38 @@ func TestMembersSingle(t *testing.T) {
 		t.Fatalf("members table:\n%s", text)
 	}
 }
+
+// TestQueuesPaged lists queues a page at a time with --limit, --prefix and
+// --after, following the next page's --after that berthctl prints.
+func TestQueuesPaged(t *testing.T) {
+	s := startBroker(t)
+	for _, q := range []string{"dev-c", "dev-a", "dev-b", "other"} {
+		mustCtl(t, s, "declare-queue", q)
+	}
+	var names []string
+	after := ""
+	for pages := 0; pages < 5; pages++ {
+		code, out, errOut := ctl(t, s, "--json", "queues", "--limit", "2", "--prefix", "dev-", "--after", after)
+		if code != exitOK {
+			t.Fatalf("queues page: exit %d, stderr: %s", code, errOut)
+		}
+		var qs []queueInfo
+		if err := json.Unmarshal([]byte(out), &qs); err != nil || len(qs) > 2 {
+			t.Fatalf("page after %q: %v\n%s", after, err, out)
+		}
+		for _, q := range qs {
+			names = append(names, q.Name)
+		}
+		_, next, ok := strings.Cut(strings.TrimSpace(errOut), "--after ")
+		if !ok {
+			break
+		}
+		after = next
+	}
+	if strings.Join(names, ",") != "dev-a,dev-b,dev-c" {
+		t.Fatalf("pages listed %v, want dev-a, dev-b, dev-c", names)
+	}
+	if code, _, _ := ctl(t, s, "queues", "--limit", "-1"); code == exitOK {
+		t.Fatal("--limit -1 accepted")
+	}
+}

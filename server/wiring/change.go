@@ -1,0 +1,173 @@
+package wiring
+
+import (
+	"slices"
+
+	"github.com/berthmq/berth/shards"
+)
+
+// The changes below are made to a Routing that is not published yet: a
+// copy of the current snapshot's struct, whose tables are persistent, so
+// changing it leaves the published snapshot as it was. The caller holds
+// Wiring.mu (or owns the copy alone, as Restore does).
+
+// addQueue adds q, which must not be there.
+func (r *Routing) addQueue(q *shards.Queue) { r.queues = r.queues.Set(q.Name, q) }
+
+// addExchange adds an exchange with no bindings, replacing any of that
+// name (whose bindings die with it).
+func (r *Routing) addExchange(name string, kind uint8, opts ExchangeOptions) {
+	r.gen++
+	r.exchanges = r.exchanges.Set(name, &exchange{name: name, kind: kind, options: opts, gen: r.gen})
+}
+
+// removeExchange removes an exchange and so its bindings. The queues'
+// binding lists keep them until the next change to each queue's list,
+// which drops them by their generation.
+func (r *Routing) removeExchange(name string) { r.exchanges = r.exchanges.Delete(name) }
+
+// liveBindings returns the queue's bindings whose exchange still exists.
+// The slice is shared with the snapshot: do not change it.
+func (r *Routing) liveBindings(queue string) []queueBinding {
+	all, _ := r.bindings.Get(queue)
+	for i, b := range all {
+		if !r.bindingLive(b) {
+			// Rare (an exchange was deleted): copy without the dead ones.
+			live := slices.Clone(all[:i])
+			for _, b := range all[i+1:] {
+				if r.bindingLive(b) {
+					live = append(live, b)
+				}
+			}
+			return live
+		}
+	}
+	return all
+}
+
+func (r *Routing) bindingLive(b queueBinding) bool {
+	ex := r.exchange(b.exchange)
+	return ex != nil && ex.gen == b.gen
+}
+
+// hasBinding reports whether the binding exists.
+func (r *Routing) hasBinding(exchange, queue, key string) bool {
+	ex := r.exchange(exchange)
+	if ex == nil {
+		return false
+	}
+	all, _ := r.bindings.Get(queue)
+	return slices.Contains(all, queueBinding{exchange: exchange, gen: ex.gen, key: key})
+}
+
+// bind adds a binding of q to the exchange, which must exist; the binding
+// must not.
+func (r *Routing) bind(exchangeName string, q *shards.Queue, key string) {
+	ex := r.exchange(exchangeName)
+	qb := r.liveBindings(q.Name)
+	nb := queueBinding{exchange: exchangeName, gen: ex.gen, key: key}
+	r.exchanges = r.exchanges.Set(exchangeName, ex.with(q, key, qb))
+	r.bindings = r.bindings.Set(q.Name, append(slices.Clip(qb), nb))
+}
+
+// unbind removes a binding, which must exist.
+func (r *Routing) unbind(exchangeName string, q *shards.Queue, key string) {
+	ex := r.exchange(exchangeName)
+	nb := queueBinding{exchange: exchangeName, gen: ex.gen, key: key}
+	qb := r.liveBindings(q.Name)
+	i := slices.Index(qb, nb)
+	rest := slices.Delete(slices.Clone(qb), i, i+1)
+	r.exchanges = r.exchanges.Set(exchangeName, ex.without(q, key, rest))
+	if len(rest) == 0 {
+		r.bindings = r.bindings.Delete(q.Name)
+	} else {
+		r.bindings = r.bindings.Set(q.Name, rest)
+	}
+}
+
+// removeQueue removes q and its bindings, if q is the queue of its name.
+func (r *Routing) removeQueue(q *shards.Queue) {
+	if r.queue(q.Name) != q {
+		return
+	}
+	qb := r.liveBindings(q.Name)
+	for i, b := range qb {
+		ex := r.exchange(b.exchange)
+		rest := slices.Delete(slices.Clone(qb[i:]), 0, 1) // bindings still to remove
+		r.exchanges = r.exchanges.Set(b.exchange, ex.without(q, b.key, rest))
+	}
+	r.bindings = r.bindings.Delete(q.Name)
+	r.queues = r.queues.Delete(q.Name)
+}
+
+// with returns a copy of ex with q bound by key. others are q's other
+// bindings (to any exchange): a fanout lists q once and a topic trie
+// holds q once per normalised pattern, however many keys lead there.
+func (ex *exchange) with(q *shards.Queue, key string, others []queueBinding) *exchange {
+	c := *ex
+	c.count++
+	switch c.kind {
+	case KindDirect:
+		qs, _ := c.direct.Get(key)
+		c.direct = c.direct.Set(key, append(slices.Clip(qs), q))
+	case KindFanout:
+		if !ex.boundElsewhere(others, func(string) bool { return true }) {
+			c.fanout = append(slices.Clip(c.fanout), q)
+		}
+	case KindTopic:
+		words, ok := topicTrieWords(key)
+		if ok && !ex.boundElsewhere(others, samePattern(words)) {
+			c.topic = trieAdd(c.topic, words, q)
+		}
+	}
+	return &c
+}
+
+// without returns a copy of ex without q's binding by key. others are q's
+// bindings that stay.
+func (ex *exchange) without(q *shards.Queue, key string, others []queueBinding) *exchange {
+	c := *ex
+	c.count--
+	switch c.kind {
+	case KindDirect:
+		qs, _ := c.direct.Get(key)
+		if i := slices.Index(qs, q); i >= 0 {
+			if len(qs) == 1 {
+				c.direct = c.direct.Delete(key)
+			} else {
+				c.direct = c.direct.Set(key, slices.Delete(slices.Clone(qs), i, i+1))
+			}
+		}
+	case KindFanout:
+		if !ex.boundElsewhere(others, func(string) bool { return true }) {
+			if i := slices.Index(c.fanout, q); i >= 0 {
+				c.fanout = slices.Delete(slices.Clone(c.fanout), i, i+1)
+			}
+		}
+	case KindTopic:
+		words, ok := topicTrieWords(key)
+		if ok && !ex.boundElsewhere(others, samePattern(words)) {
+			c.topic = trieRemove(c.topic, words, q)
+		}
+	}
+	return &c
+}
+
+// boundElsewhere reports whether one of others binds to ex with a key
+// that same accepts.
+func (ex *exchange) boundElsewhere(others []queueBinding, same func(string) bool) bool {
+	for _, b := range others {
+		if b.exchange == ex.name && b.gen == ex.gen && same(b.key) {
+			return true
+		}
+	}
+	return false
+}
+
+// samePattern accepts keys that normalise to words.
+func samePattern(words []string) func(string) bool {
+	return func(key string) bool {
+		w, ok := topicTrieWords(key)
+		return ok && slices.Equal(w, words)
+	}
+}
