@@ -7,7 +7,7 @@ PKGS      := ./...
 # Packages with concurrency run under the race detector in `make test`.
 RACE_PKGS := ./ring/... ./shards/... ./server/... ./client/... ./journal/... ./controlplane/... ./perf/... ./tools/... ./internal/...
 
-.PHONY: all build run test test-race test-plain bench fuzz vet crash soak clean release deb
+.PHONY: cluster all build run test test-race test-plain bench fuzz vet crash soak clean release deb
 
 # Version stamping (internal/version). VERSION is the latest vX.Y.Z tag as
 # git describe gives it, without the v (1.2.0; 1.2.0-3-gabc1234 three
@@ -26,6 +26,11 @@ build:
 
 run: build
 	./$(BIN)/berthd
+
+# Three brokers with a 3-member controller and replication groups on
+# loopback; data under ./cluster (CLUSTER_DIR), Ctrl-C stops them.
+cluster: build
+	BIN=$(BIN) bash tools/cluster.sh
 
 test: vet test-plain test-race test-python
 

@@ -98,6 +98,7 @@ func commands() []command {
 		{"status", "", "controller leader, cluster info, brokers, applied index; broker status", statusCmd},
 		{"queues", "", "queues on the broker: depth, unacked, consumers", queuesCmd},
 		{"wiring", "", "exchanges, queues and bindings recorded in the controller", wiringCmd},
+		{"cluster", "[init]", "the cluster's group count and mode; init sets them (--groups G)", clusterCmd},
 		{"groups", "[GROUP...]", "replication groups: master, epoch, SyncStateSet", groupsCmd},
 		{"declare-queue", "NAME", "declare a queue on the broker", declareQueueCmd},
 		{"declare-exchange", "NAME", "declare an exchange on the broker", declareExchangeCmd},

@@ -1,0 +1,34 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestClusterInit: cluster shows an uninitialised cluster, init sets the
+// group count and mode, a second init with the same count is harmless, a
+// different count or bad input is refused.
+func TestClusterInit(t *testing.T) {
+	s := startBroker(t)
+	if code, out, errOut := ctl(t, s, "cluster"); code != exitOK || !strings.Contains(out, "groups 0,") {
+		t.Fatalf("cluster: %d %q %q", code, out, errOut)
+	}
+	if code, out, errOut := ctl(t, s, "cluster", "init", "--groups", "8", "--mode", "active-passive"); code != exitOK ||
+		!strings.Contains(out, "groups 8, mode active-passive") {
+		t.Fatalf("cluster init: %d %q %q", code, out, errOut)
+	}
+	if code, _, errOut := ctl(t, s, "cluster", "init", "--groups", "8"); code != exitOK {
+		t.Fatalf("init again with the same count: %d %q", code, errOut)
+	}
+	if code, _, errOut := ctl(t, s, "cluster", "init", "--groups", "9"); code != exitFail || !strings.Contains(errOut, "cannot change") {
+		t.Fatalf("init with another count: %d %q", code, errOut)
+	}
+	for _, args := range [][]string{{"cluster", "init"}, {"cluster", "init", "--groups", "4", "--mode", "both"}, {"cluster", "reset"}} {
+		if code, _, errOut := ctl(t, s, args...); code != exitUsage {
+			t.Fatalf("%v: %d %q, want usage", args, code, errOut)
+		}
+	}
+	if code, out, _ := ctl(t, s, "--json", "cluster"); code != exitOK || !strings.Contains(out, `"groups": 8`) {
+		t.Fatalf("cluster --json: %d %q", code, out)
+	}
+}
