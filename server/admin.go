@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/berthmq/berth/server/groups"
 	"github.com/berthmq/berth/server/wiring"
 	"github.com/berthmq/berth/shards"
 )
@@ -109,9 +110,39 @@ func (s *Server) startAdmin() error {
 			writeJSON(w, out)
 		})
 	}
+	if s.cfg.Role != RoleController {
+		mux.HandleFunc("/v1/groups", s.serveGroups)
+	}
 	s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = s.admin.Serve(ln) }()
 	return nil
+}
+
+// serveGroups is /v1/groups: this broker's view of each replication group
+// it runs (role, epoch, master, log end, commit and applied index, and a
+// master's SyncStateSet), which the controller does not hold: a follower's
+// lag is its master's commit minus its own.
+func (s *Server) serveGroups(w http.ResponseWriter, r *http.Request) {
+	m := s.GroupsManager()
+	if m == nil {
+		http.Error(w, "this broker runs no replication groups (no -peer)", http.StatusNotFound)
+		return
+	}
+	n := m.Node()
+	if n == nil {
+		http.Error(w, "starting: waiting for the cluster's group count and replicas", http.StatusServiceUnavailable)
+		return
+	}
+	out := []groups.Status{}
+	for _, g := range n.Groups() {
+		st, err := n.Status(g)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		out = append(out, st)
+	}
+	writeJSON(w, map[string]any{"broker_id": s.BrokerID(), "groups": out})
 }
 
 // serveStatus is /v1/status. While Start runs it shows readiness and the

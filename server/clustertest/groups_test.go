@@ -2,7 +2,9 @@ package clustertest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"slices"
 	"syscall"
 	"testing"
@@ -24,8 +26,10 @@ func TestGroupsFollowController(t *testing.T) {
 	const groups = 6
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	nodes := startGroupEach(t, func(int, *node) []string {
-		return []string{"-peer", testutil.FreeAddr(t), "-controller-heartbeat-ms", "200"}
+	admins := map[*node]string{}
+	nodes := startGroupEach(t, func(_ int, n *node) []string {
+		admins[n] = testutil.FreeAddr(t)
+		return []string{"-peer", testutil.FreeAddr(t), "-controller-heartbeat-ms", "200", "-admin", admins[n]}
 	}, "broker", "broker", "broker")
 	var ctlAddrs []string
 	for _, n := range nodes {
@@ -124,6 +128,55 @@ func TestGroupsFollowController(t *testing.T) {
 	inSync = time.Since(killed)
 	t.Logf("kill -9 of broker %d: its %d groups had new masters after %v, and two members in sync after %v", victim, len(lost), elected.Round(time.Millisecond), inSync.Round(time.Millisecond))
 
+	// Every broker's own view (/v1/groups) agrees with the controller:
+	// the same epoch everywhere, master on the master only, followers
+	// caught up to the master's commit.
+	checkViews := func(live []*node) error {
+		gs := read()
+		for _, n := range live {
+			var view struct {
+				Broker uint32 `json:"broker_id"`
+				Groups []struct {
+					Group           uint32
+					Role            string
+					Epoch, Master   uint32
+					Commit, Applied uint64
+				} `json:"groups"`
+			}
+			resp, err := http.Get("http://" + admins[n] + "/v1/groups")
+			if err != nil {
+				return err
+			}
+			err = json.NewDecoder(resp.Body).Decode(&view)
+			resp.Body.Close()
+			if err != nil {
+				return err
+			}
+			if len(view.Groups) != groups {
+				return fmt.Errorf("%s runs %d groups", n.name, len(view.Groups))
+			}
+			for _, v := range view.Groups {
+				g := gs[v.Group]
+				wantRole := "follower"
+				if g.Master == view.Broker {
+					wantRole = "master"
+				}
+				if v.Epoch != g.Epoch || v.Master != g.Master || v.Role != wantRole {
+					return fmt.Errorf("%s (broker %d) sees group %d as %s of epoch %d under %d; the controller: epoch %d, master %d",
+						n.name, view.Broker, v.Group, v.Role, v.Epoch, v.Master, g.Epoch, g.Master)
+				}
+			}
+		}
+		return nil
+	}
+	var live []*node
+	for _, n := range nodes {
+		if n != vnode {
+			live = append(live, n)
+		}
+	}
+	testutil.WaitFor(t, 20*time.Second, func() error { return checkViews(live) })
+
 	// Restarted, the killed broker is back in every set.
 	vnode.proc = nil
 	vnode.start(t)
@@ -136,4 +189,5 @@ func TestGroupsFollowController(t *testing.T) {
 		}
 		return nil
 	})
+	testutil.WaitFor(t, 20*time.Second, func() error { return checkViews(nodes) })
 }

@@ -260,20 +260,34 @@ func (n *Node) AlterRefused(g, epoch uint32) error {
 	return n.withMember(g, func(m *group.Member) { m.AlterRefused(epoch) })
 }
 
+// Groups lists the groups this node runs.
+func (n *Node) Groups() []uint32 {
+	var out []uint32
+	_ = n.do(func() { out = n.sortedGroups() })
+	return out
+}
+
 // Status is one group's state on this node.
 type Status struct {
-	Role                            group.Role
-	Epoch, Master                   uint32
-	LastIndex, Commit, Applied, Dur uint64
-	Set                             []uint32
+	Group     uint32     `json:"group"`
+	Role      group.Role `json:"-"`
+	RoleName  string     `json:"role"`
+	Epoch     uint32     `json:"epoch"`
+	Master    uint32     `json:"master"`
+	LastIndex uint64     `json:"last_index"`
+	Commit    uint64     `json:"commit"`
+	Applied   uint64     `json:"applied"`
+	Dur       uint64     `json:"durable"`
+	Set       []uint32   `json:"sync_state_set,omitempty"` // a master's
 }
 
 // Status reports group g's state.
 func (n *Node) Status(g uint32) (Status, error) {
 	var st Status
 	err := n.withMember(g, func(m *group.Member) {
-		st = Status{Role: m.Role(), Epoch: m.Epoch(), Master: m.Master(), LastIndex: m.LastIndex(),
-			Commit: m.Commit(), Applied: m.Applied(), Dur: m.Durable(), Set: slices.Clone(m.SyncStateSet())}
+		st = Status{Group: g, Role: m.Role(), RoleName: [...]string{"none", "follower", "master"}[m.Role()], Epoch: m.Epoch(),
+			Master: m.Master(), LastIndex: m.LastIndex(), Commit: m.Commit(), Applied: m.Applied(), Dur: m.Durable(),
+			Set: slices.Clone(m.SyncStateSet())}
 	})
 	return st, err
 }
