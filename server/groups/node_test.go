@@ -44,7 +44,7 @@ func (b *testBroker) appliedCopy() []string {
 // confirms every AlterSet of the current master's epoch, and elects when
 // told to.
 type testCluster struct {
-	t       *testing.T
+	t       testing.TB
 	brokers map[uint32]*testBroker
 	ids     []uint32
 
@@ -57,7 +57,7 @@ type testCluster struct {
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
-func newTestCluster(t *testing.T) *testCluster {
+func newTestCluster(t testing.TB) *testCluster {
 	c := &testCluster{t: t, brokers: map[uint32]*testBroker{}, ids: []uint32{1, 2, 3}, fenced: map[uint32]bool{}}
 	for _, id := range c.ids {
 		b := &testBroker{id: id, dir: t.TempDir()}
