@@ -108,6 +108,7 @@ type Shard struct {
 	deferred  []Command // dead letters for other shards whose rings were full
 	now       int64
 	journal   *shardJournal // nil when the broker keeps nothing on disk
+	mem       memory        // the shard's share of the memory budget (memory.go)
 
 	stats  ShardStats
 	meters shardMeters // metrics.go
@@ -298,6 +299,7 @@ func (s *Shard) publish(c *Command) {
 		}
 		// Deliverable when the record is durable (journalDone), not now.
 		q.enqueueUnsafe(seq)
+		s.admit(q)
 		s.stats.Published++
 		return
 	}
@@ -309,6 +311,7 @@ func (s *Shard) publish(c *Command) {
 		s.completeCmd(c.Sess, c.CmdID, c.Fanout, err)
 		return
 	}
+	s.admit(q)
 	s.stats.Published++
 	s.completeCmd(c.Sess, c.CmdID, c.Fanout, nil)
 	if len(q.consumers) > 0 {
@@ -530,6 +533,9 @@ func (s *Shard) dispatch(q *Queue) {
 			continue
 		}
 		h := q.Head()
+		if h.Body == nil && !s.pageIn(q) {
+			return // a failed read: the queue waits, nothing is lost
+		}
 		con := ev.Consumer
 		flags := uint8(0)
 		if h.DeliveryCount > 0 {
@@ -563,6 +569,9 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 	s.stats.DeadLettered++
 	dlx := q.Options.DeadLetterExchange
 	if dlx == "" && q.Options.DeadLetterKey == "" {
+		return
+	}
+	if !s.withBody(e) {
 		return
 	}
 	key := e.Body.RoutingKey
@@ -635,7 +644,10 @@ func (s *Shard) Removed(q *Queue, e *Entry) {
 	if e.JournalPos != 0 && s.journal != nil {
 		s.appendDequeue(journal.Pos(e.JournalPos), nil, 0)
 	}
-	e.Body.Unref()
+	s.forget(e)
+	if e.Body != nil {
+		e.Body.Unref()
+	}
 }
 
 // deadLettered runs when every other-shard target of a dead letter from
