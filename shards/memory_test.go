@@ -64,6 +64,8 @@ func (w *captureWriter) take(t *testing.T) []wire.DeliverMessage {
 		var m wire.DeliverMessage
 		for d.Next(&m) {
 			m.Payload = append([]byte(nil), m.Payload...)
+			m.Props = append([]byte(nil), m.Props...)
+			m.Exchange, m.RoutingKey = nil, nil
 			out = append(out, m)
 		}
 	}

@@ -59,7 +59,7 @@ const (
 	// pageWriteBufMax bounds the bytes gathered before a write(2).
 	pageWriteBufMax = 256 << 10
 	// pageReadWindow is the size of one read-ahead pread.
-	pageReadWindow = 256 << 10
+	pageReadWindow   = 256 << 10
 	pageRecordHeader = 8
 )
 
