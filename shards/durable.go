@@ -266,7 +266,6 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		}
 		if m.body == nil {
 			s.mem.paged++
-			s.mem.pagedPub.Store(s.mem.paged)
 		}
 		s.admit(q)
 		q.Recovered++

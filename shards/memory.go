@@ -94,7 +94,6 @@ func (s *Shard) Throttled() bool { return s.mem.throttledPub.Load() }
 func (s *Shard) charge(delta int64) {
 	m := &s.mem
 	m.used += delta
-	m.usedPub.Store(m.used)
 	if m.limit == 0 {
 		return
 	}
@@ -116,6 +115,9 @@ func (s *Shard) charge(delta int64) {
 // admit counts the message just enqueued at q's tail and, above the high
 // watermark, pages its body out.
 func (s *Shard) admit(q *Queue) {
+	if s.mem.limit == 0 {
+		return // no budget: nothing is counted, nothing is paged
+	}
 	e := q.ready.back()
 	cost := EntryBytes
 	if e.Body != nil {
@@ -123,7 +125,7 @@ func (s *Shard) admit(q *Queue) {
 	}
 	s.charge(cost)
 	m := &s.mem
-	if m.limit == 0 || m.used <= m.high || e.Body == nil || q.ready.len() <= residentHeadMin {
+	if m.used <= m.high || e.Body == nil || q.ready.len() <= residentHeadMin {
 		return
 	}
 	s.pageOut(e)
@@ -153,11 +155,13 @@ func (s *Shard) pageOut(e *Entry) {
 	e.Body = nil
 	m.paged++
 	m.pageOuts++
-	m.pagedPub.Store(m.paged)
 }
 
 // forget uncounts e, which leaves its queue (Removed).
 func (s *Shard) forget(e *Entry) {
+	if s.mem.limit == 0 {
+		return
+	}
 	cost := EntryBytes
 	if e.Body != nil {
 		cost += bodyBytes(e.Body)
@@ -168,7 +172,6 @@ func (s *Shard) forget(e *Entry) {
 			e.page = 0
 		}
 		m.paged--
-		m.pagedPub.Store(m.paged)
 	}
 	s.charge(-cost)
 }
@@ -199,7 +202,6 @@ func (s *Shard) loadBody(e *Entry) error {
 	e.Body = b
 	m.paged--
 	m.pageIns++
-	m.pagedPub.Store(m.paged)
 	s.charge(bodyBytes(b))
 	return nil
 }
@@ -249,6 +251,19 @@ func (s *Shard) withBody(e *Entry) bool {
 		return false
 	}
 	return true
+}
+
+// publishMemory copies the counts for other goroutines (Broker.Memory).
+// The shard calls it once per loop, not per message: an atomic store is
+// a locked instruction, and two per message cost the hot path 10%.
+func (s *Shard) publishMemory() {
+	m := &s.mem
+	if m.usedPub.Load() != m.used {
+		m.usedPub.Store(m.used)
+	}
+	if m.pagedPub.Load() != m.paged {
+		m.pagedPub.Store(m.paged)
+	}
 }
 
 func (s *Shard) closePages() {

@@ -473,8 +473,9 @@ func (d *deque) front() *Entry {
 	return d.buf[d.head]
 }
 
-// at returns the i-th entry from the front; i < len.
-func (d *deque) at(i int) *Entry { return d.buf[(d.head+i)%len(d.buf)] }
+// at returns the i-th entry from the front; i < len. The ring's length is
+// a power of two (16, doubled).
+func (d *deque) at(i int) *Entry { return d.buf[(d.head+i)&(len(d.buf)-1)] }
 
 // back returns the newest entry, or nil.
 func (d *deque) back() *Entry {

@@ -108,10 +108,10 @@ type Shard struct {
 	deferred  []Command // dead letters for other shards whose rings were full
 	now       int64
 	journal   *shardJournal // nil when the broker keeps nothing on disk
-	mem       memory        // the shard's share of the memory budget (memory.go)
 
 	stats  ShardStats
 	meters shardMeters // metrics.go
+	mem    memory      // the shard's share of the memory budget (memory.go)
 }
 
 // ShardStats are counters read by the metrics endpoint (approximate).
@@ -179,6 +179,7 @@ func (s *Shard) run(ctx context.Context) {
 		if got || n > 0 {
 			s.dispatchDirty()
 			s.flush()
+			s.publishMemory()
 			continue
 		}
 		if len(s.deferred) > 0 {
