@@ -166,6 +166,7 @@ func (s *Server) serveStatus(w http.ResponseWriter, r *http.Request) {
 	out["clients"], out["connections"] = s.addr, n
 	out["shards"], out["loops"], out["stats"] = s.cfg.Shards, s.cfg.Loops, s.broker.Stats()
 	out["broker_id"], out["broker_registered"] = s.BrokerID(), s.BrokerRegistered()
+	out["memory"] = s.broker.Memory()
 	writeJSON(w, out)
 }
 

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
@@ -13,6 +14,76 @@ import (
 type handler struct {
 	gnet.BuiltinEventEngine
 	s *Server
+	// throttled holds the plaintext connections that stopped reading
+	// publishes because a target shard is over its memory share
+	// (shards/memory.go), each with that shard. Unlike a full ring, which
+	// empties in microseconds, a throttle lasts until consumers bring the
+	// shard's memory down, so these are not woken at once: wakeThrottled
+	// wakes each when its shard lets publishers in again. Meanwhile the
+	// connection's publishes do not complete, so the producer's window
+	// fills and it stops sending (TLS readers retry on their own).
+	throttled struct {
+		sync.Mutex
+		conns map[*connState]*shards.Shard
+		kick  chan struct{} // one slot: a connection was added
+	}
+	throttleStop chan struct{} // closed when the engine stops
+}
+
+// throttleWakeInterval is how often parked publishers are checked.
+const throttleWakeInterval = 5 * time.Millisecond
+
+// park notes that cs stopped at a publish to the throttled shard sh.
+func (h *handler) park(cs *connState, sh *shards.Shard) {
+	if _, ok := cs.t.(gnetConn); !ok {
+		return
+	}
+	h.throttled.Lock()
+	h.throttled.conns[cs] = sh
+	h.throttled.Unlock()
+	select {
+	case h.throttled.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (h *handler) parked(cs *connState) bool {
+	h.throttled.Lock()
+	defer h.throttled.Unlock()
+	_, ok := h.throttled.conns[cs]
+	return ok
+}
+
+// wakeThrottled wakes parked connections whose shard is no longer
+// throttled; it sleeps while none are parked.
+func (h *handler) wakeThrottled(stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		case <-h.throttled.kick:
+		}
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(throttleWakeInterval):
+			}
+			h.throttled.Lock()
+			for cs, sh := range h.throttled.conns {
+				// A shutdown wakes everyone: refuse answers what they hold.
+				if cs.closing.Load() || !sh.Throttled() || h.s.draining.Load() {
+					delete(h.throttled.conns, cs)
+					_ = cs.t.(gnetConn).c.Wake(nil)
+				}
+			}
+			left := len(h.throttled.conns)
+			h.throttled.Unlock()
+			if left == 0 {
+				break
+			}
+		}
+	}
 }
 
 func (h *handler) OnBoot(eng gnet.Engine) gnet.Action {
@@ -23,9 +94,15 @@ func (h *handler) OnBoot(eng gnet.Engine) gnet.Action {
 		return gnet.Shutdown
 	}
 	h.s.addr = addr
+	h.throttled.conns = map[*connState]*shards.Shard{}
+	h.throttled.kick = make(chan struct{}, 1)
+	h.throttleStop = make(chan struct{})
+	go h.wakeThrottled(h.throttleStop)
 	close(h.s.booted)
 	return gnet.None
 }
+
+func (h *handler) OnShutdown(gnet.Engine) { close(h.throttleStop) }
 
 func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	c.SetContext(h.opened(gnetConn{c}, false))
@@ -90,7 +167,7 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 	if consumed > 0 {
 		_, _ = c.Discard(consumed)
 	}
-	if stalled && action == gnet.None {
+	if stalled && action == gnet.None && !h.parked(cs) {
 		// A shard ring is full: come back once the loop has run its other
 		// work, and carry on where we stopped.
 		_ = c.Wake(nil)
@@ -150,7 +227,7 @@ func (h *handler) traffic(cs *connState, buf []byte) (consumed int, action gnet.
 		cs.resume = 0
 	}
 	h.writeOut(cs)
-	if stalled && action == gnet.None {
+	if stalled && action == gnet.None && !h.parked(cs) {
 		h.s.metrics.ringFull.Inc()
 	}
 	return consumed, action, stalled
@@ -312,6 +389,13 @@ func (h *handler) publish(cs *connState, body []byte) (bool, gnet.Action) {
 			}
 			continue
 		}
+		if sh := throttledTarget(shardList, targets); sh != nil {
+			// Over its memory share: stop before this message, as on a
+			// full ring, until the shard lets publishers in (park).
+			cs.resume = i
+			h.park(cs, sh)
+			return false, gnet.None
+		}
 		persistent := m.Flags&wire.MsgPersistent != 0
 		b := shards.NewBody(p.Exchange, m.RoutingKey, m.Props, m.Payload, persistent)
 		cmd := shards.Command{Op: shards.OpPublish, Sess: cs.sess, CmdID: id, Body: b, Now: now, TTLNanos: int64(m.TTLMs) * int64(time.Millisecond)}
@@ -346,6 +430,17 @@ func (h *handler) publish(cs *connState, body []byte) (bool, gnet.Action) {
 		}
 	}
 	return true, gnet.None
+}
+
+// throttledTarget returns the first shard of targets over its memory
+// share, or nil.
+func throttledTarget(shardList []*shards.Shard, targets []*shards.Queue) *shards.Shard {
+	for _, q := range targets {
+		if sh := shardList[q.Shard()]; sh.Throttled() {
+			return sh
+		}
+	}
+	return nil
 }
 
 // pushFanRest pushes the pending rest of a fan-out publish. It reports

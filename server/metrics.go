@@ -31,6 +31,8 @@ type shardCollector struct {
 	ringFull, storeErrors, droppedDeadLetters, recovery, recoveredMs *prometheus.Desc
 	fsyncs, recordsPerFsync, fsyncSeconds, appends, segments         *prometheus.Desc
 	diskBytes, liveBytes, journalFailed                              *prometheus.Desc
+	memLimit, memUsed, memPaged, memThrottled, memThrottles          *prometheus.Desc
+	pageOuts, pageIns, pageErrors                                    *prometheus.Desc
 }
 
 func newShardCollector(s *Server) *shardCollector {
@@ -71,6 +73,14 @@ func newShardCollector(s *Server) *shardCollector {
 		diskBytes:          d("berth_journal_disk_bytes", "Bytes in the shard's journal segments.", sh),
 		liveBytes:          d("berth_journal_live_bytes", "Bytes of journal records that must stay on disk.", sh),
 		journalFailed:      d("berth_journal_failed", "1 once the shard's journal has failed on an I/O error and refuses records.", sh),
+		memLimit:           d("berth_shard_memory_limit_bytes", "The shard's share of -memory-limit; 0 when there is no budget.", sh),
+		memUsed:            d("berth_shard_memory_bytes", "Bytes the shard counts against its share: message index entries and bodies in memory.", sh),
+		memPaged:           d("berth_shard_paged_messages", "Messages of the shard whose body is paged out to the journal or the paging file.", sh),
+		memThrottled:       d("berth_shard_memory_throttled", "1 while the shard is over its memory share and publishers to it are held back.", sh),
+		memThrottles:       d("berth_shard_memory_throttles_total", "Times the shard went over its memory share and began holding publishers back.", sh),
+		pageOuts:           d("berth_shard_page_outs_total", "Message bodies paged out of memory.", sh),
+		pageIns:            d("berth_shard_page_ins_total", "Paged message bodies read back for delivery.", sh),
+		pageErrors:         d("berth_shard_page_errors_total", "Page-outs and read-backs that failed (the body stayed in memory, or the queue waits).", sh),
 	}
 }
 
@@ -80,7 +90,8 @@ func (c *shardCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.qPublished, c.qDelivered, c.qAccepted, c.qDeadLettered, c.qExpired,
 		c.ringFull, c.storeErrors, c.droppedDeadLetters, c.recovery, c.recoveredMs,
 		c.fsyncs, c.recordsPerFsync, c.fsyncSeconds, c.appends, c.segments,
-		c.diskBytes, c.liveBytes, c.journalFailed} {
+		c.diskBytes, c.liveBytes, c.journalFailed,
+		c.memLimit, c.memUsed, c.memPaged, c.memThrottled, c.memThrottles, c.pageOuts, c.pageIns, c.pageErrors} {
 		ch <- d
 	}
 }
@@ -133,6 +144,19 @@ func (c *shardCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.ringFull, m.RingFull, shard)
 		counter(c.storeErrors, m.Stats.StoreErrors, shard)
 		counter(c.droppedDeadLetters, m.Stats.DroppedDeadLetters, shard)
+		mem := &m.Memory
+		gauge(c.memLimit, float64(mem.LimitBytes), shard)
+		gauge(c.memUsed, float64(mem.UsedBytes), shard)
+		gauge(c.memPaged, float64(mem.PagedMessages), shard)
+		throttled := 0.0
+		if mem.Throttled {
+			throttled = 1
+		}
+		gauge(c.memThrottled, throttled, shard)
+		counter(c.memThrottles, mem.Throttles, shard)
+		counter(c.pageOuts, mem.PageOuts, shard)
+		counter(c.pageIns, mem.PageIns, shard)
+		counter(c.pageErrors, mem.PageErrors, shard)
 		if !m.Journaled {
 			continue
 		}

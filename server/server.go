@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"sync"
@@ -96,6 +97,12 @@ type Config struct {
 	// the controller's broker timeout (3 s by default). See
 	// registration.go.
 	ControllerHeartbeat time.Duration
+	// MemoryLimit is the memory budget for messages in bytes, split
+	// evenly across the shards; 0 means none. Above half of a shard's
+	// share its new message bodies are paged out to disk, above the share
+	// its publishers are throttled (shards/memory.go). berthd's default is
+	// a share of the machine's RAM.
+	MemoryLimit int64
 	// AdvertiseAddr is the client address the broker registers with the
 	// controller, for other nodes and clients to dial; empty means the
 	// address the client listener is bound to (which must then not be a
@@ -303,7 +310,11 @@ func Start(cfg Config) (*Server, error) {
 			cfg.Shards, s.cfg.Shards = n, n
 		}
 	}
-	bcfg := shards.Config{Shards: cfg.Shards, CreditMax: cfg.CreditMax, Logger: cfg.Logger, RingSize: cfg.RingSize}
+	bcfg := shards.Config{Shards: cfg.Shards, CreditMax: cfg.CreditMax, Logger: cfg.Logger, RingSize: cfg.RingSize,
+		MemoryLimit: cfg.MemoryLimit}
+	if cfg.DataDir != "" {
+		bcfg.PagingDir = filepath.Join(cfg.DataDir, "paging") // emptied at every start
+	}
 	wcfg := wiring.Config{Logger: cfg.Logger}
 	if cfg.DataDir != "" {
 		var policy journal.FsyncPolicy
@@ -398,7 +409,7 @@ func Start(cfg Config) (*Server, error) {
 		s.regWG.Add(1)
 		go s.controllerLoop()
 	}
-	s.log.Info("berth: broker started", "clients", s.addr, "tls", s.TLSAddr(), "admin", s.AdminAddr(), "shards", cfg.Shards, "loops", cfg.Loops, "broker_id", s.brokerID)
+	s.log.Info("berth: broker started", "clients", s.addr, "tls", s.TLSAddr(), "admin", s.AdminAddr(), "shards", cfg.Shards, "loops", cfg.Loops, "memory_limit_bytes", cfg.MemoryLimit, "broker_id", s.brokerID)
 	started = true
 	s.boot.started.Store(true)
 	return s, nil

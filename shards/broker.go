@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,6 +69,12 @@ type Config struct {
 	// Journal, if set, keeps persistent messages on durable queues on
 	// disk. Nil keeps everything in memory.
 	Journal *JournalConfig
+	// MemoryLimit is the memory budget for messages in bytes, split
+	// evenly across the shards (memory.go); 0 means no budget.
+	MemoryLimit int64
+	// PagingDir holds the shards' paging files for transient bodies; its
+	// content is removed at Start. Empty means a temporary directory.
+	PagingDir string
 }
 
 // Router resolves an exchange and routing key to queues. The wiring layer
@@ -99,6 +106,8 @@ type Broker struct {
 	wg     sync.WaitGroup
 
 	startup startup // what Start and Recover have done so far (ready.go)
+	// pagingTemp is the temporary paging directory to remove at Stop.
+	pagingTemp string
 }
 
 // New builds a broker; Start runs its shards.
@@ -148,6 +157,9 @@ func (b *Broker) SetHooks(h Hooks) {
 // existed before a restart are then added (AddQueue) and Recover replays
 // the journals into them.
 func (b *Broker) Start() error {
+	if err := b.setupPaging(); err != nil {
+		return err
+	}
 	b.startShards()
 	if b.cfg.Journal == nil {
 		b.startup.recovered.Store(true)
@@ -220,6 +232,10 @@ func (b *Broker) Stop() {
 		if err := s.closeJournal(); err != nil {
 			b.log.Error("shards: close journal", "shard", s.idx, "err", err)
 		}
+		s.closePages()
+	}
+	if b.pagingTemp != "" {
+		_ = os.RemoveAll(b.pagingTemp)
 	}
 	b.cancel = nil
 }

@@ -24,6 +24,13 @@
 //     creates and drops queues on them (AddQueue, DropQueue), replays the
 //     journals (Recover), and answers status and metrics by asking each
 //     shard (Call).
+//   - The memory budget (memory.go, paging.go): each shard counts the
+//     index entries and in-memory bodies of its messages against its
+//     share of Config.MemoryLimit, pages bodies out above half of it (to
+//     the journal's copy, or to a per-shard paging file), reads them back
+//     ahead of delivery, and above the share raises the flag
+//     (Shard.Throttled) that event loops read before pushing a publish.
+//     Queue never sees any of it: a paged entry just has a nil Body.
 //   - Body, Session, Fanout (message.go, session.go, broker.go): a
 //     message's bytes, shared by reference count; a client session as the
 //     shards see it; one publish's progress over several queues.

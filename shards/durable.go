@@ -140,13 +140,19 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		body  *Body
 		exp   int64
 		count uint32
-		queue int32 // index into names
+		size  uint32 // the body's Size, for a body left on disk (body nil)
+		queue int32  // index into names
 		dead  bool
 	}
 	var msgs []recovered
 	var names []string
 	nameIdx := map[string]int32{}
 	var slab bodySlab
+	// Over the budget's high watermark, replay leaves the bodies in the
+	// journal: a restart with a backlog deeper than memory must not load
+	// it all. (The bodies of messages found dead later still count here,
+	// so the estimate errs towards paging.)
+	var slabBytes int64
 	find := func(pos journal.Pos) *recovered {
 		i, ok := slices.BinarySearchFunc(msgs, pos, func(m recovered, p journal.Pos) int { return cmp.Compare(m.pos, p) })
 		if !ok {
@@ -187,7 +193,11 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 			if err := r.Done(); err != nil {
 				return fmt.Errorf("shards: journal record %d: %w", pos, err)
 			}
-			m.body = slab.newBody(ex, key, props, payload, flags&wire.MsgPersistent != 0)
+			m.size = uint32(len(props) + len(payload))
+			if s.mem.limit == 0 || slabBytes <= s.mem.high {
+				m.body = slab.newBody(ex, key, props, payload, flags&wire.MsgPersistent != 0)
+				slabBytes += bodyBytes(m.body)
+			}
 			msgs = append(msgs, m)
 		case recDequeue, recCount:
 			m := find(ref)
@@ -214,7 +224,9 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 	}, replay)
 	if err != nil {
 		for i := range msgs {
-			msgs[i].body.Unref()
+			if msgs[i].body != nil {
+				msgs[i].body.Unref()
+			}
 		}
 		return err
 	}
@@ -231,24 +243,31 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		q := byName[names[m.queue]]
 		if m.dead || q == nil || q.shard != s.idx || !q.Options.Durable {
 			j.Free(pos)
-			m.body.Unref()
+			if m.body != nil {
+				m.body.Unref()
+			}
 			if !m.dead {
 				dropped++
 			}
 			continue
 		}
-		ev := Event{Kind: EvEnqueue, Body: m.body, ExpiresAt: m.exp, DeliveryCount: m.count, JournalPos: uint64(pos)}
+		ev := Event{Kind: EvEnqueue, Body: m.body, ExpiresAt: m.exp, DeliveryCount: m.count, JournalPos: uint64(pos), Size: m.size}
 		if err := q.Apply(&ev, s); err != nil {
 			// Over its bound after a restart with a smaller limit: keep it
 			// anyway rather than lose a completed publish.
 			e := s.pool.get()
 			e.Seq, e.Body, e.ExpiresAt, e.DeliveryCount, e.JournalPos = q.nextSeq, m.body, m.exp, m.count, uint64(pos)
+			e.size = m.size
 			q.nextSeq++
 			q.ready.push(e)
-			q.readyBytes += uint64(m.body.Size())
-			q.totalBytes += uint64(m.body.Size())
+			q.readyBytes += uint64(m.size)
+			q.totalBytes += uint64(m.size)
 			q.Enqueued++
 		}
+		if m.body == nil {
+			s.mem.paged++
+		}
+		s.admit(q)
 		q.Recovered++
 		live++
 	}

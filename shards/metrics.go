@@ -55,7 +55,20 @@ type ShardMetrics struct {
 	Journal           journal.Stats
 	Recovery          time.Duration // journal recovery at start
 	RecoveredMessages uint64
+	Memory            MemoryMetrics
 	Queues            []QueueMetrics
+}
+
+// MemoryMetrics are a shard's memory budget numbers (memory.go).
+type MemoryMetrics struct {
+	LimitBytes    int64 // the shard's share; 0: no budget
+	UsedBytes     int64 // what the shard counts against it
+	PagedMessages int64 // messages whose body is on disk
+	Throttled     bool  // publishers to the shard are held back
+	Throttles     uint64
+	PageOuts      uint64 // bodies paged out
+	PageIns       uint64 // bodies read back
+	PageErrors    uint64 // failed page-outs and read-backs
 }
 
 // ErrNotRunning is returned by Metrics before Start has recovered every
@@ -96,6 +109,9 @@ func (b *Broker) Metrics(ctx context.Context) ([]ShardMetrics, error) {
 func (s *Shard) metrics() ShardMetrics {
 	m := ShardMetrics{Shard: s.idx, Stats: s.stats, RingFull: s.meters.ringFull.Load(),
 		Recovery: s.meters.recovery, RecoveredMessages: s.meters.recovered}
+	mem := &s.mem
+	m.Memory = MemoryMetrics{LimitBytes: mem.limit, UsedBytes: mem.used, PagedMessages: mem.paged, Throttled: mem.throttling,
+		Throttles: mem.throttles, PageOuts: mem.pageOuts, PageIns: mem.pageIns, PageErrors: mem.pageErrors}
 	if s.journal != nil {
 		m.Journaled = true
 		m.Journal = s.journal.j.Stats()

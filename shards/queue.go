@@ -75,6 +75,10 @@ type Event struct {
 	Cursor        int       // EvAcquire: the round-robin cursor after it
 	Now           int64     // EvExpire
 	JournalPos    uint64    // EvEnqueue of a journaled message
+	// Size is the content size (Body.Size) of an EvEnqueue whose Body is
+	// nil: a recovered message left on disk to stay within the memory
+	// budget (memory.go).
+	Size uint32
 }
 
 // DeadLetterReason says why a message left its queue without an accept.
@@ -99,16 +103,23 @@ type Effects interface {
 	Removed(q *Queue, e *Entry)
 }
 
-// Entry is one message in one queue.
+// Entry is one message in one queue: the compact index entry that stays
+// in memory when the body is paged out (48 bytes, plus 8 for its slot in
+// the queue's ring; TestEntrySize holds it there).
 type Entry struct {
-	Seq           uint64
-	Body          *Body
-	ExpiresAt     int64
+	Seq       uint64
+	Body      *Body // nil while paged out (memory.go)
+	ExpiresAt int64
+	// JournalPos is the message's enqueue record in the shard journal, 0
+	// for a message that is not journaled. A paged-out journaled message
+	// is read back from there.
+	JournalPos uint64
+	// page locates a paged-out transient message in the shard's paging
+	// file (pageLoc); 0 when the body is in memory or in the journal.
+	page          uint64
 	DeliveryCount uint32
-	JournalPos    uint64
-	consumer      *Consumer // non-nil while acquired
-	tag           uint64
-	heapIndex     int
+	// size is Body.Size(), kept here because the body may be paged out.
+	size uint32
 }
 
 // Queue is a queue's state. It is owned by one shard goroutine; nothing
@@ -222,7 +233,7 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 			q.remove(e, ReasonMaxDeliveries, fx)
 			return nil
 		}
-		q.readyBytes += uint64(e.Body.Size())
+		q.readyBytes += uint64(e.size)
 		heap.Push(&q.released, e)
 		return nil
 	case EvReject:
@@ -262,7 +273,10 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 }
 
 func (q *Queue) enqueue(ev *Event, fx Effects) error {
-	size := uint64(ev.Body.Size())
+	size := uint64(ev.Size)
+	if ev.Body != nil {
+		size = uint64(ev.Body.Size())
+	}
 	if q.full(1, size) {
 		if q.Options.Overflow == 0 {
 			return ErrQueueFull
@@ -288,6 +302,7 @@ func (q *Queue) enqueue(ev *Event, fx Effects) error {
 	e.ExpiresAt = ev.ExpiresAt
 	e.DeliveryCount = ev.DeliveryCount
 	e.JournalPos = ev.JournalPos
+	e.size = uint32(size)
 	q.ready.push(e)
 	q.readyBytes += size
 	q.totalBytes += size
@@ -311,8 +326,6 @@ func (q *Queue) acquire(ev *Event) error {
 		q.rr = ev.Cursor
 	}
 	q.pop()
-	e.consumer = ev.Consumer
-	e.tag = ev.Tag
 	q.acquired[e.Seq] = e
 	q.Delivered++
 	return nil
@@ -358,14 +371,12 @@ func (q *Queue) NextDelivery(now int64) (Event, bool) {
 
 func (q *Queue) unacquire(e *Entry) {
 	delete(q.acquired, e.Seq)
-	e.consumer = nil
-	e.tag = 0
 }
 
 // remove drops e from the queue's accounting, dead-lettering it for a
 // non-zero reason.
 func (q *Queue) remove(e *Entry, reason DeadLetterReason, fx Effects) {
-	q.totalBytes -= uint64(e.Body.Size())
+	q.totalBytes -= uint64(e.size)
 	if reason != 0 {
 		q.DeadLettered++
 		fx.DeadLetter(q, e, reason)
@@ -397,7 +408,7 @@ func (q *Queue) pop() *Entry {
 	} else {
 		q.ready.popFront()
 	}
-	q.readyBytes -= uint64(e.Body.Size())
+	q.readyBytes -= uint64(e.size)
 	return e
 }
 
@@ -462,6 +473,18 @@ func (d *deque) front() *Entry {
 	return d.buf[d.head]
 }
 
+// at returns the i-th entry from the front; i < len. The ring's length is
+// a power of two (16, doubled).
+func (d *deque) at(i int) *Entry { return d.buf[(d.head+i)&(len(d.buf)-1)] }
+
+// back returns the newest entry, or nil.
+func (d *deque) back() *Entry {
+	if d.size == 0 {
+		return nil
+	}
+	return d.at(d.size - 1)
+}
+
 func (d *deque) popFront() *Entry {
 	if d.size == 0 {
 		return nil
@@ -482,16 +505,8 @@ type releaseHeap []*Entry
 
 func (h releaseHeap) Len() int           { return len(h) }
 func (h releaseHeap) Less(i, j int) bool { return h[i].Seq < h[j].Seq }
-func (h releaseHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].heapIndex = i
-	h[j].heapIndex = j
-}
-func (h *releaseHeap) Push(x any) {
-	e := x.(*Entry)
-	e.heapIndex = len(*h)
-	*h = append(*h, e)
-}
+func (h releaseHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *releaseHeap) Push(x any)        { *h = append(*h, x.(*Entry)) }
 func (h *releaseHeap) Pop() any {
 	old := *h
 	e := old[len(old)-1]

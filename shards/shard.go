@@ -111,6 +111,7 @@ type Shard struct {
 
 	stats  ShardStats
 	meters shardMeters // metrics.go
+	mem    memory      // the shard's share of the memory budget (memory.go)
 }
 
 // ShardStats are counters read by the metrics endpoint (approximate).
@@ -178,6 +179,7 @@ func (s *Shard) run(ctx context.Context) {
 		if got || n > 0 {
 			s.dispatchDirty()
 			s.flush()
+			s.publishMemory()
 			continue
 		}
 		if len(s.deferred) > 0 {
@@ -298,6 +300,7 @@ func (s *Shard) publish(c *Command) {
 		}
 		// Deliverable when the record is durable (journalDone), not now.
 		q.enqueueUnsafe(seq)
+		s.admit(q)
 		s.stats.Published++
 		return
 	}
@@ -309,6 +312,7 @@ func (s *Shard) publish(c *Command) {
 		s.completeCmd(c.Sess, c.CmdID, c.Fanout, err)
 		return
 	}
+	s.admit(q)
 	s.stats.Published++
 	s.completeCmd(c.Sess, c.CmdID, c.Fanout, nil)
 	if len(q.consumers) > 0 {
@@ -530,6 +534,9 @@ func (s *Shard) dispatch(q *Queue) {
 			continue
 		}
 		h := q.Head()
+		if h.Body == nil && !s.pageIn(q) {
+			return // a failed read: the queue waits, nothing is lost
+		}
 		con := ev.Consumer
 		flags := uint8(0)
 		if h.DeliveryCount > 0 {
@@ -563,6 +570,9 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 	s.stats.DeadLettered++
 	dlx := q.Options.DeadLetterExchange
 	if dlx == "" && q.Options.DeadLetterKey == "" {
+		return
+	}
+	if !s.withBody(e) {
 		return
 	}
 	key := e.Body.RoutingKey
@@ -635,7 +645,10 @@ func (s *Shard) Removed(q *Queue, e *Entry) {
 	if e.JournalPos != 0 && s.journal != nil {
 		s.appendDequeue(journal.Pos(e.JournalPos), nil, 0)
 	}
-	e.Body.Unref()
+	s.forget(e)
+	if e.Body != nil {
+		e.Body.Unref()
+	}
 }
 
 // deadLettered runs when every other-shard target of a dead letter from

@@ -117,7 +117,7 @@ func envName(flagName string) string {
 type flags struct {
 	listen, admin, dataDir, controller, fsync, role    string
 	controllerID, controllerPeers, advertise, logLevel string
-	logFormat, configPath                              string
+	logFormat, configPath, memoryLimit                 string
 	listenTLS, tlsCert, tlsKey, tlsClientCA            string
 	peer, peerAdvertise                                string
 	groupReplicas                                      int
@@ -148,6 +148,7 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.StringVar(&f.controller, "controller", "127.0.0.1:7402", "in-process controller address; durable wiring goes through it; empty to keep wiring in a local file")
 	fs.StringVar(&f.fsync, "fsync", d.Fsync, "journal fsync policy: always, or never (unsafe)")
 	fs.Int64Var(&f.segmentBytes, "journal-segment-bytes", 0, "journal segment size in bytes, 0 = default 2 MiB")
+	fs.StringVar(&f.memoryLimit, "memory-limit", memoryLimitDefault, "memory budget for messages: bytes (2GiB, 512MiB), a share of RAM (40%), or 0 for none; above half of it bodies are paged to disk, above it publishers are throttled")
 	fs.IntVar(&f.mutexFraction, "mutex-profile-fraction", 0, "sample 1/n mutex contention events for /debug/pprof/mutex, 0 = off")
 	fs.IntVar(&f.blockRate, "block-profile-rate", 0, "sample blocking events of this many ns for /debug/pprof/block, 0 = off")
 	fs.StringVar(&f.role, "role", server.RoleBroker, "broker (serves clients, embeds its controller member) or controller (controller member only)")
@@ -327,6 +328,9 @@ func parseArgs(args []string) (options, error) {
 	cfg.Fsync = f.fsync
 	cfg.ControllerAddr = f.controller
 	cfg.JournalSegmentBytes = f.segmentBytes
+	if cfg.MemoryLimit, err = parseMemoryLimit(f.memoryLimit); err != nil {
+		return options{}, o.annotate(err, "memory-limit")
+	}
 	cfg.Role, cfg.ControllerID, cfg.ControllerPeers = f.role, id, peers
 	cfg.ControllerJoin = f.join
 	cfg.AdvertiseAddr = f.advertise

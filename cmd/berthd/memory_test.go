@@ -1,0 +1,31 @@
+package main
+
+import "testing"
+
+func TestParseMemoryLimit(t *testing.T) {
+	for text, want := range map[string]int64{
+		"0": 0, "1048576": 1 << 20, "512MiB": 512 << 20, "2GiB": 2 << 30, "1.5 GiB": 3 << 29, "64KB": 64000, "10B": 10,
+	} {
+		got, err := parseMemoryLimit(text)
+		if err != nil || got != want {
+			t.Errorf("parseMemoryLimit(%q) = %d, %v; want %d", text, got, err, want)
+		}
+	}
+	for _, text := range []string{"", "lots", "-1GiB", "0%", "101%", "2XB", "1e400"} {
+		if got, err := parseMemoryLimit(text); err == nil {
+			t.Errorf("parseMemoryLimit(%q) = %d, want an error", text, got)
+		}
+	}
+	ram, err := machineMemory()
+	if err != nil {
+		t.Skip(err)
+	}
+	got, err := parseMemoryLimit("40%")
+	if err != nil || got <= 0 || got > ram {
+		t.Errorf("40%% of %d bytes: %d, %v", ram, got, err)
+	}
+	o, err := parseArgs([]string{"-memory-limit", "256MiB"})
+	if err != nil || o.cfg.MemoryLimit != 256<<20 {
+		t.Errorf("-memory-limit 256MiB: %d, %v", o.cfg.MemoryLimit, err)
+	}
+}

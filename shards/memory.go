@@ -1,0 +1,321 @@
+package shards
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/berthmq/berth/journal"
+	"github.com/berthmq/berth/wire"
+)
+
+// The memory budget. Each shard gets an equal share of Config.MemoryLimit
+// and counts, on its own goroutine, what it holds for messages:
+//
+//   - every message in its queues costs EntryBytes (the Entry and its slot
+//     in the queue's ring), paged out or not;
+//   - a body in memory costs its buffer's capacity plus the Body header,
+//     once per queue entry that holds it (a body routed to two queues of
+//     one shard is counted twice: the count errs high).
+//
+// Not counted: bodies in outbound writes after their entry is gone (ack
+// mode none), the journal's own index and pending bytes, connection
+// buffers, and the runtime's slack; RSS is therefore above the count, and
+// the process test bounds RSS, not the count.
+//
+// Above the high watermark (memoryHighFraction of the share) each newly
+// enqueued message is paged out unless it is among the first
+// residentHeadMin of its queue: a persistent message on a durable queue
+// just drops its body (the journal has it, read back by position), a
+// transient one is written to the shard's paging file. Delivery reads
+// paged bodies back in batches ahead of the consumers (pageIn).
+//
+// Above the share itself the shard raises its throttle flag, which the
+// event loops read before they push a publish to it (server/handler.go):
+// the connection stops reading publishes, its publishes stop completing,
+// and its window then stops the producer. Consumers are served all along;
+// once the count is below memoryResumeFraction of the share the flag drops
+// and the publishers carry on. Commands already in the ring still land:
+// the overshoot is bounded by the ring's size.
+
+// EntryBytes is what a message costs in memory with its body paged out.
+const EntryBytes = int64(unsafe.Sizeof(Entry{})) + int64(unsafe.Sizeof((*Entry)(nil)))
+
+const (
+	bodyHeaderBytes      = int64(unsafe.Sizeof(Body{}))
+	memoryHighFraction   = 0.5
+	memoryResumeFraction = 0.9
+	// residentHeadMin: the first messages of a queue stay in memory, as
+	// they are the next to go out.
+	residentHeadMin = 64
+	// readAheadMax and readAheadBytesMax bound one read-ahead batch.
+	readAheadMax      = 512
+	readAheadBytesMax = 4 << 20
+)
+
+// memory is a shard's share of the budget. The plain fields belong to the
+// shard goroutine; the atomics are copies for other goroutines.
+type memory struct {
+	limit, high, resume int64 // bytes; limit 0 = no budget
+	used                int64
+	paged               int64 // messages whose body is on disk
+	throttling          bool
+	since               time.Time // throttling since
+
+	pageOuts, pageIns, throttles, pageErrors uint64
+
+	pages    *pageFile // nil until the first transient page-out
+	pageDir  string
+	jscratch []byte
+
+	usedPub      atomic.Int64
+	pagedPub     atomic.Int64
+	throttledPub atomic.Bool
+}
+
+func bodyBytes(b *Body) int64 { return int64(cap(b.buf)) + bodyHeaderBytes }
+
+func (m *memory) setLimit(limit int64) {
+	m.limit = limit
+	m.high = int64(float64(limit) * memoryHighFraction)
+	m.resume = int64(float64(limit) * memoryResumeFraction)
+}
+
+// Throttled reports whether the shard is over its memory share and
+// publishers to it should wait. Safe from any goroutine; event loops call
+// it before pushing a publish.
+func (s *Shard) Throttled() bool { return s.mem.throttledPub.Load() }
+
+// charge adds delta bytes to the shard's count and raises or drops the
+// throttle flag.
+func (s *Shard) charge(delta int64) {
+	m := &s.mem
+	m.used += delta
+	if m.limit == 0 {
+		return
+	}
+	switch {
+	case !m.throttling && m.used > m.limit:
+		m.throttling, m.since = true, time.Now()
+		m.throttles++
+		m.throttledPub.Store(true)
+		s.log.Warn("shards: memory limit reached, throttling publishers to this shard until consumers bring it down",
+			"shard", s.idx, "used_bytes", m.used, "limit_bytes", m.limit, "paged_messages", m.paged)
+	case m.throttling && m.used < m.resume:
+		m.throttling = false
+		m.throttledPub.Store(false)
+		s.log.Info("shards: memory below the resume mark, publishers carry on",
+			"shard", s.idx, "used_bytes", m.used, "limit_bytes", m.limit, "throttled_for", time.Since(m.since).String())
+	}
+}
+
+// admit counts the message just enqueued at q's tail and, above the high
+// watermark, pages its body out.
+func (s *Shard) admit(q *Queue) {
+	if s.mem.limit == 0 {
+		return // no budget: nothing is counted, nothing is paged
+	}
+	e := q.ready.back()
+	cost := EntryBytes
+	if e.Body != nil {
+		cost += bodyBytes(e.Body)
+	}
+	s.charge(cost)
+	m := &s.mem
+	if m.used <= m.high || e.Body == nil || q.ready.len() <= residentHeadMin {
+		return
+	}
+	s.pageOut(e)
+}
+
+// pageOut drops e's body from memory, writing it to the paging file
+// unless the journal holds it.
+func (s *Shard) pageOut(e *Entry) {
+	m := &s.mem
+	if e.JournalPos == 0 {
+		if m.pages == nil {
+			m.pages = newPageFile(m.pageDir)
+		}
+		loc, err := m.pages.write(e.Body)
+		if err != nil {
+			m.pageErrors++
+			if m.pageErrors == 1 {
+				s.log.Error("shards: paging out failed; bodies stay in memory and the budget throttles publishers instead",
+					"shard", s.idx, "err", err)
+			}
+			return
+		}
+		e.page = loc
+	}
+	s.charge(-bodyBytes(e.Body))
+	e.Body.Unref()
+	e.Body = nil
+	m.paged++
+	m.pageOuts++
+}
+
+// forget uncounts e, which leaves its queue (Removed).
+func (s *Shard) forget(e *Entry) {
+	if s.mem.limit == 0 {
+		return
+	}
+	cost := EntryBytes
+	if e.Body != nil {
+		cost += bodyBytes(e.Body)
+	} else {
+		m := &s.mem
+		if e.page != 0 {
+			m.pages.release(e.page)
+			e.page = 0
+		}
+		m.paged--
+	}
+	s.charge(-cost)
+}
+
+// loadBody reads e's body back from the paging file or the journal.
+func (s *Shard) loadBody(e *Entry) error {
+	m := &s.mem
+	var b *Body
+	switch {
+	case e.page != 0:
+		var err error
+		if b, err = m.pages.read(e.page); err != nil {
+			return err
+		}
+		e.page = 0
+	case e.JournalPos != 0 && s.journal != nil:
+		data, err := s.journal.j.Read(journal.Pos(e.JournalPos), m.jscratch[:0])
+		m.jscratch = data[:0]
+		if err != nil {
+			return err
+		}
+		if b, err = parseEnqueueBody(data); err != nil {
+			return fmt.Errorf("shards: journal record %d: %w", e.JournalPos, err)
+		}
+	default:
+		panic("shards: a paged-out message has no location")
+	}
+	e.Body = b
+	m.paged--
+	m.pageIns++
+	s.charge(bodyBytes(b))
+	return nil
+}
+
+// parseEnqueueBody reads the body out of an enqueue record (appendEnqueue).
+func parseEnqueueBody(data []byte) (*Body, error) {
+	var r wire.Reader
+	r.Reset(data)
+	if kind := r.U8(); kind != recEnqueue {
+		return nil, fmt.Errorf("not an enqueue record (kind %d)", kind)
+	}
+	r.Str(wire.NameLenMax) // queue
+	r.U64()                // expiry
+	r.U32()                // delivery count
+	return parseBody(&r, journal.RecordBytesMax)
+}
+
+// pageIn reads back the paged bodies at the front of q, in one batch of
+// sequential reads ahead of the consumers. It reports whether the head has
+// its body.
+func (s *Shard) pageIn(q *Queue) bool {
+	n := min(q.ready.len(), readAheadMax)
+	bytes := 0
+	for i := 0; i < n && bytes < readAheadBytesMax; i++ {
+		e := q.ready.at(i)
+		if e.Body != nil {
+			continue
+		}
+		if err := s.loadBody(e); err != nil {
+			s.mem.pageErrors++
+			s.log.Error("shards: reading a paged message back failed; the queue waits", "shard", s.idx, "queue", q.Name, "err", err)
+			return i > 0
+		}
+		bytes += int(e.size)
+	}
+	return n > 0
+}
+
+// withBody makes sure e has its body (for dead-lettering a paged message).
+func (s *Shard) withBody(e *Entry) bool {
+	if e.Body != nil {
+		return true
+	}
+	if err := s.loadBody(e); err != nil {
+		s.mem.pageErrors++
+		s.log.Error("shards: reading a paged message back failed", "shard", s.idx, "err", err)
+		return false
+	}
+	return true
+}
+
+// publishMemory copies the counts for other goroutines (Broker.Memory).
+// The shard calls it once per loop, not per message: an atomic store is
+// a locked instruction, and two per message cost the hot path 10%.
+func (s *Shard) publishMemory() {
+	m := &s.mem
+	if m.usedPub.Load() != m.used {
+		m.usedPub.Store(m.used)
+	}
+	if m.pagedPub.Load() != m.paged {
+		m.pagedPub.Store(m.paged)
+	}
+}
+
+func (s *Shard) closePages() {
+	if s.mem.pages != nil {
+		s.mem.pages.close()
+	}
+}
+
+// MemoryStatus is the budget at one moment, for /v1/status.
+type MemoryStatus struct {
+	LimitBytes      int64 `json:"limit_bytes"` // 0: no budget
+	UsedBytes       int64 `json:"used_bytes"`  // what the shards count (see memory.go)
+	PagedMessages   int64 `json:"paged_messages"`
+	EntryBytes      int64 `json:"index_bytes_per_message"`
+	ThrottledShards []int `json:"throttled_shards"`
+}
+
+// Memory reads the budget's counters; safe from any goroutine.
+func (b *Broker) Memory() MemoryStatus {
+	st := MemoryStatus{LimitBytes: b.cfg.MemoryLimit, EntryBytes: EntryBytes, ThrottledShards: []int{}}
+	for _, s := range b.shards {
+		st.UsedBytes += s.mem.usedPub.Load()
+		st.PagedMessages += s.mem.pagedPub.Load()
+		if s.mem.throttledPub.Load() {
+			st.ThrottledShards = append(st.ThrottledShards, s.idx)
+		}
+	}
+	return st
+}
+
+// setupPaging gives each shard its share and its paging directory, and
+// removes what an earlier run paged. Without a configured directory the
+// pages go to a temporary one, removed at Stop.
+func (b *Broker) setupPaging() error {
+	if b.cfg.MemoryLimit <= 0 {
+		return nil
+	}
+	dir := b.cfg.PagingDir
+	if dir == "" {
+		tmp, err := os.MkdirTemp("", "berth-paging-")
+		if err != nil {
+			return fmt.Errorf("shards: paging directory: %w", err)
+		}
+		dir, b.pagingTemp = tmp, tmp
+	}
+	share := b.cfg.MemoryLimit / int64(len(b.shards))
+	for _, s := range b.shards {
+		s.mem.setLimit(share)
+		s.mem.pageDir = filepath.Join(dir, fmt.Sprintf("shard-%03d", s.idx))
+		if err := resetPagingDir(s.mem.pageDir); err != nil {
+			return err
+		}
+	}
+	return nil
+}
