@@ -61,7 +61,15 @@ type Node struct {
 	durable chan struct{}
 	done    chan struct{}
 	exited  chan struct{}
+	// dirty lists the members changed since their last Ready: the node
+	// takes every event waiting (up to inboxBatch) before it carries out
+	// any Ready, so a burst of proposals or messages becomes one batch of
+	// journal writes and one Append per follower.
+	dirty []*member
 }
+
+// inboxBatch bounds the events taken before the Readies are carried out.
+const inboxBatch = 1024
 
 type member struct {
 	id     uint32
@@ -70,6 +78,7 @@ type member struct {
 	epoch  uint32 // last epoch journaled
 	waits  map[uint64]chan error
 	broken error // a journal failure: the member stops
+	dirty  bool  // listed in Node.dirty
 
 	// dur is what the journal's writer reported durable, for the node's
 	// goroutine to pass on.
@@ -163,6 +172,9 @@ func (n *Node) run() {
 		select {
 		case f := <-n.inbox:
 			f()
+			for k := 0; k < inboxBatch && len(n.inbox) > 0; k++ {
+				(<-n.inbox)()
+			}
 		case <-n.durable:
 			for _, g := range n.sortedGroups() {
 				n.takeDurable(n.members[g])
@@ -172,12 +184,18 @@ func (n *Node) run() {
 				mb := n.members[g]
 				if mb.broken == nil {
 					mb.m.Tick()
-					n.ready(mb)
+					n.touch(mb)
 				}
 			}
 		case <-n.done:
 			return
 		}
+		for _, mb := range n.dirty {
+			mb.dirty = false
+			n.ready(mb)
+		}
+		clear(n.dirty)
+		n.dirty = n.dirty[:0]
 	}
 }
 
@@ -221,7 +239,7 @@ func (n *Node) step(msg *wire.GroupMessage) {
 		return
 	}
 	mb.m.Step(*msg)
-	n.ready(mb)
+	n.touch(mb)
 }
 
 // withMember runs f on group g's member, then carries out its Ready.
@@ -238,7 +256,7 @@ func (n *Node) withMember(g uint32, f func(*group.Member)) error {
 			return
 		}
 		f(mb.m)
-		n.ready(mb)
+		n.touch(mb)
 	}); derr != nil {
 		return derr
 	}
@@ -332,6 +350,14 @@ func (n *Node) Propose(ctx context.Context, g uint32, data []byte) error {
 	}
 }
 
+// touch marks mb for a Ready at the end of the current batch.
+func (n *Node) touch(mb *member) {
+	if !mb.dirty {
+		mb.dirty = true
+		n.dirty = append(n.dirty, mb)
+	}
+}
+
 // ready carries out what a member asks for.
 func (n *Node) ready(mb *member) {
 	rd := mb.m.Ready()
@@ -416,7 +442,7 @@ func (n *Node) takeDurable(mb *member) {
 	}
 	if set && gen == mb.gen && mb.broken == nil {
 		mb.m.Persisted(index)
-		n.ready(mb)
+		n.touch(mb)
 	}
 }
 
