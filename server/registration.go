@@ -227,6 +227,17 @@ func (s *Server) startGroups() error {
 		Self: s.brokerID, PeerAddr: s.cfg.PeerAddr, Advertise: s.cfg.PeerAdvertise,
 		Dir: filepath.Join(s.cfg.DataDir, "groups"), Fsync: policy, Ctl: s.brokerClient(),
 		Replicas: s.cfg.GroupReplicas, Logger: s.log,
+		Apply: func(g uint32, e wire.GroupEntry) {
+			if s.replicator != nil {
+				s.replicator.apply(g, e)
+			}
+		},
+		OnMaster: func(g uint32) { s.broker.GroupMastered(g) },
+		OnGroupCount: func(n uint32) {
+			if s.replicator != nil {
+				s.replicator.groups.CompareAndSwap(0, n)
+			}
+		},
 	})
 	if err != nil {
 		return fmt.Errorf("server: %w", err)

@@ -246,8 +246,10 @@ type Server struct {
 	// set in Start before anything reads it.
 	brokerID   uint32
 	registered atomic.Bool
-	// groups runs the replication groups (PeerAddr set), or nil.
-	groups atomic.Pointer[groups.Manager]
+	// groups runs the replication groups (PeerAddr set), or nil;
+	// replicator connects the shards to them (replicate.go).
+	groups     atomic.Pointer[groups.Manager]
+	replicator *replicator
 	// regCtx ends at Close; it stops the registration and heartbeat loop
 	// (regWG) and cancels its calls.
 	regCtx    context.Context
@@ -353,6 +355,9 @@ func Start(cfg Config) (*Server, error) {
 	// The shards run first; the wiring adds the durable queues to them;
 	// then the journals replay into those queues.
 	if err := s.broker.Start(); err == nil {
+		if cfg.PeerAddr != "" && s.brokerID != 0 {
+			s.initReplication()
+		}
 		if err = s.wiring.Restore(); err == nil {
 			err = s.broker.Recover()
 		}

@@ -100,6 +100,7 @@ type Broker struct {
 	log    *slog.Logger
 	shards []*Shard
 	hooks  Hooks
+	replicatorField
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -280,6 +281,9 @@ func (b *Broker) AddQueue(name string, opts QueueOptions, owner *Session) (*Queu
 	q := NewQueue(name, opts, idx, &s.pool)
 	if opts.Exclusive && owner != nil {
 		q.owner = owner
+	}
+	if r := b.loadReplicator(); r != nil {
+		q.group, q.replicated = r.Group(name, opts)
 	}
 	if err := b.Call(s, func(sh *Shard) { sh.queues[q] = struct{}{} }); err != nil {
 		return nil, Errorf(wire.CodeInternal, "declare %q: %v", name, err)

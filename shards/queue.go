@@ -39,6 +39,11 @@ const (
 	EvExpire
 	// EvPurge removes every ready message.
 	EvPurge
+	// EvRemove drops the message Seq wherever it is (ready or acquired),
+	// without dead-lettering it, and does nothing if the queue no longer
+	// holds it: a replicated queue's member applies it when the group's
+	// master removed the message (accepted, rejected, expired, dropped).
+	EvRemove
 )
 
 func (k EventKind) String() string {
@@ -57,6 +62,8 @@ func (k EventKind) String() string {
 		return "expire"
 	case EvPurge:
 		return "purge"
+	case EvRemove:
+		return "remove"
 	}
 	return "unknown"
 }
@@ -151,8 +158,12 @@ type Queue struct {
 
 	deleted      bool
 	everConsumed bool
-	owner        any // exclusive owner (a session), or nil
-	free         *entryPool
+	// replicated: the queue's events go through replication group
+	// group's log (replicated.go). Fixed at AddQueue.
+	replicated bool
+	group      uint32
+	owner      any // exclusive owner (a session), or nil
+	free       *entryPool
 
 	// counters
 	Enqueued, Delivered, Acked, DeadLettered, Expired uint64
@@ -263,6 +274,16 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 			q.Expired++
 			q.remove(e, ReasonExpired, fx)
 		}
+	case EvRemove:
+		if e, ok := q.acquired[ev.Seq]; ok {
+			q.unacquire(e)
+			q.remove(e, 0, fx)
+			return nil
+		}
+		if e := q.takeReady(ev.Seq); e != nil {
+			q.remove(e, 0, fx)
+		}
+		return nil
 	case EvPurge:
 		for e := q.pop(); e != nil; e = q.pop() {
 			q.remove(e, 0, fx)
@@ -408,6 +429,40 @@ func (q *Queue) pop() *Entry {
 	} else {
 		q.ready.popFront()
 	}
+	q.readyBytes -= uint64(e.size)
+	return e
+}
+
+// takeReady takes the ready message seq out of the queue, or returns nil.
+// Replicated removes come in about the order the master consumed, so the
+// message is near the front and the shift is short.
+func (q *Queue) takeReady(seq uint64) *Entry {
+	for i, r := range q.released {
+		if r.Seq == seq {
+			heap.Remove(&q.released, i)
+			q.readyBytes -= uint64(r.size)
+			return r
+		}
+	}
+	d := &q.ready
+	lo, hi := 0, d.size
+	for lo < hi {
+		mid := (lo + hi) / 2
+		if d.at(mid).Seq < seq {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	if lo == d.size || d.at(lo).Seq != seq {
+		return nil
+	}
+	e := d.at(lo)
+	// Shift the entries before it one place towards the back.
+	for i := lo; i > 0; i-- {
+		d.buf[(d.head+i)&(len(d.buf)-1)] = d.at(i - 1)
+	}
+	d.popFront()
 	q.readyBytes -= uint64(e.size)
 	return e
 }

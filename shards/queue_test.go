@@ -159,3 +159,46 @@ func TestQueueApplyIsDeterministic(t *testing.T) {
 		t.Fatal("the log exercised nothing")
 	}
 }
+
+// TestQueueRemove: EvRemove takes a message out wherever it is (ready,
+// released, acquired), keeps the others in order, does not dead-letter,
+// and ignores a message already gone.
+func TestQueueRemove(t *testing.T) {
+	fx := &recordFx{}
+	q := NewQueue("q", QueueOptions{}, 0, nil)
+	for i := range 40 { // more than the ring's first size, so it wraps
+		enqueue(t, q, fx, fmt.Sprint("m", i), 0)
+	}
+	seqOf := map[string]uint64{}
+	for i := uint64(0); i < 40; i++ {
+		e := q.ready.at(int(i))
+		seqOf[string(e.Body.Payload)] = e.Seq
+	}
+	// Acquire m0 and m1, release m1 (it goes to the released heap).
+	for range 2 {
+		if err := q.Apply(&Event{Kind: EvAcquire, Seq: q.Head().Seq}, fx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = q.Apply(&Event{Kind: EvRelease, Seq: seqOf["m1"]}, fx)
+	for _, name := range []string{"m0", "m1", "m2", "m17", "m39", "m17"} {
+		if err := q.Apply(&Event{Kind: EvRemove, Seq: seqOf[name]}, fx); err != nil {
+			t.Fatalf("remove %s: %v", name, err)
+		}
+	}
+	if len(fx.dead) != 0 {
+		t.Fatalf("removes dead-lettered %v", fx.dead)
+	}
+	var want []string
+	for i := 3; i < 39; i++ {
+		if i != 17 {
+			want = append(want, fmt.Sprint("m", i))
+		}
+	}
+	if q.Unacked() != 0 || q.Ready() != len(want) {
+		t.Fatalf("ready %d unacked %d, want %d and 0", q.Ready(), q.Unacked(), len(want))
+	}
+	if got := heads(q); !reflect.DeepEqual(got, want) {
+		t.Fatalf("left %v\nwant %v", got, want)
+	}
+}

@@ -283,6 +283,10 @@ func (s *Shard) publish(c *Command) {
 	if t := q.Options.TTLNanos(); t > 0 && (ev.ExpiresAt == 0 || c.Now+t < ev.ExpiresAt) {
 		ev.ExpiresAt = c.Now + t
 	}
+	if q.replicated {
+		s.replicatedPublish(c, ev.ExpiresAt)
+		return
+	}
 	if s.journaled(q, c.Body) {
 		if err := q.CheckEnqueue(c.Body.Size()); err != nil {
 			c.Body.Unref()
@@ -326,6 +330,13 @@ func (s *Shard) subscribe(c *Command) {
 	if q.deleted {
 		s.completeCmd(c.Sess, c.CmdID, nil, Errorf(wire.CodeNotFound, "queue %q was deleted", q.Name))
 		return
+	}
+	if q.replicated {
+		if r := s.broker.loadReplicator(); r == nil || !r.IsMaster(q.group) {
+			s.completeCmd(c.Sess, c.CmdID, nil, Errorf(wire.CodeNotAllowed,
+				"queue %q is replicated in group %d, whose master is another broker: consume there", q.Name, q.group))
+			return
+		}
 	}
 	if s.consumers[key] != nil {
 		s.completeCmd(c.Sess, c.CmdID, nil, Errorf(wire.CodeInvalid, "consumer id %d is in use", c.ConsumerID))
@@ -440,6 +451,15 @@ func (s *Shard) settle(c *Command) {
 		delete(s.consumers, consumerKey{con.Session, con.ID})
 	}
 	if c.Last {
+		if q.replicated {
+			// An accept completes once its removes committed.
+			sess, id := c.Sess, c.CmdID
+			r := s.broker.loadReplicator()
+			if err := r.Barrier(q, func(err error) { s.pushCompletion(sess, id, nil, err) }); err != nil {
+				s.completeCmd(sess, id, nil, err)
+			}
+			return
+		}
 		// An accept completes once its dequeues are durable.
 		s.completeAfterJournal(c.Sess, c.CmdID)
 	}
@@ -524,6 +544,13 @@ func (s *Shard) dispatchDirty() {
 }
 
 func (s *Shard) dispatch(q *Queue) {
+	if q.replicated {
+		// Only the group's master delivers; a follower holds the messages
+		// for when it becomes master.
+		if r := s.broker.loadReplicator(); r == nil || !r.IsMaster(q.group) {
+			return
+		}
+	}
 	for {
 		ev, ok := q.NextDelivery(s.now)
 		if !ok {
@@ -642,6 +669,14 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 // Removed implements Effects. A journaled message leaves by a dequeue
 // record.
 func (s *Shard) Removed(q *Queue, e *Entry) {
+	if q.replicated {
+		// On the master the removal goes to the group log; a follower's
+		// own removals (its expiry tick) are not proposed, and its copy
+		// is made right by the master's remove when it commits.
+		if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
+			_ = r.ProposeRemove(q, e.Seq, nil)
+		}
+	}
 	if e.JournalPos != 0 && s.journal != nil {
 		s.appendDequeue(journal.Pos(e.JournalPos), nil, 0)
 	}

@@ -35,7 +35,13 @@ type ManagerConfig struct {
 	// until that many brokers have registered and takes the lowest ids.
 	Replicas int
 	Apply    func(group uint32, e wire.GroupEntry)
-	Logger   *slog.Logger
+	// OnMaster is told, on the node's goroutine, that this broker became
+	// master of a group.
+	OnMaster func(group uint32)
+	// OnGroupCount is told the cluster's group count once it is known,
+	// before the node opens.
+	OnGroupCount func(groups uint32)
+	Logger       *slog.Logger
 }
 
 // Manager runs a broker's replication groups as the controller assigns
@@ -216,12 +222,15 @@ func (m *Manager) run() {
 		m.log.Warn("groups: this broker is not among the group replicas", "broker_id", m.cfg.Self, "replicas", replicas)
 		return
 	}
+	if m.cfg.OnGroupCount != nil {
+		m.cfg.OnGroupCount(groups)
+	}
 	ids := make([]uint32, groups)
 	for i := range ids {
 		ids[i] = uint32(i)
 	}
 	n, err := OpenNode(NodeConfig{ID: m.cfg.Self, Dir: m.cfg.Dir, Fsync: m.cfg.Fsync, Transport: m.tr, Groups: ids,
-		Replicas: replicas, Apply: m.cfg.Apply, OnAlter: m.alter, Logger: m.log})
+		Replicas: replicas, Apply: m.cfg.Apply, OnAlter: m.alter, OnMaster: m.cfg.OnMaster, Logger: m.log})
 	if err != nil {
 		m.log.Error("groups: open the group journal; the broker serves no group", "err", err)
 		return

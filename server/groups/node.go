@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/berthmq/berth/controlplane/ctlapi"
@@ -42,7 +43,10 @@ type NodeConfig struct {
 	// OnAlter is called, on the node's goroutine, when a master asks the
 	// controller to change its SyncStateSet.
 	OnAlter func(group uint32, a group.AlterSet)
-	Logger  *slog.Logger
+	// OnMaster is called, on the node's goroutine, when this broker
+	// becomes the master of a group.
+	OnMaster func(group uint32)
+	Logger   *slog.Logger
 }
 
 // inboxMax bounds the events waiting for the node's goroutine; peer
@@ -72,11 +76,13 @@ type Node struct {
 const inboxBatch = 1024
 
 type member struct {
-	id     uint32
-	m      *group.Member
-	gen    uint64 // bumped by each truncation: older completions are stale
-	epoch  uint32 // last epoch journaled
-	waits  map[uint64]chan error
+	id    uint32
+	m     *group.Member
+	gen   uint64 // bumped by each truncation: older completions are stale
+	epoch uint32 // last epoch journaled
+	waits map[uint64]func(error)
+	// master mirrors m.Role() == RoleMaster for other goroutines.
+	master atomic.Bool
 	broken error // a journal failure: the member stops
 	dirty  bool  // listed in Node.dirty
 
@@ -110,6 +116,9 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 	}
 	if cfg.OnAlter == nil {
 		cfg.OnAlter = func(uint32, group.AlterSet) {}
+	}
+	if cfg.OnMaster == nil {
+		cfg.OnMaster = func(uint32) {}
 	}
 	logs := map[uint32][]group.Entry{}
 	epochs := map[uint32]uint32{}
@@ -158,7 +167,7 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 			epochs[g] = max(epochs[g], e.Epoch)
 		}
 		m := group.New(group.Config{Group: g, ID: cfg.ID, Replicas: cfg.Replicas, MinSync: cfg.MinSync, LagTicks: cfg.LagTicks}, logs[g], epochs[g])
-		n.members[g] = &member{id: g, m: m, epoch: epochs[g], waits: map[uint64]chan error{}}
+		n.members[g] = &member{id: g, m: m, epoch: epochs[g], waits: map[uint64]func(error){}}
 	}
 	go n.run()
 	return n, nil
@@ -323,21 +332,60 @@ func (n *Node) LogEnds() []ctlapi.GroupLogEnd {
 	return out
 }
 
-// Propose appends data to group g's log through this node, which must be
-// the group's master, and waits until the entry is committed and applied
-// here (nil), the node stops being master first (group.ErrNotMaster: the
-// outcome is unknown), or ctx ends (the outcome is unknown too).
-func (n *Node) Propose(ctx context.Context, g uint32, data []byte) error {
-	ch := make(chan error, 1)
-	err := n.withMember(g, func(m *group.Member) {
-		idx, err := m.Propose(data)
-		if err != nil {
-			ch <- err
+// ErrBusy is returned when the node's inbox is full.
+var ErrBusy = errors.New("groups: the group node is busy; retry")
+
+// IsMaster reports whether this node is the master of group g and has
+// applied everything earlier masters committed (group.Member.Serving).
+// It is safe from any goroutine.
+func (n *Node) IsMaster(g uint32) bool {
+	mb := n.members[g] // the map does not change after OpenNode
+	return mb != nil && mb.master.Load()
+}
+
+// ProposeAsync appends data to group g's log through this node, which must
+// be the group's master, without waiting: done is called on the node's
+// goroutine with nil once the entry is committed and applied here, with
+// group.ErrNotMaster when the node stops being master first (the outcome
+// is unknown), or with why it was not proposed. ErrBusy (inbox full) and
+// ErrClosed are returned at once and done is not called.
+func (n *Node) ProposeAsync(g uint32, data []byte, done func(error)) error {
+	f := func() {
+		mb := n.members[g]
+		if mb == nil {
+			done(fmt.Errorf("groups: no group %d on this node", g))
 			return
 		}
-		n.members[g].waits[idx] = ch
-	})
-	if err != nil {
+		if mb.broken != nil {
+			done(mb.broken)
+			return
+		}
+		idx, err := mb.m.Propose(data)
+		if err != nil {
+			done(err)
+			return
+		}
+		mb.waits[idx] = done
+		n.touch(mb)
+	}
+	select {
+	case <-n.done:
+		return ErrClosed
+	default:
+	}
+	select {
+	case n.inbox <- f:
+		return nil
+	default:
+		return ErrBusy
+	}
+}
+
+// Propose is ProposeAsync that waits for the outcome, or for ctx (then
+// the outcome is unknown).
+func (n *Node) Propose(ctx context.Context, g uint32, data []byte) error {
+	ch := make(chan error, 1)
+	if err := n.ProposeAsync(g, data, func(err error) { ch <- err }); err != nil {
 		return err
 	}
 	select {
@@ -396,9 +444,15 @@ func (n *Node) ready(mb *member) {
 		n.cfg.Apply(g, e)
 	}
 	for _, c := range rd.Completed {
-		if ch, ok := mb.waits[c.Index]; ok {
+		if done, ok := mb.waits[c.Index]; ok {
 			delete(mb.waits, c.Index)
-			ch <- c.Err
+			done(c.Err)
+		}
+	}
+	if isMaster := mb.m.Serving(); isMaster != mb.master.Load() {
+		mb.master.Store(isMaster)
+		if isMaster {
+			n.cfg.OnMaster(g)
 		}
 	}
 	if rd.AlterSet != nil {
@@ -435,9 +489,9 @@ func (n *Node) takeDurable(mb *member) {
 	if err != nil && mb.broken == nil {
 		mb.broken = fmt.Errorf("groups: journal write failed: %w", err)
 		n.log.Error("groups: group stopped on a journal failure", "group", mb.id, "err", err)
-		for idx, ch := range mb.waits {
+		for idx, done := range mb.waits {
 			delete(mb.waits, idx)
-			ch <- mb.broken
+			done(mb.broken)
 		}
 	}
 	if set && gen == mb.gen && mb.broken == nil {

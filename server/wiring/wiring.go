@@ -571,3 +571,40 @@ func (w *Wiring) SessionClosed(sess *shards.Session) {
 		}()
 	}
 }
+
+// Adopt makes sure the durable queue name, which the controller holds,
+// exists on this broker too, and returns it: a replicated queue's events
+// can reach a broker before the declare made on another broker does. It
+// reads the controller's wiring (a consensus read) only when the queue is
+// missing here, and records nothing: the controller has it already.
+func (w *Wiring) Adopt(name string) (*shards.Queue, error) {
+	if q := w.Routing().queue(name); q != nil {
+		return q, nil
+	}
+	if w.cfg.Log == nil {
+		return nil, shards.Errorf(wire.CodeNotFound, "no queue %q", name)
+	}
+	snap, err := w.cfg.Log.Load()
+	if err != nil {
+		return nil, logError(err)
+	}
+	for _, wq := range snap.Queues {
+		if wq.Name != name {
+			continue
+		}
+		defer w.lockNames(name)()
+		if q := w.Routing().queue(name); q != nil {
+			return q, nil
+		}
+		q, err := w.b.AddQueue(name, wq.Options, nil)
+		if err != nil {
+			return nil, err
+		}
+		if err := w.apply(false, func(n *Routing) { n.addQueue(q) }); err != nil {
+			_, _ = w.b.DropQueue(q)
+			return nil, err
+		}
+		return q, nil
+	}
+	return nil, shards.Errorf(wire.CodeNotFound, "no queue %q in the controller", name)
+}

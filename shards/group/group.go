@@ -202,6 +202,15 @@ func (m *Member) Applied() uint64   { return m.applied }
 func (m *Member) LastIndex() uint64 { return m.lastIndex() }
 func (m *Member) Durable() uint64   { return m.durable }
 
+// Serving reports whether this member is master and has applied every
+// entry it inherited from earlier epochs. Until then its applied state may
+// lack events an earlier master committed (the commit index is not
+// durable, so a new master learns it again by committing), and it must not
+// act on that state: deliver, or answer from it.
+func (m *Member) Serving() bool {
+	return m.role == RoleMaster && m.applied >= m.inherited
+}
+
 // SyncStateSet is the set the master commits with: the confirmed set and
 // any member a pending request adds.
 func (m *Member) SyncStateSet() []MemberID { return m.effectiveSet() }

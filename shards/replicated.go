@@ -1,0 +1,153 @@
+package shards
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/berthmq/berth/wire"
+)
+
+// Replicator carries the events of replicated queues through their
+// replication group's log (server/groups). A replicated queue's messages
+// live in the group log, not in the shard's journal: the group's master
+// proposes each enqueue and each removal, and every member of the group,
+// the master included, applies them when they commit (ApplyEnqueue,
+// ApplyRemove). Only the master delivers.
+//
+// Its methods are called on the shard goroutine and must not block; done
+// callbacks run later on another goroutine.
+type Replicator interface {
+	// Group reports whether a queue of this name and options is
+	// replicated, and in which group.
+	Group(name string, opts QueueOptions) (group uint32, ok bool)
+	// IsMaster reports whether this broker is the master of group g.
+	IsMaster(g uint32) bool
+	// ProposeEnqueue proposes the enqueue of b on q, and reports the
+	// outcome to done once the event is committed and applied here. An
+	// error means it was not proposed.
+	ProposeEnqueue(q *Queue, b *Body, expiresAt int64, done func(error)) error
+	// ProposeRemove proposes the removal of message seq from q; done, if
+	// not nil, is told when it committed.
+	ProposeRemove(q *Queue, seq uint64, done func(error)) error
+	// Barrier calls done once every event proposed before it on q's group
+	// committed.
+	Barrier(q *Queue, done func(error)) error
+}
+
+type replicatorBox struct{ r Replicator }
+
+// SetReplicator connects the broker to the replication groups. Queues
+// added from then on whose Group says so are replicated; set it before the
+// wiring is restored.
+func (b *Broker) SetReplicator(r Replicator) { b.replicator.Store(&replicatorBox{r}) }
+
+func (b *Broker) loadReplicator() Replicator {
+	if box := b.replicator.Load(); box != nil {
+		return box.r
+	}
+	return nil
+}
+
+// replicatorField is embedded in Broker.
+type replicatorField struct{ replicator atomic.Pointer[replicatorBox] }
+
+// Replicated reports whether q's events go through a group log, and its
+// group.
+func (q *Queue) Replicated() (group uint32, ok bool) { return q.group, q.replicated }
+
+// ApplyEnqueue applies a committed enqueue of a replicated queue: the
+// message gets the event's log index as its Seq, and is deliverable at
+// once. It runs on q's shard goroutine (inside Broker.Call or a pushed
+// call); b's reference passes to the queue.
+func (s *Shard) ApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64) {
+	if q.deleted {
+		b.Unref()
+		return
+	}
+	ev := Event{Kind: EvEnqueue, Seq: seq, Body: b, ExpiresAt: expiresAt}
+	if err := q.Apply(&ev, s); err != nil {
+		// Full here though the master took it (a smaller bound, or
+		// removes not applied yet): keep it rather than diverge.
+		e := s.pool.get()
+		e.Seq, e.Body, e.ExpiresAt = seq, b, expiresAt
+		e.size = uint32(b.Size())
+		if seq >= q.nextSeq {
+			q.nextSeq = seq + 1
+		}
+		q.ready.push(e)
+		q.readyBytes += uint64(e.size)
+		q.totalBytes += uint64(e.size)
+		q.Enqueued++
+	}
+	s.admit(q)
+	if len(q.consumers) > 0 {
+		s.markDirty(q)
+	}
+}
+
+// ApplyRemove applies a committed removal of a replicated queue's
+// message; the master removed it already, a follower drops it now.
+func (s *Shard) ApplyRemove(q *Queue, seq uint64) {
+	ev := Event{Kind: EvRemove, Seq: seq}
+	_ = q.Apply(&ev, s)
+}
+
+// Complete completes a client's command from a pushed call (a replicated
+// publish or settle whose event committed).
+func (s *Shard) Complete(sess *Session, cmdID uint64, fan *Fanout, err error) {
+	s.completeCmd(sess, cmdID, fan, err)
+}
+
+// Push runs f on the shard goroutine without waiting for it; false if the
+// ring is full.
+func (s *Shard) TryCall(f func(*Shard)) bool {
+	return s.TryPush(Command{Op: opCall, Call: f})
+}
+
+// GroupMastered tells the shards that this broker became master of group
+// g: its replicated queues are dispatched again. It does not wait.
+func (b *Broker) GroupMastered(g uint32) {
+	for _, s := range b.shards {
+		s.TryCall(func(sh *Shard) {
+			for q := range sh.queues {
+				if q.replicated && q.group == g {
+					sh.markDirty(q)
+				}
+			}
+		})
+	}
+}
+
+// replicatedPublish proposes a publish to a replicated queue.
+func (s *Shard) replicatedPublish(c *Command, expiresAt int64) {
+	q := c.Queue
+	r := s.broker.loadReplicator()
+	if err := q.CheckEnqueue(c.Body.Size()); err != nil {
+		c.Body.Unref()
+		s.completeCmd(c.Sess, c.CmdID, c.Fanout, Errorf(wire.CodeResourceLimit, "queue %q is full", q.Name))
+		return
+	}
+	sess, id, fan := c.Sess, c.CmdID, c.Fanout
+	done := func(err error) {
+		s.pushCompletion(sess, id, fan, err)
+	}
+	err := r.ProposeEnqueue(q, c.Body, expiresAt, done)
+	c.Body.Unref() // the proposal copied it
+	if err != nil {
+		s.completeCmd(sess, id, fan, err)
+		return
+	}
+	s.stats.Published++
+}
+
+// pushCompletion completes a command from another goroutine. A full ring
+// is waited out: a completion must not be lost.
+func (s *Shard) pushCompletion(sess *Session, id uint64, fan *Fanout, err error) {
+	f := func(sh *Shard) { sh.completeCmd(sess, id, fan, err) }
+	for !s.TryPush(Command{Op: opCall, Call: f}) {
+		if s.broker.ctx.Err() != nil {
+			return
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
