@@ -261,9 +261,10 @@ func (a *authState) startScram(set *userSet) *scramLogin {
 func (l *scramLogin) finish(clientFinal string) (string, *authUser, error) {
 	serverFinal, err := l.conv.Step(clientFinal)
 	switch {
-	case err != nil:
-		return "", nil, err
-	case !l.conv.Valid() || l.user == nil:
+	case err != nil || !l.conv.Valid() || l.user == nil:
+		// A wrong proof and an unknown user read the same (the library's
+		// own words differ for malformed messages; they tell nothing).
+		return "", nil, errBadCredentials
 		return "", nil, errBadCredentials
 	case l.conv.AuthzID() != "" && l.conv.AuthzID() != l.user.name:
 		return "", nil, fmt.Errorf("authorization identity %q is not the user", l.conv.AuthzID())
