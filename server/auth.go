@@ -265,7 +265,6 @@ func (l *scramLogin) finish(clientFinal string) (string, *authUser, error) {
 		// A wrong proof and an unknown user read the same (the library's
 		// own words differ for malformed messages; they tell nothing).
 		return "", nil, errBadCredentials
-		return "", nil, errBadCredentials
 	case l.conv.AuthzID() != "" && l.conv.AuthzID() != l.user.name:
 		return "", nil, fmt.Errorf("authorization identity %q is not the user", l.conv.AuthzID())
 	}

@@ -301,3 +301,142 @@ func metric(t *testing.T, s *server.Server, name string) float64 {
 	t.Fatalf("no metric %s", name)
 	return 0
 }
+
+// TestPermissions runs each class of command as alice (configure
+// alice-.*, write alice-.*|pub-.*, read alice-.*) on names her patterns
+// allow and on names they do not; a denial leaves the session open.
+func TestPermissions(t *testing.T) {
+	s := startUsersServer(t)
+	addr := s.ClientAddr()
+	admin := dialAs(t, addr, client.Config{User: "admin", Password: "admin-pw"})
+	ctx := ctxT(t)
+	for _, q := range []string{"alice-q", "alice-gone", "bob-q"} {
+		if err := admin.DeclareQueue(ctx, q, client.QueueOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ex := range []string{"alice-ex", "pub-ex", "bob-ex"} {
+		if err := admin.DeclareExchange(ctx, ex, client.Direct, client.ExchangeOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, b := range [][2]string{{"alice-ex", "alice-q"}, {"bob-ex", "alice-q"}, {"alice-ex", "bob-q"}} {
+		if err := admin.Bind(ctx, b[0], b[1], "k"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	alice := dialAs(t, addr, client.Config{User: "alice", Password: "alice-pw"})
+	subscribe := func(q string) error {
+		c, err := alice.Subscribe(ctx, q, client.SubscribeOptions{})
+		if err == nil {
+			err = c.Cancel(ctx)
+		}
+		return err
+	}
+	cases := []struct {
+		what   string
+		denied string // "" = allowed; else what the error names
+		run    func() error
+	}{
+		{"declare queue alice-new", "", func() error { return alice.DeclareQueue(ctx, "alice-new", client.QueueOptions{}) }},
+		{"declare queue bob-new", `configure queue "bob-new"`, func() error { return alice.DeclareQueue(ctx, "bob-new", client.QueueOptions{}) }},
+		{"declare queue dead-lettering to bob-ex", `write to exchange "bob-ex"`, func() error {
+			return alice.DeclareQueue(ctx, "alice-dl", client.QueueOptions{DeadLetterExchange: "bob-ex"})
+		}},
+		{"declare exchange alice-x", "", func() error { return alice.DeclareExchange(ctx, "alice-x", client.Topic, client.ExchangeOptions{}) }},
+		{"declare exchange bob-x", `configure exchange "bob-x"`, func() error { return alice.DeclareExchange(ctx, "bob-x", client.Topic, client.ExchangeOptions{}) }},
+		{"bind alice-ex alice-new", "", func() error { return alice.Bind(ctx, "alice-ex", "alice-new", "k") }},
+		{"bind bob-ex alice-new", `configure exchange "bob-ex"`, func() error { return alice.Bind(ctx, "bob-ex", "alice-new", "k") }},
+		{"bind alice-ex bob-q", `configure queue "bob-q"`, func() error { return alice.Bind(ctx, "alice-ex", "bob-q", "x") }},
+		{"unbind alice-ex alice-new", "", func() error { return alice.Unbind(ctx, "alice-ex", "alice-new", "k") }},
+		{"unbind bob-ex alice-q", `configure exchange "bob-ex"`, func() error { return alice.Unbind(ctx, "bob-ex", "alice-q", "k") }},
+		{"unbind alice-ex bob-q", `configure queue "bob-q"`, func() error { return alice.Unbind(ctx, "alice-ex", "bob-q", "k") }},
+		{"publish to queue alice-q", "", func() error { return alice.Publish(ctx, "", "alice-q", []byte("m"), client.PublishOptions{}) }},
+		{"publish to queue bob-q", `write to queue "bob-q"`, func() error { return alice.Publish(ctx, "", "bob-q", []byte("m"), client.PublishOptions{}) }},
+		{"publish to exchange pub-ex", "", func() error { return alice.Publish(ctx, "pub-ex", "k", []byte("m"), client.PublishOptions{}) }},
+		{"publish to exchange alice-ex", "", func() error { return alice.Publish(ctx, "alice-ex", "k", []byte("m"), client.PublishOptions{}) }},
+		{"publish to exchange bob-ex", `write to exchange "bob-ex"`, func() error { return alice.Publish(ctx, "bob-ex", "k", []byte("m"), client.PublishOptions{}) }},
+		{"subscribe alice-q", "", func() error { return subscribe("alice-q") }},
+		{"subscribe bob-q", `read from queue "bob-q"`, func() error { return subscribe("bob-q") }},
+		{"purge alice-q", "", func() error { return alice.Purge(ctx, "alice-q") }},
+		{"purge bob-q", `read from queue "bob-q"`, func() error { return alice.Purge(ctx, "bob-q") }},
+		{"delete queue alice-gone", "", func() error { return alice.DeleteQueue(ctx, "alice-gone", client.QueueDeleteOptions{}) }},
+		{"delete queue bob-q", `configure queue "bob-q"`, func() error { return alice.DeleteQueue(ctx, "bob-q", client.QueueDeleteOptions{}) }},
+		{"delete exchange alice-x", "", func() error { return alice.DeleteExchange(ctx, "alice-x", client.ExchangeDeleteOptions{}) }},
+		{"delete exchange bob-ex", `configure exchange "bob-ex"`, func() error { return alice.DeleteExchange(ctx, "bob-ex", client.ExchangeDeleteOptions{}) }},
+	}
+	denials := metric(t, s, "berth_permission_denied_total")
+	denied := 0
+	for _, c := range cases {
+		err := c.run()
+		switch {
+		case c.denied == "" && err != nil:
+			t.Errorf("%s: refused: %v", c.what, err)
+		case c.denied != "" && (client.Code(err) != wire.CodeNotAllowed || !strings.Contains(err.Error(), c.denied)):
+			t.Errorf("%s: got %v, want not-allowed naming %s", c.what, err, c.denied)
+		case c.denied != "":
+			denied++
+		}
+	}
+	if err := alice.Err(); err != nil {
+		t.Fatalf("a denial closed the session: %v", err)
+	}
+	if got := metric(t, s, "berth_permission_denied_total") - denials; got != float64(denied) {
+		t.Fatalf("berth_permission_denied_total grew by %v for %d denials", got, denied)
+	}
+	// Pipelined publishes to allowed and denied queues interleaved: each
+	// message gets its own verdict.
+	errs := make(chan error, 200)
+	for i := range 200 {
+		q := "alice-q"
+		if i%2 == 1 {
+			q = "bob-q"
+		}
+		if err := alice.PublishAsync(ctx, "", q, []byte("m"), client.PublishOptions{}, func(err error) { errs <- err }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	okN, deniedN := 0, 0
+	for range 200 {
+		switch err := <-errs; client.Code(err) {
+		case wire.CodeOK:
+			okN++
+		case wire.CodeNotAllowed:
+			deniedN++
+		default:
+			t.Fatal(err)
+		}
+	}
+	if okN != 100 || deniedN != 100 {
+		t.Fatalf("pipelined publishes: %d completed, %d denied; want 100 and 100", okN, deniedN)
+	}
+}
+
+// TestPermissionChangesReachOpenSessions changes and removes a user while
+// its session is open.
+func TestPermissionChangesReachOpenSessions(t *testing.T) {
+	s := startUsersServer(t)
+	ctx := ctxT(t)
+	alice := dialAs(t, s.ClientAddr(), client.Config{User: "alice", Password: "alice-pw"})
+	if err := alice.DeclareQueue(ctx, "alice-q", client.QueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := alice.Publish(ctx, "", "alice-q", []byte("m"), client.PublishOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Propose(t, s.ControllerAddr(), &ctlapi.SetPermissions{Name: "alice", Permissions: ctlapi.Permissions{Configure: "alice-.*", Read: "alice-.*"}})
+	testutil.WaitFor(t, 10*time.Second, func() error { // the cached verdict goes too
+		if err := alice.Publish(ctx, "", "alice-q", []byte("m"), client.PublishOptions{}); client.Code(err) != wire.CodeNotAllowed {
+			return fmt.Errorf("publish after write was taken away: %v", err)
+		}
+		return nil
+	})
+	testutil.Propose(t, s.ControllerAddr(), &ctlapi.RemoveUser{Name: "alice"})
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if err := alice.Purge(ctx, "alice-q"); client.Code(err) != wire.CodeNotAllowed || !strings.Contains(err.Error(), "no longer exists") {
+			return fmt.Errorf("purge by a removed user: %v", err)
+		}
+		return nil
+	})
+	wantAuthFailed(t, login(s.ClientAddr(), client.Config{User: "alice", Password: "alice-pw"}), "wrong password")
+}
