@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -89,4 +90,30 @@ func netipAddrPort(t *testing.T, s string) netip.AddrPort {
 		t.Fatal(err)
 	}
 	return ap
+}
+
+// BenchmarkCanPublish is the permission check PUBLISH makes per message,
+// for a user whose write pattern needs the regexp: once the names are
+// cached it allocates nothing.
+//
+//	go test ./server -run '^$' -bench CanPublish -benchmem
+func BenchmarkCanPublish(b *testing.B) {
+	s := &Server{auth: newAuthState(false)}
+	s.auth.setUsers([]ctlapi.User{{Name: "u", Permissions: ctlapi.Permissions{Write: "orders-[0-9]+|audit"}}})
+	cs := &connState{s: s}
+	cs.authz.name = "u"
+	names := [][]byte{[]byte("orders-1"), []byte("orders-2"), []byte("audit"), []byte("orders-3")}
+	for _, bench := range []struct {
+		name     string
+		exchange []byte
+	}{{"target=exchange", []byte("audit")}, {"target=queues-rotating", nil}} {
+		b.Run(bench.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if !cs.canPublish(bench.exchange, names[i%len(names)], uint64(i)+1) {
+					b.Fatal("denied")
+				}
+			}
+		})
+	}
 }
