@@ -9,6 +9,7 @@ import (
 	"net"
 	"reflect"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,6 +53,16 @@ type Config struct {
 	// -listen-tls address). Without a ServerName the host part of each
 	// address dialled is used. Give Certificates for mutual TLS.
 	TLS *tls.Config
+	// User and Password log in as a user of the server. Without a User
+	// the client logs in as the server's default user, which exists only
+	// while the server has no users and only for clients on loopback.
+	User, Password string
+	// Mechanism is the SASL mechanism (wire.Mech*): "" picks
+	// SCRAM-SHA-256 when User is set, else none. PLAIN sends the password
+	// itself: servers take it over TLS only, unless told otherwise.
+	// EXTERNAL logs in as the user named by the subject CN of the TLS
+	// client certificate (User, if set, must be that name).
+	Mechanism string
 }
 
 func (cfg *Config) withDefaults() (Config, error) {
@@ -76,6 +87,28 @@ func (cfg *Config) withDefaults() (Config, error) {
 	}
 	if c.CloseTimeout <= 0 {
 		c.CloseTimeout = 5 * time.Second
+	}
+	if c.Mechanism == "" {
+		c.Mechanism = wire.MechNone
+		if c.User != "" {
+			c.Mechanism = wire.MechScramSHA256
+		}
+	}
+	switch c.Mechanism {
+	case wire.MechNone:
+		if c.User != "" || c.Password != "" {
+			return c, fmt.Errorf("%w: mechanism none takes no user or password", ErrInvalid)
+		}
+	case wire.MechPlain, wire.MechScramSHA256:
+		if c.User == "" {
+			return c, fmt.Errorf("%w: mechanism %s needs a User", ErrInvalid, c.Mechanism)
+		}
+	case wire.MechExternal:
+		if c.TLS == nil || (len(c.TLS.Certificates) == 0 && c.TLS.GetClientCertificate == nil) {
+			return c, fmt.Errorf("%w: mechanism EXTERNAL needs a TLS client certificate", ErrInvalid)
+		}
+	default:
+		return c, fmt.Errorf("%w: unknown mechanism %q", ErrInvalid, c.Mechanism)
 	}
 	if c.Window <= 0 {
 		c.Window = WindowDefault
@@ -258,7 +291,11 @@ func (c *Conn) handshake(ctx context.Context) ([]byte, error) {
 	if c.cfg.Heartbeat > 0 && hb == 0 {
 		hb = 1
 	}
-	hello := wire.AppendHello(nil, []wire.Version{wire.Current}, c.cfg.Name, "none", nil, c.cfg.MaxFrameSize, hb)
+	lg, err := newLogin(&c.cfg)
+	if err != nil {
+		return nil, err
+	}
+	hello := wire.AppendHello(nil, offeredVersions, c.cfg.Name, c.cfg.Mechanism, lg.first, c.cfg.MaxFrameSize, hb)
 	if _, err := c.nc.Write(hello); err != nil {
 		return nil, c.ctxOr(ctx, err)
 	}
@@ -280,10 +317,29 @@ func (c *Conn) handshake(ctx context.Context) ([]byte, error) {
 			continue
 		}
 		switch h.Type {
+		case wire.TypeAuth:
+			var a wire.Auth
+			if err := wire.DecodeAuth(body, &a); err != nil {
+				return nil, fmt.Errorf("%w: AUTH: %v", ErrProtocol, err)
+			}
+			reply, err := lg.step(a.Data)
+			if err != nil {
+				return nil, err
+			}
+			if reply != nil {
+				if _, err := c.nc.Write(wire.AppendAuth(nil, h.Version, reply)); err != nil {
+					return nil, c.ctxOr(ctx, err)
+				}
+			}
+			buf = buf[:copy(buf, buf[n:])]
+			continue
 		case wire.TypeWelcome:
 			var w wire.Welcome
 			if err := wire.DecodeWelcome(body, &w); err != nil {
 				return nil, fmt.Errorf("%w: WELCOME: %v", ErrProtocol, err)
+			}
+			if err := lg.done(); err != nil {
+				return nil, err
 			}
 			if err := c.accept(&w); err != nil {
 				return nil, err
@@ -316,8 +372,8 @@ func (c *Conn) ctxOr(ctx context.Context, err error) error {
 
 // accept checks and adopts the server's WELCOME.
 func (c *Conn) accept(w *wire.Welcome) error {
-	if w.Version != wire.Current {
-		return fmt.Errorf("%w: server chose version %v, offered %v", ErrProtocol, w.Version, wire.Current)
+	if !slices.Contains(offeredVersions, w.Version) {
+		return fmt.Errorf("%w: server chose version %v, offered %v", ErrProtocol, w.Version, offeredVersions)
 	}
 	if w.FrameSizeMax < wire.FrameSizeMin || w.FrameSizeMax > wire.FrameSizeMax {
 		return fmt.Errorf("%w: WELCOME frame size %d", ErrProtocol, w.FrameSizeMax)

@@ -61,7 +61,7 @@ func TestProtocolDocExamples(t *testing.T) {
 		}
 	}
 	for _, typ := range []wire.Type{wire.TypeHello, wire.TypeWelcome, wire.TypeHeartbeat, wire.TypeClose, wire.TypeComplete,
-		wire.TypeError, wire.TypeDeclareQueue, wire.TypeDeclareExchange, wire.TypeBind, wire.TypeDelete, wire.TypePurge,
+		wire.TypeError, wire.TypeAuth, wire.TypeDeclareQueue, wire.TypeDeclareExchange, wire.TypeBind, wire.TypeDelete, wire.TypePurge,
 		wire.TypePublish, wire.TypeSubscribe, wire.TypeCancel, wire.TypeCredit, wire.TypeDeliver, wire.TypeAccept} {
 		if !seen[typ] {
 			t.Errorf("no example for %v", typ)
@@ -87,6 +87,8 @@ func decodeAny(t wire.Type, body []byte) error {
 		return err
 	case wire.TypeError:
 		return wire.DecodeError(body, &wire.Error{})
+	case wire.TypeAuth:
+		return wire.DecodeAuth(body, &wire.Auth{})
 	case wire.TypeDeclareQueue:
 		return wire.DecodeDeclareQueue(body, &wire.DeclareQueue{})
 	case wire.TypeDeclareExchange:

@@ -12,6 +12,8 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 
 	"github.com/berthmq/berth/client"
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/internal/testutil"
 	"github.com/berthmq/berth/server"
 )
 
@@ -32,17 +34,42 @@ func BenchmarkPublishConsume(b *testing.B) {
 	}
 	for _, m := range modes {
 		b.Run("mode="+m.name, func(b *testing.B) {
-			benchPublishConsume(b, m.durable, m.fsync, 1)
+			benchPublishConsume(b, m.durable, m.fsync, 1, false)
 		})
 	}
+	// The publisher logs in as a user whose write pattern is not ".*", so
+	// every message goes through the session's permission cache; compare
+	// with mode=memory.
+	b.Run("mode=memory/auth=user", func(b *testing.B) {
+		benchPublishConsume(b, false, "always", 1, true)
+	})
 }
 
-func benchPublishConsume(b *testing.B, durable bool, fsync string, queues int) {
-	s := startServer(b, func(c *server.Config) { c.Fsync = fsync })
+func benchPublishConsume(b *testing.B, durable bool, fsync string, queues int, asUser bool) {
+	s := startServer(b, func(c *server.Config) {
+		c.Fsync = fsync
+		if asUser {
+			c.ControllerAddr = testutil.FreeAddr(b)
+		}
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	pub := dial(b, s)
-	sub := dial(b, s)
+	var pub, sub *client.Conn
+	if asUser {
+		perms := ctlapi.Permissions{Configure: "bench.*", Write: "bench[0-9]+|other", Read: "bench.*"}
+		testutil.AddUser(b, s.ControllerAddr(), "bench", "bench-pw", perms)
+		cfg := client.Config{User: "bench", Password: "bench-pw"}
+		testutil.WaitFor(b, 10*time.Second, func() error {
+			c, err := client.DialConfig(ctx, cfg, s.ClientAddr())
+			pub = c
+			return err
+		})
+		b.Cleanup(func() { _ = pub.Close() })
+		sub = dialUser(b, s, cfg)
+	} else {
+		pub = dial(b, s)
+		sub = dial(b, s)
+	}
 	names := make([]string, queues)
 	for i := range names {
 		names[i] = fmt.Sprint("bench", i)
@@ -130,6 +157,15 @@ func benchPublishConsume(b *testing.B, durable bool, fsync string, queues int) {
 	b.ReportMetric(float64(hist.ValueAtQuantile(99)), "p99-us")
 	b.ReportMetric(float64(e2e.ValueAtQuantile(50)), "e2e-p50-us")
 	b.ReportMetric(float64(e2e.ValueAtQuantile(99)), "e2e-p99-us")
+}
+
+func dialUser(b *testing.B, s *server.Server, cfg client.Config) *client.Conn {
+	c, err := client.DialConfig(context.Background(), cfg, s.ClientAddr())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = c.Close() })
+	return c
 }
 
 // BenchmarkRecovery measures how long a broker takes to start on a data

@@ -51,6 +51,9 @@ type connState struct {
 
 	mgmt mgmtQueue // management commands, run in order off the loop (mgmt.go)
 
+	login loginState   // the handshake until WELCOME (login.go)
+	authz sessionAuthz // the session's user and permission cache (authz.go)
+
 	out     []byte       // frames written at the end of OnTraffic
 	ranges  []wire.Range // completions the loop itself makes
 	targets []*shards.Queue

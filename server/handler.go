@@ -245,10 +245,7 @@ func (h *handler) writeOut(cs *connState) {
 // part-way; cs.resume then says how far it got.
 func (h *handler) frame(cs *connState, hd wire.Header, body []byte) (done bool, act gnet.Action) {
 	if cs.sess == nil {
-		if hd.Type != wire.TypeHello {
-			return true, cs.protocolError(wire.CodeUnexpected, "the first frame must be HELLO, not "+hd.Type.String())
-		}
-		return true, h.hello(cs, body)
+		return true, h.preSession(cs, hd, body) // HELLO and the login (login.go)
 	}
 	if hd.Version.Minor() > cs.version.Minor() {
 		return true, gnet.None // a newer minor version: skip it by its size
@@ -318,20 +315,8 @@ func (h *handler) hello(cs *connState, body []byte) gnet.Action {
 	if m.HeartbeatMs != 0 {
 		hb = max(m.HeartbeatMs, 10)
 	}
-	cs.version = v
-	cs.frameMax = frameMax
-	cs.heartbeatNs = int64(hb) * int64(time.Millisecond)
-	cs.hbNs.Store(cs.heartbeatNs)
-	cs.helloVer.Store(uint32(v))
-	cs.sess = &shards.Session{ID: h.s.nextSession.Add(1), Version: v, FrameMax: frameMax, Out: cs.t}
-	addr := h.s.addr
-	if cs.tls {
-		addr = h.s.TLSAddr() // a TLS client fails over to TLS addresses
-	}
-	w := wire.Welcome{Version: v, FrameSizeMax: frameMax, HeartbeatMs: hb, CreditMax: cfg.CreditMax,
-		WindowMax: cfg.WindowMax, ServerName: []byte(cfg.ServerName), Addrs: [][]byte{[]byte(addr)}}
-	cs.out = wire.AppendWelcome(cs.out, &w)
-	return gnet.None
+	cs.login.version, cs.login.frameMax, cs.login.heartbeatMs = v, frameMax, hb
+	return h.authenticate(cs, m.Mechanism, m.Auth)
 }
 
 // push hands a command to a shard. A command the shard will complete
@@ -370,6 +355,9 @@ func (h *handler) publish(cs *connState, body []byte) (bool, gnet.Action) {
 			continue
 		}
 		id := p.FirstID + uint64(i)
+		if !cs.canPublish(p.Exchange, m.RoutingKey, id) {
+			continue
+		}
 		if pushed >= window {
 			cs.fail(id, wire.CodeResourceLimit, "more uncompleted commands than the negotiated window")
 			continue
@@ -473,6 +461,9 @@ func (h *handler) subscribe(cs *connState, body []byte) (bool, gnet.Action) {
 	}
 	if m.AckMode > wire.AckNone {
 		cs.fail(m.CommandID, wire.CodeInvalid, "unknown ack mode")
+		return true, gnet.None
+	}
+	if !cs.allowed(permRead, "queue", m.Queue, m.CommandID) {
 		return true, gnet.None
 	}
 	q := h.s.wiring.Routing().Queue(m.Queue)

@@ -56,6 +56,10 @@ func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Actio
 			cs.fail(m.CommandID, wire.CodeInvalid, err.Error())
 			return gnet.None
 		}
+		if !cs.allowed(permConfigure, "queue", m.Name, m.CommandID) ||
+			len(m.Options.DeadLetterExchange) > 0 && !cs.allowed(permWrite, "exchange", []byte(m.Options.DeadLetterExchange), m.CommandID) {
+			return gnet.None
+		}
 		name, opts := string(m.Name), m.Options
 		passive := m.Flags&wire.QueuePassive != 0
 		sess := cs.sess
@@ -66,6 +70,9 @@ func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Actio
 		if err := wire.DecodeDeclareExchange(body, &m); err != nil {
 			return cs.protocolError(wire.CodeMalformed, "DECLARE_EXCHANGE: "+err.Error())
 		}
+		if !cs.allowed(permConfigure, "exchange", m.Name, m.CommandID) {
+			return gnet.None
+		}
 		name, kind := string(m.Name), m.Kind
 		opts := wiring.ExchangeOptions{Durable: m.Flags&wire.ExchangeDurable != 0, AutoDelete: m.Flags&wire.ExchangeAutoDelete != 0}
 		passive := m.Flags&wire.ExchangePassive != 0
@@ -75,6 +82,9 @@ func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Actio
 		var m wire.Bind
 		if err := wire.DecodeBind(body, &m); err != nil {
 			return cs.protocolError(wire.CodeMalformed, t.String()+": "+err.Error())
+		}
+		if !cs.allowed(permConfigure, "queue", m.Queue, m.CommandID) || !cs.allowed(permConfigure, "exchange", m.Exchange, m.CommandID) {
+			return gnet.None
 		}
 		ex, q, key := string(m.Exchange), string(m.Queue), string(m.Key)
 		req.id = m.CommandID
@@ -99,6 +109,13 @@ func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Actio
 		if err := wire.DecodeDelete(body, &m); err != nil {
 			return cs.protocolError(wire.CodeMalformed, "DELETE: "+err.Error())
 		}
+		kind := "queue"
+		if m.What == wire.DeleteExchange {
+			kind = "exchange"
+		}
+		if !cs.allowed(permConfigure, kind, m.Name, m.CommandID) {
+			return gnet.None
+		}
 		name := string(m.Name)
 		ifUnused, ifEmpty := m.Flags&wire.DeleteIfUnused != 0, m.Flags&wire.DeleteIfEmpty != 0
 		req.id = m.CommandID
@@ -122,6 +139,9 @@ func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Actio
 		var m wire.Purge
 		if err := wire.DecodePurge(body, &m); err != nil {
 			return cs.protocolError(wire.CodeMalformed, "PURGE: "+err.Error())
+		}
+		if !cs.allowed(permRead, "queue", m.Queue, m.CommandID) {
+			return gnet.None
 		}
 		name := string(m.Queue)
 		req.id = m.CommandID

@@ -124,6 +124,11 @@ type Config struct {
 	// brokers (default 3) once that many have registered.
 	PeerAddr, PeerAdvertise string
 	GroupReplicas           int
+
+	// AllowPlainWithoutTLS lets clients log in with PLAIN on the
+	// plaintext listener, where their password crosses the network in
+	// the clear.
+	AllowPlainWithoutTLS bool
 }
 
 // DefaultConfig returns the embedded defaults: clients on 127.0.0.1:7400,
@@ -226,7 +231,8 @@ type Server struct {
 		set    map[net.Conn]struct{} // raw connections, closed by Close
 		closed bool
 	}
-	sec *securityMetrics
+	sec  *securityMetrics
+	auth *authState // users and logins (auth.go)
 
 	conns struct {
 		sync.Mutex // guards set; taken on open, close and heartbeat scans
@@ -368,6 +374,12 @@ func Start(cfg Config) (*Server, error) {
 		}
 	}
 
+	usersApplied, err := s.startAuth()
+	if err != nil {
+		s.broker.Stop()
+		s.stopController()
+		return nil, err
+	}
 	h := &handler{s: s}
 	go func() {
 		err := gnet.Run(h, "tcp4://"+cfg.ClientAddr,
@@ -402,6 +414,10 @@ func Start(cfg Config) (*Server, error) {
 	s.boot.serving.Store(true)
 	s.hbWG.Add(1)
 	go s.heartbeats()
+	if s.ctl != nil {
+		s.regWG.Add(1)
+		go s.watchUsers(usersApplied)
+	}
 	if s.brokerID != 0 {
 		s.registerAtStart()
 		if cfg.PeerAddr != "" {

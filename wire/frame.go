@@ -35,8 +35,9 @@ const (
 	// VersionMajor and VersionMinor are the newest protocol version this
 	// build speaks. A peer that speaks an older minor version is served in
 	// that version; frames of a higher minor version are skipped by size.
+	// 1.1 added the AUTH frame (SCRAM exchanges in the handshake).
 	VersionMajor = 1
-	VersionMinor = 0
+	VersionMinor = 1
 
 	// FrameSizeMin is the smallest maximum frame size a peer may negotiate.
 	FrameSizeMin = 4 << 10
@@ -63,6 +64,16 @@ func (v Version) String() string { return fmt.Sprintf("%d.%d", v.Major(), v.Mino
 
 // Current is the newest version this build speaks.
 var Current = MakeVersion(VersionMajor, VersionMinor)
+
+// Protocol versions with a meaning of their own.
+var (
+	// Version10 is the first protocol version.
+	Version10 = MakeVersion(1, 0)
+	// VersionAuth (1.1) is the first version with the AUTH frame: a
+	// session must negotiate it, or a later one, to use a mechanism that
+	// needs more than HELLO (SCRAM-SHA-256).
+	VersionAuth = MakeVersion(1, 1)
+)
 
 // Header is a decoded frame header.
 type Header struct {

@@ -10,6 +10,7 @@ const (
 	TypeClose           Type = 0x04
 	TypeComplete        Type = 0x05
 	TypeError           Type = 0x06
+	TypeAuth            Type = 0x07 // 1.1: a SASL step in the handshake, both ways
 	TypeDeclareQueue    Type = 0x10
 	TypeDeclareExchange Type = 0x11
 	TypeBind            Type = 0x12
@@ -28,7 +29,7 @@ const (
 
 var typeNames = [256]string{
 	TypeHello: "HELLO", TypeWelcome: "WELCOME", TypeHeartbeat: "HEARTBEAT",
-	TypeClose: "CLOSE", TypeComplete: "COMPLETE", TypeError: "ERROR",
+	TypeClose: "CLOSE", TypeComplete: "COMPLETE", TypeError: "ERROR", TypeAuth: "AUTH",
 	TypeDeclareQueue: "DECLARE_QUEUE", TypeDeclareExchange: "DECLARE_EXCHANGE",
 	TypeBind: "BIND", TypeUnbind: "UNBIND", TypeDelete: "DELETE", TypePurge: "PURGE",
 	TypePublish: "PUBLISH", TypeSubscribe: "SUBSCRIBE", TypeCancel: "CANCEL",
@@ -64,6 +65,7 @@ const (
 	CodeShutdown           ErrorCode = 11 // server shutting down
 	CodeInternal           ErrorCode = 12
 	CodeUnexpected         ErrorCode = 13 // frame not valid in this state (e.g. before HELLO)
+	CodeAuthFailed         ErrorCode = 14 // login refused: bad credentials, unknown user or refused mechanism
 )
 
 var codeNames = map[ErrorCode]string{
@@ -72,7 +74,7 @@ var codeNames = map[ErrorCode]string{
 	CodePreconditionFailed: "precondition-failed", CodeResourceLimit: "resource-limit",
 	CodeNotAllowed: "not-allowed", CodeStore: "store", CodeInvalid: "invalid",
 	CodeHeartbeatTimeout: "heartbeat-timeout", CodeShutdown: "shutdown",
-	CodeInternal: "internal", CodeUnexpected: "unexpected",
+	CodeInternal: "internal", CodeUnexpected: "unexpected", CodeAuthFailed: "auth-failed",
 }
 
 func (c ErrorCode) String() string {
@@ -109,14 +111,39 @@ type Hello struct {
 	Versions     []Version // offered, any order; decoded into a fixed array
 	versionsBuf  [VersionsMax]Version
 	ClientName   []byte
-	Mechanism    []byte // "" or "none" today
+	Mechanism    []byte // MechNone (or ""), MechPlain, MechScramSHA256 or MechExternal
 	Auth         []byte
 	FrameSizeMax uint32 // requested maximum frame size; 0 = default
 	HeartbeatMs  uint32 // requested heartbeat interval; 0 = server default
 }
 
+// SASL mechanisms a client may name in HELLO.
+const (
+	// MechNone logs in as the default user, which exists only while no
+	// user is defined and only for clients on a loopback address.
+	MechNone = "none"
+	// MechPlain carries RFC 4616's authzid NUL authcid NUL password in
+	// HELLO's auth field; servers refuse it without TLS unless told not to.
+	MechPlain = "PLAIN"
+	// MechScramSHA256 (RFC 5802, RFC 7677): HELLO's auth field holds the
+	// client-first message, then AUTH frames carry the rest (version 1.1).
+	MechScramSHA256 = "SCRAM-SHA-256"
+	// MechExternal takes the user from the TLS client certificate's
+	// subject common name; HELLO's auth field is empty or that same name.
+	MechExternal = "EXTERNAL"
+)
+
+// AppendHello appends a HELLO. Its header carries the highest version
+// of our major offered (a 1.0 client's HELLO stays byte for byte what it
+// was).
 func AppendHello(b []byte, versions []Version, name, mechanism string, auth []byte, frameMax, heartbeatMs uint32) []byte {
-	b, s := StartFrame(b, Current, TypeHello, 0)
+	hv := Version10
+	for _, v := range versions {
+		if v.Major() == VersionMajor {
+			hv = max(hv, v)
+		}
+	}
+	b, s := StartFrame(b, hv, TypeHello, 0)
 	b = AppendU8(b, uint8(len(versions)))
 	for _, v := range versions {
 		b = AppendU16(b, uint16(v))
@@ -218,6 +245,28 @@ func AppendHeartbeat(b []byte, v Version) []byte {
 	b, s := StartFrame(b, v, TypeHeartbeat, 0)
 	EndFrame(b, s, 0)
 	return b
+}
+
+// Auth is one step of a SASL exchange during the handshake (version
+// 1.1): server to client a challenge, client to server a response. Data
+// aliases the decoded body.
+type Auth struct {
+	Data []byte
+}
+
+// AppendAuth appends an AUTH frame.
+func AppendAuth(b []byte, v Version, data []byte) []byte {
+	b, s := StartFrame(b, v, TypeAuth, 0)
+	b = AppendBytes(b, data)
+	EndFrame(b, s, 0)
+	return b
+}
+
+func DecodeAuth(body []byte, a *Auth) error {
+	var r Reader
+	r.Reset(body)
+	a.Data = r.Bytes(TextLenMax)
+	return r.Done()
 }
 
 // Close ends a session; the sender closes the connection after it.

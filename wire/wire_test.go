@@ -290,3 +290,27 @@ func TestReaderBoolAndCount(t *testing.T) {
 		t.Fatalf("count 5 of 1 byte in 5: %d %v", n, r.Err())
 	}
 }
+
+func TestAuthRoundTripAndHelloHeader(t *testing.T) {
+	h, body := mustNext(t, AppendAuth(nil, VersionAuth, []byte("r=abc,s=c2FsdA==,i=4096")))
+	var a Auth
+	if h.Type != TypeAuth || h.Version != VersionAuth || DecodeAuth(body, &a) != nil || string(a.Data) != "r=abc,s=c2FsdA==,i=4096" {
+		t.Fatalf("AUTH round trip: %v %v %q", h.Type, h.Version, a.Data)
+	}
+	if err := DecodeAuth(append(body, 0), &a); err == nil {
+		t.Fatal("AUTH with a trailing byte decoded")
+	}
+	// A 1.0 client's HELLO keeps its 1.0 header; a 1.1 client's says 1.1.
+	if h, _ := mustNext(t, AppendHello(nil, []Version{Version10}, "a", MechNone, nil, 0, 0)); h.Version != Version10 {
+		t.Fatalf("1.0 HELLO header %v", h.Version)
+	}
+	if h, _ := mustNext(t, AppendHello(nil, []Version{Version10, VersionAuth}, "a", MechScramSHA256, nil, 0, 0)); h.Version != VersionAuth {
+		t.Fatalf("1.1 HELLO header %v", h.Version)
+	}
+	if v, ok := Negotiate([]Version{Version10, VersionAuth}); !ok || v != VersionAuth {
+		t.Fatalf("negotiate 1.0,1.1 = %v", v)
+	}
+	if !IsClientType(TypeAuth) || CodeAuthFailed.String() != "auth-failed" {
+		t.Fatal("AUTH or auth-failed unknown")
+	}
+}

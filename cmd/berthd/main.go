@@ -119,6 +119,7 @@ type flags struct {
 	controllerID, controllerPeers, advertise, logLevel string
 	logFormat, configPath, memoryLimit                 string
 	listenTLS, tlsCert, tlsKey, tlsClientCA            string
+	allowPlain                                         bool
 	peer, peerAdvertise                                string
 	groupReplicas                                      int
 	printConfig, version                               bool
@@ -140,6 +141,7 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate (chain) of the TLS listener; reread on SIGHUP")
 	fs.StringVar(&f.tlsKey, "tls-key", "", "PEM private key of -tls-cert; reread on SIGHUP")
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "PEM CA certificates; TLS clients must present a certificate they signed (mutual TLS); reread on SIGHUP")
+	fs.BoolVar(&f.allowPlain, "allow-plain-without-tls", false, "accept PLAIN logins on the plaintext listener, where passwords cross the network in the clear")
 	fs.StringVar(&f.admin, "admin", d.AdminAddr, "admin HTTP listen address, empty to disable")
 	fs.StringVar(&f.dataDir, "data", d.DataDir, "data directory")
 	fs.IntVar(&f.shards, "shards", 0, "shard count, 0 = one per core")
@@ -352,6 +354,7 @@ func parseArgs(args []string) (options, error) {
 		return options{}, o.annotate(fmt.Errorf("-listen-tls %q needs -tls-cert and -tls-key", f.listenTLS), "listen-tls", "tls-cert", "tls-key")
 	}
 	cfg.TLSAddr, cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA = f.listenTLS, f.tlsCert, f.tlsKey, f.tlsClientCA
+	cfg.AllowPlainWithoutTLS = f.allowPlain
 	cfg.ControllerLeaseRead = f.leaseRead
 	if f.ctlHeartbeatMs <= 0 {
 		return options{}, o.annotate(fmt.Errorf("-controller-heartbeat-ms %d: want a positive interval", f.ctlHeartbeatMs), "controller-heartbeat-ms")

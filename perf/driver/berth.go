@@ -28,7 +28,7 @@ type berthDriver struct {
 func openBerth(opts Options) (Driver, error) { return &berthDriver{opts: opts}, nil }
 
 func (d *berthDriver) dial(ctx context.Context, id int, name string) (*client.Conn, error) {
-	cfg := client.Config{Name: name, TLS: d.opts.TLS}
+	cfg := client.Config{Name: name, TLS: d.opts.TLS, User: d.opts.User, Password: d.opts.Password}
 	// The bench enforces its own window; the client's must not be the
 	// tighter one, or it would measure the client's wait instead.
 	if d.opts.Window > client.WindowDefault {

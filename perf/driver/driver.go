@@ -47,6 +47,9 @@ type Options struct {
 	Admin string
 	// TLS, if set, makes the berth driver dial with TLS.
 	TLS *tls.Config
+	// User and Password log the berth driver in (SCRAM-SHA-256); no User
+	// is the broker's default user.
+	User, Password string
 }
 
 // SetupOptions say what Setup may do with queues that exist already.

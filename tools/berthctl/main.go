@@ -44,6 +44,8 @@ type globals struct {
 	broker     string
 	json       bool
 	timeout    time.Duration
+	user       string
+	password   string
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
@@ -52,6 +54,8 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.broker, "broker", "127.0.0.1:7400", "broker client `ADDR`")
 	fs.BoolVar(&g.json, "json", false, "machine-readable JSON output")
 	fs.DurationVar(&g.timeout, "timeout", 5*time.Second, "bound on the whole command; for publish, consume and get, on each wait for the broker")
+	fs.StringVar(&g.user, "user", "", "log in to the broker as this user (SCRAM-SHA-256); none = the default user, loopback only")
+	fs.StringVar(&g.password, "password", "", "the user's password; default: the BERTH_PASSWORD environment variable")
 }
 
 // controllerAddrs splits --controller; an empty entry is a typo worth

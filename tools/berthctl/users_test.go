@@ -96,3 +96,43 @@ func TestUsersCommand(t *testing.T) {
 		t.Fatal("removing a missing user succeeded")
 	}
 }
+
+// TestLoginFlags: once a user exists, broker commands log in with --user
+// and --password (or BERTH_PASSWORD), and the user's permissions apply.
+func TestLoginFlags(t *testing.T) {
+	s := startBroker(t)
+	run := func(stdin string, args ...string) (int, string) {
+		full := append([]string{"--controller", s.ControllerAddr(), "--broker", s.ClientAddr(), "--timeout", "5s"}, args...)
+		var stdout, stderr bytes.Buffer
+		code := runIO(full, strings.NewReader(stdin), &stdout, &stderr)
+		return code, stderr.String()
+	}
+	if code, errOut := run("pw-1\n", "users", "--configure", "carol-.*", "add", "carol"); code != exitOK {
+		t.Fatalf("users add: %s", errOut)
+	}
+	// The broker learns of carol through its controller watch.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, errOut := run("", "--user", "carol", "--password", "pw-1", "declare-queue", "carol-q")
+		if code == exitOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("declare as carol: %s", errOut)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code, errOut := run("", "declare-queue", "carol-r"); code == exitOK || !strings.Contains(errOut, "auth-failed") {
+		t.Fatalf("declare as the default user with a user defined: exit %d: %s", code, errOut)
+	}
+	if code, errOut := run("", "--user", "carol", "--password", "wrong", "declare-queue", "carol-r"); code == exitOK || !strings.Contains(errOut, "wrong password") {
+		t.Fatalf("declare with a wrong password: exit %d: %s", code, errOut)
+	}
+	if code, errOut := run("", "--user", "carol", "--password", "pw-1", "declare-queue", "dave-q"); code == exitOK || !strings.Contains(errOut, "not-allowed") {
+		t.Fatalf("declare outside carol's configure pattern: exit %d: %s", code, errOut)
+	}
+	t.Setenv("BERTH_PASSWORD", "pw-1")
+	if code, errOut := run("", "--user", "carol", "declare-queue", "carol-env"); code != exitOK {
+		t.Fatalf("declare with BERTH_PASSWORD: %s", errOut)
+	}
+}

@@ -73,6 +73,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	label := fs.String("label", "", "free-form label stored in the result")
 	quiet := fs.Bool("quiet", false, "no progress line")
 	tlsCA := fs.String("tls-ca", "", "berth: speak TLS to --addr (the broker's -listen-tls), trusting the CA certificates in this PEM file")
+	user := fs.String("user", "", "berth: log in as this user (SCRAM-SHA-256); none = the default user, loopback only")
+	password := fs.String("password", "", "berth: the user's password; default: the BERTH_PASSWORD environment variable")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -107,7 +109,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		tlsCfg = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
-	d, err := driver.New(*driverName, driver.Options{Addrs: addrs, Persistent: w.Persistent, Window: w.InFlight(), Replicas: *replicas, Admin: *admin, TLS: tlsCfg})
+	if *user != "" && *password == "" {
+		*password = os.Getenv("BERTH_PASSWORD")
+	}
+	d, err := driver.New(*driverName, driver.Options{Addrs: addrs, Persistent: w.Persistent, Window: w.InFlight(), Replicas: *replicas, Admin: *admin, TLS: tlsCfg,
+		User: *user, Password: *password})
 	if err != nil {
 		fmt.Fprintln(stderr, "berth-bench:", err)
 		return 2
