@@ -266,6 +266,13 @@ func TestRouteDuringChanges(t *testing.T) {
 			}
 		}()
 	}
+	// The routers run before the changes start: on a loaded machine the
+	// changes could otherwise all finish before any router was scheduled.
+	for deadline := time.Now().Add(10 * time.Second); seen.Load() == 0 && bad.Load() == nil; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no router ran within 10 s")
+		}
+	}
 	for round := range 5 {
 		for i := range n {
 			if err := w.Bind("t", fmt.Sprintf("q%02d", i), patterns[(i+round)%len(patterns)]); err != nil {
