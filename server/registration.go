@@ -232,7 +232,8 @@ func (s *Server) startGroups() error {
 				s.replicator.apply(g, e)
 			}
 		},
-		OnMaster: func(g uint32) { s.broker.GroupMastered(g) },
+		OnMaster:   func(g uint32) { s.broker.GroupMastered(g) },
+		OnStepDown: func(g uint32) { s.broker.ResetGroup(g) },
 		OnGroupCount: func(n uint32) {
 			if s.replicator != nil {
 				s.replicator.groups.CompareAndSwap(0, n)

@@ -118,6 +118,28 @@ func (b *Broker) GroupMastered(g uint32) {
 	}
 }
 
+// ResetGroup drops, on every shard, the messages of group g's replicated
+// queues, ready and acquired, without proposing anything: the broker
+// stopped being g's master and applies the committed log again. It waits
+// until every shard has done it.
+func (b *Broker) ResetGroup(g uint32) {
+	for _, s := range b.shards {
+		_ = b.Call(s, func(sh *Shard) {
+			for q := range sh.queues {
+				if !q.replicated || q.group != g {
+					continue
+				}
+				for seq := range q.acquired {
+					ev := Event{Kind: EvRemove, Seq: seq}
+					_ = q.Apply(&ev, sh)
+				}
+				ev := Event{Kind: EvPurge}
+				_ = q.Apply(&ev, sh)
+			}
+		})
+	}
+}
+
 // replicatedPublish proposes a publish to a replicated queue.
 func (s *Shard) replicatedPublish(c *Command, expiresAt int64) {
 	q := c.Queue

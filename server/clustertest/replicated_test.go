@@ -19,6 +19,197 @@ import (
 	"github.com/berthmq/berth/server"
 )
 
+// rcluster is three berthd processes with replication groups and a
+// 3-member controller, initialised with some groups.
+type rcluster struct {
+	t      *testing.T
+	ctx    context.Context
+	nodes  []*node
+	admins map[*node]string
+	cl     *ctlclient.Client
+}
+
+func startReplicated(t *testing.T, ctx context.Context, groups uint32) *rcluster {
+	t.Helper()
+	c := &rcluster{t: t, ctx: ctx, admins: map[*node]string{}}
+	c.nodes = startGroupEach(t, func(_ int, n *node) []string {
+		c.admins[n] = testutil.FreeAddr(t)
+		return []string{"-peer", testutil.FreeAddr(t), "-controller-heartbeat-ms", "200", "-admin", c.admins[n]}
+	}, "broker", "broker", "broker")
+	var ctlAddrs []string
+	for _, n := range c.nodes {
+		ctlAddrs = append(ctlAddrs, n.ctl)
+	}
+	c.cl = ctlclient.NewClient(ctlAddrs)
+	t.Cleanup(c.cl.Close)
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		bs, err := c.cl.GetBrokers(ctx, ctlapi.ReadConsistent)
+		if err != nil {
+			return err
+		}
+		if len(bs) != 3 {
+			return fmt.Errorf("%d brokers registered", len(bs))
+		}
+		return nil
+	})
+	info, err := c.cl.GetClusterInfo(ctx, ctlapi.ReadConsistent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := info.Config
+	cfg.Groups = groups
+	if err := c.cl.SetClusterConfig(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// group is the controller's record of group g. A read that fails (the
+// controller may be electing a leader: its members run in the brokers the
+// tests kill and freeze) returns a record with no master, so the waits
+// below go on.
+func (c *rcluster) group(g uint32) ctlapi.Group {
+	ctx, cancel := context.WithTimeout(c.ctx, 2*time.Second)
+	defer cancel()
+	gr, err := c.cl.GetReplicaInfo(ctx, ctlapi.ReadConsistent, g)
+	if err != nil {
+		return ctlapi.Group{ID: g}
+	}
+	return gr
+}
+
+// nodeOf is the process of broker id.
+func (c *rcluster) nodeOf(id uint32) *node {
+	c.t.Helper()
+	bs, err := c.cl.GetBrokers(c.ctx, ctlapi.ReadConsistent)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	for _, b := range bs {
+		for _, n := range c.nodes {
+			if b.ID == id && len(b.Addrs) > 0 && b.Addrs[0] == n.client {
+				return n
+			}
+		}
+	}
+	c.t.Fatalf("no process for broker %d", id)
+	return nil
+}
+
+func (c *rcluster) getJSON(n *node, path string, v any) error {
+	resp, err := http.Get("http://" + c.admins[n] + path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("%s %s: %s %s", n.name, path, resp.Status, b)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// role is n's own view of its role in group g ("" if it runs no node yet).
+func (c *rcluster) role(n *node, g uint32) (string, uint32, error) {
+	var view struct {
+		Groups []struct {
+			Group uint32
+			Role  string
+			Epoch uint32
+		}
+	}
+	if err := c.getJSON(n, "/v1/groups", &view); err != nil {
+		return "", 0, err
+	}
+	for _, v := range view.Groups {
+		if v.Group == g {
+			return v.Role, v.Epoch, nil
+		}
+	}
+	return "", 0, nil
+}
+
+// waitServing waits until the controller has a master for group g with
+// all three in sync and that broker's node serves as master; it returns
+// the master's process.
+func (c *rcluster) waitServing(g uint32) (uint32, *node) {
+	c.t.Helper()
+	var id uint32
+	testutil.WaitFor(c.t, 30*time.Second, func() error {
+		gr := c.group(g)
+		if gr.Master == 0 || len(gr.SyncStateSet) != 3 {
+			return fmt.Errorf("group %d: master %d, set %v", g, gr.Master, gr.SyncStateSet)
+		}
+		id = gr.Master
+		return nil
+	})
+	n := c.nodeOf(id)
+	testutil.WaitFor(c.t, 20*time.Second, func() error {
+		role, _, err := c.role(n, g)
+		if err != nil {
+			return err
+		}
+		if role != "master" {
+			return fmt.Errorf("%s does not serve group %d yet (%q)", n.name, g, role)
+		}
+		return nil
+	})
+	return id, n
+}
+
+// depth is n's ready and unacked counts of queue (-1, -1 if it lacks it).
+func (c *rcluster) depth(n *node, queue string) (ready, unacked int, err error) {
+	var qs []struct {
+		Name           string
+		Ready, Unacked int
+	}
+	if err := c.getJSON(n, "/v1/queues", &qs); err != nil {
+		return 0, 0, err
+	}
+	for _, q := range qs {
+		if q.Name == queue {
+			return q.Ready, q.Unacked, nil
+		}
+	}
+	return -1, -1, nil
+}
+
+// consumeAll subscribes at n and takes want messages, failing on anything
+// else; it retries the subscribe while n is taking over.
+func (c *rcluster) consumeAll(n *node, queue string, want []string) {
+	c.t.Helper()
+	conn := dial(c.t, c.ctx, n.client)
+	defer conn.Close()
+	var got []string
+	testutil.WaitFor(c.t, 30*time.Second, func() error {
+		con, err := conn.Subscribe(c.ctx, queue, client.SubscribeOptions{Credit: 1000})
+		if err != nil {
+			return err
+		}
+		for len(got) < len(want) {
+			nctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
+			d, err := con.Next(nctx)
+			cancel()
+			if err != nil {
+				c.t.Fatalf("after %d deliveries from %s: %v", len(got), n.name, err)
+			}
+			got = append(got, string(d.Payload))
+		}
+		return nil
+	})
+	if !slices.Equal(got, want) {
+		c.t.Fatalf("%s delivered %d messages %v...; want %d: %v...", n.name, len(got), got[:min(5, len(got))], len(want), want[:min(5, len(want))])
+	}
+}
+
+func names(from, to int) []string {
+	var out []string
+	for i := from; i < to; i++ {
+		out = append(out, fmt.Sprintf("m%04d", i))
+	}
+	return out
+}
+
 // TestReplicatedQueueSurvivesMasterKill: three real brokers with
 // replication groups. A durable queue's messages, published through its
 // group's master, are replicated; the consumer accepts the first 200 of
@@ -28,101 +219,17 @@ func TestReplicatedQueueSurvivesMasterKill(t *testing.T) {
 	const groups, total, accepted = 3, 500, 200
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	admins := map[*node]string{}
-	nodes := startGroupEach(t, func(_ int, n *node) []string {
-		admins[n] = testutil.FreeAddr(t)
-		return []string{"-peer", testutil.FreeAddr(t), "-controller-heartbeat-ms", "200", "-admin", admins[n]}
-	}, "broker", "broker", "broker")
-	var ctlAddrs []string
-	for _, n := range nodes {
-		ctlAddrs = append(ctlAddrs, n.ctl)
-	}
-	cl := ctlclient.NewClient(ctlAddrs)
-	defer cl.Close()
-	testutil.WaitFor(t, 20*time.Second, func() error {
-		bs, err := cl.GetBrokers(ctx, ctlapi.ReadConsistent)
-		if err != nil {
-			return err
-		}
-		if len(bs) != 3 {
-			return fmt.Errorf("%d brokers registered", len(bs))
-		}
-		return nil
-	})
-	info, err := cl.GetClusterInfo(ctx, ctlapi.ReadConsistent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := info.Config
-	cfg.Groups = groups
-	if err := cl.SetClusterConfig(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	c := startReplicated(t, ctx, groups)
 	const queue = "replicated"
 	g := server.GroupOf(queue, groups)
-	groupOf := func() ctlapi.Group {
-		gr, err := cl.GetReplicaInfo(ctx, ctlapi.ReadConsistent, g)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return gr
-	}
-	testutil.WaitFor(t, 30*time.Second, func() error {
-		if gr := groupOf(); gr.Master == 0 || len(gr.SyncStateSet) != 3 {
-			return fmt.Errorf("group %d: master %d, set %v", g, gr.Master, gr.SyncStateSet)
-		}
-		return nil
-	})
-	nodeOf := func(id uint32) *node {
-		bs, err := cl.GetBrokers(ctx, ctlapi.ReadConsistent)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, b := range bs {
-			for _, n := range nodes {
-				if b.ID == id && len(b.Addrs) > 0 && b.Addrs[0] == n.client {
-					return n
-				}
-			}
-		}
-		t.Fatalf("no process for broker %d", id)
-		return nil
-	}
-	master := groupOf().Master
-	mnode := nodeOf(master)
+	master, mnode := c.waitServing(g)
 
-	// The master's own node has taken the mastership (the controller
-	// decides first; the broker follows within a WaitChange).
-	testutil.WaitFor(t, 20*time.Second, func() error {
-		resp, err := http.Get("http://" + admins[mnode] + "/v1/groups")
-		if err != nil {
-			return err
-		}
-		var view struct {
-			Groups []struct {
-				Group uint32
-				Role  string
-			}
-		}
-		err = json.NewDecoder(resp.Body).Decode(&view)
-		resp.Body.Close()
-		if err != nil {
-			return err
-		}
-		for _, v := range view.Groups {
-			if v.Group == g && v.Role == "master" {
-				return nil
-			}
-		}
-		return fmt.Errorf("%s does not master group %d yet: %+v", mnode.name, g, view.Groups)
-	})
-	// A follower refuses to take publishes for the group (no forwarding
-	// yet).
-	c := dial(t, ctx, mnode.client)
-	if err := c.DeclareQueue(ctx, queue, client.QueueOptions{Durable: true}); err != nil {
+	conn := dial(t, ctx, mnode.client)
+	if err := conn.DeclareQueue(ctx, queue, client.QueueOptions{Durable: true}); err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range nodes {
+	// A follower refuses publishes for the group (no forwarding yet).
+	for _, n := range c.nodes {
 		if n == mnode {
 			continue
 		}
@@ -133,50 +240,35 @@ func TestReplicatedQueueSurvivesMasterKill(t *testing.T) {
 		}
 		fc.Close()
 	}
-	for i := range total {
-		if err := c.Publish(ctx, "", queue, fmt.Appendf(nil, "m%04d", i), client.PublishOptions{Persistent: true}); err != nil {
+	for i, m := range names(0, total) {
+		if err := conn.Publish(ctx, "", queue, []byte(m), client.PublishOptions{Persistent: true}); err != nil {
 			t.Fatalf("publish %d: %v", i, err)
 		}
 	}
 	// Every member holds the 500 (the followers adopted the queue from
 	// the controller when its first event reached them).
 	testutil.WaitFor(t, 20*time.Second, func() error {
-		for _, n := range nodes {
-			resp, err := http.Get("http://" + admins[n] + "/v1/queues")
+		for _, n := range c.nodes {
+			ready, _, err := c.depth(n, queue)
 			if err != nil {
 				return err
 			}
-			var qs []struct {
-				Name  string
-				Ready int
-			}
-			err = json.NewDecoder(resp.Body).Decode(&qs)
-			resp.Body.Close()
-			if err != nil {
-				return err
-			}
-			i := slices.IndexFunc(qs, func(q struct {
-				Name  string
-				Ready int
-			}) bool {
-				return q.Name == queue
-			})
-			if i < 0 || qs[i].Ready != total {
-				return fmt.Errorf("%s holds %+v", n.name, qs)
+			if ready != total {
+				return fmt.Errorf("%s holds %d ready", n.name, ready)
 			}
 		}
 		return nil
 	})
-	con, err := c.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 50, AutoCredit: true})
+	con, err := conn.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 50, AutoCredit: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range accepted {
+	for i, want := range names(0, accepted) {
 		d, err := con.Next(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := fmt.Sprintf("m%04d", i); string(d.Payload) != want {
+		if string(d.Payload) != want {
 			t.Fatalf("delivery %d: %q, want %q", i, d.Payload, want)
 		}
 		if err := d.Accept(ctx); err != nil {
@@ -188,7 +280,7 @@ func TestReplicatedQueueSurvivesMasterKill(t *testing.T) {
 	mnode.signal(syscall.SIGKILL)
 	var newMaster uint32
 	testutil.WaitFor(t, 30*time.Second, func() error {
-		gr := groupOf()
+		gr := c.group(g)
 		if gr.Master == 0 || gr.Master == master {
 			return fmt.Errorf("group %d: master %d", g, gr.Master)
 		}
@@ -196,40 +288,112 @@ func TestReplicatedQueueSurvivesMasterKill(t *testing.T) {
 		return nil
 	})
 	t.Logf("kill -9 of the master: group %d had master %d after %v", g, newMaster, time.Since(killed).Round(time.Millisecond))
-	nc := dial(t, ctx, nodeOf(newMaster).client)
-	var got []string
+	c.consumeAll(c.nodeOf(newMaster), queue, names(accepted, total))
+}
+
+// TestFrozenMasterStepsDown: the group's master is frozen (SIGSTOP) past
+// the controller's broker timeout while a consumer holds messages it has
+// not accepted; another broker becomes master and takes publishes; thawed
+// (SIGCONT), the old master learns the newer epoch, steps down, drops what
+// it had applied ahead of the log (its consumer's acquires) and applies the
+// committed log again, so its copy of the queue matches the others'. The
+// new master then delivers every message not accepted, in order.
+func TestFrozenMasterStepsDown(t *testing.T) {
+	const groups, total, accepted, held, more = 3, 300, 50, 50, 100
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	defer cancel()
+	c := startReplicated(t, ctx, groups)
+	const queue = "frozen"
+	g := server.GroupOf(queue, groups)
+	master, mnode := c.waitServing(g)
+	conn := dial(t, ctx, mnode.client)
+	if err := conn.DeclareQueue(ctx, queue, client.QueueOptions{Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range names(0, total) {
+		if err := conn.Publish(ctx, "", queue, []byte(m), client.PublishOptions{Persistent: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	con, err := conn.Subscribe(ctx, queue, client.SubscribeOptions{Credit: accepted + held})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range accepted + held {
+		d, err := con.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i < accepted {
+			if err := d.Accept(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if ready, unacked, err := c.depth(mnode, queue); err != nil || ready != total-accepted-held || unacked != held {
+		t.Fatalf("master before the freeze: ready %d unacked %d (%v)", ready, unacked, err)
+	}
+
+	mnode.signal(syscall.SIGSTOP)
+	var newMaster uint32
 	testutil.WaitFor(t, 30*time.Second, func() error {
-		ncon, err := nc.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 1000})
+		gr := c.group(g)
+		if gr.Master == 0 || gr.Master == master {
+			return fmt.Errorf("group %d: master %d", g, gr.Master)
+		}
+		newMaster = gr.Master
+		return nil
+	})
+	nnode := c.nodeOf(newMaster)
+	nconn := dial(t, ctx, nnode.client)
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		// The new master takes publishes once it serves.
+		err := nconn.Publish(ctx, "", queue, []byte(names(total, total+1)[0]), client.PublishOptions{Persistent: true})
 		if err != nil {
 			var views []string
-			for _, n := range nodes {
+			for _, n := range c.nodes {
 				if n == mnode {
 					continue
 				}
-				if resp, herr := http.Get("http://" + admins[n] + "/v1/groups"); herr == nil {
-					b, _ := io.ReadAll(resp.Body)
-					resp.Body.Close()
-					views = append(views, n.name+": "+strings.Join(strings.Fields(string(b)), " "))
+				var v any
+				if gerr := c.getJSON(n, "/v1/groups", &v); gerr == nil {
+					views = append(views, fmt.Sprintf("%s: %v", n.name, v))
 				}
 			}
-			return fmt.Errorf("%w (group %d: %v)", err, g, views) // the new master may still be taking over
-		}
-		for len(got) < total-accepted {
-			nctx, ncancel := context.WithTimeout(ctx, 10*time.Second)
-			d, err := ncon.Next(nctx)
-			ncancel()
-			if err != nil {
-				t.Fatalf("after %d deliveries from the new master: %v", len(got), err)
-			}
-			got = append(got, string(d.Payload))
+			return fmt.Errorf("%w; controller %+v; %v", err, c.group(g), views)
 		}
 		return nil
 	})
-	var want []string
-	for i := accepted; i < total; i++ {
-		want = append(want, fmt.Sprintf("m%04d", i))
+	for _, m := range names(total+1, total+more) {
+		if err := nconn.Publish(ctx, "", queue, []byte(m), client.PublishOptions{Persistent: true}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("the new master delivered %d messages, %v ... ; want m%04d..m%04d in order", len(got), got[:min(5, len(got))], accepted, total-1)
-	}
+	mnode.signal(syscall.SIGCONT)
+
+	// The old master steps down and its copy matches the committed log:
+	// every message not accepted is ready, none is held.
+	want := total - accepted + more
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		role, epoch, err := c.role(mnode, g)
+		if err != nil {
+			return err
+		}
+		if role == "master" {
+			return fmt.Errorf("%s still masters group %d (epoch %d)", mnode.name, g, epoch)
+		}
+		var views []string
+		for _, n := range c.nodes {
+			ready, unacked, err := c.depth(n, queue)
+			if err != nil {
+				return err
+			}
+			views = append(views, fmt.Sprintf("%s %d/%d", n.name, ready, unacked))
+			if ready != want || unacked != 0 {
+				return fmt.Errorf("ready/unacked: %s; want %d/0 everywhere", strings.Join(views, ", "), want)
+			}
+		}
+		return nil
+	})
+	c.consumeAll(nnode, queue, names(accepted, total+more))
 }

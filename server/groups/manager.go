@@ -38,6 +38,8 @@ type ManagerConfig struct {
 	// OnMaster is told, on the node's goroutine, that this broker became
 	// master of a group.
 	OnMaster func(group uint32)
+	// OnStepDown: see NodeConfig.OnStepDown.
+	OnStepDown func(group uint32)
 	// OnGroupCount is told the cluster's group count once it is known,
 	// before the node opens.
 	OnGroupCount func(groups uint32)
@@ -174,7 +176,7 @@ func (m *Manager) run() {
 	var replicas []uint32
 	for {
 		err := m.call(func(ctx context.Context) error {
-			info, err := cl.GetClusterInfo(ctx, ctlapi.ReadFollower)
+			info, err := cl.GetClusterInfo(ctx, ctlapi.ReadConsistent)
 			if err != nil {
 				return err
 			}
@@ -182,7 +184,7 @@ func (m *Manager) run() {
 			if groups == 0 {
 				return errors.New("the cluster has no groups yet")
 			}
-			bs, err := cl.GetBrokers(ctx, ctlapi.ReadFollower)
+			bs, err := cl.GetBrokers(ctx, ctlapi.ReadConsistent)
 			if err != nil {
 				return err
 			}
@@ -199,7 +201,7 @@ func (m *Manager) run() {
 				if id == m.cfg.Self {
 					continue
 				}
-				addr, ok, err := cl.GetAttribute(ctx, ctlapi.ReadFollower, PeerAttribute(id))
+				addr, ok, err := cl.GetAttribute(ctx, ctlapi.ReadConsistent, PeerAttribute(id))
 				if err != nil {
 					return err
 				}
@@ -230,7 +232,7 @@ func (m *Manager) run() {
 		ids[i] = uint32(i)
 	}
 	n, err := OpenNode(NodeConfig{ID: m.cfg.Self, Dir: m.cfg.Dir, Fsync: m.cfg.Fsync, Transport: m.tr, Groups: ids,
-		Replicas: replicas, Apply: m.cfg.Apply, OnAlter: m.alter, OnMaster: m.cfg.OnMaster, Logger: m.log})
+		Replicas: replicas, Apply: m.cfg.Apply, OnAlter: m.alter, OnMaster: m.cfg.OnMaster, OnStepDown: m.cfg.OnStepDown, Logger: m.log})
 	if err != nil {
 		m.log.Error("groups: open the group journal; the broker serves no group", "err", err)
 		return
@@ -244,7 +246,9 @@ func (m *Manager) run() {
 
 // follow passes the controller's group records to the node whenever the
 // controller's state moves, and asks for the first election of groups
-// never elected.
+// never elected. It reads at the leader (consistent reads): a follower
+// read may go to a member that is frozen or cut off, and a broker must not
+// miss that it became master.
 func (m *Manager) follow(groups uint32) {
 	cl := m.cfg.Ctl
 	var applied uint64
@@ -253,7 +257,7 @@ func (m *Manager) follow(groups uint32) {
 		err := m.call(func(ctx context.Context) error {
 			gs = gs[:0]
 			for start := uint32(0); start < groups; {
-				page, _, err := cl.GetGroups(ctx, ctlapi.ReadFollower, start, 1024)
+				page, _, err := cl.GetGroups(ctx, ctlapi.ReadConsistent, start, 1024)
 				if err != nil {
 					return err
 				}

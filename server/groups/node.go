@@ -46,6 +46,11 @@ type NodeConfig struct {
 	// OnMaster is called, on the node's goroutine, when this broker
 	// becomes the master of a group.
 	OnMaster func(group uint32)
+	// OnStepDown is called, on the node's goroutine, when this broker
+	// stops being the master of a group, before the group's committed
+	// entries are applied again from the first: the applied state of the
+	// group is to be dropped.
+	OnStepDown func(group uint32)
 	Logger   *slog.Logger
 }
 
@@ -119,6 +124,9 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 	}
 	if cfg.OnMaster == nil {
 		cfg.OnMaster = func(uint32) {}
+	}
+	if cfg.OnStepDown == nil {
+		cfg.OnStepDown = func(uint32) {}
 	}
 	logs := map[uint32][]group.Entry{}
 	epochs := map[uint32]uint32{}
@@ -199,7 +207,10 @@ func (n *Node) run() {
 		case <-n.done:
 			return
 		}
-		for _, mb := range n.dirty {
+		// A Ready may mark its member again (a step-down reapplies the
+		// log): the loop runs until none is left.
+		for i := 0; i < len(n.dirty); i++ {
+			mb := n.dirty[i]
 			mb.dirty = false
 			n.ready(mb)
 		}
@@ -453,6 +464,13 @@ func (n *Node) ready(mb *member) {
 		mb.master.Store(isMaster)
 		if isMaster {
 			n.cfg.OnMaster(g)
+		} else {
+			// What this broker applied as master may be ahead of the log
+			// (acquires, removals never committed): drop it and apply the
+			// committed log again.
+			n.cfg.OnStepDown(g)
+			mb.m.Reapply()
+			n.touch(mb)
 		}
 	}
 	if rd.AlterSet != nil {

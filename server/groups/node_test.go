@@ -102,6 +102,13 @@ func (c *testCluster) open(id uint32) {
 			b.applied = append(b.applied, string(e.Data))
 		},
 		OnAlter: func(g uint32, a group.AlterSet) { go c.alter(id, a) },
+		// A broker that stops being master drops its applied state; the
+		// node then applies the committed log again from the first entry.
+		OnStepDown: func(uint32) {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			b.applied = nil
+		},
 	})
 	if err != nil {
 		c.t.Fatal(err)

@@ -84,6 +84,9 @@ type AlterSet struct {
 // the log after TruncateAfter (when Truncate), write Persist, send
 // Messages, apply Apply, and send AlterSet to the controller.
 type Ready struct {
+	// Reapply: forget what was applied; Apply starts again from the first
+	// entry of the log (Member.Reapply).
+	Reapply       bool
 	Truncate      bool
 	TruncateAfter uint64
 	Persist       []Entry
@@ -209,6 +212,17 @@ func (m *Member) Durable() uint64   { return m.durable }
 // act on that state: deliver, or answer from it.
 func (m *Member) Serving() bool {
 	return m.role == RoleMaster && m.applied >= m.inherited
+}
+
+// Reapply makes the member hand out every committed entry again, from
+// the first, in the next Ready (with Reapply set). A broker that stopped
+// being master calls it: its applied state may hold effects it took ahead
+// of the log (a queue's acquires, removals not committed), and the log is
+// what every member must agree on.
+func (m *Member) Reapply() {
+	m.applied = m.first - 1
+	m.rd.Apply = m.rd.Apply[:0]
+	m.rd.Reapply = true
 }
 
 // SyncStateSet is the set the master commits with: the confirmed set and
