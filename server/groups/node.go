@@ -51,7 +51,7 @@ type NodeConfig struct {
 	// entries are applied again from the first: the applied state of the
 	// group is to be dropped.
 	OnStepDown func(group uint32)
-	Logger   *slog.Logger
+	Logger     *slog.Logger
 }
 
 // inboxMax bounds the events waiting for the node's goroutine; peer
