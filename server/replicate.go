@@ -147,10 +147,14 @@ func (r *replicator) Barrier(q *shards.Queue, done func(error)) error {
 // the group node's goroutine; it waits for room in the shard's ring (a
 // shard never waits for the node, so this cannot deadlock).
 func (r *replicator) apply(g uint32, e wire.GroupEntry) {
+	if len(e.Data) == 0 {
+		return // forgotten: an enqueue whose message was removed since, or a removal
+	}
 	var rd wire.Reader
 	rd.Reset(e.Data)
 	kind := rd.U8()
 	if kind == gevBarrier {
+		r.forget(g, e.Index)
 		return
 	}
 	name := string(rd.Str(wire.NameLenMax))
@@ -184,6 +188,10 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 			return
 		}
 		call = func(sh *shards.Shard) { sh.ApplyRemove(q, seq) }
+		// The message's enqueue (its Seq is the enqueue's index) and this
+		// removal have no effect left: the log keeps their place only.
+		r.forget(g, seq)
+		r.forget(g, e.Index)
 	default:
 		s.log.Error("server: replicated event of unknown kind; skipped", "group", g, "index", e.Index, "kind", kind)
 		return
@@ -194,6 +202,13 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 			return
 		}
 		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+// forget drops the data of an applied group entry whose effect is gone.
+func (r *replicator) forget(g uint32, index uint64) {
+	if n := r.node(); n != nil {
+		n.Forget(g, index)
 	}
 }
 

@@ -69,8 +69,20 @@ func DecodeGroupHello(body []byte) (broker uint32, version Version, err error) {
 	return binary.BigEndian.Uint32(body), Version(binary.BigEndian.Uint16(body[4:])), nil
 }
 
+// groupMessageSize is the encoded size of m, header included.
+func groupMessageSize(m *GroupMessage) int {
+	n := HeaderSize + 17 + 37 // the common fields; the larger of the two kinds' own
+	for i := range m.Entries {
+		n += 16 + len(m.Entries[i].Data)
+	}
+	return n
+}
+
 // AppendGroupMessage appends m as a whole TypeGroupMessage frame.
 func AppendGroupMessage(dst []byte, m *GroupMessage) []byte {
+	if need := groupMessageSize(m); cap(dst)-len(dst) < need {
+		dst = append(make([]byte, 0, len(dst)+need), dst...)
+	}
 	dst, s := StartFrame(dst, Current, TypeGroupMessage, 0)
 	dst = AppendU32(dst, m.Group)
 	dst = AppendU8(dst, m.Kind)

@@ -97,3 +97,17 @@ func FuzzGroupMessage(f *testing.F) {
 		}
 	})
 }
+
+// TestGroupMessageSizeBound: the size AppendGroupMessage reserves covers
+// the frame, so it grows its buffer once.
+func TestGroupMessageSizeBound(t *testing.T) {
+	for _, m := range []GroupMessage{
+		{Kind: GroupAppend, Entries: []GroupEntry{{Data: make([]byte, 1024)}, {Data: nil}, {Data: make([]byte, 7)}}},
+		{Kind: GroupAppend},
+		{Kind: GroupAppendResp, OK: true},
+	} {
+		if got, bound := len(AppendGroupMessage(nil, &m)), groupMessageSize(&m); got > bound {
+			t.Fatalf("frame of %d bytes, reserved %d", got, bound)
+		}
+	}
+}

@@ -343,6 +343,15 @@ func (n *Node) LogEnds() []ctlapi.GroupLogEnd {
 	return out
 }
 
+// Forget drops the data of group g's applied entry at index
+// (group.Member.Forget). It must be called from Apply, on the node's
+// goroutine.
+func (n *Node) Forget(g uint32, index uint64) {
+	if mb := n.members[g]; mb != nil {
+		mb.m.Forget(index)
+	}
+}
+
 // ErrBusy is returned when the node's inbox is full.
 var ErrBusy = errors.New("groups: the group node is busy; retry")
 

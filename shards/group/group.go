@@ -225,6 +225,19 @@ func (m *Member) Reapply() {
 	m.rd.Reapply = true
 }
 
+// Forget drops the data of the applied entry at index, keeping its epoch
+// and index: the caller knows its effect is gone for good (a message that
+// was enqueued and then removed, or the removal itself). A member that is
+// sent the entry later, or applies it again, gets it with no data and
+// skips it; since the entry is committed, every member reaches the same
+// state. It keeps the log's memory to about 48 bytes per event once the
+// events' effects are gone; the log is not compacted otherwise.
+func (m *Member) Forget(index uint64) {
+	if index >= m.first && index <= m.lastIndex() && index <= m.applied {
+		m.entry(index).Data = nil
+	}
+}
+
 // SyncStateSet is the set the master commits with: the confirmed set and
 // any member a pending request adds.
 func (m *Member) SyncStateSet() []MemberID { return m.effectiveSet() }
