@@ -76,10 +76,13 @@ type simNode struct {
 	applied []string
 	role    Role
 	epoch   uint32
+	serving bool // last seen Member.Serving
 	inc     int // incarnation: restarts so far
 	// proposals this member took as master: index -> proposal id, for
 	// its current life
 	took map[uint64]string
+	// reapplies counts the Readies that started the log again.
+	reapplies int
 }
 
 type simCtl struct {
@@ -229,6 +232,10 @@ func (s *sim) process(n *simNode) {
 	for _, msg := range rd.Messages {
 		s.send(simMsg{kind: smPeer, from: n.id, to: msg.To, peer: msg})
 	}
+	if rd.Reapply {
+		n.applied = nil // as a broker drops a group's applied state
+		n.reapplies++
+	}
 	for _, e := range rd.Apply {
 		id := string(e.Data)
 		if h, ok := s.history[e.Index]; ok && h != id {
@@ -260,6 +267,16 @@ func (s *sim) process(n *simNode) {
 	}
 	if rd.AlterSet != nil {
 		s.send(simMsg{kind: smAlter, from: n.id, to: ctlID, epoch: rd.AlterSet.Epoch, set: rd.AlterSet.Set})
+	}
+	// A member that stops serving as master applies the committed log
+	// again from the first entry (server/groups does the same): what it
+	// applies must be the same history.
+	if serving := n.m.Serving(); serving != n.serving {
+		n.serving = serving
+		if !serving {
+			n.m.Reapply()
+			s.process(n)
+		}
 	}
 }
 
@@ -377,6 +394,7 @@ func (s *sim) crash(n *simNode) {
 	n.up, n.frozen = false, false
 	n.disk.written = n.disk.written[:n.disk.synced]
 	n.applied, n.took = nil, nil
+	n.serving = false
 	s.ctl.alive[n.id] = false // the connection closes: the controller knows at once
 	// What it had sent the controller dies with the connection.
 	s.net = slices.DeleteFunc(s.net, func(m simMsg) bool { return m.from == n.id && m.to == ctlID })
@@ -580,16 +598,19 @@ func TestGroupSimulation(t *testing.T) {
 		}
 		first, seeds = n, 1
 	}
-	var completed, elections, applied int
+	var completed, elections, applied, reapplies int
 	for seed := first; seed < first+int64(seeds); seed++ {
 		s := newSim(t, seed)
 		s.run()
 		completed += len(s.complete)
 		elections += int(s.ctl.epoch)
 		applied += len(s.history)
+		for _, id := range s.ids {
+			reapplies += s.nodes[id].reapplies
+		}
 	}
-	t.Logf("%d schedules: %d proposals completed, %d entries committed, %d elections", seeds, completed, applied, elections)
-	if completed == 0 || elections <= seeds {
+	t.Logf("%d schedules: %d proposals completed, %d entries committed, %d elections, %d step-downs that reapplied the log", seeds, completed, applied, elections, reapplies)
+	if completed == 0 || elections <= seeds || reapplies == 0 {
 		t.Fatalf("the schedules exercised too little: %d completions, %d elections", completed, elections)
 	}
 }
