@@ -47,6 +47,7 @@ type Delivery struct {
 	Tag           uint64 // unique and increasing per consumer, from 1
 	DeliveryCount uint32 // earlier deliveries of this message
 	Redelivered   bool
+	Persistent    bool // published persistent
 	Exchange      string
 	RoutingKey    string
 	Props         []byte
@@ -430,6 +431,7 @@ func (c *Conn) deliver(body []byte) error {
 		d.Tag = m.Tag
 		d.DeliveryCount = m.DeliveryCount
 		d.Redelivered = m.Flags&wire.MsgRedelivered != 0
+		d.Persistent = m.Flags&wire.MsgPersistent != 0
 		d.Exchange = str[pos[i].ex0:pos[i].ex1]
 		d.RoutingKey = str[pos[i].key0:pos[i].key1]
 		if len(m.Props) > 0 {

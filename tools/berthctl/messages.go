@@ -356,6 +356,7 @@ type deliveryJSON struct {
 	Tag           uint64            `json:"tag"`
 	DeliveryCount uint32            `json:"delivery_count"`
 	Redelivered   bool              `json:"redelivered"`
+	Persistent    bool              `json:"persistent"`
 	Headers       map[string]string `json:"headers"`
 	PropsBase64   string            `json:"props_base64,omitempty"`
 	Body          *string           `json:"body,omitempty"`
@@ -364,7 +365,7 @@ type deliveryJSON struct {
 
 func toJSON(queue string, d *client.Delivery) deliveryJSON {
 	j := deliveryJSON{Queue: queue, Exchange: d.Exchange, RoutingKey: d.RoutingKey, Tag: d.Tag,
-		DeliveryCount: d.DeliveryCount, Redelivered: d.Redelivered}
+		DeliveryCount: d.DeliveryCount, Redelivered: d.Redelivered, Persistent: d.Persistent}
 	if h, ok := decodeHeaders(d.Props); ok {
 		j.Headers = h
 	} else {

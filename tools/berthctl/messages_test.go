@@ -324,6 +324,11 @@ func TestPersistentSurvivesRestart(t *testing.T) {
 	mustBctl(t, b, "", "publish", "d", "lost")
 	mustBctl(t, b, "", "publish", "d", "kept", "--persistent")
 	wantDepth(t, b, "d", 2)
+	// consume --json shows which was published persistent.
+	ds := parseDeliveries(t, mustBctl(t, b, "", "consume", "d", "--json", "--count", "2", "--ack", "release"))
+	if len(ds) != 2 || ds[0].Persistent || !ds[1].Persistent {
+		t.Fatalf("persistent flags in --json: %+v", ds)
+	}
 	b.restart(t)
 	wantDepth(t, b, "d", 1)
 	if out := mustBctl(t, b, "", "get", "d", "--ack", "accept"); out != "kept\n" {

@@ -55,6 +55,7 @@ func run(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	w.CountAlone(fs) // --count given alone is the whole run: no default duration, no warm-up
 	if err := w.Validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "bench-compare:", err)
 		return 2
