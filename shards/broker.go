@@ -349,6 +349,7 @@ func (s *Shard) dropQueue(q *Queue) int {
 	_ = q.Apply(&ev, nopEffects{s})
 	q.deleted = true
 	delete(s.queues, q)
+	delete(s.expiring, q)
 	return n
 }
 

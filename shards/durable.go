@@ -268,6 +268,7 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 			s.mem.paged++
 		}
 		s.admit(q)
+		s.noteExpiry(q, m.exp)
 		q.Recovered++
 		live++
 	}

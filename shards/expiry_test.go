@@ -2,6 +2,7 @@ package shards
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -75,4 +76,64 @@ func startWith(b *Broker, name string) (*Queue, error) {
 		return nil, err
 	}
 	return q, b.Recover()
+}
+
+// TestTickVisitsOnlyQueuesWithTTLs: the tick visits the queues that hold
+// a message with a TTL, not every queue, and a queue leaves the set once
+// empty; expiry still happens.
+func TestTickVisitsOnlyQueuesWithTTLs(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	b := New(Config{Shards: 1, TickInterval: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := b.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop()
+	sh := b.shards[0]
+	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{}}
+	var plain, ttl *Queue
+	for i := range 1000 {
+		q, err := b.AddQueue(fmt.Sprint("q", i), QueueOptions{}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			plain = q
+		}
+		if i == 1 {
+			ttl = q
+		}
+	}
+	now := time.Now().UnixNano()
+	push := func(c Command) {
+		t.Helper()
+		if err := sh.Push(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	push(Command{Op: OpPublish, Sess: sess, CmdID: 1, Queue: plain, Body: NewBody(nil, nil, nil, []byte("p"), false), Now: now})
+	push(Command{Op: OpPublish, Sess: sess, CmdID: 2, Queue: ttl, TTLNanos: int64(time.Millisecond), Body: NewBody(nil, nil, nil, []byte("t"), false), Now: now})
+	var n int
+	if err := b.Call(sh, func(s *Shard) { n = len(s.expiring) }); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("%d queues to visit, want 1 (the one with a TTL)", n)
+	}
+	time.Sleep(5 * time.Millisecond)
+	push(Command{Op: OpTick, Now: time.Now().UnixNano()})
+	var ready, plainReady int
+	if err := b.Call(sh, func(s *Shard) { ready, plainReady, n = ttl.Ready(), plain.Ready(), len(s.expiring) }); err != nil {
+		t.Fatal(err)
+	}
+	if ready != 0 || plainReady != 1 {
+		t.Fatalf("after the tick: ttl queue %d ready (want 0, expired), plain queue %d (want 1)", ready, plainReady)
+	}
+	push(Command{Op: OpTick, Now: time.Now().UnixNano()})
+	if err := b.Call(sh, func(s *Shard) { n = len(s.expiring) }); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("%d queues still visited after the TTL queue emptied", n)
+	}
 }

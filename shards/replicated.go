@@ -80,6 +80,7 @@ func (s *Shard) ApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64) {
 		q.Enqueued++
 	}
 	s.admit(q)
+	s.noteExpiry(q, expiresAt)
 	if len(q.consumers) > 0 {
 		s.markDirty(q)
 	}

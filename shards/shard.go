@@ -104,6 +104,10 @@ type Shard struct {
 	dirtyOuts []*sessOut
 	dirtyQs   []*Queue
 	qDirty    map[*Queue]bool
+	// expiring holds the queues that may hold a message with a TTL: the
+	// tick visits these, not every queue (a shard may hold a million idle
+	// queues). A queue leaves it when it is empty.
+	expiring map[*Queue]struct{}
 	pool      entryPool
 	deferred  []Command // dead letters for other shards whose rings were full
 	now       int64
@@ -134,6 +138,7 @@ func newShard(idx int, b *Broker, cfg ShardConfig) *Shard {
 		consumers: map[consumerKey]*Consumer{},
 		outs:      map[*Session]*sessOut{},
 		qDirty:    map[*Queue]bool{},
+		expiring:  map[*Queue]struct{}{},
 		// The clock starts at the wall clock, not 0: recovery and the
 		// first subscribers come before the first tick, and a message
 		// whose TTL ran out while the broker was down must not be
@@ -287,6 +292,7 @@ func (s *Shard) publish(c *Command) {
 		s.replicatedPublish(c, ev.ExpiresAt)
 		return
 	}
+	s.noteExpiry(q, ev.ExpiresAt)
 	if s.journaled(q, c.Body) {
 		if err := q.CheckEnqueue(c.Body.Size()); err != nil {
 			c.Body.Unref()
@@ -521,8 +527,20 @@ func (s *Shard) requeueAll(con *Consumer) {
 	s.markDirty(q)
 }
 
+// noteExpiry puts q among the queues the tick visits when a message with
+// a TTL (expiresAt != 0) enters it.
+func (s *Shard) noteExpiry(q *Queue, expiresAt int64) {
+	if expiresAt != 0 {
+		s.expiring[q] = struct{}{}
+	}
+}
+
 func (s *Shard) tick() {
-	for q := range s.queues {
+	for q := range s.expiring {
+		if q.deleted || q.Depth() == 0 {
+			delete(s.expiring, q) // back when a message with a TTL comes
+			continue
+		}
 		if q.Ready() == 0 {
 			continue
 		}
