@@ -108,10 +108,10 @@ type Shard struct {
 	// tick visits these, not every queue (a shard may hold a million idle
 	// queues). A queue leaves it when it is empty.
 	expiring map[*Queue]struct{}
-	pool      entryPool
-	deferred  []Command // dead letters for other shards whose rings were full
-	now       int64
-	journal   *shardJournal // nil when the broker keeps nothing on disk
+	pool     entryPool
+	deferred []Command // dead letters for other shards whose rings were full
+	now      int64
+	journal  *shardJournal // nil when the broker keeps nothing on disk
 
 	stats  ShardStats
 	meters shardMeters // metrics.go

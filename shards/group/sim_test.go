@@ -77,7 +77,7 @@ type simNode struct {
 	role    Role
 	epoch   uint32
 	serving bool // last seen Member.Serving
-	inc     int // incarnation: restarts so far
+	inc     int  // incarnation: restarts so far
 	// proposals this member took as master: index -> proposal id, for
 	// its current life
 	took map[uint64]string
