@@ -118,7 +118,7 @@ func commands() []command {
 		{"clean-broker", "ID", "remove a broker and everything pointing at it from the controller", cleanBrokerCmd},
 		{"primary", "[elect ID]", "the primary broker of an active-passive cluster; elect hands it to broker ID", primaryCmd},
 		{"members", "[add ID=ADDR... | remove ID...]", "controller group members and the leader; add or remove controllers (joint consensus)", membersCmd},
-		{"users", "[list | add NAME | passwd NAME | remove NAME]", "client users in the controller; add and passwd read the password from standard input", usersCmd},
+		{"users", "[list | add NAME | passwd NAME | permissions NAME | remove NAME]", "client users in the controller; add and passwd read the password from standard input; permissions replaces the --configure, --write and --read patterns", usersCmd},
 		{"version", "", "berthctl's version, commit and Go version", versionCmd},
 	}
 }

@@ -26,9 +26,9 @@ const (
 // is read from the first line of standard input, never from the command
 // line (where ps and shell history would show it).
 func usersCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
-	configure := fs.String("configure", "", "add: configure pattern (declare, delete, bind); '' allows nothing")
-	write := fs.String("write", "", "add: write pattern (publish to an exchange or queue)")
-	read := fs.String("read", "", "add: read pattern (consume, get, purge)")
+	configure := fs.String("configure", "", "add, permissions: configure pattern (declare, delete, bind); '' allows nothing")
+	write := fs.String("write", "", "add, permissions: write pattern (publish to an exchange or queue)")
+	read := fs.String("read", "", "add, permissions: read pattern (consume, get, purge)")
 	iterations := fs.Int("iterations", iterationsDefault, "add, passwd: PBKDF2 iterations of the stored SCRAM-SHA-256 keys")
 	return func(ctx context.Context, e *env, args []string) error {
 		if len(args) == 0 {
@@ -56,10 +56,13 @@ func usersCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			} else {
 				ev = &ctlapi.SetUserCredentials{Name: rest[0], Credentials: creds}
 			}
+		case "permissions":
+			// All three patterns are replaced; one not given allows nothing.
+			ev = &ctlapi.SetPermissions{Name: rest[0], Permissions: ctlapi.Permissions{Configure: *configure, Write: *write, Read: *read}}
 		case "remove":
 			ev = &ctlapi.RemoveUser{Name: rest[0]}
 		default:
-			return usageErrorf("users: unknown action %q: want list, add, passwd or remove", verb)
+			return usageErrorf("users: unknown action %q: want list, add, passwd, permissions or remove", verb)
 		}
 		if ev != nil {
 			if err := ctlapi.ValidateEvent(ev); err != nil {

@@ -78,6 +78,19 @@ func TestUsersCommand(t *testing.T) {
 	if u2.Permissions != u.Permissions {
 		t.Fatal("passwd changed the permissions")
 	}
+	// permissions replaces all three patterns, and leaves the keys.
+	if code, _, errOut := ctlIn("", "users", "--read", "reports-.*", "permissions", "alice"); code != exitOK {
+		t.Fatalf("users permissions: exit %d: %s", code, errOut)
+	}
+	if u3 := stored(); u3.Permissions != (ctlapi.Permissions{Read: "reports-.*"}) || !bytes.Equal(u3.Credentials.StoredKey, u2.Credentials.StoredKey) {
+		t.Fatalf("after users permissions: %+v", u3.Permissions)
+	}
+	if code, _, _ := ctlIn("", "users", "--write", "(", "permissions", "alice"); code != exitUsage {
+		t.Fatal("users permissions with a pattern that does not compile was not refused as bad usage")
+	}
+	if code, _, _ := ctlIn("", "users", "permissions", "nobody"); code == exitOK {
+		t.Fatal("users permissions of a missing user succeeded")
+	}
 	code, out, errOut := ctlIn("", "--json", "users", "list")
 	if code != exitOK {
 		t.Fatalf("users list: exit %d: %s", code, errOut)
