@@ -151,8 +151,12 @@ func (h *handler) loggedIn(cs *connState, u *authUser, final []byte) gnet.Action
 	if cs.tls {
 		addr = h.s.TLSAddr() // a TLS client fails over to TLS addresses
 	}
+	addrs := [][]byte{[]byte(addr)}
+	if p := h.s.welcomeAddrs.Load(); p != nil && !cs.tls {
+		addrs = *p // this broker's, then every other registered broker's
+	}
 	w := wire.Welcome{Version: l.version, FrameSizeMax: l.frameMax, HeartbeatMs: l.heartbeatMs, CreditMax: cfg.CreditMax,
-		WindowMax: cfg.WindowMax, ServerName: []byte(cfg.ServerName), Addrs: [][]byte{[]byte(addr)}}
+		WindowMax: cfg.WindowMax, ServerName: []byte(cfg.ServerName), Addrs: addrs}
 	cs.out = wire.AppendWelcome(cs.out, &w)
 	if !u.builtin {
 		h.s.log.Debug("server: login", "user", u.name, "mechanism", l.mechanism, "remote", addrString(cs))

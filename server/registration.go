@@ -31,6 +31,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -214,6 +215,26 @@ func (s *Server) registerAtStart() {
 	}
 }
 
+// refreshWelcomeAddrs reads the registered brokers from the controller
+// and makes WELCOME list their client addresses after this broker's, so a
+// client that loses this broker can dial another (client.ServerAddrs).
+// A failed read keeps the last list.
+func (s *Server) refreshWelcomeAddrs(ctx context.Context) {
+	bs, err := s.brokerClient().GetBrokers(ctx, ctlapi.ReadConsistent)
+	if err != nil {
+		return
+	}
+	slices.SortFunc(bs, func(a, b ctlapi.Broker) int { return cmp.Compare(a.ID, b.ID) })
+	addrs := [][]byte{[]byte(s.addr)}
+	for _, b := range bs {
+		if b.ID == s.brokerID || len(b.Addrs) == 0 || len(addrs) == wire.AddrsMax {
+			continue
+		}
+		addrs = append(addrs, []byte(b.Addrs[0]))
+	}
+	s.welcomeAddrs.Store(&addrs)
+}
+
 // startGroups starts the replication groups' manager: the peer
 // transport, and the goroutine that follows the controller's group
 // decisions. Entries are not applied to queues yet: the replicated data
@@ -259,6 +280,7 @@ func (s *Server) controllerLoop() {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	failing := false
+	beats := 0
 	for {
 		select {
 		case <-s.regCtx.Done():
@@ -280,6 +302,10 @@ func (s *Server) controllerLoop() {
 			if g := s.groups.Load(); g != nil && err == nil {
 				g.Heartbeated()
 			}
+			if err == nil && beats%10 == 0 {
+				s.refreshWelcomeAddrs(ctx)
+			}
+			beats++
 		}
 		cancel()
 		if s.regCtx.Err() != nil {

@@ -252,6 +252,11 @@ type Server struct {
 	// set in Start before anything reads it.
 	brokerID   uint32
 	registered atomic.Bool
+	// welcomeAddrs is what WELCOME lists for plaintext clients to fail
+	// over to: this broker's address, then every other registered
+	// broker's client address (registration.go refreshes it), or nil for
+	// this broker's alone.
+	welcomeAddrs atomic.Pointer[[][]byte]
 	// groups runs the replication groups (PeerAddr set), or nil;
 	// replicator connects the shards to them (replicate.go).
 	groups     atomic.Pointer[groups.Manager]

@@ -115,3 +115,32 @@ func TestBrokersRegisterAndHeartbeat(t *testing.T) {
 	})
 	t.Logf("a new primary after %v", time.Since(start).Round(time.Millisecond))
 }
+
+// TestWelcomeListsEveryBroker: a client of one broker learns every
+// registered broker's client address from WELCOME (client.ServerAddrs),
+// this broker's first, so it can dial another when this one is gone.
+func TestWelcomeListsEveryBroker(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	nodes := startGroupArgs(t, []string{"-controller-heartbeat-ms", "200"}, "broker", "broker", "broker")
+	var want []string
+	for _, n := range nodes {
+		want = append(want, n.client)
+	}
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		c := dial(t, ctx, nodes[0].client)
+		defer c.Close()
+		got := c.ServerAddrs()
+		if len(got) == 0 || got[0] != nodes[0].client {
+			return fmt.Errorf("WELCOME lists %v; want %s first", got, nodes[0].client)
+		}
+		sorted := slices.Clone(got)
+		slices.Sort(sorted)
+		w := slices.Clone(want)
+		slices.Sort(w)
+		if !slices.Equal(sorted, w) {
+			return fmt.Errorf("WELCOME lists %v, want the three brokers %v", got, want)
+		}
+		return nil
+	})
+}
