@@ -27,9 +27,14 @@ const (
 	// tlsReadBufferMin is the reader's starting buffer; it grows to hold
 	// the largest frame the session allows.
 	tlsReadBufferMin = 64 << 10
-	// tlsStallWait is how long a reader whose shard ring was full waits
-	// before trying the same frames again (a gnet loop uses Wake).
-	tlsStallWait = 50 * time.Microsecond
+	// tlsStallWait is how long a reader whose frames could not all be
+	// taken (a shard ring full, or a shard over its memory share) waits
+	// before trying again (a gnet loop uses Wake). The wait doubles while
+	// nothing is taken, up to tlsStallWaitMax, so a publisher held by the
+	// memory budget does not spin: a full ring clears in microseconds, a
+	// memory throttle lasts until consumers catch up.
+	tlsStallWait    = 50 * time.Microsecond
+	tlsStallWaitMax = 5 * time.Millisecond
 	// tlsWriteBufferKeepMax: a writer's coalescing buffer above this is
 	// dropped after use rather than kept for the connection's life.
 	tlsWriteBufferKeepMax = 1 << 20
@@ -201,6 +206,7 @@ func (s *Server) serveTLSConn(h *handler, tc *tls.Conn, raw net.Conn) {
 	cs.peerCerts = tc.ConnectionState().PeerCertificates
 	defer h.closed(cs)
 	buf := make([]byte, 0, tlsReadBufferMin)
+	stallWait := tlsStallWait
 	for {
 		if len(buf) > 0 {
 			t.own.Lock()
@@ -215,9 +221,14 @@ func (s *Server) serveTLSConn(h *handler, tc *tls.Conn, raw net.Conn) {
 				return
 			}
 			if stalled {
-				time.Sleep(tlsStallWait)
+				if consumed > 0 {
+					stallWait = tlsStallWait // progress: the stall is short
+				}
+				time.Sleep(stallWait)
+				stallWait = min(2*stallWait, tlsStallWaitMax)
 				continue
 			}
+			stallWait = tlsStallWait
 		}
 		if len(buf) == cap(buf) {
 			// A frame larger than the buffer: wire.Next refused any frame
