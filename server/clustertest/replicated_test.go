@@ -202,6 +202,36 @@ func (c *rcluster) consumeAll(n *node, queue string, want []string) {
 	}
 }
 
+// declare declares the durable queue through its group's master, once
+// that master serves, and returns the group, the master and a connection
+// to it.
+func (c *rcluster) declare(queue string, groups uint32) (uint32, uint32, *node, *client.Conn) {
+	c.t.Helper()
+	g := server.GroupOf(queue, groups)
+	master, mnode := c.waitServing(g)
+	conn := dial(c.t, c.ctx, mnode.client)
+	if err := conn.DeclareQueue(c.ctx, queue, client.QueueOptions{Durable: true}); err != nil {
+		c.t.Fatal(err)
+	}
+	return g, master, mnode, conn
+}
+
+// waitNewMaster waits until the controller gives group g a master other
+// than old, and returns it.
+func (c *rcluster) waitNewMaster(g, old uint32) uint32 {
+	c.t.Helper()
+	var id uint32
+	testutil.WaitFor(c.t, 30*time.Second, func() error {
+		gr := c.group(g)
+		if gr.Master == 0 || gr.Master == old {
+			return fmt.Errorf("group %d: master %d", g, gr.Master)
+		}
+		id = gr.Master
+		return nil
+	})
+	return id
+}
+
 func names(from, to int) []string {
 	var out []string
 	for i := from; i < to; i++ {
@@ -221,13 +251,7 @@ func TestReplicatedQueueSurvivesMasterKill(t *testing.T) {
 	defer cancel()
 	c := startReplicated(t, ctx, groups)
 	const queue = "replicated"
-	g := server.GroupOf(queue, groups)
-	master, mnode := c.waitServing(g)
-
-	conn := dial(t, ctx, mnode.client)
-	if err := conn.DeclareQueue(ctx, queue, client.QueueOptions{Durable: true}); err != nil {
-		t.Fatal(err)
-	}
+	g, master, mnode, conn := c.declare(queue, groups)
 	// A follower refuses publishes for the group (no forwarding yet).
 	for _, n := range c.nodes {
 		if n == mnode {
@@ -278,15 +302,7 @@ func TestReplicatedQueueSurvivesMasterKill(t *testing.T) {
 
 	killed := time.Now()
 	mnode.signal(syscall.SIGKILL)
-	var newMaster uint32
-	testutil.WaitFor(t, 30*time.Second, func() error {
-		gr := c.group(g)
-		if gr.Master == 0 || gr.Master == master {
-			return fmt.Errorf("group %d: master %d", g, gr.Master)
-		}
-		newMaster = gr.Master
-		return nil
-	})
+	newMaster := c.waitNewMaster(g, master)
 	t.Logf("kill -9 of the master: group %d had master %d after %v", g, newMaster, time.Since(killed).Round(time.Millisecond))
 	c.consumeAll(c.nodeOf(newMaster), queue, names(accepted, total))
 }
@@ -304,12 +320,7 @@ func TestFrozenMasterStepsDown(t *testing.T) {
 	defer cancel()
 	c := startReplicated(t, ctx, groups)
 	const queue = "frozen"
-	g := server.GroupOf(queue, groups)
-	master, mnode := c.waitServing(g)
-	conn := dial(t, ctx, mnode.client)
-	if err := conn.DeclareQueue(ctx, queue, client.QueueOptions{Durable: true}); err != nil {
-		t.Fatal(err)
-	}
+	g, master, mnode, conn := c.declare(queue, groups)
 	for _, m := range names(0, total) {
 		if err := conn.Publish(ctx, "", queue, []byte(m), client.PublishOptions{Persistent: true}); err != nil {
 			t.Fatal(err)
@@ -335,15 +346,7 @@ func TestFrozenMasterStepsDown(t *testing.T) {
 	}
 
 	mnode.signal(syscall.SIGSTOP)
-	var newMaster uint32
-	testutil.WaitFor(t, 30*time.Second, func() error {
-		gr := c.group(g)
-		if gr.Master == 0 || gr.Master == master {
-			return fmt.Errorf("group %d: master %d", g, gr.Master)
-		}
-		newMaster = gr.Master
-		return nil
-	})
+	newMaster := c.waitNewMaster(g, master)
 	nnode := c.nodeOf(newMaster)
 	nconn := dial(t, ctx, nnode.client)
 	testutil.WaitFor(t, 30*time.Second, func() error {
