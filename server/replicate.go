@@ -14,9 +14,10 @@ package server
 // broker that is not the group's master (it refuses with a message naming
 // the group); dead letters of replicated queues; deletes and purges are
 // replicated as the removes of each message, the queue object itself stays
-// on the followers until they restart; a master that steps down without
-// restarting keeps its local view until it restarts; the group log is
-// neither compacted nor snapshotted, so a restart replays all of it.
+// on the followers until they restart. The group log is compacted up to
+// its oldest message still in a queue (server/groups): a message never
+// consumed keeps the log after it, on disk and at about 48 bytes an
+// event in memory.
 
 import (
 	"context"
@@ -188,10 +189,12 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 			return
 		}
 		call = func(sh *shards.Shard) { sh.ApplyRemove(q, seq) }
-		// The message's enqueue (its Seq is the enqueue's index) and this
-		// removal have no effect left: the log keeps their place only.
+		// The message's enqueue (its Seq is the enqueue's index) has no
+		// effect left: a member that lacks it need not get its data. This
+		// removal still has one on a member that holds the message, so it
+		// keeps its data until the log is compacted past it.
 		r.forget(g, seq)
-		r.forget(g, e.Index)
+		r.retire(g, e.Index)
 	default:
 		s.log.Error("server: replicated event of unknown kind; skipped", "group", g, "index", e.Index, "kind", kind)
 		return
@@ -202,6 +205,13 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 			return
 		}
 		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+// retire marks an applied group entry whose effect here is gone.
+func (r *replicator) retire(g uint32, index uint64) {
+	if n := r.node(); n != nil {
+		n.Retire(g, index)
 	}
 }
 
