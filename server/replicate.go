@@ -31,6 +31,7 @@ import (
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/server/groups"
 	"github.com/berthmq/berth/shards"
+	"github.com/berthmq/berth/shards/group"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -113,6 +114,12 @@ func groupError(err error) error {
 		return nil
 	case errors.Is(err, groups.ErrClosed):
 		return shards.Errorf(wire.CodeShutdown, "the broker is shutting down")
+	case errors.Is(err, group.ErrNotEnoughSet):
+		return shards.Errorf(wire.CodeUnavailable, "fewer replicas of the queue's group are in sync than min-sync-replicas; retry")
+	case errors.Is(err, group.ErrNotMaster):
+		return shards.Errorf(wire.CodeUnavailable, "the queue's group changed master while the command was in flight; its outcome is unknown")
+	case errors.Is(err, group.ErrBacklog):
+		return shards.Errorf(wire.CodeResourceLimit, "the queue's group has too many events waiting to commit; retry")
 	}
 	return shards.Errorf(wire.CodeInternal, "%v", err)
 }
