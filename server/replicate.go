@@ -38,7 +38,8 @@ import (
 // Group log events of replicated queues.
 const (
 	gevEnqueue byte = 'E' // name str16, expiresAt u64, persistent u8, exchange str16, key str16, props bytes, payload bytes
-	gevRemove  byte = 'R' // name str16, seq u64
+	gevRemove  byte = 'R' // name str16, seq u64 (logs written before gevRemoves)
+	gevRemoves byte = 'S' // name str16, n u32, n x seq u64
 	gevBarrier byte = 'B'
 )
 
@@ -137,10 +138,14 @@ func (r *replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt i
 	return r.propose(q, data, done)
 }
 
-func (r *replicator) ProposeRemove(q *shards.Queue, seq uint64, done func(error)) error {
-	data := append([]byte{gevRemove}, 0, 0)
-	data = wire.AppendStr(data[:1], q.Name)
-	data = binary.BigEndian.AppendUint64(data, seq)
+func (r *replicator) ProposeRemoves(q *shards.Queue, seqs []uint64, done func(error)) error {
+	data := make([]byte, 0, 7+len(q.Name)+8*len(seqs))
+	data = append(data, gevRemoves)
+	data = wire.AppendStr(data, q.Name)
+	data = binary.BigEndian.AppendUint32(data, uint32(len(seqs)))
+	for _, seq := range seqs {
+		data = binary.BigEndian.AppendUint64(data, seq)
+	}
 	if done == nil {
 		done = func(error) {}
 	}
@@ -201,6 +206,29 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 		// removal still has one on a member that holds the message, so it
 		// keeps its data until the log is compacted past it.
 		r.forget(g, seq)
+		r.retire(g, e.Index)
+	case gevRemoves:
+		n := rd.Count(8)
+		if n > shards.RemovesMax {
+			s.log.Error("server: replicated removes over the bound; skipped", "group", g, "index", e.Index, "count", n)
+			return
+		}
+		seqs := make([]uint64, 0, n)
+		for range n {
+			seqs = append(seqs, rd.U64())
+		}
+		if rd.Err() != nil {
+			s.log.Error("server: malformed replicated removes; skipped", "group", g, "index", e.Index)
+			return
+		}
+		call = func(sh *shards.Shard) {
+			for _, seq := range seqs {
+				sh.ApplyRemove(q, seq)
+			}
+		}
+		for _, seq := range seqs {
+			r.forget(g, seq)
+		}
 		r.retire(g, e.Index)
 	default:
 		s.log.Error("server: replicated event of unknown kind; skipped", "group", g, "index", e.Index, "kind", kind)

@@ -94,6 +94,10 @@ type Shard struct {
 	cfg    ShardConfig
 	log    *slog.Logger
 
+	// removing lists the replicated queues with removals not proposed
+	// yet (Queue.removing); flushRemoves proposes them.
+	removing []*Queue
+
 	sig  *ring.Signal
 	in   *ring.MPSC[Command]
 	cmds []Command
@@ -183,6 +187,7 @@ func (s *Shard) run(ctx context.Context) {
 		}
 		if got || n > 0 {
 			s.dispatchDirty()
+			s.flushRemoves()
 			s.flush()
 			s.publishMemory()
 			continue
@@ -460,8 +465,7 @@ func (s *Shard) settle(c *Command) {
 		if q.replicated {
 			// An accept completes once its removes committed.
 			sess, id := c.Sess, c.CmdID
-			r := s.broker.loadReplicator()
-			if err := r.Barrier(q, func(err error) { s.pushCompletion(sess, id, nil, err) }); err != nil {
+			if err := s.proposeRemoves(q, func(err error) { s.pushCompletion(sess, id, nil, err) }); err != nil {
 				s.completeCmd(sess, id, nil, err)
 			}
 			return
@@ -692,7 +696,7 @@ func (s *Shard) Removed(q *Queue, e *Entry) {
 		// own removals (its expiry tick) are not proposed, and its copy
 		// is made right by the master's remove when it commits.
 		if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
-			_ = r.ProposeRemove(q, e.Seq, nil)
+			s.noteRemoved(q, e.Seq)
 		}
 	}
 	if e.JournalPos != 0 && s.journal != nil {

@@ -304,7 +304,61 @@ func TestReplicatedQueueSurvivesMasterKill(t *testing.T) {
 	mnode.signal(syscall.SIGKILL)
 	newMaster := c.waitNewMaster(g, master)
 	t.Logf("kill -9 of the master: group %d had master %d after %v", g, newMaster, time.Since(killed).Round(time.Millisecond))
-	c.consumeAll(c.nodeOf(newMaster), queue, names(accepted, total))
+	nm := c.nodeOf(newMaster)
+	c.consumeAll(nm, queue, names(accepted, total))
+
+	// A purge is one event in the group log, not one per message, and the
+	// surviving follower drops what it held.
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		ready, unacked, err := c.depth(nm, queue)
+		if err != nil || ready != total-accepted || unacked != 0 {
+			return fmt.Errorf("new master: %d ready, %d unacked (%v)", ready, unacked, err)
+		}
+		return nil
+	})
+	before := c.lastIndex(nm, g)
+	if before < total {
+		t.Fatalf("group %d's log ends at %d after %d enqueues", g, before, total)
+	}
+	pc := dial(t, ctx, nm.client)
+	if err := pc.Purge(ctx, queue); err != nil {
+		t.Fatal(err)
+	}
+	if after := c.lastIndex(nm, g); after-before > 2 {
+		t.Fatalf("purging %d messages took %d events in the group log", total-accepted, after-before)
+	}
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		for _, n := range c.nodes {
+			if n == mnode {
+				continue
+			}
+			if ready, _, err := c.depth(n, queue); err != nil || ready != 0 {
+				return fmt.Errorf("%s holds %d ready after the purge (%v)", n.name, ready, err)
+			}
+		}
+		return nil
+	})
+}
+
+// lastIndex is the end of group g's log on n.
+func (c *rcluster) lastIndex(n *node, g uint32) uint64 {
+	c.t.Helper()
+	var view struct {
+		Groups []struct {
+			Group     uint32
+			LastIndex uint64 `json:"last_index"`
+		}
+	}
+	if err := c.getJSON(n, "/v1/groups", &view); err != nil {
+		c.t.Fatal(err)
+	}
+	for _, v := range view.Groups {
+		if v.Group == g {
+			return v.LastIndex
+		}
+	}
+	c.t.Fatalf("%s runs no group %d", n.name, g)
+	return 0
 }
 
 // TestFrozenMasterStepsDown: the group's master is frozen (SIGSTOP) past
