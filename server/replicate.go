@@ -41,6 +41,7 @@ const (
 	gevRemove  byte = 'R' // name str16, seq u64 (logs written before gevRemoves)
 	gevRemoves byte = 'S' // name str16, n u32, n x seq u64
 	gevBarrier byte = 'B'
+	gevDelete  byte = 'D' // name str16: the master dropped the queue
 )
 
 // replicator is the server's shards.Replicator.
@@ -152,6 +153,11 @@ func (r *replicator) ProposeRemoves(q *shards.Queue, seqs []uint64, done func(er
 	return r.propose(q, data, done)
 }
 
+func (r *replicator) ProposeDelete(q *shards.Queue) error {
+	data := wire.AppendStr([]byte{gevDelete}, q.Name)
+	return r.propose(q, data, func(error) {})
+}
+
 func (r *replicator) Barrier(q *shards.Queue, done func(error)) error {
 	return r.propose(q, []byte{gevBarrier}, done)
 }
@@ -172,6 +178,17 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 	}
 	name := string(rd.Str(wire.NameLenMax))
 	s := r.s
+	if kind == gevDelete {
+		// The master dropped the queue when it proposed this. A master
+		// applying it may hold a queue declared again since under the
+		// name: it keeps it (one that became master after the proposal
+		// keeps an empty copy until it restarts).
+		r.forget(g, e.Index)
+		if !r.IsMaster(g) {
+			s.wiring.DropReplica(name)
+		}
+		return
+	}
 	q := s.wiring.Routing().Queue([]byte(name))
 	if q == nil {
 		var err error

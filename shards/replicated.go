@@ -33,6 +33,9 @@ type Replicator interface {
 	// Barrier calls done once every event proposed before it on q's group
 	// committed.
 	Barrier(q *Queue, done func(error)) error
+	// ProposeDelete proposes the deletion of q, which the master dropped:
+	// the followers drop their copy when it commits.
+	ProposeDelete(q *Queue) error
 }
 
 type replicatorBox struct{ r Replicator }

@@ -97,6 +97,9 @@ type Shard struct {
 	// removing lists the replicated queues with removals not proposed
 	// yet (Queue.removing); flushRemoves proposes them.
 	removing []*Queue
+	// dlHeld is the replicated message DeadLetter just sent on, whose
+	// removal waits for its targets.
+	dlHeld *Entry
 
 	sig  *ring.Signal
 	in   *ring.MPSC[Command]
@@ -229,7 +232,11 @@ func (s *Shard) handle(c *Command) {
 	case opCall:
 		c.Call(s)
 	case opDeadLettered:
-		if s.journal != nil {
+		if q := c.Queue; q.replicated {
+			if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
+				s.noteRemoved(q, c.CmdID)
+			}
+		} else if s.journal != nil {
 			s.appendDequeue(journal.Pos(c.CmdID), nil, 0)
 		}
 	}
@@ -644,7 +651,23 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 	// Same-shard targets need nothing: their enqueue records precede the
 	// dequeue in this journal.
 	var fan *Fanout
-	if e.JournalPos != 0 && s.journal != nil {
+	if q.replicated {
+		// The removal of a replicated message is proposed once every
+		// target took the dead letter (deadLettered), not now: a master
+		// that dies in between leaves the message in the group's log, and
+		// the next master dead-letters it again (at least once).
+		n := 0
+		for _, t := range targets {
+			if t != q {
+				n++
+			}
+		}
+		if n > 0 {
+			fan = NewFanout(n)
+			fan.holdQueue, fan.holdPos = q, e.Seq
+			s.dlHeld = e // Removed, called next for e, leaves it to deadLettered
+		}
+	} else if e.JournalPos != 0 && s.journal != nil {
 		cross := 0
 		for _, t := range targets {
 			if t != q && t.shard != s.idx {
@@ -670,6 +693,9 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 		}
 		cmd := Command{Op: OpPublish, Queue: t, Body: body, Now: s.now}
 		if t.shard == s.idx {
+			if q.replicated {
+				cmd.Fanout = fan
+			}
 			s.publish(&cmd)
 			continue
 		}
@@ -695,7 +721,9 @@ func (s *Shard) Removed(q *Queue, e *Entry) {
 		// On the master the removal goes to the group log; a follower's
 		// own removals (its expiry tick) are not proposed, and its copy
 		// is made right by the master's remove when it commits.
-		if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
+		if s.dlHeld == e {
+			s.dlHeld = nil // its dead letter is on the way (DeadLetter)
+		} else if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
 			s.noteRemoved(q, e.Seq)
 		}
 	}
@@ -713,7 +741,7 @@ func (s *Shard) Removed(q *Queue, e *Entry) {
 // source record now.
 func (s *Shard) deadLettered(src *Queue, pos uint64, err error) {
 	if err != nil {
-		s.log.Warn("shards: a dead letter was not stored by every target; the source keeps it and brings it back at the next start",
+		s.log.Warn("shards: a dead letter was not stored by every target; the source keeps it and brings it back at the next start (a replicated one at its group's next master change)",
 			"queue", src.Name, "err", err)
 		return
 	}
