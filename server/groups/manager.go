@@ -66,7 +66,7 @@ type Manager struct {
 	alive     chan struct{}
 	aliveOnce sync.Once
 
-	mu   sync.Mutex
+	mu sync.Mutex
 	// node is read on every replicated publish: no lock.
 	node atomic.Pointer[Node]
 	seen map[uint32]ctlapi.Group // the group records last passed on
