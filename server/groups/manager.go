@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -285,6 +286,7 @@ func (m *Manager) follow(groups uint32) {
 func (m *Manager) update(gs []ctlapi.Group) {
 	n := m.currentNode()
 	var unelected []uint32
+	var stale []ctlapi.Group
 	for _, g := range gs {
 		if g.Epoch == 0 {
 			unelected = append(unelected, g.ID)
@@ -299,18 +301,61 @@ func (m *Manager) update(gs []ctlapi.Group) {
 		case g.Master == m.cfg.Self:
 			if !seen || old.Epoch != g.Epoch || old.Master != g.Master {
 				err = n.BecomeMaster(g.ID, g.Epoch, g.SyncStateSet)
+				if st, serr := n.Status(g.ID); err == nil && serr == nil && st.Role != group.RoleMaster && st.Epoch >= g.Epoch {
+					// This broker restarted after the controller made it
+					// master of the epoch, and the controller did not see
+					// it die: a member never masters an epoch it knew
+					// before a restart, so the group needs a new one.
+					stale = append(stale, g)
+					continue
+				}
 			}
 			if err == nil {
 				err = n.SetSyncStateSet(g.ID, g.Epoch, g.SyncStateSet)
 			}
 		case g.Master != 0:
 			err = n.BecomeFollower(g.ID, g.Epoch, g.Master)
+		default:
+			// Fenced with no live member of its set: ask again, so a
+			// member that came back is elected.
+			unelected = append(unelected, g.ID)
 		}
 		if err != nil {
 			m.log.Warn("groups: pass a controller decision on", "group", g.ID, "err", err)
 			continue
 		}
 		m.seen[g.ID] = g
+	}
+	for _, sg := range stale {
+		g := sg.ID
+		// A live master keeps its group unless another broker is
+		// preferred: name one, so the controller elects under a new
+		// epoch (this broker may win it again).
+		pref := uint32(math.MaxUint32) // no such broker
+		for _, id := range sg.SyncStateSet {
+			if id != m.cfg.Self {
+				pref = id
+				break
+			}
+		}
+		m.log.Info("groups: asking for a new epoch of a group this broker mastered before it restarted", "group", g)
+		err := m.call(func(ctx context.Context) error {
+			_, err := m.cfg.Ctl.ElectMaster(ctx, []uint32{g}, pref)
+			return err
+		})
+		if err != nil {
+			m.log.Debug("groups: new epoch", "group", g, "err", err)
+		}
+	}
+	if len(unelected)+len(stale) > 0 {
+		// The election is an event whatever it decides, which wakes this
+		// loop again: ask at most ten times a second.
+		defer func() {
+			select {
+			case <-m.ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}()
 	}
 	if len(unelected) > 0 {
 		// Every broker may ask; an election of a group already elected
