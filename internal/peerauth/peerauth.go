@@ -233,11 +233,16 @@ func (a *Auth) server(nc net.Conn) (net.Conn, error) {
 
 func (a *Auth) serverSecret(conn net.Conn) error {
 	var hello [len(magic) + nonceLen]byte
-	if _, err := io.ReadFull(conn, hello[:]); err != nil {
+	// The magic first: a peer that sent a short frame instead waits for
+	// an answer, and must not hold us until the deadline.
+	if _, err := io.ReadFull(conn, hello[:len(magic)]); err != nil {
 		return fmt.Errorf("peerauth: reading the client's hello: %w", err)
 	}
 	if !bytes.Equal(hello[:len(magic)], magic[:]) {
 		return errors.New("peerauth: the client did not start the cluster handshake (no secret, or not a cluster member)")
+	}
+	if _, err := io.ReadFull(conn, hello[len(magic):]); err != nil {
+		return fmt.Errorf("peerauth: reading the client's hello: %w", err)
 	}
 	clientNonce := hello[len(magic):]
 	var out [nonceLen + macLen]byte
