@@ -307,7 +307,7 @@ func (c *Client) call(ctx context.Context, op uint8, body []byte, anyNode bool) 
 				lastErr = err
 				if isWrite(op) && cc != nil && !errors.Is(err, coalesce.ErrNotSent) {
 					// The request may have reached the leader.
-					return nil, fmt.Errorf("%w: %v", ctlapi.ErrLeaderChanged, err)
+					return nil, fmt.Errorf("%w: %w", ctlapi.ErrLeaderChanged, err)
 				}
 				c.setLeader("")
 				addr = c.pick(true)

@@ -204,7 +204,7 @@ func runIO(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	defer cancel()
 	if err := exec(ctx, e, pos); err != nil {
-		fmt.Fprintf(stderr, "berthctl %s: %v\n", c.name, err)
+		fmt.Fprintf(stderr, "berthctl %s: %v%s\n", c.name, err, e.credentialHint(err))
 		var u *usageError
 		if errors.As(err, &u) {
 			commandUsage(stderr, c, fs)

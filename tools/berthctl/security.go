@@ -3,11 +3,14 @@ package main
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/berthmq/berth/client"
@@ -157,4 +160,17 @@ func (g *globals) controllerClient(addrs []string) (*ctlclient.Client, error) {
 		return nil, err
 	}
 	return ctlclient.NewClientAuth(addrs, a), nil
+}
+
+// credentialHint explains an error that a missing cluster credential
+// causes: a controller that requires one closes the connection at once,
+// which reaches us as an end of file.
+func (g *globals) credentialHint(err error) string {
+	if g.clusterCA != "" || g.clusterSecret != "" {
+		return ""
+	}
+	if !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
+		return ""
+	}
+	return " (a controller started with -cluster-ca or -cluster-secret-file closes connections that do not prove them: give --cluster-ca, --cluster-cert and --cluster-key, or --cluster-secret-file)"
 }

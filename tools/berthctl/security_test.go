@@ -58,8 +58,8 @@ func TestSecuredBroker(t *testing.T) {
 	}
 	with := func(extra []string, args ...string) []string { return append(append([]string(nil), extra...), args...) }
 
-	if code, out := ctlRun("pw-of-admin\n", "users", "add", "admin"); code == exitOK {
-		t.Fatalf("users add without the cluster credentials succeeded: %s", out)
+	if code, out := ctlRun("pw-of-admin\n", "users", "add", "admin"); code == exitOK || !strings.Contains(out, "--cluster-secret-file") {
+		t.Fatalf("users add without the cluster credentials: exit %d, %s; want a failure naming the flags", code, out)
 	}
 	if code, out := ctlRun("pw-of-admin\n", with(cluster, "users", "--configure", ".*", "--write", ".*", "--read", ".*", "add", "admin")...); code != exitOK {
 		t.Fatalf("users add: %d %s", code, out)
