@@ -95,7 +95,9 @@ func (n *Node) serveConn(raw net.Conn) {
 	// No frame is read before the peer proved it belongs to the cluster.
 	c, err := n.cfg.Auth.Server(raw)
 	if err != nil {
-		n.cfg.Logger.Warn("controlplane: refused a connection before any frame", "remote", raw.RemoteAddr().String(), "err", err)
+		if n.cfg.Auth.AllowLog(false) {
+			n.cfg.Logger.Warn("controlplane: refused a connection before any frame (logged at most once a second)", "remote", raw.RemoteAddr().String(), "err", err)
+		}
 		return
 	}
 	sc := &serverConn{c: c, w: coalesce.New(c, func(error) { c.Close() }), id: n.connSeq.Add(1)}

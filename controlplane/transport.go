@@ -229,7 +229,9 @@ func (t *transport) run(p *peer) {
 						raw := c
 						if c, err = t.auth.Client(raw, p.addr); err != nil {
 							raw.Close()
-							t.logger.Warn("controlplane: peer refused or failed the cluster handshake", "peer", p.id, "addr", p.addr, "err", err)
+							if t.auth.AllowLog(true) {
+								t.logger.Warn("controlplane: peer refused or failed the cluster handshake", "peer", p.id, "addr", p.addr, "err", err)
+							}
 						}
 					}
 					if err != nil {

@@ -99,6 +99,29 @@ type Auth struct {
 
 	// Refused counts inbound connections refused by Server.
 	Refused atomic.Uint64
+	// lastLog holds, for inbound refusals [0] and outbound failures [1],
+	// the time (UnixNano) of the last one logged (AllowLog).
+	lastLog [2]atomic.Int64
+}
+
+// logInterval spaces the log lines about failed handshakes: a peer that
+// redials every few milliseconds must not flood the log. Every refusal is
+// still counted in Refused.
+const logInterval = time.Second
+
+// AllowLog reports whether a failed handshake may be logged now: at most
+// one a second for inbound refusals, and one for outbound failures.
+func (a *Auth) AllowLog(outbound bool) bool {
+	if a == nil {
+		return true
+	}
+	i := 0
+	if outbound {
+		i = 1
+	}
+	now := time.Now().UnixNano()
+	last := a.lastLog[i].Load()
+	return now-last >= int64(logInterval) && a.lastLog[i].CompareAndSwap(last, now)
 }
 
 type material struct {

@@ -294,3 +294,18 @@ func TestLoadErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestAllowLog: one log line a second per direction, however many
+// refusals.
+func TestAllowLog(t *testing.T) {
+	c := newCluster(t)
+	a := c.auth(t, 0, false, true)
+	if !a.AllowLog(false) || !a.AllowLog(true) {
+		t.Fatal("the first refusal of each direction is not logged")
+	}
+	for range 100 {
+		if a.AllowLog(false) || a.AllowLog(true) {
+			t.Fatal("a second line within the interval")
+		}
+	}
+}

@@ -167,7 +167,9 @@ func (t *Transport) write(p *peerOut) {
 		raw := conn
 		if conn, err = t.auth.Client(raw, addr); err != nil {
 			raw.Close()
-			t.log.Warn("groups: peer refused or failed the cluster handshake", "peer", p.id, "addr", addr, "err", err)
+			if t.auth.AllowLog(true) {
+				t.log.Warn("groups: peer refused or failed the cluster handshake", "peer", p.id, "addr", addr, "err", err)
+			}
 			select {
 			case <-t.done:
 				return
@@ -262,7 +264,9 @@ func (t *Transport) read(raw net.Conn) {
 	}()
 	conn, err := t.auth.Server(raw)
 	if err != nil {
-		t.log.Warn("groups: refused a peer connection before any frame", "remote", raw.RemoteAddr().String(), "err", err)
+		if t.auth.AllowLog(false) {
+			t.log.Warn("groups: refused a peer connection before any frame (logged at most once a second)", "remote", raw.RemoteAddr().String(), "err", err)
+		}
 		return
 	}
 	r := bufio.NewReaderSize(conn, 64<<10)
