@@ -65,6 +65,11 @@ import (
 const (
 	// HandshakeTimeout bounds the whole handshake on either end.
 	HandshakeTimeout = 5 * time.Second
+	// PendingMax bounds the inbound handshakes in progress at once on one
+	// Auth; a connection past it is refused at once, so strangers that
+	// open connections and send nothing hold at most this many
+	// goroutines for HandshakeTimeout.
+	PendingMax = 256
 	// SecretLenMin is the shortest secret accepted: 16 bytes (128 bits if
 	// random; `berthctl certs init` writes 32 random bytes in hex).
 	SecretLenMin = 16
@@ -99,6 +104,7 @@ type Auth struct {
 
 	// Refused counts inbound connections refused by Server.
 	Refused atomic.Uint64
+	pending atomic.Int32 // inbound handshakes in progress
 	// lastLog holds, for inbound refusals [0] and outbound failures [1],
 	// the time (UnixNano) of the last one logged (AllowLog).
 	lastLog [2]atomic.Int64
@@ -218,7 +224,13 @@ func (a *Auth) Server(nc net.Conn) (net.Conn, error) {
 	if a == nil {
 		return nc, nil
 	}
+	if a.pending.Add(1) > PendingMax {
+		a.pending.Add(-1)
+		a.Refused.Add(1)
+		return nil, fmt.Errorf("peerauth: %d handshakes already in progress", PendingMax)
+	}
 	conn, err := a.server(nc)
+	a.pending.Add(-1)
 	if err != nil {
 		a.Refused.Add(1)
 		return nil, err
@@ -363,4 +375,12 @@ func (a *Auth) proof(label string, clientNonce, serverNonce []byte) []byte {
 	m.Write(clientNonce)
 	m.Write(serverNonce)
 	return m.Sum(nil)
+}
+
+// Pending is the number of inbound handshakes in progress.
+func (a *Auth) Pending() int {
+	if a == nil {
+		return 0
+	}
+	return int(a.pending.Load())
 }

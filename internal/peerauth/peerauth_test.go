@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berthmq/berth/internal/certgen"
 	"github.com/berthmq/berth/internal/peerauth"
@@ -307,5 +308,119 @@ func TestAllowLog(t *testing.T) {
 		if a.AllowLog(false) || a.AllowLog(true) {
 			t.Fatal("a second line within the interval")
 		}
+	}
+}
+
+// TestPendingBound: connections that open and say nothing hold at most
+// PendingMax handshakes; the next is refused at once, not after the
+// timeout.
+func TestPendingBound(t *testing.T) {
+	c := newCluster(t)
+	a := c.auth(t, 0, false, true)
+	ln, err := net.Listen("tcp", testutil.FreeAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	results := make(chan error, peerauth.PendingMax+1)
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer nc.Close()
+				_, err := a.Server(nc)
+				results <- err
+			}()
+		}
+	}()
+	var idle []net.Conn
+	defer func() {
+		for _, nc := range idle {
+			nc.Close()
+		}
+	}()
+	for range peerauth.PendingMax {
+		nc, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, nc)
+	}
+	// Wait for the listener to have started every handshake: the next
+	// one is the one over the bound.
+	testutil.WaitUntil(t, 5*time.Second, "idle handshakes pending", func() bool {
+		return a.Pending() == peerauth.PendingMax
+	})
+	extra, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	select {
+	case err := <-results:
+		if err == nil || !strings.Contains(err.Error(), "in progress") {
+			t.Fatalf("the connection over the bound: %v", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("the connection over the bound waited for its handshake")
+	}
+}
+
+// TestReload: Reload takes new certificate files; the next handshake uses
+// them, so a rotated CA admits its members and no longer the old ones.
+func TestReload(t *testing.T) {
+	oldCA, newCA := newCluster(t), newCluster(t)
+	dir := t.TempDir()
+	ca, cert, key := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "node.pem"), filepath.Join(dir, "node-key.pem")
+	install := func(c cluster) {
+		for dst, src := range map[string]string{ca: c.files.CA, cert: c.files.NodeCerts[0], key: c.files.NodeKey[0]} {
+			b, err := os.ReadFile(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(dst, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	install(oldCA)
+	server, err := peerauth.Load(peerauth.Options{CAFile: ca, CertFile: cert, KeyFile: key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	try := func(client cluster) error {
+		addr, result := serveOne(t, server)
+		conn, err := dial(t, addr, client.auth(t, 1, true, false))
+		if err == nil {
+			echo(t, conn)
+		}
+		if serr := <-result; err == nil {
+			err = serr
+		}
+		return err
+	}
+	if err := try(oldCA); err != nil {
+		t.Fatalf("before the reload, a member of the old CA: %v", err)
+	}
+	install(newCA)
+	if err := server.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if err := try(newCA); err != nil {
+		t.Fatalf("after the reload, a member of the new CA: %v", err)
+	}
+	addr, result := serveOne(t, server)
+	if conn, err := dial(t, addr, oldCA.auth(t, 1, true, false)); err == nil {
+		_, _ = conn.Write([]byte("ping"))
+		var b [4]byte
+		if _, err := io.ReadFull(conn, b[:]); err == nil {
+			t.Fatal("after the reload, a member of the old CA got through")
+		}
+	}
+	if err := <-result; err == nil {
+		t.Fatal("after the reload, the server accepted the old CA")
 	}
 }
