@@ -47,14 +47,14 @@ type security struct {
 }
 
 func (s *security) register(fs *flag.FlagSet) {
-	fs.StringVar(&s.tlsCA, "tls-ca", "", "PEM CA to trust for the broker's TLS port and the admin HTTPS; turns TLS on (env BERTH_TLS_CA)")
-	fs.StringVar(&s.tlsCert, "tls-cert", "", "PEM client certificate for the broker's TLS port; without --user it logs in with EXTERNAL (env BERTH_TLS_CERT)")
-	fs.StringVar(&s.tlsKey, "tls-key", "", "PEM key of --tls-cert (env BERTH_TLS_KEY)")
-	fs.StringVar(&s.adminToken, "admin-token", "", "bearer token for the admin HTTP; default: the BERTH_ADMIN_TOKEN environment variable")
-	fs.StringVar(&s.clusterCA, "cluster-ca", "", "PEM cluster CA, for controllers started with -cluster-ca (env BERTH_CLUSTER_CA)")
-	fs.StringVar(&s.clusterCert, "cluster-cert", "", "PEM certificate the cluster CA signed (env BERTH_CLUSTER_CERT)")
-	fs.StringVar(&s.clusterKey, "cluster-key", "", "PEM key of --cluster-cert (env BERTH_CLUSTER_KEY)")
-	fs.StringVar(&s.clusterSecret, "cluster-secret-file", "", "file with the cluster secret, for controllers started with -cluster-secret-file (env BERTH_CLUSTER_SECRET_FILE)")
+	fs.StringVar(&s.tlsCA, "tls-ca", "", "PEM CA `FILE` to trust for the broker's TLS port and the admin HTTPS; turns TLS on (env BERTH_TLS_CA)")
+	fs.StringVar(&s.tlsCert, "tls-cert", "", "PEM client certificate `FILE` for the broker's TLS port; without --user it logs in with EXTERNAL (env BERTH_TLS_CERT)")
+	fs.StringVar(&s.tlsKey, "tls-key", "", "PEM key `FILE` of --tls-cert (env BERTH_TLS_KEY)")
+	fs.StringVar(&s.adminToken, "admin-token", "", "bearer `TOKEN` for the admin HTTP; default: the BERTH_ADMIN_TOKEN environment variable")
+	fs.StringVar(&s.clusterCA, "cluster-ca", "", "PEM cluster CA `FILE`, for controllers started with -cluster-ca (env BERTH_CLUSTER_CA)")
+	fs.StringVar(&s.clusterCert, "cluster-cert", "", "PEM certificate `FILE` the cluster CA signed (env BERTH_CLUSTER_CERT)")
+	fs.StringVar(&s.clusterKey, "cluster-key", "", "PEM key `FILE` of --cluster-cert (env BERTH_CLUSTER_KEY)")
+	fs.StringVar(&s.clusterSecret, "cluster-secret-file", "", "`FILE` holding the cluster secret, for controllers started with -cluster-secret-file (env BERTH_CLUSTER_SECRET_FILE)")
 }
 
 // fromEnv fills what the command line left empty from the environment.
