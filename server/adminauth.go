@@ -49,7 +49,7 @@ func (s *Server) checkAdminConfig() error {
 	if !adminAuthRequired(c.AdminAddr, c.AdminToken) {
 		return nil
 	}
-	if c.AdminToken == "" && (c.Role == RoleController || !c.controllerEmbedded()) {
+	if c.AdminToken == "" && !c.controllerEmbedded() {
 		return fmt.Errorf("server: -admin %s is not a loopback address, and without users (a broker with a controller) only an admin token could open it: give -admin-token (BERTH_ADMIN_TOKEN), or a loopback -admin", c.AdminAddr)
 	}
 	return nil
@@ -115,9 +115,6 @@ func (s *Server) adminAuthorized(r *http.Request, tokenSum *[32]byte) (int, stri
 		return http.StatusUnauthorized, "unsupported Authorization scheme: use Bearer or Basic"
 	}
 	a := s.auth
-	if a == nil {
-		return http.StatusUnauthorized, "users are not available here (not started yet, or no controller): use the admin token"
-	}
 	u := a.checkPlain(a.users.Load(), name, password)
 	if u == nil {
 		return http.StatusUnauthorized, "authentication failed: " + errBadCredentials.Error()

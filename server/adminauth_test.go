@@ -141,3 +141,31 @@ func TestAdminRefusedConfigs(t *testing.T) {
 		}
 	}
 }
+
+// TestAdminAuthControllerOnly: a controller-only node's admin HTTP checks
+// basic auth against the users of its own controller, as a broker's does.
+func TestAdminAuthControllerOnly(t *testing.T) {
+	cfg := server.DefaultConfig()
+	cfg.Role, cfg.ControllerAddr, cfg.AdminAddr, cfg.AdminToken = server.RoleController, testutil.FreeAddr(t), "127.0.0.1:0", adminToken
+	cfg.DataDir, cfg.Logger = t.TempDir(), testLogger(t)
+	s, err := server.Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	testutil.AddUser(t, s.ControllerAddr(), "admin", "admin-pw", allPerms)
+	a := adminReq{t: t, base: "http://" + s.AdminAddr(), client: &http.Client{Timeout: 15 * time.Second}}
+	if code, _ := a.get("/v1/status", nil); code != http.StatusUnauthorized {
+		t.Fatalf("/v1/status without credentials: %d, want 401", code)
+	}
+	testutil.WaitUntil(t, 10*time.Second, "the admin user is known", func() bool {
+		code, _ := a.get("/v1/status", basic("admin", "admin-pw"))
+		return code == http.StatusOK
+	})
+	if code, _ := a.get("/v1/status", basic("admin", "wrong")); code != http.StatusUnauthorized {
+		t.Fatalf("a wrong password: %d, want 401", code)
+	}
+	if code, _ := a.get("/v1/status", bearer(adminToken)); code != http.StatusOK {
+		t.Fatalf("the token: %d", code)
+	}
+}

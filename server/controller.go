@@ -190,6 +190,12 @@ func startControllerOnly(s *Server) error {
 	if _, err := s.startController(false); err != nil {
 		return err
 	}
+	if s.cfg.AdminAddr != "" && adminAuthRequired(s.cfg.AdminAddr, s.cfg.AdminToken) {
+		// The admin HTTP's basic auth checks the controller's users. The
+		// watch reads them once a leader answers; start does not wait.
+		s.regWG.Add(1)
+		go s.watchUsers(0)
+	}
 	s.log.Info("berth: controller started", "controller", s.ctl.Addr(), "id", s.ctl.ID(), "admin", s.AdminAddr())
 	return nil
 }

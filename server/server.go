@@ -314,6 +314,9 @@ func Start(cfg Config) (*Server, error) {
 	if err := s.startClusterAuth(); err != nil {
 		return nil, err
 	}
+	// Before the admin HTTP, whose basic auth reads the users: startAuth
+	// (a broker) or startControllerOnly fills them in.
+	s.auth = newAuthState(cfg.AllowPlainWithoutTLS)
 	// The admin HTTP comes first: /readyz answers 503 while the rest
 	// comes up.
 	if cfg.AdminAddr != "" {
