@@ -1,5 +1,10 @@
 // Package server runs Berth's client listener on gnet event loops, turns
 // frames into shard commands, and serves the admin HTTP endpoints.
+//
+// Security (docs/SECURITY.md): tls.go serves the client TLS listener,
+// auth.go, login.go and authz.go log clients in and check their
+// permissions, clusterauth.go guards the peer and controller ports, and
+// adminauth.go the admin HTTP.
 package server
 
 import (

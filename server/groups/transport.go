@@ -1,6 +1,8 @@
 // Package groups runs a broker's replication groups: the peer transport
-// between brokers (port 7401 by default), and a Node that drives the
-// shards/group state machines with a write-ahead journal on disk.
+// between brokers (port 7401 by default; with cluster credentials every
+// connection proves membership before its first frame, internal/peerauth),
+// and a Node that drives the shards/group state machines with a
+// write-ahead journal on disk.
 package groups
 
 import (
