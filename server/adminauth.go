@@ -135,6 +135,7 @@ func (s *Server) adminTLS() (*tls.Config, error) {
 		return nil, fmt.Errorf("server: admin HTTPS: %w", err)
 	}
 	s.adminTLSMat = m
+	s.registerCertExpiry("admin", func() time.Time { return leafNotAfter(m.current.Load()) })
 	return m.listenerConfig(), nil
 }
 

@@ -1,6 +1,8 @@
 package server_test
 
 import (
+	"crypto/tls"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -70,6 +72,21 @@ func TestAdminAuth(t *testing.T) {
 		if code, _ := a.get(p, nil); code == http.StatusUnauthorized || code == http.StatusForbidden {
 			t.Errorf("%s: %d without credentials, want it open", p, code)
 		}
+	}
+	// The admin certificate's expiry is exported, as the certificate says.
+	resp, err := a.client.Get(a.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	pair, err := tls.LoadX509KeyPair(certs.CertFile, certs.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf(`berth_tls_certificate_expiry_timestamp_seconds{port="admin"} %g`, float64(pair.Leaf.NotAfter.Unix()))
+	if !strings.Contains(string(body), want) {
+		t.Errorf("/metrics lacks %q", want)
 	}
 	for _, p := range []string{"/v1/status", "/v1/queues", "/ui/", "/debug/pprof/cmdline"} {
 		code, h := a.get(p, nil)

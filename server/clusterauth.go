@@ -32,6 +32,9 @@ func (s *Server) startClusterAuth() error {
 		s.metrics.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "berth_cluster_handshake_refusals_total",
 			Help: "Connections to the peer or controller port refused for want of proof of cluster membership."},
 			func() float64 { return float64(a.Refused.Load()) }))
+		if a.TLS() {
+			s.registerCertExpiry("cluster", a.NotAfter)
+		}
 		s.log.Info("server: the peer and controller ports require proof of cluster membership", "mode", a.Mode())
 		return nil
 	}

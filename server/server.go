@@ -445,6 +445,8 @@ func Start(cfg Config) (*Server, error) {
 			s.stopController()
 			return nil, err
 		}
+		m := s.tlsMat
+		s.registerCertExpiry("client", func() time.Time { return leafNotAfter(m.current.Load()) })
 		s.tlsWG.Add(1)
 		go s.serveTLS(h)
 	}

@@ -384,3 +384,16 @@ func (a *Auth) Pending() int {
 	}
 	return int(a.pending.Load())
 }
+
+// NotAfter is when this member's cluster certificate expires, or the zero
+// time without one.
+func (a *Auth) NotAfter() time.Time {
+	if a == nil {
+		return time.Time{}
+	}
+	m := a.tls.Load()
+	if m == nil || m.cert.Leaf == nil {
+		return time.Time{}
+	}
+	return m.cert.Leaf.NotAfter
+}
