@@ -51,7 +51,7 @@ type globals struct {
 
 func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.controller, "controller", "127.0.0.1:7402", "controller addresses, comma-separated: `ADDR[,ADDR...]`")
-	fs.StringVar(&g.admin, "admin", "127.0.0.1:7480", "broker admin HTTP `ADDR`")
+	fs.StringVar(&g.admin, "admin", "127.0.0.1:7480", "broker admin HTTP `ADDR`; HTTPS when --tls-ca is given, unless ADDR starts with http:// or https://")
 	fs.StringVar(&g.broker, "broker", "127.0.0.1:7400", "broker client `ADDR`")
 	fs.BoolVar(&g.json, "json", false, "machine-readable JSON output")
 	fs.DurationVar(&g.timeout, "timeout", 5*time.Second, "bound on the whole command; for publish, consume and get, on each wait for the broker")
