@@ -7,7 +7,7 @@ PKGS      := ./...
 # Packages with concurrency run under the race detector in `make test`.
 RACE_PKGS := ./ring/... ./shards/... ./server/... ./client/... ./journal/... ./controlplane/... ./perf/... ./tools/... ./internal/...
 
-.PHONY: cluster all build run test test-race test-plain bench fuzz vet crash soak clean release deb
+.PHONY: cluster certs all build run test test-race test-plain bench fuzz vet crash soak clean release deb
 
 # Version stamping (internal/version). VERSION is the latest vX.Y.Z tag as
 # git describe gives it, without the v (1.2.0; 1.2.0-3-gabc1234 three
@@ -29,8 +29,16 @@ run: build
 
 # Three brokers with a 3-member controller and replication groups on
 # loopback; data under ./cluster (CLUSTER_DIR), Ctrl-C stops them.
+# CLUSTER_TLS=1 runs TLS on every port, with the credentials of
+# CERTS_DIR (made by `make certs` if missing; docs/SECURITY.md).
 cluster: build
-	BIN=$(BIN) bash tools/cluster.sh
+	BIN=$(BIN) CERTS_DIR=$(CERTS_DIR) bash tools/cluster.sh
+
+# A cluster CA, certificates for three nodes and berthctl, a cluster
+# secret and an admin token, for 127.0.0.1 and localhost, in CERTS_DIR.
+CERTS_DIR ?= certs
+certs: build
+	./$(BIN)/berthctl certs init $(CERTS_DIR)
 
 test: vet test-plain test-race test-python
 

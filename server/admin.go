@@ -1,8 +1,10 @@
 package server
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -64,6 +66,13 @@ func newMetrics(s *Server) *metrics {
 // /metrics, /debug/pprof/, /v1/status, and on a broker /v1/queues. Start
 // runs it first, so that it answers while the rest comes up.
 func (s *Server) startAdmin() error {
+	if err := s.checkAdminConfig(); err != nil {
+		return err
+	}
+	tlsCfg, err := s.adminTLS()
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", s.cfg.AdminAddr)
 	if err != nil {
 		return fmt.Errorf("server: admin listen on %s: %w", s.cfg.AdminAddr, err)
@@ -113,7 +122,11 @@ func (s *Server) startAdmin() error {
 	if s.cfg.Role != RoleController {
 		mux.HandleFunc("/v1/groups", s.serveGroups)
 	}
-	s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	s.admin = &http.Server{Handler: s.guardAdmin(mux), ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	if tlsCfg != nil {
+		ln = tls.NewListener(ln, tlsCfg)
+	}
 	go func() { _ = s.admin.Serve(ln) }()
 	return nil
 }

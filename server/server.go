@@ -1,5 +1,10 @@
 // Package server runs Berth's client listener on gnet event loops, turns
 // frames into shard commands, and serves the admin HTTP endpoints.
+//
+// Security (docs/SECURITY.md): tls.go serves the client TLS listener,
+// auth.go, login.go and authz.go log clients in and check their
+// permissions, clusterauth.go guards the peer and controller ports, and
+// adminauth.go the admin HTTP.
 package server
 
 import (
@@ -22,6 +27,7 @@ import (
 
 	"github.com/berthmq/berth/controlplane"
 	"github.com/berthmq/berth/controlplane/ctlclient"
+	"github.com/berthmq/berth/internal/peerauth"
 	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/server/groups"
 	"github.com/berthmq/berth/server/wiring"
@@ -125,6 +131,19 @@ type Config struct {
 	PeerAddr, PeerAdvertise string
 	GroupReplicas           int
 
+	// ClusterCA, ClusterCert and ClusterKey (PEM files) make every
+	// connection on the peer and controller ports, both ways, mutual TLS
+	// with certificates the cluster CA signed; ClusterSecretFile holds a
+	// shared secret every such connection proves (clusterauth.go). With
+	// none, those ports must listen on loopback.
+	ClusterCA, ClusterCert, ClusterKey, ClusterSecretFile string
+
+	// AdminToken, if set, opens the admin HTTP's guarded paths to
+	// "Authorization: Bearer AdminToken" and makes them need credentials
+	// even on loopback (adminauth.go). AdminTLSCert and AdminTLSKey make
+	// the admin port serve HTTPS.
+	AdminToken, AdminTLSCert, AdminTLSKey string
+
 	// AllowPlainWithoutTLS lets clients log in with PLAIN on the
 	// plaintext listener, where their password crosses the network in
 	// the clear.
@@ -213,6 +232,10 @@ type Server struct {
 	runErr  chan error
 	admin   *http.Server
 	adminLn net.Listener
+	// adminLimiter delays failed admin logins per source (adminauth.go);
+	// adminTLSMat is the HTTPS material, or nil.
+	adminLimiter authLimiter
+	adminTLSMat  *tlsMaterial
 	// mgmtWG counts the connections' management goroutines (mgmt.go);
 	// mgmtPending the commands they hold.
 	mgmtWG      sync.WaitGroup
@@ -233,6 +256,9 @@ type Server struct {
 	}
 	sec  *securityMetrics
 	auth *authState // users and logins (auth.go)
+	// peerAuth proves cluster membership on the peer and controller
+	// ports (clusterauth.go), or nil.
+	peerAuth *peerauth.Auth
 
 	conns struct {
 		sync.Mutex // guards set; taken on open, close and heartbeat scans
@@ -290,6 +316,12 @@ func Start(cfg Config) (*Server, error) {
 	s.conns.set = map[*connState]struct{}{}
 	s.metrics = newMetrics(s)
 	s.sec = newSecurityMetrics(s.metrics.reg, cfg.Role != RoleController)
+	if err := s.startClusterAuth(); err != nil {
+		return nil, err
+	}
+	// Before the admin HTTP, whose basic auth reads the users: startAuth
+	// (a broker) or startControllerOnly fills them in.
+	s.auth = newAuthState(cfg.AllowPlainWithoutTLS)
 	// The admin HTTP comes first: /readyz answers 503 while the rest
 	// comes up.
 	if cfg.AdminAddr != "" {
@@ -413,6 +445,8 @@ func Start(cfg Config) (*Server, error) {
 			s.stopController()
 			return nil, err
 		}
+		m := s.tlsMat
+		s.registerCertExpiry("client", func() time.Time { return leafNotAfter(m.current.Load()) })
 		s.tlsWG.Add(1)
 		go s.serveTLS(h)
 	}

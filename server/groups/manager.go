@@ -14,6 +14,7 @@ import (
 
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/ctlclient"
+	"github.com/berthmq/berth/internal/peerauth"
 	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/shards/group"
 	"github.com/berthmq/berth/wire"
@@ -45,7 +46,9 @@ type ManagerConfig struct {
 	// OnGroupCount is told the cluster's group count once it is known,
 	// before the node opens.
 	OnGroupCount func(groups uint32)
-	Logger       *slog.Logger
+	// Auth proves cluster membership on every peer connection (nil: none).
+	Auth   *peerauth.Auth
+	Logger *slog.Logger
 }
 
 // Manager runs a broker's replication groups as the controller assigns
@@ -87,7 +90,7 @@ func StartManager(cfg ManagerConfig) (*Manager, error) {
 		cfg.Replicas = 3
 	}
 	m := &Manager{cfg: cfg, log: cfg.Logger, seen: map[uint32]ctlapi.Group{}, alive: make(chan struct{})}
-	tr, err := Listen(cfg.PeerAddr, cfg.Self, func(msg *wire.GroupMessage) {
+	tr, err := ListenAuth(cfg.PeerAddr, cfg.Self, cfg.Auth, func(msg *wire.GroupMessage) {
 		if n := m.currentNode(); n != nil {
 			n.Deliver(msg)
 		}
