@@ -43,8 +43,19 @@ type Config struct {
 	// InboundMax bounds the bytes buffered from one connection that the
 	// server has not yet taken; past it the connection is closed.
 	InboundMax int
-	Logger     *slog.Logger
-	ServerName string
+	// OutboundMax caps the bytes written to one connection that its
+	// client has not read yet; past it the connection gets no deliveries
+	// and takes no frames until it drains to half (outbound.go). 0 means
+	// OutboundMaxDefault, negative no cap.
+	OutboundMax int64
+	// OutboundTimeout closes a connection that stays over OutboundMax this
+	// long (0: OutboundTimeoutDefault).
+	OutboundTimeout time.Duration
+	// HandshakeTimeout closes a connection that has not logged in this
+	// long after it was accepted (0: HandshakeTimeoutDefault).
+	HandshakeTimeout time.Duration
+	Logger           *slog.Logger
+	ServerName       string
 	// Fsync is the journal's policy: "always" (default; a completion
 	// follows the fsync that covers its record) or "never" (a completion
 	// follows the write; unsafe: a machine crash loses completed work).
@@ -135,16 +146,19 @@ type Config struct {
 // admin HTTP on 127.0.0.1:7480, one shard and one loop per core.
 func DefaultConfig() Config {
 	return Config{
-		ClientAddr:   "127.0.0.1:7400",
-		AdminAddr:    "127.0.0.1:7480",
-		DataDir:      "data",
-		HeartbeatMs:  5000,
-		FrameSizeMax: wire.FrameSizeDefault,
-		WindowMax:    1 << 16,
-		CreditMax:    1 << 16,
-		InboundMax:   64 << 20,
-		ServerName:   "berthd",
-		Fsync:        "always",
+		ClientAddr:       "127.0.0.1:7400",
+		AdminAddr:        "127.0.0.1:7480",
+		DataDir:          "data",
+		HeartbeatMs:      5000,
+		FrameSizeMax:     wire.FrameSizeDefault,
+		WindowMax:        1 << 16,
+		CreditMax:        1 << 16,
+		InboundMax:       64 << 20,
+		OutboundMax:      OutboundMaxDefault,
+		OutboundTimeout:  OutboundTimeoutDefault,
+		HandshakeTimeout: HandshakeTimeoutDefault,
+		ServerName:       "berthd",
+		Fsync:            "always",
 	}
 }
 
@@ -173,6 +187,18 @@ func (c *Config) fill() {
 	}
 	if c.InboundMax == 0 {
 		c.InboundMax = d.InboundMax
+	}
+	if c.OutboundMax == 0 {
+		c.OutboundMax = d.OutboundMax
+	}
+	if c.OutboundMax < 0 {
+		c.OutboundMax = 0 // no cap
+	}
+	if c.OutboundTimeout <= 0 {
+		c.OutboundTimeout = d.OutboundTimeout
+	}
+	if c.HandshakeTimeout <= 0 {
+		c.HandshakeTimeout = d.HandshakeTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -558,7 +584,15 @@ func (s *Server) heartbeats() {
 		}
 		s.conns.Unlock()
 		for _, cs := range list {
+			if cs.handshakeExpired(now) {
+				continue
+			}
 			cs.heartbeat(now)
+			if cs.outboundStalled() && !cs.checking.Swap(true) {
+				if cs.t.runOwned(func() { cs.checkOutbound(now) }) != nil {
+					cs.checking.Store(false)
+				}
+			}
 		}
 	}
 }

@@ -252,8 +252,12 @@ type tlsConn struct {
 	nc  *tls.Conn
 	own sync.Mutex
 
+	// writing is the size of the write in progress, for outBuffered.
+	writing atomic.Int64
+
 	mu struct {
 		sync.Mutex
+		held       int64    // bytes of queued frames without a done (not the shards')
 		bufs       [][]byte // queued frames, whole batches in order
 		dones      []func() // run once their bufs are copied out
 		closeAfter bool     // close once what is queued is written
@@ -274,6 +278,10 @@ func (t *tlsConn) enqueue(bufs [][]byte, done func(), closeAfter bool) error {
 	t.mu.bufs = append(t.mu.bufs, bufs...)
 	if done != nil {
 		t.mu.dones = append(t.mu.dones, done)
+	} else {
+		for _, b := range bufs {
+			t.mu.held += int64(len(b))
+		}
 	}
 	t.mu.closeAfter = closeAfter
 	t.mu.Unlock()
@@ -306,6 +314,21 @@ func (t *tlsConn) runOwned(f func()) error {
 	}()
 	return nil
 }
+
+func (t *tlsConn) outBuffered() int64 {
+	t.mu.Lock()
+	held := t.mu.held
+	t.mu.Unlock()
+	return held + t.writing.Load()
+}
+
+// wake does nothing: a reader that stopped taking frames tries again on
+// its own.
+func (t *tlsConn) wake() {}
+
+// abort closes the socket under the writer and the reader: a write in
+// progress fails, and the reader's next read ends the connection.
+func (t *tlsConn) abort() { _ = t.nc.NetConn().Close() }
 
 func (t *tlsConn) closeAfterFlush() {
 	t.mu.Lock()
@@ -340,6 +363,7 @@ func (t *tlsConn) writeLoop() {
 		t.mu.Lock()
 		bufs, t.mu.bufs = t.mu.bufs, bufs[:0]
 		dones, t.mu.dones = t.mu.dones, dones[:0]
+		t.mu.held = 0
 		closeAfter, closed := t.mu.closeAfter, t.mu.closed
 		t.mu.Unlock()
 		out = out[:0]
@@ -352,10 +376,12 @@ func (t *tlsConn) writeLoop() {
 		}
 		clear(dones)
 		if len(out) > 0 && !failed {
+			t.writing.Store(int64(len(out)))
 			_ = t.nc.SetWriteDeadline(time.Now().Add(tlsWriteTimeout))
 			if _, err := t.nc.Write(out); err != nil {
 				failed = true // the reader sees the connection fail too
 			}
+			t.writing.Store(0)
 		}
 		if cap(out) > tlsWriteBufferKeepMax {
 			out = nil

@@ -30,7 +30,51 @@ type Session struct {
 	// frame and each shard subtracts once per flush, so the shared counter
 	// costs two atomics per batch, not per message.
 	Inflight atomic.Int64
+
+	// OutMax caps the bytes waiting to be written to the session's
+	// connection (0: no cap). Past it the shards stop handing messages
+	// to the session's consumers: a queue gives them to its other
+	// consumers, and keeps them for these until the server resumes the
+	// session (Resume, once the connection drained).
+	OutMax int64
+	// OutBuffered is what the connection's transport holds beyond the
+	// batches the shards handed it and it did not yet take (gnet's
+	// outbound buffer); the server sets it from the connection's owner.
+	OutBuffered atomic.Int64
+	// outQueued counts the bytes of the batches the shards handed to Out
+	// whose done has not run: one add per batch on the shard, one
+	// subtract per batch where the write is done.
+	outQueued atomic.Int64
+	// stalledSince is when a shard first held a delivery back because the
+	// session was over OutMax (unix nanoseconds, the shard's clock), or 0.
+	stalledSince atomic.Int64
 }
+
+// OutPending is the bytes waiting to be written to the session's
+// connection, as far as the shards and the server last saw.
+func (s *Session) OutPending() int64 { return s.outQueued.Load() + s.OutBuffered.Load() }
+
+// overOut reports whether the session is over its cap of pending bytes,
+// counting extra bytes the shard gathered for it this cycle, and notes
+// since when a delivery was held back for it.
+func (s *Session) overOut(now, extra int64) bool {
+	if s == nil || s.OutMax == 0 || extra+s.OutPending() <= s.OutMax {
+		return false
+	}
+	if s.stalledSince.Load() == 0 {
+		s.stalledSince.Store(now)
+	}
+	return true
+}
+
+// StalledSince is when a shard first held back a delivery to the session
+// because it was over OutMax (unix nanoseconds), or 0.
+func (s *Session) StalledSince() int64 { return s.stalledSince.Load() }
+
+// ClearStalled forgets that deliveries were held back; the server calls
+// it, once the connection is back under its cap, before it pushes
+// OpResume to the shards of the session's consumers.
+func (s *Session) ClearStalled() { s.stalledSince.Store(0) }
 
 // Closed reports whether the session has ended.
 func (s *Session) Closed() bool { return s.closed.Load() }
@@ -102,6 +146,8 @@ type outBatch struct {
 	pays   [][]byte
 	bodies []*Body
 	done   func()
+	sess   *Session // set by submit: outQueued holds bytes until done
+	bytes  int64
 }
 
 var outBatchPool sync.Pool
@@ -116,6 +162,10 @@ func getOutBatch() *outBatch {
 }
 
 func (ob *outBatch) release() {
+	if ob.sess != nil {
+		ob.sess.outQueued.Add(-ob.bytes)
+		ob.sess, ob.bytes = nil, 0
+	}
 	for i, b := range ob.bodies {
 		b.Unref()
 		ob.bodies[i] = nil

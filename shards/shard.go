@@ -26,6 +26,9 @@ const (
 	// opDeadLettered: every target of a dead letter holds it durably;
 	// journal the dequeue of the source record at CmdID (see DeadLetter).
 	opDeadLettered
+	// OpResume: Sess's connection drained below its cap of pending bytes
+	// (Session.OutMax); its consumers' queues deliver to it again.
+	OpResume
 )
 
 // Settle kinds.
@@ -72,7 +75,10 @@ type Consumer struct {
 	nextTag   uint64
 	unacked   map[uint64]uint64 // tag -> queue Seq
 	pending   []delivery
-	out       *sessOut
+	// pendingBytes is the size of the pending deliveries, which count
+	// against the session's OutMax before they are submitted.
+	pendingBytes int64
+	out          *sessOut
 }
 
 type consumerKey struct {
@@ -226,6 +232,12 @@ func (s *Shard) handle(c *Command) {
 	case opDeadLettered:
 		if s.journal != nil {
 			s.appendDequeue(journal.Pos(c.CmdID), nil, 0)
+		}
+	case OpResume:
+		for key, con := range s.consumers {
+			if key.sess == c.Sess {
+				s.markDirty(con.queue)
+			}
 		}
 	}
 }
@@ -592,6 +604,7 @@ func (s *Shard) dispatch(q *Queue) {
 		}
 		h.Body.Ref()
 		con.pending = append(con.pending, delivery{tag: ev.Tag, count: h.DeliveryCount, flags: flags, body: h.Body})
+		con.pendingBytes += int64(h.size)
 		if err := q.Apply(&ev, s); err != nil {
 			panic("shards: acquire of the head failed: " + err.Error())
 		}
@@ -783,6 +796,7 @@ func (s *Shard) dropOut(o *sessOut) {
 			con.pending[i] = delivery{}
 		}
 		con.pending = con.pending[:0]
+		con.pendingBytes = 0
 	}
 	o.consumers = o.consumers[:0]
 }
@@ -798,6 +812,14 @@ func submit(sess *Session, ob *outBatch) {
 		ob.release()
 		return
 	}
+	// The batch's bytes count as pending on the connection until its
+	// done runs (Session.OutPending).
+	n := int64(len(ob.buf))
+	for _, p := range ob.pays {
+		n += int64(len(p))
+	}
+	ob.sess, ob.bytes = sess, n
+	sess.outQueued.Add(n)
 	if err := sess.Out.WriteAsync(ob.vec, ob.done); err != nil {
 		ob.release()
 	}
@@ -847,5 +869,6 @@ func (s *Shard) appendDeliver(ob *outBatch, sess *Session, v wire.Version, con *
 		con.pending[i] = delivery{}
 	}
 	con.pending = con.pending[:0]
+	con.pendingBytes = 0
 	return ob
 }

@@ -1,0 +1,143 @@
+package server
+
+import (
+	"context"
+	"time"
+
+	"github.com/berthmq/berth/shards"
+	"github.com/berthmq/berth/wire"
+)
+
+// Bounds on what one connection may hold of the broker (see
+// docs/BENCHMARKS.md, "Hostile clients", for what they cost).
+//
+// A connection whose client does not read its socket holds what the
+// broker writes to it: gnet's outbound buffer (or the TLS writer's
+// queue) has no bound of its own. Each session carries a cap,
+// Config.OutboundMax (shards.Session.OutMax): past it the shards hand the
+// session's consumers nothing more (the messages stay in the queue for
+// its other consumers), the connection takes no more frames from its
+// client (whose answers would pile up too), and once it drains to half
+// the cap the heartbeat scan resumes it. A connection over its cap for
+// Config.OutboundTimeout is closed, and its session ends: its unsettled
+// messages go back to their queues.
+//
+// The scan (Server.heartbeats) also closes connections that have not
+// finished their login within Config.HandshakeTimeout: a client that
+// opens a connection and sends a HELLO byte by byte, or nothing, holds a
+// connection and its buffers for no one.
+const (
+	OutboundMaxDefault      = 4 << 20
+	OutboundTimeoutDefault  = 30 * time.Second
+	HandshakeTimeoutDefault = 10 * time.Second
+)
+
+// outboundStalled reports whether the connection has a check of its
+// outbound bytes due; the heartbeat goroutine calls it.
+func (cs *connState) outboundStalled() bool {
+	sess := cs.sessAt.Load()
+	if sess == nil {
+		return false
+	}
+	return sess.StalledSince() != 0 || cs.readStalled.Load() != 0
+}
+
+// outPendingOwned refreshes what the transport holds and returns the
+// session's pending bytes; on the connection's owner.
+func (cs *connState) outPendingOwned() int64 {
+	cs.sess.OutBuffered.Store(cs.t.outBuffered())
+	return cs.sess.OutPending()
+}
+
+// overOutbound reports whether the session is over its cap, on the
+// owner; then the connection takes no frames until it drains.
+func (cs *connState) overOutbound() bool {
+	if cs.sess == nil || cs.sess.OutMax == 0 || cs.outPendingOwned() <= cs.sess.OutMax {
+		if cs.readStalled.Load() != 0 {
+			cs.readStalled.Store(0)
+		}
+		return false
+	}
+	if cs.readStalled.Load() == 0 {
+		cs.readStalled.Store(time.Now().UnixNano())
+	}
+	return true
+}
+
+// checkOutbound runs on the connection's owner for a connection over its
+// cap: it resumes the session once the connection drained to half the
+// cap, or closes it once it has been over for the timeout.
+func (cs *connState) checkOutbound(now int64) {
+	defer cs.checking.Store(false)
+	sess := cs.sess
+	if cs.closing.Load() || sess == nil {
+		return
+	}
+	since := sess.StalledSince()
+	if r := cs.readStalled.Load(); r != 0 && (since == 0 || r < since) {
+		since = r
+	}
+	if since == 0 {
+		return
+	}
+	if cs.outPendingOwned() <= sess.OutMax/2 {
+		if sess.StalledSince() != 0 {
+			sess.ClearStalled()
+			cs.resumeShards()
+		}
+		if cs.readStalled.Load() != 0 {
+			cs.readStalled.Store(0)
+			cs.t.wake()
+		}
+		return
+	}
+	if now-since > int64(cs.s.cfg.OutboundTimeout) {
+		cs.closing.Store(true)
+		cs.s.metrics.outboundTimeouts.Inc()
+		cs.s.log.Info("server: closing a connection that did not read what was written to it",
+			"remote", addrString(cs), "pending_bytes", sess.OutPending(), "over_cap_for", time.Duration(now-since).String())
+		cs.t.abort()
+	}
+}
+
+// resumeShards tells every shard with a consumer of the session to
+// deliver to it again. Push waits for room in a ring, so it runs off the
+// owner; the scan sees StalledSince again if a shard holds back anew.
+func (cs *connState) resumeShards() {
+	var seen [64]bool
+	var list []int
+	for _, sh := range cs.consumers {
+		if sh < len(seen) && seen[sh] {
+			continue
+		}
+		if sh < len(seen) {
+			seen[sh] = true
+		}
+		list = append(list, sh)
+	}
+	if len(list) == 0 {
+		return
+	}
+	sess, shardList := cs.sess, cs.s.broker.Shards()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		for _, sh := range list {
+			_ = shardList[sh].Push(ctx, shards.Command{Op: shards.OpResume, Sess: sess})
+		}
+	}()
+}
+
+// handshakeExpired closes a connection that has not logged in within the
+// handshake timeout; the heartbeat goroutine calls it.
+func (cs *connState) handshakeExpired(now int64) bool {
+	if cs.helloVer.Load() != 0 || cs.closing.Load() || now-cs.openedAt <= int64(cs.s.cfg.HandshakeTimeout) {
+		return false
+	}
+	cs.closing.Store(true)
+	cs.s.metrics.handshakeTimeouts.Inc()
+	frame := wire.AppendClose(nil, wire.Current, wire.CodeHeartbeatTimeout,
+		"no login within "+cs.s.cfg.HandshakeTimeout.String())
+	_ = cs.t.send(frame, true)
+	return true
+}
