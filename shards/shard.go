@@ -445,6 +445,12 @@ func (s *Shard) settle(c *Command) {
 	}
 	for i := 0; i < int(c.NRanges); i++ {
 		r := c.Ranges[i]
+		// Tags past the consumer's last delivery were never handed out:
+		// a flood of settles for them costs a comparison each.
+		if r.First > con.nextTag || len(con.unacked) == 0 {
+			continue
+		}
+		r.Last = min(r.Last, con.nextTag)
 		if r.Last-r.First >= uint64(len(con.unacked)) {
 			// A wide range: walk what is acquired, not the range.
 			for tag := range con.unacked {
