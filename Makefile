@@ -70,9 +70,19 @@ soak: crash
 	CONTROLPLANE_SOAK=$(SOAK) $(GO) test -count=1 -timeout 30m -run Linearizable ./controlplane
 	BERTH_CLUSTER_SOAK=$(SOAK) $(GO) test -count=1 -timeout 30m -run LinearizableWithProcessKills ./server/clustertest
 
+# Every fuzz target, FUZZTIME each: the client codec, the peer codecs
+# (raft, controller service, replication groups) and the controller's
+# events, request bodies, frame handling and snapshots. Seeds live in each
+# package's testdata/fuzz; a crasher found is kept there as a regression.
 FUZZTIME ?= 30s
+FUZZ_TARGETS := ./wire:FuzzDecode ./wire:FuzzPeerDecode \
+	./controlplane/ctlapi:FuzzDecodeEvent ./controlplane/ctlapi:FuzzRequestBodies \
+	./controlplane:FuzzControllerFrames ./controlplane:FuzzDecodeState
 fuzz:
-	$(GO) test ./wire -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \
+		$(GO) test $${t%%:*} -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) || exit 1; \
+	done
 
 clean:
 	rm -rf $(BIN) $(DIST)
