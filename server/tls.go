@@ -252,12 +252,13 @@ type tlsConn struct {
 	nc  *tls.Conn
 	own sync.Mutex
 
-	// writing is the size of the write in progress, for outBuffered.
-	writing atomic.Int64
+	// gauge is the session's OutBuffered once logged in: every change
+	// of mu.pending is stored there, for the shards' cap.
+	gauge atomic.Pointer[atomic.Int64]
 
 	mu struct {
 		sync.Mutex
-		held       int64    // bytes of queued frames without a done (not the shards')
+		pending    int64    // bytes queued or being written
 		bufs       [][]byte // queued frames, whole batches in order
 		dones      []func() // run once their bufs are copied out
 		closeAfter bool     // close once what is queued is written
@@ -278,10 +279,12 @@ func (t *tlsConn) enqueue(bufs [][]byte, done func(), closeAfter bool) error {
 	t.mu.bufs = append(t.mu.bufs, bufs...)
 	if done != nil {
 		t.mu.dones = append(t.mu.dones, done)
-	} else {
-		for _, b := range bufs {
-			t.mu.held += int64(len(b))
-		}
+	}
+	for _, b := range bufs {
+		t.mu.pending += int64(len(b))
+	}
+	if g := t.gauge.Load(); g != nil {
+		g.Store(t.mu.pending)
 	}
 	t.mu.closeAfter = closeAfter
 	t.mu.Unlock()
@@ -317,9 +320,17 @@ func (t *tlsConn) runOwned(f func()) error {
 
 func (t *tlsConn) outBuffered() int64 {
 	t.mu.Lock()
-	held := t.mu.held
+	defer t.mu.Unlock()
+	return t.mu.pending
+}
+
+// setGauge has every change of the pending bytes stored in g (the
+// session's OutBuffered).
+func (t *tlsConn) setGauge(g *atomic.Int64) {
+	t.mu.Lock()
+	t.gauge.Store(g)
+	g.Store(t.mu.pending)
 	t.mu.Unlock()
-	return held + t.writing.Load()
 }
 
 // wake does nothing: a reader that stopped taking frames tries again on
@@ -363,7 +374,6 @@ func (t *tlsConn) writeLoop() {
 		t.mu.Lock()
 		bufs, t.mu.bufs = t.mu.bufs, bufs[:0]
 		dones, t.mu.dones = t.mu.dones, dones[:0]
-		t.mu.held = 0
 		closeAfter, closed := t.mu.closeAfter, t.mu.closed
 		t.mu.Unlock()
 		out = out[:0]
@@ -376,13 +386,17 @@ func (t *tlsConn) writeLoop() {
 		}
 		clear(dones)
 		if len(out) > 0 && !failed {
-			t.writing.Store(int64(len(out)))
 			_ = t.nc.SetWriteDeadline(time.Now().Add(tlsWriteTimeout))
 			if _, err := t.nc.Write(out); err != nil {
 				failed = true // the reader sees the connection fail too
 			}
-			t.writing.Store(0)
 		}
+		t.mu.Lock()
+		t.mu.pending -= int64(len(out))
+		if g := t.gauge.Load(); g != nil {
+			g.Store(t.mu.pending)
+		}
+		t.mu.Unlock()
 		if cap(out) > tlsWriteBufferKeepMax {
 			out = nil
 		}

@@ -26,8 +26,7 @@ type transport interface {
 	// TLS, between two rounds of frame handling), from any goroutine.
 	runOwned(f func()) error
 	// outBuffered is the bytes the transport holds that the kernel has
-	// not taken, other than the shards' batches still queued (those count
-	// in shards.Session.OutPending until their done runs); on the owner.
+	// not taken; on the owner.
 	outBuffered() int64
 	// wake has the owner handle the frames it holds again.
 	wake()

@@ -35,24 +35,22 @@ type Session struct {
 	// connection (0: no cap). Past it the shards stop handing messages
 	// to the session's consumers: a queue gives them to its other
 	// consumers, and keeps them for these until the server resumes the
-	// session (Resume, once the connection drained).
+	// session (OpResume, once the connection drained).
 	OutMax int64
-	// OutBuffered is what the connection's transport holds beyond the
-	// batches the shards handed it and it did not yet take (gnet's
-	// outbound buffer); the server sets it from the connection's owner.
+	// OutBuffered is what the connection holds that the kernel has not
+	// taken: the server stores it from the connection's owner each time
+	// a batch is written (gnet's outbound buffer) or queued (the TLS
+	// writer's queue). The shards read it once per delivery: a plain load,
+	// and no shared counter written per message or batch.
 	OutBuffered atomic.Int64
-	// outQueued counts the bytes of the batches the shards handed to Out
-	// whose done has not run: one add per batch on the shard, one
-	// subtract per batch where the write is done.
-	outQueued atomic.Int64
 	// stalledSince is when a shard first held a delivery back because the
 	// session was over OutMax (unix nanoseconds, the shard's clock), or 0.
 	stalledSince atomic.Int64
 }
 
 // OutPending is the bytes waiting to be written to the session's
-// connection, as far as the shards and the server last saw.
-func (s *Session) OutPending() int64 { return s.outQueued.Load() + s.OutBuffered.Load() }
+// connection, as the server last saw them.
+func (s *Session) OutPending() int64 { return s.OutBuffered.Load() }
 
 // overOut reports whether the session is over its cap of pending bytes,
 // counting extra bytes the shard gathered for it this cycle, and notes
@@ -146,8 +144,6 @@ type outBatch struct {
 	pays   [][]byte
 	bodies []*Body
 	done   func()
-	sess   *Session // set by submit: outQueued holds bytes until done
-	bytes  int64
 }
 
 var outBatchPool sync.Pool
@@ -162,10 +158,6 @@ func getOutBatch() *outBatch {
 }
 
 func (ob *outBatch) release() {
-	if ob.sess != nil {
-		ob.sess.outQueued.Add(-ob.bytes)
-		ob.sess, ob.bytes = nil, 0
-	}
 	for i, b := range ob.bodies {
 		b.Unref()
 		ob.bodies[i] = nil

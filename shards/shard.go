@@ -818,14 +818,6 @@ func submit(sess *Session, ob *outBatch) {
 		ob.release()
 		return
 	}
-	// The batch's bytes count as pending on the connection until its
-	// done runs (Session.OutPending).
-	n := int64(len(ob.buf))
-	for _, p := range ob.pays {
-		n += int64(len(p))
-	}
-	ob.sess, ob.bytes = sess, n
-	sess.outQueued.Add(n)
 	if err := sess.Out.WriteAsync(ob.vec, ob.done); err != nil {
 		ob.release()
 	}
