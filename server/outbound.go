@@ -32,14 +32,16 @@ const (
 	HandshakeTimeoutDefault = 10 * time.Second
 )
 
-// outboundStalled reports whether the connection has a check of its
-// outbound bytes due; the heartbeat goroutine calls it.
-func (cs *connState) outboundStalled() bool {
+// outboundDue reports whether the connection has a check of its outbound
+// bytes due: it is over its cap, or holds bytes whose figure may be stale
+// (gnet's buffer drains without telling anyone); the heartbeat goroutine
+// calls it.
+func (cs *connState) outboundDue() bool {
 	sess := cs.sessAt.Load()
 	if sess == nil {
 		return false
 	}
-	return sess.StalledSince() != 0 || cs.readStalled.Load() != 0
+	return sess.StalledSince() != 0 || cs.readStalled.Load() != 0 || sess.OutBuffered.Load() > 0
 }
 
 // outPendingOwned refreshes what the transport holds and returns the
@@ -64,15 +66,17 @@ func (cs *connState) overOutbound() bool {
 	return true
 }
 
-// checkOutbound runs on the connection's owner for a connection over its
-// cap: it resumes the session once the connection drained to half the
-// cap, or closes it once it has been over for the timeout.
+// checkOutbound runs on the connection's owner: it refreshes the
+// session's OutBuffered and, for a connection over its cap, resumes the
+// session once the connection drained to half the cap, or closes it once
+// it has been over for the timeout.
 func (cs *connState) checkOutbound(now int64) {
 	defer cs.checking.Store(false)
 	sess := cs.sess
 	if cs.closing.Load() || sess == nil {
 		return
 	}
+	pending := cs.outPendingOwned()
 	since := sess.StalledSince()
 	if r := cs.readStalled.Load(); r != 0 && (since == 0 || r < since) {
 		since = r
@@ -80,7 +84,7 @@ func (cs *connState) checkOutbound(now int64) {
 	if since == 0 {
 		return
 	}
-	if cs.outPendingOwned() <= sess.OutMax/2 {
+	if pending <= sess.OutMax/2 {
 		if sess.StalledSince() != 0 {
 			sess.ClearStalled()
 			cs.resumeShards()

@@ -583,17 +583,22 @@ func (s *Server) heartbeats() {
 			list = append(list, cs)
 		}
 		s.conns.Unlock()
+		var outbound int64
 		for _, cs := range list {
 			if cs.handshakeExpired(now) {
 				continue
 			}
 			cs.heartbeat(now)
-			if cs.outboundStalled() && !cs.checking.Swap(true) {
+			if sess := cs.sessAt.Load(); sess != nil {
+				outbound += sess.OutBuffered.Load()
+			}
+			if cs.outboundDue() && !cs.checking.Swap(true) {
 				if cs.t.runOwned(func() { cs.checkOutbound(now) }) != nil {
 					cs.checking.Store(false)
 				}
 			}
 		}
+		s.broker.SetOutbound(outbound)
 	}
 }
 

@@ -190,6 +190,7 @@ func (s *Shard) run(ctx context.Context) {
 		if got || n > 0 {
 			s.dispatchDirty()
 			s.flush()
+			s.chargeOutbound()
 			s.publishMemory()
 			continue
 		}

@@ -10,6 +10,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -198,6 +199,25 @@ func (b *broker) waitMetric(t *testing.T, name string, within time.Duration, ok 
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// outboundBytes reads memory.outbound_bytes from /v1/status.
+func (b *broker) outboundBytes(t *testing.T) int64 {
+	t.Helper()
+	resp, err := http.Get("http://" + b.admin + "/v1/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Memory struct {
+			OutboundBytes int64 `json:"outbound_bytes"`
+		} `json:"memory"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Memory.OutboundBytes
 }
 
 // rssBytes reads VmRSS of process pid.
@@ -650,6 +670,19 @@ func nonReadingConsumer(t *testing.T, b *broker) {
 	if toSlow > n/4 {
 		t.Fatalf("the non-reading consumer was handed %d of %d messages", toSlow, n)
 	}
+	// What it holds counts in the memory budget, and no more than the cap
+	// (and one batch) of it.
+	var held int64
+	testutil.WaitFor(t, 2*time.Second, func() error {
+		if held = b.outboundBytes(t); held <= 0 {
+			return fmt.Errorf("/v1/status memory.outbound_bytes is %d", held)
+		}
+		return nil
+	})
+	if held > 2*outboundMax {
+		t.Fatalf("/v1/status memory.outbound_bytes is %d, over twice the cap", held)
+	}
+	t.Logf("outbound bytes in the memory budget while it does not read: %d KiB", held>>10)
 	b.waitMetric(t, "berth_outbound_timeouts_total", outboundTimeout+5*time.Second, func(v float64) bool { return v >= before+1 })
 	// It was closed: reading drains what it was sent, then ends.
 	_ = slow.c.SetReadDeadline(time.Now().Add(10 * time.Second))
