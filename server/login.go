@@ -149,6 +149,7 @@ func (h *handler) loggedIn(cs *connState, u *authUser, final []byte) gnet.Action
 	cs.sess = &shards.Session{ID: h.s.nextSession.Add(1), Version: l.version, FrameMax: l.frameMax, Out: cs.t,
 		OutMax: cfg.OutboundMax}
 	cs.sessAt.Store(cs.sess)
+	cs.sess.OnStall = func() { h.s.stalls.add(cs) }
 	if t, ok := cs.t.(*tlsConn); ok {
 		t.setGauge(&cs.sess.OutBuffered)
 	}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/berthmq/berth/shards"
@@ -62,6 +63,7 @@ func (cs *connState) overOutbound() bool {
 	}
 	if cs.readStalled.Load() == 0 {
 		cs.readStalled.Store(time.Now().UnixNano())
+		cs.s.stalls.add(cs)
 	}
 	return true
 }
@@ -144,4 +146,91 @@ func (cs *connState) handshakeExpired(now int64) bool {
 		"no login within "+cs.s.cfg.HandshakeTimeout.String())
 	_ = cs.t.send(frame, true)
 	return true
+}
+
+// stallWatch checks the connections that just went over their cap soon
+// and often, backing off while they stay over, so that a consumer that
+// fell behind for a moment is resumed within about a millisecond of
+// draining, not at the next heartbeat scan (up to 25 ms): gnet tells no
+// one when a connection's outbound buffer drains. The scan still checks
+// every stalled connection and closes those over the cap for too long.
+type stallWatch struct {
+	sync.Mutex
+	conns map[*connState]*stallEntry
+	kick  chan struct{} // one slot: a connection was added
+}
+
+type stallEntry struct {
+	next     time.Time
+	interval time.Duration
+}
+
+const (
+	stallCheckFirst = 250 * time.Microsecond
+	stallCheckMax   = heartbeatScanMax
+)
+
+func (w *stallWatch) add(cs *connState) {
+	w.Lock()
+	if w.conns == nil {
+		w.conns = map[*connState]*stallEntry{}
+	}
+	if _, ok := w.conns[cs]; !ok {
+		w.conns[cs] = &stallEntry{next: time.Now().Add(stallCheckFirst), interval: stallCheckFirst}
+		cs.s.metrics.outboundStalls.Inc()
+	}
+	w.Unlock()
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run checks the noted connections until stop closes.
+func (w *stallWatch) run(stop <-chan struct{}) {
+	var due []*connState
+	for {
+		select {
+		case <-stop:
+			return
+		case <-w.kick:
+		}
+		for {
+			w.Lock()
+			now := time.Now()
+			wait := stallCheckMax
+			due = due[:0]
+			for cs, e := range w.conns {
+				sess := cs.sessAt.Load()
+				if cs.closing.Load() || sess == nil || (sess.StalledSince() == 0 && cs.readStalled.Load() == 0) {
+					delete(w.conns, cs) // resumed or gone
+					continue
+				}
+				if !now.Before(e.next) {
+					due = append(due, cs)
+					e.interval = min(2*e.interval, stallCheckMax)
+					e.next = now.Add(e.interval)
+				}
+				wait = min(wait, e.next.Sub(now))
+			}
+			left := len(w.conns)
+			w.Unlock()
+			for _, cs := range due {
+				if !cs.checking.Swap(true) {
+					n := now.UnixNano()
+					if cs.t.runOwned(func() { cs.checkOutbound(n) }) != nil {
+						cs.checking.Store(false)
+					}
+				}
+			}
+			if left == 0 {
+				break
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(wait):
+			}
+		}
+	}
 }

@@ -265,6 +265,7 @@ type Server struct {
 		set        map[*connState]struct{}
 	}
 	nextSession atomic.Uint64
+	stalls      stallWatch // connections over their outbound cap (outbound.go)
 	metrics     *metrics
 	boot        boot               // what Start brought up, for the admin HTTP (ready.go)
 	ctl         *controlplane.Node // in-process controller, or nil
@@ -314,6 +315,7 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s.regCtx, s.regCancel = context.WithCancel(context.Background())
 	s.conns.set = map[*connState]struct{}{}
+	s.stalls.kick = make(chan struct{}, 1)
 	s.metrics = newMetrics(s)
 	s.sec = newSecurityMetrics(s.metrics.reg, cfg.Role != RoleController)
 	// The admin HTTP comes first: /readyz answers 503 while the rest
@@ -443,8 +445,9 @@ func Start(cfg Config) (*Server, error) {
 		go s.serveTLS(h)
 	}
 	s.boot.serving.Store(true)
-	s.hbWG.Add(1)
+	s.hbWG.Add(2)
 	go s.heartbeats()
+	go func() { defer s.hbWG.Done(); s.stalls.run(s.stopHB) }()
 	if s.ctl != nil {
 		s.regWG.Add(1)
 		go s.watchUsers(usersApplied)

@@ -46,6 +46,11 @@ type Session struct {
 	// stalledSince is when a shard first held a delivery back because the
 	// session was over OutMax (unix nanoseconds, the shard's clock), or 0.
 	stalledSince atomic.Int64
+	// OnStall, if set, runs on the shard goroutine when a shard holds a
+	// delivery back and the session was not stalled yet: once per stall,
+	// not per message. It must not block (the server notes the session
+	// for a quick check of its connection).
+	OnStall func()
 }
 
 // OutPending is the bytes waiting to be written to the session's
@@ -61,6 +66,9 @@ func (s *Session) overOut(now, extra int64) bool {
 	}
 	if s.stalledSince.Load() == 0 {
 		s.stalledSince.Store(now)
+		if s.OnStall != nil {
+			s.OnStall()
+		}
 	}
 	return true
 }
