@@ -805,8 +805,9 @@ func unacceptedFlood(t *testing.T, b *broker) {
 	}
 }
 
-// nameLimits: every name and key at its length limit is taken; one byte
-// more gets ERROR malformed and a close, and nothing else breaks.
+// nameLimits: every name, key and the properties at their length limit
+// are taken; one byte more gets ERROR malformed and a close, and nothing
+// else breaks.
 func nameLimits(t *testing.T, b *broker) {
 	name := func(n int) []byte { return bytes.Repeat([]byte{'n'}, n) }
 	key := func(n int) []byte { return bytes.Repeat([]byte{'k'}, n) }
@@ -838,11 +839,28 @@ func nameLimits(t *testing.T, b *broker) {
 			return wire.AppendSubscribe(nil, wire.Current, &wire.Subscribe{CommandID: id, ConsumerID: uint32(id), Queue: q, Credit: 1})
 		}
 	}
+	deadLetter := func(x, k []byte) func(uint64) []byte {
+		return func(id uint64) []byte {
+			return wire.AppendDeclareQueue(nil, wire.Current, &wire.DeclareQueue{CommandID: id, Name: []byte("dl-limits"),
+				Options: wire.QueueOptions{DeadLetterExchange: string(x), DeadLetterKey: string(k)}})
+		}
+	}
+	props := func(n int) func(uint64) []byte {
+		return func(id uint64) []byte {
+			f, s := wire.AppendPublishStart(nil, wire.Current, id, "", 1)
+			f = wire.AppendPublishMessage(f, 0, 0, "probe", make([]byte, n), []byte("x"))
+			wire.EndFrame(f, s, 0)
+			return f
+		}
+	}
 	cases := []struct {
 		what      string
 		atLimit   func(uint64) []byte
 		pastLimit func(uint64) []byte
 	}{
+		{"dead-letter exchange", deadLetter(name(wire.NameLenMax), nil), deadLetter(name(wire.NameLenMax+1), nil)},
+		{"dead-letter key", deadLetter(nil, key(wire.RoutingKeyLenMax)), deadLetter(nil, key(wire.RoutingKeyLenMax+1))},
+		{"message properties", props(wire.PropsLenMax), props(wire.PropsLenMax + 1)},
 		{"queue name", declareQ(name(wire.NameLenMax)), declareQ(name(wire.NameLenMax + 1))},
 		{"exchange name", declareX(name(wire.NameLenMax)), declareX(name(wire.NameLenMax + 1))},
 		{"binding key", bind(key(wire.RoutingKeyLenMax)), bind(key(wire.RoutingKeyLenMax + 1))},
