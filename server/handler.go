@@ -171,7 +171,8 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 	if stalled && action == gnet.None && cs.readStalled.Load() == 0 && !h.parked(cs) {
 		// A shard ring is full: come back once the loop has run its other
 		// work, and carry on where we stopped. (A connection over its
-		// outbound cap is woken by the heartbeat scan instead.)
+		// outbound cap is woken once it drains, by the stall watcher or
+		// the heartbeat scan: outbound.go.)
 		_ = c.Wake(nil)
 	}
 	return action

@@ -19,9 +19,11 @@ import (
 // session's consumers nothing more (the messages stay in the queue for
 // its other consumers), the connection takes no more frames from its
 // client (whose answers would pile up too), and once it drains to half
-// the cap the heartbeat scan resumes it. A connection over its cap for
+// the cap it is resumed (stallWatch checks it within a millisecond or so,
+// the heartbeat scan every 25 ms at most). A connection over its cap for
 // Config.OutboundTimeout is closed, and its session ends: its unsettled
-// messages go back to their queues.
+// messages go back to their queues. The scan also sums what every
+// connection holds for the memory budget (shards.Broker.SetOutbound).
 //
 // The scan (Server.heartbeats) also closes connections that have not
 // finished their login within Config.HandshakeTimeout: a client that
