@@ -109,11 +109,12 @@ func (cs *connState) checkOutbound(now int64) {
 }
 
 // resumeShards tells every shard with a consumer of the session to
-// deliver to it again. Push waits for room in a ring, so it runs off the
-// owner; the scan sees StalledSince again if a shard holds back anew.
+// deliver to it again. A full ring is waited for off the owner (Push);
+// the scan sees StalledSince again if a shard holds back anew.
 func (cs *connState) resumeShards() {
 	var seen [64]bool
 	var list []int
+	sess, shardList := cs.sess, cs.s.broker.Shards()
 	for _, sh := range cs.consumers {
 		if sh < len(seen) && seen[sh] {
 			continue
@@ -121,12 +122,13 @@ func (cs *connState) resumeShards() {
 		if sh < len(seen) {
 			seen[sh] = true
 		}
-		list = append(list, sh)
+		if !shardList[sh].TryPush(shards.Command{Op: shards.OpResume, Sess: sess}) {
+			list = append(list, sh)
+		}
 	}
 	if len(list) == 0 {
 		return
 	}
-	sess, shardList := cs.sess, cs.s.broker.Shards()
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
