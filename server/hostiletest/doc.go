@@ -10,7 +10,7 @@
 //
 // The cases share one broker (started once: a process start costs a
 // second) with short limits so that the timeouts show within the test:
-// -handshake-timeout 1s, -outbound-max 1MiB, -outbound-timeout 2s. The
+// -handshake-timeout 2s, -outbound-max 1MiB, -outbound-timeout 2s. The
 // permission case runs last: adding users ends the default user's
 // logins.
 package hostiletest
