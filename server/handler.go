@@ -112,7 +112,8 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 // opened registers a new connection, whichever listener took it.
 func (h *handler) opened(t transport, tls bool) *connState {
 	cs := &connState{s: h.s, t: t, tls: tls, consumers: map[uint32]int{}, usedIDs: map[uint32]bool{}}
-	cs.lastRecv.Store(time.Now().UnixNano())
+	cs.openedAt = time.Now().UnixNano()
+	cs.lastRecv.Store(cs.openedAt)
 	cs.lastBeat = cs.lastRecv.Load()
 	h.s.conns.Lock()
 	h.s.conns.set[cs] = struct{}{}
@@ -167,9 +168,11 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 	if consumed > 0 {
 		_, _ = c.Discard(consumed)
 	}
-	if stalled && action == gnet.None && !h.parked(cs) {
+	if stalled && action == gnet.None && cs.readStalled.Load() == 0 && !h.parked(cs) {
 		// A shard ring is full: come back once the loop has run its other
-		// work, and carry on where we stopped.
+		// work, and carry on where we stopped. (A connection over its
+		// outbound cap is woken once it drains, by the stall watcher or
+		// the heartbeat scan: outbound.go.)
 		_ = c.Wake(nil)
 	}
 	return action
@@ -192,6 +195,11 @@ func (h *handler) traffic(cs *connState, buf []byte) (consumed int, action gnet.
 		act := cs.protocolError(wire.CodeResourceLimit, "inbound buffer limit exceeded")
 		h.writeOut(cs)
 		return 0, act, false
+	}
+	if cs.overOutbound() {
+		// The client does not read what we write: take none of its frames,
+		// whose answers would pile up too, until it drains (outbound.go).
+		return 0, gnet.None, true
 	}
 	action = gnet.None
 	maxFrame := h.s.cfg.FrameSizeMax

@@ -49,8 +49,19 @@ type Config struct {
 	// InboundMax bounds the bytes buffered from one connection that the
 	// server has not yet taken; past it the connection is closed.
 	InboundMax int
-	Logger     *slog.Logger
-	ServerName string
+	// OutboundMax caps the bytes written to one connection that its
+	// client has not read yet; past it the connection gets no deliveries
+	// and takes no frames until it drains to half (outbound.go). 0 means
+	// OutboundMaxDefault, negative no cap.
+	OutboundMax int64
+	// OutboundTimeout closes a connection that stays over OutboundMax this
+	// long (0: OutboundTimeoutDefault).
+	OutboundTimeout time.Duration
+	// HandshakeTimeout closes a connection that has not logged in this
+	// long after it was accepted (0: HandshakeTimeoutDefault).
+	HandshakeTimeout time.Duration
+	Logger           *slog.Logger
+	ServerName       string
 	// Fsync is the journal's policy: "always" (default; a completion
 	// follows the fsync that covers its record) or "never" (a completion
 	// follows the write; unsafe: a machine crash loses completed work).
@@ -154,16 +165,19 @@ type Config struct {
 // admin HTTP on 127.0.0.1:7480, one shard and one loop per core.
 func DefaultConfig() Config {
 	return Config{
-		ClientAddr:   "127.0.0.1:7400",
-		AdminAddr:    "127.0.0.1:7480",
-		DataDir:      "data",
-		HeartbeatMs:  5000,
-		FrameSizeMax: wire.FrameSizeDefault,
-		WindowMax:    1 << 16,
-		CreditMax:    1 << 16,
-		InboundMax:   64 << 20,
-		ServerName:   "berthd",
-		Fsync:        "always",
+		ClientAddr:       "127.0.0.1:7400",
+		AdminAddr:        "127.0.0.1:7480",
+		DataDir:          "data",
+		HeartbeatMs:      5000,
+		FrameSizeMax:     wire.FrameSizeDefault,
+		WindowMax:        1 << 16,
+		CreditMax:        1 << 16,
+		InboundMax:       64 << 20,
+		OutboundMax:      OutboundMaxDefault,
+		OutboundTimeout:  OutboundTimeoutDefault,
+		HandshakeTimeout: HandshakeTimeoutDefault,
+		ServerName:       "berthd",
+		Fsync:            "always",
 	}
 }
 
@@ -192,6 +206,18 @@ func (c *Config) fill() {
 	}
 	if c.InboundMax == 0 {
 		c.InboundMax = d.InboundMax
+	}
+	if c.OutboundMax == 0 {
+		c.OutboundMax = d.OutboundMax
+	}
+	if c.OutboundMax < 0 {
+		c.OutboundMax = 0 // no cap
+	}
+	if c.OutboundTimeout <= 0 {
+		c.OutboundTimeout = d.OutboundTimeout
+	}
+	if c.HandshakeTimeout <= 0 {
+		c.HandshakeTimeout = d.HandshakeTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -265,6 +291,7 @@ type Server struct {
 		set        map[*connState]struct{}
 	}
 	nextSession atomic.Uint64
+	stalls      stallWatch // connections over their outbound cap (outbound.go)
 	metrics     *metrics
 	boot        boot               // what Start brought up, for the admin HTTP (ready.go)
 	ctl         *controlplane.Node // in-process controller, or nil
@@ -314,6 +341,7 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s.regCtx, s.regCancel = context.WithCancel(context.Background())
 	s.conns.set = map[*connState]struct{}{}
+	s.stalls.kick = make(chan struct{}, 1)
 	s.metrics = newMetrics(s)
 	s.sec = newSecurityMetrics(s.metrics.reg, cfg.Role != RoleController)
 	if err := s.startClusterAuth(); err != nil {
@@ -451,8 +479,9 @@ func Start(cfg Config) (*Server, error) {
 		go s.serveTLS(h)
 	}
 	s.boot.serving.Store(true)
-	s.hbWG.Add(1)
+	s.hbWG.Add(2)
 	go s.heartbeats()
+	go func() { defer s.hbWG.Done(); s.stalls.run(s.stopHB) }()
 	if s.ctl != nil {
 		s.regWG.Add(1)
 		go s.watchUsers(usersApplied)
@@ -591,9 +620,22 @@ func (s *Server) heartbeats() {
 			list = append(list, cs)
 		}
 		s.conns.Unlock()
+		var outbound int64
 		for _, cs := range list {
+			if cs.handshakeExpired(now) {
+				continue
+			}
 			cs.heartbeat(now)
+			if sess := cs.sessAt.Load(); sess != nil {
+				outbound += sess.OutBuffered.Load()
+			}
+			if cs.outboundDue() && !cs.checking.Swap(true) {
+				if cs.t.runOwned(func() { cs.checkOutbound(now) }) != nil {
+					cs.checking.Store(false)
+				}
+			}
 		}
+		s.broker.SetOutbound(outbound)
 	}
 }
 

@@ -26,6 +26,9 @@ const (
 	// opDeadLettered: every target of a dead letter holds it durably;
 	// journal the dequeue of the source record at CmdID (see DeadLetter).
 	opDeadLettered
+	// OpResume: Sess's connection drained below its cap of pending bytes
+	// (Session.OutMax); its consumers' queues deliver to it again.
+	OpResume
 )
 
 // Settle kinds.
@@ -72,7 +75,10 @@ type Consumer struct {
 	nextTag   uint64
 	unacked   map[uint64]uint64 // tag -> queue Seq
 	pending   []delivery
-	out       *sessOut
+	// pendingBytes is the size of the pending deliveries, which count
+	// against the session's OutMax before they are submitted.
+	pendingBytes int64
+	out          *sessOut
 }
 
 type consumerKey struct {
@@ -192,6 +198,7 @@ func (s *Shard) run(ctx context.Context) {
 			s.dispatchDirty()
 			s.flushRemoves()
 			s.flush()
+			s.chargeOutbound()
 			s.publishMemory()
 			continue
 		}
@@ -238,6 +245,12 @@ func (s *Shard) handle(c *Command) {
 			}
 		} else if s.journal != nil {
 			s.appendDequeue(journal.Pos(c.CmdID), nil, 0)
+		}
+	case OpResume:
+		for key, con := range s.consumers {
+			if key.sess == c.Sess {
+				s.markDirty(con.queue)
+			}
 		}
 	}
 }
@@ -445,6 +458,12 @@ func (s *Shard) settle(c *Command) {
 	}
 	for i := 0; i < int(c.NRanges); i++ {
 		r := c.Ranges[i]
+		// Tags past the consumer's last delivery were never handed out:
+		// a flood of settles for them costs a comparison each.
+		if r.First > con.nextTag || len(con.unacked) == 0 {
+			continue
+		}
+		r.Last = min(r.Last, con.nextTag)
 		if r.Last-r.First >= uint64(len(con.unacked)) {
 			// A wide range: walk what is acquired, not the range.
 			for tag := range con.unacked {
@@ -603,6 +622,7 @@ func (s *Shard) dispatch(q *Queue) {
 		}
 		h.Body.Ref()
 		con.pending = append(con.pending, delivery{tag: ev.Tag, count: h.DeliveryCount, flags: flags, body: h.Body})
+		con.pendingBytes += int64(h.size)
 		if err := q.Apply(&ev, s); err != nil {
 			panic("shards: acquire of the head failed: " + err.Error())
 		}
@@ -815,6 +835,7 @@ func (s *Shard) dropOut(o *sessOut) {
 			con.pending[i] = delivery{}
 		}
 		con.pending = con.pending[:0]
+		con.pendingBytes = 0
 	}
 	o.consumers = o.consumers[:0]
 }
@@ -879,5 +900,6 @@ func (s *Shard) appendDeliver(ob *outBatch, sess *Session, v wire.Version, con *
 		con.pending[i] = delivery{}
 	}
 	con.pending = con.pending[:0]
+	con.pendingBytes = 0
 	return ob
 }

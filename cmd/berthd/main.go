@@ -146,6 +146,8 @@ type flags struct {
 	segmentBytes                                       int64
 	join, leaseRead                                    bool
 	controllerWait                                     time.Duration
+	outboundMax                                        int64
+	outboundTimeout, handshakeTimeout                  time.Duration
 }
 
 // newFlagSet defines every berthd flag with its built-in default. Each
@@ -172,6 +174,9 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.IntVar(&f.shards, "shards", 0, "shard count, 0 = one per core")
 	fs.IntVar(&f.loops, "loops", 0, "event loop count, 0 = one per core")
 	fs.IntVar(&f.heartbeatMs, "heartbeat-ms", int(d.HeartbeatMs), "default heartbeat interval in ms")
+	fs.Int64Var(&f.outboundMax, "outbound-max", d.OutboundMax, "bytes written to one connection and not yet read by its client; past it the connection gets no deliveries and no frames are taken from it until it drains, -1 = no cap")
+	fs.DurationVar(&f.outboundTimeout, "outbound-timeout", d.OutboundTimeout, "close a connection that stays over -outbound-max this long")
+	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", d.HandshakeTimeout, "close a connection that has not logged in this long after it was accepted")
 	fs.StringVar(&f.controller, "controller", "127.0.0.1:7402", "in-process controller address; durable wiring goes through it; empty to keep wiring in a local file")
 	fs.StringVar(&f.fsync, "fsync", d.Fsync, "journal fsync policy: always, or never (unsafe)")
 	fs.Int64Var(&f.segmentBytes, "journal-segment-bytes", 0, "journal segment size in bytes, 0 = default 2 MiB")
@@ -350,6 +355,18 @@ func parseArgs(args []string) (options, error) {
 	}
 	cfg := server.DefaultConfig()
 	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir = f.listen, f.admin, f.dataDir
+	if f.outboundMax == 0 || f.outboundMax < -1 {
+		return options{}, o.annotate(fmt.Errorf("-outbound-max %d: want a positive byte count, or -1 for no cap", f.outboundMax), "outbound-max")
+	}
+	for _, a := range []struct {
+		name string
+		v    time.Duration
+	}{{"outbound-timeout", f.outboundTimeout}, {"handshake-timeout", f.handshakeTimeout}} {
+		if a.v <= 0 {
+			return options{}, o.annotate(fmt.Errorf("-%s %v: want a positive duration", a.name, a.v), a.name)
+		}
+	}
+	cfg.OutboundMax, cfg.OutboundTimeout, cfg.HandshakeTimeout = f.outboundMax, f.outboundTimeout, f.handshakeTimeout
 	cfg.Shards, cfg.Loops, cfg.HeartbeatMs = f.shards, f.loops, uint32(f.heartbeatMs)
 	cfg.Logger = log
 	cfg.Fsync = f.fsync
