@@ -155,10 +155,10 @@ type Conn struct {
 	offer []wire.Version
 	// producer is the producer id of this Conn's publishes (protocol 1.2,
 	// Config.Reconnect), or 0. Sequence numbers are command ids.
-	producer uint64
-	stop     chan struct{} // closed by Close: stop reconnecting
-	stopOnce sync.Once
-	version  wire.Version
+	producer  uint64
+	stop      chan struct{} // closed by Close: stop reconnecting
+	stopOnce  sync.Once
+	version   wire.Version
 	frameMax  uint32
 	heartbeat time.Duration
 	creditMax uint32

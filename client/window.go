@@ -73,10 +73,10 @@ type slot struct {
 	// What a reconnecting Conn needs to send it again (kind); kept only
 	// with Config.Reconnect.
 	kind     slotKind
-	exchange string                          // kindPublish
-	msg      []byte                          // kindPublish: the encoded message; reused by the slot's next command
+	exchange string                           // kindPublish
+	msg      []byte                           // kindPublish: the encoded message; reused by the slot's next command
 	build    func(b []byte, id uint64) []byte // kindResend
-	cons     *Consumer                       // kindSubscribe
+	cons     *Consumer                        // kindSubscribe
 }
 
 // completion is a finished command whose waiter or callback still has to be
