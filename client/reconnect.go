@@ -119,6 +119,11 @@ type Event struct {
 	// EventGaveUp), and Down how long the Conn was without a connection.
 	Rounds int
 	Down   time.Duration
+	// Resent is how many commands the new connection sent again
+	// (EventReconnected): those whose first answer was lost or never
+	// sent. A resent publish is what a broker without producer ids may
+	// enqueue twice.
+	Resent int
 }
 
 // newProducerID draws a producer id: random, so that two Conns (of any
@@ -193,8 +198,8 @@ loop:
 				lastErr = fmt.Errorf("%s: %w", a, err)
 				continue
 			}
-			if c.install(t, leftover) {
-				c.emit(Event{Kind: EventReconnected, Addr: a, Rounds: rounds, Down: time.Since(start)})
+			if resent, ok := c.install(t, leftover); ok {
+				c.emit(Event{Kind: EventReconnected, Addr: a, Rounds: rounds, Down: time.Since(start), Resent: resent})
 				return
 			}
 			t.nc.Close()
@@ -281,18 +286,18 @@ func (c *Conn) redial(ctx context.Context, addr string) (*Conn, []byte, error) {
 // install makes t's connection the Conn's, re-encodes every command
 // still out for it, resubscribes the consumers and starts the goroutines.
 // It reports false, doing nothing, when the Conn is closing.
-func (c *Conn) install(t *Conn, leftover []byte) bool {
+func (c *Conn) install(t *Conn, leftover []byte) (resent int, ok bool) {
 	c.mu.Lock()
 	if c.mu.closing || c.mu.err != nil {
 		c.mu.Unlock()
-		return false
+		return 0, false
 	}
 	l := &link{nc: t.nc, addr: t.addr, broken: make(chan struct{}), heartbeat: t.heartbeat}
 	c.mu.addr, c.mu.serverName, c.mu.heartbeat = t.addr, t.serverName, t.heartbeat
 	if len(t.addrs) > 0 {
 		c.mu.addrs = t.addrs
 	}
-	fired, lost := c.rebuildLocked()
+	fired, lost, resent := c.rebuildLocked()
 	c.mu.link = l
 	c.mu.readerExited = false
 	c.mu.firing += len(fired)
@@ -308,7 +313,7 @@ func (c *Conn) install(t *Conn, leftover []byte) bool {
 		cp.fire()
 	}
 	c.fired(len(fired))
-	return true
+	return resent, true
 }
 
 // rebuildLocked replaces the frames waiting for the writer (those of the
@@ -316,9 +321,9 @@ func (c *Conn) install(t *Conn, leftover []byte) bool {
 // own id: publishes and idempotent commands again, subscribes afresh;
 // cancels are done (the consumer is not resubscribed) and other commands
 // fail. Then each consumer that was subscribed gets a new SUBSCRIBE. It
-// returns the completions to fire and consumers that found no room.
-// c.mu is held.
-func (c *Conn) rebuildLocked() (fired []completion, lost []*Consumer) {
+// returns the completions to fire, consumers that found no room, and how
+// many commands it sent again. c.mu is held.
+func (c *Conn) rebuildLocked() (fired []completion, lost []*Consumer, resent int) {
 	c.mu.out = c.mu.out[:0]
 	c.mu.pubStart, c.mu.pubCount = -1, 0
 	w := &c.mu.win
@@ -332,14 +337,17 @@ func (c *Conn) rebuildLocked() (fired []completion, lost []*Consumer) {
 		switch sl.kind {
 		case kindPublish:
 			c.appendPublishLocked(id, sl.exchange, sl.msg)
+			resent++
 			continue
 		case kindResend:
 			c.sealPublishLocked()
 			c.mu.out = sl.build(c.mu.out, id)
+			resent++
 			continue
 		case kindSubscribe:
 			c.sealPublishLocked()
 			c.mu.out = sl.cons.appendSubscribe(c.mu.out, c.version, id)
+			resent++
 			continue
 		case kindCancel:
 			err = nil
@@ -376,7 +384,7 @@ func (c *Conn) rebuildLocked() (fired []completion, lost []*Consumer) {
 		c.mu.out = s.appendSubscribe(c.mu.out, c.version, id)
 	}
 	c.sealPublishLocked()
-	return fired, lost
+	return fired, lost, resent
 }
 
 // callErrOr is the connection's last word for commands that cannot go
