@@ -1032,7 +1032,13 @@ func (c *Conn) handleFrame(h wire.Header, body []byte) error {
 		s, ok := c.mu.win.take(e.CommandID)
 		var cp completion
 		if ok {
-			cp, ok = resolve(s, se)
+			var err error = se
+			if s.resent {
+				// The copy sent before the break may have been carried
+				// out; this refusal speaks for the resend only.
+				err = fmt.Errorf("%w: %w: resent after a reconnect and refused (%s)", ErrOutcomeUnknown, ErrConnectionLost, se.Error())
+			}
+			cp, ok = resolve(s, err)
 			c.wakeLocked()
 		}
 		if ok {

@@ -85,7 +85,9 @@
 // their own ids:
 //   - publishes that had no answer are sent again, and so are declares,
 //     binds and unbinds (idempotent): their callers see only the final
-//     outcome. What is kept for this is the encoded message per
+//     outcome. A resent command that the new server refuses fails with
+//     ErrOutcomeUnknown (and ErrConnectionLost), not an *Error: the copy
+//     sent before the break may have been carried out. What is kept for this is the encoded message per
 //     uncompleted publish, so the window bounds it (a slot keeps a buffer
 //     of up to 64 KiB for its next command).
 //   - each consumer is subscribed again (same Consumer value, same

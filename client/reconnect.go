@@ -337,11 +337,13 @@ func (c *Conn) rebuildLocked() (fired []completion, lost []*Consumer, resent int
 		switch sl.kind {
 		case kindPublish:
 			c.appendPublishLocked(id, sl.exchange, sl.msg)
+			sl.resent = sl.resent || id < c.mu.sentBelow
 			resent++
 			continue
 		case kindResend:
 			c.sealPublishLocked()
 			c.mu.out = sl.build(c.mu.out, id)
+			sl.resent = sl.resent || id < c.mu.sentBelow
 			resent++
 			continue
 		case kindSubscribe:

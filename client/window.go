@@ -77,6 +77,9 @@ type slot struct {
 	msg      []byte                           // kindPublish: the encoded message; reused by the slot's next command
 	build    func(b []byte, id uint64) []byte // kindResend
 	cons     *Consumer                        // kindSubscribe
+	// resent: sent on a connection that broke, then again: a refusal
+	// now does not say the first copy was not carried out.
+	resent bool
 }
 
 // completion is a finished command whose waiter or callback still has to be
