@@ -1,6 +1,11 @@
 package shards
 
-import "testing"
+import (
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+)
 
 func TestProducerTableSkipsRetries(t *testing.T) {
 	var tb producerTable
@@ -57,5 +62,40 @@ func TestProducerTableSteadyStateAllocs(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocations per publish", allocs)
+	}
+}
+
+// ApplyEnqueue, the apply of a replicated queue's committed enqueue,
+// skips a (producer, seq) it applied before, so every member that
+// applies the same log keeps one copy.
+func TestApplyEnqueueSkipsRetries(t *testing.T) {
+	b := New(Config{Shards: 1, TickInterval: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := b.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop()
+	q, err := b.AddQueue("rq", QueueOptions{Durable: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ready int
+	err = b.Call(b.shards[0], func(sh *Shard) {
+		index := uint64(1)
+		for _, seq := range []uint64{5, 5, 4, 6, 6, 7} {
+			sh.ApplyEnqueue(q, index, NewBody(nil, []byte("rq"), nil, []byte("m"), true), 0, 7, seq)
+			index++
+		}
+		// Another producer with the same numbers is its own.
+		sh.ApplyEnqueue(q, index, NewBody(nil, []byte("rq"), nil, []byte("m"), true), 0, 8, 5)
+		ready = q.Ready()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ready != 4 {
+		t.Fatalf("%d messages ready, want 4 (seqs 5, 6, 7 of producer 7 and 5 of producer 8)", ready)
+	}
+	if d := b.Stats().Duplicates; d != 3 {
+		t.Fatalf("%d duplicates counted, want 3", d)
 	}
 }
