@@ -223,3 +223,83 @@ func TestReconnectWithoutProducerIDDuplicates(t *testing.T) {
 	}
 	t.Logf("%d messages enqueued twice without producer ids", dups)
 }
+
+// A Conn whose every address stays dead gives up after its rounds: the
+// publishes it held fail (sent ones with ErrOutcomeUnknown), Err wraps
+// ErrGaveUp, Done closes and OnEvent hears gave-up. A Conn that is closed
+// while it dials stops at once.
+func TestReconnectGivesUp(t *testing.T) {
+	s := startServer(t)
+	p := startProxy(t, s.ClientAddr())
+	events := make(chan Event, 16)
+	cfg := Config{Reconnect: &ReconnectPolicy{DelayMin: time.Millisecond, DelayMax: 5 * time.Millisecond, MaxAttempts: 3,
+		OnEvent: func(e Event) { events <- e }}}
+	c, err := DialConfig(testCtx(t), cfg, p.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	c.mu.addrs = nil // only the proxy: the server's own address would still answer
+	c.mu.Unlock()
+	ctx := testCtx(t)
+	if err := c.DeclareQueue(ctx, "gq", QueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p.pause()
+	res := make(chan error, 1)
+	if err := c.PublishAsync(ctx, "", "gq", []byte("x"), PublishOptions{}, func(err error) { res <- err }); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the publish to be sent", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.mu.sentBelow > c.mu.win.tail
+	})
+	p.ln.Close() // every dial fails from now on
+	p.kill()     // and the answer stays held
+	select {
+	case <-c.Done():
+	case <-ctx.Done():
+		t.Fatal("the Conn did not give up")
+	}
+	if err := <-res; !errors.Is(err, ErrOutcomeUnknown) || !errors.Is(err, ErrGaveUp) {
+		t.Fatalf("held publish: %v, want ErrOutcomeUnknown and ErrGaveUp", err)
+	}
+	if !errors.Is(c.Err(), ErrGaveUp) || !errors.Is(c.Err(), ErrClosed) {
+		t.Fatalf("Err %v", c.Err())
+	}
+	var kinds []EventKind
+	for len(events) > 0 {
+		e := <-events
+		kinds = append(kinds, e.Kind)
+		if e.Kind == EventGaveUp && e.Rounds != 3 {
+			t.Fatalf("gave up after %d rounds, want 3", e.Rounds)
+		}
+	}
+	if len(kinds) != 2 || kinds[0] != EventDisconnected || kinds[1] != EventGaveUp {
+		t.Fatalf("events %v", kinds)
+	}
+
+	// Close while dialling: unbounded rounds, a long wait between them.
+	p2 := startProxy(t, s.ClientAddr())
+	c2, err := DialConfig(testCtx(t), Config{Reconnect: &ReconnectPolicy{DelayMin: time.Hour, MaxTime: 2 * time.Hour}}, p2.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2.mu.Lock()
+	c2.mu.addrs = nil
+	c2.mu.Unlock()
+	p2.close()
+	waitFor(t, "the break", func() bool {
+		c2.mu.Lock()
+		defer c2.mu.Unlock()
+		return c2.mu.link == nil
+	})
+	closed := make(chan struct{})
+	go func() { c2.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited for the reconnect's hour")
+	}
+}
