@@ -91,8 +91,8 @@ const (
 	// consumers resubscribed and its unanswered commands resent.
 	EventReconnected
 	// EventGaveUp: the policy's bounds ran out (Err is the last dial's
-	// failure) or Close was called; the Conn has ended as a Conn without
-	// Reconnect ends when its connection fails.
+	// failure) or Close was called; right after it the Conn ends as a
+	// Conn without Reconnect ends when its connection fails.
 	EventGaveUp
 )
 
@@ -223,13 +223,14 @@ loop:
 	if ctx.Err() != nil {
 		lastErr = errors.New("Close was called")
 	}
+	// Told before the Conn ends: after Done no callback runs.
+	c.emit(Event{Kind: EventGaveUp, Err: lastErr, Rounds: rounds, Down: time.Since(start)})
 	c.mu.Lock()
 	if c.mu.err == nil {
 		c.failForGood(nil, fmt.Errorf("%w after %d rounds: %w", ErrGaveUp, rounds, lastErr))
 	} else {
 		c.mu.Unlock()
 	}
-	c.emit(Event{Kind: EventGaveUp, Err: lastErr, Rounds: rounds, Down: time.Since(start)})
 }
 
 func (c *Conn) emit(e Event) {
