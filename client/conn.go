@@ -255,9 +255,8 @@ func DialConfig(ctx context.Context, cfg Config, addrs ...string) (*Conn, error)
 	}
 	var errs []error
 	for _, a := range addrs {
-		c, err := dialOne(ctx, full, a)
+		c, err := dialOne(ctx, full, a, addrs)
 		if err == nil {
-			c.seeds = slices.Clone(addrs)
 			return c, nil
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", a, err))
@@ -268,7 +267,7 @@ func DialConfig(ctx context.Context, cfg Config, addrs ...string) (*Conn, error)
 	return nil, fmt.Errorf("client: dial failed: %w", errors.Join(errs...))
 }
 
-func dialOne(ctx context.Context, cfg Config, addr string) (*Conn, error) {
+func dialOne(ctx context.Context, cfg Config, addr string, seeds []string) (*Conn, error) {
 	d := net.Dialer{Timeout: cfg.DialTimeout}
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -279,7 +278,7 @@ func dialOne(ctx context.Context, cfg Config, addr string) (*Conn, error) {
 			return nil, err
 		}
 	}
-	c := &Conn{nc: nc, cfg: cfg, addr: addr, start: time.Now(), offer: offeredVersions}
+	c := &Conn{nc: nc, cfg: cfg, addr: addr, seeds: slices.Clone(seeds), start: time.Now(), offer: offeredVersions}
 	leftover, err := c.handshake(ctx)
 	if err != nil {
 		nc.Close()
