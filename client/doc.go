@@ -89,7 +89,7 @@
 //     ErrOutcomeUnknown (and ErrConnectionLost), not an *Error: the copy
 //     sent before the break may have been carried out. What is kept for this is the encoded message per
 //     uncompleted publish, so the window bounds it (a slot keeps a buffer
-//     of up to 64 KiB for its next command).
+//     of up to 16 KiB for its next command).
 //   - each consumer is subscribed again (same Consumer value, same
 //     options) with the credit the server owed it; deliveries keep
 //     increasing tags.

@@ -61,7 +61,10 @@ const (
 
 // slotMsgKeepMax is the largest resend buffer a slot keeps for its next
 // command; bigger ones go to the collector once their command completed.
-const slotMsgKeepMax = 64 << 10
+// The ring has twice the window's slots, so a reconnecting Conn keeps at
+// most 2 × Window × 16 KiB (32 MiB at the default window) once a burst of
+// large messages is over; messages above it cost an allocation each.
+const slotMsgKeepMax = 16 << 10
 
 // slot is one uncompleted command.
 type slot struct {
