@@ -14,6 +14,14 @@ package shards
 // the enqueue's journal record and rebuild the state on replay; transient
 // queues keep it in memory only.
 //
+// What the state is rebuilt from is what the log or journal still holds:
+// a compacted group log (server/groups) and a compacted journal keep only
+// the enqueues of messages still in the queue, so a broker that restarts,
+// a master that steps down and applies the log again, and a follower
+// reset by an install forget the producers of messages already consumed.
+// A member that applied the events live, as the follower that becomes the
+// new master after a failover did, keeps all of it.
+//
 // The window: a queue remembers at most ProducersPerQueueMax producers.
 // When a new one arrives at a full table, the producer whose last enqueue
 // on this queue is the oldest is forgotten (least recently used, counted in
