@@ -29,7 +29,12 @@ package shards
 // forgotten producer is enqueued again. Sequence numbers must grow per
 // producer in the order a queue applies its enqueues; the Go client uses
 // its command ids, which it keeps across reconnects, and resends what it
-// has not seen completed before anything newer.
+// has not seen completed before anything newer. Since a skip trusts the
+// highest number, a client must never send a message again under its old
+// number after a later one of the same producer may have been applied on
+// that queue: the Go client does not resend a single refused publish
+// (unavailable, for one) on a live connection, only everything without
+// an answer, in order, on a new one.
 
 // ProducersPerQueueMax bounds the producers one queue remembers. At about
 // 40 bytes each, a queue's table stays under 64 KiB.
