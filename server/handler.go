@@ -260,7 +260,7 @@ func (h *handler) frame(cs *connState, hd wire.Header, body []byte) (done bool, 
 	}
 	switch hd.Type {
 	case wire.TypePublish:
-		return h.publish(cs, body)
+		return h.publish(cs, hd.Flags, body)
 	case wire.TypeAccept, wire.TypeRelease, wire.TypeReject:
 		return h.settle(cs, hd.Type, body)
 	case wire.TypeCredit:
@@ -339,9 +339,12 @@ func (h *handler) push(cs *connState, shard int, cmd shards.Command) bool {
 	return true
 }
 
-func (h *handler) publish(cs *connState, body []byte) (bool, gnet.Action) {
+func (h *handler) publish(cs *connState, flags uint8, body []byte) (bool, gnet.Action) {
 	var p wire.Publish
-	if err := wire.DecodePublish(body, &p); err != nil {
+	if flags != 0 && cs.version < wire.VersionProducer {
+		return true, cs.protocolError(wire.CodeMalformed, "PUBLISH: flags need protocol "+wire.VersionProducer.String())
+	}
+	if err := wire.DecodePublishFlags(body, flags, &p); err != nil {
 		return true, cs.protocolError(wire.CodeMalformed, "PUBLISH: "+err.Error())
 	}
 	routing := h.s.wiring.Routing()
@@ -394,7 +397,7 @@ func (h *handler) publish(cs *connState, body []byte) (bool, gnet.Action) {
 		}
 		persistent := m.Flags&wire.MsgPersistent != 0
 		b := shards.NewBody(p.Exchange, m.RoutingKey, m.Props, m.Payload, persistent)
-		cmd := shards.Command{Op: shards.OpPublish, Sess: cs.sess, CmdID: id, Body: b, Now: now, TTLNanos: int64(m.TTLMs) * int64(time.Millisecond)}
+		cmd := shards.Command{Op: shards.OpPublish, Sess: cs.sess, CmdID: id, Body: b, Now: now, TTLNanos: int64(m.TTLMs) * int64(time.Millisecond), Producer: p.Producer}
 		if len(targets) > 1 {
 			cmd.Fanout = shards.NewFanout(len(targets))
 			for range targets[1:] {

@@ -465,6 +465,7 @@ func (b *Broker) Stats() ShardStats {
 			t.DeadLettered += sh.stats.DeadLettered
 			t.DroppedDeadLetters += sh.stats.DroppedDeadLetters
 			t.StoreErrors += sh.stats.StoreErrors
+			t.Duplicates += sh.stats.Duplicates
 		})
 	}
 	return t

@@ -222,10 +222,10 @@ func parseEnqueueBody(data []byte) (*Body, error) {
 	if kind := r.U8(); kind != recEnqueue {
 		return nil, fmt.Errorf("not an enqueue record (kind %d)", kind)
 	}
-	r.Str(wire.NameLenMax) // queue
-	r.U64()                // expiry
-	r.U32()                // delivery count
-	return parseBody(&r, journal.RecordBytesMax)
+	r.Str(wire.NameLenMax)                           // queue
+	r.U64()                                          // expiry
+	r.U32()                                          // delivery count
+	return parseBody(&r, journal.RecordBytesMax, 16) // a producer id and seq may follow (dedup.go)
 }
 
 // pageIn reads back the paged bodies at the front of q, in one batch of

@@ -167,6 +167,8 @@ type Queue struct {
 	group    uint32
 	owner    any // exclusive owner (a session), or nil
 	free     *entryPool
+	// producers is the deduplication state of producer ids (dedup.go).
+	producers producerTable
 
 	// counters
 	Enqueued, Delivered, Acked, DeadLettered, Expired uint64

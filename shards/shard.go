@@ -58,9 +58,12 @@ type Command struct {
 	Body       *Body // OpPublish: one reference, given to the shard
 	Now        int64 // unix nanoseconds at receipt
 	TTLNanos   int64 // per-message TTL, 0 = none
-	Fanout     *Fanout
-	Ranges     [RangesInline]wire.Range
-	Call       func(*Shard)
+	// Producer is the publish's producer id (0 = none); its sequence
+	// number is CmdID (see dedup.go).
+	Producer uint64
+	Fanout   *Fanout
+	Ranges   [RangesInline]wire.Range
+	Call     func(*Shard)
 }
 
 // Consumer is a subscription of one session to one queue. It lives on the
@@ -134,6 +137,9 @@ type Shard struct {
 // ShardStats are counters read by the metrics endpoint (approximate).
 type ShardStats struct {
 	Published, Delivered, Accepted, DeadLettered, DroppedDeadLetters, StoreErrors uint64
+	// Duplicates counts publishes skipped as retries of an enqueue
+	// applied before (dedup.go).
+	Duplicates uint64
 }
 
 // deferredMax bounds dead letters waiting for room in another shard's
@@ -317,6 +323,19 @@ func (s *Shard) publish(c *Command) {
 		s.replicatedPublish(c, ev.ExpiresAt)
 		return
 	}
+	if q.producers.duplicate(c.Producer, c.CmdID) {
+		// A retry of a publish this queue enqueued already: its
+		// completion is the one the first copy earned (after its record,
+		// if any, is durable: completeAfterJournal waits for it).
+		c.Body.Unref()
+		s.stats.Duplicates++
+		if s.journal != nil && s.journal.pending.size > 0 {
+			s.journal.pending.push(jctx{sess: c.Sess, cmdID: c.CmdID, fan: c.Fanout})
+		} else {
+			s.completeCmd(c.Sess, c.CmdID, c.Fanout, nil)
+		}
+		return
+	}
 	s.noteExpiry(q, ev.ExpiresAt)
 	if s.journaled(q, c.Body) {
 		if err := q.CheckEnqueue(c.Body.Size()); err != nil {
@@ -326,7 +345,8 @@ func (s *Shard) publish(c *Command) {
 		}
 		// The record goes first, so that anything the enqueue drops is
 		// journaled after it.
-		pos := s.appendEnqueue(q, &Entry{Body: c.Body, ExpiresAt: ev.ExpiresAt})
+		pos := s.appendEnqueue(q, &Entry{Body: c.Body, ExpiresAt: ev.ExpiresAt}, c.Producer, c.CmdID)
+		q.producers.note(c.Producer, c.CmdID)
 		seq := q.nextSeq // what enqueue assigns
 		s.journal.pending.push(jctx{pos: pos, sess: c.Sess, cmdID: c.CmdID, fan: c.Fanout, q: q, seq: seq})
 		ev.JournalPos = uint64(pos)
@@ -347,6 +367,7 @@ func (s *Shard) publish(c *Command) {
 		s.completeCmd(c.Sess, c.CmdID, c.Fanout, err)
 		return
 	}
+	q.producers.note(c.Producer, c.CmdID)
 	s.admit(q)
 	s.stats.Published++
 	s.completeCmd(c.Sess, c.CmdID, c.Fanout, nil)
