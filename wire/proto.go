@@ -700,15 +700,15 @@ type Publish struct {
 
 // PublishMessage is one message of a PUBLISH. Its slices alias the frame.
 type PublishMessage struct {
-	Flags      uint8
-	TTLMs      uint64 // 0 = none
-	Priority   uint8  // with MsgPriority (1.2); else 0
+	Flags    uint8
+	TTLMs    uint64 // 0 = none
+	Priority uint8  // with MsgPriority (1.2); else 0
 	// DeliverAtMs is the unix time in milliseconds before which the
 	// message is not delivered, with MsgDeliverAt (1.2); else 0.
 	DeliverAtMs uint64
 	RoutingKey  []byte
-	Props      []byte // opaque to the broker; handed to consumers unchanged
-	Payload    []byte
+	Props       []byte // opaque to the broker; handed to consumers unchanged
+	Payload     []byte
 }
 
 // AppendPublishStart begins a PUBLISH of count messages; append each with
