@@ -26,6 +26,8 @@ const (
 	// opDeadLettered: every target of a dead letter holds it durably;
 	// journal the dequeue of the source record at CmdID (see DeadLetter).
 	opDeadLettered
+	// opWake: the timer for the earliest delayed message fired (delay.go).
+	opWake
 )
 
 // Settle kinds.
@@ -108,6 +110,7 @@ type Shard struct {
 	// tick visits these, not every queue (a shard may hold a million idle
 	// queues). A queue leaves it when it is empty.
 	expiring map[*Queue]struct{}
+	timers   shardTimers // queues with delayed messages (delay.go)
 	pool     entryPool
 	deferred []Command // dead letters for other shards whose rings were full
 	now      int64
@@ -221,6 +224,8 @@ func (s *Shard) handle(c *Command) {
 		s.sessionClosed(c.Sess)
 	case OpTick:
 		s.tick()
+	case opWake:
+		s.fireTimers()
 	case opCall:
 		c.Call(s)
 	case opDeadLettered:
@@ -281,12 +286,18 @@ func (s *Shard) publish(c *Command) {
 		s.completeCmd(c.Sess, c.CmdID, c.Fanout, Errorf(wire.CodeNotFound, "queue %q was deleted", q.Name))
 		return
 	}
-	ev := Event{Kind: EvEnqueue, Body: c.Body}
-	if c.TTLNanos > 0 {
-		ev.ExpiresAt = c.Now + c.TTLNanos
+	ev := Event{Kind: EvEnqueue, Body: c.Body, Priority: c.Body.Priority}
+	// A delayed message's TTL runs from its deliver-at time: it cannot be
+	// consumed before then.
+	from := c.Now
+	if at := c.Body.DeliverAt; at > c.Now {
+		ev.DeliverAt, from = at, at
 	}
-	if t := q.Options.TTLNanos(); t > 0 && (ev.ExpiresAt == 0 || c.Now+t < ev.ExpiresAt) {
-		ev.ExpiresAt = c.Now + t
+	if c.TTLNanos > 0 {
+		ev.ExpiresAt = from + c.TTLNanos
+	}
+	if t := q.Options.TTLNanos(); t > 0 && (ev.ExpiresAt == 0 || from+t < ev.ExpiresAt) {
+		ev.ExpiresAt = from + t
 	}
 	if q.replicated {
 		s.replicatedPublish(c, ev.ExpiresAt)
@@ -301,7 +312,7 @@ func (s *Shard) publish(c *Command) {
 		}
 		// The record goes first, so that anything the enqueue drops is
 		// journaled after it.
-		pos := s.appendEnqueue(q, &Entry{Body: c.Body, ExpiresAt: ev.ExpiresAt})
+		pos := s.appendEnqueue(q, c.Body, ev.ExpiresAt)
 		seq := q.nextSeq // what enqueue assigns
 		s.journal.pending.push(jctx{pos: pos, sess: c.Sess, cmdID: c.CmdID, fan: c.Fanout, q: q, seq: seq})
 		ev.JournalPos = uint64(pos)
@@ -311,6 +322,9 @@ func (s *Shard) publish(c *Command) {
 		// Deliverable when the record is durable (journalDone), not now.
 		q.enqueueUnsafe(seq)
 		s.admit(q)
+		if ev.DeliverAt != 0 {
+			s.schedule(q, ev.DeliverAt)
+		}
 		s.stats.Published++
 		return
 	}
@@ -323,9 +337,12 @@ func (s *Shard) publish(c *Command) {
 		return
 	}
 	s.admit(q)
+	if ev.DeliverAt != 0 {
+		s.schedule(q, ev.DeliverAt)
+	}
 	s.stats.Published++
 	s.completeCmd(c.Sess, c.CmdID, c.Fanout, nil)
-	if len(q.consumers) > 0 {
+	if len(q.consumers) > 0 && ev.DeliverAt == 0 {
 		s.markDirty(q)
 	}
 }
@@ -549,6 +566,7 @@ func (s *Shard) tick() {
 			_ = q.Apply(&ev, s)
 		}
 	}
+	s.fireTimers()
 	s.retryDeferred()
 }
 
@@ -574,7 +592,7 @@ func (s *Shard) dispatch(q *Queue) {
 		if !ok {
 			return // nothing ready, not durable yet (journalDone dispatches again), or no credit
 		}
-		if ev.Kind == EvExpire {
+		if ev.Kind == EvExpire || ev.Kind == EvPromote {
 			_ = q.Apply(&ev, s)
 			continue
 		}
