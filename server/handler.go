@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"math"
 	"sync"
 	"time"
 
@@ -331,9 +332,13 @@ func (h *handler) push(cs *connState, shard int, cmd shards.Command) bool {
 	return true
 }
 
+// deliverAtMsMax is the latest deliver-at time that unix nanoseconds in
+// an int64 hold.
+const deliverAtMsMax = math.MaxInt64 / uint64(time.Millisecond)
+
 func (h *handler) publish(cs *connState, body []byte) (bool, gnet.Action) {
 	var p wire.Publish
-	if err := wire.DecodePublish(body, &p); err != nil {
+	if err := wire.DecodePublishVersion(body, cs.version, &p); err != nil {
 		return true, cs.protocolError(wire.CodeMalformed, "PUBLISH: "+err.Error())
 	}
 	routing := h.s.wiring.Routing()
@@ -384,8 +389,13 @@ func (h *handler) publish(cs *connState, body []byte) (bool, gnet.Action) {
 			h.park(cs, sh)
 			return false, gnet.None
 		}
+		if m.DeliverAtMs > deliverAtMsMax {
+			cs.fail(id, wire.CodeInvalid, "deliver_at_ms beyond the year 2262")
+			continue
+		}
 		persistent := m.Flags&wire.MsgPersistent != 0
 		b := shards.NewBody(p.Exchange, m.RoutingKey, m.Props, m.Payload, persistent)
+		b.Priority, b.DeliverAt = m.Priority, int64(m.DeliverAtMs)*int64(time.Millisecond)
 		cmd := shards.Command{Op: shards.OpPublish, Sess: cs.sess, CmdID: id, Body: b, Now: now, TTLNanos: int64(m.TTLMs) * int64(time.Millisecond)}
 		if len(targets) > 1 {
 			cmd.Fanout = shards.NewFanout(len(targets))

@@ -35,7 +35,12 @@ import (
 
 // Group log events of replicated queues.
 const (
-	gevEnqueue byte = 'E' // name str16, expiresAt u64, persistent u8, exchange str16, key str16, props bytes, payload bytes
+	// gevEnqueue: name str16, expiresAt u64, persistent u8, exchange
+	// str16, key str16, props bytes, payload bytes, and for a message with
+	// a priority or a deliver-at time priority u8, deliverAt u64 (unix ns)
+	// after the payload: older entries lack them, and older brokers never
+	// read past the payload.
+	gevEnqueue byte = 'E'
 	gevRemove  byte = 'R' // name str16, seq u64
 	gevBarrier byte = 'B'
 )
@@ -126,6 +131,10 @@ func (r *replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt i
 	data = wire.AppendStrBytes(data, b.RoutingKey)
 	data = wire.AppendBytes(data, b.Props)
 	data = wire.AppendBytes(data, b.Payload)
+	if b.Priority != 0 || b.DeliverAt != 0 {
+		data = wire.AppendU8(data, b.Priority)
+		data = wire.AppendU64(data, uint64(b.DeliverAt))
+	}
 	return r.propose(q, data, done)
 }
 
@@ -179,6 +188,9 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 			return
 		}
 		b := shards.NewBody(ex, key, props, payload, persistent)
+		if rd.Remaining() > 0 {
+			b.Priority, b.DeliverAt = rd.U8(), int64(rd.U64())
+		}
 		seq := e.Index
 		call = func(sh *shards.Shard) { sh.ApplyEnqueue(q, seq, b, exp) }
 	case gevRemove:
