@@ -76,7 +76,7 @@ func TestDeliverAt(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []struct {
-		payload string
+		payload   string
 		notBefore time.Time
 	}{{"now", start}, {"delay", start.Add(200 * time.Millisecond)}, {"at", at}} {
 		d := next(t, sub)
