@@ -1,9 +1,6 @@
 package shards
 
-import (
-	"container/heap"
-	"time"
-)
+import "time"
 
 // Delayed delivery on a shard. A queue holds its delayed messages itself
 // (Queue.delayed, ordered by deliver-at time) and makes them ready only
@@ -36,19 +33,10 @@ type timerEntry struct {
 	q  *Queue
 }
 
+// timerHeap is a min-heap (heap.go) by time.
 type timerHeap []timerEntry
 
-func (h timerHeap) Len() int           { return len(h) }
-func (h timerHeap) Less(i, j int) bool { return h[i].at < h[j].at }
-func (h timerHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *timerHeap) Push(x any)        { *h = append(*h, x.(timerEntry)) }
-func (h *timerHeap) Pop() any {
-	old := *h
-	t := old[len(old)-1]
-	old[len(old)-1] = timerEntry{}
-	*h = old[:len(old)-1]
-	return t
-}
+func timerLess(a, b timerEntry) bool { return a.at < b.at }
 
 // schedule notes that q holds a delayed message due at at.
 func (s *Shard) schedule(q *Queue, at int64) {
@@ -56,7 +44,7 @@ func (s *Shard) schedule(q *Queue, at int64) {
 		return
 	}
 	q.timerAt = at
-	heap.Push(&s.timers.heap, timerEntry{at: at, q: q})
+	s.timers.heap = heapPush(s.timers.heap, timerEntry{at: at, q: q}, timerLess)
 	s.armWake()
 }
 
@@ -91,7 +79,8 @@ func (s *Shard) fireTimers() {
 		t.wakeAt = 0 // fired (or about to, harmlessly)
 	}
 	for len(t.heap) > 0 && t.heap[0].at <= s.now {
-		te := heap.Pop(&t.heap).(timerEntry)
+		var te timerEntry
+		te, t.heap = heapRemove(t.heap, 0, timerLess)
 		q := te.q
 		if q.deleted {
 			q.timerAt = 0
@@ -105,7 +94,7 @@ func (s *Shard) fireTimers() {
 		q.timerAt = 0
 		if next := q.NextDeliverAt(); next != 0 {
 			q.timerAt = next
-			heap.Push(&t.heap, timerEntry{at: next, q: q})
+			t.heap = heapPush(t.heap, timerEntry{at: next, q: q}, timerLess)
 		}
 		if len(q.consumers) > 0 {
 			s.markDirty(q)

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -314,5 +316,34 @@ func TestDelayedShard(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, []string{"first", "second"}) {
 		t.Fatalf("after the restart: %v", got)
+	}
+}
+
+// TestHeap checks the slice heaps against a sorted copy under random
+// pushes and removals at any index.
+func TestHeap(t *testing.T) {
+	rng := rand.New(rand.NewSource(1))
+	less := func(a, b int) bool { return a < b }
+	var h []int
+	for step := 0; step < 20000; step++ {
+		if len(h) == 0 || rng.Intn(3) > 0 {
+			h = heapPush(h, rng.Intn(1000), less)
+		} else {
+			i := 0
+			if rng.Intn(2) == 0 {
+				i = rng.Intn(len(h))
+			}
+			min := slices.Min(h)
+			var x int
+			x, h = heapRemove(h, i, less)
+			if i == 0 && x != min {
+				t.Fatalf("step %d: removed %d from the top, the least is %d", step, x, min)
+			}
+		}
+		for j := 1; j < len(h); j++ {
+			if h[j] < h[(j-1)/2] {
+				t.Fatalf("step %d: heap order broken at %d", step, j)
+			}
+		}
 	}
 }

@@ -384,13 +384,16 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 			q.remove(e, 0, fx)
 		}
 		for len(q.delayed) > 0 {
-			e := heap.Pop(&q.delayed).(delayedEntry).e
-			q.remove(e, 0, fx)
+			var d delayedEntry
+			d, q.delayed = heapRemove(q.delayed, 0, delayedLess)
+			q.remove(d.e, 0, fx)
 		}
 		return nil
 	case EvPromote:
 		for len(q.delayed) > 0 && q.delayed[0].at <= ev.Now {
-			q.putBack(heap.Pop(&q.delayed).(delayedEntry).e)
+			var d delayedEntry
+			d, q.delayed = heapRemove(q.delayed, 0, delayedLess)
+			q.putBack(d.e)
 		}
 		return nil
 	}
@@ -439,7 +442,7 @@ func (q *Queue) place(ev *Event, size uint64) {
 	q.totalBytes += size
 	q.Enqueued++
 	if ev.DeliverAt != 0 {
-		heap.Push(&q.delayed, delayedEntry{at: ev.DeliverAt, e: e})
+		q.delayed = heapPush(q.delayed, delayedEntry{at: ev.DeliverAt, e: e}, delayedLess)
 		return
 	}
 	lv := e.level()
@@ -600,7 +603,7 @@ func (q *Queue) takeReady(seq uint64) *Entry {
 func (q *Queue) takeDelayed(seq uint64) *Entry {
 	for i, d := range q.delayed {
 		if d.e.Seq == seq {
-			heap.Remove(&q.delayed, i)
+			q.delayed, _ = heapRemoveAt(q.delayed, i)
 			return d.e
 		}
 	}
@@ -729,21 +732,16 @@ type delayedEntry struct {
 	e  *Entry
 }
 
-// delayHeap orders delayed messages by deliver-at time, then Seq.
+// delayHeap is a min-heap (heap.go) of delayed messages by deliver-at
+// time, then Seq.
 type delayHeap []delayedEntry
 
-func (h delayHeap) Len() int { return len(h) }
-func (h delayHeap) Less(i, j int) bool {
-	return h[i].at < h[j].at || h[i].at == h[j].at && h[i].e.Seq < h[j].e.Seq
-}
-func (h delayHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *delayHeap) Push(x any)   { *h = append(*h, x.(delayedEntry)) }
-func (h *delayHeap) Pop() any {
-	old := *h
-	d := old[len(old)-1]
-	old[len(old)-1] = delayedEntry{}
-	*h = old[:len(old)-1]
-	return d
+func delayedLess(a, b delayedEntry) bool { return a.at < b.at || a.at == b.at && a.e.Seq < b.e.Seq }
+
+// heapRemoveAt removes element i of a delay heap.
+func heapRemoveAt(h delayHeap, i int) (delayHeap, delayedEntry) {
+	d, h := heapRemove(h, i, delayedLess)
+	return h, d
 }
 
 // releaseHeap orders released messages by Seq, so a release puts a message
