@@ -2,8 +2,8 @@ package client
 
 import (
 	"bufio"
-	"fmt"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
