@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -104,15 +105,25 @@ func TestDelayedLateness(t *testing.T) {
 	windowStart := start.Add(45 * time.Second)
 	const window = 20 * time.Second
 	payload := make([]byte, 16)
+	var completed sync.WaitGroup
+	completed.Add(n)
+	var failed atomic.Int64
+	done := func(err error) {
+		if err != nil {
+			failed.Add(1)
+		}
+		completed.Done()
+	}
 	for i := 0; i < n; i++ {
 		at := windowStart.Add(time.Duration(int64(window) * int64(i) / int64(n))).Truncate(time.Millisecond)
 		binary.BigEndian.PutUint64(payload, uint64(at.UnixMilli()))
-		if err := c.PublishAsync(ctx, "", "bulk", payload, client.PublishOptions{DeliverAt: at}, nil); err != nil {
+		if err := c.PublishAsync(ctx, "", "bulk", payload, client.PublishOptions{DeliverAt: at}, done); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := c.Flush(ctx); err != nil {
-		t.Fatal(err)
+	completed.Wait()
+	if f := failed.Load(); f > 0 {
+		t.Fatalf("%d publishes failed", f)
 	}
 	pubTook := time.Since(start)
 	time.Sleep(2 * time.Second) // let the shards settle before reading RSS
