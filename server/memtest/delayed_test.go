@@ -22,8 +22,8 @@ import (
 //
 //	BERTH_DELAY_BENCH=1 go test ./server/memtest -run DelayedLateness -v -timeout 10m
 //
-// BERTH_DELAY_N sets the number of delayed messages (default 1,000,000).
-// berthd runs with two shards under -memory-limit 256MiB.
+// BERTH_DELAY_N sets the number of delayed messages (default 1,000,000),
+// BERTH_DELAY_LIMIT berthd's -memory-limit (default 256MiB; two shards).
 //
 //  1. N transient 16-byte messages go to queue "bulk", due at times spread
 //     evenly over a 20 s window that opens 45 s after the start. The RSS of
@@ -44,12 +44,16 @@ func TestDelayedLateness(t *testing.T) {
 	if v := os.Getenv("BERTH_DELAY_N"); v != "" {
 		n, _ = strconv.Atoi(v)
 	}
+	limit := "256MiB"
+	if v := os.Getenv("BERTH_DELAY_LIMIT"); v != "" {
+		limit = v
+	}
 	const probes = 2000
 	dir := t.TempDir()
 	addr, admin := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	p := testutil.StartBerthd(t, filepath.Join(dir, "berthd.log"), "-listen", addr, "-admin", admin,
 		"-data", filepath.Join(dir, "data"), "-controller", "", "-shards", "2", "-loops", "2",
-		"-memory-limit", "256MiB", "-fsync", "never")
+		"-memory-limit", limit, "-fsync", "never")
 	defer p.Stop(t, os.Interrupt, 30*time.Second)
 	testutil.WaitReady(t, admin, 60*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
@@ -129,8 +133,8 @@ func TestDelayedLateness(t *testing.T) {
 	time.Sleep(2 * time.Second) // let the shards settle before reading RSS
 	rss1, _ := rssBytes(p.Pid())
 	st1 := status(t, admin)
-	t.Logf("%d delayed messages published in %v (%.0f msgs/s); berthd RSS %d -> %d MiB (%.0f bytes per message); counted %d -> %d bytes (%.0f per message), %d paged",
-		n, pubTook.Round(time.Millisecond), float64(n)/pubTook.Seconds(), rss0>>20, rss1>>20, float64(rss1-rss0)/float64(n),
+	t.Logf("-memory-limit %s: %d delayed messages published in %v (%.0f msgs/s); berthd RSS %d -> %d MiB (%.0f bytes per message); counted %d -> %d bytes (%.0f per message), %d paged",
+		limit, n, pubTook.Round(time.Millisecond), float64(n)/pubTook.Seconds(), rss0>>20, rss1>>20, float64(rss1-rss0)/float64(n),
 		st0.UsedBytes, st1.UsedBytes, float64(st1.UsedBytes-st0.UsedBytes)/float64(n), st1.PagedMessages)
 	if time.Now().After(windowStart.Add(-15 * time.Second)) {
 		t.Fatalf("publishing took %v: too close to the window for the idle probes", pubTook)
