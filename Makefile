@@ -7,7 +7,7 @@ PKGS      := ./...
 # Packages with concurrency run under the race detector in `make test`.
 RACE_PKGS := ./ring/... ./shards/... ./server/... ./client/... ./journal/... ./controlplane/... ./perf/... ./tools/... ./internal/...
 
-.PHONY: cluster all build run test test-race test-plain bench fuzz vet crash soak clean release deb
+.PHONY: cluster all build run test test-race test-plain bench bench-delayed fuzz vet crash soak clean release deb
 
 # Version stamping (internal/version). VERSION is the latest vX.Y.Z tag as
 # git describe gives it, without the v (1.2.0; 1.2.0-3-gabc1234 three
@@ -69,6 +69,13 @@ soak: crash
 	BERTH_JOURNAL_LONG=1 $(GO) test -count=1 -timeout 30m ./journal
 	CONTROLPLANE_SOAK=$(SOAK) $(GO) test -count=1 -timeout 30m -run Linearizable ./controlplane
 	BERTH_CLUSTER_SOAK=$(SOAK) $(GO) test -count=1 -timeout 30m -run LinearizableWithProcessKills ./server/clustertest
+
+# Delayed delivery: lateness of delayed messages with 1M pending and as
+# 1M fire, and their memory cost, on a real berthd (about 70 s); and the
+# shard's cost per message for plain, priority and delayed queues.
+bench-delayed:
+	BERTH_DELAY_BENCH=1 $(GO) test -count=1 -v -timeout 10m -run DelayedLateness ./server/memtest
+	$(GO) test -run '^$$' -bench QueueKinds -benchmem -count 5 ./shards
 
 FUZZTIME ?= 30s
 fuzz:
