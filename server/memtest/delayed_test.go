@@ -74,9 +74,18 @@ func TestDelayedLateness(t *testing.T) {
 		lateness []time.Duration
 		early    int
 	}
+	// Each consumer has a connection of its own: a connection whose
+	// publishes wait on a throttled shard stops being read, its CREDIT
+	// frames too (shards/memory.go).
 	consume := func(queue string, want int, out *result, done *sync.WaitGroup) {
 		defer done.Done()
-		sub, err := c.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 4096, AckMode: client.AckNone, AutoCredit: true})
+		cc, err := client.Dial(ctx, addr)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer cc.Close()
+		sub, err := cc.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 4096, AckMode: client.AckNone, AutoCredit: true})
 		if err != nil {
 			t.Error(err)
 			return
