@@ -22,8 +22,8 @@ type deliverySim struct {
 	fx      *recordFx
 	now     int64
 	cons    []*Consumer
-	granted []uint64 // credit given to each consumer in all
-	got     []uint64 // deliveries to each consumer
+	granted []uint64                // credit given to each consumer in all
+	got     []uint64                // deliveries to each consumer
 	lastNew [PriorityMax + 1]uint64 // Seq of the last first-time delivery per level (FIFO check)
 	pending []uint64                // Seqs enqueued and not yet durable, oldest first
 	trace   []string
