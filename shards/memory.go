@@ -227,6 +227,8 @@ func parseEnqueueBody(data []byte) (*Body, error) {
 	if kind == recEnqueueAt {
 		prio, at = r.U8(), int64(r.U64())
 	}
+	// The journal's flags hold MsgPersistent alone, so parseBody reads no
+	// priority or time of its own here.
 	b, err := parseBody(&r, journal.RecordBytesMax)
 	if b != nil {
 		b.Priority, b.DeliverAt = prio, at

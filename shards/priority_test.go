@@ -347,3 +347,35 @@ func TestHeap(t *testing.T) {
 		}
 	}
 }
+
+// TestPageKeepsPriorityAndTime: a transient body paged out and read back
+// keeps its priority and deliver-at time, and a plain one reads back
+// plain.
+func TestPageKeepsPriorityAndTime(t *testing.T) {
+	p := newPageFile(t.TempDir())
+	defer p.close()
+	b1 := prioBody("one", 7, 1_700_000_000_000_000_000, false)
+	b2 := prioBody("two", 0, 0, true)
+	l1, err := p.write(b1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l2, err := p.write(b2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, err := p.read(l1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := p.read(l2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(r1.Payload) != "one" || r1.Priority != 7 || r1.DeliverAt != b1.DeliverAt || r1.Persistent {
+		t.Fatalf("read back %q priority %d at %d persistent %v", r1.Payload, r1.Priority, r1.DeliverAt, r1.Persistent)
+	}
+	if string(r2.Payload) != "two" || r2.Priority != 0 || r2.DeliverAt != 0 || !r2.Persistent {
+		t.Fatalf("read back %q priority %d at %d persistent %v", r2.Payload, r2.Priority, r2.DeliverAt, r2.Persistent)
+	}
+}
