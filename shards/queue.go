@@ -39,7 +39,7 @@ const (
 	EvDequeue
 	// EvExpire removes expired messages from the head, as of Now.
 	EvExpire
-	// EvPurge removes every ready message.
+	// EvPurge removes every ready and every delayed message.
 	EvPurge
 	// EvRemove drops the message Seq wherever it is (ready or acquired),
 	// without dead-lettering it, and does nothing if the queue no longer
