@@ -149,20 +149,21 @@ func (d *deliverySim) dispatch() {
 // ready message, found by scanning every ready message.
 func (d *deliverySim) checkHead(h *Entry) {
 	var best *Entry
+	consider := func(lv int, e *Entry) {
+		if e.Level() != lv {
+			d.t.Fatalf("message %d of level %d sits in level %d", e.Seq, e.Level(), lv)
+		}
+		if best == nil || lv > best.Level() || lv == best.Level() && e.Seq < best.Seq {
+			best = e
+		}
+	}
 	for lv := range d.q.levels {
 		l := &d.q.levels[lv]
-		var all []*Entry
 		for i := 0; i < l.ready.len(); i++ {
-			all = append(all, l.ready.at(i))
+			consider(lv, l.ready.at(i))
 		}
-		all = append(all, l.released...)
-		for _, e := range all {
-			if e.Level() != lv {
-				d.t.Fatalf("message %d of level %d sits in level %d", e.Seq, e.Level(), lv)
-			}
-			if best == nil || lv > best.Level() || lv == best.Level() && e.Seq < best.Seq {
-				best = e
-			}
+		for _, e := range l.released {
+			consider(lv, e)
 		}
 	}
 	if best != h {
