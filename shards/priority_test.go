@@ -379,3 +379,32 @@ func TestPageKeepsPriorityAndTime(t *testing.T) {
 		t.Fatalf("read back %q priority %d at %d persistent %v", r2.Payload, r2.Priority, r2.DeliverAt, r2.Persistent)
 	}
 }
+
+// TestDropHeadBoundsDelayed: under drop-head, a queue full of delayed
+// messages drops the one due first to admit another, so it never grows
+// past max-length; ready messages go before delayed ones.
+func TestDropHeadBoundsDelayed(t *testing.T) {
+	fx := &recordFx{}
+	q := NewQueue("q", QueueOptions{MaxLength: 3, Overflow: wire.OverflowDropHead}, 0, nil)
+	add := func(payload string, at int64) {
+		ev := Event{Kind: EvEnqueue, Body: prioBody(payload, 0, at, false), DeliverAt: at}
+		if err := q.Apply(&ev, fx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add("ready", 0)
+	for i := range 10 {
+		add(fmt.Sprint("d", i), int64(100-i)) // each due before the last
+		if q.Depth() > 3 {
+			t.Fatalf("after %d delayed publishes the queue holds %d, max-length 3", i+1, q.Depth())
+		}
+	}
+	// Dropped: "ready" first, then each time the one due first (each
+	// new one is due before the others): d0, d1 and d9 are left.
+	if q.Ready() != 0 || q.Delayed() != 3 || q.NextDeliverAt() != 91 {
+		t.Fatalf("ready %d delayed %d", q.Ready(), q.Delayed())
+	}
+	if want := []string{"ready:3", "d2:3", "d3:3"}; !reflect.DeepEqual(fx.dead[:3], want) {
+		t.Fatalf("dropped first %v, want %v", fx.dead[:3], want)
+	}
+}

@@ -412,9 +412,17 @@ func (q *Queue) enqueue(ev *Event, fx Effects) error {
 		if q.Options.Overflow == 0 {
 			return ErrQueueFull
 		}
-		// Drop head: make room from the front of the ready messages.
+		// Drop head: make room from the front of the ready messages (the
+		// oldest of the highest priority first), then from the delayed
+		// ones due first, so that delayed messages cannot grow a queue
+		// past its bound.
 		for q.full(1, size) {
 			e := q.pop()
+			if e == nil && len(q.delayed) > 0 {
+				var d delayedEntry
+				d, q.delayed = heapRemove(q.delayed, 0, delayedLess)
+				e = d.e
+			}
 			if e == nil {
 				break // everything left is acquired; admit past the bound
 			}
