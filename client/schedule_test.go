@@ -62,6 +62,12 @@ func TestDeliverAt(t *testing.T) {
 	if err := c.Publish(ctx, "", "later", []byte("now"), PublishOptions{DeliverAt: start.Add(-time.Hour)}); err != nil {
 		t.Fatal(err)
 	}
+	// A time past what the broker's int64 nanoseconds hold is refused for
+	// that message alone.
+	var e *Error
+	if err := c.Publish(ctx, "", "later", []byte("never"), PublishOptions{DeliverAt: time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)}); !errors.As(err, &e) || e.Code != wire.CodeInvalid {
+		t.Fatalf("deliver-at in the year 3000: %v", err)
+	}
 	delayed := -1
 	for _, qi := range s.Broker().Queues() {
 		if qi.Name == "later" {
