@@ -134,9 +134,16 @@ func groupError(err error) error {
 }
 
 func (r *replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt int64, producer, producerSeq uint64, done func(error)) error {
-	data := make([]byte, 0, 32+len(q.Name)+len(b.Exchange)+len(b.RoutingKey)+len(b.Props)+len(b.Payload))
+	return r.propose(q, appendEnqueueEvent(nil, q.Name, b, expiresAt, producer, producerSeq), done)
+}
+
+// appendEnqueueEvent encodes a gevEnqueue event.
+func appendEnqueueEvent(data []byte, name string, b *shards.Body, expiresAt int64, producer, producerSeq uint64) []byte {
+	if data == nil {
+		data = make([]byte, 0, 57+len(name)+len(b.Exchange)+len(b.RoutingKey)+len(b.Props)+len(b.Payload))
+	}
 	data = append(data, gevEnqueue)
-	data = wire.AppendStr(data, q.Name)
+	data = wire.AppendStr(data, name)
 	data = wire.AppendU64(data, uint64(expiresAt))
 	data = wire.AppendBool(data, b.Persistent)
 	data = wire.AppendStrBytes(data, b.Exchange)
@@ -151,7 +158,39 @@ func (r *replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt i
 		data = wire.AppendU64(data, producer)
 		data = wire.AppendU64(data, producerSeq)
 	}
-	return r.propose(q, data, done)
+	return data
+}
+
+// enqueueEvent is a decoded gevEnqueue event after its queue name.
+type enqueueEvent struct {
+	expiresAt             int64
+	body                  *shards.Body
+	producer, producerSeq uint64
+}
+
+// decodeEnqueueEvent decodes the rest of a gevEnqueue event from rd,
+// which has read the kind and the queue name. The body it returns holds
+// one reference.
+func decodeEnqueueEvent(rd *wire.Reader) (enqueueEvent, bool) {
+	var ev enqueueEvent
+	ev.expiresAt = int64(rd.U64())
+	persistent := rd.Bool()
+	ex, key := rd.Str(wire.NameLenMax), rd.Str(wire.RoutingKeyLenMax)
+	props, payload := rd.Bytes(wire.FrameSizeMax), rd.Bytes(wire.FrameSizeMax)
+	var prio uint8
+	var at int64
+	if n := rd.Remaining(); n == 9 || n == 25 {
+		prio, at = rd.U8(), int64(rd.U64())
+	}
+	if rd.Remaining() == 16 {
+		ev.producer, ev.producerSeq = rd.U64(), rd.U64()
+	}
+	if rd.Err() != nil || rd.Remaining() != 0 {
+		return ev, false
+	}
+	ev.body = shards.NewBody(ex, key, props, payload, persistent)
+	ev.body.Priority, ev.body.DeliverAt = prio, at
+	return ev, true
 }
 
 func (r *replicator) ProposeRemoves(q *shards.Queue, seqs []uint64, done func(error)) error {
@@ -215,27 +254,13 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 	var call func(*shards.Shard)
 	switch kind {
 	case gevEnqueue:
-		exp := int64(rd.U64())
-		persistent := rd.Bool()
-		ex, key := rd.Str(wire.NameLenMax), rd.Str(wire.RoutingKeyLenMax)
-		props, payload := rd.Bytes(wire.FrameSizeMax), rd.Bytes(wire.FrameSizeMax)
-		var producer, producerSeq uint64
-		var prio uint8
-		var at int64
-		if n := rd.Remaining(); n == 9 || n == 25 {
-			prio, at = rd.U8(), int64(rd.U64())
-		}
-		if rd.Remaining() == 16 {
-			producer, producerSeq = rd.U64(), rd.U64()
-		}
-		if rd.Err() != nil || rd.Remaining() != 0 {
+		ev, ok := decodeEnqueueEvent(&rd)
+		if !ok {
 			s.log.Error("server: malformed replicated enqueue; skipped", "group", g, "index", e.Index)
 			return
 		}
-		b := shards.NewBody(ex, key, props, payload, persistent)
-		b.Priority, b.DeliverAt = prio, at
 		seq := e.Index
-		call = func(sh *shards.Shard) { sh.ApplyEnqueue(q, seq, b, exp, producer, producerSeq) }
+		call = func(sh *shards.Shard) { sh.ApplyEnqueue(q, seq, ev.body, ev.expiresAt, ev.producer, ev.producerSeq) }
 	case gevRemove:
 		seq := rd.U64()
 		if rd.Err() != nil {

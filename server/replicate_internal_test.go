@@ -38,3 +38,48 @@ func TestGroupErrorCodes(t *testing.T) {
 		}
 	}
 }
+
+// TestEnqueueEventTrailers: a replicated enqueue carries a priority and
+// deliver-at trailer, a producer trailer, both or neither, and each comes
+// back as written; trailing bytes that are neither are refused.
+func TestEnqueueEventTrailers(t *testing.T) {
+	for _, tc := range []struct {
+		prio     uint8
+		at       int64
+		producer uint64
+	}{{}, {prio: 7}, {at: 1767225600000000000}, {producer: 0x0123456789abcdef}, {prio: 3, at: 42, producer: 9}} {
+		b := shards.NewBody([]byte("ex"), []byte("key"), []byte{1, 2}, []byte("payload"), true)
+		b.Priority, b.DeliverAt = tc.prio, tc.at
+		data := appendEnqueueEvent(nil, "q", b, 1234, tc.producer, 77)
+		b.Unref()
+		var rd wire.Reader
+		rd.Reset(data)
+		if rd.U8() != gevEnqueue || string(rd.Str(wire.NameLenMax)) != "q" {
+			t.Fatalf("%+v: bad head", tc)
+		}
+		ev, ok := decodeEnqueueEvent(&rd)
+		if !ok {
+			t.Fatalf("%+v: refused", tc)
+		}
+		got := ev.body
+		if ev.expiresAt != 1234 || got.Priority != tc.prio || got.DeliverAt != tc.at || !got.Persistent ||
+			string(got.Exchange) != "ex" || string(got.RoutingKey) != "key" || string(got.Payload) != "payload" {
+			t.Fatalf("%+v: decoded %+v (priority %d, deliver-at %d)", tc, ev, got.Priority, got.DeliverAt)
+		}
+		want := uint64(0)
+		if tc.producer != 0 {
+			want = 77
+		}
+		if ev.producer != tc.producer || ev.producerSeq != want {
+			t.Fatalf("%+v: producer %x seq %d", tc, ev.producer, ev.producerSeq)
+		}
+		got.Unref()
+		// Five stray bytes are no trailer.
+		rd.Reset(append(data, 1, 2, 3, 4, 5))
+		rd.U8()
+		rd.Str(wire.NameLenMax)
+		if _, ok := decodeEnqueueEvent(&rd); ok {
+			t.Fatalf("%+v: an event with 5 stray bytes decoded", tc)
+		}
+	}
+}
