@@ -119,11 +119,11 @@ type Config struct {
 	// PeerAddr is where this broker's replication-group transport listens
 	// (host:port); "" runs no groups. It needs a controller. The broker
 	// publishes PeerAdvertise (default: the bound address) in the
-	// controller, and replicates every group of the cluster (the count
-	// set by "berthctl cluster init") with the GroupReplicas lowest-id
-	// brokers (default 3) once that many have registered.
+	// controller, and replicates the groups whose replica set the
+	// controller placed it in ("berthctl cluster init --groups G
+	// --replicas R"); it forwards publishes for the others to their
+	// masters.
 	PeerAddr, PeerAdvertise string
-	GroupReplicas           int
 
 	// AllowPlainWithoutTLS lets clients log in with PLAIN on the
 	// plaintext listener, where their password crosses the network in

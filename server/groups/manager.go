@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/berthmq/berth/controlplane/ctlapi"
@@ -31,10 +33,7 @@ type ManagerConfig struct {
 	Dir       string // the group journal's directory
 	Fsync     journal.FsyncPolicy
 	Ctl       *ctlclient.Client
-	// Replicas is how many brokers hold every group. The manager waits
-	// until that many brokers have registered and takes the lowest ids.
-	Replicas int
-	Apply    func(group uint32, e wire.GroupEntry)
+	Apply     func(group uint32, e wire.GroupEntry)
 	// OnMaster is told, on the node's goroutine, that this broker became
 	// master of a group.
 	OnMaster func(group uint32)
@@ -46,12 +45,14 @@ type ManagerConfig struct {
 	Logger       *slog.Logger
 }
 
-// Manager runs a broker's replication groups as the controller assigns
+// Manager runs a broker's replication groups as the controller placed
 // them: it publishes its peer address, waits for the cluster's group count
-// and the replica brokers, opens a Node for the groups, and from then on
-// passes every controller decision (master, epoch, SyncStateSet) to it,
-// asks for the first elections, and sends its SyncStateSet requests to the
-// controller.
+// and placement, opens a Node for the groups whose replica set holds this
+// broker (none: the broker only forwards), and from then on passes every
+// controller decision (master, epoch, SyncStateSet) to it, asks for the
+// first elections, and sends its SyncStateSet requests to the controller.
+// It keeps the controller's view of every group's master and of the
+// brokers' addresses (View) for forwarding to masters.
 type Manager struct {
 	cfg ManagerConfig
 	log *slog.Logger
@@ -69,6 +70,8 @@ type Manager struct {
 	node *Node
 	seen map[uint32]ctlapi.Group // the group records last passed on
 
+	view atomic.Pointer[View]
+
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -79,9 +82,6 @@ type Manager struct {
 func StartManager(cfg ManagerConfig) (*Manager, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
-	}
-	if cfg.Replicas <= 0 {
-		cfg.Replicas = 3
 	}
 	m := &Manager{cfg: cfg, log: cfg.Logger, seen: map[uint32]ctlapi.Group{}, alive: make(chan struct{})}
 	tr, err := Listen(cfg.PeerAddr, cfg.Self, func(msg *wire.GroupMessage) {
@@ -171,9 +171,10 @@ func (m *Manager) run() {
 			return
 		}
 	}
-	// Wait for the group count and the replica brokers' peer addresses.
+	// Wait for the group count, the placement and the peer addresses of
+	// the brokers sharing a group with this one.
 	var groups uint32
-	var replicas []uint32
+	sets := map[uint32][]uint32{} // this broker's groups' replica sets
 	for {
 		err := m.call(func(ctx context.Context) error {
 			info, err := cl.GetClusterInfo(ctx, ctlapi.ReadConsistent)
@@ -184,21 +185,25 @@ func (m *Manager) run() {
 			if groups == 0 {
 				return errors.New("the cluster has no groups yet")
 			}
-			bs, err := cl.GetBrokers(ctx, ctlapi.ReadConsistent)
+			gs, err := m.readGroups(ctx, groups)
 			if err != nil {
 				return err
 			}
-			if len(bs) < m.cfg.Replicas {
-				return fmt.Errorf("%d of %d brokers registered", len(bs), m.cfg.Replicas)
+			clear(sets)
+			peers := map[uint32]bool{}
+			for _, g := range gs {
+				if len(g.Replicas) == 0 {
+					return fmt.Errorf("group %d is not placed yet (no broker was registered at cluster init; run it again)", g.ID)
+				}
+				if slices.Contains(g.Replicas, m.cfg.Self) {
+					sets[g.ID] = g.Replicas
+					for _, id := range g.Replicas {
+						peers[id] = id != m.cfg.Self
+					}
+				}
 			}
-			ids := make([]uint32, 0, len(bs))
-			for _, b := range bs {
-				ids = append(ids, b.ID)
-			}
-			slices.Sort(ids)
-			replicas = ids[:m.cfg.Replicas]
-			for _, id := range replicas {
-				if id == m.cfg.Self {
+			for id, need := range peers {
+				if !need {
 					continue
 				}
 				addr, ok, err := cl.GetAttribute(ctx, ctlapi.ReadConsistent, PeerAttribute(id))
@@ -220,28 +225,42 @@ func (m *Manager) run() {
 			return
 		}
 	}
-	if !slices.Contains(replicas, m.cfg.Self) {
-		m.log.Warn("groups: this broker is not among the group replicas", "broker_id", m.cfg.Self, "replicas", replicas)
-		return
-	}
 	if m.cfg.OnGroupCount != nil {
 		m.cfg.OnGroupCount(groups)
 	}
-	ids := make([]uint32, groups)
-	for i := range ids {
-		ids[i] = uint32(i)
+	ids := slices.Sorted(maps.Keys(sets))
+	if len(ids) == 0 {
+		m.log.Info("groups: this broker holds no group; it forwards to the groups' masters", "broker_id", m.cfg.Self, "groups", groups)
+	} else {
+		n, err := OpenNode(NodeConfig{ID: m.cfg.Self, Dir: m.cfg.Dir, Fsync: m.cfg.Fsync, Transport: m.tr, Groups: ids,
+			ReplicaSets: sets, Apply: m.cfg.Apply, OnAlter: m.alter, OnMaster: m.cfg.OnMaster, OnStepDown: m.cfg.OnStepDown, Logger: m.log})
+		if err != nil {
+			m.log.Error("groups: open the group journal; the broker serves no group", "err", err)
+			return
+		}
+		m.mu.Lock()
+		m.node = n
+		m.mu.Unlock()
+		m.log.Info("groups: replicating", "groups", groups, "held", len(ids), "peer", m.cfg.Advertise)
 	}
-	n, err := OpenNode(NodeConfig{ID: m.cfg.Self, Dir: m.cfg.Dir, Fsync: m.cfg.Fsync, Transport: m.tr, Groups: ids,
-		Replicas: replicas, Apply: m.cfg.Apply, OnAlter: m.alter, OnMaster: m.cfg.OnMaster, OnStepDown: m.cfg.OnStepDown, Logger: m.log})
-	if err != nil {
-		m.log.Error("groups: open the group journal; the broker serves no group", "err", err)
-		return
-	}
-	m.mu.Lock()
-	m.node = n
-	m.mu.Unlock()
-	m.log.Info("groups: replicating", "groups", groups, "replicas", replicas, "peer", m.cfg.Advertise)
 	m.follow(groups)
+}
+
+// readGroups reads all groups' records, a page at a time.
+func (m *Manager) readGroups(ctx context.Context, groups uint32) ([]ctlapi.Group, error) {
+	var gs []ctlapi.Group
+	for start := uint32(0); start < groups; {
+		page, _, err := m.cfg.Ctl.GetGroups(ctx, ctlapi.ReadConsistent, start, 1024)
+		if err != nil {
+			return nil, err
+		}
+		if len(page) == 0 {
+			break
+		}
+		gs = append(gs, page...)
+		start += uint32(len(page))
+	}
+	return gs, nil
 }
 
 // follow passes the controller's group records to the node whenever the
@@ -255,19 +274,11 @@ func (m *Manager) follow(groups uint32) {
 	for {
 		var gs []ctlapi.Group
 		err := m.call(func(ctx context.Context) error {
-			gs = gs[:0]
-			for start := uint32(0); start < groups; {
-				page, _, err := cl.GetGroups(ctx, ctlapi.ReadConsistent, start, 1024)
-				if err != nil {
-					return err
-				}
-				if len(page) == 0 {
-					break
-				}
-				gs = append(gs, page...)
-				start += uint32(len(page))
+			var err error
+			if gs, err = m.readGroups(ctx, groups); err != nil {
+				return err
 			}
-			return nil
+			return m.refreshView(ctx, gs)
 		})
 		if err == nil {
 			m.update(gs)
@@ -293,6 +304,9 @@ func (m *Manager) update(gs []ctlapi.Group) {
 		if g.Epoch == 0 {
 			unelected = append(unelected, g.ID)
 			continue
+		}
+		if n == nil || !slices.Contains(g.Replicas, m.cfg.Self) {
+			continue // the View has it, for forwarding
 		}
 		old, seen := m.seen[g.ID]
 		if seen && old.Epoch == g.Epoch && old.Master == g.Master && slices.Equal(old.SyncStateSet, g.SyncStateSet) {
@@ -352,4 +366,49 @@ func (m *Manager) alter(g uint32, a group.AlterSet) {
 		// update tells; let the master ask again.
 		_ = n.AlterRefused(g, a.Epoch)
 	}()
+}
+
+// View is the controller's record of every group and of the brokers'
+// addresses, as this broker last read it. It is replaced whole, never
+// changed: readers may keep it.
+type View struct {
+	Groups []ctlapi.Group    // by id
+	Client map[uint32]string // each broker's first client address
+	Peer   map[uint32]string // each group master's peer address, when published
+}
+
+// View is the controller's view last read, or nil before the first read.
+// It is safe from any goroutine.
+func (m *Manager) View() *View { return m.view.Load() }
+
+// refreshView reads the brokers' addresses and the masters' peer
+// addresses (a restarted broker may publish a new one), and publishes a
+// new View.
+func (m *Manager) refreshView(ctx context.Context, gs []ctlapi.Group) error {
+	bs, err := m.cfg.Ctl.GetBrokers(ctx, ctlapi.ReadConsistent)
+	if err != nil {
+		return err
+	}
+	v := &View{Groups: gs, Client: map[uint32]string{}, Peer: map[uint32]string{}}
+	for _, b := range bs {
+		if len(b.Addrs) > 0 {
+			v.Client[b.ID] = b.Addrs[0]
+		}
+	}
+	asked := map[uint32]bool{}
+	for _, g := range gs {
+		if g.Master == 0 || g.Master == m.cfg.Self || asked[g.Master] {
+			continue
+		}
+		asked[g.Master] = true
+		addr, ok, err := m.cfg.Ctl.GetAttribute(ctx, ctlapi.ReadConsistent, PeerAttribute(g.Master))
+		if err != nil {
+			return err
+		}
+		if ok {
+			v.Peer[g.Master] = addr
+		}
+	}
+	m.view.Store(v)
+	return nil
 }
