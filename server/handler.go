@@ -471,6 +471,10 @@ func (h *handler) subscribe(cs *connState, body []byte) (bool, gnet.Action) {
 		cs.fail(m.CommandID, wire.CodeNotFound, "no queue "+string(m.Queue))
 		return true, gnet.None
 	}
+	if where := h.s.consumeRedirect(q); where != "" {
+		cs.fail(m.CommandID, wire.CodeNotAllowed, where)
+		return true, gnet.None
+	}
 	cmd := shards.Command{Op: shards.OpSubscribe, Sess: cs.sess, CmdID: m.CommandID, Queue: q, ConsumerID: m.ConsumerID,
 		Credit: m.Credit, AckMode: m.AckMode, Exclusive: m.Flags&wire.SubscribeExclusive != 0}
 	if !h.push(cs, q.Shard(), cmd) {

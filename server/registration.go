@@ -260,6 +260,14 @@ func (s *Server) startGroups() error {
 				s.replicator.groups.CompareAndSwap(0, n)
 			}
 		},
+		OnForward: func(from, g uint32, event []byte, reply groups.ForwardReply) {
+			if s.replicator == nil {
+				reply.Send(wire.CodeResourceLimit, "the broker is starting; retry")
+				return
+			}
+			s.replicator.serveForward(from, g, event, reply)
+		},
+		ForwardError: forwardError,
 	})
 	if err != nil {
 		return fmt.Errorf("server: %w", err)

@@ -10,9 +10,10 @@ package server
 // ready, so after a failover the new master delivers again whatever the
 // old one had handed out and not had accepted (guarantee 6).
 //
-// What this first version leaves out: publishing or consuming through a
-// broker that is not the group's master (it refuses with a message naming
-// the group); dead letters of replicated queues; deletes and purges are
+// A publish taken by a broker that is not the group's master is forwarded
+// to the master (forward.go). What this version leaves out: consuming
+// through a broker that is not the group's master (it refuses with a
+// redirect naming the master); dead letters of replicated queues; deletes and purges are
 // replicated as the removes of each message, the queue object itself stays
 // on the followers until they restart; a master that steps down without
 // restarting keeps its local view until it restarts; the group log is
@@ -30,6 +31,7 @@ import (
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/server/groups"
 	"github.com/berthmq/berth/shards"
+	"github.com/berthmq/berth/shards/group"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -91,12 +93,21 @@ var errGroupsStarting = shards.Errorf(wire.CodeResourceLimit, "the replication g
 
 func (r *replicator) propose(q *shards.Queue, data []byte, done func(error)) error {
 	g, _ := q.Replicated()
+	if n := r.node(); (n == nil || !n.IsMaster(g)) && data[0] == gevEnqueue {
+		return r.forward(g, data, done) // forward.go
+	}
+	return r.proposeHere(q, data, done)
+}
+
+// proposeHere proposes on this broker, which must be g's master.
+func (r *replicator) proposeHere(q *shards.Queue, data []byte, done func(error)) error {
+	g, _ := q.Replicated()
 	n := r.node()
 	if n == nil {
 		return errGroupsStarting
 	}
 	if !n.IsMaster(g) {
-		return shards.Errorf(wire.CodeNotAllowed, "queue %q is replicated in group %d, whose master is another broker: publish there", q.Name, g)
+		return shards.Errorf(wire.CodeNotAllowed, "queue %q is replicated in group %d, whose master is another broker", q.Name, g)
 	}
 	err := n.ProposeAsync(g, data, func(err error) { done(groupError(err)) })
 	if errors.Is(err, groups.ErrBusy) {
@@ -112,6 +123,10 @@ func groupError(err error) error {
 		return nil
 	case errors.Is(err, groups.ErrClosed):
 		return shards.Errorf(wire.CodeShutdown, "the broker is shutting down")
+	case errors.Is(err, group.ErrNotMaster):
+		return shards.Errorf(wire.CodeResourceLimit, "this broker stopped being the group's master; the publish may or may not have taken effect; retry")
+	case errors.Is(err, group.ErrNotEnoughSet), errors.Is(err, group.ErrBacklog):
+		return shards.Errorf(wire.CodeResourceLimit, "%v; retry", err)
 	}
 	return shards.Errorf(wire.CodeInternal, "%v", err)
 }

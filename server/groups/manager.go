@@ -43,6 +43,12 @@ type ManagerConfig struct {
 	// before the node opens.
 	OnGroupCount func(groups uint32)
 	Logger       *slog.Logger
+	// OnForward takes the events other brokers forward to this one as a
+	// group's master (forward.go); nil refuses forwarding connections.
+	OnForward ForwardHandler
+	// ForwardError builds the error of a forward the master refused;
+	// default a plain error with the master's text.
+	ForwardError func(code wire.ErrorCode, text string) error
 }
 
 // Manager runs a broker's replication groups as the controller placed
@@ -65,6 +71,8 @@ type Manager struct {
 	// the masters over all of them.
 	alive     chan struct{}
 	aliveOnce sync.Once
+
+	fwd *Forwarder
 
 	mu   sync.Mutex
 	node *Node
@@ -93,6 +101,15 @@ func StartManager(cfg ManagerConfig) (*Manager, error) {
 		return nil, err
 	}
 	m.tr = tr
+	if cfg.OnForward != nil {
+		tr.SetForwardHandler(cfg.OnForward)
+	}
+	if cfg.ForwardError == nil {
+		cfg.ForwardError = func(code wire.ErrorCode, text string) error {
+			return fmt.Errorf("groups: the master refused (%v): %s", code, text)
+		}
+	}
+	m.fwd = NewForwarder(cfg.Self, cfg.ForwardError, cfg.Logger)
 	if m.cfg.Advertise == "" {
 		m.cfg.Advertise = tr.Addr()
 	}
@@ -127,10 +144,15 @@ func (m *Manager) LogEnds() []ctlapi.GroupLogEnd {
 	return n.LogEnds()
 }
 
-// Close stops following the controller, the node and the transport.
+// Forwarder sends events to the groups' masters.
+func (m *Manager) Forwarder() *Forwarder { return m.fwd }
+
+// Close stops following the controller, the forwards, the node and the
+// transport.
 func (m *Manager) Close() {
 	m.cancel()
 	m.wg.Wait()
+	m.fwd.Close()
 	if n := m.currentNode(); n != nil {
 		if err := n.Close(); err != nil {
 			m.log.Error("groups: close the group journal", "err", err)

@@ -46,6 +46,7 @@ type Transport struct {
 	handler func(*wire.GroupMessage)
 	log     *slog.Logger
 	faults  atomic.Pointer[Faults]
+	forward atomic.Pointer[ForwardHandler] // forward.go
 
 	mu    sync.Mutex
 	addrs map[uint32]string
@@ -266,6 +267,14 @@ func (t *Transport) read(conn net.Conn) {
 				return
 			}
 			from = id
+		case from == 0 && h.Type == wire.TypeForwardHello:
+			id, _, err := wire.DecodeForwardHello(body)
+			if err != nil || id == 0 {
+				t.log.Warn("groups: bad forwarding hello from peer", "remote", conn.RemoteAddr().String())
+				return
+			}
+			t.serveForwards(conn, r, id)
+			return
 		case from != 0 && h.Type == wire.TypeGroupMessage:
 			var m wire.GroupMessage
 			if err := wire.DecodeGroupMessage(body, &m); err != nil || m.From != from || m.To != t.self {

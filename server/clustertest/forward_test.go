@@ -1,0 +1,323 @@
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/berthmq/berth/client"
+	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/internal/testutil"
+	"github.com/berthmq/berth/wire"
+)
+
+// brokerIDs maps each process of c to its broker id.
+func (c *rcluster) brokerIDs() map[*node]uint32 {
+	c.t.Helper()
+	bs, err := c.cl.GetBrokers(c.ctx, ctlapi.ReadConsistent)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	out := map[*node]uint32{}
+	for _, b := range bs {
+		for _, n := range c.nodes {
+			if len(b.Addrs) > 0 && b.Addrs[0] == n.client {
+				out[n] = b.ID
+			}
+		}
+	}
+	if len(out) != len(c.nodes) {
+		c.t.Fatalf("%d of %d processes matched to brokers", len(out), len(c.nodes))
+	}
+	return out
+}
+
+// declareEverywhere declares the durable queue on every broker, as a
+// client of each would before using it: a broker learns a queue declared
+// elsewhere only when it declares it too, restarts, or holds its group.
+func (c *rcluster) declareEverywhere(queue string) {
+	c.t.Helper()
+	for _, n := range c.nodes {
+		conn := dial(c.t, c.ctx, n.client)
+		if err := conn.DeclareQueue(c.ctx, queue, client.QueueOptions{Durable: true}); err != nil {
+			c.t.Fatalf("declare %q at %s: %v", queue, n.name, err)
+		}
+		conn.Close()
+	}
+}
+
+// spreadOf is the largest count minus the smallest over ids.
+func spreadOf(counts map[uint32]int, ids map[*node]uint32) int {
+	lo, hi := -1, 0
+	for _, id := range ids {
+		n := counts[id]
+		if lo < 0 || n < lo {
+			lo = n
+		}
+		hi = max(hi, n)
+	}
+	return hi - lo
+}
+
+// TestForwardPlacement: 3 and 5 real brokers, 3 replicas per group. The
+// controller spreads replicas and masters evenly (each broker's counts
+// within one of the others'), each broker runs exactly the groups placed
+// on it, a publish through every broker (followers and brokers outside the
+// group forward to the master) reaches the queue, a consumer on a broker
+// that is not the master is sent to the master's address, and the master
+// delivers every message exactly once, in order per producer.
+func TestForwardPlacement(t *testing.T) {
+	for _, tc := range []struct {
+		brokers int
+		groups  uint32
+	}{{3, 6}, {5, 10}} {
+		t.Run(fmt.Sprintf("brokers=%d", tc.brokers), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+			defer cancel()
+			c := startReplicatedN(t, ctx, tc.groups, tc.brokers, 3)
+			ids := c.brokerIDs()
+			for g := range tc.groups {
+				c.waitServing(g)
+			}
+			gs, _, err := c.cl.GetGroups(ctx, ctlapi.ReadConsistent, 0, tc.groups)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held, mastered := map[uint32]int{}, map[uint32]int{}
+			for _, g := range gs {
+				if len(g.Replicas) != 3 || !slices.Contains(g.Replicas, g.Master) {
+					t.Fatalf("group %d: replicas %v, master %d", g.ID, g.Replicas, g.Master)
+				}
+				for _, id := range g.Replicas {
+					held[id]++
+				}
+				mastered[g.Master]++
+			}
+			if s := spreadOf(held, ids); s > 1 {
+				t.Errorf("groups held per broker %v: spread %d", held, s)
+			}
+			if s := spreadOf(mastered, ids); s > 1 {
+				t.Errorf("groups mastered per broker %v: spread %d", mastered, s)
+			}
+			t.Logf("held %v, mastered %v", held, mastered)
+			// Each broker runs the groups placed on it, and no other.
+			for n, id := range ids {
+				var view struct{ Groups []struct{ Group uint32 } }
+				if err := c.getJSON(n, "/v1/groups", &view); err != nil {
+					t.Fatal(err)
+				}
+				var runs, want []uint32
+				for _, v := range view.Groups {
+					runs = append(runs, v.Group)
+				}
+				for _, g := range gs {
+					if slices.Contains(g.Replicas, id) {
+						want = append(want, g.ID)
+					}
+				}
+				if !slices.Equal(runs, want) {
+					t.Fatalf("broker %d runs groups %v, placed in %v", id, runs, want)
+				}
+			}
+
+			const queue, perProducer = "forwarded", 200
+			g, master, mnode, _ := c.declare(queue, tc.groups)
+			t.Logf("queue %q in group %d, replicas %v, master %d", queue, g, gs[g].Replicas, master)
+			c.declareEverywhere(queue)
+			var wg sync.WaitGroup
+			errs := make(chan error, tc.brokers*perProducer)
+			for i, n := range c.nodes {
+				conn := dial(t, ctx, n.client)
+				wg.Add(perProducer)
+				for k := range perProducer {
+					msg := fmt.Sprintf("p%d-%04d", i, k)
+					err := conn.PublishAsync(ctx, "", queue, []byte(msg), client.PublishOptions{Persistent: true}, func(err error) {
+						if err != nil {
+							errs <- fmt.Errorf("%s through %s: %w", msg, n.name, err)
+						}
+						wg.Done()
+					})
+					if err != nil {
+						t.Fatalf("%s through %s: %v", msg, n.name, err)
+					}
+				}
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Fatal(err)
+			}
+			// A consumer elsewhere is sent to the master.
+			for _, n := range c.nodes {
+				if n == mnode {
+					continue
+				}
+				conn := dial(t, ctx, n.client)
+				_, err := conn.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 10})
+				if client.Code(err) != wire.CodeNotAllowed || !strings.Contains(err.Error(), mnode.client) {
+					t.Fatalf("subscribe at %s, not the master: %v; want a redirect to %s", n.name, err, mnode.client)
+				}
+				break
+			}
+			got := consumeUntil(t, ctx, mnode, queue, tc.brokers*perProducer, "")
+			next := make([]int, tc.brokers)
+			for _, m := range got {
+				p, k := parseMsg(t, m)
+				if k != next[p] {
+					t.Fatalf("producer %d: got message %d, want %d (exactly once, in order)", p, k, next[p])
+				}
+				next[p]++
+			}
+		})
+	}
+}
+
+func parseMsg(t *testing.T, m string) (producer, seq int) {
+	t.Helper()
+	a, b, ok := strings.Cut(strings.TrimPrefix(m, "p"), "-")
+	p, err1 := strconv.Atoi(a)
+	k, err2 := strconv.Atoi(b)
+	if !ok || err1 != nil || err2 != nil {
+		t.Fatalf("unexpected message %q", m)
+	}
+	return p, k
+}
+
+// consumeUntil subscribes at n and takes messages, accepting each, until
+// it has want of them or sees the message stop; it fails on a wait of 10 s.
+func consumeUntil(t *testing.T, ctx context.Context, n *node, queue string, want int, stop string) []string {
+	t.Helper()
+	conn := dial(t, ctx, n.client)
+	var con *client.Consumer
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		var err error
+		con, err = conn.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 500, AutoCredit: true})
+		return err
+	})
+	var got []string
+	for len(got) < want {
+		nctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		d, err := con.Next(nctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("after %d deliveries from %s: %v", len(got), n.name, err)
+		}
+		if err := d.Accept(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if string(d.Payload) == stop {
+			break
+		}
+		got = append(got, string(d.Payload))
+	}
+	return got
+}
+
+// TestForwardMasterKilled: publishes pipelined through a follower, which
+// forwards them, while the group's master is killed (kill -9). Every
+// publish completes or fails; every one that completed is delivered by
+// the new master exactly once; a failed one is delivered at most once
+// (its outcome was unknown); order per producer holds; and the follower
+// forwards to the new master once it serves.
+func TestForwardMasterKilled(t *testing.T) {
+	const groups, total, killAt = 3, 3000, 300
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	c := startReplicated(t, ctx, groups)
+	const queue = "forward-kill"
+	g, master, mnode, _ := c.declare(queue, groups)
+	c.declareEverywhere(queue)
+	var fnode *node
+	for _, n := range c.nodes {
+		if n != mnode {
+			fnode = n
+			break
+		}
+	}
+	conn := dial(t, ctx, fnode.client)
+	var mu sync.Mutex
+	outcome := make([]error, total)
+	completed := 0
+	killed := make(chan struct{})
+	var wg sync.WaitGroup
+	for k := range total {
+		wg.Add(1)
+		msg := fmt.Sprintf("p0-%04d", k)
+		err := conn.PublishAsync(ctx, "", queue, []byte(msg), client.PublishOptions{Persistent: true}, func(err error) {
+			mu.Lock()
+			outcome[k] = err
+			if err == nil {
+				completed++
+				if completed == killAt {
+					close(killed)
+				}
+			}
+			mu.Unlock()
+			wg.Done()
+		})
+		if err != nil {
+			wg.Done()
+			mu.Lock()
+			outcome[k] = err
+			mu.Unlock()
+		}
+		if k == killAt*2 {
+			select {
+			case <-killed:
+			case <-ctx.Done():
+				t.Fatal("publishes do not complete")
+			}
+			mnode.signal(syscall.SIGKILL)
+		}
+	}
+	wg.Wait()
+	ok, failed := 0, 0
+	for k, err := range outcome {
+		if err == nil {
+			ok++
+			continue
+		}
+		failed++
+		if code := client.Code(err); code != wire.CodeResourceLimit {
+			t.Errorf("publish %d failed with %v; want a retryable resource-limit", k, err)
+		}
+	}
+	t.Logf("kill -9 of the master with forwards in flight: %d completed, %d failed", ok, failed)
+	if ok < killAt {
+		t.Fatalf("only %d publishes completed", ok)
+	}
+	newMaster := c.waitNewMaster(g, master)
+	const stop = "stop"
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		return conn.Publish(ctx, "", queue, []byte(stop), client.PublishOptions{Persistent: true})
+	})
+	got := consumeUntil(t, ctx, c.nodeOf(newMaster), queue, total+1, stop)
+	seen := make([]int, total)
+	last := -1
+	for _, m := range got {
+		_, k := parseMsg(t, m)
+		if k <= last {
+			t.Fatalf("message %d after %d: order per producer broken", k, last)
+		}
+		last = k
+		seen[k]++
+	}
+	lost, dup := 0, 0
+	for k := range total {
+		if outcome[k] == nil && seen[k] != 1 {
+			lost++
+		}
+		if seen[k] > 1 {
+			dup++
+		}
+	}
+	if lost > 0 || dup > 0 {
+		t.Fatalf("%d completed publishes not delivered exactly once, %d delivered twice", lost, dup)
+	}
+}
