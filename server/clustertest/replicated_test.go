@@ -22,21 +22,21 @@ import (
 // rcluster is three berthd processes with replication groups and a
 // 3-member controller, initialised with some groups.
 type rcluster struct {
-	t      *testing.T
+	t      testing.TB
 	ctx    context.Context
 	nodes  []*node
 	admins map[*node]string
 	cl     *ctlclient.Client
 }
 
-func startReplicated(t *testing.T, ctx context.Context, groups uint32) *rcluster {
+func startReplicated(t testing.TB, ctx context.Context, groups uint32) *rcluster {
 	t.Helper()
 	return startReplicatedN(t, ctx, groups, 3, 0)
 }
 
 // startReplicatedN is startReplicated with brokers brokers (each embedding
 // a controller member) and replicas brokers per group (0: the default).
-func startReplicatedN(t *testing.T, ctx context.Context, groups uint32, brokers int, replicas uint32) *rcluster {
+func startReplicatedN(t testing.TB, ctx context.Context, groups uint32, brokers int, replicas uint32) *rcluster {
 	t.Helper()
 	c := &rcluster{t: t, ctx: ctx, admins: map[*node]string{}}
 	roles := make([]string, brokers)
