@@ -62,7 +62,8 @@ func TestProtocolDocExamples(t *testing.T) {
 	}
 	for _, typ := range []wire.Type{wire.TypeHello, wire.TypeWelcome, wire.TypeHeartbeat, wire.TypeClose, wire.TypeComplete,
 		wire.TypeError, wire.TypeAuth, wire.TypeDeclareQueue, wire.TypeDeclareExchange, wire.TypeBind, wire.TypeDelete, wire.TypePurge,
-		wire.TypePublish, wire.TypeSubscribe, wire.TypeCancel, wire.TypeCredit, wire.TypeDeliver, wire.TypeAccept} {
+		wire.TypePublish, wire.TypeSubscribe, wire.TypeCancel, wire.TypeCredit, wire.TypeDeliver, wire.TypeAccept,
+		wire.TypeForwardHello, wire.TypeForward, wire.TypeForwardResult} {
 		if !seen[typ] {
 			t.Errorf("no example for %v", typ)
 		}
@@ -111,6 +112,15 @@ func decodeAny(t wire.Type, body []byte) error {
 		return wire.DecodeDeliver(body, &wire.Deliver{})
 	case wire.TypeAccept, wire.TypeRelease, wire.TypeReject:
 		return wire.DecodeSettle(body, &wire.Settle{})
+	case wire.TypeForwardHello: // broker to broker (section 9)
+		_, _, err := wire.DecodeForwardHello(body)
+		return err
+	case wire.TypeForward:
+		_, _, _, err := wire.DecodeForward(body)
+		return err
+	case wire.TypeForwardResult:
+		_, _, _, err := wire.DecodeForwardResult(body)
+		return err
 	}
 	return wire.ErrUnknownType
 }
