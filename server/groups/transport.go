@@ -1,6 +1,10 @@
 // Package groups runs a broker's replication groups: the peer transport
-// between brokers (port 7401 by default), and a Node that drives the
-// shards/group state machines with a write-ahead journal on disk.
+// between brokers (port 7401 by default), a Node that drives the
+// shards/group state machines of the groups the controller placed on this
+// broker with a write-ahead journal on disk, the Manager that follows the
+// controller, and the Forwarder that sends events taken for other
+// brokers' groups to those groups' masters (forward.go), whose
+// forwarding connections arrive on the same peer port.
 package groups
 
 import (
