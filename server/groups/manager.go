@@ -324,7 +324,13 @@ func (m *Manager) update(gs []ctlapi.Group) {
 	var unelected []uint32
 	for _, g := range gs {
 		if g.Epoch == 0 {
-			unelected = append(unelected, g.ID)
+			// Only a replica asks: it opened its node once every replica
+			// of its groups published its peer address, which each does
+			// after the controller took its heartbeat, so all of them
+			// are candidates alive and the placement's first master wins.
+			if n != nil && slices.Contains(g.Replicas, m.cfg.Self) {
+				unelected = append(unelected, g.ID)
+			}
 			continue
 		}
 		if n == nil || !slices.Contains(g.Replicas, m.cfg.Self) {
@@ -353,7 +359,7 @@ func (m *Manager) update(gs []ctlapi.Group) {
 		m.seen[g.ID] = g
 	}
 	if len(unelected) > 0 {
-		// Every broker may ask; an election of a group already elected
+		// Every replica may ask; an election of a group already elected
 		// changes nothing (its epoch moved on).
 		err := m.call(func(ctx context.Context) error {
 			_, err := m.cfg.Ctl.ElectMaster(ctx, unelected, 0)
