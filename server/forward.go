@@ -12,9 +12,8 @@ package server
 // so a retry without a producer id may duplicate it.
 //
 // Only enqueues are forwarded: removes and barriers come from the
-// master's own consumers. A consumer on a broker that is not the master
-// gets a redirect error naming the master's client address (deliveries are
-// not proxied yet).
+// master's consumers, among them those other brokers proxy to it
+// (proxy.go).
 
 import (
 	"errors"
@@ -149,29 +148,4 @@ func sendOutcome(reply groups.ForwardReply, err error) {
 		return
 	}
 	reply.Send(shards.CodeOf(err), err.Error())
-}
-
-// consumeRedirect is, for a replicated queue whose group another broker
-// masters, the error text that sends a consumer to that master's client
-// address; "" when this broker may take the subscribe (the shard still
-// refuses it if it turns out not to be master).
-func (s *Server) consumeRedirect(q *shards.Queue) string {
-	g, ok := q.Replicated()
-	if !ok || s.replicator == nil || s.replicator.IsMaster(g) {
-		return ""
-	}
-	m := s.groups.Load()
-	if m == nil {
-		return ""
-	}
-	v := m.View()
-	if v == nil || int(g) >= len(v.Groups) {
-		return ""
-	}
-	master := v.Groups[g].Master
-	addr := v.Client[master]
-	if master == 0 || master == s.brokerID || addr == "" {
-		return fmt.Sprintf("queue %q is replicated in group %d, which has no serving master now; retry", q.Name, g)
-	}
-	return fmt.Sprintf("queue %q is replicated in group %d, mastered by broker %d: consume at %s", q.Name, g, master, addr)
 }

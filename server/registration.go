@@ -268,10 +268,21 @@ func (s *Server) startGroups() error {
 			s.replicator.serveForward(from, g, event, reply)
 		},
 		ForwardError: forwardError,
+		OnProxy: groups.ProxyHandler{
+			Command: func(from uint32, out groups.ProxyOut, version wire.Version, frameMax uint32, frame []byte) {
+				if s.replicator == nil {
+					out.Write([][]byte{wire.AppendError(nil, version, 0, wire.CodeResourceLimit, "the broker is starting; retry")})
+					return
+				}
+				s.proxyCommand(from, out, version, frameMax, frame)
+			},
+			Close: s.proxyClose,
+		},
 	})
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
+	m.Forwarder().SetProxy(s.proxyOutput, s.proxyLost)
 	s.groups.Store(m)
 	s.log.Info("server: replication groups' peer transport listening", "peer", m.PeerAddr())
 	return nil

@@ -259,8 +259,12 @@ type Server struct {
 	welcomeAddrs atomic.Pointer[[][]byte]
 	// groups runs the replication groups (PeerAddr set), or nil;
 	// replicator connects the shards to them (replicate.go).
-	groups     atomic.Pointer[groups.Manager]
-	replicator *replicator
+	groups atomic.Pointer[groups.Manager]
+	// proxies and proxiedSessions are the consumers proxied to other
+	// brokers and, as a master, for other brokers (proxy.go).
+	proxies         proxyTable
+	proxiedSessions proxiedTable
+	replicator      *replicator
 	// regCtx ends at Close; it stops the registration and heartbeat loop
 	// (regWG) and cancels its calls.
 	regCtx    context.Context

@@ -86,3 +86,75 @@ func DecodeForwardResult(body []byte) (id uint64, code ErrorCode, text []byte, e
 	}
 	return id, code, text, nil
 }
+
+// Consumer proxying, on the same forwarding connection: a broker whose
+// client subscribes to a replicated queue that another broker masters
+// opens a proxy session on the master and passes it the client's
+// consumer commands as they are; the master runs them on a session of
+// its own and sends back, as they are, the client frames its shards write
+// for that session (DELIVER, COMPLETE, ERROR), which the proxying broker
+// writes to its client.
+const (
+	// TypeProxyCommand carries one client frame (SUBSCRIBE, CREDIT,
+	// ACCEPT, RELEASE, REJECT or CANCEL) of a proxied session: session
+	// uint64 (the proxying broker's id for it), the client's version
+	// uint16 and maximum frame size uint32, then the whole client frame.
+	// The first command of a session opens it on the master.
+	TypeProxyCommand Type = 0xC5
+	// TypeProxyOutput carries client frames the master wrote for a
+	// proxied session: session uint64, then whole client frames.
+	TypeProxyOutput Type = 0xC6
+	// TypeProxyClose ends a proxied session (its client went away): session
+	// uint64. What its consumers held is released on the master.
+	TypeProxyClose Type = 0xC7
+)
+
+const proxyCommandPrefix = 14
+
+// AppendProxyCommand appends a whole TypeProxyCommand frame carrying the
+// client frame (header and body).
+func AppendProxyCommand(dst []byte, session uint64, version Version, frameMax uint32, frame []byte) []byte {
+	dst = AppendHeader(dst, Header{Version: Current, Type: TypeProxyCommand, Length: uint32(proxyCommandPrefix + len(frame))})
+	dst = binary.BigEndian.AppendUint64(dst, session)
+	dst = binary.BigEndian.AppendUint16(dst, uint16(version))
+	dst = binary.BigEndian.AppendUint32(dst, frameMax)
+	return append(dst, frame...)
+}
+
+// DecodeProxyCommand decodes a TypeProxyCommand body; frame aliases body
+// and holds a whole client frame.
+func DecodeProxyCommand(body []byte) (session uint64, version Version, frameMax uint32, frame []byte, err error) {
+	if len(body) < proxyCommandPrefix+HeaderSize {
+		return 0, 0, 0, nil, ErrMalformed
+	}
+	return binary.BigEndian.Uint64(body), Version(binary.BigEndian.Uint16(body[8:])), binary.BigEndian.Uint32(body[10:]), body[proxyCommandPrefix:], nil
+}
+
+// AppendProxyOutputHeader appends a TypeProxyOutput frame's header and
+// session for n bytes of client frames, which the caller appends after it.
+func AppendProxyOutputHeader(dst []byte, session uint64, n int) []byte {
+	dst = AppendHeader(dst, Header{Version: Current, Type: TypeProxyOutput, Length: uint32(8 + n)})
+	return binary.BigEndian.AppendUint64(dst, session)
+}
+
+// DecodeProxyOutput decodes a TypeProxyOutput body; frames aliases body.
+func DecodeProxyOutput(body []byte) (session uint64, frames []byte, err error) {
+	if len(body) < 8 {
+		return 0, nil, ErrMalformed
+	}
+	return binary.BigEndian.Uint64(body), body[8:], nil
+}
+
+// AppendProxyClose appends a whole TypeProxyClose frame.
+func AppendProxyClose(dst []byte, session uint64) []byte {
+	dst = AppendHeader(dst, Header{Version: Current, Type: TypeProxyClose, Length: 8})
+	return binary.BigEndian.AppendUint64(dst, session)
+}
+
+// DecodeProxyClose decodes a TypeProxyClose body.
+func DecodeProxyClose(body []byte) (session uint64, err error) {
+	if len(body) != 8 {
+		return 0, ErrMalformed
+	}
+	return binary.BigEndian.Uint64(body), nil
+}

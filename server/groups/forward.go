@@ -42,6 +42,9 @@ const (
 	// forwardRedialMin is how long forwards to a master whose dial failed
 	// are refused before the next dial.
 	forwardRedialMin = 100 * time.Millisecond
+	// proxySessionsMax bounds the proxied sessions open on one forwarding
+	// connection.
+	proxySessionsMax = 1 << 14
 )
 
 // ErrForwardBusy is returned when a master's forwarding window or buffer
@@ -68,6 +71,13 @@ type Forwarder struct {
 	log  *slog.Logger
 	// mapError turns a master's answer into the error done receives.
 	mapError func(code wire.ErrorCode, text string) error
+
+	// proxyOutput takes the client frames a master sent for a proxied
+	// session (frames aliases the read buffer); linkLost is told that
+	// the connection to a master ended, so every session proxied there
+	// ended too. Set by SetProxy before the first SendProxy.
+	proxyOutput func(master uint32, session uint64, frames []byte)
+	linkLost    func(master uint32)
 
 	links atomic.Pointer[map[uint32]*forwardLink] // copy on write, under mu
 	mu    sync.Mutex
@@ -152,6 +162,44 @@ func (f *Forwarder) Forward(master uint32, addr string, g uint32, event []byte, 
 	return nil
 }
 
+// SetProxy sets what the forwarder does with proxied sessions' output
+// and with the end of a master's connection. Call it before any
+// SendProxy.
+func (f *Forwarder) SetProxy(output func(master uint32, session uint64, frames []byte), lost func(master uint32)) {
+	f.proxyOutput, f.linkLost = output, lost
+}
+
+// SendProxy queues a whole frame (a TypeProxyCommand or TypeProxyClose)
+// for broker master, which listens on addr. It never blocks; an error
+// means it was not queued.
+func (f *Forwarder) SendProxy(master uint32, addr string, frame []byte) error {
+	l := f.link(master)
+	if l == nil {
+		return &ForwardLostError{Master: master, Err: ErrClosed}
+	}
+	l.mu.Lock()
+	if l.mu.addr != addr {
+		l.mu.addr = addr
+		l.mu.refuseUntil = time.Time{}
+	}
+	if time.Now().Before(l.mu.refuseUntil) {
+		err := l.mu.refuseErr
+		l.mu.Unlock()
+		return &ForwardLostError{Master: master, Err: err}
+	}
+	if len(l.mu.out)+len(frame) > forwardBufMax {
+		l.mu.Unlock()
+		return ErrForwardBusy
+	}
+	l.mu.out = append(l.mu.out, frame...)
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
 // link is the link to master, started on first use; nil once closed.
 func (f *Forwarder) link(master uint32) *forwardLink {
 	if l := (*f.links.Load())[master]; l != nil {
@@ -215,6 +263,14 @@ func (l *forwardLink) failAll(err error) {
 	}
 }
 
+// lost tells the proxying side that the sessions proxied to l's master
+// ended with its connection.
+func (l *forwardLink) lost() {
+	if l.f.linkLost != nil {
+		l.f.linkLost(l.to)
+	}
+}
+
 // finish ends forward id with the master's answer.
 func (l *forwardLink) finish(id uint64, code wire.ErrorCode, text []byte) {
 	l.mu.Lock()
@@ -247,7 +303,7 @@ func (l *forwardLink) run() {
 		case <-l.wake:
 		}
 		l.mu.Lock()
-		addr, waiting := l.mu.addr, l.mu.inflight > 0
+		addr, waiting := l.mu.addr, l.mu.inflight > 0 || len(l.mu.out) > 0
 		l.mu.Unlock()
 		if !waiting {
 			continue
@@ -258,11 +314,13 @@ func (l *forwardLink) run() {
 			l.mu.refuseUntil, l.mu.refuseErr = time.Now().Add(forwardRedialMin), fmt.Errorf("dial %s: %w", addr, err)
 			l.mu.Unlock()
 			l.failAll(err)
+			l.lost()
 			continue
 		}
 		err = l.serve(conn)
 		l.f.log.Debug("groups: forwarding connection ended", "master", l.to, "err", err)
 		l.failAll(err)
+		l.lost()
 	}
 }
 
@@ -323,12 +381,26 @@ func (l *forwardLink) read(conn net.Conn) error {
 		if err != nil {
 			return err
 		}
-		if h.Type != wire.TypeForwardResult || h.Length > 8+2+2+wire.ForwardTextMax {
+		switch {
+		case h.Type == wire.TypeForwardResult && h.Length <= 8+2+2+wire.ForwardTextMax:
+		case h.Type == wire.TypeProxyOutput && l.f.proxyOutput != nil:
+		default:
 			return fmt.Errorf("groups: unexpected frame %v of %d bytes from master %d", h.Type, h.Length, l.to)
+		}
+		if cap(body) < int(h.Length) {
+			body = make([]byte, h.Length)
 		}
 		body = body[:h.Length]
 		if _, err := io.ReadFull(r, body); err != nil {
 			return err
+		}
+		if h.Type == wire.TypeProxyOutput {
+			session, frames, err := wire.DecodeProxyOutput(body)
+			if err != nil {
+				return err
+			}
+			l.f.proxyOutput(l.to, session, frames)
+			continue
 		}
 		id, code, text, err := wire.DecodeForwardResult(body)
 		if err != nil {
@@ -402,6 +474,50 @@ func (c *forwardConn) write(stop <-chan struct{}) {
 	}
 }
 
+// ProxyOut writes client frames to one proxied session's broker; it is
+// comparable, so it serves as the session's key. Write is safe from any
+// goroutine; it copies bufs and reports false once the connection closed.
+type ProxyOut struct {
+	c       *forwardConn
+	session uint64
+}
+
+// Write queues bufs, whole client frames, for the proxying broker.
+func (p ProxyOut) Write(bufs [][]byte) bool {
+	n := 0
+	for _, b := range bufs {
+		n += len(b)
+	}
+	p.c.mu.Lock()
+	if p.c.mu.closed {
+		p.c.mu.Unlock()
+		return false
+	}
+	p.c.mu.out = wire.AppendProxyOutputHeader(p.c.mu.out, p.session, n)
+	for _, b := range bufs {
+		p.c.mu.out = append(p.c.mu.out, b...)
+	}
+	p.c.mu.Unlock()
+	select {
+	case p.c.wake <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// ProxyHandler runs proxied sessions on the master's side, on the
+// forwarding connection's reader goroutine. Command gets one client
+// frame (header and body, aliasing the read buffer) of the session out
+// stands for, the first of a session opening it; Close ends a session,
+// when its broker says so or when the connection ends.
+type ProxyHandler struct {
+	Command func(from uint32, out ProxyOut, version wire.Version, frameMax uint32, frame []byte)
+	Close   func(out ProxyOut)
+}
+
+// SetProxyHandler makes the transport run proxied sessions with h.
+func (t *Transport) SetProxyHandler(h ProxyHandler) { t.proxy.Store(&h) }
+
 // SetForwardHandler makes the transport accept forwarding connections
 // and pass their forwards to h.
 func (t *Transport) SetForwardHandler(h ForwardHandler) { t.forward.Store(&h) }
@@ -415,16 +531,24 @@ func (t *Transport) serveForwards(conn net.Conn, r *bufio.Reader, from uint32) {
 		return
 	}
 	h := *hp
+	var ph ProxyHandler
+	if p := t.proxy.Load(); p != nil {
+		ph = *p
+	}
 	c := &forwardConn{conn: conn, wake: make(chan struct{}, 1)}
 	stop := make(chan struct{})
 	wrote := make(chan struct{})
 	go func() { c.write(stop); close(wrote) }()
+	sessions := map[uint64]bool{} // proxied sessions open on this connection
 	defer func() {
 		c.mu.Lock()
 		c.mu.closed = true
 		c.mu.Unlock()
 		close(stop)
 		<-wrote
+		for s := range sessions {
+			ph.Close(ProxyOut{c: c, session: s})
+		}
 	}()
 	var hdr [wire.HeaderSize]byte
 	var body []byte
@@ -433,7 +557,8 @@ func (t *Transport) serveForwards(conn net.Conn, r *bufio.Reader, from uint32) {
 			return
 		}
 		hd, err := wire.ReadHeader(hdr[:], wire.FrameSizeMax)
-		if err != nil || hd.Type != wire.TypeForward {
+		proxied := ph.Command != nil && (hd.Type == wire.TypeProxyCommand || hd.Type == wire.TypeProxyClose)
+		if err != nil || (hd.Type != wire.TypeForward && !proxied) {
 			t.log.Warn("groups: bad frame on a forwarding connection", "peer", from, "type", hd.Type, "err", err)
 			return
 		}
@@ -443,6 +568,28 @@ func (t *Transport) serveForwards(conn net.Conn, r *bufio.Reader, from uint32) {
 		body = body[:hd.Length]
 		if _, err := io.ReadFull(r, body); err != nil {
 			return
+		}
+		switch hd.Type {
+		case wire.TypeProxyCommand:
+			session, version, frameMax, frame, err := wire.DecodeProxyCommand(body)
+			if err != nil || len(sessions) >= proxySessionsMax && !sessions[session] {
+				t.log.Warn("groups: malformed proxy command, or too many proxied sessions", "peer", from, "err", err)
+				return
+			}
+			sessions[session] = true
+			ph.Command(from, ProxyOut{c: c, session: session}, version, frameMax, frame)
+			continue
+		case wire.TypeProxyClose:
+			session, err := wire.DecodeProxyClose(body)
+			if err != nil {
+				t.log.Warn("groups: malformed proxy close", "peer", from)
+				return
+			}
+			if sessions[session] {
+				delete(sessions, session)
+				ph.Close(ProxyOut{c: c, session: session})
+			}
+			continue
 		}
 		id, g, event, err := wire.DecodeForward(body)
 		if err != nil {

@@ -46,6 +46,9 @@ type ManagerConfig struct {
 	// OnForward takes the events other brokers forward to this one as a
 	// group's master (forward.go); nil refuses forwarding connections.
 	OnForward ForwardHandler
+	// OnProxy runs the sessions other brokers proxy to this one as a
+	// group's master (forward.go); zero refuses them.
+	OnProxy ProxyHandler
 	// ForwardError builds the error of a forward the master refused;
 	// default a plain error with the master's text.
 	ForwardError func(code wire.ErrorCode, text string) error
@@ -103,6 +106,9 @@ func StartManager(cfg ManagerConfig) (*Manager, error) {
 	m.tr = tr
 	if cfg.OnForward != nil {
 		tr.SetForwardHandler(cfg.OnForward)
+	}
+	if cfg.OnProxy.Command != nil {
+		tr.SetProxyHandler(cfg.OnProxy)
 	}
 	if cfg.ForwardError == nil {
 		cfg.ForwardError = func(code wire.ErrorCode, text string) error {

@@ -51,6 +51,7 @@ type Transport struct {
 	log     *slog.Logger
 	faults  atomic.Pointer[Faults]
 	forward atomic.Pointer[ForwardHandler] // forward.go
+	proxy   atomic.Pointer[ProxyHandler]   // forward.go
 
 	mu    sync.Mutex
 	addrs map[uint32]string
