@@ -331,3 +331,81 @@ func TestForwardMasterKilled(t *testing.T) {
 		t.Fatalf("%d completed publishes not delivered exactly once, %d delivered twice", lost, dup)
 	}
 }
+
+// TestProxiedConsumerMasterKilled: a consumer proxied through a follower
+// accepts 100 of 300 messages and holds 50 more unaccepted; kill -9 of the
+// master ends its connection; subscribed again through the same broker, it
+// gets the 200 not accepted, in order, none of the accepted ones again. A
+// second consumer through that broker whose client closes hands back what
+// it held.
+func TestProxiedConsumerMasterKilled(t *testing.T) {
+	const groups, total, accepted, held = 3, 300, 100, 50
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	c := startReplicated(t, ctx, groups)
+	const queue = "proxied"
+	g, master, mnode, mconn := c.declare(queue, groups)
+	c.declareEverywhere(queue)
+	for _, m := range names(0, total) {
+		if err := mconn.Publish(ctx, "", queue, []byte(m), client.PublishOptions{Persistent: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var fnode *node
+	for _, n := range c.nodes {
+		if n != mnode {
+			fnode = n
+			break
+		}
+	}
+	// A consumer that takes 10 and closes without accepting them.
+	closer := dial(t, ctx, fnode.client)
+	con, err := closer.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if _, err := con.Next(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := closer.Close(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if ready, unacked, err := c.depth(mnode, queue); err != nil || ready != total || unacked != 0 {
+			return fmt.Errorf("master holds %d ready, %d unacked (%v) after the proxied client closed", ready, unacked, err)
+		}
+		return nil
+	})
+
+	conn := dial(t, ctx, fnode.client)
+	con, err = conn.Subscribe(ctx, queue, client.SubscribeOptions{Credit: accepted + held})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range names(0, accepted+held) {
+		d, err := con.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(d.Payload) != want {
+			t.Fatalf("delivery %d: %q, want %q", i, d.Payload, want)
+		}
+		if i < accepted {
+			if err := d.Accept(ctx); err != nil {
+				t.Fatalf("accept %d: %v", i, err)
+			}
+		}
+	}
+	mnode.signal(syscall.SIGKILL)
+	nctx, ncancel := context.WithTimeout(ctx, 20*time.Second)
+	_, err = con.Next(nctx)
+	ncancel()
+	if err == nil {
+		t.Fatal("the proxied consumer got a delivery after its master was killed")
+	}
+	t.Logf("proxied consumer after kill -9 of its master: %v", err)
+	c.waitNewMaster(g, master)
+	c.consumeAll(fnode, queue, names(accepted, total))
+}
