@@ -63,7 +63,7 @@ func TestProtocolDocExamples(t *testing.T) {
 	for _, typ := range []wire.Type{wire.TypeHello, wire.TypeWelcome, wire.TypeHeartbeat, wire.TypeClose, wire.TypeComplete,
 		wire.TypeError, wire.TypeAuth, wire.TypeDeclareQueue, wire.TypeDeclareExchange, wire.TypeBind, wire.TypeDelete, wire.TypePurge,
 		wire.TypePublish, wire.TypeSubscribe, wire.TypeCancel, wire.TypeCredit, wire.TypeDeliver, wire.TypeAccept,
-		wire.TypeForwardHello, wire.TypeForward, wire.TypeForwardResult} {
+		wire.TypeForwardHello, wire.TypeForward, wire.TypeForwardResult, wire.TypeProxyCommand, wire.TypeProxyOutput, wire.TypeProxyClose} {
 		if !seen[typ] {
 			t.Errorf("no example for %v", typ)
 		}
@@ -120,6 +120,28 @@ func decodeAny(t wire.Type, body []byte) error {
 		return err
 	case wire.TypeForwardResult:
 		_, _, _, err := wire.DecodeForwardResult(body)
+		return err
+	case wire.TypeProxyCommand, wire.TypeProxyOutput:
+		_, inner, err := wire.DecodeProxyOutput(body)
+		if t == wire.TypeProxyCommand {
+			_, _, _, inner, err = wire.DecodeProxyCommand(body)
+		}
+		if err != nil {
+			return err
+		}
+		for len(inner) > 0 { // whole client frames
+			h, b, n, err := wire.Next(inner, wire.FrameSizeDefault)
+			if err != nil || n == 0 {
+				return wire.ErrMalformed
+			}
+			if err := decodeAny(h.Type, b); err != nil {
+				return err
+			}
+			inner = inner[n:]
+		}
+		return nil
+	case wire.TypeProxyClose:
+		_, err := wire.DecodeProxyClose(body)
 		return err
 	}
 	return wire.ErrUnknownType

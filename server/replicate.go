@@ -11,9 +11,8 @@ package server
 // old one had handed out and not had accepted (guarantee 6).
 //
 // A publish taken by a broker that is not the group's master is forwarded
-// to the master (forward.go). What this version leaves out: consuming
-// through a broker that is not the group's master (it refuses with a
-// redirect naming the master); dead letters of replicated queues; deletes and purges are
+// to the master (forward.go), and a consumer is proxied to it (proxy.go).
+// What this version leaves out: dead letters of replicated queues; deletes and purges are
 // replicated as the removes of each message, the queue object itself stays
 // on the followers until they restart; a master that steps down without
 // restarting keeps its local view until it restarts; the group log is

@@ -92,3 +92,41 @@ func FuzzForwardFrames(f *testing.F) {
 		}
 	})
 }
+
+// TestProxyFramesRoundTrip: the proxy frames decode to what was appended,
+// and truncated bodies are refused.
+func TestProxyFramesRoundTrip(t *testing.T) {
+	inner := AppendHeader(nil, Header{Version: Current, Type: TypeCredit, Length: 8})
+	inner = AppendU32(AppendU32(inner, 1), 10)
+	f := AppendProxyCommand(nil, 3, Current, 1<<20, inner)
+	h, err := ReadHeader(f, FrameSizeDefault)
+	if err != nil || h.Type != TypeProxyCommand || int(h.Length) != len(f)-HeaderSize {
+		t.Fatalf("command header %+v err %v", h, err)
+	}
+	s, v, fm, frame, err := DecodeProxyCommand(f[HeaderSize:])
+	if err != nil || s != 3 || v != Current || fm != 1<<20 || !bytes.Equal(frame, inner) {
+		t.Fatalf("command: %d %v %d % x %v", s, v, fm, frame, err)
+	}
+	for i := 0; i < proxyCommandPrefix+HeaderSize; i++ {
+		if _, _, _, _, err := DecodeProxyCommand(f[HeaderSize : HeaderSize+i]); err == nil {
+			t.Fatalf("command truncated to %d decoded", i)
+		}
+	}
+	out := append(AppendProxyOutputHeader(nil, 9, len(inner)), inner...)
+	if h, err := ReadHeader(out, FrameSizeDefault); err != nil || h.Type != TypeProxyOutput || int(h.Length) != len(out)-HeaderSize {
+		t.Fatalf("output header %+v err %v", h, err)
+	}
+	if s, frames, err := DecodeProxyOutput(out[HeaderSize:]); err != nil || s != 9 || !bytes.Equal(frames, inner) {
+		t.Fatalf("output: %d % x %v", s, frames, err)
+	}
+	if _, _, err := DecodeProxyOutput(out[HeaderSize : HeaderSize+7]); err == nil {
+		t.Fatal("short output decoded")
+	}
+	c := AppendProxyClose(nil, 5)
+	if s, err := DecodeProxyClose(c[HeaderSize:]); err != nil || s != 5 {
+		t.Fatalf("close: %d %v", s, err)
+	}
+	if _, err := DecodeProxyClose(c[HeaderSize : len(c)-1]); err == nil {
+		t.Fatal("short close decoded")
+	}
+}
