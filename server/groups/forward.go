@@ -14,6 +14,11 @@ package groups
 // whose connection then broke (the master died, or stopped answering for
 // forwardStallMax) fails with a retryable error: its outcome is unknown,
 // the event may have committed.
+//
+// The same connection carries proxied consumer sessions (wire
+// TypeProxy*): the forwarding side passes client consumer commands on
+// (SendProxy) and hands what comes back to SetProxy's output function;
+// the master's side runs them through its ProxyHandler.
 
 import (
 	"bufio"
