@@ -54,11 +54,11 @@ test-python:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS)
 
-# Publishes through a follower, which forwards them to the group's master,
-# against the same publishes at the master: three real brokers, one run.
+# Publishes and consumers through a follower (forwarded and proxied to the
+# group's master) against the same at the master: three real brokers, one run.
 FORWARD_BENCHTIME ?= 20000x
 bench-forward:
-	$(GO) test -count=1 -run '^$$' -bench PublishForwarded -benchtime $(FORWARD_BENCHTIME) -timeout 10m ./server/clustertest
+	$(GO) test -count=1 -run '^$$' -bench 'PublishForwarded|ConsumeProxied' -benchtime $(FORWARD_BENCHTIME) -timeout 10m ./server/clustertest
 
 # The long form of the kill -9 crash test.
 CRASH_ROUNDS ?= 20
