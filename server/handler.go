@@ -480,13 +480,13 @@ func (h *handler) subscribe(cs *connState, body []byte) (bool, gnet.Action) {
 		cs.fail(m.CommandID, wire.CodeNotFound, "no queue "+string(m.Queue))
 		return true, gnet.None
 	}
-	if master, addr, where := h.s.proxyTarget(q); where != "" {
+	if g, master, addr, where := h.s.proxyTarget(q); where != "" {
 		cs.fail(m.CommandID, wire.CodeResourceLimit, where)
 		return true, gnet.None
 	} else if master != 0 {
 		// Another broker masters the queue's group: consume there
 		// through this one (proxy.go).
-		h.s.proxySubscribe(cs, master, addr, &m, body)
+		h.s.proxySubscribe(cs, g, master, addr, &m, body)
 		cs.usedIDs[m.ConsumerID] = true
 		cs.consumers[m.ConsumerID] = proxyShard
 		return true, gnet.None

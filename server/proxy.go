@@ -11,11 +11,12 @@ package server
 // Consumer ids, delivery tags and command ids are the client's own, so
 // nothing is translated.
 //
-// When the connection to the master ends (the master died), the proxied
-// consumers end with it: the broker closes the client's connection with
-// a CLOSE saying so, and the client subscribes again (the master
-// released what the proxied consumers held, and the new master delivers
-// it again). A proxied command takes a mutex of this broker's proxy table
+// When the connection to the master ends (the master died), or the
+// controller gives the group another master (the old one, frozen or
+// alive, delivers no more), the proxied consumers end: the broker closes
+// the client's connection with a CLOSE saying so, and the client
+// subscribes again (what the proxied consumers held is released, and the
+// new master delivers it again). A proxied command takes a mutex of this broker's proxy table
 // and allocates its frame; deliveries are copied once on their way.
 
 import (
@@ -53,38 +54,40 @@ type proxyTable struct {
 	byID      map[uint64]*proxySession
 	byConn    map[*connState]map[uint32]*proxySession // by master
 	consumers map[proxyConsumer]*proxySession
+	groupOf   map[proxyConsumer]uint32 // the group of the consumer's queue
 }
 
 // proxyTarget says whether a subscribe to q on this broker is proxied:
 // the master and its peer address, or why it cannot be now (where).
-func (s *Server) proxyTarget(q *shards.Queue) (master uint32, addr, where string) {
+func (s *Server) proxyTarget(q *shards.Queue) (g, master uint32, addr, where string) {
 	g, ok := q.Replicated()
 	if !ok || s.replicator == nil || s.replicator.IsMaster(g) {
-		return 0, "", ""
+		return 0, 0, "", ""
 	}
 	m := s.groups.Load()
 	if m == nil {
-		return 0, "", ""
+		return g, 0, "", ""
 	}
 	v := m.View()
 	if v == nil || int(g) >= len(v.Groups) {
-		return 0, "", ""
+		return g, 0, "", ""
 	}
 	master = v.Groups[g].Master
 	addr = v.Peer[master]
 	if master == 0 || master == s.brokerID || addr == "" {
-		return 0, "", fmt.Sprintf("queue %q is replicated in group %d, which has no serving master now; retry", q.Name, g)
+		return g, 0, "", fmt.Sprintf("queue %q is replicated in group %d, which has no serving master now; retry", q.Name, g)
 	}
-	return master, addr, ""
+	return g, master, addr, ""
 }
 
 // proxySubscribe passes a SUBSCRIBE to the master, opening the client's
 // proxy session there if needed. It runs on the connection's owner.
-func (s *Server) proxySubscribe(cs *connState, master uint32, addr string, m *wire.Subscribe, body []byte) {
+func (s *Server) proxySubscribe(cs *connState, g, master uint32, addr string, m *wire.Subscribe, body []byte) {
 	t := &s.proxies
 	t.mu.Lock()
 	if t.byID == nil {
 		t.byID, t.byConn, t.consumers = map[uint64]*proxySession{}, map[*connState]map[uint32]*proxySession{}, map[proxyConsumer]*proxySession{}
+		t.groupOf = map[proxyConsumer]uint32{}
 	}
 	sessions := t.byConn[cs]
 	if sessions == nil {
@@ -99,6 +102,7 @@ func (s *Server) proxySubscribe(cs *connState, master uint32, addr string, m *wi
 		t.byID[ps.id] = ps
 	}
 	t.consumers[proxyConsumer{cs, m.ConsumerID}] = ps
+	t.groupOf[proxyConsumer{cs, m.ConsumerID}] = g
 	t.mu.Unlock()
 	s.proxySend(cs, ps, m.CommandID, wire.TypeSubscribe, body)
 }
@@ -139,6 +143,7 @@ func (s *Server) proxyClosed(cs *connState) {
 	for k := range t.consumers {
 		if k.cs == cs {
 			delete(t.consumers, k)
+			delete(t.groupOf, k)
 		}
 	}
 	t.mu.Unlock()
@@ -165,25 +170,59 @@ func (s *Server) proxyOutput(master uint32, session uint64, frames []byte) {
 // proxyLost ends the proxied consumers of every session on master, whose
 // connection ended: their clients' connections close, with a reason.
 func (s *Server) proxyLost(master uint32) {
-	t := &s.proxies
-	var lost []*proxySession
-	t.mu.Lock()
-	for id, ps := range t.byID {
-		if ps.master != master {
-			continue
+	s.proxyEnd(func(ps *proxySession, _ uint32) bool { return ps.master == master }, false,
+		fmt.Sprintf("the connection to broker %d, master of a queue this session consumed through this broker, ended; subscribe again", master))
+}
+
+// proxyViewChanged ends the proxy sessions holding a consumer of a group
+// whose master changed: the old master, alive or not, delivers no more.
+// The old master is told to close them, which releases what they held.
+func (s *Server) proxyViewChanged(old, cur *groups.View) {
+	if old == nil {
+		return
+	}
+	moved := map[uint32]uint32{} // group -> its old master
+	for g := range min(len(old.Groups), len(cur.Groups)) {
+		if o := old.Groups[g].Master; o != 0 && o != cur.Groups[g].Master {
+			moved[uint32(g)] = o
 		}
-		lost = append(lost, ps)
-		delete(t.byID, id)
-		delete(t.byConn[ps.cs], master)
+	}
+	if len(moved) == 0 {
+		return
+	}
+	s.proxyEnd(func(ps *proxySession, g uint32) bool {
+		o, ok := moved[g]
+		return ok && ps.master == o
+	}, true, "the master of a queue this session consumed through this broker changed; subscribe again")
+}
+
+// proxyEnd ends the sessions with a consumer that match, closing their
+// clients' connections with reason, and tells their masters if tell.
+func (s *Server) proxyEnd(match func(ps *proxySession, g uint32) bool, tell bool, reason string) {
+	t := &s.proxies
+	ended := map[*proxySession]bool{}
+	t.mu.Lock()
+	for k, ps := range t.consumers {
+		if match(ps, t.groupOf[k]) {
+			ended[ps] = true
+		}
 	}
 	for k, ps := range t.consumers {
-		if ps.master == master {
+		if ended[ps] {
 			delete(t.consumers, k)
+			delete(t.groupOf, k)
 		}
 	}
+	for ps := range ended {
+		delete(t.byID, ps.id)
+		delete(t.byConn[ps.cs], ps.master)
+	}
 	t.mu.Unlock()
-	for _, ps := range lost {
-		reason := fmt.Sprintf("the connection to broker %d, master of a queue this session consumed through this broker, ended; subscribe again", master)
+	m := s.groups.Load()
+	for ps := range ended {
+		if tell && m != nil {
+			_ = m.Forwarder().SendProxy(ps.master, ps.addr, wire.AppendProxyClose(nil, ps.id))
+		}
 		_ = ps.cs.t.send(wire.AppendClose(nil, ps.cs.version, wire.CodeShutdown, reason), true)
 	}
 }

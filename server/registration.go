@@ -268,6 +268,7 @@ func (s *Server) startGroups() error {
 			s.replicator.serveForward(from, g, event, reply)
 		},
 		ForwardError: forwardError,
+		OnView:       s.proxyViewChanged,
 		OnProxy: groups.ProxyHandler{
 			Command: func(from uint32, out groups.ProxyOut, version wire.Version, frameMax uint32, frame []byte) {
 				if s.replicator == nil {

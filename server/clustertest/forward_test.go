@@ -409,3 +409,66 @@ func TestProxiedConsumerMasterKilled(t *testing.T) {
 	c.waitNewMaster(g, master)
 	c.consumeAll(fnode, queue, names(accepted, total))
 }
+
+// TestProxiedConsumerMasterFrozen: the master of a queue consumed through
+// a follower is frozen (SIGSTOP) past the controller's broker timeout; the
+// follower sees the new master and closes the proxied consumer's
+// connection (the frozen master would deliver no more); thawed, the old
+// master steps down, and the consumer subscribed again through the same
+// broker gets every message it had not accepted, in order.
+func TestProxiedConsumerMasterFrozen(t *testing.T) {
+	const groups, total, accepted = 3, 100, 10
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	c := startReplicated(t, ctx, groups)
+	const queue = "proxied-frozen"
+	g, master, mnode, mconn := c.declare(queue, groups)
+	c.declareEverywhere(queue)
+	for _, m := range names(0, total) {
+		if err := mconn.Publish(ctx, "", queue, []byte(m), client.PublishOptions{Persistent: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var fnode *node
+	for _, n := range c.nodes {
+		if n != mnode {
+			fnode = n
+			break
+		}
+	}
+	conn := dial(t, ctx, fnode.client)
+	con, err := conn.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 2 * accepted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 * accepted {
+		d, err := con.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i < accepted {
+			if err := d.Accept(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	mnode.signal(syscall.SIGSTOP)
+	thawed := false
+	defer func() {
+		if !thawed {
+			mnode.signal(syscall.SIGCONT)
+		}
+	}()
+	c.waitNewMaster(g, master)
+	nctx, ncancel := context.WithTimeout(ctx, 20*time.Second)
+	_, err = con.Next(nctx)
+	timedOut := nctx.Err() != nil
+	ncancel()
+	if err == nil || timedOut {
+		t.Fatalf("the proxied consumer of a frozen master: %v; want its connection closed", err)
+	}
+	t.Logf("proxied consumer after its master froze: %v", err)
+	mnode.signal(syscall.SIGCONT)
+	thawed = true
+	c.consumeAll(fnode, queue, names(accepted, total))
+}

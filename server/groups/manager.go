@@ -46,6 +46,9 @@ type ManagerConfig struct {
 	// OnForward takes the events other brokers forward to this one as a
 	// group's master (forward.go); nil refuses forwarding connections.
 	OnForward ForwardHandler
+	// OnView is told, on the manager's goroutine, each new View after the
+	// one before (nil at first).
+	OnView func(old, cur *View)
 	// OnProxy runs the sessions other brokers proxy to this one as a
 	// group's master (forward.go); zero refuses them.
 	OnProxy ProxyHandler
@@ -443,6 +446,9 @@ func (m *Manager) refreshView(ctx context.Context, gs []ctlapi.Group) error {
 			v.Peer[g.Master] = addr
 		}
 	}
-	m.view.Store(v)
+	old := m.view.Swap(v)
+	if m.cfg.OnView != nil {
+		m.cfg.OnView(old, v)
+	}
 	return nil
 }
