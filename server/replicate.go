@@ -14,9 +14,10 @@ package server
 // to the master (forward.go), and a consumer is proxied to it (proxy.go).
 // What this version leaves out: dead letters of replicated queues; deletes and purges are
 // replicated as the removes of each message, the queue object itself stays
-// on the followers until they restart; a master that steps down without
-// restarting keeps its local view until it restarts; the group log is
-// neither compacted nor snapshotted, so a restart replays all of it.
+// on the followers until they restart. The group log is compacted up to
+// its oldest message still in a queue (server/groups): a message never
+// consumed keeps the log after it, on disk and at about 48 bytes an
+// event in memory.
 
 import (
 	"context"
@@ -37,8 +38,10 @@ import (
 // Group log events of replicated queues.
 const (
 	gevEnqueue byte = 'E' // name str16, expiresAt u64, persistent u8, exchange str16, key str16, props bytes, payload bytes
-	gevRemove  byte = 'R' // name str16, seq u64
+	gevRemove  byte = 'R' // name str16, seq u64 (logs written before gevRemoves)
+	gevRemoves byte = 'S' // name str16, n u32, n x seq u64
 	gevBarrier byte = 'B'
+	gevDelete  byte = 'D' // name str16: the master dropped the queue
 )
 
 // replicator is the server's shards.Replicator.
@@ -122,10 +125,12 @@ func groupError(err error) error {
 		return nil
 	case errors.Is(err, groups.ErrClosed):
 		return shards.Errorf(wire.CodeShutdown, "the broker is shutting down")
+	case errors.Is(err, group.ErrNotEnoughSet):
+		return shards.Errorf(wire.CodeUnavailable, "fewer replicas of the queue's group are in sync than min-sync-replicas; retry")
 	case errors.Is(err, group.ErrNotMaster):
-		return shards.Errorf(wire.CodeResourceLimit, "this broker stopped being the group's master; the publish may or may not have taken effect; retry")
-	case errors.Is(err, group.ErrNotEnoughSet), errors.Is(err, group.ErrBacklog):
-		return shards.Errorf(wire.CodeResourceLimit, "%v; retry", err)
+		return shards.Errorf(wire.CodeUnavailable, "the queue's group changed master while the command was in flight; its outcome is unknown")
+	case errors.Is(err, group.ErrBacklog):
+		return shards.Errorf(wire.CodeResourceLimit, "the queue's group has too many events waiting to commit; retry")
 	}
 	return shards.Errorf(wire.CodeInternal, "%v", err)
 }
@@ -143,14 +148,23 @@ func (r *replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt i
 	return r.propose(q, data, done)
 }
 
-func (r *replicator) ProposeRemove(q *shards.Queue, seq uint64, done func(error)) error {
-	data := append([]byte{gevRemove}, 0, 0)
-	data = wire.AppendStr(data[:1], q.Name)
-	data = binary.BigEndian.AppendUint64(data, seq)
+func (r *replicator) ProposeRemoves(q *shards.Queue, seqs []uint64, done func(error)) error {
+	data := make([]byte, 0, 7+len(q.Name)+8*len(seqs))
+	data = append(data, gevRemoves)
+	data = wire.AppendStr(data, q.Name)
+	data = binary.BigEndian.AppendUint32(data, uint32(len(seqs)))
+	for _, seq := range seqs {
+		data = binary.BigEndian.AppendUint64(data, seq)
+	}
 	if done == nil {
 		done = func(error) {}
 	}
 	return r.propose(q, data, done)
+}
+
+func (r *replicator) ProposeDelete(q *shards.Queue) error {
+	data := wire.AppendStr([]byte{gevDelete}, q.Name)
+	return r.propose(q, data, func(error) {})
 }
 
 func (r *replicator) Barrier(q *shards.Queue, done func(error)) error {
@@ -173,6 +187,17 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 	}
 	name := string(rd.Str(wire.NameLenMax))
 	s := r.s
+	if kind == gevDelete {
+		// The master dropped the queue when it proposed this. A master
+		// applying it may hold a queue declared again since under the
+		// name: it keeps it (one that became master after the proposal
+		// keeps an empty copy until it restarts).
+		r.forget(g, e.Index)
+		if !r.IsMaster(g) {
+			s.wiring.DropReplica(name)
+		}
+		return
+	}
 	q := s.wiring.Routing().Queue([]byte(name))
 	if q == nil {
 		var err error
@@ -202,10 +227,35 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 			return
 		}
 		call = func(sh *shards.Shard) { sh.ApplyRemove(q, seq) }
-		// The message's enqueue (its Seq is the enqueue's index) and this
-		// removal have no effect left: the log keeps their place only.
+		// The message's enqueue (its Seq is the enqueue's index) has no
+		// effect left: a member that lacks it need not get its data. This
+		// removal still has one on a member that holds the message, so it
+		// keeps its data until the log is compacted past it.
 		r.forget(g, seq)
-		r.forget(g, e.Index)
+		r.retire(g, e.Index)
+	case gevRemoves:
+		n := rd.Count(8)
+		if n > shards.RemovesMax {
+			s.log.Error("server: replicated removes over the bound; skipped", "group", g, "index", e.Index, "count", n)
+			return
+		}
+		seqs := make([]uint64, 0, n)
+		for range n {
+			seqs = append(seqs, rd.U64())
+		}
+		if rd.Err() != nil {
+			s.log.Error("server: malformed replicated removes; skipped", "group", g, "index", e.Index)
+			return
+		}
+		call = func(sh *shards.Shard) {
+			for _, seq := range seqs {
+				sh.ApplyRemove(q, seq)
+			}
+		}
+		for _, seq := range seqs {
+			r.forget(g, seq)
+		}
+		r.retire(g, e.Index)
 	default:
 		s.log.Error("server: replicated event of unknown kind; skipped", "group", g, "index", e.Index, "kind", kind)
 		return
@@ -216,6 +266,13 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 			return
 		}
 		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+// retire marks an applied group entry whose effect here is gone.
+func (r *replicator) retire(g uint32, index uint64) {
+	if n := r.node(); n != nil {
+		n.Retire(g, index)
 	}
 }
 

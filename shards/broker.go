@@ -350,6 +350,14 @@ func (s *Shard) dropQueue(q *Queue) int {
 	q.deleted = true
 	delete(s.queues, q)
 	delete(s.expiring, q)
+	if q.replicated {
+		if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
+			_ = s.proposeRemoves(q, nil)
+			if err := r.ProposeDelete(q); err != nil {
+				s.log.Warn("shards: the deletion of a replicated queue was not proposed; its followers keep an empty copy until they restart", "queue", q.Name, "err", err)
+			}
+		}
+	}
 	return n
 }
 

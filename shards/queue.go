@@ -161,9 +161,12 @@ type Queue struct {
 	// replicated: the queue's events go through replication group
 	// group's log (replicated.go). Fixed at AddQueue.
 	replicated bool
-	group      uint32
-	owner      any // exclusive owner (a session), or nil
-	free       *entryPool
+	// removing holds the seqs of messages removed on this master and not
+	// yet proposed to the group (Shard.noteRemoved).
+	removing []uint64
+	group    uint32
+	owner    any // exclusive owner (a session), or nil
+	free     *entryPool
 
 	// counters
 	Enqueued, Delivered, Acked, DeadLettered, Expired uint64

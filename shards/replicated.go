@@ -26,12 +26,16 @@ type Replicator interface {
 	// outcome to done once the event is committed and applied here. An
 	// error means it was not proposed.
 	ProposeEnqueue(q *Queue, b *Body, expiresAt int64, done func(error)) error
-	// ProposeRemove proposes the removal of message seq from q; done, if
-	// not nil, is told when it committed.
-	ProposeRemove(q *Queue, seq uint64, done func(error)) error
+	// ProposeRemoves proposes, as one event, the removal of messages
+	// seqs (at most RemovesMax) from q; done, if not nil, is told when it
+	// committed. seqs is the caller's again when it returns.
+	ProposeRemoves(q *Queue, seqs []uint64, done func(error)) error
 	// Barrier calls done once every event proposed before it on q's group
 	// committed.
 	Barrier(q *Queue, done func(error)) error
+	// ProposeDelete proposes the deletion of q, which the master dropped:
+	// the followers drop their copy when it commits.
+	ProposeDelete(q *Queue) error
 }
 
 type replicatorBox struct{ r Replicator }
@@ -91,6 +95,56 @@ func (s *Shard) ApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64) {
 func (s *Shard) ApplyRemove(q *Queue, seq uint64) {
 	ev := Event{Kind: EvRemove, Seq: seq}
 	_ = q.Apply(&ev, s)
+}
+
+// RemovesMax bounds the messages of one removal event of a replicated
+// queue.
+const RemovesMax = 4096
+
+// noteRemoved queues the removal of message seq from q, a replicated
+// queue of which this broker is master, for the next removal event: a
+// settle, a purge or an expiry pass becomes one event per queue rather
+// than one per message.
+func (s *Shard) noteRemoved(q *Queue, seq uint64) {
+	if len(q.removing) == 0 {
+		s.removing = append(s.removing, q)
+	}
+	q.removing = append(q.removing, seq)
+	if len(q.removing) >= RemovesMax {
+		_ = s.proposeRemoves(q, nil)
+	}
+}
+
+// proposeRemoves proposes q's pending removals, done (if not nil) told
+// when they committed; without any, done waits for a barrier instead. An
+// error means nothing was proposed and done will not be called.
+func (s *Shard) proposeRemoves(q *Queue, done func(error)) error {
+	r := s.broker.loadReplicator()
+	if len(q.removing) == 0 {
+		if done == nil {
+			return nil
+		}
+		return r.Barrier(q, done)
+	}
+	err := r.ProposeRemoves(q, q.removing, done)
+	if err != nil {
+		// The messages are gone here and the log still has them: a
+		// master that steps down applies the log again, and a later
+		// master delivers them again.
+		s.log.Warn("shards: the removal of replicated messages was not proposed", "queue", q.Name, "messages", len(q.removing), "err", err)
+	}
+	q.removing = q.removing[:0]
+	return err
+}
+
+// flushRemoves proposes every queue's pending removals; the shard calls
+// it at the end of each batch of commands.
+func (s *Shard) flushRemoves() {
+	for _, q := range s.removing {
+		_ = s.proposeRemoves(q, nil)
+	}
+	clear(s.removing)
+	s.removing = s.removing[:0]
 }
 
 // Complete completes a client's command from a pushed call (a replicated

@@ -94,6 +94,13 @@ type Shard struct {
 	cfg    ShardConfig
 	log    *slog.Logger
 
+	// removing lists the replicated queues with removals not proposed
+	// yet (Queue.removing); flushRemoves proposes them.
+	removing []*Queue
+	// dlHeld is the replicated message DeadLetter just sent on, whose
+	// removal waits for its targets.
+	dlHeld *Entry
+
 	sig  *ring.Signal
 	in   *ring.MPSC[Command]
 	cmds []Command
@@ -183,6 +190,7 @@ func (s *Shard) run(ctx context.Context) {
 		}
 		if got || n > 0 {
 			s.dispatchDirty()
+			s.flushRemoves()
 			s.flush()
 			s.publishMemory()
 			continue
@@ -224,7 +232,11 @@ func (s *Shard) handle(c *Command) {
 	case opCall:
 		c.Call(s)
 	case opDeadLettered:
-		if s.journal != nil {
+		if q := c.Queue; q.replicated {
+			if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
+				s.noteRemoved(q, c.CmdID)
+			}
+		} else if s.journal != nil {
 			s.appendDequeue(journal.Pos(c.CmdID), nil, 0)
 		}
 	}
@@ -460,8 +472,7 @@ func (s *Shard) settle(c *Command) {
 		if q.replicated {
 			// An accept completes once its removes committed.
 			sess, id := c.Sess, c.CmdID
-			r := s.broker.loadReplicator()
-			if err := r.Barrier(q, func(err error) { s.pushCompletion(sess, id, nil, err) }); err != nil {
+			if err := s.proposeRemoves(q, func(err error) { s.pushCompletion(sess, id, nil, err) }); err != nil {
 				s.completeCmd(sess, id, nil, err)
 			}
 			return
@@ -640,7 +651,23 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 	// Same-shard targets need nothing: their enqueue records precede the
 	// dequeue in this journal.
 	var fan *Fanout
-	if e.JournalPos != 0 && s.journal != nil {
+	if q.replicated {
+		// The removal of a replicated message is proposed once every
+		// target took the dead letter (deadLettered), not now: a master
+		// that dies in between leaves the message in the group's log, and
+		// the next master dead-letters it again (at least once).
+		n := 0
+		for _, t := range targets {
+			if t != q {
+				n++
+			}
+		}
+		if n > 0 {
+			fan = NewFanout(n)
+			fan.holdQueue, fan.holdPos = q, e.Seq
+			s.dlHeld = e // Removed, called next for e, leaves it to deadLettered
+		}
+	} else if e.JournalPos != 0 && s.journal != nil {
 		cross := 0
 		for _, t := range targets {
 			if t != q && t.shard != s.idx {
@@ -666,6 +693,9 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 		}
 		cmd := Command{Op: OpPublish, Queue: t, Body: body, Now: s.now}
 		if t.shard == s.idx {
+			if q.replicated {
+				cmd.Fanout = fan
+			}
 			s.publish(&cmd)
 			continue
 		}
@@ -691,8 +721,10 @@ func (s *Shard) Removed(q *Queue, e *Entry) {
 		// On the master the removal goes to the group log; a follower's
 		// own removals (its expiry tick) are not proposed, and its copy
 		// is made right by the master's remove when it commits.
-		if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
-			_ = r.ProposeRemove(q, e.Seq, nil)
+		if s.dlHeld == e {
+			s.dlHeld = nil // its dead letter is on the way (DeadLetter)
+		} else if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
+			s.noteRemoved(q, e.Seq)
 		}
 	}
 	if e.JournalPos != 0 && s.journal != nil {
@@ -709,7 +741,7 @@ func (s *Shard) Removed(q *Queue, e *Entry) {
 // source record now.
 func (s *Shard) deadLettered(src *Queue, pos uint64, err error) {
 	if err != nil {
-		s.log.Warn("shards: a dead letter was not stored by every target; the source keeps it and brings it back at the next start",
+		s.log.Warn("shards: a dead letter was not stored by every target; the source keeps it and brings it back at the next start (a replicated one at its group's next master change)",
 			"queue", src.Name, "err", err)
 		return
 	}

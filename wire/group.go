@@ -20,6 +20,9 @@ const (
 const (
 	GroupAppend     uint8 = 1
 	GroupAppendResp uint8 = 2
+	// GroupInstall has an Append's fields and no entries: the master's
+	// log starts after PrevIndex (shards/group MsgInstall).
+	GroupInstall uint8 = 3
 )
 
 // GroupEntry is one event of a group log.
@@ -90,7 +93,7 @@ func AppendGroupMessage(dst []byte, m *GroupMessage) []byte {
 	dst = AppendU32(dst, m.To)
 	dst = AppendU32(dst, m.Epoch)
 	switch m.Kind {
-	case GroupAppend:
+	case GroupAppend, GroupInstall:
 		dst = AppendU64(dst, m.PrevIndex)
 		dst = AppendU32(dst, m.PrevEpoch)
 		dst = AppendU64(dst, m.Commit)
@@ -122,10 +125,10 @@ func DecodeGroupMessage(body []byte, m *GroupMessage) error {
 	m.Kind = r.U8()
 	m.From, m.To, m.Epoch = r.U32(), r.U32(), r.U32()
 	switch m.Kind {
-	case GroupAppend:
+	case GroupAppend, GroupInstall:
 		m.PrevIndex, m.PrevEpoch, m.Commit = r.U64(), r.U32(), r.U64()
 		n := r.Count(16) // an entry takes at least 16 bytes
-		if n > GroupEntriesMax {
+		if n > GroupEntriesMax || (n > 0 && m.Kind == GroupInstall) {
 			return ErrMalformed
 		}
 		if n > 0 {

@@ -12,6 +12,7 @@ func TestGroupMessageRoundTrip(t *testing.T) {
 		{Group: 1, Kind: GroupAppend, From: 2, To: 3, Epoch: 1},
 		{Group: 9, Kind: GroupAppendResp, From: 2, To: 1, Epoch: 3, OK: true, Match: 11, Last: 12},
 		{Group: 9, Kind: GroupAppendResp, From: 2, To: 1, Epoch: 3, HintEpoch: 2, HintIndex: 5},
+		{Group: 4, Kind: GroupInstall, From: 1, To: 3, Epoch: 5, PrevIndex: 1000, PrevEpoch: 4, Commit: 1200},
 	}
 	for _, m := range msgs {
 		frame := AppendGroupMessage(nil, &m)
@@ -41,6 +42,14 @@ func TestGroupMessageRoundTrip(t *testing.T) {
 				t.Fatal("decoded entries alias the read buffer")
 			}
 		}
+	}
+	// An install carries no entries.
+	bad := AppendGroupMessage(nil, &GroupMessage{Kind: GroupAppend, Entries: []GroupEntry{{Index: 1}}})
+	bad[HeaderSize+4] = GroupInstall
+	if _, body, _, err := Next(bad, FrameSizeMax); err != nil {
+		t.Fatal(err)
+	} else if err := DecodeGroupMessage(body, &GroupMessage{}); err == nil {
+		t.Fatal("an install with entries decoded")
 	}
 	hello := AppendGroupHello(nil, 42, Current)
 	_, body, _, err := Next(hello, FrameSizeMax)

@@ -66,6 +66,7 @@ const (
 	CodeInternal           ErrorCode = 12
 	CodeUnexpected         ErrorCode = 13 // frame not valid in this state (e.g. before HELLO)
 	CodeAuthFailed         ErrorCode = 14 // login refused: bad credentials, unknown user or refused mechanism
+	CodeUnavailable        ErrorCode = 15 // a replicated queue's group cannot take the command now; retry
 )
 
 var codeNames = map[ErrorCode]string{
@@ -75,6 +76,7 @@ var codeNames = map[ErrorCode]string{
 	CodeNotAllowed: "not-allowed", CodeStore: "store", CodeInvalid: "invalid",
 	CodeHeartbeatTimeout: "heartbeat-timeout", CodeShutdown: "shutdown",
 	CodeInternal: "internal", CodeUnexpected: "unexpected", CodeAuthFailed: "auth-failed",
+	CodeUnavailable: "unavailable",
 }
 
 func (c ErrorCode) String() string {

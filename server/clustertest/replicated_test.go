@@ -303,7 +303,77 @@ func TestReplicatedQueueSurvivesMasterKill(t *testing.T) {
 	mnode.signal(syscall.SIGKILL)
 	newMaster := c.waitNewMaster(g, master)
 	t.Logf("kill -9 of the master: group %d had master %d after %v", g, newMaster, time.Since(killed).Round(time.Millisecond))
-	c.consumeAll(c.nodeOf(newMaster), queue, names(accepted, total))
+	nm := c.nodeOf(newMaster)
+	c.consumeAll(nm, queue, names(accepted, total))
+
+	// A purge is one event in the group log, not one per message, and the
+	// surviving follower drops what it held.
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		ready, unacked, err := c.depth(nm, queue)
+		if err != nil || ready != total-accepted || unacked != 0 {
+			return fmt.Errorf("new master: %d ready, %d unacked (%v)", ready, unacked, err)
+		}
+		return nil
+	})
+	before := c.lastIndex(nm, g)
+	if before < total {
+		t.Fatalf("group %d's log ends at %d after %d enqueues", g, before, total)
+	}
+	pc := dial(t, ctx, nm.client)
+	if err := pc.Purge(ctx, queue); err != nil {
+		t.Fatal(err)
+	}
+	if after := c.lastIndex(nm, g); after-before > 2 {
+		t.Fatalf("purging %d messages took %d events in the group log", total-accepted, after-before)
+	}
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		for _, n := range c.nodes {
+			if n == mnode {
+				continue
+			}
+			if ready, _, err := c.depth(n, queue); err != nil || ready != 0 {
+				return fmt.Errorf("%s holds %d ready after the purge (%v)", n.name, ready, err)
+			}
+		}
+		return nil
+	})
+
+	// A deleted queue goes from the follower too.
+	if err := pc.DeleteQueue(ctx, queue, client.QueueDeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		for _, n := range c.nodes {
+			if n == mnode {
+				continue
+			}
+			if ready, _, err := c.depth(n, queue); err != nil || ready != -1 {
+				return fmt.Errorf("%s still has the deleted queue (%d ready, %v)", n.name, ready, err)
+			}
+		}
+		return nil
+	})
+}
+
+// lastIndex is the end of group g's log on n.
+func (c *rcluster) lastIndex(n *node, g uint32) uint64 {
+	c.t.Helper()
+	var view struct {
+		Groups []struct {
+			Group     uint32
+			LastIndex uint64 `json:"last_index"`
+		}
+	}
+	if err := c.getJSON(n, "/v1/groups", &view); err != nil {
+		c.t.Fatal(err)
+	}
+	for _, v := range view.Groups {
+		if v.Group == g {
+			return v.LastIndex
+		}
+	}
+	c.t.Fatalf("%s runs no group %d", n.name, g)
+	return 0
 }
 
 // TestFrozenMasterStepsDown: the group's master is frozen (SIGSTOP) past
@@ -398,4 +468,83 @@ func TestFrozenMasterStepsDown(t *testing.T) {
 		return nil
 	})
 	c.consumeAll(nnode, queue, names(accepted, total+more))
+}
+
+// TestReplicatedDeadLetters: messages rejected from a replicated queue
+// reach its dead-letter queue on every member, and the source's removal
+// is proposed only then: those the dead-letter queue refuses (it is full)
+// stay in the group's log, and after kill -9 of the master the new one
+// holds each message once, in the source or in the dead-letter queue.
+func TestReplicatedDeadLetters(t *testing.T) {
+	const groups, total, rejected, room = 3, 40, 15, 10
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	c := startReplicated(t, ctx, groups)
+	const source = "dl-source"
+	// A dead-letter queue in the same group, so the same broker masters
+	// both (publishes are not forwarded between brokers yet).
+	g := server.GroupOf(source, groups)
+	target := ""
+	for i := 0; target == ""; i++ {
+		if n := fmt.Sprintf("dl-target-%d", i); server.GroupOf(n, groups) == g {
+			target = n
+		}
+	}
+	master, mnode := c.waitServing(g)
+	conn := dial(t, ctx, mnode.client)
+	if err := conn.DeclareQueue(ctx, target, client.QueueOptions{Durable: true, MaxLength: room, Overflow: client.OverflowRejectPublish}); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.DeclareQueue(ctx, source, client.QueueOptions{Durable: true, DeadLetterKey: target}); err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range names(0, total) {
+		if err := conn.Publish(ctx, "", source, []byte(m), client.PublishOptions{Persistent: true}); err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	con, err := conn.Subscribe(ctx, source, client.SubscribeOptions{Credit: 5, AutoCredit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range rejected {
+		d, err := con.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Reject(ctx); err != nil {
+			t.Fatalf("reject %d: %v", i, err)
+		}
+	}
+	if err := con.Cancel(ctx); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	// The followers hold in the source what the full dead-letter queue
+	// refused; the master dropped them from its view (it would only
+	// get them back from the log).
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		for _, n := range c.nodes {
+			src, _, err := c.depth(n, source)
+			if err != nil {
+				return err
+			}
+			dl, _, err := c.depth(n, target)
+			if err != nil {
+				return err
+			}
+			want := total - room
+			if n == mnode {
+				want = total - rejected
+			}
+			if src != want || dl != room {
+				return fmt.Errorf("%s: source %d ready (want %d), dead letters %d (want %d)", n.name, src, want, dl, room)
+			}
+		}
+		return nil
+	})
+	mnode.signal(syscall.SIGKILL)
+	nm := c.nodeOf(c.waitNewMaster(g, master))
+	c.consumeAll(nm, target, names(0, room))
+	c.consumeAll(nm, source, names(room, total))
 }

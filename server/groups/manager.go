@@ -80,8 +80,9 @@ type Manager struct {
 
 	fwd *Forwarder
 
-	mu   sync.Mutex
-	node *Node
+	mu sync.Mutex
+	// node is read on every replicated publish: no lock.
+	node atomic.Pointer[Node]
 	seen map[uint32]ctlapi.Group // the group records last passed on
 
 	view atomic.Pointer[View]
@@ -135,11 +136,7 @@ func (m *Manager) Heartbeated() { m.aliveOnce.Do(func() { close(m.alive) }) }
 // PeerAddr is the transport's bound address.
 func (m *Manager) PeerAddr() string { return m.tr.Addr() }
 
-func (m *Manager) currentNode() *Node {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.node
-}
+func (m *Manager) currentNode() *Node { return m.node.Load() }
 
 // Node is the running node, or nil before the groups are known.
 func (m *Manager) Node() *Node { return m.currentNode() }
@@ -269,9 +266,7 @@ func (m *Manager) run() {
 			m.log.Error("groups: open the group journal; the broker serves no group", "err", err)
 			return
 		}
-		m.mu.Lock()
-		m.node = n
-		m.mu.Unlock()
+		m.node.Store(n)
 		m.log.Info("groups: replicating", "groups", groups, "held", len(ids), "peer", m.cfg.Advertise)
 	}
 	m.follow(groups)

@@ -17,12 +17,29 @@ import (
 	"github.com/berthmq/berth/wire"
 )
 
-// Journal records of the group log. Truncations and epochs are records
-// too: the journal only appends, and a replay applies them in order.
+// Journal records of the group log. Truncations, epochs and bases are
+// records too: the journal only appends, and a replay applies them in
+// order.
+//
+// Compaction: when a group's member drops a dead prefix of its log
+// (group.Member.Compact), the node writes a base record; once that is
+// durable it frees the records of the entries up to the base (and the
+// records of entries truncated before it, and the previous base record),
+// and the journal's own compaction reclaims their bytes. A replay may
+// still see freed records whose segment was not rewritten yet: entries at
+// or before the last base are skipped, and freed again.
 const (
 	recEntry    byte = 1 // group u32, epoch u32, index u64, data
 	recTruncate byte = 2 // group u32, after u64
 	recEpoch    byte = 3 // group u32, epoch u32
+	recBase     byte = 4 // group u32, index u64, epoch u32, reset u8 (an install: what came before is gone)
+)
+
+// compactEveryDefault is NodeConfig.CompactEvery's default; a group
+// tries to compact at least every compactTicks ticks anyway.
+const (
+	compactEveryDefault = 4096
+	compactTicks        = 50
 )
 
 // NodeConfig configures a Node.
@@ -37,6 +54,12 @@ type NodeConfig struct {
 	MinSync   int      // default a majority of Replicas
 	LagTicks  int
 	Tick      time.Duration // default 20ms
+	// CompactEvery is how many applied entries past a group's base make
+	// it try to compact on a tick; default 4096 (it tries every 50 ticks
+	// anyway). SegmentBytes is the journal's segment size (default the
+	// journal's).
+	CompactEvery int
+	SegmentBytes int64
 	// Apply is called, on the node's goroutine, with each committed entry
 	// in log order.
 	Apply func(group uint32, e wire.GroupEntry)
@@ -48,8 +71,9 @@ type NodeConfig struct {
 	OnMaster func(group uint32)
 	// OnStepDown is called, on the node's goroutine, when this broker
 	// stops being the master of a group, before the group's committed
-	// entries are applied again from the first: the applied state of the
-	// group is to be dropped.
+	// entries are applied again from the first, and when a follower's log
+	// is replaced by the master's base (an install): the applied state of
+	// the group is to be dropped.
 	OnStepDown func(group uint32)
 	Logger     *slog.Logger
 
@@ -74,6 +98,7 @@ type Node struct {
 	durable chan struct{}
 	done    chan struct{}
 	exited  chan struct{}
+	scratch []byte // a journal record being built
 	// dirty lists the members changed since their last Ready: the node
 	// takes every event waiting (up to inboxBatch) before it carries out
 	// any Ready, so a burst of proposals or messages becomes one batch of
@@ -90,6 +115,19 @@ type member struct {
 	gen   uint64 // bumped by each truncation: older completions are stale
 	epoch uint32 // last epoch journaled
 	waits map[uint64]func(error)
+
+	// pos[i] is the journal position of the record of entry posFirst+i.
+	pos      []journal.Pos
+	posFirst uint64
+	// dead lists records that become garbage once a later base record is
+	// durable: those of truncated entries, and the stale ones a replay
+	// found.
+	dead []journal.Pos
+	// baseRec is the durable base record; base is a written one whose
+	// durability frees base.frees (nil while none is pending).
+	baseRec     journal.Pos
+	base        *pendingBase
+	compactTick int
 	// master mirrors m.Role() == RoleMaster for other goroutines.
 	master atomic.Bool
 	broken error // a journal failure: the member stops
@@ -102,7 +140,13 @@ type member struct {
 		gen, index uint64
 		set        bool
 		err        error
+		baseDone   journal.Pos // the last base record made durable
 	}
+}
+
+type pendingBase struct {
+	rec   journal.Pos
+	frees []journal.Pos
 }
 
 // noCompletion is the completion of records whose durability a later
@@ -116,6 +160,9 @@ var ErrClosed = errors.New("groups: node closed")
 func OpenNode(cfg NodeConfig) (*Node, error) {
 	if cfg.Tick <= 0 {
 		cfg.Tick = 20 * time.Millisecond
+	}
+	if cfg.CompactEvery <= 0 {
+		cfg.CompactEvery = compactEveryDefault
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -132,9 +179,17 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 	if cfg.OnStepDown == nil {
 		cfg.OnStepDown = func(uint32) {}
 	}
-	logs := map[uint32][]group.Entry{}
+	logs := map[uint32]*replayLog{}
+	lg := func(g uint32) *replayLog {
+		l := logs[g]
+		if l == nil {
+			l = &replayLog{first: 1}
+			logs[g] = l
+		}
+		return l
+	}
 	epochs := map[uint32]uint32{}
-	replay := func(_ journal.Pos, _ journal.Pos, data []byte) error {
+	replay := func(pos journal.Pos, _ journal.Pos, data []byte) error {
 		if len(data) < 5 {
 			return fmt.Errorf("groups: journal record of %d bytes", len(data))
 		}
@@ -145,45 +200,57 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 				return errors.New("groups: short entry record")
 			}
 			e := group.Entry{Epoch: binary.BigEndian.Uint32(data[5:]), Index: binary.BigEndian.Uint64(data[9:]), Data: slices.Clone(data[17:])}
-			l := logs[g]
-			if want := uint64(len(l)) + 1; e.Index != want {
-				return fmt.Errorf("groups: group %d entry %d after %d", g, e.Index, len(l))
-			}
-			logs[g] = append(l, e)
+			return lg(g).entry(e, pos)
 		case recTruncate:
 			if len(data) < 13 {
 				return errors.New("groups: short truncate record")
 			}
-			after := binary.BigEndian.Uint64(data[5:])
-			if l := logs[g]; after < uint64(len(l)) {
-				logs[g] = l[:after]
-			}
+			lg(g).truncate(binary.BigEndian.Uint64(data[5:]))
 		case recEpoch:
 			if len(data) < 9 {
 				return errors.New("groups: short epoch record")
 			}
 			epochs[g] = max(epochs[g], binary.BigEndian.Uint32(data[5:]))
+		case recBase:
+			if len(data) < 18 {
+				return errors.New("groups: short base record")
+			}
+			lg(g).setBase(group.Base{Index: binary.BigEndian.Uint64(data[5:]), Epoch: binary.BigEndian.Uint32(data[13:])}, data[17] != 0, pos)
 		default:
 			return fmt.Errorf("groups: journal record of unknown kind %d", data[0])
 		}
 		return nil
 	}
-	j, err := journal.Open(journal.Options{Dir: cfg.Dir, Fsync: cfg.Fsync, FS: cfg.FS, Logger: cfg.Logger}, replay)
+	j, err := journal.Open(journal.Options{Dir: cfg.Dir, Fsync: cfg.Fsync, FS: cfg.FS, Logger: cfg.Logger, SegmentBytes: cfg.SegmentBytes}, replay)
 	if err != nil {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, j: j, members: map[uint32]*member{},
 		inbox: make(chan func(), inboxMax), durable: make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{})}
+	for g, l := range logs {
+		if err := l.check(); err != nil {
+			j.Close()
+			return nil, fmt.Errorf("groups: group %d: %w", g, err)
+		}
+	}
 	for _, g := range cfg.Groups {
-		for _, e := range logs[g] {
+		l := lg(g)
+		epochs[g] = max(epochs[g], l.base.Epoch)
+		for _, e := range l.log {
 			epochs[g] = max(epochs[g], e.Epoch)
 		}
 		replicas := cfg.Replicas
 		if set, ok := cfg.ReplicaSets[g]; ok {
 			replicas = set
 		}
-		m := group.New(group.Config{Group: g, ID: cfg.ID, Replicas: replicas, MinSync: cfg.MinSync, LagTicks: cfg.LagTicks}, logs[g], epochs[g])
-		n.members[g] = &member{id: g, m: m, epoch: epochs[g], waits: map[uint64]func(error){}}
+		m := group.New(group.Config{Group: g, ID: cfg.ID, Replicas: replicas, MinSync: cfg.MinSync, LagTicks: cfg.LagTicks}, l.base, l.log, epochs[g])
+		n.members[g] = &member{id: g, m: m, epoch: epochs[g], waits: map[uint64]func(error){},
+			pos: l.pos, posFirst: l.base.Index + 1, baseRec: l.baseRec}
+		// Records freed before the restart and not reclaimed yet: free
+		// them again.
+		for _, p := range l.stale {
+			j.Free(p)
+		}
 	}
 	go n.run()
 	return n, nil
@@ -209,6 +276,7 @@ func (n *Node) run() {
 				mb := n.members[g]
 				if mb.broken == nil {
 					mb.m.Tick()
+					n.maybeCompact(mb)
 					n.touch(mb)
 				}
 			}
@@ -320,6 +388,7 @@ type Status struct {
 	RoleName  string     `json:"role"`
 	Epoch     uint32     `json:"epoch"`
 	Master    uint32     `json:"master"`
+	Base      uint64     `json:"base"` // the log is compacted up to here
 	LastIndex uint64     `json:"last_index"`
 	Commit    uint64     `json:"commit"`
 	Applied   uint64     `json:"applied"`
@@ -332,7 +401,7 @@ func (n *Node) Status(g uint32) (Status, error) {
 	var st Status
 	err := n.withMember(g, func(m *group.Member) {
 		st = Status{Group: g, Role: m.Role(), RoleName: [...]string{"none", "follower", "master"}[m.Role()], Epoch: m.Epoch(),
-			Master: m.Master(), LastIndex: m.LastIndex(), Commit: m.Commit(), Applied: m.Applied(), Dur: m.Durable(),
+			Master: m.Master(), Base: m.Base().Index, LastIndex: m.LastIndex(), Commit: m.Commit(), Applied: m.Applied(), Dur: m.Durable(),
 			Set: slices.Clone(m.SyncStateSet())}
 	})
 	return st, err
@@ -357,6 +426,15 @@ func (n *Node) LogEnds() []ctlapi.GroupLogEnd {
 func (n *Node) Forget(g uint32, index uint64) {
 	if mb := n.members[g]; mb != nil {
 		mb.m.Forget(index)
+	}
+}
+
+// Retire marks group g's applied entry at index as having no effect left
+// here while keeping its data for members that lack it
+// (group.Member.Retire). It must be called from Apply.
+func (n *Node) Retire(g uint32, index uint64) {
+	if mb := n.members[g]; mb != nil {
+		mb.m.Retire(index)
 	}
 }
 
@@ -443,7 +521,21 @@ func (n *Node) ready(mb *member) {
 		rec := binary.BigEndian.AppendUint32([]byte{recEpoch}, g)
 		n.j.Append(binary.BigEndian.AppendUint32(rec, e), noCompletion)
 	}
+	if rd.Install != nil {
+		// The master's base replaces this log: every record of it is
+		// garbage once the base record is durable.
+		mb.gen++
+		b := *rd.Install
+		frees := append(mb.dead, mb.pos...)
+		mb.dead, mb.pos, mb.posFirst = nil, nil, b.Index+1
+		n.writeBase(mb, b, true, frees, n.persisted(mb, mb.gen, b.Index))
+		n.cfg.OnStepDown(g)
+	}
 	if rd.Truncate {
+		if k := rd.TruncateAfter + 1 - mb.posFirst; rd.TruncateAfter+1 >= mb.posFirst && k < uint64(len(mb.pos)) {
+			mb.dead = append(mb.dead, mb.pos[k:]...)
+			mb.pos = mb.pos[:k]
+		}
 		mb.gen++
 		gen, after := mb.gen, rd.TruncateAfter
 		rec := binary.BigEndian.AppendUint32([]byte{recTruncate}, g)
@@ -451,7 +543,7 @@ func (n *Node) ready(mb *member) {
 		n.j.Append(rec, n.persisted(mb, gen, after))
 	}
 	for i, e := range rd.Persist {
-		rec := make([]byte, 0, 17+len(e.Data))
+		rec := n.scratch[:0] // the journal copies it
 		rec = append(rec, recEntry)
 		rec = binary.BigEndian.AppendUint32(rec, g)
 		rec = binary.BigEndian.AppendUint32(rec, e.Epoch)
@@ -463,7 +555,17 @@ func (n *Node) ready(mb *member) {
 			// the batch.
 			done = n.persisted(mb, mb.gen, e.Index)
 		}
-		n.j.Append(rec, done)
+		if want := mb.posFirst + uint64(len(mb.pos)); e.Index != want && mb.broken == nil {
+			// The member hands out entries in order after its base: this
+			// is a bug, and the group stops rather than journal a hole.
+			mb.broken = fmt.Errorf("groups: group %d persists index %d, expected %d", g, e.Index, want)
+			n.log.Error("groups: group stopped", "group", g, "err", mb.broken)
+		}
+		if mb.broken != nil {
+			break
+		}
+		mb.pos = append(mb.pos, n.j.Append(rec, done))
+		n.scratch = rec[:0]
 	}
 	for i := range rd.Messages {
 		n.cfg.Transport.Send(&rd.Messages[i])
@@ -495,6 +597,66 @@ func (n *Node) ready(mb *member) {
 	}
 }
 
+// maybeCompact drops mb's dead log prefix, if it is worth a base record
+// and none is pending.
+func (n *Node) maybeCompact(mb *member) {
+	mb.compactTick++
+	if mb.base != nil || mb.broken != nil {
+		return
+	}
+	if mb.m.Applied()-mb.m.Base().Index < uint64(n.cfg.CompactEvery) && mb.compactTick < compactTicks {
+		return
+	}
+	mb.compactTick = 0
+	if !mb.m.Compact() {
+		return
+	}
+	b := mb.m.Base()
+	k := b.Index + 1 - mb.posFirst
+	frees := append(mb.dead, mb.pos[:k]...)
+	if k > uint64(len(mb.pos))/2 {
+		mb.pos = slices.Clone(mb.pos[k:])
+	} else {
+		mb.pos = mb.pos[k:]
+	}
+	mb.dead, mb.posFirst = nil, b.Index+1
+	n.writeBase(mb, b, false, frees, noCompletion)
+}
+
+// writeBase journals b as mb's base; once it is durable, frees and the
+// previous base record are freed.
+func (n *Node) writeBase(mb *member, b group.Base, reset bool, frees []journal.Pos, done journal.Completion) {
+	rec := binary.BigEndian.AppendUint32([]byte{recBase}, mb.id)
+	rec = binary.BigEndian.AppendUint64(rec, b.Index)
+	rec = binary.BigEndian.AppendUint32(rec, b.Epoch)
+	var r byte
+	if reset {
+		r = 1
+	}
+	rec = append(rec, r)
+	if mb.base != nil {
+		// An install while a compaction's base is pending: both free
+		// once the later one is durable (records complete in order).
+		frees = append(frees, mb.base.frees...)
+		frees = append(frees, mb.base.rec)
+	}
+	pb := &pendingBase{frees: frees}
+	mb.base = pb
+	pb.rec = n.j.Append(rec, func(p journal.Pos, err error) {
+		done(p, err)
+		if err != nil {
+			return // persisted reports it, or the next write does
+		}
+		mb.dur.Lock()
+		mb.dur.baseDone = max(mb.dur.baseDone, p)
+		mb.dur.Unlock()
+		select {
+		case n.durable <- struct{}{}:
+		default:
+		}
+	})
+}
+
 // persisted returns the journal completion that tells mb its log is
 // durable up to index, unless a truncation since (gen) makes it stale. It
 // runs on the journal's writer and only records the news.
@@ -519,8 +681,19 @@ func (n *Node) persisted(mb *member, gen, index uint64) journal.Completion {
 func (n *Node) takeDurable(mb *member) {
 	mb.dur.Lock()
 	gen, index, set, err := mb.dur.gen, mb.dur.index, mb.dur.set, mb.dur.err
+	baseDone := mb.dur.baseDone
 	mb.dur.set = false
 	mb.dur.Unlock()
+	if mb.base != nil && baseDone >= mb.base.rec {
+		for _, p := range mb.base.frees {
+			n.j.Free(p)
+		}
+		if mb.baseRec != 0 {
+			n.j.Free(mb.baseRec)
+		}
+		mb.baseRec = mb.base.rec
+		mb.base = nil
+	}
 	if err != nil && mb.broken == nil {
 		mb.broken = fmt.Errorf("groups: journal write failed: %w", err)
 		n.log.Error("groups: group stopped on a journal failure", "group", mb.id, "err", err)
@@ -547,3 +720,79 @@ func (n *Node) Close() error {
 	<-n.exited
 	return n.j.Close()
 }
+
+// replayLog is one group's log as a replay of the journal rebuilds it.
+type replayLog struct {
+	base    group.Base
+	baseRec journal.Pos
+	log     []group.Entry // contiguous from first
+	pos     []journal.Pos
+	first   uint64
+	// stale are records the owner freed before the restart: entries at or
+	// before the base, and older base records.
+	stale []journal.Pos
+}
+
+func (l *replayLog) end() uint64 { return l.first + uint64(len(l.log)) }
+
+func (l *replayLog) entry(e group.Entry, pos journal.Pos) error {
+	switch {
+	case e.Index <= l.base.Index:
+		l.stale = append(l.stale, pos) // freed, not reclaimed yet
+		return nil
+	case len(l.log) > 0 && e.Index < l.end():
+		return fmt.Errorf("groups: group entry %d after %d without a truncation", e.Index, l.end()-1)
+	case len(l.log) > 0 && e.Index > l.end():
+		// A gap: what came before it were freed records (their base
+		// record comes later); check() refuses a gap that stays.
+		l.stale = append(l.stale, l.pos...)
+		l.log, l.pos = nil, nil
+	}
+	if len(l.log) == 0 {
+		l.first = e.Index
+	}
+	l.log = append(l.log, e)
+	l.pos = append(l.pos, pos)
+	return nil
+}
+
+func (l *replayLog) truncate(after uint64) {
+	switch {
+	case after+1 < l.first:
+		l.stale = append(l.stale, l.pos...)
+		l.log, l.pos, l.first = nil, nil, after+1
+	case after+1 < l.end():
+		k := after + 1 - l.first
+		l.stale = append(l.stale, l.pos[k:]...)
+		l.log, l.pos = l.log[:k], l.pos[:k]
+	}
+}
+
+func (l *replayLog) setBase(b group.Base, reset bool, pos journal.Pos) {
+	if l.baseRec != 0 {
+		l.stale = append(l.stale, l.baseRec)
+	}
+	l.base, l.baseRec = b, pos
+	k := uint64(len(l.log))
+	if !reset && b.Index+1 < l.end() {
+		k = min(k, b.Index+1-min(b.Index+1, l.first))
+	}
+	l.stale = append(l.stale, l.pos[:k]...)
+	l.log, l.pos = l.log[k:], l.pos[k:]
+	l.first += k
+	if len(l.log) == 0 {
+		l.first = b.Index + 1
+	}
+}
+
+// check reports a log that does not go on from its base.
+func (l *replayLog) check() error {
+	if len(l.log) > 0 && l.first != l.base.Index+1 {
+		return fmt.Errorf("the log resumes at %d after its base %d: records are missing", l.first, l.base.Index)
+	}
+	l.log = slices.Clip(l.log)
+	return nil
+}
+
+// JournalStats reports the group journal's statistics.
+func (n *Node) JournalStats() journal.Stats { return n.j.Stats() }

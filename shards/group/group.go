@@ -71,7 +71,26 @@ type Message = wire.GroupMessage
 const (
 	MsgAppend     = wire.GroupAppend
 	MsgAppendResp = wire.GroupAppendResp
+	// MsgInstall tells a follower that lacks entries the master has
+	// compacted away that the log starts after PrevIndex (of epoch
+	// PrevEpoch): every entry up to there is committed and has no effect
+	// left (see Compact).
+	MsgInstall = wire.GroupInstall
 )
+
+// Base is where a member's log starts: every entry up to Index is
+// committed, has no effect left, and is no longer kept; Epoch is the
+// epoch of the entry at Index. The zero Base is an uncompacted log.
+type Base struct {
+	Index uint64
+	Epoch uint32
+}
+
+// EpochStart is the first index of an epoch in a log.
+type EpochStart struct {
+	Epoch uint32
+	Index uint64
+}
 
 // AlterSet asks the controller to make Set the SyncStateSet of the
 // master's epoch.
@@ -86,7 +105,13 @@ type AlterSet struct {
 type Ready struct {
 	// Reapply: forget what was applied; Apply starts again from the first
 	// entry of the log (Member.Reapply).
-	Reapply       bool
+	Reapply bool
+	// Install: the master has compacted away entries this follower lacks.
+	// The follower's log was dropped whole and now starts after
+	// Install.Index; what it applied is to be dropped too (nothing up to
+	// Install.Index has an effect left), and Apply goes on from there. It
+	// comes first: a Truncate or Persist in the same Ready follows it.
+	Install       *Base
 	Truncate      bool
 	TruncateAfter uint64
 	Persist       []Entry
@@ -109,6 +134,10 @@ var (
 	ErrNotEnoughSet = errors.New("group: fewer members in sync than min-sync-replicas")
 	ErrBacklog      = errors.New("group: too many uncommitted entries")
 )
+
+// inflightBatches bounds the Append batches sent to a follower ahead of
+// its acknowledgements.
+const inflightBatches = 16
 
 // Config configures a member.
 type Config struct {
@@ -133,6 +162,13 @@ const (
 	RoleMaster
 )
 
+// slot is an entry of the log and whether it is retired: applied, with
+// no effect left on this member (Forget, Retire).
+type slot struct {
+	Entry
+	dead bool
+}
+
 type follower struct {
 	next    uint64 // next index to send
 	match   uint64 // durable and agreeing
@@ -149,9 +185,11 @@ type Member struct {
 	role   Role
 	master MemberID
 
-	log     []Entry // log[i].Index == first+i
-	first   uint64  // index of log[0]; 1 while nothing is compacted
-	durable uint64  // the disk holds the log up to here
+	log   []slot // log[i].Index == first+i
+	first uint64 // index of log[0]; 1 while nothing is compacted
+	// baseEpoch is the epoch of the entry at first-1, compacted away.
+	baseEpoch uint32
+	durable   uint64 // the disk holds the log up to here
 	// matched is the last index known to agree with the current master's
 	// log (a follower's) or the log end (the master's own).
 	matched uint64
@@ -162,19 +200,29 @@ type Member struct {
 	set     []MemberID // the SyncStateSet as the controller confirmed it
 	growing []MemberID // added by a pending AlterSet: counted at once
 	alter   *AlterSet  // the pending request, if any
+	alterAt int        // tick the pending request was last sent
 	// inherited is the log end when this member became master: every
 	// entry an earlier master may have committed is at or before it.
 	inherited uint64
 	peers     map[MemberID]*follower
 	tick      int
 	proposed  map[uint64]uint32 // index -> epoch of proposals awaiting commit
+	// sendPending: proposals or a commit advance wait to go to the
+	// followers; Ready sends them, so a burst of proposals travels in
+	// full batches rather than one message per proposal.
+	sendPending bool
 
 	rd Ready
+	// spare holds the arrays of the Ready handed out before the last:
+	// the caller is done with them, and the next Ready reuses them.
+	spare Ready
 }
 
-// New returns a member with the durable state it restarts with: its log
-// (every entry of it durable) and the last epoch it knew.
-func New(cfg Config, log []Entry, epoch uint32) *Member {
+// New returns a member with the durable state it restarts with: where
+// its log starts (the zero Base if it was never compacted), the log after
+// that (every entry of it durable, the first at base.Index+1) and the last
+// epoch it knew.
+func New(cfg Config, base Base, log []Entry, epoch uint32) *Member {
 	if cfg.MinSync <= 0 {
 		cfg.MinSync = len(cfg.Replicas)/2 + 1
 	}
@@ -187,10 +235,15 @@ func New(cfg Config, log []Entry, epoch uint32) *Member {
 	if cfg.MaxUncommitted <= 0 {
 		cfg.MaxUncommitted = 1 << 16
 	}
-	m := &Member{cfg: cfg, epoch: epoch, first: 1, log: slices.Clone(log)}
-	if len(log) > 0 {
-		m.first = log[0].Index
+	m := &Member{cfg: cfg, epoch: epoch, first: base.Index + 1, baseEpoch: base.Epoch, log: make([]slot, len(log))}
+	for i, e := range log {
+		m.log[i].Entry = e
 	}
+	if len(log) > 0 && log[0].Index != m.first {
+		panic("group: the log does not start after its base")
+	}
+	// What the base covers is committed and has nothing to apply.
+	m.commit, m.applied = base.Index, base.Index
 	m.durable = m.lastIndex()
 	return m
 }
@@ -204,6 +257,46 @@ func (m *Member) Commit() uint64    { return m.commit }
 func (m *Member) Applied() uint64   { return m.applied }
 func (m *Member) LastIndex() uint64 { return m.lastIndex() }
 func (m *Member) Durable() uint64   { return m.durable }
+
+// Base reports where the log starts (Compact).
+func (m *Member) Base() Base { return Base{Index: m.first - 1, Epoch: m.baseEpoch} }
+
+// Compact drops the longest prefix of the log whose entries are applied
+// and have no effect left (forgotten, retired, or empty), and reports whether the
+// base moved. A follower that still lacks what was dropped gets an
+// MsgInstall from the master instead of the entries. Entries after the
+// first one with an effect stay until it is forgotten: a log whose oldest
+// message is never consumed keeps everything after it.
+func (m *Member) Compact() bool {
+	k := m.first
+	for k <= m.applied && k <= m.lastIndex() && (m.log[k-m.first].dead || len(m.entry(k).Data) == 0) {
+		k++
+	}
+	if k == m.first {
+		return false
+	}
+	m.baseEpoch = m.entry(k - 1).Epoch
+	drop := int(k - m.first)
+	if drop > len(m.log)/2 {
+		m.log = slices.Clone(m.log[drop:]) // let the old array go
+	} else {
+		m.log = m.log[drop:]
+	}
+	m.first = k
+	return true
+}
+
+// EpochStarts lists the epochs of the log from the base through index
+// to: the epoch in force at the base, and where each later one starts.
+func (m *Member) EpochStarts(to uint64) []EpochStart {
+	out := []EpochStart{{Epoch: m.baseEpoch, Index: m.first - 1}}
+	for i := m.first; i <= min(to, m.lastIndex()); i++ {
+		if e := m.entry(i).Epoch; e != out[len(out)-1].Epoch {
+			out = append(out, EpochStart{Epoch: e, Index: i})
+		}
+	}
+	return out
+}
 
 // Serving reports whether this member is master and has applied every
 // entry it inherited from earlier epochs. Until then its applied state may
@@ -234,7 +327,18 @@ func (m *Member) Reapply() {
 // events' effects are gone; the log is not compacted otherwise.
 func (m *Member) Forget(index uint64) {
 	if index >= m.first && index <= m.lastIndex() && index <= m.applied {
-		m.entry(index).Data = nil
+		m.log[index-m.first] = slot{Entry: Entry{Epoch: m.entry(index).Epoch, Index: index}, dead: true}
+	}
+}
+
+// Retire marks the applied entry at index as having no effect left on
+// this member, but keeps its data for members that lack it: a removal
+// must still reach a follower that holds the message, while the message's
+// own entry (Forget) need not reach one that lacks it. Compact drops
+// retired entries like forgotten ones.
+func (m *Member) Retire(index uint64) {
+	if index >= m.first && index <= m.lastIndex() && index <= m.applied {
+		m.log[index-m.first].dead = true
 	}
 }
 
@@ -245,29 +349,40 @@ func (m *Member) SyncStateSet() []MemberID { return m.effectiveSet() }
 // LogEnd is the epoch and index of the last durable entry, which a member
 // reports to the controller for elections.
 func (m *Member) LogEnd() (epoch uint32, index uint64) {
-	if m.durable < m.first || m.durable == 0 {
-		return 0, 0
+	if m.durable < m.first {
+		return m.epochAt(m.durable), m.durable
 	}
 	return m.entry(m.durable).Epoch, m.durable
 }
 
 func (m *Member) lastIndex() uint64 { return m.first + uint64(len(m.log)) - 1 }
 
-func (m *Member) entry(i uint64) *Entry { return &m.log[i-m.first] }
+func (m *Member) entry(i uint64) *Entry { return &m.log[i-m.first].Entry }
 
-// epochAt is the epoch of the entry at i; 0 for index 0 or beyond the log.
+// epochAt is the epoch of the entry at i, the base's included; 0 for
+// index 0, before the base or beyond the log.
 func (m *Member) epochAt(i uint64) uint32 {
+	if i > 0 && i == m.first-1 {
+		return m.baseEpoch
+	}
 	if i == 0 || i < m.first || i > m.lastIndex() {
 		return 0
 	}
 	return m.entry(i).Epoch
 }
 
-// Ready returns what to do since the last call and clears it.
+// Ready returns what to do since the last call and clears it. Its slices
+// are valid until the next call, which reuses their arrays.
 func (m *Member) Ready() Ready {
+	if m.sendPending {
+		m.sendPending = false
+		m.broadcast()
+	}
 	m.advanceApply()
 	rd := m.rd
-	m.rd = Ready{}
+	clear(m.spare.Messages) // drop their entries' data
+	m.rd = Ready{Persist: m.spare.Persist[:0], Messages: m.spare.Messages[:0], Apply: m.spare.Apply[:0], Completed: m.spare.Completed[:0]}
+	m.spare = rd
 	return rd
 }
 
@@ -311,14 +426,21 @@ func (m *Member) BecomeFollower(epoch uint32, master MemberID) {
 	m.epoch, m.role, m.master = epoch, RoleFollower, master
 }
 
-// SetSyncStateSet is the controller's confirmation of the set for epoch.
+// SetSyncStateSet is the controller's word on the set for epoch. It
+// settles a pending request only when it is that request's set: the
+// controller restating the set it had may cross the request on the way,
+// and the request may still be granted after it, so a member it grows
+// keeps counting until then.
 func (m *Member) SetSyncStateSet(epoch uint32, set []MemberID) {
 	if m.role != RoleMaster || epoch != m.epoch {
 		return
 	}
 	m.set = slices.Clone(set)
-	m.growing = nil
-	m.alter = nil
+	slices.Sort(m.set)
+	if m.alter != nil && slices.Equal(m.set, m.alter.Set) {
+		m.growing = nil
+		m.alter = nil
+	}
 	m.maybeCommit()
 }
 
@@ -364,11 +486,11 @@ func (m *Member) Propose(data []byte) (uint64, error) {
 		return 0, ErrBacklog
 	}
 	e := Entry{Epoch: m.epoch, Index: m.lastIndex() + 1, Data: data}
-	m.log = append(m.log, e)
+	m.log = append(m.log, slot{Entry: e})
 	m.matched = e.Index
 	m.rd.Persist = append(m.rd.Persist, e)
 	m.proposed[e.Index] = m.epoch
-	m.broadcast()
+	m.sendPending = true
 	return e.Index, nil
 }
 
@@ -394,6 +516,12 @@ func (m *Member) Tick() {
 	if m.role != RoleMaster {
 		return
 	}
+	if m.alter != nil && m.tick-m.alterAt > m.cfg.LagTicks {
+		// Unanswered: the request or its answer may be lost. Asking
+		// again for the same set is harmless.
+		m.alterAt = m.tick
+		m.rd.AlterSet = m.alter
+	}
 	// Resend what is not known to have arrived: messages may be lost.
 	for _, f := range m.peers {
 		f.next = f.last + 1
@@ -415,7 +543,7 @@ func (m *Member) Step(msg Message) {
 		return
 	}
 	switch msg.Kind {
-	case MsgAppend:
+	case MsgAppend, MsgInstall:
 		if msg.Epoch > m.epoch || m.role != RoleFollower || m.master != msg.From {
 			// Only the master the controller elected for an epoch sends
 			// Appends in it.
@@ -423,6 +551,10 @@ func (m *Member) Step(msg Message) {
 				return // cannot happen: one master per epoch
 			}
 			m.BecomeFollower(msg.Epoch, msg.From)
+		}
+		if msg.Kind == MsgInstall {
+			m.stepInstall(msg)
+			return
 		}
 		m.stepAppend(msg)
 	case MsgAppendResp:
@@ -444,7 +576,7 @@ func (m *Member) stepAppend(msg Message) {
 		m.respondHint(0, m.lastIndex()+1)
 		return
 	}
-	if p >= m.first && m.epochAt(p) != msg.PrevEpoch {
+	if p+1 >= m.first && m.epochAt(p) != msg.PrevEpoch {
 		// Diverged: our entry at p is of another epoch. Say which, and
 		// where that epoch starts in our log, so the master can skip it
 		// whole.
@@ -464,6 +596,9 @@ func (m *Member) stepAppend(msg Message) {
 		if e.Index > m.lastIndex() {
 			break
 		}
+		if e.Index < m.first {
+			continue // compacted here: committed, so it agrees
+		}
 		if m.epochAt(e.Index) != e.Epoch {
 			m.truncateAfter(e.Index - 1)
 			break
@@ -471,13 +606,39 @@ func (m *Member) stepAppend(msg Message) {
 	}
 	for ; i < len(msg.Entries); i++ {
 		e := msg.Entries[i]
-		m.log = append(m.log, e)
+		m.log = append(m.log, slot{Entry: e})
 		m.rd.Persist = append(m.rd.Persist, e)
 	}
 	last := p + uint64(len(msg.Entries))
 	if last > m.matched {
 		m.matched = last
 	}
+	if c := min(msg.Commit, m.matched); c > m.commit {
+		m.commit = c
+	}
+	m.respond(true, 0, 0)
+}
+
+// stepInstall takes the master's word that its log starts after
+// PrevIndex. A follower whose log holds that entry, or that compacted past
+// it, goes on as after an empty Append; any other drops its log whole and
+// starts after PrevIndex.
+func (m *Member) stepInstall(msg Message) {
+	b := msg.PrevIndex
+	if b+1 < m.first || (b <= m.lastIndex() && m.epochAt(b) == msg.PrevEpoch) {
+		m.stepAppend(Message{PrevIndex: b, PrevEpoch: msg.PrevEpoch, Commit: msg.Commit})
+		return
+	}
+	// Every committed entry agrees with the master's log, so the entry at
+	// b is past this member's commit index, and so is all it applied.
+	m.log = m.log[:0:0]
+	m.first, m.baseEpoch = b+1, msg.PrevEpoch
+	m.durable, m.matched, m.commit, m.applied = b, b, b, b
+	m.rd.Install = &Base{Index: b, Epoch: msg.PrevEpoch}
+	m.rd.Truncate, m.rd.TruncateAfter = false, 0
+	m.rd.Persist = m.rd.Persist[:0]
+	m.rd.Apply = m.rd.Apply[:0]
+	m.rd.Reapply = false
 	if c := min(msg.Commit, m.matched); c > m.commit {
 		m.commit = c
 	}
@@ -511,6 +672,15 @@ func (m *Member) truncateAfter(index uint64) {
 func (m *Member) respond(ok bool, hintEpoch uint32, hintIndex uint64) {
 	if m.role != RoleFollower {
 		return
+	}
+	if n := len(m.rd.Messages); ok && n > 0 {
+		// Acceptances say how far this log agrees and is durable, both
+		// only growing within one epoch: the latest replaces an earlier
+		// one still waiting to go.
+		if last := &m.rd.Messages[n-1]; last.Kind == MsgAppendResp && last.OK && last.To == m.master && last.Epoch == m.epoch {
+			last.Match, last.Last = min(m.durable, m.matched), m.matched
+			return
+		}
 	}
 	m.rd.Messages = append(m.rd.Messages, Message{Group: m.cfg.Group, Kind: MsgAppendResp, From: m.cfg.ID, To: m.master, Epoch: m.epoch,
 		OK: ok, Match: min(m.durable, m.matched), Last: m.matched, HintEpoch: hintEpoch, HintIndex: hintIndex})
@@ -556,6 +726,9 @@ func (m *Member) lastOfEpoch(e uint32) (uint64, bool) {
 			return 0, false
 		}
 	}
+	if m.first > 1 && m.baseEpoch == e {
+		return m.first - 1, true
+	}
 	return 0, false
 }
 
@@ -595,7 +768,7 @@ func (m *Member) maybeCommit() {
 	}
 	if c > m.commit {
 		m.commit = c
-		m.broadcast()
+		m.sendPending = true
 	}
 }
 
@@ -632,6 +805,7 @@ func (m *Member) maybeAlter() {
 	}
 	slices.Sort(next)
 	m.alter = &AlterSet{Epoch: m.epoch, Set: next}
+	m.alterAt = m.tick
 	m.rd.AlterSet = m.alter
 }
 
@@ -652,16 +826,37 @@ func (m *Member) broadcast() {
 }
 
 func (m *Member) send(to MemberID, f *follower) {
-	next := min(max(f.next, m.first), m.lastIndex()+1)
-	prev := next - 1
-	end := min(m.lastIndex(), next+uint64(m.cfg.MaxBatch)-1)
-	var ents []Entry
-	if next <= end {
-		ents = slices.Clone(m.log[next-m.first : end+1-m.first])
-		f.next = end + 1 // pipelined: the next send goes on from here
+	if f.next < m.first {
+		// It lacks entries compacted away here: their effects are all
+		// gone, so it only needs to know the log starts after them.
+		m.rd.Messages = append(m.rd.Messages, Message{Group: m.cfg.Group, Kind: MsgInstall, From: m.cfg.ID, To: to, Epoch: m.epoch,
+			PrevIndex: m.first - 1, PrevEpoch: m.baseEpoch, Commit: m.commit})
+		f.next = m.first
+		return
 	}
-	m.rd.Messages = append(m.rd.Messages, Message{Group: m.cfg.Group, Kind: MsgAppend, From: m.cfg.ID, To: to, Epoch: m.epoch,
-		PrevIndex: prev, PrevEpoch: m.epochAt(prev), Entries: ents, Commit: m.commit})
+	// Pipelined: batches go one after another, up to inflightBatches
+	// ahead of what the follower has acknowledged; an empty Append
+	// carries the commit index when there is nothing new.
+	for k := 0; ; k++ {
+		next := min(f.next, m.lastIndex()+1)
+		prev := next - 1
+		end := min(m.lastIndex(), next+uint64(m.cfg.MaxBatch)-1)
+		var ents []Entry
+		if next <= end {
+			ents = make([]Entry, 0, end+1-next)
+			for _, sl := range m.log[next-m.first : end+1-m.first] {
+				ents = append(ents, sl.Entry)
+			}
+			f.next = end + 1
+		} else if k > 0 {
+			return
+		}
+		m.rd.Messages = append(m.rd.Messages, Message{Group: m.cfg.Group, Kind: MsgAppend, From: m.cfg.ID, To: to, Epoch: m.epoch,
+			PrevIndex: prev, PrevEpoch: m.epochAt(prev), Entries: ents, Commit: m.commit})
+		if f.next > m.lastIndex() || f.next-f.last > uint64(inflightBatches*m.cfg.MaxBatch) {
+			return
+		}
+	}
 }
 
 // advanceApply hands committed entries to Apply, and completes this

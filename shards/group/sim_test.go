@@ -2,6 +2,7 @@ package group
 
 import (
 	"fmt"
+	"maps"
 	"math/rand"
 	"os"
 	"slices"
@@ -61,23 +62,32 @@ type simMsg struct {
 	inc      int // the sender's incarnation (heartbeats)
 }
 
+// simDisk is a member's journal: a base (where a compaction or an install
+// left the log) and the entries written after it, with the data they were
+// written with.
 type simDisk struct {
-	written []Entry
+	base    Base
+	written []Entry // written[i].Index == base.Index+1+i
 	synced  int
 	epoch   uint32
 }
 
 type simNode struct {
-	id      MemberID
-	m       *Member
-	disk    simDisk
-	up      bool // running (not killed)
-	frozen  bool
-	applied []string
-	role    Role
-	epoch   uint32
-	serving bool // last seen Member.Serving
-	inc     int  // incarnation: restarts so far
+	id     MemberID
+	m      *Member
+	disk   simDisk
+	up     bool // running (not killed)
+	frozen bool
+	// The applied state: the application is a queue. An entry "e:ID"
+	// enqueues a message, "r:ID:I" removes the message enqueued at index
+	// I; then the enqueue is forgotten and the removal retired
+	// (Member.Forget, Member.Retire), as the broker does.
+	appliedTo uint64
+	state     map[uint64]string // index of the enqueue -> its id
+	role      Role
+	epoch     uint32
+	serving   bool // last seen Member.Serving
+	inc       int  // incarnation: restarts so far
 	// proposals this member took as master: index -> proposal id, for
 	// its current life
 	took map[uint64]string
@@ -112,6 +122,8 @@ type sim struct {
 	nextProp int
 	quiet    bool // no new proposals: the last ticks let everyone catch up
 	trace    []string
+	installs int // followers that took an MsgInstall
+	compacts int // compactions that moved a base
 }
 
 func newSim(t *testing.T, seed int64) *sim {
@@ -122,8 +134,8 @@ func newSim(t *testing.T, seed int64) *sim {
 		s.ids = append(s.ids, MemberID(i))
 	}
 	for _, id := range s.ids {
-		n := &simNode{id: id, up: true, took: map[uint64]string{}}
-		n.m = New(s.cfg(id), nil, 0)
+		n := &simNode{id: id, up: true, took: map[uint64]string{}, state: map[uint64]string{}}
+		n.m = New(s.cfg(id), Base{}, nil, 0)
 		s.nodes[id] = n
 	}
 	s.ctl = simCtl{lastHB: map[MemberID]int{}, alive: map[MemberID]bool{}, ends: map[MemberID][2]uint64{}, inc: map[MemberID]int{}, set: slices.Clone(s.ids)}
@@ -140,9 +152,19 @@ func (s *sim) cfg(id MemberID) Config {
 func (s *sim) fail(format string, args ...any) {
 	s.t.Helper()
 	tail := s.trace
-	if len(tail) > 40 {
+	if len(tail) > 40 && !simDebug {
 		tail = tail[len(tail)-40:]
 	}
+	var states []string
+	for _, id := range s.ids {
+		m := s.nodes[id].m
+		st := fmt.Sprintf("m%d: role %d epoch %d base %d last %d durable %d commit %d applied %d", id, m.role, m.epoch, m.first-1, m.lastIndex(), m.durable, m.commit, m.applied)
+		for pid, f := range m.peers {
+			st += fmt.Sprintf(" [m%d next %d match %d last %d]", pid, f.next, f.match, f.last)
+		}
+		states = append(states, st)
+	}
+	tail = append(tail, states...)
 	s.t.Fatalf("seed %d, tick %d: %s\n(replay: BERTH_GROUP_SEED=%d go test ./shards/group -run TestGroupSimulation)\nlast events:\n  %s",
 		s.seed, s.now, fmt.Sprintf(format, args...), s.seed, strings.Join(tail, "\n  "))
 }
@@ -194,6 +216,10 @@ func (s *sim) deliver() {
 		}
 		switch m.kind {
 		case smPeer:
+			if simDebug {
+				p := m.peer
+				s.logf("m%d<-m%d kind %d epoch %d prev %d/%d n %d commit %d ok %v match %d last %d hint %d/%d", n.id, m.from, p.Kind, p.Epoch, p.PrevIndex, p.PrevEpoch, len(p.Entries), p.Commit, p.OK, p.Match, p.Last, p.HintEpoch, p.HintIndex)
+			}
 			n.m.Step(m.peer)
 		case smBecomeMaster:
 			n.m.BecomeMaster(m.epoch, m.set)
@@ -215,16 +241,35 @@ func (s *sim) process(n *simNode) {
 		n.role, n.epoch = r, e
 	}
 	rd := n.m.Ready()
+	if rd.Install != nil {
+		// The install's base record; the old records go.
+		s.installs++
+		s.logf("m%d: install after %d (epoch %d)", n.id, rd.Install.Index, rd.Install.Epoch)
+		n.disk.base, n.disk.written, n.disk.synced = *rd.Install, nil, 0
+		clear(n.state)
+		n.appliedTo = rd.Install.Index
+	}
+	if simDebug && (rd.Truncate || len(rd.Persist) > 0) {
+		s.logf("m%d: truncate %v after %d, persist %d entries from %d", n.id, rd.Truncate, rd.TruncateAfter, len(rd.Persist), func() uint64 {
+			if len(rd.Persist) > 0 {
+				return rd.Persist[0].Index
+			}
+			return 0
+		}())
+	}
 	if rd.Truncate {
-		keep := int(rd.TruncateAfter)
+		keep := int(rd.TruncateAfter - n.disk.base.Index)
+		if rd.TruncateAfter < n.disk.base.Index {
+			s.fail("member %d truncates after %d, before its base %d", n.id, rd.TruncateAfter, n.disk.base.Index)
+		}
 		if keep < len(n.disk.written) {
 			n.disk.written = n.disk.written[:keep]
 			n.disk.synced = min(n.disk.synced, keep)
 		}
 	}
 	for _, e := range rd.Persist {
-		if int(e.Index) != len(n.disk.written)+1 {
-			s.fail("member %d writes index %d after %d", n.id, e.Index, len(n.disk.written))
+		if want := n.disk.base.Index + uint64(len(n.disk.written)) + 1; e.Index != want {
+			s.fail("member %d writes index %d, its disk ends before %d", n.id, e.Index, want)
 		}
 		n.disk.written = append(n.disk.written, e)
 	}
@@ -233,19 +278,34 @@ func (s *sim) process(n *simNode) {
 		s.send(simMsg{kind: smPeer, from: n.id, to: msg.To, peer: msg})
 	}
 	if rd.Reapply {
-		n.applied = nil // as a broker drops a group's applied state
+		// As a broker drops a group's applied state.
+		clear(n.state)
+		n.appliedTo = n.m.Base().Index
 		n.reapplies++
 	}
 	for _, e := range rd.Apply {
+		if n.appliedTo+1 != e.Index {
+			s.fail("member %d applies %d after %d", n.id, e.Index, n.appliedTo)
+		}
+		n.appliedTo = e.Index
+		if len(e.Data) == 0 {
+			continue // forgotten: no effect left
+		}
 		id := string(e.Data)
 		if h, ok := s.history[e.Index]; ok && h != id {
 			s.fail("member %d applies %q at %d where another applied %q", n.id, id, e.Index, h)
 		}
 		s.history[e.Index] = id
-		if uint64(len(n.applied))+1 != e.Index {
-			s.fail("member %d applies %d after %d", n.id, e.Index, len(n.applied))
+		if simDebug {
+			s.logf("m%d applies %d %s", n.id, e.Index, id)
 		}
-		n.applied = append(n.applied, id)
+		if target, ok := removeTarget(id); ok {
+			delete(n.state, target)
+			n.m.Forget(target)
+			n.m.Retire(e.Index)
+		} else {
+			n.state[e.Index] = id
+		}
 	}
 	for _, c := range rd.Completed {
 		id, ok := n.took[c.Index]
@@ -278,6 +338,36 @@ func (s *sim) process(n *simNode) {
 			s.process(n)
 		}
 	}
+}
+
+// removeTarget is the index a removal "r:ID:I" removes.
+func removeTarget(data string) (uint64, bool) {
+	rest, ok := strings.CutPrefix(data, "r:")
+	if !ok {
+		return 0, false
+	}
+	_, idx, _ := strings.Cut(rest, ":")
+	i, err := strconv.ParseUint(idx, 10, 64)
+	return i, err == nil
+}
+
+// compact compacts a member's log: its journal writes the new base,
+// whose sync makes everything written before it durable, and then drops
+// the records before it.
+func (s *sim) compact(n *simNode) {
+	if !n.m.Compact() {
+		return
+	}
+	s.compacts++
+	b := n.m.Base()
+	k := int(b.Index - n.disk.base.Index)
+	if k > len(n.disk.written) {
+		s.fail("member %d compacted to %d, its disk ends at %d", n.id, b.Index, n.disk.base.Index+uint64(len(n.disk.written)))
+	}
+	n.disk.written = slices.Clone(n.disk.written[k:])
+	n.disk.synced = len(n.disk.written)
+	n.disk.base = b
+	n.m.Persisted(b.Index + uint64(n.disk.synced))
 }
 
 func (s *sim) ctlReceive(m simMsg) {
@@ -393,7 +483,8 @@ func (s *sim) pending(pid string) bool {
 func (s *sim) crash(n *simNode) {
 	n.up, n.frozen = false, false
 	n.disk.written = n.disk.written[:n.disk.synced]
-	n.applied, n.took = nil, nil
+	n.took = nil
+	clear(n.state)
 	n.serving = false
 	s.ctl.alive[n.id] = false // the connection closes: the controller knows at once
 	// What it had sent the controller dies with the connection.
@@ -404,9 +495,11 @@ func (s *sim) crash(n *simNode) {
 func (s *sim) restart(n *simNode) {
 	n.up = true
 	n.inc++
-	n.m = New(s.cfg(n.id), n.disk.written, n.disk.epoch)
+	log := slices.Clone(n.disk.written)
+	n.m = New(s.cfg(n.id), n.disk.base, log, n.disk.epoch)
 	n.took = map[uint64]string{}
-	s.logf("m%d restarted with %d entries, epoch %d", n.id, len(n.disk.written), n.disk.epoch)
+	n.appliedTo = n.disk.base.Index
+	s.logf("m%d restarted with base %d and %d entries, epoch %d", n.id, n.disk.base.Index, len(n.disk.written), n.disk.epoch)
 }
 
 func (s *sim) propose() {
@@ -416,7 +509,20 @@ func (s *sim) propose() {
 			continue
 		}
 		s.nextProp++
-		pid := "p" + strconv.Itoa(s.nextProp)
+		pid := "e:p" + strconv.Itoa(s.nextProp)
+		if len(n.state) > 0 && s.rng.Intn(2) == 0 {
+			// Remove the oldest message: a consumer taking them in order.
+			oldest := uint64(0)
+			for i := range n.state {
+				if oldest == 0 || i < oldest {
+					oldest = i
+				}
+			}
+			if s.rng.Intn(4) == 0 {
+				oldest = slices.Sorted(maps.Keys(n.state))[s.rng.Intn(len(n.state))]
+			}
+			pid = "r:p" + strconv.Itoa(s.nextProp) + ":" + strconv.FormatUint(oldest, 10)
+		}
 		idx, err := n.m.Propose([]byte(pid))
 		if err != nil {
 			continue
@@ -444,9 +550,12 @@ func (s *sim) tick(faults bool) {
 		// The disk syncs now and then: everything written so far.
 		if s.rng.Intn(3) == 0 && n.disk.synced < len(n.disk.written) {
 			n.disk.synced = len(n.disk.written)
-			n.m.Persisted(uint64(n.disk.synced))
+			n.m.Persisted(n.disk.base.Index + uint64(n.disk.synced))
 		}
 		n.m.Tick()
+		if s.rng.Intn(8) == 0 {
+			s.compact(n)
+		}
 		s.process(n)
 		e, i := n.m.LogEnd()
 		s.send(simMsg{kind: smHeartbeat, from: id, to: ctlID, logEpoch: e, logIndex: i, inc: n.inc})
@@ -524,7 +633,7 @@ func (s *sim) run() {
 				continue
 			}
 			s.nextProp++
-			pid := "final" + strconv.Itoa(s.nextProp)
+			pid := "e:final" + strconv.Itoa(s.nextProp)
 			idx, err := n.m.Propose([]byte(pid))
 			if err != nil {
 				continue
@@ -547,35 +656,51 @@ func (s *sim) run() {
 }
 
 func (s *sim) check() {
-	var ref []string
-	for _, id := range s.ids {
-		n := s.nodes[id]
-		if ref == nil || len(n.applied) > len(ref) {
-			ref = n.applied
+	// The state every member must hold: the committed history applied in
+	// order.
+	var top uint64
+	for i := range s.history {
+		top = max(top, i)
+	}
+	want := map[uint64]string{}
+	for i := uint64(1); i <= top; i++ {
+		id, ok := s.history[i]
+		if !ok {
+			continue // applied by nobody with its data: forgotten before anyone saw it? cannot be
+		}
+		if t, ok := removeTarget(id); ok {
+			delete(want, t)
+		} else {
+			want[i] = id
 		}
 	}
 	for _, id := range s.ids {
 		n := s.nodes[id]
-		if !slices.Equal(n.applied, ref) {
-			s.fail("member %d applied %d entries, another %d: they did not converge", id, len(n.applied), len(ref))
+		if n.appliedTo < top {
+			s.fail("member %d applied up to %d at the end, but %d was applied before: committed entries lost", id, n.appliedTo, top)
 		}
-	}
-	if uint64(len(ref)) < uint64(len(s.history)) {
-		s.fail("applied %d entries at the end, but %d indexes were applied before: committed entries lost", len(ref), len(s.history))
-	}
-	seen := map[string]bool{}
-	for i, id := range ref {
-		if seen[id] {
-			s.fail("%s applied twice", id)
-		}
-		seen[id] = true
-		if s.history[uint64(i+1)] != id {
-			s.fail("index %d is %q now, %q was applied there before", i+1, id, s.history[uint64(i+1)])
+		if !maps.Equal(n.state, want) {
+			for i, v := range n.state {
+				if want[i] != v {
+					s.logf("m%d holds %d %q, history has %q", id, i, v, want[i])
+				}
+			}
+			for i, v := range want {
+				if n.state[i] != v {
+					s.logf("m%d lacks %d %q", id, i, v)
+				}
+			}
+			s.fail("member %d holds %d messages, the committed history %d: they did not converge", id, len(n.state), len(want))
 		}
 	}
 	for id, idx := range s.complete {
-		if !seen[id] || ref[idx-1] != id {
+		if s.history[idx] != id {
 			s.fail("completed %s (index %d) is not in the final log", id, idx)
+		}
+	}
+	for i := uint64(1); i <= top; i++ {
+		if _, ok := s.history[i]; !ok {
+			s.fail("index %d below %d was never applied with its data", i, top)
 		}
 	}
 }
@@ -598,19 +723,33 @@ func TestGroupSimulation(t *testing.T) {
 		}
 		first, seeds = n, 1
 	}
-	var completed, elections, applied, reapplies int
+	var completed, elections, applied, reapplies, installs, compacts int
 	for seed := first; seed < first+int64(seeds); seed++ {
 		s := newSim(t, seed)
-		s.run()
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					s.fail("panic: %v", r)
+				}
+			}()
+			s.run()
+		}()
 		completed += len(s.complete)
 		elections += int(s.ctl.epoch)
 		applied += len(s.history)
+		installs += s.installs
+		compacts += s.compacts
 		for _, id := range s.ids {
 			reapplies += s.nodes[id].reapplies
 		}
 	}
-	t.Logf("%d schedules: %d proposals completed, %d entries committed, %d elections, %d step-downs that reapplied the log", seeds, completed, applied, elections, reapplies)
-	if completed == 0 || elections <= seeds || reapplies == 0 {
+	t.Logf("%d schedules: %d proposals completed, %d entries committed, %d elections, %d step-downs that reapplied the log, %d compactions, %d installs",
+		seeds, completed, applied, elections, reapplies, compacts, installs)
+	if completed == 0 || elections <= seeds || reapplies == 0 || (seeds >= 100 && (compacts == 0 || installs == 0)) {
 		t.Fatalf("the schedules exercised too little: %d completions, %d elections", completed, elections)
 	}
 }
+
+// simDebug (BERTH_GROUP_DEBUG=1) traces every message and apply, and
+// prints the whole trace of a failing schedule.
+var simDebug = os.Getenv("BERTH_GROUP_DEBUG") != ""
