@@ -8,8 +8,10 @@ package server
 // on the master, or with its refusal (queue full, fewer in sync than
 // min-sync-replicas, no longer master). A forward whose outcome is unknown
 // (the master died or stopped answering with it in flight) fails with
-// resource-limit and a text saying to retry; the event may have committed,
-// so a retry without a producer id may duplicate it.
+// unavailable and a text saying its outcome is unknown; the event may have
+// committed, so a retry without a producer id may duplicate it. While the
+// group has no master this broker knows of, publishes fail with
+// unavailable too; a full forwarding window with resource-limit.
 //
 // Only enqueues are forwarded: removes and barriers come from the
 // master's consumers, among them those other brokers proxy to it
@@ -46,13 +48,13 @@ func (r *replicator) forward(g uint32, data []byte, done func(error)) error {
 	master := v.Groups[g].Master
 	switch {
 	case master == 0:
-		return shards.Errorf(wire.CodeResourceLimit, "group %d has no master now (an election is under way); retry", g)
+		return shards.Errorf(wire.CodeUnavailable, "group %d has no master now (an election is under way); retry", g)
 	case master == r.s.brokerID:
-		return shards.Errorf(wire.CodeResourceLimit, "this broker is taking over as master of group %d; retry", g)
+		return shards.Errorf(wire.CodeUnavailable, "this broker is taking over as master of group %d; retry", g)
 	}
 	addr := v.Peer[master]
 	if addr == "" {
-		return shards.Errorf(wire.CodeResourceLimit, "the peer address of group %d's master, broker %d, is not known yet; retry", g, master)
+		return shards.Errorf(wire.CodeUnavailable, "the peer address of group %d's master, broker %d, is not known yet; retry", g, master)
 	}
 	err := m.Forwarder().Forward(master, addr, g, data, func(err error) { done(forwardOutcome(g, master, err)) })
 	return forwardOutcome(g, master, err)
@@ -65,7 +67,7 @@ func forwardOutcome(g, master uint32, err error) error {
 	case err == nil:
 		return nil
 	case errors.As(err, &lost):
-		return shards.Errorf(wire.CodeResourceLimit, "forward to group %d's master, broker %d, lost (%v); the publish may or may not have taken effect; retry", g, master, lost.Err)
+		return shards.Errorf(wire.CodeUnavailable, "forward to group %d's master, broker %d, lost (%v); the publish may or may not have taken effect; retry", g, master, lost.Err)
 	case errors.Is(err, groups.ErrForwardBusy):
 		return shards.Errorf(wire.CodeResourceLimit, "too many publishes waiting for group %d's master, broker %d; retry", g, master)
 	}
@@ -98,7 +100,7 @@ func (r *replicator) serveForward(from, g uint32, event []byte, reply groups.For
 	}
 	n := r.node()
 	if n == nil || !n.IsMaster(g) {
-		refuse(wire.CodeResourceLimit, "broker %d is not the master of group %d (any more); retry", r.s.brokerID, g)
+		refuse(wire.CodeUnavailable, "broker %d is not the master of group %d (any more); retry", r.s.brokerID, g)
 		return
 	}
 	s := r.s

@@ -481,7 +481,7 @@ func (h *handler) subscribe(cs *connState, body []byte) (bool, gnet.Action) {
 		return true, gnet.None
 	}
 	if g, master, addr, where := h.s.proxyTarget(q); where != "" {
-		cs.fail(m.CommandID, wire.CodeResourceLimit, where)
+		cs.fail(m.CommandID, wire.CodeUnavailable, where)
 		return true, gnet.None
 	} else if master != 0 {
 		// Another broker masters the queue's group: consume there

@@ -127,7 +127,7 @@ func (s *Server) proxySend(cs *connState, ps *proxySession, cmdID uint64, typ wi
 	frame = append(frame, body...)
 	pf := wire.AppendProxyCommand(make([]byte, 0, len(frame)+32), ps.id, cs.version, cs.frameMax, frame)
 	if err := s.groups.Load().Forwarder().SendProxy(ps.master, ps.addr, pf); err != nil && cmdID != 0 {
-		cs.fail(cmdID, wire.CodeResourceLimit, fmt.Sprintf("the master of the queue's group, broker %d, cannot be reached now (%v); retry", ps.master, err))
+		cs.fail(cmdID, wire.CodeUnavailable, fmt.Sprintf("the master of the queue's group, broker %d, cannot be reached now (%v); retry", ps.master, err))
 	}
 }
 
@@ -294,7 +294,7 @@ func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Ver
 			}
 		}
 		if g, ok := q.Replicated(); !ok || !s.replicator.IsMaster(g) {
-			fail(m.CommandID, wire.CodeResourceLimit, fmt.Sprintf("broker %d is not the master of queue %q's group (any more); retry", s.brokerID, q.Name))
+			fail(m.CommandID, wire.CodeUnavailable, fmt.Sprintf("broker %d is not the master of queue %q's group (any more); retry", s.brokerID, q.Name))
 			return
 		}
 		if _, used := p.consumers[m.ConsumerID]; used {
