@@ -107,7 +107,7 @@ func (c *Conn) DeclareQueue(ctx context.Context, name string, opts QueueOptions)
 	if opts.NoReplicate {
 		d.Flags |= wire.QueueNoReplicate
 	}
-	return c.roundTrip(ctx, func(b []byte, id uint64) []byte {
+	return c.roundTrip(ctx, cmdSpec{kind: kindResend}, func(b []byte, id uint64) []byte {
 		d.CommandID = id
 		return wire.AppendDeclareQueue(b, c.version, &d)
 	})
@@ -133,7 +133,7 @@ func (c *Conn) DeclareExchange(ctx context.Context, name string, kind ExchangeKi
 	if opts.Passive {
 		d.Flags |= wire.ExchangePassive
 	}
-	return c.roundTrip(ctx, func(b []byte, id uint64) []byte {
+	return c.roundTrip(ctx, cmdSpec{kind: kindResend}, func(b []byte, id uint64) []byte {
 		d.CommandID = id
 		return wire.AppendDeclareExchange(b, c.version, &d)
 	})
@@ -163,7 +163,7 @@ func (c *Conn) bind(ctx context.Context, t wire.Type, exchange, queue, key strin
 		return fmt.Errorf("%w: binding key longer than %d bytes", ErrInvalid, wire.RoutingKeyLenMax)
 	}
 	d := wire.Bind{Exchange: []byte(exchange), Queue: []byte(queue), Key: []byte(key)}
-	return c.roundTrip(ctx, func(b []byte, id uint64) []byte {
+	return c.roundTrip(ctx, cmdSpec{kind: kindResend}, func(b []byte, id uint64) []byte {
 		d.CommandID = id
 		return wire.AppendBind(b, c.version, t, &d)
 	})
@@ -198,7 +198,7 @@ func (c *Conn) delete(ctx context.Context, what uint8, kind, name string, flags 
 		return err
 	}
 	d := wire.Delete{What: what, Flags: flags, Name: []byte(name)}
-	return c.roundTrip(ctx, func(b []byte, id uint64) []byte {
+	return c.roundTrip(ctx, cmdSpec{}, func(b []byte, id uint64) []byte {
 		d.CommandID = id
 		return wire.AppendDelete(b, c.version, &d)
 	})
@@ -211,7 +211,7 @@ func (c *Conn) Purge(ctx context.Context, queue string) error {
 	if err := checkName("queue", queue); err != nil {
 		return err
 	}
-	return c.roundTrip(ctx, func(b []byte, id uint64) []byte {
+	return c.roundTrip(ctx, cmdSpec{}, func(b []byte, id uint64) []byte {
 		return wire.AppendPurge(b, c.version, id, queue)
 	})
 }

@@ -50,15 +50,27 @@ func TestProtocolDocExamples(t *testing.T) {
 		t.Fatalf("found %d example frames, expected one per frame type", len(frames))
 	}
 	seen := map[wire.Type]bool{}
+	producerSeen := false
 	for _, fr := range frames {
 		h, body, n, err := wire.Next(fr, wire.FrameSizeDefault)
 		if err != nil || n != len(fr) {
 			t.Fatalf("example % x: n=%d of %d, err %v", fr, n, len(fr), err)
 		}
 		seen[h.Type] = true
+		if h.Type == wire.TypePublish && h.Flags != 0 {
+			var p wire.Publish
+			if err := wire.DecodePublishFlags(body, h.Flags, &p); err != nil || p.Producer == 0 || h.Version < wire.VersionProducer {
+				t.Errorf("producer PUBLISH example (version %v): producer %x, %v", h.Version, p.Producer, err)
+			}
+			producerSeen = true
+			continue
+		}
 		if err := decodeAny(h.Type, body); err != nil {
 			t.Errorf("example %v: %v", h.Type, err)
 		}
+	}
+	if !producerSeen {
+		t.Error("no example of a PUBLISH with a producer id")
 	}
 	for _, typ := range []wire.Type{wire.TypeHello, wire.TypeWelcome, wire.TypeHeartbeat, wire.TypeClose, wire.TypeComplete,
 		wire.TypeError, wire.TypeAuth, wire.TypeDeclareQueue, wire.TypeDeclareExchange, wire.TypeBind, wire.TypeDelete, wire.TypePurge,

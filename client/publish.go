@@ -88,7 +88,7 @@ func (c *Conn) publish(ctx context.Context, exchange, key string, payload []byte
 	}
 	// The whole message must fit in a PUBLISH frame of its own.
 	msgLen := wire.PublishMessageOverhead + len(key) + len(opts.Props) + len(payload)
-	if wire.HeaderSize+8+2+len(exchange)+2+msgLen > int(c.frameMax) {
+	if wire.HeaderSize+8+wire.PublishProducerOverhead+2+len(exchange)+2+msgLen > int(c.frameMax) {
 		return ErrTooLarge
 	}
 	if err := ctx.Err(); err != nil {
@@ -108,20 +108,27 @@ func (c *Conn) publish(ctx context.Context, exchange, key string, payload []byte
 		c.mu.Unlock()
 		return err
 	}
+	id := c.mu.win.add(fn, cl, nil)
+	if c.cfg.Reconnect != nil {
+		// Kept in the slot (whose buffer is reused) to be sent again if
+		// the connection breaks before the answer.
+		sl := c.mu.win.at(id)
+		sl.kind, sl.exchange = kindPublish, exchange
+		sl.msg = wire.AppendPublishMessage(sl.msg[:0], flags, ttl, key, opts.Props, payload)
+		c.appendPublishLocked(id, exchange, sl.msg)
+		c.kickLocked()
+		c.mu.Unlock()
+		return nil
+	}
 	// Join the open PUBLISH frame when it is for the same exchange and has
 	// room; ids stay consecutive because any other frame seals it.
-	if c.mu.pubStart < 0 || c.mu.pubExchange != exchange || c.mu.pubCount >= wire.BatchMax ||
+	if c.mu.pubStart < 0 || c.mu.pubExchange != exchange || c.mu.pubNext != id || c.mu.pubCount >= wire.BatchMax ||
 		len(c.mu.out)-c.mu.pubStart+msgLen > int(c.frameMax) {
-		c.sealPublishLocked()
-		var start int
-		c.mu.out, start = wire.AppendPublishStart(c.mu.out, c.version, c.mu.win.next, exchange, 0)
-		c.mu.pubStart = start
-		c.mu.pubCountOff = len(c.mu.out) - 2
-		c.mu.pubExchange = exchange
+		c.startPublishLocked(id, exchange)
 	}
-	c.mu.win.add(fn, cl, nil)
 	c.mu.out = wire.AppendPublishMessage(c.mu.out, flags, ttl, key, opts.Props, payload)
 	c.mu.pubCount++
+	c.mu.pubNext = id + 1
 	c.kickLocked()
 	c.mu.Unlock()
 	return nil

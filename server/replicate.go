@@ -37,7 +37,7 @@ import (
 
 // Group log events of replicated queues.
 const (
-	gevEnqueue byte = 'E' // name str16, expiresAt u64, persistent u8, exchange str16, key str16, props bytes, payload bytes
+	gevEnqueue byte = 'E' // name str16, expiresAt u64, persistent u8, exchange str16, key str16, props bytes, payload bytes[, producer u64, producer seq u64]
 	gevRemove  byte = 'R' // name str16, seq u64 (logs written before gevRemoves)
 	gevRemoves byte = 'S' // name str16, n u32, n x seq u64
 	gevBarrier byte = 'B'
@@ -135,7 +135,7 @@ func groupError(err error) error {
 	return shards.Errorf(wire.CodeInternal, "%v", err)
 }
 
-func (r *replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt int64, done func(error)) error {
+func (r *replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt int64, producer, producerSeq uint64, done func(error)) error {
 	data := make([]byte, 0, 32+len(q.Name)+len(b.Exchange)+len(b.RoutingKey)+len(b.Props)+len(b.Payload))
 	data = append(data, gevEnqueue)
 	data = wire.AppendStr(data, q.Name)
@@ -145,6 +145,10 @@ func (r *replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt i
 	data = wire.AppendStrBytes(data, b.RoutingKey)
 	data = wire.AppendBytes(data, b.Props)
 	data = wire.AppendBytes(data, b.Payload)
+	if producer != 0 {
+		data = wire.AppendU64(data, producer)
+		data = wire.AppendU64(data, producerSeq)
+	}
 	return r.propose(q, data, done)
 }
 
@@ -213,13 +217,17 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 		persistent := rd.Bool()
 		ex, key := rd.Str(wire.NameLenMax), rd.Str(wire.RoutingKeyLenMax)
 		props, payload := rd.Bytes(wire.FrameSizeMax), rd.Bytes(wire.FrameSizeMax)
+		var producer, producerSeq uint64
+		if rd.Remaining() == 16 {
+			producer, producerSeq = rd.U64(), rd.U64()
+		}
 		if rd.Err() != nil {
 			s.log.Error("server: malformed replicated enqueue; skipped", "group", g, "index", e.Index)
 			return
 		}
 		b := shards.NewBody(ex, key, props, payload, persistent)
 		seq := e.Index
-		call = func(sh *shards.Shard) { sh.ApplyEnqueue(q, seq, b, exp) }
+		call = func(sh *shards.Shard) { sh.ApplyEnqueue(q, seq, b, exp, producer, producerSeq) }
 	case gevRemove:
 		seq := rd.U64()
 		if rd.Err() != nil {

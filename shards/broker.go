@@ -107,6 +107,10 @@ type Broker struct {
 	wg     sync.WaitGroup
 
 	startup startup // what Start and Recover have done so far (ready.go)
+	// outbound is the bytes waiting on client connections, as the server
+	// last summed them (SetOutbound); the shards count it in their
+	// budget (memory.go).
+	outbound atomic.Int64
 	// pagingTemp is the temporary paging directory to remove at Stop.
 	pagingTemp string
 }
@@ -461,6 +465,7 @@ func (b *Broker) Stats() ShardStats {
 			t.DeadLettered += sh.stats.DeadLettered
 			t.DroppedDeadLetters += sh.stats.DroppedDeadLetters
 			t.StoreErrors += sh.stats.StoreErrors
+			t.Duplicates += sh.stats.Duplicates
 		})
 	}
 	return t

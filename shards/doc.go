@@ -33,7 +33,11 @@
 //     Queue never sees any of it: a paged entry just has a nil Body.
 //   - Body, Session, Fanout (message.go, session.go, broker.go): a
 //     message's bytes, shared by reference count; a client session as the
-//     shards see it; one publish's progress over several queues.
+//     shards see it; one publish's progress over several queues. A
+//     session over its cap of unwritten bytes (Session.OutMax, against
+//     the OutBuffered gauge its connection's owner keeps) gets no
+//     deliveries: its consumers count as without credit until the server
+//     sends OpResume.
 //
 // # Goroutines
 //

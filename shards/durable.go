@@ -143,6 +143,9 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		size  uint32 // the body's Size, for a body left on disk (body nil)
 		queue int32  // index into names
 		dead  bool
+		// producer and producerSeq: the publish's producer id, if any
+		// (dedup.go).
+		producer, producerSeq uint64
 	}
 	var msgs []recovered
 	var names []string
@@ -190,6 +193,9 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 			key := r.Str(wire.RoutingKeyLenMax)
 			props := r.Bytes(wire.PropsLenMax)
 			payload := r.Bytes(journal.RecordBytesMax)
+			if r.Remaining() == 16 {
+				m.producer, m.producerSeq = r.U64(), r.U64()
+			}
 			if err := r.Done(); err != nil {
 				return fmt.Errorf("shards: journal record %d: %w", pos, err)
 			}
@@ -241,6 +247,10 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		m := &msgs[i]
 		pos := m.pos
 		q := byName[names[m.queue]]
+		if q != nil && q.shard == s.idx {
+			// Dequeued messages count too: their publishes happened.
+			q.producers.note(m.producer, m.producerSeq)
+		}
 		if m.dead || q == nil || q.shard != s.idx || !q.Options.Durable {
 			j.Free(pos)
 			if m.body != nil {
@@ -284,7 +294,10 @@ func (s *Shard) journaled(q *Queue, b *Body) bool {
 	return s.journal != nil && q.Options.Durable && b.Persistent
 }
 
-func (s *Shard) appendEnqueue(q *Queue, e *Entry) journal.Pos {
+// appendEnqueue journals a message of q. A publish with a producer id
+// (dedup.go) appends it and its sequence number after the payload, so
+// replay rebuilds the queue's deduplication state.
+func (s *Shard) appendEnqueue(q *Queue, e *Entry, producer, producerSeq uint64) journal.Pos {
 	sj := s.journal
 	b := e.Body
 	buf := sj.scratch[:0]
@@ -301,6 +314,10 @@ func (s *Shard) appendEnqueue(q *Queue, e *Entry) journal.Pos {
 	buf = wire.AppendStrBytes(buf, b.RoutingKey)
 	buf = wire.AppendBytes(buf, b.Props)
 	buf = wire.AppendBytes(buf, b.Payload)
+	if producer != 0 {
+		buf = binary.BigEndian.AppendUint64(buf, producer)
+		buf = binary.BigEndian.AppendUint64(buf, producerSeq)
+	}
 	sj.scratch = buf
 	return sj.j.Append(buf, sj.onDone)
 }

@@ -21,10 +21,17 @@ import (
 //     once per queue entry that holds it (a body routed to two queues of
 //     one shard is counted twice: the count errs high).
 //
-// Not counted: bodies in outbound writes after their entry is gone (ack
-// mode none), the journal's own index and pending bytes, connection
-// buffers, and the runtime's slack; RSS is therefore above the count, and
-// the process test bounds RSS, not the count.
+//   - the bytes waiting on client connections (gnet's outbound buffers,
+//     the TLS writers' queues), which the server sums every heartbeat
+//     scan (Broker.SetOutbound) and each shard counts an equal part of,
+//     read once per loop (chargeOutbound); each connection's part is
+//     capped by the server's -outbound-max.
+//
+// Not counted: bodies in outbound writes not yet taken by a connection
+// after their entry is gone (ack mode none), the journal's own index and
+// pending bytes, inbound connection buffers, and the runtime's slack; RSS
+// is therefore above the count, and the process test bounds RSS, not the
+// count.
 //
 // Above the high watermark (memoryHighFraction of the share) each newly
 // enqueued message is paged out unless it is among the first
@@ -66,6 +73,8 @@ type memory struct {
 	since               time.Time // throttling since
 
 	pageOuts, pageIns, throttles, pageErrors uint64
+
+	outCharged int64 // the share of Broker.outbound in used
 
 	pages    *pageFile // nil until the first transient page-out
 	pageDir  string
@@ -213,10 +222,10 @@ func parseEnqueueBody(data []byte) (*Body, error) {
 	if kind := r.U8(); kind != recEnqueue {
 		return nil, fmt.Errorf("not an enqueue record (kind %d)", kind)
 	}
-	r.Str(wire.NameLenMax) // queue
-	r.U64()                // expiry
-	r.U32()                // delivery count
-	return parseBody(&r, journal.RecordBytesMax)
+	r.Str(wire.NameLenMax)                           // queue
+	r.U64()                                          // expiry
+	r.U32()                                          // delivery count
+	return parseBody(&r, journal.RecordBytesMax, 16) // a producer id and seq may follow (dedup.go)
 }
 
 // pageIn reads back the paged bodies at the front of q, in one batch of
@@ -253,6 +262,23 @@ func (s *Shard) withBody(e *Entry) bool {
 	return true
 }
 
+// SetOutbound records the bytes waiting on all client connections; the
+// server calls it every heartbeat scan. Safe from any goroutine.
+func (b *Broker) SetOutbound(n int64) { b.outbound.Store(n) }
+
+// chargeOutbound counts the shard's part of the bytes waiting on client
+// connections against its share; once per loop, one plain load.
+func (s *Shard) chargeOutbound() {
+	if s.mem.limit == 0 {
+		return
+	}
+	part := s.broker.outbound.Load() / int64(len(s.broker.shards))
+	if d := part - s.mem.outCharged; d != 0 {
+		s.mem.outCharged = part
+		s.charge(d)
+	}
+}
+
 // publishMemory copies the counts for other goroutines (Broker.Memory).
 // The shard calls it once per loop, not per message: an atomic store is
 // a locked instruction, and two per message cost the hot path 10%.
@@ -279,11 +305,15 @@ type MemoryStatus struct {
 	PagedMessages   int64 `json:"paged_messages"`
 	EntryBytes      int64 `json:"index_bytes_per_message"`
 	ThrottledShards []int `json:"throttled_shards"`
+	// OutboundBytes is what waits on client connections, counted in
+	// UsedBytes.
+	OutboundBytes int64 `json:"outbound_bytes"`
 }
 
 // Memory reads the budget's counters; safe from any goroutine.
 func (b *Broker) Memory() MemoryStatus {
-	st := MemoryStatus{LimitBytes: b.cfg.MemoryLimit, EntryBytes: EntryBytes, ThrottledShards: []int{}}
+	st := MemoryStatus{LimitBytes: b.cfg.MemoryLimit, EntryBytes: EntryBytes, ThrottledShards: []int{},
+		OutboundBytes: b.outbound.Load()}
 	for _, s := range b.shards {
 		st.UsedBytes += s.mem.usedPub.Load()
 		st.PagedMessages += s.mem.pagedPub.Load()

@@ -94,12 +94,15 @@ func appendBodyRecord(buf []byte, b *Body) []byte {
 }
 
 // parseBody reads what appendBodyRecord wrote, from r, into a new Body.
-func parseBody(r *wire.Reader, dataMax int) (*Body, error) {
+func parseBody(r *wire.Reader, dataMax int, trailer int) (*Body, error) {
 	flags := r.U8()
 	ex := r.Str(wire.NameLenMax)
 	key := r.Str(wire.RoutingKeyLenMax)
 	props := r.Bytes(wire.PropsLenMax)
 	payload := r.Bytes(dataMax)
+	if trailer > 0 && r.Remaining() == trailer {
+		r.Skip(trailer)
+	}
 	if err := r.Done(); err != nil {
 		return nil, err
 	}
@@ -195,7 +198,7 @@ func (p *pageFile) read(loc uint64) (*Body, error) {
 	}
 	var r wire.Reader
 	r.Reset(data)
-	b, err := parseBody(&r, len(data))
+	b, err := parseBody(&r, len(data), 0)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errPageCorrupt, err)
 	}

@@ -167,6 +167,8 @@ type Queue struct {
 	group    uint32
 	owner    any // exclusive owner (a session), or nil
 	free     *entryPool
+	// producers is the deduplication state of producer ids (dedup.go).
+	producers producerTable
 
 	// counters
 	Enqueued, Delivered, Acked, DeadLettered, Expired uint64
@@ -363,12 +365,15 @@ func (q *Queue) acquire(ev *Event) error {
 //     committed) is not delivered, and nothing behind it is: FIFO holds;
 //   - otherwise the head goes to the first consumer with credit, starting
 //     at the round-robin cursor (EvAcquire with that consumer, its next
-//     tag, and the cursor just past it).
+//     tag, and the cursor just past it). A consumer whose session has more
+//     bytes waiting on its connection than its cap (Session.OutMax) counts
+//     as one without credit until the server resumes it (OpResume).
 //
 // Applying the returned event and asking again delivers as long as there
 // are messages and credit. A replica that applies the same events in the
 // same order makes the same decisions: the choice depends only on the
-// queue's state and now.
+// queue's state and now (and on the sessions' pending bytes, which only
+// the delivering master reads: followers do not dispatch).
 func (q *Queue) NextDelivery(now int64) (Event, bool) {
 	if q.deleted {
 		return Event{}, false
@@ -386,7 +391,7 @@ func (q *Queue) NextDelivery(now int64) (Event, bool) {
 	n := len(q.consumers)
 	for i := 0; i < n; i++ {
 		at := (q.rr + i) % n
-		if c := q.consumers[at]; c.credit > 0 {
+		if c := q.consumers[at]; c.credit > 0 && !c.Session.overOut(now, c.pendingBytes) {
 			return Event{Kind: EvAcquire, Seq: h.Seq, Consumer: c, Tag: c.nextTag + 1, Cursor: (at + 1) % n}, true
 		}
 	}

@@ -24,8 +24,9 @@ type Replicator interface {
 	IsMaster(g uint32) bool
 	// ProposeEnqueue proposes the enqueue of b on q, and reports the
 	// outcome to done once the event is committed and applied here. An
-	// error means it was not proposed.
-	ProposeEnqueue(q *Queue, b *Body, expiresAt int64, done func(error)) error
+	// error means it was not proposed. producer and producerSeq (0 for
+	// none) travel in the event, for ApplyEnqueue's deduplication.
+	ProposeEnqueue(q *Queue, b *Body, expiresAt int64, producer, producerSeq uint64, done func(error)) error
 	// ProposeRemoves proposes, as one event, the removal of messages
 	// seqs (at most RemovesMax) from q; done, if not nil, is told when it
 	// committed. seqs is the caller's again when it returns.
@@ -61,13 +62,22 @@ func (q *Queue) Replicated() (group uint32, ok bool) { return q.group, q.replica
 
 // ApplyEnqueue applies a committed enqueue of a replicated queue: the
 // message gets the event's log index as its Seq, and is deliverable at
-// once. It runs on q's shard goroutine (inside Broker.Call or a pushed
-// call); b's reference passes to the queue.
-func (s *Shard) ApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64) {
+// once. An enqueue whose (producer, producerSeq) is not newer than the
+// last one applied for that producer on q is skipped (dedup.go); every
+// member skips it alike, and the master completes its command as usual.
+// It runs on q's shard goroutine (inside Broker.Call or a pushed call);
+// b's reference passes to the queue.
+func (s *Shard) ApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64, producer, producerSeq uint64) {
 	if q.deleted {
 		b.Unref()
 		return
 	}
+	if q.producers.duplicate(producer, producerSeq) {
+		b.Unref()
+		s.stats.Duplicates++
+		return
+	}
+	q.producers.note(producer, producerSeq)
 	ev := Event{Kind: EvEnqueue, Seq: seq, Body: b, ExpiresAt: expiresAt}
 	if err := q.Apply(&ev, s); err != nil {
 		// Full here though the master took it (a smaller bound, or
@@ -190,6 +200,7 @@ func (b *Broker) ResetGroup(g uint32) {
 				}
 				ev := Event{Kind: EvPurge}
 				_ = q.Apply(&ev, sh)
+				q.producers.reset() // the log applied again rebuilds it
 			}
 		})
 	}
@@ -208,7 +219,7 @@ func (s *Shard) replicatedPublish(c *Command, expiresAt int64) {
 	done := func(err error) {
 		s.pushCompletion(sess, id, fan, err)
 	}
-	err := r.ProposeEnqueue(q, c.Body, expiresAt, done)
+	err := r.ProposeEnqueue(q, c.Body, expiresAt, c.Producer, c.CmdID, done)
 	c.Body.Unref() // the proposal copied it
 	if err != nil {
 		s.completeCmd(sess, id, fan, err)

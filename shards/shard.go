@@ -26,6 +26,9 @@ const (
 	// opDeadLettered: every target of a dead letter holds it durably;
 	// journal the dequeue of the source record at CmdID (see DeadLetter).
 	opDeadLettered
+	// OpResume: Sess's connection drained below its cap of pending bytes
+	// (Session.OutMax); its consumers' queues deliver to it again.
+	OpResume
 )
 
 // Settle kinds.
@@ -55,9 +58,12 @@ type Command struct {
 	Body       *Body // OpPublish: one reference, given to the shard
 	Now        int64 // unix nanoseconds at receipt
 	TTLNanos   int64 // per-message TTL, 0 = none
-	Fanout     *Fanout
-	Ranges     [RangesInline]wire.Range
-	Call       func(*Shard)
+	// Producer is the publish's producer id (0 = none); its sequence
+	// number is CmdID (see dedup.go).
+	Producer uint64
+	Fanout   *Fanout
+	Ranges   [RangesInline]wire.Range
+	Call     func(*Shard)
 }
 
 // Consumer is a subscription of one session to one queue. It lives on the
@@ -72,7 +78,10 @@ type Consumer struct {
 	nextTag   uint64
 	unacked   map[uint64]uint64 // tag -> queue Seq
 	pending   []delivery
-	out       *sessOut
+	// pendingBytes is the size of the pending deliveries, which count
+	// against the session's OutMax before they are submitted.
+	pendingBytes int64
+	out          *sessOut
 }
 
 type consumerKey struct {
@@ -128,6 +137,9 @@ type Shard struct {
 // ShardStats are counters read by the metrics endpoint (approximate).
 type ShardStats struct {
 	Published, Delivered, Accepted, DeadLettered, DroppedDeadLetters, StoreErrors uint64
+	// Duplicates counts publishes skipped as retries of an enqueue
+	// applied before (dedup.go).
+	Duplicates uint64
 }
 
 // deferredMax bounds dead letters waiting for room in another shard's
@@ -192,6 +204,7 @@ func (s *Shard) run(ctx context.Context) {
 			s.dispatchDirty()
 			s.flushRemoves()
 			s.flush()
+			s.chargeOutbound()
 			s.publishMemory()
 			continue
 		}
@@ -238,6 +251,12 @@ func (s *Shard) handle(c *Command) {
 			}
 		} else if s.journal != nil {
 			s.appendDequeue(journal.Pos(c.CmdID), nil, 0)
+		}
+	case OpResume:
+		for key, con := range s.consumers {
+			if key.sess == c.Sess {
+				s.markDirty(con.queue)
+			}
 		}
 	}
 }
@@ -304,6 +323,19 @@ func (s *Shard) publish(c *Command) {
 		s.replicatedPublish(c, ev.ExpiresAt)
 		return
 	}
+	if q.producers.duplicate(c.Producer, c.CmdID) {
+		// A retry of a publish this queue enqueued already: its
+		// completion is the one the first copy earned (after its record,
+		// if any, is durable: completeAfterJournal waits for it).
+		c.Body.Unref()
+		s.stats.Duplicates++
+		if s.journal != nil && s.journal.pending.size > 0 {
+			s.journal.pending.push(jctx{sess: c.Sess, cmdID: c.CmdID, fan: c.Fanout})
+		} else {
+			s.completeCmd(c.Sess, c.CmdID, c.Fanout, nil)
+		}
+		return
+	}
 	s.noteExpiry(q, ev.ExpiresAt)
 	if s.journaled(q, c.Body) {
 		if err := q.CheckEnqueue(c.Body.Size()); err != nil {
@@ -313,7 +345,8 @@ func (s *Shard) publish(c *Command) {
 		}
 		// The record goes first, so that anything the enqueue drops is
 		// journaled after it.
-		pos := s.appendEnqueue(q, &Entry{Body: c.Body, ExpiresAt: ev.ExpiresAt})
+		pos := s.appendEnqueue(q, &Entry{Body: c.Body, ExpiresAt: ev.ExpiresAt}, c.Producer, c.CmdID)
+		q.producers.note(c.Producer, c.CmdID)
 		seq := q.nextSeq // what enqueue assigns
 		s.journal.pending.push(jctx{pos: pos, sess: c.Sess, cmdID: c.CmdID, fan: c.Fanout, q: q, seq: seq})
 		ev.JournalPos = uint64(pos)
@@ -334,6 +367,7 @@ func (s *Shard) publish(c *Command) {
 		s.completeCmd(c.Sess, c.CmdID, c.Fanout, err)
 		return
 	}
+	q.producers.note(c.Producer, c.CmdID)
 	s.admit(q)
 	s.stats.Published++
 	s.completeCmd(c.Sess, c.CmdID, c.Fanout, nil)
@@ -445,6 +479,12 @@ func (s *Shard) settle(c *Command) {
 	}
 	for i := 0; i < int(c.NRanges); i++ {
 		r := c.Ranges[i]
+		// Tags past the consumer's last delivery were never handed out:
+		// a flood of settles for them costs a comparison each.
+		if r.First > con.nextTag || len(con.unacked) == 0 {
+			continue
+		}
+		r.Last = min(r.Last, con.nextTag)
 		if r.Last-r.First >= uint64(len(con.unacked)) {
 			// A wide range: walk what is acquired, not the range.
 			for tag := range con.unacked {
@@ -603,6 +643,7 @@ func (s *Shard) dispatch(q *Queue) {
 		}
 		h.Body.Ref()
 		con.pending = append(con.pending, delivery{tag: ev.Tag, count: h.DeliveryCount, flags: flags, body: h.Body})
+		con.pendingBytes += int64(h.size)
 		if err := q.Apply(&ev, s); err != nil {
 			panic("shards: acquire of the head failed: " + err.Error())
 		}
@@ -815,6 +856,7 @@ func (s *Shard) dropOut(o *sessOut) {
 			con.pending[i] = delivery{}
 		}
 		con.pending = con.pending[:0]
+		con.pendingBytes = 0
 	}
 	o.consumers = o.consumers[:0]
 }
@@ -879,5 +921,6 @@ func (s *Shard) appendDeliver(ob *outBatch, sess *Session, v wire.Version, con *
 		con.pending[i] = delivery{}
 	}
 	con.pending = con.pending[:0]
+	con.pendingBytes = 0
 	return ob
 }

@@ -655,12 +655,22 @@ const (
 	MsgRedelivered uint8 = 1 << 1 // DELIVER only
 )
 
+// PublishProducer is a PUBLISH header flag (version 1.2 and later): the
+// body carries a producer id right after first_id, and message i of the
+// frame has sequence number first_id+i for that producer. A broker that
+// already enqueued a message of this producer with an equal or higher
+// sequence number on a queue skips it there and completes it.
+const PublishProducer uint8 = 1 << 0
+
 // Publish is a decoded PUBLISH frame: one exchange, Count messages whose
 // command ids are FirstID, FirstID+1, ... Iterate with Next. Decoding checks
 // every message up front, so Next cannot fail and a malformed frame has no
 // partial effect.
 type Publish struct {
-	FirstID  uint64
+	FirstID uint64
+	// Producer is the producer id of a frame with the PublishProducer
+	// flag, else 0. The sequence number of message i is FirstID+i.
+	Producer uint64
 	Exchange []byte
 	Count    int
 	r        Reader
@@ -686,6 +696,20 @@ func AppendPublishStart(b []byte, v Version, firstID uint64, exchange string, co
 	return b, s
 }
 
+// AppendPublishStartProducer is AppendPublishStart for a PUBLISH with the
+// PublishProducer flag (version 1.2 and later; producer is not 0).
+func AppendPublishStartProducer(b []byte, v Version, firstID, producer uint64, exchange string, count int) ([]byte, int) {
+	b, s := StartFrame(b, v, TypePublish, PublishProducer)
+	b = AppendU64(b, firstID)
+	b = AppendU64(b, producer)
+	b = AppendStr(b, exchange)
+	b = AppendU16(b, uint16(count))
+	return b, s
+}
+
+// PublishProducerOverhead is what the producer id adds to a PUBLISH.
+const PublishProducerOverhead = 8
+
 // PublishMessageOverhead is the encoded size of a message besides its
 // routing key, props and payload.
 const PublishMessageOverhead = 1 + 8 + 2 + 4 + 4
@@ -699,10 +723,25 @@ func AppendPublishMessage(b []byte, flags uint8, ttlMs uint64, key string, props
 	return b
 }
 
-func DecodePublish(body []byte, p *Publish) error {
+// DecodePublish decodes a PUBLISH without flags.
+func DecodePublish(body []byte, p *Publish) error { return DecodePublishFlags(body, 0, p) }
+
+// DecodePublishFlags decodes a PUBLISH whose header carried flags. Flags
+// other than PublishProducer, or a producer id of 0, are malformed.
+func DecodePublishFlags(body []byte, flags uint8, p *Publish) error {
 	r := &p.r
 	r.Reset(body)
+	if flags&^PublishProducer != 0 {
+		return ErrMalformed
+	}
 	p.FirstID = r.U64()
+	p.Producer = 0
+	if flags&PublishProducer != 0 {
+		p.Producer = r.U64()
+		if p.Producer == 0 && r.err == nil {
+			return ErrMalformed
+		}
+	}
 	p.Exchange = r.Str(NameLenMax)
 	p.Count = int(r.U16())
 	p.next = 0

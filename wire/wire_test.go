@@ -314,3 +314,42 @@ func TestAuthRoundTripAndHelloHeader(t *testing.T) {
 		t.Fatal("AUTH or auth-failed unknown")
 	}
 }
+
+func TestPublishProducerRoundTrip(t *testing.T) {
+	b, s := AppendPublishStartProducer(nil, VersionProducer, 41, 0xfeed, "ex", 2)
+	b = AppendPublishMessage(b, 0, 0, "k", nil, []byte("a"))
+	b = AppendPublishMessage(b, 0, 0, "k", nil, []byte("b"))
+	EndFrame(b, s, 0)
+	h, body := mustNext(t, b)
+	if h.Flags != PublishProducer {
+		t.Fatalf("flags %#x", h.Flags)
+	}
+	var p Publish
+	if err := DecodePublishFlags(body, h.Flags, &p); err != nil {
+		t.Fatal(err)
+	}
+	var m PublishMessage
+	if p.FirstID != 41 || p.Producer != 0xfeed || string(p.Exchange) != "ex" || p.Count != 2 || !p.Next(&m) || string(m.Payload) != "a" {
+		t.Fatalf("bad publish %+v", p)
+	}
+	// Read without the flag, the producer id is taken for the exchange
+	// length: malformed, not a wrong message.
+	if err := DecodePublish(body, &p); err == nil {
+		t.Fatal("a producer PUBLISH decoded without its flag")
+	}
+	if err := DecodePublishFlags(body, PublishProducer|2, &p); err == nil {
+		t.Fatal("an unknown PUBLISH flag accepted")
+	}
+	zero, s := AppendPublishStartProducer(nil, VersionProducer, 1, 0, "", 1)
+	zero = AppendPublishMessage(zero, 0, 0, "k", nil, nil)
+	EndFrame(zero, s, 0)
+	_, body = mustNext(t, zero)
+	if err := DecodePublishFlags(body, PublishProducer, &p); err == nil {
+		t.Fatal("producer id 0 accepted")
+	}
+	for i := 0; i < len(body); i++ {
+		if err := DecodePublishFlags(body[:i], PublishProducer, &p); err == nil {
+			t.Fatalf("truncated at %d accepted", i)
+		}
+	}
+}

@@ -31,6 +31,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/berthmq/berth/internal/peerauth"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -73,6 +74,7 @@ func (e *ForwardLostError) Unwrap() error { return e.Err }
 // Forward is safe from any goroutine and never blocks.
 type Forwarder struct {
 	self uint32
+	auth *peerauth.Auth // proves cluster membership on each connection (nil: none)
 	log  *slog.Logger
 	// mapError turns a master's answer into the error done receives.
 	mapError func(code wire.ErrorCode, text string) error
@@ -90,13 +92,14 @@ type Forwarder struct {
 	wg    sync.WaitGroup
 }
 
-// NewForwarder returns a forwarder for broker self. mapError builds the
-// error a forward's done receives from the master's refusal.
-func NewForwarder(self uint32, mapError func(code wire.ErrorCode, text string) error, log *slog.Logger) *Forwarder {
+// NewForwarder returns a forwarder for broker self, which proves its
+// cluster membership with auth on each connection (nil: none). mapError
+// builds the error a forward's done receives from the master's refusal.
+func NewForwarder(self uint32, auth *peerauth.Auth, mapError func(code wire.ErrorCode, text string) error, log *slog.Logger) *Forwarder {
 	if log == nil {
 		log = slog.Default()
 	}
-	f := &Forwarder{self: self, log: log, mapError: mapError, done: make(chan struct{})}
+	f := &Forwarder{self: self, auth: auth, log: log, mapError: mapError, done: make(chan struct{})}
 	f.links.Store(&map[uint32]*forwardLink{})
 	return f
 }
@@ -314,6 +317,13 @@ func (l *forwardLink) run() {
 			continue
 		}
 		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			raw := conn
+			if conn, err = l.f.auth.Client(raw, addr); err != nil {
+				raw.Close()
+				err = fmt.Errorf("cluster handshake: %w", err)
+			}
+		}
 		if err != nil {
 			l.mu.Lock()
 			l.mu.refuseUntil, l.mu.refuseErr = time.Now().Add(forwardRedialMin), fmt.Errorf("dial %s: %w", addr, err)

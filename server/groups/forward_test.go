@@ -52,7 +52,7 @@ func masterStub(t testing.TB) (*Transport, *atomic.Int64) {
 // waiting; a master that cannot be dialled fails them as lost too.
 func TestForwarderOutcomes(t *testing.T) {
 	tr, held := masterStub(t)
-	f := NewForwarder(2, mapRefusal, quiet())
+	f := NewForwarder(2, nil, mapRefusal, quiet())
 	defer f.Close()
 
 	const n = 2000
@@ -134,7 +134,7 @@ func TestForwarderOutcomes(t *testing.T) {
 func TestForwarderWindow(t *testing.T) {
 	tr, held := masterStub(t)
 	defer tr.Close()
-	f := NewForwarder(2, mapRefusal, quiet())
+	f := NewForwarder(2, nil, mapRefusal, quiet())
 	defer f.Close()
 	for i := range forwardWindowMax {
 		if err := f.Forward(1, tr.Addr(), 0, []byte{'H'}, func(error) {}); err != nil {
@@ -161,7 +161,7 @@ func TestForwarderWindow(t *testing.T) {
 func BenchmarkForward(b *testing.B) {
 	tr, _ := masterStub(b)
 	defer tr.Close()
-	f := NewForwarder(2, mapRefusal, quiet())
+	f := NewForwarder(2, nil, mapRefusal, quiet())
 	defer f.Close()
 	ev := make([]byte, 128)
 	ev[0] = 'E'

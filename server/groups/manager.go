@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/ctlclient"
+	"github.com/berthmq/berth/internal/peerauth"
 	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/shards/group"
 	"github.com/berthmq/berth/wire"
@@ -42,7 +44,9 @@ type ManagerConfig struct {
 	// OnGroupCount is told the cluster's group count once it is known,
 	// before the node opens.
 	OnGroupCount func(groups uint32)
-	Logger       *slog.Logger
+	// Auth proves cluster membership on every peer connection (nil: none).
+	Auth   *peerauth.Auth
+	Logger *slog.Logger
 	// OnForward takes the events other brokers forward to this one as a
 	// group's master (forward.go); nil refuses forwarding connections.
 	OnForward ForwardHandler
@@ -99,7 +103,7 @@ func StartManager(cfg ManagerConfig) (*Manager, error) {
 		cfg.Logger = slog.Default()
 	}
 	m := &Manager{cfg: cfg, log: cfg.Logger, seen: map[uint32]ctlapi.Group{}, alive: make(chan struct{})}
-	tr, err := Listen(cfg.PeerAddr, cfg.Self, func(msg *wire.GroupMessage) {
+	tr, err := ListenAuth(cfg.PeerAddr, cfg.Self, cfg.Auth, func(msg *wire.GroupMessage) {
 		if n := m.currentNode(); n != nil {
 			n.Deliver(msg)
 		}
@@ -119,7 +123,7 @@ func StartManager(cfg ManagerConfig) (*Manager, error) {
 			return fmt.Errorf("groups: the master refused (%v): %s", code, text)
 		}
 	}
-	m.fwd = NewForwarder(cfg.Self, cfg.ForwardError, cfg.Logger)
+	m.fwd = NewForwarder(cfg.Self, cfg.Auth, cfg.ForwardError, cfg.Logger)
 	if m.cfg.Advertise == "" {
 		m.cfg.Advertise = tr.Addr()
 	}
@@ -326,6 +330,7 @@ func (m *Manager) follow(groups uint32) {
 func (m *Manager) update(gs []ctlapi.Group) {
 	n := m.currentNode()
 	var unelected []uint32
+	var stale []ctlapi.Group
 	for _, g := range gs {
 		if g.Epoch == 0 {
 			// Only a replica asks: it opened its node once every replica
@@ -349,18 +354,61 @@ func (m *Manager) update(gs []ctlapi.Group) {
 		case g.Master == m.cfg.Self:
 			if !seen || old.Epoch != g.Epoch || old.Master != g.Master {
 				err = n.BecomeMaster(g.ID, g.Epoch, g.SyncStateSet)
+				if st, serr := n.Status(g.ID); err == nil && serr == nil && st.Role != group.RoleMaster && st.Epoch >= g.Epoch {
+					// This broker restarted after the controller made it
+					// master of the epoch, and the controller did not see
+					// it die: a member never masters an epoch it knew
+					// before a restart, so the group needs a new one.
+					stale = append(stale, g)
+					continue
+				}
 			}
 			if err == nil {
 				err = n.SetSyncStateSet(g.ID, g.Epoch, g.SyncStateSet)
 			}
 		case g.Master != 0:
 			err = n.BecomeFollower(g.ID, g.Epoch, g.Master)
+		default:
+			// Fenced with no live member of its set: ask again, so a
+			// member that came back is elected.
+			unelected = append(unelected, g.ID)
 		}
 		if err != nil {
 			m.log.Warn("groups: pass a controller decision on", "group", g.ID, "err", err)
 			continue
 		}
 		m.seen[g.ID] = g
+	}
+	for _, sg := range stale {
+		g := sg.ID
+		// A live master keeps its group unless another broker is
+		// preferred: name one, so the controller elects under a new
+		// epoch (this broker may win it again).
+		pref := uint32(math.MaxUint32) // no such broker
+		for _, id := range sg.SyncStateSet {
+			if id != m.cfg.Self {
+				pref = id
+				break
+			}
+		}
+		m.log.Info("groups: asking for a new epoch of a group this broker mastered before it restarted", "group", g)
+		err := m.call(func(ctx context.Context) error {
+			_, err := m.cfg.Ctl.ElectMaster(ctx, []uint32{g}, pref)
+			return err
+		})
+		if err != nil {
+			m.log.Debug("groups: new epoch", "group", g, "err", err)
+		}
+	}
+	if len(unelected)+len(stale) > 0 {
+		// The election is an event whatever it decides, which wakes this
+		// loop again: ask at most ten times a second.
+		defer func() {
+			select {
+			case <-m.ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}()
 	}
 	if len(unelected) > 0 {
 		// Every replica may ask; an election of a group already elected

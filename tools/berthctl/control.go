@@ -33,7 +33,7 @@ func dialController(e *env) (*ctlclient.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return ctlclient.NewClient(addrs), nil
+	return e.controllerClient(addrs)
 }
 
 // readModeFlag registers --read on commands that read controller state.
@@ -119,7 +119,10 @@ func fetchControllerStatus(ctx context.Context, e *env, mode ctlapi.ReadMode) (c
 		return st, err
 	}
 	st.Addrs = addrs
-	c := ctlclient.NewClient(addrs)
+	c, err := e.controllerClient(addrs)
+	if err != nil {
+		return st, err
+	}
 	defer c.Close()
 	info, err := c.GetClusterInfo(ctx, mode)
 	if err != nil {
@@ -163,7 +166,7 @@ func statusCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		if errors.As(cerr, &u) {
 			return cerr
 		}
-		raw, bst, berr := fetchBrokerStatus(ctx, e.admin)
+		raw, bst, berr := fetchBrokerStatus(ctx, e)
 		if e.json {
 			out := map[string]any{}
 			if cerr != nil {

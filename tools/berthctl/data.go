@@ -4,16 +4,15 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"os"
 
 	"github.com/berthmq/berth/client"
 )
 
 // withBroker runs fn on a session with the broker at --broker and closes it.
 func withBroker(ctx context.Context, e *env, fn func(*client.Conn) error) error {
-	cfg := client.Config{Name: "berthctl", DialTimeout: e.timeout, HandshakeTimeout: e.timeout, CloseTimeout: e.timeout, User: e.user, Password: e.password}
-	if e.user != "" && cfg.Password == "" {
-		cfg.Password = os.Getenv("BERTH_PASSWORD")
+	cfg, err := e.brokerConfig()
+	if err != nil {
+		return err
 	}
 	c, err := client.DialConfig(ctx, cfg, e.broker)
 	if err != nil {
