@@ -7,7 +7,7 @@ PKGS      := ./...
 # Packages with concurrency run under the race detector in `make test`.
 RACE_PKGS := ./ring/... ./shards/... ./server/... ./client/... ./journal/... ./controlplane/... ./perf/... ./tools/... ./internal/...
 
-.PHONY: cluster certs all build run test test-race test-plain bench bench-forward fuzz hostile vet crash soak clean release deb
+.PHONY: cluster certs all build run test test-race test-plain bench bench-forward bench-delayed fuzz hostile vet crash soak clean release deb
 
 # Version stamping (internal/version). VERSION is the latest vX.Y.Z tag as
 # git describe gives it, without the v (1.2.0; 1.2.0-3-gabc1234 three
@@ -84,14 +84,22 @@ soak: crash
 	CONTROLPLANE_SOAK=$(SOAK) $(GO) test -count=1 -timeout 30m -run Linearizable ./controlplane
 	BERTH_CLUSTER_SOAK=$(SOAK) $(GO) test -count=1 -timeout 30m -run LinearizableWithProcessKills ./server/clustertest
 
-# Every fuzz target, FUZZTIME each: the client codec, the peer codecs
-# (raft, controller service, replication groups) and the controller's
-# events, request bodies, frame handling and snapshots. Seeds live in each
-# package's testdata/fuzz; a crasher found is kept there as a regression.
 # The hostile-client suite (in make test too) and its long form: RSS with
 # 20 consumers that never read, with and without -outbound-max.
 hostile:
 	BERTH_HOSTILE_LONG=1 $(GO) test -count=1 -v -timeout 10m ./server/hostiletest
+
+# Delayed delivery: lateness of delayed messages with 1M pending and as
+# 1M fire, and their memory cost, on a real berthd (about 70 s); and the
+# shard's cost per message for plain, priority and delayed queues.
+bench-delayed:
+	BERTH_DELAY_BENCH=1 $(GO) test -count=1 -v -timeout 10m -run DelayedLateness ./server/memtest
+	$(GO) test -run '^$$' -bench QueueKinds -benchmem -count 5 ./shards
+
+# Every fuzz target, FUZZTIME each: the client codec, the peer codecs
+# (raft, controller service, replication groups) and the controller's
+# events, request bodies, frame handling and snapshots. Seeds live in each
+# package's testdata/fuzz; a crasher found is kept there as a regression.
 
 FUZZTIME ?= 30s
 FUZZ_TARGETS := ./wire:FuzzDecode ./wire:FuzzPeerDecode \

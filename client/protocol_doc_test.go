@@ -3,6 +3,7 @@ package client
 import (
 	"bufio"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -59,13 +60,13 @@ func TestProtocolDocExamples(t *testing.T) {
 		seen[h.Type] = true
 		if h.Type == wire.TypePublish && h.Flags != 0 {
 			var p wire.Publish
-			if err := wire.DecodePublishFlags(body, h.Flags, &p); err != nil || p.Producer == 0 || h.Version < wire.VersionProducer {
+			if err := wire.DecodePublishSession(body, h.Flags, h.Version, &p); err != nil || p.Producer == 0 || h.Version < wire.VersionProducer {
 				t.Errorf("producer PUBLISH example (version %v): producer %x, %v", h.Version, p.Producer, err)
 			}
 			producerSeen = true
 			continue
 		}
-		if err := decodeAny(h.Type, body); err != nil {
+		if err := decodeAny(h.Type, h.Version, body); err != nil {
 			t.Errorf("example %v: %v", h.Type, err)
 		}
 	}
@@ -82,7 +83,7 @@ func TestProtocolDocExamples(t *testing.T) {
 	}
 }
 
-func decodeAny(t wire.Type, body []byte) error {
+func decodeAny(t wire.Type, v wire.Version, body []byte) error {
 	switch t {
 	case wire.TypeHello:
 		return wire.DecodeHello(body, &wire.Hello{})
@@ -103,7 +104,14 @@ func decodeAny(t wire.Type, body []byte) error {
 	case wire.TypeAuth:
 		return wire.DecodeAuth(body, &wire.Auth{})
 	case wire.TypeDeclareQueue:
-		return wire.DecodeDeclareQueue(body, &wire.DeclareQueue{})
+		var d wire.DeclareQueue
+		if err := wire.DecodeDeclareQueueVersion(body, v, &d); err != nil {
+			return err
+		}
+		if v >= wire.VersionSchedule && d.Options.MaxPriority == 0 {
+			return fmt.Errorf("the 1.2 example declares no max priority")
+		}
+		return nil
 	case wire.TypeDeclareExchange:
 		return wire.DecodeDeclareExchange(body, &wire.DeclareExchange{})
 	case wire.TypeBind, wire.TypeUnbind:
@@ -113,7 +121,23 @@ func decodeAny(t wire.Type, body []byte) error {
 	case wire.TypePurge:
 		return wire.DecodePurge(body, &wire.Purge{})
 	case wire.TypePublish:
-		return wire.DecodePublish(body, &wire.Publish{})
+		var p wire.Publish
+		if err := wire.DecodePublishVersion(body, v, &p); err != nil {
+			return err
+		}
+		if v >= wire.VersionSchedule {
+			// The 1.2 example: priority 7, then priority 2 with a
+			// deliver-at time of 2026-01-01T00:00:00Z.
+			var m wire.PublishMessage
+			var got []string
+			for p.Next(&m) {
+				got = append(got, fmt.Sprintf("%d/%d", m.Priority, m.DeliverAtMs))
+			}
+			if want := "[7/0 2/1767225600000]"; fmt.Sprint(got) != want {
+				return fmt.Errorf("the 1.2 example decodes as %v, want %s", got, want)
+			}
+		}
+		return nil
 	case wire.TypeSubscribe:
 		return wire.DecodeSubscribe(body, &wire.Subscribe{})
 	case wire.TypeCancel:
@@ -146,7 +170,7 @@ func decodeAny(t wire.Type, body []byte) error {
 			if err != nil || n == 0 {
 				return wire.ErrMalformed
 			}
-			if err := decodeAny(h.Type, b); err != nil {
+			if err := decodeAny(h.Type, h.Version, b); err != nil {
 				return err
 			}
 			inner = inner[n:]

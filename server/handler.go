@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"math"
 	"sync"
 	"time"
 
@@ -348,12 +349,16 @@ func (h *handler) push(cs *connState, shard int, cmd shards.Command) bool {
 	return true
 }
 
+// deliverAtMsMax is the latest deliver-at time that unix nanoseconds in
+// an int64 hold.
+const deliverAtMsMax = math.MaxInt64 / uint64(time.Millisecond)
+
 func (h *handler) publish(cs *connState, flags uint8, body []byte) (bool, gnet.Action) {
 	var p wire.Publish
 	if flags != 0 && cs.version < wire.VersionProducer {
 		return true, cs.protocolError(wire.CodeMalformed, "PUBLISH: flags need protocol "+wire.VersionProducer.String())
 	}
-	if err := wire.DecodePublishFlags(body, flags, &p); err != nil {
+	if err := wire.DecodePublishSession(body, flags, cs.version, &p); err != nil {
 		return true, cs.protocolError(wire.CodeMalformed, "PUBLISH: "+err.Error())
 	}
 	routing := h.s.wiring.Routing()
@@ -404,8 +409,13 @@ func (h *handler) publish(cs *connState, flags uint8, body []byte) (bool, gnet.A
 			h.park(cs, sh)
 			return false, gnet.None
 		}
+		if m.DeliverAtMs > deliverAtMsMax {
+			cs.fail(id, wire.CodeInvalid, "deliver_at_ms beyond the year 2262")
+			continue
+		}
 		persistent := m.Flags&wire.MsgPersistent != 0
 		b := shards.NewBody(p.Exchange, m.RoutingKey, m.Props, m.Payload, persistent)
+		b.Priority, b.DeliverAt = m.Priority, int64(m.DeliverAtMs)*int64(time.Millisecond)
 		cmd := shards.Command{Op: shards.OpPublish, Sess: cs.sess, CmdID: id, Body: b, Now: now, TTLNanos: int64(m.TTLMs) * int64(time.Millisecond), Producer: p.Producer}
 		if len(targets) > 1 {
 			cmd.Fanout = shards.NewFanout(len(targets))

@@ -26,7 +26,7 @@ type shardCollector struct {
 
 	published, delivered, accepted, deadLettered, queues *prometheus.Desc
 
-	qDepth, qReady, qUnacked, qConsumers, qBytes                                 *prometheus.Desc
+	qDepth, qReady, qUnacked, qDelayed, qConsumers, qBytes                       *prometheus.Desc
 	qPublished, qDelivered, qAccepted, qDeadLettered, qExpired                   *prometheus.Desc
 	ringFull, storeErrors, droppedDeadLetters, duplicates, recovery, recoveredMs *prometheus.Desc
 	fsyncs, recordsPerFsync, fsyncSeconds, appends, segments                     *prometheus.Desc
@@ -52,6 +52,7 @@ func newShardCollector(s *Server) *shardCollector {
 		qDepth:        d("berth_queue_depth", "Messages in the queue: ready and unacked.", q),
 		qReady:        d("berth_queue_ready", "Messages ready for delivery.", q),
 		qUnacked:      d("berth_queue_unacked", "Messages delivered and not yet accepted, released or rejected.", q),
+		qDelayed:      d("berth_queue_delayed", "Messages held until their deliver-at time.", q),
 		qConsumers:    d("berth_queue_consumers", "Consumers subscribed to the queue.", q),
 		qBytes:        d("berth_queue_bytes", "Payload and property bytes of the messages in the queue, ready and unacked.", q),
 		qPublished:    d("berth_queue_published_total", "Messages that entered the queue since start: publishes and dead letters routed to it (not journal recovery).", q),
@@ -87,7 +88,7 @@ func newShardCollector(s *Server) *shardCollector {
 
 func (c *shardCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.published, c.delivered, c.accepted, c.deadLettered, c.queues,
-		c.qDepth, c.qReady, c.qUnacked, c.qConsumers, c.qBytes,
+		c.qDepth, c.qReady, c.qUnacked, c.qDelayed, c.qConsumers, c.qBytes,
 		c.qPublished, c.qDelivered, c.qAccepted, c.qDeadLettered, c.qExpired,
 		c.ringFull, c.storeErrors, c.droppedDeadLetters, c.duplicates, c.recovery, c.recoveredMs,
 		c.fsyncs, c.recordsPerFsync, c.fsyncSeconds, c.appends, c.segments,
@@ -133,6 +134,7 @@ func (c *shardCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.qDepth, float64(q.Ready+q.Unacked), name)
 			gauge(c.qReady, float64(q.Ready), name)
 			gauge(c.qUnacked, float64(q.Unacked), name)
+			gauge(c.qDelayed, float64(q.Delayed), name)
 			gauge(c.qConsumers, float64(q.Consumers), name)
 			gauge(c.qBytes, float64(q.Bytes), name)
 			counter(c.qPublished, q.Published, name)

@@ -37,7 +37,14 @@ import (
 
 // Group log events of replicated queues.
 const (
-	gevEnqueue byte = 'E' // name str16, expiresAt u64, persistent u8, exchange str16, key str16, props bytes, payload bytes[, producer u64, producer seq u64]
+	// gevEnqueue: name str16, expiresAt u64, persistent u8, exchange
+	// str16, key str16, props bytes, payload bytes; then, for a message
+	// with a priority or a deliver-at time, priority u8 and deliverAt u64
+	// (unix ns); then, for a publish with a producer id, producer u64 and
+	// its seq u64. The trailers are told apart by what remains (9, 16 or
+	// 25 bytes): older entries lack them, and older brokers never read
+	// past the payload.
+	gevEnqueue byte = 'E'
 	gevRemove  byte = 'R' // name str16, seq u64 (logs written before gevRemoves)
 	gevRemoves byte = 'S' // name str16, n u32, n x seq u64
 	gevBarrier byte = 'B'
@@ -145,6 +152,10 @@ func (r *replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt i
 	data = wire.AppendStrBytes(data, b.RoutingKey)
 	data = wire.AppendBytes(data, b.Props)
 	data = wire.AppendBytes(data, b.Payload)
+	if b.Priority != 0 || b.DeliverAt != 0 {
+		data = wire.AppendU8(data, b.Priority)
+		data = wire.AppendU64(data, uint64(b.DeliverAt))
+	}
 	if producer != 0 {
 		data = wire.AppendU64(data, producer)
 		data = wire.AppendU64(data, producerSeq)
@@ -218,14 +229,20 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 		ex, key := rd.Str(wire.NameLenMax), rd.Str(wire.RoutingKeyLenMax)
 		props, payload := rd.Bytes(wire.FrameSizeMax), rd.Bytes(wire.FrameSizeMax)
 		var producer, producerSeq uint64
+		var prio uint8
+		var at int64
+		if n := rd.Remaining(); n == 9 || n == 25 {
+			prio, at = rd.U8(), int64(rd.U64())
+		}
 		if rd.Remaining() == 16 {
 			producer, producerSeq = rd.U64(), rd.U64()
 		}
-		if rd.Err() != nil {
+		if rd.Err() != nil || rd.Remaining() != 0 {
 			s.log.Error("server: malformed replicated enqueue; skipped", "group", g, "index", e.Index)
 			return
 		}
 		b := shards.NewBody(ex, key, props, payload, persistent)
+		b.Priority, b.DeliverAt = prio, at
 		seq := e.Index
 		call = func(sh *shards.Shard) { sh.ApplyEnqueue(q, seq, b, exp, producer, producerSeq) }
 	case gevRemove:

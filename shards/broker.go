@@ -238,6 +238,7 @@ func (b *Broker) Stop() {
 			b.log.Error("shards: close journal", "shard", s.idx, "err", err)
 		}
 		s.closePages()
+		s.stopTimers()
 	}
 	if b.pagingTemp != "" {
 		_ = os.RemoveAll(b.pagingTemp)
@@ -371,11 +372,11 @@ type nopEffects struct{ s *Shard }
 func (nopEffects) DeadLetter(*Queue, *Entry, DeadLetterReason) {}
 func (n nopEffects) Removed(q *Queue, e *Entry)                { n.s.Removed(q, e) }
 
-// Purge drops every ready message of q and returns how many.
+// Purge drops every ready and delayed message of q and returns how many.
 func (b *Broker) Purge(q *Queue) (int, error) {
 	n := 0
 	if err := b.Call(b.shards[q.shard], func(s *Shard) {
-		n = q.Ready()
+		n = q.Ready() + q.Delayed()
 		ev := Event{Kind: EvPurge}
 		_ = q.Apply(&ev, nopEffects{s})
 	}); err != nil {
@@ -400,6 +401,7 @@ type QueueInfo struct {
 	Shard     int    `json:"shard"`
 	Ready     int    `json:"ready"`
 	Unacked   int    `json:"unacked"`
+	Delayed   int    `json:"delayed"` // waiting for their deliver-at time
 	Consumers int    `json:"consumers"`
 	Durable   bool   `json:"durable"`
 	Enqueued  uint64 `json:"enqueued"`
@@ -416,7 +418,7 @@ func (b *Broker) Queues() []QueueInfo {
 			mu.Lock()
 			defer mu.Unlock()
 			for q := range sh.queues {
-				out = append(out, QueueInfo{Name: q.Name, Shard: q.shard, Ready: q.Ready(), Unacked: q.Unacked(),
+				out = append(out, QueueInfo{Name: q.Name, Shard: q.shard, Ready: q.Ready(), Unacked: q.Unacked(), Delayed: q.Delayed(),
 					Consumers: len(q.consumers), Durable: q.Options.Durable, Enqueued: q.Enqueued, Delivered: q.Delivered, Acked: q.Acked})
 			}
 		})
@@ -440,7 +442,7 @@ func (b *Broker) QueueInfos(qs []*Queue) []QueueInfo {
 					continue
 				}
 				live[i] = true
-				infos[i] = QueueInfo{Name: q.Name, Shard: q.shard, Ready: q.Ready(), Unacked: q.Unacked(),
+				infos[i] = QueueInfo{Name: q.Name, Shard: q.shard, Ready: q.Ready(), Unacked: q.Unacked(), Delayed: q.Delayed(),
 					Consumers: len(q.consumers), Durable: q.Options.Durable, Enqueued: q.Enqueued, Delivered: q.Delivered, Acked: q.Acked}
 			}
 		})

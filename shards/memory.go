@@ -127,14 +127,19 @@ func (s *Shard) admit(q *Queue) {
 	if s.mem.limit == 0 {
 		return // no budget: nothing is counted, nothing is paged
 	}
-	e := q.ready.back()
+	e := q.tail
 	cost := EntryBytes
 	if e.Body != nil {
 		cost += bodyBytes(e.Body)
 	}
 	s.charge(cost)
 	m := &s.mem
-	if m.used <= m.high || e.Body == nil || q.ready.len() <= residentHeadMin {
+	if m.used <= m.high || e.Body == nil {
+		return
+	}
+	// A delayed message is not among the next to go out, whatever its
+	// place.
+	if !q.tailDelayed() && q.levels[e.level()].ready.len() <= residentHeadMin {
 		return
 	}
 	s.pageOut(e)
@@ -219,34 +224,58 @@ func (s *Shard) loadBody(e *Entry) error {
 func parseEnqueueBody(data []byte) (*Body, error) {
 	var r wire.Reader
 	r.Reset(data)
-	if kind := r.U8(); kind != recEnqueue {
+	kind := r.U8()
+	if kind != recEnqueue && kind != recEnqueueAt {
 		return nil, fmt.Errorf("not an enqueue record (kind %d)", kind)
 	}
-	r.Str(wire.NameLenMax)                           // queue
-	r.U64()                                          // expiry
-	r.U32()                                          // delivery count
-	return parseBody(&r, journal.RecordBytesMax, 16) // a producer id and seq may follow (dedup.go)
+	r.Str(wire.NameLenMax) // queue
+	r.U64()                // expiry
+	r.U32()                // delivery count
+	var prio uint8
+	var at int64
+	if kind == recEnqueueAt {
+		prio, at = r.U8(), int64(r.U64())
+	}
+	// The journal's flags hold MsgPersistent alone, so parseBody reads no
+	// priority or time of its own here; a producer id and sequence number
+	// may follow the payload (dedup.go).
+	b, err := parseBody(&r, journal.RecordBytesMax, 16)
+	if b != nil {
+		b.Priority, b.DeliverAt = prio, at
+	}
+	return b, err
 }
 
-// pageIn reads back the paged bodies at the front of q, in one batch of
-// sequential reads ahead of the consumers. It reports whether the head has
-// its body.
+// pageIn reads back the head's body and the paged bodies at the front of
+// its level, in one batch of sequential reads ahead of the consumers. It
+// reports whether the head has its body.
 func (s *Shard) pageIn(q *Queue) bool {
-	n := min(q.ready.len(), readAheadMax)
+	h := q.Head()
+	if h.Body == nil {
+		// A released or promoted head (out of the ring's order) is read
+		// alone.
+		if err := s.loadBody(h); err != nil {
+			s.mem.pageErrors++
+			s.log.Error("shards: reading a paged message back failed; the queue waits", "shard", s.idx, "queue", q.Name, "err", err)
+			return false
+		}
+	}
+	d := &q.levels[h.level()].ready
+	n := min(d.len(), readAheadMax)
 	bytes := 0
 	for i := 0; i < n && bytes < readAheadBytesMax; i++ {
-		e := q.ready.at(i)
+		e := d.at(i)
 		if e.Body != nil {
 			continue
 		}
 		if err := s.loadBody(e); err != nil {
 			s.mem.pageErrors++
-			s.log.Error("shards: reading a paged message back failed; the queue waits", "shard", s.idx, "queue", q.Name, "err", err)
-			return i > 0
+			s.log.Error("shards: reading a paged message ahead failed", "shard", s.idx, "queue", q.Name, "err", err)
+			break
 		}
-		bytes += int(e.size)
+		bytes += int(e.size())
 	}
-	return n > 0
+	return true
 }
 
 // withBody makes sure e has its body (for dead-lettering a paged message).

@@ -78,23 +78,17 @@ func (s *Shard) ApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64, pro
 		return
 	}
 	q.producers.note(producer, producerSeq)
-	ev := Event{Kind: EvEnqueue, Seq: seq, Body: b, ExpiresAt: expiresAt}
+	ev := Event{Kind: EvEnqueue, Seq: seq, Body: b, ExpiresAt: expiresAt, Priority: b.Priority, DeliverAt: b.DeliverAt}
 	if err := q.Apply(&ev, s); err != nil {
 		// Full here though the master took it (a smaller bound, or
 		// removes not applied yet): keep it rather than diverge.
-		e := s.pool.get()
-		e.Seq, e.Body, e.ExpiresAt = seq, b, expiresAt
-		e.size = uint32(b.Size())
-		if seq >= q.nextSeq {
-			q.nextSeq = seq + 1
-		}
-		q.ready.push(e)
-		q.readyBytes += uint64(e.size)
-		q.totalBytes += uint64(e.size)
-		q.Enqueued++
+		q.place(&ev, uint64(b.Size()))
 	}
 	s.admit(q)
 	s.noteExpiry(q, expiresAt)
+	if ev.DeliverAt != 0 {
+		s.schedule(q, ev.DeliverAt)
+	}
 	if len(q.consumers) > 0 {
 		s.markDirty(q)
 	}

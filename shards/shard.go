@@ -29,6 +29,8 @@ const (
 	// OpResume: Sess's connection drained below its cap of pending bytes
 	// (Session.OutMax); its consumers' queues deliver to it again.
 	OpResume
+	// opWake: the timer for the earliest delayed message fired (delay.go).
+	opWake
 )
 
 // Settle kinds.
@@ -124,6 +126,7 @@ type Shard struct {
 	// tick visits these, not every queue (a shard may hold a million idle
 	// queues). A queue leaves it when it is empty.
 	expiring map[*Queue]struct{}
+	timers   shardTimers // queues with delayed messages (delay.go)
 	pool     entryPool
 	deferred []Command // dead letters for other shards whose rings were full
 	now      int64
@@ -242,6 +245,8 @@ func (s *Shard) handle(c *Command) {
 		s.sessionClosed(c.Sess)
 	case OpTick:
 		s.tick()
+	case opWake:
+		s.fireTimers()
 	case opCall:
 		c.Call(s)
 	case opDeadLettered:
@@ -312,12 +317,18 @@ func (s *Shard) publish(c *Command) {
 		s.completeCmd(c.Sess, c.CmdID, c.Fanout, Errorf(wire.CodeNotFound, "queue %q was deleted", q.Name))
 		return
 	}
-	ev := Event{Kind: EvEnqueue, Body: c.Body}
-	if c.TTLNanos > 0 {
-		ev.ExpiresAt = c.Now + c.TTLNanos
+	ev := Event{Kind: EvEnqueue, Body: c.Body, Priority: c.Body.Priority}
+	// A delayed message's TTL runs from its deliver-at time: it cannot be
+	// consumed before then.
+	from := c.Now
+	if at := c.Body.DeliverAt; at > c.Now {
+		ev.DeliverAt, from = at, at
 	}
-	if t := q.Options.TTLNanos(); t > 0 && (ev.ExpiresAt == 0 || c.Now+t < ev.ExpiresAt) {
-		ev.ExpiresAt = c.Now + t
+	if c.TTLNanos > 0 {
+		ev.ExpiresAt = from + c.TTLNanos
+	}
+	if t := q.Options.TTLNanos(); t > 0 && (ev.ExpiresAt == 0 || from+t < ev.ExpiresAt) {
+		ev.ExpiresAt = from + t
 	}
 	if q.replicated {
 		s.replicatedPublish(c, ev.ExpiresAt)
@@ -356,6 +367,9 @@ func (s *Shard) publish(c *Command) {
 		// Deliverable when the record is durable (journalDone), not now.
 		q.enqueueUnsafe(seq)
 		s.admit(q)
+		if ev.DeliverAt != 0 {
+			s.schedule(q, ev.DeliverAt)
+		}
 		s.stats.Published++
 		return
 	}
@@ -369,9 +383,12 @@ func (s *Shard) publish(c *Command) {
 	}
 	q.producers.note(c.Producer, c.CmdID)
 	s.admit(q)
+	if ev.DeliverAt != 0 {
+		s.schedule(q, ev.DeliverAt)
+	}
 	s.stats.Published++
 	s.completeCmd(c.Sess, c.CmdID, c.Fanout, nil)
-	if len(q.consumers) > 0 {
+	if len(q.consumers) > 0 && ev.DeliverAt == 0 {
 		s.markDirty(q)
 	}
 }
@@ -600,6 +617,7 @@ func (s *Shard) tick() {
 			_ = q.Apply(&ev, s)
 		}
 	}
+	s.fireTimers()
 	s.retryDeferred()
 }
 
@@ -625,7 +643,7 @@ func (s *Shard) dispatch(q *Queue) {
 		if !ok {
 			return // nothing ready, not durable yet (journalDone dispatches again), or no credit
 		}
-		if ev.Kind == EvExpire {
+		if ev.Kind == EvExpire || ev.Kind == EvPromote {
 			_ = q.Apply(&ev, s)
 			continue
 		}
@@ -643,7 +661,7 @@ func (s *Shard) dispatch(q *Queue) {
 		}
 		h.Body.Ref()
 		con.pending = append(con.pending, delivery{tag: ev.Tag, count: h.DeliveryCount, flags: flags, body: h.Body})
-		con.pendingBytes += int64(h.size)
+		con.pendingBytes += int64(h.size())
 		if err := q.Apply(&ev, s); err != nil {
 			panic("shards: acquire of the head failed: " + err.Error())
 		}

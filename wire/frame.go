@@ -36,7 +36,9 @@ const (
 	// build speaks. A peer that speaks an older minor version is served in
 	// that version; frames of a higher minor version are skipped by size.
 	// 1.1 added the AUTH frame (SCRAM exchanges in the handshake); 1.2
-	// the producer id of PUBLISH (PublishProducer).
+	// the producer id of PUBLISH (PublishProducer), a message's priority
+	// and deliver-at time in PUBLISH and a queue's max_priority in
+	// DECLARE_QUEUE.
 	VersionMajor = 1
 	VersionMinor = 2
 
@@ -78,6 +80,11 @@ var (
 	// carry a producer id (the PublishProducer flag), which lets the broker
 	// drop a retried message it already enqueued.
 	VersionProducer = MakeVersion(1, 2)
+	// VersionSchedule (1.2, the same version) is the first version whose
+	// PUBLISH messages may carry a priority and a deliver-at time (flags
+	// MsgPriority and MsgDeliverAt) and whose DECLARE_QUEUE carries
+	// max_priority.
+	VersionSchedule = MakeVersion(1, 2)
 )
 
 // Header is a decoded frame header.

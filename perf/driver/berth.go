@@ -103,7 +103,7 @@ func (o *berthOps) inspect(ctx context.Context, q string) (queueState, error) {
 func (o *berthOps) create(ctx context.Context, q string, _ ConsumerConfig) error {
 	// Another client could declare the same queue between the check and
 	// this declare: the protocol has no "create only if absent".
-	if err := o.c.DeclareQueue(ctx, q, client.QueueOptions{Durable: o.d.opts.Persistent}); err != nil {
+	if err := o.c.DeclareQueue(ctx, q, client.QueueOptions{Durable: o.d.opts.Persistent, MaxPriority: o.d.opts.MaxPriority}); err != nil {
 		return fmt.Errorf("driver: berth declare queue %s: %w", q, err)
 	}
 	return nil
@@ -164,6 +164,8 @@ func adminQueues(ctx context.Context, addr string) ([]berthQueueInfo, error) {
 type berthProducer struct {
 	c    *client.Conn
 	opts client.PublishOptions
+	// levels is MaxPriority+1: the priorities the producer cycles through.
+	levels uint8
 }
 
 func (d *berthDriver) NewProducer(ctx context.Context, id int) (Producer, error) {
@@ -171,10 +173,13 @@ func (d *berthDriver) NewProducer(ctx context.Context, id int) (Producer, error)
 	if err != nil {
 		return nil, err
 	}
-	return &berthProducer{c: c, opts: client.PublishOptions{Persistent: d.opts.Persistent}}, nil
+	return &berthProducer{c: c, opts: client.PublishOptions{Persistent: d.opts.Persistent}, levels: d.opts.MaxPriority + 1}, nil
 }
 
 func (p *berthProducer) Publish(ctx context.Context, queue string, payload []byte, done func(error)) error {
+	if p.levels > 1 {
+		p.opts.Priority = (p.opts.Priority + 1) % p.levels
+	}
 	return p.c.PublishAsync(ctx, "", queue, payload, p.opts, done)
 }
 

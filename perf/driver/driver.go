@@ -50,6 +50,10 @@ type Options struct {
 	// User and Password log the berth driver in (SCRAM-SHA-256); no User
 	// is the broker's default user.
 	User, Password string
+	// MaxPriority (berth only) declares priority queues with priorities
+	// 0 to MaxPriority, and each producer gives its messages priorities
+	// 0, 1, ..., MaxPriority in turn.
+	MaxPriority uint8
 }
 
 // SetupOptions say what Setup may do with queues that exist already.

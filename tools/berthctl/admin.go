@@ -24,6 +24,7 @@ type queueInfo struct {
 	Shard     int    `json:"shard"`
 	Ready     int    `json:"ready"`
 	Unacked   int    `json:"unacked"`
+	Delayed   int    `json:"delayed"`
 	Consumers int    `json:"consumers"`
 	Durable   bool   `json:"durable"`
 	Enqueued  uint64 `json:"enqueued"`
@@ -129,9 +130,9 @@ func queuesCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return writeJSON(e.stdout, qs)
 		}
 		tw := newTable(e.stdout)
-		fmt.Fprintln(tw, "NAME\tSHARD\tREADY\tUNACKED\tCONSUMERS\tDURABLE\tENQUEUED\tDELIVERED\tACKED")
+		fmt.Fprintln(tw, "NAME\tSHARD\tREADY\tUNACKED\tDELAYED\tCONSUMERS\tDURABLE\tENQUEUED\tDELIVERED\tACKED")
 		for _, q := range qs {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%t\t%d\t%d\t%d\n", displayName(q.Name), q.Shard, q.Ready, q.Unacked,
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%t\t%d\t%d\t%d\n", displayName(q.Name), q.Shard, q.Ready, q.Unacked, q.Delayed,
 				q.Consumers, q.Durable, q.Enqueued, q.Delivered, q.Acked)
 		}
 		return tw.Flush()

@@ -247,6 +247,7 @@ type queueJSON struct {
 	DeadLetterExchange string `json:"dead_letter_exchange,omitempty"`
 	DeadLetterKey      string `json:"dead_letter_key,omitempty"`
 	MaxDeliveries      uint32 `json:"max_deliveries,omitempty"`
+	MaxPriority        uint8  `json:"max_priority,omitempty"`
 }
 
 type bindingJSON struct {
@@ -266,7 +267,7 @@ func toWiringJSON(w ctlapi.Wiring) wiringJSON {
 			Name: q.Name, Durable: o.Durable, Exclusive: o.Exclusive, AutoDelete: o.AutoDelete,
 			TTLMs: o.MessageTTLMs, MaxLength: o.MaxLength, MaxLengthBytes: o.MaxLengthBytes,
 			Overflow: overflowName(o.Overflow), DeadLetterExchange: o.DeadLetterExchange,
-			DeadLetterKey: o.DeadLetterKey, MaxDeliveries: o.MaxDeliveries,
+			DeadLetterKey: o.DeadLetterKey, MaxDeliveries: o.MaxDeliveries, MaxPriority: o.MaxPriority,
 		})
 	}
 	for _, b := range w.Bindings {
@@ -304,6 +305,7 @@ func queueOptionsText(q queueJSON) string {
 	add(q.DeadLetterExchange != "", "dlx="+q.DeadLetterExchange)
 	add(q.DeadLetterKey != "", "dl-key="+q.DeadLetterKey)
 	add(q.MaxDeliveries != 0, fmt.Sprintf("max-deliveries=%d", q.MaxDeliveries))
+	add(q.MaxPriority != 0, fmt.Sprintf("max-priority=%d", q.MaxPriority))
 	if len(parts) == 0 {
 		return "-"
 	}

@@ -60,6 +60,7 @@ func declareQueueCmd(fs *flag.FlagSet) func(context.Context, *env, []string) err
 	dlx := fs.String("dlx", "", "dead-letter `EXCHANGE`")
 	dlKey := fs.String("dl-key", "", "dead-letter routing `KEY`; empty keeps each message's key")
 	maxDeliveries := fs.Uint("max-deliveries", 0, "dead-letter a message delivered this often; 0 = never")
+	maxPriority := fs.Uint("max-priority", 0, "a priority queue with priorities 0 to `N` (at most 10); 0 = a plain queue")
 	return func(ctx context.Context, e *env, args []string) error {
 		name, err := oneName("queue NAME", args)
 		if err != nil {
@@ -71,10 +72,14 @@ func declareQueueCmd(fs *flag.FlagSet) func(context.Context, *env, []string) err
 		if *maxDeliveries > 1<<32-1 {
 			return usageErrorf("--max-deliveries must fit in 32 bits, got %d", *maxDeliveries)
 		}
+		if *maxPriority > 10 {
+			return usageErrorf("--max-priority must be 0 to 10, got %d", *maxPriority)
+		}
 		opts := client.QueueOptions{
 			Durable: *durable, AutoDelete: *autoDelete, Passive: *passive, NoReplicate: *noReplicate,
 			MaxLength: *maxLength, MaxLengthBytes: *maxLengthBytes, MessageTTL: *ttl,
 			DeadLetterExchange: *dlx, DeadLetterKey: *dlKey, MaxDeliveries: uint32(*maxDeliveries),
+			MaxPriority: uint8(*maxPriority),
 		}
 		switch *overflow {
 		case "reject-publish":
