@@ -7,7 +7,7 @@ PKGS      := ./...
 # Packages with concurrency run under the race detector in `make test`.
 RACE_PKGS := ./ring/... ./shards/... ./server/... ./client/... ./journal/... ./controlplane/... ./perf/... ./tools/... ./internal/...
 
-.PHONY: cluster certs all build run test test-race test-plain bench bench-delayed fuzz hostile vet crash soak clean release deb
+.PHONY: cluster certs all build run test test-race test-plain bench bench-forward bench-delayed fuzz hostile vet crash soak clean release deb
 
 # Version stamping (internal/version). VERSION is the latest vX.Y.Z tag as
 # git describe gives it, without the v (1.2.0; 1.2.0-3-gabc1234 three
@@ -61,6 +61,12 @@ test-python:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS)
+
+# Publishes and consumers through a follower (forwarded and proxied to the
+# group's master) against the same at the master: three real brokers, one run.
+FORWARD_BENCHTIME ?= 20000x
+bench-forward:
+	$(GO) test -count=1 -run '^$$' -bench 'PublishForwarded|ConsumeProxied' -benchtime $(FORWARD_BENCHTIME) -timeout 10m ./server/clustertest
 
 # The long form of the kill -9 crash test.
 CRASH_ROUNDS ?= 20

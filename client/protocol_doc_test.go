@@ -75,7 +75,8 @@ func TestProtocolDocExamples(t *testing.T) {
 	}
 	for _, typ := range []wire.Type{wire.TypeHello, wire.TypeWelcome, wire.TypeHeartbeat, wire.TypeClose, wire.TypeComplete,
 		wire.TypeError, wire.TypeAuth, wire.TypeDeclareQueue, wire.TypeDeclareExchange, wire.TypeBind, wire.TypeDelete, wire.TypePurge,
-		wire.TypePublish, wire.TypeSubscribe, wire.TypeCancel, wire.TypeCredit, wire.TypeDeliver, wire.TypeAccept} {
+		wire.TypePublish, wire.TypeSubscribe, wire.TypeCancel, wire.TypeCredit, wire.TypeDeliver, wire.TypeAccept,
+		wire.TypeForwardHello, wire.TypeForward, wire.TypeForwardResult, wire.TypeProxyCommand, wire.TypeProxyOutput, wire.TypeProxyClose} {
 		if !seen[typ] {
 			t.Errorf("no example for %v", typ)
 		}
@@ -147,6 +148,37 @@ func decodeAny(t wire.Type, v wire.Version, body []byte) error {
 		return wire.DecodeDeliver(body, &wire.Deliver{})
 	case wire.TypeAccept, wire.TypeRelease, wire.TypeReject:
 		return wire.DecodeSettle(body, &wire.Settle{})
+	case wire.TypeForwardHello: // broker to broker (section 9)
+		_, _, err := wire.DecodeForwardHello(body)
+		return err
+	case wire.TypeForward:
+		_, _, _, err := wire.DecodeForward(body)
+		return err
+	case wire.TypeForwardResult:
+		_, _, _, err := wire.DecodeForwardResult(body)
+		return err
+	case wire.TypeProxyCommand, wire.TypeProxyOutput:
+		_, inner, err := wire.DecodeProxyOutput(body)
+		if t == wire.TypeProxyCommand {
+			_, _, _, inner, err = wire.DecodeProxyCommand(body)
+		}
+		if err != nil {
+			return err
+		}
+		for len(inner) > 0 { // whole client frames
+			h, b, n, err := wire.Next(inner, wire.FrameSizeDefault)
+			if err != nil || n == 0 {
+				return wire.ErrMalformed
+			}
+			if err := decodeAny(h.Type, h.Version, b); err != nil {
+				return err
+			}
+			inner = inner[n:]
+		}
+		return nil
+	case wire.TypeProxyClose:
+		_, err := wire.DecodeProxyClose(body)
+		return err
 	}
 	return wire.ErrUnknownType
 }

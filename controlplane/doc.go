@@ -81,6 +81,17 @@
 // end under a new epoch, and only with the unclean option (event or
 // cluster config) one from outside the SyncStateSet.
 //
+// # Placement
+//
+// The SetClusterConfig that creates the groups places them: each group
+// gets a replica set of R brokers (SetClusterConfig.Replicas; default 3, or
+// every broker registered when fewer) out of the brokers registered then,
+// by Place (placement.go), which spreads replicas and first masters evenly
+// and is pure. Only a group's replicas are elected its master or join its
+// SyncStateSet; an election's ties go by replica order, so the first
+// elections give each group the first master Place chose. Placed groups
+// never move; a broker registering later holds none.
+//
 // # Failure detection
 //
 // Only the leader takes heartbeats. The table is split into 16 shards by

@@ -44,6 +44,7 @@ func goldenEvents() []ctlapi.Event {
 		&ctlapi.SetUserCredentials{Name: "alice", Credentials: goldenCredentials(9)},
 		&ctlapi.SetPermissions{Name: "alice", Permissions: ctlapi.Permissions{Configure: "", Write: "amq\\..*|orders", Read: ".*"}},
 		&ctlapi.RemoveUser{Name: "bob"},
+		&ctlapi.SetClusterConfig{Groups: 4, Replicas: 3},
 	}
 }
 

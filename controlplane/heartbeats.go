@@ -212,7 +212,7 @@ func (n *Node) electionsFor(dead []uint32, now time.Time) []*ctlapi.ElectMaster 
 				eg.Candidates = append(eg.Candidates, n.hb.candidate(id, gid, now))
 			}
 			for _, br := range all {
-				if !slices.Contains(g.SyncStateSet, br.ID) && len(eg.Candidates) < ctlapi.CandidatesMax {
+				if !slices.Contains(g.SyncStateSet, br.ID) && len(eg.Candidates) < ctlapi.CandidatesMax && inReplicas(&g, br.ID) {
 					eg.Candidates = append(eg.Candidates, n.hb.candidate(br.ID, gid, now))
 				}
 			}
@@ -323,7 +323,7 @@ func (n *Node) ElectNow(ctx context.Context, groups []uint32, preferred uint32) 
 		}
 		eg := ctlapi.ElectGroup{Group: gid, Epoch: g.Epoch, Preferred: preferred}
 		for _, b := range brokers {
-			if len(eg.Candidates) < ctlapi.CandidatesMax {
+			if len(eg.Candidates) < ctlapi.CandidatesMax && inReplicas(&g, b.ID) {
 				eg.Candidates = append(eg.Candidates, n.hb.candidate(b.ID, gid, now))
 			}
 		}

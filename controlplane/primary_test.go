@@ -144,7 +144,13 @@ func TestPrimaryFormat2Snapshot(t *testing.T) {
 	s := newActivePassive(t)
 	mustOK(t, s, &ctlapi.SetAttribute{Key: "a", Value: "b"})
 	cur := s.Encode()
-	old := append([]byte{2}, cur[1:len(cur)-8]...)
+	// The primary fields, then (format 4) the groups' replica sets.
+	tail := 8
+	for g := range s.GroupCount() {
+		gr, _ := s.Group(uint32(g))
+		tail += 4 + 4*len(gr.Replicas)
+	}
+	old := append([]byte{2}, cur[1:len(cur)-tail]...)
 	got, err := DecodeState(old)
 	if err != nil {
 		t.Fatal(err)
@@ -156,7 +162,7 @@ func TestPrimaryFormat2Snapshot(t *testing.T) {
 		t.Fatalf("format 2 snapshot lost attribute a: %q %v", v, ok)
 	}
 	// The same bytes claiming format 3 are short by the primary fields.
-	if _, err := DecodeState(append([]byte{3}, cur[1:len(cur)-8]...)); err == nil {
+	if _, err := DecodeState(append([]byte{3}, cur[1:len(cur)-tail]...)); err == nil {
 		t.Fatal("truncated format 3 snapshot decoded")
 	}
 	if _, err := DecodeState(append([]byte{9}, cur[1:]...)); err == nil {

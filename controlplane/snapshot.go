@@ -11,8 +11,9 @@ import (
 	"github.com/klauspost/compress/zstd"
 )
 
-// snapshotFormat 3 added the primary; DecodeState still reads format 2.
-const snapshotFormat = 3
+// snapshotFormat 3 added the primary, 4 the groups' replica sets (after
+// the primary); DecodeState still reads formats 2 and 3.
+const snapshotFormat = 4
 
 // snapshotBytesMax bounds a decompressed snapshot.
 const snapshotBytesMax = 1 << 30
@@ -52,6 +53,9 @@ func (s *State) Encode() []byte {
 	}
 	b = wire.AppendU32(b, s.primary)
 	b = wire.AppendU32(b, s.primaryEpoch)
+	for i := range s.groups {
+		b = ctlapi.AppendIDs(b, s.groups[i].Replicas)
+	}
 	return s.appendUsers(b)
 }
 
@@ -60,7 +64,7 @@ func DecodeState(b []byte) (*State, error) {
 	s := NewState()
 	r := wire.NewReader(b)
 	format := r.U8()
-	if format != 2 && format != snapshotFormat {
+	if format < 2 || format > snapshotFormat {
 		return nil, fmt.Errorf("controlplane: unknown snapshot format %d", format)
 	}
 	s.nextBrokerID = r.U32()
@@ -112,6 +116,13 @@ func DecodeState(b []byte) (*State, error) {
 	}
 	if format >= 3 {
 		s.primary, s.primaryEpoch = r.U32(), r.U32()
+		if format >= 4 {
+			for i := range s.groups {
+				if s.groups[i].Replicas = ctlapi.ReadIDs(r); len(s.groups[i].Replicas) == 0 {
+					s.groups[i].Replicas = nil
+				}
+			}
+		}
 		s.readUsers(r)
 	}
 	if err := r.Done(); err != nil {

@@ -210,7 +210,7 @@ func candidateAlive(eg *ctlapi.ElectGroup, id uint32) bool {
 func eligible(g *ctlapi.Group, eg *ctlapi.ElectGroup, unclean bool, brokers map[uint32]*ctlapi.Broker) []uint32 {
 	var out []uint32
 	for _, c := range eg.Candidates {
-		if !c.Alive || brokers[c.Broker] == nil || slices.Contains(out, c.Broker) {
+		if !c.Alive || brokers[c.Broker] == nil || slices.Contains(out, c.Broker) || !inReplicas(g, c.Broker) {
 			continue
 		}
 		if g.Epoch == 0 || unclean || slices.Contains(g.SyncStateSet, c.Broker) {
@@ -265,6 +265,13 @@ func decideMaster(g *ctlapi.Group, eg *ctlapi.ElectGroup, unclean bool, brokers 
 	if eg.Preferred != 0 && slices.Contains(top, eg.Preferred) {
 		return eg.Preferred, best, true
 	}
+	// A placed group's ties go by its replica order, whose first broker
+	// the placement chose so that first masters spread evenly.
+	for _, id := range g.Replicas {
+		if slices.Contains(top, id) {
+			return id, best, true
+		}
+	}
 	return top[int(g.ID)%len(top)], best, true
 }
 
@@ -285,6 +292,9 @@ func (s *State) alterSyncStateSet(ev *ctlapi.AlterSyncStateSet) ctlapi.Result {
 	for _, id := range set {
 		if s.brokers[id] == nil {
 			return fail(ctlapi.CodeNotFound, "broker %d is not registered", id)
+		}
+		if !inReplicas(g, id) {
+			return fail(ctlapi.CodeInvalid, "broker %d is not a replica of group %d", id, ev.Group)
 		}
 	}
 	g.SyncStateSet = set
@@ -407,17 +417,57 @@ func (s *State) setClusterConfig(ev *ctlapi.SetClusterConfig) ctlapi.Result {
 	if s.config.Groups != 0 && s.config.Groups != ev.Groups {
 		return fail(ctlapi.CodeConflict, "group count is fixed at %d", s.config.Groups)
 	}
+	replicas := s.config.Replicas
 	if s.config.Groups == 0 {
+		replicas = ev.Replicas
+		if n := uint32(len(s.brokers)); replicas > n && n > 0 {
+			return fail(ctlapi.CodeInvalid, "%d replicas per group asked, %d brokers registered", replicas, n)
+		}
 		s.groups = make([]ctlapi.Group, ev.Groups)
 		for i := range s.groups {
 			s.groups[i].ID = uint32(i)
 		}
 	}
-	s.config = ctlapi.ClusterConfig(*ev)
+	s.config = ctlapi.ClusterConfig{Groups: ev.Groups, Mode: ev.Mode, UncleanElection: ev.UncleanElection, Replicas: replicas}
+	s.placeUnplaced()
 	if s.config.Mode != ctlapi.ModeActivePassive {
 		s.clearPrimary()
 	}
 	return ctlapi.Result{}
+}
+
+// placeUnplaced gives a replica set to every group without one, out of
+// the brokers registered now (placement.go). Groups already placed never
+// move: a broker that registers later holds no group until an operator
+// moves groups to it. With no broker registered the groups stay unplaced
+// until a later SetClusterConfig.
+func (s *State) placeUnplaced() {
+	var todo []uint32
+	for i := range s.groups {
+		if len(s.groups[i].Replicas) == 0 {
+			todo = append(todo, uint32(i))
+		}
+	}
+	if len(todo) == 0 || len(s.brokers) == 0 {
+		return
+	}
+	brokers := slices.Sorted(maps.Keys(s.brokers))
+	r := int(s.config.Replicas)
+	if r == 0 {
+		r = ctlapi.ReplicasDefault
+	}
+	// Placing the unplaced groups as if they were all the groups keeps
+	// each pass even; at init they are.
+	sets := Place(brokers, uint32(len(todo)), min(r, len(brokers)))
+	for k, g := range todo {
+		s.groups[g].Replicas = sets[k]
+	}
+}
+
+// inReplicas reports whether broker id may hold group g: it is in g's
+// replica set, or g is not placed.
+func inReplicas(g *ctlapi.Group, id uint32) bool {
+	return len(g.Replicas) == 0 || slices.Contains(g.Replicas, id)
 }
 
 // Read accessors. They return copies, so callers may keep them after the
@@ -458,6 +508,7 @@ func (s *State) Group(id uint32) (ctlapi.Group, bool) {
 	}
 	g := s.groups[id]
 	g.SyncStateSet = slices.Clone(g.SyncStateSet)
+	g.Replicas = slices.Clone(g.Replicas)
 	return g, true
 }
 

@@ -14,12 +14,19 @@ import (
 // newCluster returns a state with brokers 1..n registered and G groups.
 func newCluster(t *testing.T, n int, groups uint32) *State {
 	t.Helper()
+	return newClusterReplicas(t, n, groups, 0)
+}
+
+// newClusterReplicas is newCluster with replicas brokers per group (0:
+// the default).
+func newClusterReplicas(t *testing.T, n int, groups, replicas uint32) *State {
+	t.Helper()
 	s := NewState()
 	for i := 1; i <= n; i++ {
 		mustOK(t, s, &ctlapi.ApplyBrokerID{})
 		mustOK(t, s, &ctlapi.RegisterBroker{ID: uint32(i), Addrs: []string{fmt.Sprintf("127.0.0.1:%d", 7400+i)}, Version: 0x0100})
 	}
-	mustOK(t, s, &ctlapi.SetClusterConfig{Groups: groups})
+	mustOK(t, s, &ctlapi.SetClusterConfig{Groups: groups, Replicas: replicas})
 	return s
 }
 
@@ -75,7 +82,8 @@ func TestBrokerIDs(t *testing.T) {
 }
 
 // TestElection is a table of elections applied to a fresh 4-broker cluster
-// whose group 0 first elected broker 1 with SyncStateSet {1,2,3}.
+// with every broker a replica of every group, whose group 0 first elected
+// broker 1 with SyncStateSet {1,2,3}.
 func TestElection(t *testing.T) {
 	first := ctlapi.ElectGroup{Group: 0, Epoch: 0, Preferred: 1, Candidates: []ctlapi.Candidate{
 		alive(1, 0, 0), alive(2, 0, 0), alive(3, 0, 0)}}
@@ -116,7 +124,7 @@ func TestElection(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := newCluster(t, 4, 4)
+			s := newClusterReplicas(t, 4, 4, 4)
 			if tt.clusterOpt {
 				mustOK(t, s, &ctlapi.SetClusterConfig{Groups: 4, UncleanElection: true})
 			}
@@ -530,13 +538,16 @@ func TestElectionInvariants(t *testing.T) {
 						win = c
 					}
 				}
+				if !slices.Contains(after.Replicas, after.Master) {
+					t.Fatalf("seed %d step %d: group %d elected %d outside its replicas %v", seed, step, g, after.Master, after.Replicas)
+				}
 				inSet := slices.Contains(old.SyncStateSet, after.Master)
 				if !inSet && !em.Unclean {
 					t.Fatalf("seed %d step %d: group %d clean election chose %d outside %v", seed, step, g, after.Master, old.SyncStateSet)
 				}
 				for _, c := range eg.Candidates {
 					_, registered := s.Broker(c.Broker)
-					if c.Alive && registered && slices.Contains(old.SyncStateSet, c.Broker) == inSet && win.LogEnd.Less(c.LogEnd) {
+					if c.Alive && registered && slices.Contains(after.Replicas, c.Broker) && slices.Contains(old.SyncStateSet, c.Broker) == inSet && win.LogEnd.Less(c.LogEnd) {
 						t.Fatalf("seed %d step %d: group %d chose %d at %v over %d at %v", seed, step, g, after.Master, win.LogEnd, c.Broker, c.LogEnd)
 					}
 				}

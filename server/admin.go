@@ -138,28 +138,40 @@ func (s *Server) startAdmin() error {
 }
 
 // serveGroups is /v1/groups: this broker's view of each replication group
-// it runs (role, epoch, master, log end, commit and applied index, and a
-// master's SyncStateSet), which the controller does not hold: a follower's
-// lag is its master's commit minus its own.
+// it runs (role, epoch, master, log end, commit and applied index, a
+// master's SyncStateSet, and the replica set the controller placed it
+// on), which the controller does not hold: a follower's lag is its
+// master's commit minus its own.
 func (s *Server) serveGroups(w http.ResponseWriter, r *http.Request) {
 	m := s.GroupsManager()
 	if m == nil {
 		http.Error(w, "this broker runs no replication groups (no -peer)", http.StatusNotFound)
 		return
 	}
-	n := m.Node()
-	if n == nil {
-		http.Error(w, "starting: waiting for the cluster's group count and replicas", http.StatusServiceUnavailable)
+	n, view := m.Node(), m.View()
+	if n == nil && view == nil {
+		http.Error(w, "starting: waiting for the cluster's group count and placement", http.StatusServiceUnavailable)
 		return
 	}
-	out := []groups.Status{}
-	for _, g := range n.Groups() {
-		st, err := n.Status(g)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
+	// A broker whose node is nil once the view is read holds no group.
+	type status struct {
+		groups.Status
+		Replicas []uint32 `json:"replicas"` // as the controller placed the group
+	}
+	out := []status{}
+	if n != nil {
+		for _, g := range n.Groups() {
+			st, err := n.Status(g)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			var replicas []uint32
+			if view != nil && int(g) < len(view.Groups) {
+				replicas = view.Groups[g].Replicas
+			}
+			out = append(out, status{st, replicas})
 		}
-		out = append(out, st)
 	}
 	writeJSON(w, map[string]any{"broker_id": s.BrokerID(), "groups": out})
 }

@@ -141,6 +141,7 @@ func (h *handler) closed(cs *connState) {
 	h.s.conns.Unlock()
 	h.s.metrics.connections.Dec()
 	if cs.sess != nil {
+		h.s.proxyClosed(cs)
 		sess := cs.sess
 		// A fan-out cut short by a full ring still reaches every target
 		// (its other parts are in queues already), ahead of the close.
@@ -273,6 +274,10 @@ func (h *handler) frame(cs *connState, hd wire.Header, body []byte) (done bool, 
 		if !ok {
 			return true, gnet.None // credit for a cancelled consumer: harmless
 		}
+		if shard == proxyShard {
+			h.s.proxyConsumerCommand(cs, m.ConsumerID, 0, hd.Type, body)
+			return true, gnet.None
+		}
 		return h.push(cs, shard, shards.Command{Op: shards.OpCredit, Sess: cs.sess, ConsumerID: m.ConsumerID, Credit: m.Credit}), gnet.None
 	case wire.TypeSubscribe:
 		return h.subscribe(cs, body)
@@ -284,6 +289,10 @@ func (h *handler) frame(cs *connState, hd wire.Header, body []byte) (done bool, 
 		shard, ok := cs.consumers[m.ConsumerID]
 		if !ok {
 			cs.fail(m.CommandID, wire.CodeNotFound, "no such consumer")
+			return true, gnet.None
+		}
+		if shard == proxyShard {
+			h.s.proxyConsumerCommand(cs, m.ConsumerID, m.CommandID, hd.Type, body)
 			return true, gnet.None
 		}
 		// The id keeps its shard: deliveries made before the cancel can
@@ -492,6 +501,17 @@ func (h *handler) subscribe(cs *connState, body []byte) (bool, gnet.Action) {
 		cs.fail(m.CommandID, wire.CodeNotFound, "no queue "+string(m.Queue))
 		return true, gnet.None
 	}
+	if g, master, addr, where := h.s.proxyTarget(q); where != "" {
+		cs.fail(m.CommandID, wire.CodeUnavailable, where)
+		return true, gnet.None
+	} else if master != 0 {
+		// Another broker masters the queue's group: consume there
+		// through this one (proxy.go).
+		h.s.proxySubscribe(cs, g, master, addr, &m, body)
+		cs.usedIDs[m.ConsumerID] = true
+		cs.consumers[m.ConsumerID] = proxyShard
+		return true, gnet.None
+	}
 	cmd := shards.Command{Op: shards.OpSubscribe, Sess: cs.sess, CmdID: m.CommandID, Queue: q, ConsumerID: m.ConsumerID,
 		Credit: m.Credit, AckMode: m.AckMode, Exclusive: m.Flags&wire.SubscribeExclusive != 0}
 	if !h.push(cs, q.Shard(), cmd) {
@@ -510,6 +530,10 @@ func (h *handler) settle(cs *connState, t wire.Type, body []byte) (bool, gnet.Ac
 	shard, ok := cs.consumers[m.ConsumerID]
 	if !ok {
 		cs.fail(m.CommandID, wire.CodeNotFound, "no such consumer")
+		return true, gnet.None
+	}
+	if shard == proxyShard {
+		h.s.proxyConsumerCommand(cs, m.ConsumerID, m.CommandID, t, body)
 		return true, gnet.None
 	}
 	kind := shards.SettleAccept

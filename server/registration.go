@@ -247,7 +247,7 @@ func (s *Server) startGroups() error {
 	m, err := groups.StartManager(groups.ManagerConfig{
 		Self: s.brokerID, PeerAddr: s.cfg.PeerAddr, Advertise: s.cfg.PeerAdvertise,
 		Dir: filepath.Join(s.cfg.DataDir, "groups"), Fsync: policy, Ctl: s.brokerClient(),
-		Replicas: s.cfg.GroupReplicas, Auth: s.peerAuth, Logger: s.log,
+		Auth: s.peerAuth, Logger: s.log,
 		Apply: func(g uint32, e wire.GroupEntry) {
 			if s.replicator != nil {
 				s.replicator.apply(g, e)
@@ -260,10 +260,30 @@ func (s *Server) startGroups() error {
 				s.replicator.groups.CompareAndSwap(0, n)
 			}
 		},
+		OnForward: func(from, g uint32, event []byte, reply groups.ForwardReply) {
+			if s.replicator == nil {
+				reply.Send(wire.CodeResourceLimit, "the broker is starting; retry")
+				return
+			}
+			s.replicator.serveForward(from, g, event, reply)
+		},
+		ForwardError: forwardError,
+		OnView:       s.proxyViewChanged,
+		OnProxy: groups.ProxyHandler{
+			Command: func(from uint32, out groups.ProxyOut, version wire.Version, frameMax uint32, frame []byte) {
+				if s.replicator == nil {
+					out.Write([][]byte{wire.AppendError(nil, version, 0, wire.CodeResourceLimit, "the broker is starting; retry")})
+					return
+				}
+				s.proxyCommand(from, out, version, frameMax, frame)
+			},
+			Close: s.proxyClose,
+		},
 	})
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
+	m.Forwarder().SetProxy(s.proxyOutput, s.proxyLost)
 	s.groups.Store(m)
 	s.log.Info("server: replication groups' peer transport listening", "peer", m.PeerAddr())
 	return nil

@@ -10,9 +10,9 @@ package server
 // ready, so after a failover the new master delivers again whatever the
 // old one had handed out and not had accepted (guarantee 6).
 //
-// What this first version leaves out: publishing or consuming through a
-// broker that is not the group's master (it refuses with a message naming
-// the group); dead letters of replicated queues; deletes and purges are
+// A publish taken by a broker that is not the group's master is forwarded
+// to the master (forward.go), and a consumer is proxied to it (proxy.go).
+// What this version leaves out: dead letters of replicated queues; deletes and purges are
 // replicated as the removes of each message, the queue object itself stays
 // on the followers until they restart. The group log is compacted up to
 // its oldest message still in a queue (server/groups): a message never
@@ -102,12 +102,21 @@ var errGroupsStarting = shards.Errorf(wire.CodeResourceLimit, "the replication g
 
 func (r *replicator) propose(q *shards.Queue, data []byte, done func(error)) error {
 	g, _ := q.Replicated()
+	if n := r.node(); (n == nil || !n.IsMaster(g)) && data[0] == gevEnqueue {
+		return r.forward(g, data, done) // forward.go
+	}
+	return r.proposeHere(q, data, done)
+}
+
+// proposeHere proposes on this broker, which must be g's master.
+func (r *replicator) proposeHere(q *shards.Queue, data []byte, done func(error)) error {
+	g, _ := q.Replicated()
 	n := r.node()
 	if n == nil {
 		return errGroupsStarting
 	}
 	if !n.IsMaster(g) {
-		return shards.Errorf(wire.CodeNotAllowed, "queue %q is replicated in group %d, whose master is another broker: publish there", q.Name, g)
+		return shards.Errorf(wire.CodeNotAllowed, "queue %q is replicated in group %d, whose master is another broker", q.Name, g)
 	}
 	err := n.ProposeAsync(g, data, func(err error) { done(groupError(err)) })
 	if errors.Is(err, groups.ErrBusy) {

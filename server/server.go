@@ -136,11 +136,11 @@ type Config struct {
 	// PeerAddr is where this broker's replication-group transport listens
 	// (host:port); "" runs no groups. It needs a controller. The broker
 	// publishes PeerAdvertise (default: the bound address) in the
-	// controller, and replicates every group of the cluster (the count
-	// set by "berthctl cluster init") with the GroupReplicas lowest-id
-	// brokers (default 3) once that many have registered.
+	// controller, and replicates the groups whose replica set the
+	// controller placed it in ("berthctl cluster init --groups G
+	// --replicas R"); it forwards publishes for the others to their
+	// masters.
 	PeerAddr, PeerAdvertise string
-	GroupReplicas           int
 
 	// ClusterCA, ClusterCert and ClusterKey (PEM files) make every
 	// connection on the peer and controller ports, both ways, mutual TLS
@@ -312,8 +312,12 @@ type Server struct {
 	welcomeAddrs atomic.Pointer[[][]byte]
 	// groups runs the replication groups (PeerAddr set), or nil;
 	// replicator connects the shards to them (replicate.go).
-	groups     atomic.Pointer[groups.Manager]
-	replicator *replicator
+	groups atomic.Pointer[groups.Manager]
+	// proxies and proxiedSessions are the consumers proxied to other
+	// brokers and, as a master, for other brokers (proxy.go).
+	proxies         proxyTable
+	proxiedSessions proxiedTable
+	replicator      *replicator
 	// regCtx ends at Close; it stops the registration and heartbeat loop
 	// (regWG) and cancels its calls.
 	regCtx    context.Context

@@ -139,7 +139,6 @@ type flags struct {
 	clusterCA, clusterCert, clusterKey, clusterSecret  string
 	adminToken, adminTLSCert, adminTLSKey              string
 	peer, peerAdvertise                                string
-	groupReplicas                                      int
 	printConfig, version                               bool
 	shards, loops, heartbeatMs, ctlHeartbeatMs         int
 	mutexFraction, blockRate                           int
@@ -192,7 +191,6 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.StringVar(&f.advertise, "advertise", "", "client address registered with the controller for others to dial, empty = the -listen address")
 	fs.StringVar(&f.peer, "peer", "", "replication groups' peer listen address (default port 7401), empty = no groups; needs a controller")
 	fs.StringVar(&f.peerAdvertise, "peer-advertise", "", "peer address published in the controller for other brokers to dial, empty = the -peer address")
-	fs.IntVar(&f.groupReplicas, "group-replicas", 3, "brokers that hold every replication group (the lowest broker ids)")
 	fs.IntVar(&f.ctlHeartbeatMs, "controller-heartbeat-ms", int(server.ControllerHeartbeatDefault/time.Millisecond), "interval of the broker's heartbeats to the controller in ms; keep it well under the controller's 3 s broker timeout")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log lines as text (key=value) or json")
@@ -385,13 +383,10 @@ func parseArgs(args []string) (options, error) {
 			}
 		}
 	}
-	if f.groupReplicas < 1 {
-		return options{}, o.annotate(fmt.Errorf("-group-replicas %d: want at least 1", f.groupReplicas), "group-replicas")
-	}
 	if f.peer != "" && f.dataDir == "" {
 		return options{}, o.annotate(fmt.Errorf("-peer needs -data: the group log is journaled"), "peer", "data")
 	}
-	cfg.PeerAddr, cfg.PeerAdvertise, cfg.GroupReplicas = f.peer, f.peerAdvertise, f.groupReplicas
+	cfg.PeerAddr, cfg.PeerAdvertise = f.peer, f.peerAdvertise
 	if f.listenTLS != "" && (f.tlsCert == "" || f.tlsKey == "") {
 		return options{}, o.annotate(fmt.Errorf("-listen-tls %q needs -tls-cert and -tls-key", f.listenTLS), "listen-tls", "tls-cert", "tls-key")
 	}

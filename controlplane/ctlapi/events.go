@@ -165,12 +165,20 @@ const (
 )
 
 // SetClusterConfig sets the group count (once), the mode and the unclean
-// election default.
+// election default. The event that creates the groups also places them:
+// each group gets a replica set of Replicas brokers (0: ReplicasDefault,
+// or every registered broker when fewer) chosen from the brokers
+// registered then; a later SetClusterConfig places only groups left
+// unplaced and moves no placed group.
 type SetClusterConfig struct {
 	Groups          uint32
 	Mode            uint8
 	UncleanElection bool
+	Replicas        uint32 // encoded only when not 0: older logs hold none
 }
+
+// ReplicasDefault is a group's replica count when cluster init names none.
+const ReplicasDefault = 3
 
 // SetAttribute sets a cluster attribute (an admin key/value). Empty value
 // deletes it.
@@ -345,10 +353,20 @@ func (ev *DeleteExchange) decodeBody(r *wire.Reader)  { ev.Name = ReadString(r) 
 func (ev *SetClusterConfig) appendBody(b []byte) []byte {
 	b = wire.AppendU32(b, ev.Groups)
 	b = wire.AppendU8(b, ev.Mode)
-	return wire.AppendBool(b, ev.UncleanElection)
+	b = wire.AppendBool(b, ev.UncleanElection)
+	if ev.Replicas != 0 {
+		b = wire.AppendU32(b, ev.Replicas)
+	}
+	return b
 }
 func (ev *SetClusterConfig) decodeBody(r *wire.Reader) {
 	ev.Groups, ev.Mode, ev.UncleanElection = r.U32(), r.U8(), r.Bool()
+	if r.Remaining() > 0 {
+		ev.Replicas = r.U32()
+		if ev.Replicas == 0 {
+			r.Skip(r.Remaining() + 1) // 0 is written as absent: one encoding per event
+		}
+	}
 }
 
 func (ev *SetAttribute) appendBody(b []byte) []byte {
@@ -523,6 +541,9 @@ func ValidateEvent(ev Event) error {
 	case *SetClusterConfig:
 		if ev.Groups == 0 || ev.Groups > GroupCountMax || ev.Mode > ModeActivePassive {
 			return fmt.Errorf("controlplane: group count must be 1..%d and mode known", GroupCountMax)
+		}
+		if ev.Replicas > SyncStateSetSizeMax {
+			return fmt.Errorf("controlplane: at most %d replicas per group", SyncStateSetSizeMax)
 		}
 	case *SetAttribute:
 		if err := validName("attribute", ev.Key); err != nil {

@@ -178,7 +178,8 @@ func AppendGroup(b []byte, g Group) []byte {
 	b = wire.AppendU32(b, g.Epoch)
 	b = wire.AppendU32(b, g.ElectedLogEnd.Epoch)
 	b = wire.AppendU64(b, g.ElectedLogEnd.Index)
-	return AppendIDs(b, g.SyncStateSet)
+	b = AppendIDs(b, g.SyncStateSet)
+	return AppendIDs(b, g.Replicas)
 }
 
 // ReadGroup reads what AppendGroup wrote.
@@ -186,6 +187,9 @@ func ReadGroup(r *wire.Reader) Group {
 	g := Group{ID: r.U32(), Master: r.U32(), Epoch: r.U32()}
 	g.ElectedLogEnd = LogEnd{r.U32(), r.U64()}
 	g.SyncStateSet = ReadIDs(r)
+	if g.Replicas = ReadIDs(r); len(g.Replicas) == 0 {
+		g.Replicas = nil
+	}
 	return g
 }
 

@@ -53,6 +53,12 @@ type Group struct {
 	SyncStateSet []uint32 // sorted
 	// ElectedLogEnd is the winner's log end when it was elected.
 	ElectedLogEnd LogEnd
+	// Replicas is the group's replica set as the controller placed it at
+	// "cluster init" (placement.go in package controlplane): the brokers
+	// that hold the group's log, the first one the group's first master.
+	// Only they are elected master or join the SyncStateSet. Empty: not
+	// placed yet (the cluster was initialised before any broker registered).
+	Replicas []uint32
 }
 
 // Binding binds a queue to an exchange with a key.
@@ -63,19 +69,23 @@ type ClusterConfig struct {
 	Groups          uint32
 	Mode            uint8
 	UncleanElection bool
+	// Replicas is the replica count asked at "cluster init"; 0 asked for
+	// the default (ReplicasDefault, or every broker registered when fewer).
+	Replicas uint32
 }
 
-// AppendClusterConfig appends a configuration as a SetClusterConfig
-// event's body.
+// AppendClusterConfig appends a configuration: a SetClusterConfig event's
+// body, with the replica count always present.
 func AppendClusterConfig(b []byte, c ClusterConfig) []byte {
-	return (*SetClusterConfig)(&c).appendBody(b)
+	b = wire.AppendU32(b, c.Groups)
+	b = wire.AppendU8(b, c.Mode)
+	b = wire.AppendBool(b, c.UncleanElection)
+	return wire.AppendU32(b, c.Replicas)
 }
 
 // ReadClusterConfig reads what AppendClusterConfig wrote.
 func ReadClusterConfig(r *wire.Reader) ClusterConfig {
-	var sc SetClusterConfig
-	sc.decodeBody(r)
-	return ClusterConfig(sc)
+	return ClusterConfig{Groups: r.U32(), Mode: r.U8(), UncleanElection: r.Bool(), Replicas: r.U32()}
 }
 
 // Result codes of applying an event.

@@ -460,7 +460,7 @@ func (c *Client) DeleteExchange(ctx context.Context, name string) error {
 
 // SetClusterConfig sets G (once), the mode and the unclean election default.
 func (c *Client) SetClusterConfig(ctx context.Context, cfg ctlapi.ClusterConfig) error {
-	_, err := c.Propose(ctx, &ctlapi.SetClusterConfig{Groups: cfg.Groups, Mode: cfg.Mode, UncleanElection: cfg.UncleanElection})
+	_, err := c.Propose(ctx, &ctlapi.SetClusterConfig{Groups: cfg.Groups, Mode: cfg.Mode, UncleanElection: cfg.UncleanElection, Replicas: cfg.Replicas})
 	return err
 }
 

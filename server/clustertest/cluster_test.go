@@ -38,14 +38,14 @@ type node struct {
 	proc    *testutil.Proc // nil until started and after stop
 }
 
-func (n *node) start(t *testing.T) {
+func (n *node) start(t testing.TB) {
 	t.Helper()
 	n.proc = testutil.StartBerthd(t, n.logPath, n.args...)
 }
 
 // waitUp waits until the node's client port (or controller port) accepts
 // a connection.
-func (n *node) waitUp(t *testing.T, within time.Duration) {
+func (n *node) waitUp(t testing.TB, within time.Duration) {
 	t.Helper()
 	addr := n.client
 	if addr == "" {
@@ -54,7 +54,7 @@ func (n *node) waitUp(t *testing.T, within time.Duration) {
 	n.proc.WaitPort(t, addr, within)
 }
 
-func (n *node) stop(t *testing.T, sig syscall.Signal) {
+func (n *node) stop(t testing.TB, sig syscall.Signal) {
 	t.Helper()
 	if n.proc == nil {
 		return
@@ -82,19 +82,19 @@ func (n *node) logTail() string { return testutil.FileTail(n.logPath, 4000) }
 
 // startGroup starts len(roles) berthd processes forming one controller
 // group; role "broker" embeds a member, "controller" runs only one.
-func startGroup(t *testing.T, roles ...string) []*node {
+func startGroup(t testing.TB, roles ...string) []*node {
 	t.Helper()
 	return startGroupArgs(t, nil, roles...)
 }
 
 // startGroupArgs is startGroup with extra berthd flags for every node.
-func startGroupArgs(t *testing.T, extra []string, roles ...string) []*node {
+func startGroupArgs(t testing.TB, extra []string, roles ...string) []*node {
 	t.Helper()
 	return startGroupEach(t, func(int, *node) []string { return extra }, roles...)
 }
 
 // startGroupEach is startGroup with extra berthd flags per node.
-func startGroupEach(t *testing.T, each func(i int, n *node) []string, roles ...string) []*node {
+func startGroupEach(t testing.TB, each func(i int, n *node) []string, roles ...string) []*node {
 	t.Helper()
 	nodes := make([]*node, len(roles))
 	var peers []string
@@ -132,7 +132,7 @@ func startGroupEach(t *testing.T, each func(i int, n *node) []string, roles ...s
 	return nodes
 }
 
-func dial(t *testing.T, ctx context.Context, addr string) *client.Conn {
+func dial(t testing.TB, ctx context.Context, addr string) *client.Conn {
 	t.Helper()
 	c, err := client.Dial(ctx, addr)
 	if err != nil {

@@ -92,7 +92,7 @@ func TestClusterWithCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 	const queue = "guarded"
-	_, _, _, conn := c.declare(queue, groups)
+	_, _, mnode, conn := c.declare(queue, groups)
 	for i, m := range names(0, total) {
 		if err := conn.Publish(ctx, "", queue, []byte(m), client.PublishOptions{Persistent: true}); err != nil {
 			t.Fatalf("publish %d: %v", i, err)
@@ -112,4 +112,21 @@ func TestClusterWithCredentials(t *testing.T) {
 		}
 		return nil
 	})
+	// A follower forwards a publish to the master across the guarded
+	// peer ports (its forwarding connection makes the handshake too).
+	for _, n := range c.nodes {
+		if n == mnode {
+			continue
+		}
+		fconn := dial(t, ctx, n.client)
+		testutil.WaitFor(t, 20*time.Second, func() error {
+			pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+			defer pcancel()
+			return fconn.Publish(pctx, "", queue, []byte("forwarded"), client.PublishOptions{Persistent: true})
+		})
+		break
+	}
+	if ready, _, err := c.depth(mnode, queue); err != nil || ready != total+1 {
+		t.Fatalf("master holds %d ready after a forwarded publish (%v), want %d", ready, err, total+1)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -34,10 +35,7 @@ type ManagerConfig struct {
 	Dir       string // the group journal's directory
 	Fsync     journal.FsyncPolicy
 	Ctl       *ctlclient.Client
-	// Replicas is how many brokers hold every group. The manager waits
-	// until that many brokers have registered and takes the lowest ids.
-	Replicas int
-	Apply    func(group uint32, e wire.GroupEntry)
+	Apply     func(group uint32, e wire.GroupEntry)
 	// OnMaster is told, on the node's goroutine, that this broker became
 	// master of a group.
 	OnMaster func(group uint32)
@@ -49,14 +47,28 @@ type ManagerConfig struct {
 	// Auth proves cluster membership on every peer connection (nil: none).
 	Auth   *peerauth.Auth
 	Logger *slog.Logger
+	// OnForward takes the events other brokers forward to this one as a
+	// group's master (forward.go); nil refuses forwarding connections.
+	OnForward ForwardHandler
+	// OnView is told, on the manager's goroutine, each new View after the
+	// one before (nil at first).
+	OnView func(old, cur *View)
+	// OnProxy runs the sessions other brokers proxy to this one as a
+	// group's master (forward.go); zero refuses them.
+	OnProxy ProxyHandler
+	// ForwardError builds the error of a forward the master refused;
+	// default a plain error with the master's text.
+	ForwardError func(code wire.ErrorCode, text string) error
 }
 
-// Manager runs a broker's replication groups as the controller assigns
+// Manager runs a broker's replication groups as the controller placed
 // them: it publishes its peer address, waits for the cluster's group count
-// and the replica brokers, opens a Node for the groups, and from then on
-// passes every controller decision (master, epoch, SyncStateSet) to it,
-// asks for the first elections, and sends its SyncStateSet requests to the
-// controller.
+// and placement, opens a Node for the groups whose replica set holds this
+// broker (none: the broker only forwards), and from then on passes every
+// controller decision (master, epoch, SyncStateSet) to it, asks for the
+// first elections, and sends its SyncStateSet requests to the controller.
+// It keeps the controller's view of every group's master and of the
+// brokers' addresses (View) for forwarding to masters.
 type Manager struct {
 	cfg ManagerConfig
 	log *slog.Logger
@@ -70,10 +82,14 @@ type Manager struct {
 	alive     chan struct{}
 	aliveOnce sync.Once
 
+	fwd *Forwarder
+
 	mu sync.Mutex
 	// node is read on every replicated publish: no lock.
 	node atomic.Pointer[Node]
 	seen map[uint32]ctlapi.Group // the group records last passed on
+
+	view atomic.Pointer[View]
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -86,9 +102,6 @@ func StartManager(cfg ManagerConfig) (*Manager, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	if cfg.Replicas <= 0 {
-		cfg.Replicas = 3
-	}
 	m := &Manager{cfg: cfg, log: cfg.Logger, seen: map[uint32]ctlapi.Group{}, alive: make(chan struct{})}
 	tr, err := ListenAuth(cfg.PeerAddr, cfg.Self, cfg.Auth, func(msg *wire.GroupMessage) {
 		if n := m.currentNode(); n != nil {
@@ -99,6 +112,18 @@ func StartManager(cfg ManagerConfig) (*Manager, error) {
 		return nil, err
 	}
 	m.tr = tr
+	if cfg.OnForward != nil {
+		tr.SetForwardHandler(cfg.OnForward)
+	}
+	if cfg.OnProxy.Command != nil {
+		tr.SetProxyHandler(cfg.OnProxy)
+	}
+	if cfg.ForwardError == nil {
+		cfg.ForwardError = func(code wire.ErrorCode, text string) error {
+			return fmt.Errorf("groups: the master refused (%v): %s", code, text)
+		}
+	}
+	m.fwd = NewForwarder(cfg.Self, cfg.Auth, cfg.ForwardError, cfg.Logger)
 	if m.cfg.Advertise == "" {
 		m.cfg.Advertise = tr.Addr()
 	}
@@ -129,10 +154,15 @@ func (m *Manager) LogEnds() []ctlapi.GroupLogEnd {
 	return n.LogEnds()
 }
 
-// Close stops following the controller, the node and the transport.
+// Forwarder sends events to the groups' masters.
+func (m *Manager) Forwarder() *Forwarder { return m.fwd }
+
+// Close stops following the controller, the forwards, the node and the
+// transport.
 func (m *Manager) Close() {
 	m.cancel()
 	m.wg.Wait()
+	m.fwd.Close()
 	if n := m.currentNode(); n != nil {
 		if err := n.Close(); err != nil {
 			m.log.Error("groups: close the group journal", "err", err)
@@ -173,9 +203,10 @@ func (m *Manager) run() {
 			return
 		}
 	}
-	// Wait for the group count and the replica brokers' peer addresses.
+	// Wait for the group count, the placement and the peer addresses of
+	// the brokers sharing a group with this one.
 	var groups uint32
-	var replicas []uint32
+	sets := map[uint32][]uint32{} // this broker's groups' replica sets
 	for {
 		err := m.call(func(ctx context.Context) error {
 			info, err := cl.GetClusterInfo(ctx, ctlapi.ReadConsistent)
@@ -186,21 +217,25 @@ func (m *Manager) run() {
 			if groups == 0 {
 				return errors.New("the cluster has no groups yet")
 			}
-			bs, err := cl.GetBrokers(ctx, ctlapi.ReadConsistent)
+			gs, err := m.readGroups(ctx, groups)
 			if err != nil {
 				return err
 			}
-			if len(bs) < m.cfg.Replicas {
-				return fmt.Errorf("%d of %d brokers registered", len(bs), m.cfg.Replicas)
+			clear(sets)
+			peers := map[uint32]bool{}
+			for _, g := range gs {
+				if len(g.Replicas) == 0 {
+					return fmt.Errorf("group %d is not placed yet (no broker was registered at cluster init; run it again)", g.ID)
+				}
+				if slices.Contains(g.Replicas, m.cfg.Self) {
+					sets[g.ID] = g.Replicas
+					for _, id := range g.Replicas {
+						peers[id] = id != m.cfg.Self
+					}
+				}
 			}
-			ids := make([]uint32, 0, len(bs))
-			for _, b := range bs {
-				ids = append(ids, b.ID)
-			}
-			slices.Sort(ids)
-			replicas = ids[:m.cfg.Replicas]
-			for _, id := range replicas {
-				if id == m.cfg.Self {
+			for id, need := range peers {
+				if !need {
 					continue
 				}
 				addr, ok, err := cl.GetAttribute(ctx, ctlapi.ReadConsistent, PeerAttribute(id))
@@ -222,26 +257,40 @@ func (m *Manager) run() {
 			return
 		}
 	}
-	if !slices.Contains(replicas, m.cfg.Self) {
-		m.log.Warn("groups: this broker is not among the group replicas", "broker_id", m.cfg.Self, "replicas", replicas)
-		return
-	}
 	if m.cfg.OnGroupCount != nil {
 		m.cfg.OnGroupCount(groups)
 	}
-	ids := make([]uint32, groups)
-	for i := range ids {
-		ids[i] = uint32(i)
+	ids := slices.Sorted(maps.Keys(sets))
+	if len(ids) == 0 {
+		m.log.Info("groups: this broker holds no group; it forwards to the groups' masters", "broker_id", m.cfg.Self, "groups", groups)
+	} else {
+		n, err := OpenNode(NodeConfig{ID: m.cfg.Self, Dir: m.cfg.Dir, Fsync: m.cfg.Fsync, Transport: m.tr, Groups: ids,
+			ReplicaSets: sets, Apply: m.cfg.Apply, OnAlter: m.alter, OnMaster: m.cfg.OnMaster, OnStepDown: m.cfg.OnStepDown, Logger: m.log})
+		if err != nil {
+			m.log.Error("groups: open the group journal; the broker serves no group", "err", err)
+			return
+		}
+		m.node.Store(n)
+		m.log.Info("groups: replicating", "groups", groups, "held", len(ids), "peer", m.cfg.Advertise)
 	}
-	n, err := OpenNode(NodeConfig{ID: m.cfg.Self, Dir: m.cfg.Dir, Fsync: m.cfg.Fsync, Transport: m.tr, Groups: ids,
-		Replicas: replicas, Apply: m.cfg.Apply, OnAlter: m.alter, OnMaster: m.cfg.OnMaster, OnStepDown: m.cfg.OnStepDown, Logger: m.log})
-	if err != nil {
-		m.log.Error("groups: open the group journal; the broker serves no group", "err", err)
-		return
-	}
-	m.node.Store(n)
-	m.log.Info("groups: replicating", "groups", groups, "replicas", replicas, "peer", m.cfg.Advertise)
 	m.follow(groups)
+}
+
+// readGroups reads all groups' records, a page at a time.
+func (m *Manager) readGroups(ctx context.Context, groups uint32) ([]ctlapi.Group, error) {
+	var gs []ctlapi.Group
+	for start := uint32(0); start < groups; {
+		page, _, err := m.cfg.Ctl.GetGroups(ctx, ctlapi.ReadConsistent, start, 1024)
+		if err != nil {
+			return nil, err
+		}
+		if len(page) == 0 {
+			break
+		}
+		gs = append(gs, page...)
+		start += uint32(len(page))
+	}
+	return gs, nil
 }
 
 // follow passes the controller's group records to the node whenever the
@@ -255,19 +304,11 @@ func (m *Manager) follow(groups uint32) {
 	for {
 		var gs []ctlapi.Group
 		err := m.call(func(ctx context.Context) error {
-			gs = gs[:0]
-			for start := uint32(0); start < groups; {
-				page, _, err := cl.GetGroups(ctx, ctlapi.ReadConsistent, start, 1024)
-				if err != nil {
-					return err
-				}
-				if len(page) == 0 {
-					break
-				}
-				gs = append(gs, page...)
-				start += uint32(len(page))
+			var err error
+			if gs, err = m.readGroups(ctx, groups); err != nil {
+				return err
 			}
-			return nil
+			return m.refreshView(ctx, gs)
 		})
 		if err == nil {
 			m.update(gs)
@@ -292,8 +333,17 @@ func (m *Manager) update(gs []ctlapi.Group) {
 	var stale []ctlapi.Group
 	for _, g := range gs {
 		if g.Epoch == 0 {
-			unelected = append(unelected, g.ID)
+			// Only a replica asks: it opened its node once every replica
+			// of its groups published its peer address, which each does
+			// after the controller took its heartbeat, so all of them
+			// are candidates alive and the placement's first master wins.
+			if n != nil && slices.Contains(g.Replicas, m.cfg.Self) {
+				unelected = append(unelected, g.ID)
+			}
 			continue
+		}
+		if n == nil || !slices.Contains(g.Replicas, m.cfg.Self) {
+			continue // the View has it, for forwarding
 		}
 		old, seen := m.seen[g.ID]
 		if seen && old.Epoch == g.Epoch && old.Master == g.Master && slices.Equal(old.SyncStateSet, g.SyncStateSet) {
@@ -361,7 +411,7 @@ func (m *Manager) update(gs []ctlapi.Group) {
 		}()
 	}
 	if len(unelected) > 0 {
-		// Every broker may ask; an election of a group already elected
+		// Every replica may ask; an election of a group already elected
 		// changes nothing (its epoch moved on).
 		err := m.call(func(ctx context.Context) error {
 			_, err := m.cfg.Ctl.ElectMaster(ctx, unelected, 0)
@@ -396,4 +446,52 @@ func (m *Manager) alter(g uint32, a group.AlterSet) {
 		// update tells; let the master ask again.
 		_ = n.AlterRefused(g, a.Epoch)
 	}()
+}
+
+// View is the controller's record of every group and of the brokers'
+// addresses, as this broker last read it. It is replaced whole, never
+// changed: readers may keep it.
+type View struct {
+	Groups []ctlapi.Group    // by id
+	Client map[uint32]string // each broker's first client address
+	Peer   map[uint32]string // each group master's peer address, when published
+}
+
+// View is the controller's view last read, or nil before the first read.
+// It is safe from any goroutine.
+func (m *Manager) View() *View { return m.view.Load() }
+
+// refreshView reads the brokers' addresses and the masters' peer
+// addresses (a restarted broker may publish a new one), and publishes a
+// new View.
+func (m *Manager) refreshView(ctx context.Context, gs []ctlapi.Group) error {
+	bs, err := m.cfg.Ctl.GetBrokers(ctx, ctlapi.ReadConsistent)
+	if err != nil {
+		return err
+	}
+	v := &View{Groups: gs, Client: map[uint32]string{}, Peer: map[uint32]string{}}
+	for _, b := range bs {
+		if len(b.Addrs) > 0 {
+			v.Client[b.ID] = b.Addrs[0]
+		}
+	}
+	asked := map[uint32]bool{}
+	for _, g := range gs {
+		if g.Master == 0 || g.Master == m.cfg.Self || asked[g.Master] {
+			continue
+		}
+		asked[g.Master] = true
+		addr, ok, err := m.cfg.Ctl.GetAttribute(ctx, ctlapi.ReadConsistent, PeerAttribute(g.Master))
+		if err != nil {
+			return err
+		}
+		if ok {
+			v.Peer[g.Master] = addr
+		}
+	}
+	old := m.view.Swap(v)
+	if m.cfg.OnView != nil {
+		m.cfg.OnView(old, v)
+	}
+	return nil
 }

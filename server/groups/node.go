@@ -50,7 +50,7 @@ type NodeConfig struct {
 	FS        journal.FS // nil: the OS
 	Transport *Transport
 	Groups    []uint32
-	Replicas  []uint32 // every group's replica set, for now the same
+	Replicas  []uint32 // the replica set of a group ReplicaSets does not name
 	MinSync   int      // default a majority of Replicas
 	LagTicks  int
 	Tick      time.Duration // default 20ms
@@ -76,6 +76,10 @@ type NodeConfig struct {
 	// the group is to be dropped.
 	OnStepDown func(group uint32)
 	Logger     *slog.Logger
+
+	// ReplicaSets is each group's replica set, as the controller placed
+	// it (MinSync's majority is of the group's own set).
+	ReplicaSets map[uint32][]uint32
 }
 
 // inboxMax bounds the events waiting for the node's goroutine; peer
@@ -235,7 +239,11 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 		for _, e := range l.log {
 			epochs[g] = max(epochs[g], e.Epoch)
 		}
-		m := group.New(group.Config{Group: g, ID: cfg.ID, Replicas: cfg.Replicas, MinSync: cfg.MinSync, LagTicks: cfg.LagTicks}, l.base, l.log, epochs[g])
+		replicas := cfg.Replicas
+		if set, ok := cfg.ReplicaSets[g]; ok {
+			replicas = set
+		}
+		m := group.New(group.Config{Group: g, ID: cfg.ID, Replicas: replicas, MinSync: cfg.MinSync, LagTicks: cfg.LagTicks}, l.base, l.log, epochs[g])
 		n.members[g] = &member{id: g, m: m, epoch: epochs[g], waits: map[uint64]func(error){},
 			pos: l.pos, posFirst: l.base.Index + 1, baseRec: l.baseRec}
 		// Records freed before the restart and not reclaimed yet: free

@@ -1,8 +1,11 @@
 // Package groups runs a broker's replication groups: the peer transport
 // between brokers (port 7401 by default; with cluster credentials every
 // connection proves membership before its first frame, internal/peerauth),
-// and a Node that drives the shards/group state machines with a
-// write-ahead journal on disk.
+// a Node that drives the shards/group state machines of the groups the
+// controller placed on this broker with a write-ahead journal on disk,
+// the Manager that follows the controller, and the Forwarder that sends
+// events taken for other brokers' groups to those groups' masters
+// (forward.go), whose forwarding connections arrive on the same peer port.
 package groups
 
 import (
@@ -49,6 +52,8 @@ type Transport struct {
 	handler func(*wire.GroupMessage)
 	log     *slog.Logger
 	faults  atomic.Pointer[Faults]
+	forward atomic.Pointer[ForwardHandler] // forward.go
+	proxy   atomic.Pointer[ProxyHandler]   // forward.go
 	// auth proves cluster membership on every connection, both ways,
 	// before a frame is read or written (nil: none).
 	auth *peerauth.Auth
@@ -299,6 +304,14 @@ func (t *Transport) read(raw net.Conn) {
 				return
 			}
 			from = id
+		case from == 0 && h.Type == wire.TypeForwardHello:
+			id, _, err := wire.DecodeForwardHello(body)
+			if err != nil || id == 0 {
+				t.log.Warn("groups: bad forwarding hello from peer", "remote", conn.RemoteAddr().String())
+				return
+			}
+			t.serveForwards(conn, r, id)
+			return
 		case from != 0 && h.Type == wire.TypeGroupMessage:
 			var m wire.GroupMessage
 			if err := wire.DecodeGroupMessage(body, &m); err != nil || m.From != from || m.To != t.self {

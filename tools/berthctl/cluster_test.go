@@ -13,6 +13,10 @@ func TestClusterInit(t *testing.T) {
 	if code, out, errOut := ctl(t, s, "cluster"); code != exitOK || !strings.Contains(out, "groups 0,") {
 		t.Fatalf("cluster: %d %q %q", code, out, errOut)
 	}
+	// One broker registered: two replicas per group cannot be placed.
+	if code, _, errOut := ctl(t, s, "cluster", "init", "--groups", "8", "--replicas", "2"); code != exitFail || !strings.Contains(errOut, "2 replicas per group asked, 1 brokers registered") {
+		t.Fatalf("init with more replicas than brokers: %d %q", code, errOut)
+	}
 	if code, out, errOut := ctl(t, s, "cluster", "init", "--groups", "8", "--mode", "active-passive"); code != exitOK ||
 		!strings.Contains(out, "groups 8, mode active-passive") {
 		t.Fatalf("cluster init: %d %q %q", code, out, errOut)
@@ -30,5 +34,9 @@ func TestClusterInit(t *testing.T) {
 	}
 	if code, out, _ := ctl(t, s, "--json", "cluster"); code != exitOK || !strings.Contains(out, `"groups": 8`) {
 		t.Fatalf("cluster --json: %d %q", code, out)
+	}
+	// Every group was placed on the one broker registered.
+	if code, out, errOut := ctl(t, s, "groups", "3"); code != exitOK || !strings.Contains(out, "REPLICAS") || !strings.Contains(out, "[1]") {
+		t.Fatalf("groups 3: %d %q %q", code, out, errOut)
 	}
 }

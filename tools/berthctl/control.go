@@ -368,6 +368,7 @@ type groupJSON struct {
 	Master       uint32   `json:"master"`
 	Epoch        uint32   `json:"epoch"`
 	SyncStateSet []uint32 `json:"sync_state_set"`
+	Replicas     []uint32 `json:"replicas"` // the first is the first master the controller placed
 	ElectedEpoch uint32   `json:"elected_log_end_epoch"`
 	ElectedIndex uint64   `json:"elected_log_end_index"`
 }
@@ -377,7 +378,11 @@ func toGroupJSON(g ctlapi.Group) groupJSON {
 	if set == nil {
 		set = []uint32{}
 	}
-	return groupJSON{ID: g.ID, Master: g.Master, Epoch: g.Epoch, SyncStateSet: set,
+	replicas := g.Replicas
+	if replicas == nil {
+		replicas = []uint32{}
+	}
+	return groupJSON{ID: g.ID, Master: g.Master, Epoch: g.Epoch, SyncStateSet: set, Replicas: replicas,
 		ElectedEpoch: g.ElectedLogEnd.Epoch, ElectedIndex: g.ElectedLogEnd.Index}
 }
 
@@ -386,17 +391,20 @@ func printGroups(e *env, total uint32, gs []groupJSON) error {
 		return writeJSON(e.stdout, map[string]any{"total": total, "groups": gs})
 	}
 	tw := newTable(e.stdout)
-	fmt.Fprintln(tw, "GROUP\tMASTER\tEPOCH\tSYNC-STATE-SET\tELECTED-LOG-END")
+	fmt.Fprintln(tw, "GROUP\tMASTER\tEPOCH\tSYNC-STATE-SET\tREPLICAS\tELECTED-LOG-END")
 	for _, g := range gs {
 		master := "-"
 		if g.Master != 0 {
 			master = strconv.FormatUint(uint64(g.Master), 10)
 		}
-		ids := make([]string, len(g.SyncStateSet))
-		for i, id := range g.SyncStateSet {
-			ids[i] = strconv.FormatUint(uint64(id), 10)
+		list := func(ids []uint32) string {
+			out := make([]string, len(ids))
+			for i, id := range ids {
+				out[i] = strconv.FormatUint(uint64(id), 10)
+			}
+			return "[" + strings.Join(out, " ") + "]"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t[%s]\t%d/%d\n", g.ID, master, g.Epoch, strings.Join(ids, " "), g.ElectedEpoch, g.ElectedIndex)
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%d/%d\n", g.ID, master, g.Epoch, list(g.SyncStateSet), list(g.Replicas), g.ElectedEpoch, g.ElectedIndex)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -223,15 +223,16 @@ func TestGroupsAndElect(t *testing.T) {
 	c := ctlclient.NewClient([]string{s.ControllerAddr()})
 	defer c.Close()
 	const groups = 3
-	if err := c.SetClusterConfig(ctx, ctlapi.ClusterConfig{Groups: groups}); err != nil {
-		t.Fatalf("set cluster config: %v", err)
-	}
 	id, err := c.ApplyBrokerID(ctx, 0)
 	if err != nil {
 		t.Fatalf("apply broker id: %v", err)
 	}
 	if err := c.RegisterBroker(ctx, id, []string{"127.0.0.1:1"}, 1); err != nil {
 		t.Fatalf("register broker: %v", err)
+	}
+	// Placed after both brokers registered: each holds every group.
+	if err := c.SetClusterConfig(ctx, ctlapi.ClusterConfig{Groups: groups, Replicas: 2}); err != nil {
+		t.Fatalf("set cluster config: %v", err)
 	}
 	var ends []ctlapi.GroupLogEnd
 	for g := uint32(0); g < groups; g++ {

@@ -1,0 +1,195 @@
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berthmq/berth/client"
+)
+
+// BenchmarkPublishForwarded compares, in one run on one cluster of three
+// real brokers (fsync always, 3 replicas per group, one shard each),
+// persistent publishes to a replicated queue made at the group's master
+// with the same publishes made at a follower, which forwards each to the
+// master. Four connections keep up to 256 publishes each in flight; the
+// figures are completed publishes per second and the publish latency's
+// p50 and p99 as the client sees them.
+//
+//	make bench-forward
+//	go test ./server/clustertest -run '^$' -bench PublishForwarded -benchtime 20000x
+func BenchmarkPublishForwarded(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c := startReplicatedN(b, ctx, 3, 3, 3)
+	const queue = "bench-forwarded"
+	_, _, mnode, _ := c.declare(queue, 3)
+	c.declareEverywhere(queue)
+	var fnode *node
+	for _, n := range c.nodes {
+		if n != mnode {
+			fnode = n
+			break
+		}
+	}
+	for _, size := range []int{128, 1024} {
+		for _, via := range []struct {
+			name string
+			n    *node
+		}{{"master", mnode}, {"follower", fnode}} {
+			b.Run(fmt.Sprintf("size=%d/via=%s", size, via.name), func(b *testing.B) {
+				benchPublish(b, ctx, via.n.client, queue, size)
+			})
+		}
+	}
+}
+
+func benchPublish(b *testing.B, ctx context.Context, addr, queue string, size int) {
+	const conns, window = 4, 256
+	payload := make([]byte, size)
+	lat := make([]time.Duration, b.N)
+	var failed error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for c := range conns {
+		conn := dial(b, ctx, addr)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			slots := make(chan struct{}, window)
+			for i := c; i < b.N; i += conns {
+				slots <- struct{}{}
+				sent := time.Now()
+				err := conn.PublishAsync(ctx, "", queue, payload, client.PublishOptions{Persistent: true}, func(err error) {
+					lat[i] = time.Since(sent)
+					if err != nil {
+						mu.Lock()
+						failed = err
+						mu.Unlock()
+					}
+					<-slots
+				})
+				if err != nil {
+					mu.Lock()
+					failed = err
+					mu.Unlock()
+					return
+				}
+			}
+			for range window {
+				slots <- struct{}{}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if failed != nil {
+		b.Fatal(failed)
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
+	b.ReportMetric(float64(lat[b.N/2].Microseconds()), "p50-us")
+	b.ReportMetric(float64(lat[b.N*99/100].Microseconds()), "p99-us")
+}
+
+// BenchmarkConsumeProxied compares, in one run on one cluster of three
+// real brokers (fsync always), consuming a replicated queue at its
+// group's master with consuming it through a follower that proxies the
+// consumer to the master: b.N persistent 128-byte messages are published
+// first (not timed), then one consumer with 1,000 credit takes them and
+// accepts them in batches of 64 without waiting; the figure is messages
+// delivered and accepted (completed) per second.
+//
+//	make bench-forward
+//	go test ./server/clustertest -run '^$' -bench ConsumeProxied -benchtime 20000x
+func BenchmarkConsumeProxied(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c := startReplicatedN(b, ctx, 3, 3, 3)
+	const queue = "bench-proxied"
+	_, _, mnode, mconn := c.declare(queue, 3)
+	c.declareEverywhere(queue)
+	var fnode *node
+	for _, n := range c.nodes {
+		if n != mnode {
+			fnode = n
+			break
+		}
+	}
+	for _, via := range []struct {
+		name string
+		n    *node
+	}{{"master", mnode}, {"follower", fnode}} {
+		b.Run("size=128/via="+via.name, func(b *testing.B) {
+			payload := make([]byte, 128)
+			var wg sync.WaitGroup
+			wg.Add(b.N)
+			for range b.N {
+				if err := mconn.PublishAsync(ctx, "", queue, payload, client.PublishOptions{Persistent: true}, func(err error) {
+					if err != nil {
+						b.Error(err)
+					}
+					wg.Done()
+				}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			wg.Wait()
+			conn := dial(b, ctx, via.n.client)
+			b.ReportAllocs()
+			b.ResetTimer()
+			start := time.Now()
+			con, err := conn.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 1000, AutoCredit: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var accepted sync.WaitGroup
+			var failed error
+			var mu sync.Mutex
+			tags := make([]uint64, 0, 64)
+			flush := func() {
+				accepted.Add(1)
+				if err := con.AcceptAsync(ctx, tags, func(err error) {
+					if err != nil {
+						mu.Lock()
+						failed = err
+						mu.Unlock()
+					}
+					accepted.Done()
+				}); err != nil {
+					b.Fatal(err)
+				}
+				tags = tags[:0]
+			}
+			for range b.N {
+				d, err := con.Next(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if tags = append(tags, d.Tag); len(tags) == cap(tags) {
+					flush()
+				}
+			}
+			if len(tags) > 0 {
+				flush()
+			}
+			accepted.Wait()
+			elapsed := time.Since(start)
+			b.StopTimer()
+			if failed != nil {
+				b.Fatal(failed)
+			}
+			_ = con.Cancel(ctx)
+			conn.Close()
+			b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
+		})
+	}
+}

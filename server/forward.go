@@ -1,0 +1,153 @@
+package server
+
+// Forwarding to group masters. A broker that takes a publish for a
+// replicated queue whose group it does not master (a follower, or a broker
+// outside the group's replica set) forwards the enqueue event to the
+// group's master (server/groups forward.go), and completes the client's
+// command with the master's answer: once the event committed and applied
+// on the master, or with its refusal (queue full, fewer in sync than
+// min-sync-replicas, no longer master). A forward whose outcome is unknown
+// (the master died or stopped answering with it in flight) fails with
+// unavailable and a text saying its outcome is unknown; the event may have
+// committed, so a retry without a producer id may duplicate it. While the
+// group has no master this broker knows of, publishes fail with
+// unavailable too; a full forwarding window with resource-limit.
+//
+// Only enqueues are forwarded: removes and barriers come from the
+// master's consumers, among them those other brokers proxy to it
+// (proxy.go).
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/berthmq/berth/server/groups"
+	"github.com/berthmq/berth/shards"
+	"github.com/berthmq/berth/wire"
+)
+
+// forwardError is the error a forward's done gets from a master's
+// refusal: the master's code and text, which name the group and queue.
+func forwardError(code wire.ErrorCode, text string) error {
+	return shards.Errorf(code, "%s", text)
+}
+
+// forward sends a replicated queue's enqueue event to its group's master.
+// It runs on the shard goroutine and never blocks.
+func (r *replicator) forward(g uint32, data []byte, done func(error)) error {
+	m := r.s.groups.Load()
+	if m == nil {
+		return errGroupsStarting
+	}
+	v := m.View()
+	if v == nil || int(g) >= len(v.Groups) {
+		return errGroupsStarting
+	}
+	master := v.Groups[g].Master
+	switch {
+	case master == 0:
+		return shards.Errorf(wire.CodeUnavailable, "group %d has no master now (an election is under way); retry", g)
+	case master == r.s.brokerID:
+		return shards.Errorf(wire.CodeUnavailable, "this broker is taking over as master of group %d; retry", g)
+	}
+	addr := v.Peer[master]
+	if addr == "" {
+		return shards.Errorf(wire.CodeUnavailable, "the peer address of group %d's master, broker %d, is not known yet; retry", g, master)
+	}
+	err := m.Forwarder().Forward(master, addr, g, data, func(err error) { done(forwardOutcome(g, master, err)) })
+	return forwardOutcome(g, master, err)
+}
+
+// forwardOutcome gives a forward's failure a wire code.
+func forwardOutcome(g, master uint32, err error) error {
+	var lost *groups.ForwardLostError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &lost):
+		return shards.Errorf(wire.CodeUnavailable, "forward to group %d's master, broker %d, lost (%v); the publish may or may not have taken effect; retry", g, master, lost.Err)
+	case errors.Is(err, groups.ErrForwardBusy):
+		return shards.Errorf(wire.CodeResourceLimit, "too many publishes waiting for group %d's master, broker %d; retry", g, master)
+	}
+	return err
+}
+
+// serveForward takes an event another broker forwards to this one as its
+// group's master, on the forwarding connection's goroutine: it checks the
+// queue on its shard (reject-publish), proposes the event and answers when
+// it committed. event aliases the read buffer.
+func (r *replicator) serveForward(from, g uint32, event []byte, reply groups.ForwardReply) {
+	refuse := func(code wire.ErrorCode, format string, args ...any) {
+		reply.Send(code, fmt.Sprintf(format, args...))
+	}
+	var rd wire.Reader
+	rd.Reset(event)
+	if rd.U8() != gevEnqueue {
+		refuse(wire.CodeInvalid, "only enqueues are forwarded")
+		return
+	}
+	name := rd.Str(wire.NameLenMax)
+	rd.U64()
+	rd.Bool()
+	rd.Str(wire.NameLenMax)
+	rd.Str(wire.RoutingKeyLenMax)
+	props, payload := rd.Bytes(wire.FrameSizeMax), rd.Bytes(wire.FrameSizeMax)
+	if rd.Err() != nil {
+		refuse(wire.CodeMalformed, "malformed forwarded enqueue")
+		return
+	}
+	n := r.node()
+	if n == nil || !n.IsMaster(g) {
+		refuse(wire.CodeUnavailable, "broker %d is not the master of group %d (any more); retry", r.s.brokerID, g)
+		return
+	}
+	s := r.s
+	q := s.wiring.Routing().Queue(name)
+	if q == nil {
+		var err error
+		if q, err = s.wiring.Adopt(string(name)); err != nil {
+			refuse(shards.CodeOf(err), "queue %q: %v", name, err)
+			return
+		}
+	}
+	if qg, ok := q.Replicated(); !ok || qg != g {
+		refuse(wire.CodeInvalid, "queue %q is not replicated in group %d", name, g)
+		return
+	}
+	data := slices.Clone(event)
+	size := len(props) + len(payload)
+	call := func(sh *shards.Shard) {
+		if err := q.CheckEnqueue(size); err != nil {
+			reply.Send(wire.CodeResourceLimit, fmt.Sprintf("queue %q is full", q.Name))
+			return
+		}
+		err := r.proposeHere(q, data, func(err error) { sendOutcome(reply, err) })
+		if err != nil {
+			sendOutcome(reply, err)
+		}
+	}
+	sh := s.broker.Shards()[q.Shard()]
+	for !sh.TryCall(call) {
+		if s.regCtx.Err() != nil {
+			refuse(wire.CodeShutdown, "the broker is shutting down")
+			return
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+// sendOutcome answers a forward with a proposal's outcome.
+func sendOutcome(reply groups.ForwardReply, err error) {
+	if err == nil {
+		reply.Send(wire.CodeOK, "")
+		return
+	}
+	var se *shards.Error
+	if errors.As(err, &se) {
+		reply.Send(se.Code, se.Text)
+		return
+	}
+	reply.Send(shards.CodeOf(err), err.Error())
+}

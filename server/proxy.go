@@ -1,0 +1,397 @@
+package server
+
+// Consumer proxying. A client that subscribes, on a broker that does not
+// master the group of a replicated queue, to that queue gets its
+// deliveries through this broker: the broker opens a proxy session on the
+// master, over its forwarding connection to it (wire TypeProxy*), and
+// passes the client's consumer commands (SUBSCRIBE, CREDIT, ACCEPT,
+// RELEASE, REJECT, CANCEL) to it as they are. The master runs them on a
+// session of its own whose output, the client frames its shards write
+// (DELIVER, COMPLETE, ERROR), comes back as it is and goes to the client.
+// Consumer ids, delivery tags and command ids are the client's own, so
+// nothing is translated.
+//
+// When the connection to the master ends (the master died), or the
+// controller gives the group another master (the old one, frozen or
+// alive, delivers no more), the proxied consumers end: the broker closes
+// the client's connection with a CLOSE saying so, and the client
+// subscribes again (what the proxied consumers held is released, and the
+// new master delivers it again). A proxied command takes a mutex of this broker's proxy table
+// and allocates its frame; deliveries are copied once on their way.
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/berthmq/berth/server/groups"
+	"github.com/berthmq/berth/shards"
+	"github.com/berthmq/berth/wire"
+)
+
+// proxyShard marks, in connState.consumers, a consumer proxied to
+// another broker.
+const proxyShard = -1
+
+// proxySession is one client connection's proxy session on one master.
+type proxySession struct {
+	id     uint64
+	master uint32
+	addr   string // the master's peer address
+	cs     *connState
+}
+
+type proxyConsumer struct {
+	cs *connState
+	id uint32
+}
+
+// proxyTable is the proxying side's sessions.
+type proxyTable struct {
+	mu        sync.Mutex
+	next      uint64
+	byID      map[uint64]*proxySession
+	byConn    map[*connState]map[uint32]*proxySession // by master
+	consumers map[proxyConsumer]*proxySession
+	groupOf   map[proxyConsumer]uint32 // the group of the consumer's queue
+}
+
+// proxyTarget says whether a subscribe to q on this broker is proxied:
+// the master and its peer address, or why it cannot be now (where).
+func (s *Server) proxyTarget(q *shards.Queue) (g, master uint32, addr, where string) {
+	g, ok := q.Replicated()
+	if !ok || s.replicator == nil || s.replicator.IsMaster(g) {
+		return 0, 0, "", ""
+	}
+	m := s.groups.Load()
+	if m == nil {
+		return g, 0, "", ""
+	}
+	v := m.View()
+	if v == nil || int(g) >= len(v.Groups) {
+		return g, 0, "", ""
+	}
+	master = v.Groups[g].Master
+	addr = v.Peer[master]
+	if master == 0 || master == s.brokerID || addr == "" {
+		return g, 0, "", fmt.Sprintf("queue %q is replicated in group %d, which has no serving master now; retry", q.Name, g)
+	}
+	return g, master, addr, ""
+}
+
+// proxySubscribe passes a SUBSCRIBE to the master, opening the client's
+// proxy session there if needed. It runs on the connection's owner.
+func (s *Server) proxySubscribe(cs *connState, g, master uint32, addr string, m *wire.Subscribe, body []byte) {
+	t := &s.proxies
+	t.mu.Lock()
+	if t.byID == nil {
+		t.byID, t.byConn, t.consumers = map[uint64]*proxySession{}, map[*connState]map[uint32]*proxySession{}, map[proxyConsumer]*proxySession{}
+		t.groupOf = map[proxyConsumer]uint32{}
+	}
+	sessions := t.byConn[cs]
+	if sessions == nil {
+		sessions = map[uint32]*proxySession{}
+		t.byConn[cs] = sessions
+	}
+	ps := sessions[master]
+	if ps == nil {
+		t.next++
+		ps = &proxySession{id: t.next, master: master, addr: addr, cs: cs}
+		sessions[master] = ps
+		t.byID[ps.id] = ps
+	}
+	t.consumers[proxyConsumer{cs, m.ConsumerID}] = ps
+	t.groupOf[proxyConsumer{cs, m.ConsumerID}] = g
+	t.mu.Unlock()
+	s.proxySend(cs, ps, m.CommandID, wire.TypeSubscribe, body)
+}
+
+// proxyConsumerCommand passes a consumer command of a proxied consumer to
+// its master. It runs on the connection's owner.
+func (s *Server) proxyConsumerCommand(cs *connState, consumer uint32, cmdID uint64, typ wire.Type, body []byte) {
+	s.proxies.mu.Lock()
+	ps := s.proxies.consumers[proxyConsumer{cs, consumer}]
+	s.proxies.mu.Unlock()
+	if ps == nil {
+		if cmdID != 0 {
+			cs.fail(cmdID, wire.CodeNotFound, "the proxied consumer ended with its master's connection")
+		}
+		return
+	}
+	s.proxySend(cs, ps, cmdID, typ, body)
+}
+
+func (s *Server) proxySend(cs *connState, ps *proxySession, cmdID uint64, typ wire.Type, body []byte) {
+	frame := wire.AppendHeader(make([]byte, 0, wire.HeaderSize+len(body)), wire.Header{Version: cs.version, Type: typ, Length: uint32(len(body))})
+	frame = append(frame, body...)
+	pf := wire.AppendProxyCommand(make([]byte, 0, len(frame)+32), ps.id, cs.version, cs.frameMax, frame)
+	if err := s.groups.Load().Forwarder().SendProxy(ps.master, ps.addr, pf); err != nil && cmdID != 0 {
+		cs.fail(cmdID, wire.CodeUnavailable, fmt.Sprintf("the master of the queue's group, broker %d, cannot be reached now (%v); retry", ps.master, err))
+	}
+}
+
+// proxyClosed ends the proxy sessions of a client connection that closed.
+func (s *Server) proxyClosed(cs *connState) {
+	t := &s.proxies
+	t.mu.Lock()
+	sessions := t.byConn[cs]
+	delete(t.byConn, cs)
+	for _, ps := range sessions {
+		delete(t.byID, ps.id)
+	}
+	for k := range t.consumers {
+		if k.cs == cs {
+			delete(t.consumers, k)
+			delete(t.groupOf, k)
+		}
+	}
+	t.mu.Unlock()
+	m := s.groups.Load()
+	for _, ps := range sessions {
+		_ = m.Forwarder().SendProxy(ps.master, ps.addr, wire.AppendProxyClose(nil, ps.id))
+	}
+}
+
+// proxyOutput writes what a master sent for a proxied session to its
+// client. It runs on the forwarding connection's reader; frames aliases
+// its buffer.
+func (s *Server) proxyOutput(master uint32, session uint64, frames []byte) {
+	s.proxies.mu.Lock()
+	ps := s.proxies.byID[session]
+	s.proxies.mu.Unlock()
+	if ps == nil || ps.master != master {
+		return // its client went away
+	}
+	out := append([]byte(nil), frames...)
+	_ = ps.cs.t.WriteAsync([][]byte{out}, func() {})
+}
+
+// proxyLost ends the proxied consumers of every session on master, whose
+// connection ended: their clients' connections close, with a reason.
+func (s *Server) proxyLost(master uint32) {
+	s.proxyEnd(func(ps *proxySession, _ uint32) bool { return ps.master == master }, false,
+		fmt.Sprintf("the connection to broker %d, master of a queue this session consumed through this broker, ended; subscribe again", master))
+}
+
+// proxyViewChanged ends the proxy sessions holding a consumer of a group
+// whose master changed: the old master, alive or not, delivers no more.
+// The old master is told to close them, which releases what they held.
+func (s *Server) proxyViewChanged(old, cur *groups.View) {
+	if old == nil {
+		return
+	}
+	moved := map[uint32]uint32{} // group -> its old master
+	for g := range min(len(old.Groups), len(cur.Groups)) {
+		if o := old.Groups[g].Master; o != 0 && o != cur.Groups[g].Master {
+			moved[uint32(g)] = o
+		}
+	}
+	if len(moved) == 0 {
+		return
+	}
+	s.proxyEnd(func(ps *proxySession, g uint32) bool {
+		o, ok := moved[g]
+		return ok && ps.master == o
+	}, true, "the master of a queue this session consumed through this broker changed; subscribe again")
+}
+
+// proxyEnd ends the sessions with a consumer that match, closing their
+// clients' connections with reason, and tells their masters if tell.
+func (s *Server) proxyEnd(match func(ps *proxySession, g uint32) bool, tell bool, reason string) {
+	t := &s.proxies
+	ended := map[*proxySession]bool{}
+	t.mu.Lock()
+	for k, ps := range t.consumers {
+		if match(ps, t.groupOf[k]) {
+			ended[ps] = true
+		}
+	}
+	for k, ps := range t.consumers {
+		if ended[ps] {
+			delete(t.consumers, k)
+			delete(t.groupOf, k)
+		}
+	}
+	for ps := range ended {
+		delete(t.byID, ps.id)
+		delete(t.byConn[ps.cs], ps.master)
+	}
+	t.mu.Unlock()
+	m := s.groups.Load()
+	for ps := range ended {
+		if tell && m != nil {
+			_ = m.Forwarder().SendProxy(ps.master, ps.addr, wire.AppendProxyClose(nil, ps.id))
+		}
+		_ = ps.cs.t.send(wire.AppendClose(nil, ps.cs.version, wire.CodeShutdown, reason), true)
+	}
+}
+
+// proxied is a proxy session on the master's side.
+type proxied struct {
+	sess      *shards.Session
+	consumers map[uint32]int // consumer id -> shard
+}
+
+// proxiedTable is the master's side's sessions, by their connection and
+// id (groups.ProxyOut).
+type proxiedTable struct {
+	mu   sync.Mutex
+	byID map[groups.ProxyOut]*proxied
+}
+
+// proxyWriter is a proxied session's shards.Writer: it copies the frames
+// into the forwarding connection's buffer at once.
+type proxyWriter struct{ out groups.ProxyOut }
+
+func (w proxyWriter) WriteAsync(bufs [][]byte, done func()) error {
+	ok := w.out.Write(bufs)
+	done()
+	if !ok {
+		return errProxyGone
+	}
+	return nil
+}
+
+var errProxyGone = errors.New("server: the proxying broker's connection closed")
+
+// proxyCommand runs one command of a proxied session, on this broker as
+// the master, on the forwarding connection's reader goroutine.
+func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Version, frameMax uint32, frame []byte) {
+	t := &s.proxiedSessions
+	t.mu.Lock()
+	if t.byID == nil {
+		t.byID = map[groups.ProxyOut]*proxied{}
+	}
+	p := t.byID[out]
+	if p == nil {
+		p = &proxied{sess: &shards.Session{ID: s.nextSession.Add(1), Version: version, FrameMax: frameMax, Out: proxyWriter{out}},
+			consumers: map[uint32]int{}}
+		t.byID[out] = p
+	}
+	t.mu.Unlock()
+	fail := func(id uint64, code wire.ErrorCode, text string) {
+		out.Write([][]byte{wire.AppendError(nil, version, id, code, text)})
+	}
+	hd, err := wire.ReadHeader(frame, wire.FrameSizeMax)
+	if err != nil || int(hd.Length) != len(frame)-wire.HeaderSize {
+		fail(0, wire.CodeMalformed, "malformed proxied frame")
+		return
+	}
+	body := frame[wire.HeaderSize:]
+	switch hd.Type {
+	case wire.TypeSubscribe:
+		var m wire.Subscribe
+		if err := wire.DecodeSubscribe(body, &m); err != nil {
+			fail(0, wire.CodeMalformed, "SUBSCRIBE: "+err.Error())
+			return
+		}
+		q := s.wiring.Routing().Queue(m.Queue)
+		if q == nil {
+			if q, err = s.wiring.Adopt(string(m.Queue)); err != nil {
+				fail(m.CommandID, wire.CodeNotFound, "no queue "+string(m.Queue))
+				return
+			}
+		}
+		if g, ok := q.Replicated(); !ok || !s.replicator.IsMaster(g) {
+			fail(m.CommandID, wire.CodeUnavailable, fmt.Sprintf("broker %d is not the master of queue %q's group (any more); retry", s.brokerID, q.Name))
+			return
+		}
+		if _, used := p.consumers[m.ConsumerID]; used {
+			fail(m.CommandID, wire.CodeInvalid, "consumer id already used in this session")
+			return
+		}
+		p.consumers[m.ConsumerID] = q.Shard()
+		s.proxyPush(q.Shard(), p.sess, shards.Command{Op: shards.OpSubscribe, Sess: p.sess, CmdID: m.CommandID, Queue: q, ConsumerID: m.ConsumerID,
+			Credit: m.Credit, AckMode: m.AckMode, Exclusive: m.Flags&wire.SubscribeExclusive != 0})
+	case wire.TypeCredit:
+		var m wire.Credit
+		if err := wire.DecodeCredit(body, &m); err != nil {
+			fail(0, wire.CodeMalformed, "CREDIT: "+err.Error())
+			return
+		}
+		if shard, ok := p.consumers[m.ConsumerID]; ok {
+			s.proxyPush(shard, p.sess, shards.Command{Op: shards.OpCredit, Sess: p.sess, ConsumerID: m.ConsumerID, Credit: m.Credit})
+		}
+	case wire.TypeCancel:
+		var m wire.Cancel
+		if err := wire.DecodeCancel(body, &m); err != nil {
+			fail(0, wire.CodeMalformed, "CANCEL: "+err.Error())
+			return
+		}
+		shard, ok := p.consumers[m.ConsumerID]
+		if !ok {
+			fail(m.CommandID, wire.CodeNotFound, "no such consumer")
+			return
+		}
+		s.proxyPush(shard, p.sess, shards.Command{Op: shards.OpCancel, Sess: p.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID})
+	case wire.TypeAccept, wire.TypeRelease, wire.TypeReject:
+		var m wire.Settle
+		if err := wire.DecodeSettle(body, &m); err != nil {
+			fail(0, wire.CodeMalformed, "settle: "+err.Error())
+			return
+		}
+		shard, ok := p.consumers[m.ConsumerID]
+		if !ok {
+			fail(m.CommandID, wire.CodeNotFound, "no such consumer")
+			return
+		}
+		kind := shards.SettleAccept
+		switch hd.Type {
+		case wire.TypeRelease:
+			kind = shards.SettleRelease
+		case wire.TypeReject:
+			kind = shards.SettleReject
+		}
+		n := m.Tags.Len()
+		if n == 0 {
+			out.Write([][]byte{wire.AppendCompletes(nil, version, []wire.Range{{First: m.CommandID, Last: m.CommandID}})})
+			return
+		}
+		parts := (n + shards.RangesInline - 1) / shards.RangesInline
+		for part := range parts {
+			cmd := shards.Command{Op: shards.OpSettle, Sess: p.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID, Settle: kind}
+			for k := 0; k < shards.RangesInline; k++ {
+				r := part*shards.RangesInline + k
+				if r >= n {
+					break
+				}
+				cmd.Ranges[k] = m.Tags.At(r)
+				cmd.NRanges++
+			}
+			cmd.Last = part == parts-1
+			s.proxyPush(shard, p.sess, cmd)
+		}
+	default:
+		fail(0, wire.CodeInvalid, "frame "+hd.Type.String()+" is not proxied")
+	}
+}
+
+// proxyPush pushes a proxied session's command to its shard, waiting for
+// room (the forwarding connection's reader may wait; a shard never waits
+// for it).
+func (s *Server) proxyPush(shard int, sess *shards.Session, cmd shards.Command) {
+	if cmd.CmdID != 0 && (cmd.Op != shards.OpSettle || cmd.Last) {
+		sess.Inflight.Add(1)
+	}
+	sh := s.broker.Shards()[shard]
+	for !sh.TryPush(cmd) {
+		if s.regCtx.Err() != nil {
+			return
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+// proxyClose ends a proxied session on the master: what its consumers
+// held goes back to their queues.
+func (s *Server) proxyClose(out groups.ProxyOut) {
+	t := &s.proxiedSessions
+	t.mu.Lock()
+	p := t.byID[out]
+	delete(t.byID, out)
+	t.mu.Unlock()
+	if p != nil {
+		go s.wiring.SessionClosed(p.sess)
+	}
+}
