@@ -25,7 +25,11 @@
 // an interval no run reaches, which is what NATS does by default. Berth
 // always fsyncs: its one run per size stands against both.
 //
-// --peers none runs Berth alone (for the shard scaling runs: --shards).
+// With --single (the default) the workload also runs on one berthd (no
+// groups, fsync always), and "ratio berth r3/single size=<n>
+// delivered=<x>" compares the replicated run with it.
+//
+// --peers none leaves NATS out (for the shard scaling runs: --shards).
 // Every server it starts runs in its own process group and is stopped when
 // the run ends, fails or is interrupted.
 package main
@@ -79,6 +83,7 @@ type config struct {
 	groups     int
 	shards     int
 	keepLogs   string
+	single     bool
 }
 
 func parse(args []string, stderr io.Writer) (*config, error) {
@@ -99,6 +104,7 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.groups, "groups", 12, "Berth replication groups (berthctl cluster init --groups)")
 	fs.IntVar(&c.shards, "shards", 0, "berthd -shards on every broker; 0 leaves berthd's default (one per core)")
 	fs.StringVar(&c.keepLogs, "logs", "", "copy the servers' logs into this directory when the run ends")
+	fs.BoolVar(&c.single, "single", true, "also run the workload on one berthd (fsync always, no groups), for the replicated/single ratio")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -144,10 +150,24 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	return c, nil
 }
 
-// sizeRun is one size's entries.
+// sizeRun is one size's entries, and the single-node run's result.
 type sizeRun struct {
-	size    int
-	entries []compare.Entry
+	size      int
+	entries   []compare.Entry
+	single    *bench.Result
+	singleErr string
+}
+
+// singleLine compares the replicated run with the single node's:
+// "ratio berth r3/single size=<n> delivered=<x>".
+func singleLine(r sizeRun) string {
+	ratio := "n/a"
+	if len(r.entries) > 0 && r.entries[0].Result != nil && r.entries[0].Err == "" && r.single != nil && r.singleErr == "" {
+		if s := compare.Headline(r.single); s > 0 {
+			ratio = fmt.Sprintf("%.2f", compare.Headline(r.entries[0].Result)/s)
+		}
+	}
+	return fmt.Sprintf("ratio berth r%d/single size=%d delivered=%s", replicas, r.size, ratio)
 }
 
 // summary is the closing lines: one per size, then the first size's
@@ -216,6 +236,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 			failed = true
 			fmt.Fprintf(stderr, "bench-compare-cluster: %d B berth: %v\n", size, err)
 		}
+		if c.single && ctx.Err() == nil {
+			fmt.Fprintf(stdout, "bench-compare-cluster: %d B: berth, one broker\n", size)
+			res, err := runSingle(ctx, c, w, filepath.Join(work, name+"-single"))
+			save(c, name+"-single", res, stderr)
+			sr.single = res
+			if err != nil {
+				sr.singleErr = err.Error()
+				failed = true
+				fmt.Fprintf(stderr, "bench-compare-cluster: %d B berth single: %v\n", size, err)
+			}
+		}
 		if c.peers == "nats" {
 			for _, s := range c.settings {
 				if ctx.Err() != nil {
@@ -253,6 +284,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 			continue
 		}
 		compare.WriteTable(stdout, r.entries)
+	}
+	if c.single {
+		for _, r := range runs {
+			if r.single != nil {
+				fmt.Fprintf(stdout, "berth single node, %d B: delivered %.0f/s, publish p50 %s p99 %s\n", r.size, r.single.ConsumeRate,
+					bench.FormatLatency(r.single.Publish.P50), bench.FormatLatency(r.single.Publish.P99))
+			}
+			fmt.Fprintln(stdout, singleLine(r))
+		}
 	}
 	if c.out != "" {
 		fmt.Fprintf(stdout, "results in %s\n", c.out)
@@ -350,6 +390,35 @@ func runBerth(ctx context.Context, c *config, w *bench.Workload, dir string, std
 	defer d.Close()
 	return bench.Run(ctx, *w, bench.Options{DriverName: compare.Berth, Driver: d, Addrs: addrs, Progress: os.Stderr,
 		Label: fmt.Sprintf("berth 3 brokers, %d groups, %d shards", c.groups, shards)})
+}
+
+// runSingle runs w on one berthd with its default durability (fsync
+// always) and no replication groups.
+func runSingle(ctx context.Context, c *config, w bench.Workload, dir string) (*bench.Result, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	ports, err := proc.FreePorts(3)
+	if err != nil {
+		return nil, err
+	}
+	args := compare.BerthArgs(ports[0], ports[1], filepath.Join(dir, "data"), true, true)
+	args = append(args, "-controller", fmt.Sprintf("127.0.0.1:%d", ports[2]))
+	if c.shards > 0 {
+		args = append(args, "-shards", strconv.Itoa(c.shards))
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	srv, err := proc.Start(ctx, "berthd", dir, addr, startTimeout, nil, c.berthd, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Stop()
+	d, err := driver.New(compare.Berth, driver.Options{Addrs: []string{addr}, Persistent: w.Persistent, Window: w.InFlight()})
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return bench.Run(ctx, w, bench.Options{DriverName: compare.Berth, Driver: d, Addrs: []string{addr}, Progress: os.Stderr, Label: "berth single node"})
 }
 
 func placementText(pl []cluster.Placement) string {

@@ -45,14 +45,14 @@ func TestSummaryLines(t *testing.T) {
 	}
 	berth := res(60000)
 	runs := []sizeRun{
-		{128, []compare.Entry{
+		{size: 128, entries: []compare.Entry{
 			{Setting: "durable", Broker: "berth", Result: berth}, {Setting: "nofsync", Broker: "berth", Result: berth},
 			{Setting: "durable", Broker: "nats", Result: res(2000)}, {Setting: "nofsync", Broker: "nats", Result: res(20000)},
 		}},
-		{1024, []compare.Entry{
+		{size: 1024, entries: []compare.Entry{
 			{Setting: "durable", Broker: "berth", Result: res(30000)}, {Setting: "nofsync", Broker: "berth", Result: res(30000)},
 			{Setting: "durable", Broker: "nats", Err: "nats-server exited"}, {Setting: "nofsync", Broker: "nats", Result: res(10000)},
-		}},
+		}, single: res(120000)},
 	}
 	got := summary(runs, []string{"durable", "nofsync"})
 	want := []string{
@@ -62,6 +62,12 @@ func TestSummaryLines(t *testing.T) {
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("summary\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if l := singleLine(runs[0]); l != "ratio berth r3/single size=128 delivered=n/a" {
+		t.Errorf("single line %q", l)
+	}
+	if l := singleLine(runs[1]); l != "ratio berth r3/single size=1024 delivered=0.25" {
+		t.Errorf("single line %q", l)
 	}
 	last := regexp.MustCompile(`^ratio berth/nats r3 durable=(\d+\.\d\d|n/a) nofsync=(\d+\.\d\d|n/a)$`)
 	if !last.MatchString(got[len(got)-1]) {
