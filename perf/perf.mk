@@ -70,7 +70,7 @@ bench-cluster-scaling: build
 	@for s in $(SCALING_SHARDS); do \
 		q=$$((3 * s)); g=$$((q > 12 ? q : 12)); \
 		echo "== $$s shards per broker, $$q queues, $$g groups"; \
-		$(BIN)/bench-compare-cluster --berthd $(BIN)/berthd --berthctl $(BIN)/berthctl --peers none \
+		$(BIN)/bench-compare-cluster --berthd $(BIN)/berthd --berthctl $(BIN)/berthctl --peers none --single=false \
 			--shards $$s --queues $$q --consumers $$q --groups $$g $(BENCH_CLUSTER_FLAGS) || exit 1; \
 	done
 
