@@ -213,8 +213,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 
-	fmt.Fprintf(stdout, "bench-compare-cluster: workload %s (sizes %v), warm-up %v, duration %v; Berth: 3 brokers, %d groups, shards %s, fsync always; NATS: 3 servers, R%d, settings %v\n",
-		strings.Replace(c.w.String(), fmt.Sprintf("size=%d", c.w.Size), "size="+sizesText(c.sizes), 1), c.sizes, c.w.Warmup, c.w.Duration, c.groups, shardsText(c.shards), replicas, c.settings)
+	peers := "no peer"
+	if c.peers == "nats" {
+		peers = fmt.Sprintf("NATS: 3 servers, R%d, settings %v", replicas, c.settings)
+	}
+	fmt.Fprintf(stdout, "bench-compare-cluster: workload %s, warm-up %v, duration %v; Berth: 3 brokers, %d groups, shards %s, fsync always; %s\n",
+		strings.Replace(c.w.String(), fmt.Sprintf("size=%d", c.w.Size), "size="+sizesText(c.sizes), 1), c.w.Warmup, c.w.Duration, c.groups, shardsText(c.shards), peers)
 	var runs []sizeRun
 	failed := false
 	for _, size := range c.sizes {
@@ -284,6 +288,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 			continue
 		}
 		compare.WriteTable(stdout, r.entries)
+	}
+	for _, r := range runs {
+		if len(r.entries) > 0 && r.entries[0].Result != nil {
+			res := r.entries[0].Result
+			fmt.Fprintf(stdout, "berth r%d shards=%s size=%d delivered=%.0f/s publish-p50=%s publish-p99=%s\n", replicas, shardsText(c.shards), r.size,
+				res.ConsumeRate, bench.FormatLatency(res.Publish.P50), bench.FormatLatency(res.Publish.P99))
+		}
 	}
 	if c.single {
 		for _, r := range runs {

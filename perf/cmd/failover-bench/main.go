@@ -78,6 +78,7 @@ type config struct {
 	timeout          time.Duration
 	berthdFlags      []string
 	logs             string
+	spareLeader      bool
 }
 
 func parse(args []string, stderr io.Writer) (*config, error) {
@@ -98,6 +99,7 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&c.timeout, "timeout", 30*time.Minute, "bound on the whole run")
 	flags := fs.String("berthd-flags", "", "more berthd flags for every broker, space-separated (e.g. \"-controller-heartbeat-ms 200\")")
 	fs.StringVar(&c.logs, "logs", "", "copy the brokers' logs into this directory when the run ends")
+	fs.BoolVar(&c.spareLeader, "spare-controller-leader", false, "master kills: publish to one of three queues (each mastered by another broker) chosen so that the broker killed does not lead the controller; measures the data plane's failover without a controller election")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -234,6 +236,19 @@ type publisher struct {
 	mu    sync.Mutex
 	done  []completion
 	fails int
+	queue string // published to; setQueue changes it
+}
+
+func (p *publisher) setQueue(q string) {
+	p.mu.Lock()
+	p.queue = q
+	p.mu.Unlock()
+}
+
+func (p *publisher) queueName() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.queue
 }
 
 func (p *publisher) record(at time.Time, addr string, err error) {
@@ -273,18 +288,25 @@ func (p *publisher) loop(ctx context.Context) {
 		}
 	}()
 	next := time.Now()
+	queue := ""
 	for ctx.Err() == nil {
-		if conn == nil || broken.isSet() {
+		switched := false
+		if q := p.queueName(); q != queue {
+			queue, switched = q, true
+		}
+		if conn == nil || broken.isSet() || switched {
 			p.cl.Router.Forget()
-			a, err := p.cl.Router.Route(ctx, p.c.queue)
+			a, err := p.cl.Router.Route(ctx, queue)
 			if err != nil {
 				pause(ctx, retryPause)
 				continue
 			}
 			if conn != nil && a == addr && !connDead(conn) {
 				// The same broker still says it is the master: keep the
-				// session and try again shortly.
-				pause(ctx, retryPause)
+				// session (and after a failure, try again shortly).
+				if !switched {
+					pause(ctx, retryPause)
+				}
 			} else {
 				if conn != nil {
 					conn.Close()
@@ -315,7 +337,7 @@ func (p *publisher) loop(ctx context.Context) {
 			return
 		}
 		at, mySem, myBroken := addr, sem, broken
-		err := conn.PublishAsync(ctx, "", p.c.queue, payload, client.PublishOptions{Persistent: true}, func(err error) {
+		err := conn.PublishAsync(ctx, "", queue, payload, client.PublishOptions{Persistent: true}, func(err error) {
 			p.record(time.Now(), at, err)
 			if err != nil {
 				myBroken.set()
@@ -375,29 +397,46 @@ func pause(ctx context.Context, d time.Duration) {
 
 // measure declares the queue, starts the publisher and does the kills.
 func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer) (failovers, notLeader, stalls []time.Duration, err error) {
-	addr, err := cl.Router.Route(ctx, c.queue)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	{
-		dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		conn, err := client.Dial(dctx, addr)
-		if err == nil {
-			err = conn.DeclareQueue(dctx, c.queue, client.QueueOptions{Durable: true})
-			conn.Close()
-		}
-		cancel()
+	queues := []string{c.queue}
+	if c.spareLeader {
+		view, err := cl.Router.View(ctx)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("declare %s at %s: %w", c.queue, addr, err)
+			return nil, nil, nil, err
+		}
+		prefix, _, err := cluster.Spread(view, c.queue, len(cl.Brokers), 1, 20000)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		queues = queues[:0]
+		for i := range cl.Brokers {
+			queues = append(queues, fmt.Sprintf("%s-%d", prefix, i))
+		}
+	}
+	if c.spareLeader {
+		fmt.Fprintf(out, "queues %v: each kill's queue is one whose master does not lead the controller\n", queues)
+	}
+	for _, q := range queues {
+		addr, err := cl.Router.Route(ctx, q)
+		if err == nil {
+			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			var conn *client.Conn
+			if conn, err = client.Dial(dctx, addr); err == nil {
+				err = conn.DeclareQueue(dctx, q, client.QueueOptions{Durable: true})
+				conn.Close()
+			}
+			cancel()
+		}
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("declare %s: %w", q, err)
 		}
 	}
 	pctx, stopPub := context.WithCancel(ctx)
-	p := &publisher{c: c, cl: cl}
+	p := &publisher{c: c, cl: cl, queue: queues[0]}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); p.loop(pctx) }()
 	defer func() { stopPub(); wg.Wait() }()
-	g := cluster.GroupOf(c.queue, uint32(c.groups))
+	g := cluster.GroupOf(queues[0], uint32(c.groups))
 
 	for i := range c.kills {
 		if err := steady(ctx, cl, p); err != nil {
@@ -406,6 +445,20 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 		view, err := cl.Router.View(ctx)
 		if err != nil {
 			return failovers, notLeader, stalls, err
+		}
+		if c.spareLeader {
+			// Publish to a queue whose master does not lead the controller.
+			q, err := spared(ctx, cl, view, queues, i)
+			if err != nil {
+				return failovers, notLeader, stalls, fmt.Errorf("master kill %d: %w", i+1, err)
+			}
+			if q != p.queueName() {
+				p.setQueue(q)
+				if err := steady(ctx, cl, p); err != nil {
+					return failovers, notLeader, stalls, fmt.Errorf("master kill %d: %w", i+1, err)
+				}
+			}
+			g = cluster.GroupOf(q, uint32(c.groups))
 		}
 		m := cl.ByID(view.Masters[g].Broker)
 		if m == nil {
@@ -423,7 +476,7 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 		}
 		d := first.Sub(t0)
 		failovers = append(failovers, d)
-		rejoin, err := restart(ctx, cl, m, g, c.queue)
+		rejoin, err := restart(ctx, cl, m, g, queues)
 		if err != nil {
 			return failovers, notLeader, stalls, fmt.Errorf("master kill %d: %w", i+1, err)
 		}
@@ -465,7 +518,7 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 		cs := p.since(t0.Add(-steadyBefore), t0.Add(-steadyBefore))
 		before, around, after := gaps(cs, t0, t0.Add(c.observe))
 		stalls = append(stalls, around)
-		rejoin, err := restart(ctx, cl, f, g, c.queue)
+		rejoin, err := restart(ctx, cl, f, g, queues)
 		if err != nil {
 			return failovers, notLeader, stalls, fmt.Errorf("follower kill %d: %w", i+1, err)
 		}
@@ -546,27 +599,46 @@ func firstElsewhere(ctx context.Context, p *publisher, t0 time.Time, dead string
 
 // restart starts b again and waits until it is in group g's SyncStateSet
 // at the group's master; it returns how long that took from the restart.
-// Then it purges the queue at the master, so that the queue, and what a
-// restarted broker has to catch up on, stays small over the run.
-func restart(ctx context.Context, cl *cluster.Cluster, b *cluster.Broker, g uint32, queue string) (time.Duration, error) {
+// Then it purges the queues at their masters, so that the queues, and
+// what a restarted broker has to catch up on, stay small over the run.
+func restart(ctx context.Context, cl *cluster.Cluster, b *cluster.Broker, g uint32, queues []string) (time.Duration, error) {
 	d, err := rejoin(ctx, cl, b, g)
 	if err != nil {
 		return d, err
 	}
-	addr, err := cl.Router.Route(ctx, queue)
-	if err == nil {
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		var conn *client.Conn
-		if conn, err = client.Dial(pctx, addr); err == nil {
-			err = conn.Purge(pctx, queue)
-			conn.Close()
+	cl.Router.Forget()
+	for _, q := range queues {
+		addr, err := cl.Router.Route(ctx, q)
+		if err == nil {
+			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			var conn *client.Conn
+			if conn, err = client.Dial(pctx, addr); err == nil {
+				err = conn.Purge(pctx, q)
+				conn.Close()
+			}
+			cancel()
 		}
-		cancel()
-	}
-	if err != nil {
-		return d, fmt.Errorf("purge %s: %w", queue, err)
+		if err != nil {
+			return d, fmt.Errorf("purge %s: %w", q, err)
+		}
 	}
 	return d, nil
+}
+
+// spared is a queue of queues whose group's master does not lead the
+// controller, the i-th such in turn.
+func spared(ctx context.Context, cl *cluster.Cluster, view *cluster.View, queues []string, i int) (string, error) {
+	var ok []string
+	for _, q := range queues {
+		m, found := view.Masters[cluster.GroupOf(q, uint32(view.Groups))]
+		if b := cl.ByID(m.Broker); found && b != nil && !cl.ControllerLeader(ctx, b) {
+			ok = append(ok, q)
+		}
+	}
+	if len(ok) == 0 {
+		return "", fmt.Errorf("every queue's master leads the controller (queues %v)", queues)
+	}
+	return ok[i%len(ok)], nil
 }
 
 func rejoin(ctx context.Context, cl *cluster.Cluster, b *cluster.Broker, g uint32) (time.Duration, error) {
