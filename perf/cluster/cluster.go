@@ -138,20 +138,34 @@ func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 			return nil, err
 		}
 	}
-	var ctl []string
-	for _, b := range c.Brokers {
-		ctl = append(ctl, b.Ctl)
-	}
-	out, err := exec.CommandContext(ctx, cfg.Berthctl, "--controller", strings.Join(ctl, ","), "--timeout", "20s",
-		"cluster", "init", "--groups", fmt.Sprint(cfg.Groups)).CombinedOutput()
-	if err != nil {
-		return nil, fmt.Errorf("cluster: berthctl cluster init: %v: %s", err, out)
+	if err := c.berthctl(ctx, "cluster", "init", "--groups", fmt.Sprint(cfg.Groups)); err != nil {
+		return nil, err
 	}
 	if err := c.WaitSettled(ctx, cfg.StartTimeout); err != nil {
 		return nil, err
 	}
 	ok = true
 	return c, nil
+}
+
+// berthctl runs a berthctl command against the cluster's controller.
+func (c *Cluster) berthctl(ctx context.Context, args ...string) error {
+	var ctl []string
+	for _, b := range c.Brokers {
+		ctl = append(ctl, b.Ctl)
+	}
+	args = append([]string{"--controller", strings.Join(ctl, ","), "--timeout", "20s"}, args...)
+	out, err := exec.CommandContext(ctx, c.cfg.Berthctl, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("cluster: berthctl %s: %v: %s", strings.Join(args[4:], " "), err, out)
+	}
+	return nil
+}
+
+// Elect forces a master election in group g that broker preferred wins
+// if its log end ties with the best (berthctl elect --preferred).
+func (c *Cluster) Elect(ctx context.Context, g, preferred uint32) error {
+	return c.berthctl(ctx, "elect", "--preferred", fmt.Sprint(preferred), fmt.Sprint(g))
 }
 
 func (c *Cluster) admins() []string {
@@ -263,13 +277,14 @@ func (c *Cluster) ControllerLeader(ctx context.Context, b *Broker) bool {
 	return GetJSON(ctx, b.Admin, "/v1/status", &st) == nil && st.Controller.IsLeader
 }
 
-// WaitSettled waits until every group has a master that serves it, with
-// every broker of the cluster in its SyncStateSet.
-func (c *Cluster) WaitSettled(ctx context.Context, within time.Duration) error {
+// WaitSettled waits until every group (or only those of only, if any)
+// has a master that serves it, with every broker of the cluster in its
+// SyncStateSet.
+func (c *Cluster) WaitSettled(ctx context.Context, within time.Duration, only ...uint32) error {
 	deadline := time.Now().Add(within)
 	var last error
 	for {
-		last = c.settled(ctx)
+		last = c.settled(ctx, only)
 		if last == nil {
 			return nil
 		}
@@ -282,21 +297,58 @@ func (c *Cluster) WaitSettled(ctx context.Context, within time.Duration) error {
 	}
 }
 
-func (c *Cluster) settled(ctx context.Context) error {
+func (c *Cluster) settled(ctx context.Context, only []uint32) error {
 	view, err := c.Router.View(ctx)
 	if err != nil {
 		return err
 	}
 	for g := range c.cfg.Groups {
+		if len(only) > 0 && !slices.Contains(only, uint32(g)) {
+			continue
+		}
 		m, ok := view.Masters[uint32(g)]
 		if !ok {
-			return fmt.Errorf("group %d has no serving master", g)
+			return fmt.Errorf("group %d has no serving master; %s", g, c.Describe(ctx, uint32(g)))
 		}
 		if len(m.Set) != len(c.Brokers) {
 			return fmt.Errorf("group %d: SyncStateSet %v", g, m.Set)
 		}
 	}
 	return nil
+}
+
+// Describe is what each broker and the controller say of group g, for
+// error messages.
+func (c *Cluster) Describe(ctx context.Context, g uint32) string {
+	var parts []string
+	for _, b := range c.Brokers {
+		var gs struct {
+			Groups []GroupStatus `json:"groups"`
+		}
+		if err := GetJSON(ctx, b.Admin, "/v1/groups", &gs); err != nil {
+			parts = append(parts, fmt.Sprintf("berthd-%d (id %d): %v", b.N, b.ID, err))
+			continue
+		}
+		for _, st := range gs.Groups {
+			if st.Group == g {
+				parts = append(parts, fmt.Sprintf("berthd-%d (id %d): %s epoch %d master %d commit %d set %v", b.N, b.ID, st.Role, st.Epoch, st.Master, st.Commit, st.Set))
+			}
+		}
+	}
+	var ctl []string
+	for _, b := range c.Brokers {
+		ctl = append(ctl, b.Ctl)
+	}
+	out, err := exec.CommandContext(ctx, c.cfg.Berthctl, "--controller", strings.Join(ctl, ","), "groups").CombinedOutput()
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[0] == fmt.Sprint(g) {
+			parts = append(parts, "controller: "+strings.Join(f, " "))
+		}
+	}
+	if err != nil {
+		parts = append(parts, fmt.Sprintf("berthctl groups: %v", err))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // GroupOf is the replication group of queue name among n groups:

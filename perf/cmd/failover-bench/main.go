@@ -61,7 +61,10 @@ const (
 	// steadyBefore is how long publishing must have gone on before a kill.
 	steadyBefore = time.Second
 	dialTimeout  = time.Second
-	retryPause   = 5 * time.Millisecond
+	// otherGroupsWait is how long a restart waits for the groups no
+	// queue of the run is in to be settled before it reports them.
+	otherGroupsWait = 5 * time.Second
+	retryPause      = 5 * time.Millisecond
 )
 
 type config struct {
@@ -430,6 +433,10 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 			return nil, nil, nil, fmt.Errorf("declare %s: %w", q, err)
 		}
 	}
+	var qgroups []uint32
+	for _, q := range queues {
+		qgroups = append(qgroups, cluster.GroupOf(q, uint32(c.groups)))
+	}
 	pctx, stopPub := context.WithCancel(ctx)
 	p := &publisher{c: c, cl: cl, queue: queues[0]}
 	var wg sync.WaitGroup
@@ -439,7 +446,7 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 	g := cluster.GroupOf(queues[0], uint32(c.groups))
 
 	for i := range c.kills {
-		if err := steady(ctx, cl, p); err != nil {
+		if err := steady(ctx, cl, p, qgroups); err != nil {
 			return failovers, notLeader, stalls, fmt.Errorf("master kill %d: %w", i+1, err)
 		}
 		view, err := cl.Router.View(ctx)
@@ -448,13 +455,13 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 		}
 		if c.spareLeader {
 			// Publish to a queue whose master does not lead the controller.
-			q, err := spared(ctx, cl, view, queues, i)
+			q, err := spared(ctx, cl, view, queues, p.queueName(), i)
 			if err != nil {
 				return failovers, notLeader, stalls, fmt.Errorf("master kill %d: %w", i+1, err)
 			}
 			if q != p.queueName() {
 				p.setQueue(q)
-				if err := steady(ctx, cl, p); err != nil {
+				if err := steady(ctx, cl, p, qgroups); err != nil {
 					return failovers, notLeader, stalls, fmt.Errorf("master kill %d: %w", i+1, err)
 				}
 			}
@@ -476,7 +483,7 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 		}
 		d := first.Sub(t0)
 		failovers = append(failovers, d)
-		rejoin, err := restart(ctx, cl, m, g, queues)
+		rejoin, err := restart(ctx, cl, m, g, queues, qgroups, out)
 		if err != nil {
 			return failovers, notLeader, stalls, fmt.Errorf("master kill %d: %w", i+1, err)
 		}
@@ -493,7 +500,7 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 			i+1, m.ID, leader, g, epoch, byID, ms(d), ms(rejoin))
 	}
 	for i := range c.followerKills {
-		if err := steady(ctx, cl, p); err != nil {
+		if err := steady(ctx, cl, p, qgroups); err != nil {
 			return failovers, notLeader, stalls, fmt.Errorf("follower kill %d: %w", i+1, err)
 		}
 		view, err := cl.Router.View(ctx)
@@ -518,7 +525,7 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 		cs := p.since(t0.Add(-steadyBefore), t0.Add(-steadyBefore))
 		before, around, after := gaps(cs, t0, t0.Add(c.observe))
 		stalls = append(stalls, around)
-		rejoin, err := restart(ctx, cl, f, g, queues)
+		rejoin, err := restart(ctx, cl, f, g, queues, qgroups, out)
 		if err != nil {
 			return failovers, notLeader, stalls, fmt.Errorf("follower kill %d: %w", i+1, err)
 		}
@@ -556,11 +563,11 @@ func gaps(cs []completion, kill, end time.Time) (before, around time.Duration, a
 	return before, around, after
 }
 
-// steady waits, bounded, until the cluster is settled and publishes
+// steady waits, bounded, until the queues' groups are settled and publishes
 // complete again: one within 100 ms of the start of a steadyBefore span,
 // and the span over.
-func steady(ctx context.Context, cl *cluster.Cluster, p *publisher) error {
-	if err := cl.WaitSettled(ctx, rejoinTimeout); err != nil {
+func steady(ctx context.Context, cl *cluster.Cluster, p *publisher, groups []uint32) error {
+	if err := cl.WaitSettled(ctx, rejoinTimeout, groups...); err != nil {
 		return err
 	}
 	deadline := time.Now().Add(failoverTimeout)
@@ -601,22 +608,30 @@ func firstElsewhere(ctx context.Context, p *publisher, t0 time.Time, dead string
 // at the group's master; it returns how long that took from the restart.
 // Then it purges the queues at their masters, so that the queues, and
 // what a restarted broker has to catch up on, stay small over the run.
-func restart(ctx context.Context, cl *cluster.Cluster, b *cluster.Broker, g uint32, queues []string) (time.Duration, error) {
+//
+// Groups other than the queues' that have no serving master a while after
+// the restart are reported on out (a broker fault this run does not
+// measure, but should not hide), not waited for.
+func restart(ctx context.Context, cl *cluster.Cluster, b *cluster.Broker, g uint32, queues []string, qgroups []uint32, out io.Writer) (time.Duration, error) {
 	d, err := rejoin(ctx, cl, b, g)
 	if err != nil {
 		return d, err
 	}
-	cl.Router.Forget()
+	if err := cl.WaitSettled(ctx, rejoinTimeout, qgroups...); err != nil {
+		return d, err
+	}
+	if err := cl.WaitSettled(ctx, otherGroupsWait); err != nil {
+		fmt.Fprintf(out, "warning: after broker %d's restart: %v\n", b.ID, err)
+	}
 	for _, q := range queues {
-		addr, err := cl.Router.Route(ctx, q)
-		if err == nil {
-			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			var conn *client.Conn
-			if conn, err = client.Dial(pctx, addr); err == nil {
-				err = conn.Purge(pctx, q)
-				conn.Close()
+		var err error
+		// A broker slow to answer its admin endpoint on the loaded
+		// machine drops out of one view: retry a few times.
+		for range 20 {
+			if err = purge(ctx, cl, q); err == nil || ctx.Err() != nil {
+				break
 			}
-			cancel()
+			pause(ctx, 100*time.Millisecond)
 		}
 		if err != nil {
 			return d, fmt.Errorf("purge %s: %w", q, err)
@@ -625,9 +640,29 @@ func restart(ctx context.Context, cl *cluster.Cluster, b *cluster.Broker, g uint
 	return d, nil
 }
 
+func purge(ctx context.Context, cl *cluster.Cluster, q string) error {
+	cl.Router.Forget()
+	addr, err := cl.Router.Route(ctx, q)
+	if err != nil {
+		return err
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := client.Dial(pctx, addr)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return conn.Purge(pctx, q)
+}
+
 // spared is a queue of queues whose group's master does not lead the
 // controller, the i-th such in turn.
-func spared(ctx context.Context, cl *cluster.Cluster, view *cluster.View, queues []string, i int) (string, error) {
+//
+// When every queue's master leads the controller, it moves one queue's
+// group by a forced election preferring another broker; that happens
+// before the kill and is not measured.
+func spared(ctx context.Context, cl *cluster.Cluster, view *cluster.View, queues []string, current string, i int) (string, error) {
 	var ok []string
 	for _, q := range queues {
 		m, found := view.Masters[cluster.GroupOf(q, uint32(view.Groups))]
@@ -635,10 +670,39 @@ func spared(ctx context.Context, cl *cluster.Cluster, view *cluster.View, queues
 			ok = append(ok, q)
 		}
 	}
-	if len(ok) == 0 {
-		return "", fmt.Errorf("every queue's master leads the controller (queues %v)", queues)
+	if len(ok) > 0 {
+		return ok[i%len(ok)], nil
 	}
-	return ok[i%len(ok)], nil
+	// Every master sits on the controller leader (masters stay where
+	// failovers put them): move the group of a queue not published to
+	// now, whose members are level, to another broker.
+	for _, q := range queues {
+		if q == current {
+			continue
+		}
+		g := cluster.GroupOf(q, uint32(view.Groups))
+		m := view.Masters[g]
+		for _, b := range cl.Brokers {
+			if b.ID == m.Broker || cl.ControllerLeader(ctx, b) {
+				continue
+			}
+			if err := cl.Elect(ctx, g, b.ID); err != nil {
+				return "", err
+			}
+			deadline := time.Now().Add(rejoinTimeout)
+			for time.Now().Before(deadline) {
+				if v, err := cl.Router.View(ctx); err == nil && v.Masters[g].Broker == b.ID {
+					return q, cl.WaitSettled(ctx, rejoinTimeout)
+				}
+				pause(ctx, 20*time.Millisecond)
+				if ctx.Err() != nil {
+					return "", ctx.Err()
+				}
+			}
+			return "", fmt.Errorf("group %d: the election preferring broker %d did not move its master there", g, b.ID)
+		}
+	}
+	return "", fmt.Errorf("every queue's master leads the controller (queues %v), and none could be moved", queues)
 }
 
 func rejoin(ctx context.Context, cl *cluster.Cluster, b *cluster.Broker, g uint32) (time.Duration, error) {
