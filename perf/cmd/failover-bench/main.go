@@ -82,6 +82,7 @@ type config struct {
 	berthdFlags      []string
 	logs             string
 	spareLeader      bool
+	restartDelay     time.Duration
 }
 
 func parse(args []string, stderr io.Writer) (*config, error) {
@@ -98,6 +99,7 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	rate := fs.String("rate", "2000", "steady publish rate in msgs/s (k suffix allowed)")
 	size := fs.String("size", "128", "message size in bytes")
 	fs.IntVar(&c.window, "window", 64, "most uncompleted publishes")
+	fs.DurationVar(&c.restartDelay, "restart-delay", 0, "how long a killed broker stays down after the measurement (the first publish on the new master, or --observe) before its restart")
 	fs.DurationVar(&c.observe, "observe", 3*time.Second, "follower kill: how long after the kill to look for the longest gap")
 	fs.DurationVar(&c.timeout, "timeout", 30*time.Minute, "bound on the whole run")
 	flags := fs.String("berthd-flags", "", "more berthd flags for every broker, space-separated (e.g. \"-controller-heartbeat-ms 200\")")
@@ -134,6 +136,7 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	check(c.window >= 1 && c.window <= 1<<16, "--window %d not in 1..65536", c.window)
 	check(c.observe >= 100*time.Millisecond && c.observe <= time.Minute, "--observe %v not in 100ms..1m", c.observe)
 	check(c.timeout > 0, "--timeout must be positive")
+	check(c.restartDelay >= 0 && c.restartDelay <= time.Minute, "--restart-delay %v not in 0..1m", c.restartDelay)
 	return c, errors.Join(errs...)
 }
 
@@ -483,6 +486,7 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 		}
 		d := first.Sub(t0)
 		failovers = append(failovers, d)
+		pause(ctx, c.restartDelay)
 		rejoin, err := restart(ctx, cl, m, g, queues, qgroups, out)
 		if err != nil {
 			return failovers, notLeader, stalls, fmt.Errorf("master kill %d: %w", i+1, err)
@@ -525,6 +529,7 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 		cs := p.since(t0.Add(-steadyBefore), t0.Add(-steadyBefore))
 		before, around, after := gaps(cs, t0, t0.Add(c.observe))
 		stalls = append(stalls, around)
+		pause(ctx, c.restartDelay)
 		rejoin, err := restart(ctx, cl, f, g, queues, qgroups, out)
 		if err != nil {
 			return failovers, notLeader, stalls, fmt.Errorf("follower kill %d: %w", i+1, err)
