@@ -91,7 +91,8 @@ func (c *Config) defaults() {
 // what it started.
 func Start(ctx context.Context, cfg Config) (*Cluster, error) {
 	cfg.defaults()
-	ports, err := proc.FreePorts(4 * cfg.Brokers)
+	// Below the ephemeral range: a killed broker restarts on its ports.
+	ports, err := proc.StablePorts(4 * cfg.Brokers)
 	if err != nil {
 		return nil, err
 	}
@@ -250,7 +251,17 @@ func (c *Cluster) Restart(ctx context.Context, b *Broker) error {
 	if b.Running() {
 		return fmt.Errorf("cluster: berthd-%d is running", b.N)
 	}
-	if err := c.start(ctx, b); err != nil {
+	var err error
+	// Another process may hold one of its ports for a moment: retry.
+	for range 5 {
+		if err = c.start(ctx, b); err == nil || !strings.Contains(err.Error(), "address already in use") {
+			break
+		}
+		if serr := sleep(ctx, time.Second); serr != nil {
+			return serr
+		}
+	}
+	if err != nil {
 		return err
 	}
 	return c.waitReady(ctx, b)

@@ -8,10 +8,13 @@ package proc
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -166,4 +169,40 @@ func StopPid(pid int) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	_ = syscall.Kill(pid, syscall.SIGKILL)
+}
+
+// StablePorts is n distinct free ports below the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range), for a server that is stopped and started
+// again on the same ports: a port from the ephemeral range can be taken as
+// the local port of any outgoing connection while the server is down.
+func StablePorts(n int) ([]int, error) {
+	lo := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				lo = v
+			}
+		}
+	}
+	base := 10000
+	if lo-base < 1000 {
+		return FreePorts(n) // no room below the range: take what the kernel gives
+	}
+	ports := make([]int, 0, n)
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 100*n {
+			return nil, fmt.Errorf("proc: no %d free ports in %d..%d", n, base, lo-1)
+		}
+		p := base + rand.IntN(lo-base)
+		if slices.Contains(ports, p) {
+			continue
+		}
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		ports = append(ports, p)
+	}
+	return ports, nil
 }
