@@ -7,7 +7,7 @@ PKGS      := ./...
 # Packages with concurrency run under the race detector in `make test`.
 RACE_PKGS := ./ring/... ./shards/... ./server/... ./client/... ./journal/... ./controlplane/... ./perf/... ./tools/... ./internal/...
 
-.PHONY: cluster all build run test test-race test-plain bench fuzz vet crash soak clean release deb
+.PHONY: cluster certs all build run test test-race test-plain bench bench-delayed fuzz hostile vet crash soak clean release deb
 
 # Version stamping (internal/version). VERSION is the latest vX.Y.Z tag as
 # git describe gives it, without the v (1.2.0; 1.2.0-3-gabc1234 three
@@ -29,8 +29,16 @@ run: build
 
 # Three brokers with a 3-member controller and replication groups on
 # loopback; data under ./cluster (CLUSTER_DIR), Ctrl-C stops them.
+# CLUSTER_TLS=1 runs TLS on every port, with the credentials of
+# CERTS_DIR (made by `make certs` if missing; docs/SECURITY.md).
 cluster: build
-	BIN=$(BIN) bash tools/cluster.sh
+	BIN=$(BIN) CERTS_DIR=$(CERTS_DIR) bash tools/cluster.sh
+
+# A cluster CA, certificates for three nodes and berthctl, a cluster
+# secret and an admin token, for 127.0.0.1 and localhost, in CERTS_DIR.
+CERTS_DIR ?= certs
+certs: build
+	./$(BIN)/berthctl certs init $(CERTS_DIR)
 
 test: vet test-plain test-race test-python
 
@@ -70,9 +78,32 @@ soak: crash
 	CONTROLPLANE_SOAK=$(SOAK) $(GO) test -count=1 -timeout 30m -run Linearizable ./controlplane
 	BERTH_CLUSTER_SOAK=$(SOAK) $(GO) test -count=1 -timeout 30m -run LinearizableWithProcessKills ./server/clustertest
 
+# The hostile-client suite (in make test too) and its long form: RSS with
+# 20 consumers that never read, with and without -outbound-max.
+hostile:
+	BERTH_HOSTILE_LONG=1 $(GO) test -count=1 -v -timeout 10m ./server/hostiletest
+
+# Delayed delivery: lateness of delayed messages with 1M pending and as
+# 1M fire, and their memory cost, on a real berthd (about 70 s); and the
+# shard's cost per message for plain, priority and delayed queues.
+bench-delayed:
+	BERTH_DELAY_BENCH=1 $(GO) test -count=1 -v -timeout 10m -run DelayedLateness ./server/memtest
+	$(GO) test -run '^$$' -bench QueueKinds -benchmem -count 5 ./shards
+
+# Every fuzz target, FUZZTIME each: the client codec, the peer codecs
+# (raft, controller service, replication groups) and the controller's
+# events, request bodies, frame handling and snapshots. Seeds live in each
+# package's testdata/fuzz; a crasher found is kept there as a regression.
+
 FUZZTIME ?= 30s
+FUZZ_TARGETS := ./wire:FuzzDecode ./wire:FuzzPeerDecode \
+	./controlplane/ctlapi:FuzzDecodeEvent ./controlplane/ctlapi:FuzzRequestBodies \
+	./controlplane:FuzzControllerFrames ./controlplane:FuzzDecodeState
 fuzz:
-	$(GO) test ./wire -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME)
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \
+		$(GO) test $${t%%:*} -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) || exit 1; \
+	done
 
 clean:
 	rm -rf $(BIN) $(DIST)

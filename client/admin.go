@@ -36,6 +36,10 @@ type QueueOptions struct {
 	Overflow           Overflow      // policy at MaxLength / MaxLengthBytes
 	DeadLetterExchange string
 	DeadLetterKey      string // "" keeps each message's routing key
+	// MaxPriority makes a priority queue: a message's Priority, capped at
+	// this, orders deliveries (higher first, FIFO within a priority). At
+	// most 10; 0 is a plain queue. Needs a server speaking protocol 1.2.
+	MaxPriority uint8
 }
 
 // wire gives the options as the protocol defines them.
@@ -44,7 +48,7 @@ func (o *QueueOptions) wire() wire.QueueOptions {
 		Durable: o.Durable, Exclusive: o.Exclusive, AutoDelete: o.AutoDelete,
 		MaxDeliveries: o.MaxDeliveries, MessageTTLMs: durationMs(o.MessageTTL),
 		MaxLength: o.MaxLength, MaxLengthBytes: o.MaxLengthBytes, Overflow: uint8(o.Overflow),
-		DeadLetterExchange: o.DeadLetterExchange, DeadLetterKey: o.DeadLetterKey,
+		DeadLetterExchange: o.DeadLetterExchange, DeadLetterKey: o.DeadLetterKey, MaxPriority: o.MaxPriority,
 	}
 }
 
@@ -100,6 +104,12 @@ func (c *Conn) DeclareQueue(ctx context.Context, name string, opts QueueOptions)
 	if opts.Overflow > OverflowDropHead {
 		return fmt.Errorf("%w: overflow policy %d", ErrInvalid, opts.Overflow)
 	}
+	if opts.MaxPriority > wire.PriorityMax {
+		return fmt.Errorf("%w: max priority %d above %d", ErrInvalid, opts.MaxPriority, wire.PriorityMax)
+	}
+	if opts.MaxPriority != 0 && c.version < wire.VersionSchedule {
+		return fmt.Errorf("%w: %w (max priority)", ErrInvalid, c.unsupported())
+	}
 	d := wire.DeclareQueue{Name: []byte(name), Options: opts.wire()}
 	if opts.Passive {
 		d.Flags |= wire.QueuePassive
@@ -107,7 +117,7 @@ func (c *Conn) DeclareQueue(ctx context.Context, name string, opts QueueOptions)
 	if opts.NoReplicate {
 		d.Flags |= wire.QueueNoReplicate
 	}
-	return c.roundTrip(ctx, func(b []byte, id uint64) []byte {
+	return c.roundTrip(ctx, cmdSpec{kind: kindResend}, func(b []byte, id uint64) []byte {
 		d.CommandID = id
 		return wire.AppendDeclareQueue(b, c.version, &d)
 	})
@@ -133,7 +143,7 @@ func (c *Conn) DeclareExchange(ctx context.Context, name string, kind ExchangeKi
 	if opts.Passive {
 		d.Flags |= wire.ExchangePassive
 	}
-	return c.roundTrip(ctx, func(b []byte, id uint64) []byte {
+	return c.roundTrip(ctx, cmdSpec{kind: kindResend}, func(b []byte, id uint64) []byte {
 		d.CommandID = id
 		return wire.AppendDeclareExchange(b, c.version, &d)
 	})
@@ -163,7 +173,7 @@ func (c *Conn) bind(ctx context.Context, t wire.Type, exchange, queue, key strin
 		return fmt.Errorf("%w: binding key longer than %d bytes", ErrInvalid, wire.RoutingKeyLenMax)
 	}
 	d := wire.Bind{Exchange: []byte(exchange), Queue: []byte(queue), Key: []byte(key)}
-	return c.roundTrip(ctx, func(b []byte, id uint64) []byte {
+	return c.roundTrip(ctx, cmdSpec{kind: kindResend}, func(b []byte, id uint64) []byte {
 		d.CommandID = id
 		return wire.AppendBind(b, c.version, t, &d)
 	})
@@ -198,7 +208,7 @@ func (c *Conn) delete(ctx context.Context, what uint8, kind, name string, flags 
 		return err
 	}
 	d := wire.Delete{What: what, Flags: flags, Name: []byte(name)}
-	return c.roundTrip(ctx, func(b []byte, id uint64) []byte {
+	return c.roundTrip(ctx, cmdSpec{}, func(b []byte, id uint64) []byte {
 		d.CommandID = id
 		return wire.AppendDelete(b, c.version, &d)
 	})
@@ -211,7 +221,7 @@ func (c *Conn) Purge(ctx context.Context, queue string) error {
 	if err := checkName("queue", queue); err != nil {
 		return err
 	}
-	return c.roundTrip(ctx, func(b []byte, id uint64) []byte {
+	return c.roundTrip(ctx, cmdSpec{}, func(b []byte, id uint64) []byte {
 		return wire.AppendPurge(b, c.version, id, queue)
 	})
 }

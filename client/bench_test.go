@@ -44,17 +44,37 @@ func BenchmarkPublishConsume(b *testing.B) {
 		{"ack=none/window=64", AckNone, 64},
 		{"ack=none/window=8192", AckNone, 8192},
 	} {
-		b.Run(v.name, func(b *testing.B) { benchPublishConsume(b, v.mode, v.window) })
+		b.Run(v.name, func(b *testing.B) { benchPublishConsume(b, v.mode, v.window, nil) })
 	}
 }
 
-func benchPublishConsume(b *testing.B, mode AckMode, window int) {
+// BenchmarkPublishProducerID is BenchmarkPublishConsume (ack=none, window
+// 1024) side by side: a plain Conn, a reconnecting one without producer
+// ids (it keeps each message for a resend) and one with them (the
+// PUBLISH frames carry the producer id and each queue checks it).
+func BenchmarkPublishProducerID(b *testing.B) {
+	for _, v := range []struct {
+		name string
+		rc   *ReconnectPolicy
+	}{
+		{"conn=plain", nil},
+		{"conn=reconnect/producer=off", &ReconnectPolicy{NoProducerID: true}},
+		{"conn=reconnect/producer=on", &ReconnectPolicy{}},
+	} {
+		b.Run(v.name, func(b *testing.B) { benchPublishConsume(b, AckNone, 1024, v.rc) })
+	}
+}
+
+func benchPublishConsume(b *testing.B, mode AckMode, window int, rc *ReconnectPolicy) {
 	s := benchServer(b)
 	ctx, cancel := context.WithTimeout(context.Background(), benchRunTimeMax)
 	defer cancel()
-	pub, err := DialConfig(ctx, Config{Name: "bench-pub", Window: window}, s.ClientAddr())
+	pub, err := DialConfig(ctx, Config{Name: "bench-pub", Window: window, Reconnect: rc}, s.ClientAddr())
 	if err != nil {
 		b.Fatal(err)
+	}
+	if rc != nil && (pub.ProducerID() == 0) != rc.NoProducerID {
+		b.Fatalf("producer id %x, NoProducerID %v", pub.ProducerID(), rc.NoProducerID)
 	}
 	defer pub.Close()
 	con, err := DialConfig(ctx, Config{Name: "bench-con"}, s.ClientAddr())

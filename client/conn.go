@@ -63,6 +63,12 @@ type Config struct {
 	// EXTERNAL logs in as the user named by the subject CN of the TLS
 	// client certificate (User, if set, must be that name).
 	Mechanism string
+	// Reconnect, if set, makes the Conn outlive its connection: when the
+	// connection breaks it dials again on its own, resends what had no
+	// answer and resubscribes its consumers (see "Reconnecting" in the
+	// package documentation). Nil (the default): a broken connection ends
+	// the Conn.
+	Reconnect *ReconnectPolicy
 }
 
 func (cfg *Config) withDefaults() (Config, error) {
@@ -117,21 +123,41 @@ func (cfg *Config) withDefaults() (Config, error) {
 	if c.WriteBufferSize <= 0 {
 		c.WriteBufferSize = writeBufferDefault
 	}
+	if c.Reconnect != nil {
+		p, err := c.Reconnect.withDefaults()
+		if err != nil {
+			return c, err
+		}
+		c.Reconnect = &p
+	}
 	return c, nil
 }
 
 // Conn is one session with a Berth server. All methods are safe for
-// concurrent use. A Conn does not reconnect: once it fails, every call
-// returns an error wrapping ErrClosed; dial again (ServerAddrs lists the
-// cluster's addresses).
+// concurrent use. Without Config.Reconnect a Conn does not reconnect: once
+// it fails, every call returns an error wrapping ErrClosed; dial again
+// (ServerAddrs lists the cluster's addresses). With it, see
+// "Reconnecting" in the package documentation.
 //
-// Each Conn runs three goroutines: a writer that coalesces every queued
-// command into as few writes as it can, a reader that decodes completions
-// and deliveries, and a heartbeat timer.
+// Each connection runs three goroutines: a writer that coalesces every
+// queued command into as few writes as it can, a reader that decodes
+// completions and deliveries, and a heartbeat timer. A reconnecting Conn
+// runs one more while it dials again.
 type Conn struct {
-	nc        net.Conn
-	cfg       Config
-	addr      string
+	nc   net.Conn // the handshake's connection; the goroutines use their link's
+	cfg  Config
+	addr string // the handshake's address; Addr reads c.mu.addr
+	// seeds are the addresses given to Dial; a reconnecting Conn dials
+	// them and the ones the last WELCOME listed.
+	seeds []string
+	// offer is the versions HELLO offers: offeredVersions, then only the
+	// negotiated one when reconnecting.
+	offer []wire.Version
+	// producer is the producer id of this Conn's publishes (protocol 1.2,
+	// Config.Reconnect), or 0. Sequence numbers are command ids.
+	producer  uint64
+	stop      chan struct{} // closed by Close: stop reconnecting
+	stopOnce  sync.Once
 	version   wire.Version
 	frameMax  uint32
 	heartbeat time.Duration
@@ -150,7 +176,11 @@ type Conn struct {
 	lastRead  atomic.Int64 // nanoseconds since start
 	lastWrite atomic.Int64
 
-	wg sync.WaitGroup
+	wg sync.WaitGroup // every goroutine of the Conn
+
+	// rl is the link the reader goroutine reads; the reader's alone (set
+	// before it starts).
+	rl *link
 
 	mu struct {
 		sync.Mutex
@@ -182,6 +212,20 @@ type Conn struct {
 		doneClosed   bool
 		consumers    map[uint32]*Consumer
 		nextCons     uint32
+		// link is the live connection, nil while a reconnecting Conn
+		// dials again.
+		link *link
+		// gen counts broken connections: a settle built for deliveries of
+		// one generation is refused in another (ErrStaleDelivery).
+		gen uint64
+		// pubNext is the id the open PUBLISH frame's next message must
+		// have (a resend after a reconnect leaves gaps).
+		pubNext uint64
+		// addr, serverName, heartbeat, addrs: of the live connection.
+		addr       string
+		serverName string
+		heartbeat  time.Duration
+		addrs      []string
 	}
 
 	// Reader goroutine only.
@@ -211,7 +255,7 @@ func DialConfig(ctx context.Context, cfg Config, addrs ...string) (*Conn, error)
 	}
 	var errs []error
 	for _, a := range addrs {
-		c, err := dialOne(ctx, full, a)
+		c, err := dialOne(ctx, full, a, addrs)
 		if err == nil {
 			return c, nil
 		}
@@ -223,7 +267,7 @@ func DialConfig(ctx context.Context, cfg Config, addrs ...string) (*Conn, error)
 	return nil, fmt.Errorf("client: dial failed: %w", errors.Join(errs...))
 }
 
-func dialOne(ctx context.Context, cfg Config, addr string) (*Conn, error) {
+func dialOne(ctx context.Context, cfg Config, addr string, seeds []string) (*Conn, error) {
 	d := net.Dialer{Timeout: cfg.DialTimeout}
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -234,7 +278,7 @@ func dialOne(ctx context.Context, cfg Config, addr string) (*Conn, error) {
 			return nil, err
 		}
 	}
-	c := &Conn{nc: nc, cfg: cfg, addr: addr, start: time.Now()}
+	c := &Conn{nc: nc, cfg: cfg, addr: addr, seeds: slices.Clone(seeds), start: time.Now(), offer: offeredVersions}
 	leftover, err := c.handshake(ctx)
 	if err != nil {
 		nc.Close()
@@ -243,15 +287,40 @@ func dialOne(ctx context.Context, cfg Config, addr string) (*Conn, error) {
 	c.kick = make(chan struct{}, 1)
 	c.dead = make(chan struct{})
 	c.done = make(chan struct{})
+	c.stop = make(chan struct{})
 	c.mu.win = newWindow(min(cfg.Window, int(min(uint32(windowLimitMax), c.windowMaxFromServer))))
 	c.mu.pubStart = -1
 	c.mu.consumers = make(map[uint32]*Consumer)
+	c.mu.addr, c.mu.serverName, c.mu.heartbeat, c.mu.addrs = addr, c.serverName, c.heartbeat, c.addrs
 	c.msgs = make([]wire.DeliverMessage, 0, 64)
-	c.wg.Add(3)
-	go c.writeLoop()
-	go c.readLoop(leftover)
-	go c.heartbeatLoop()
+	if cfg.Reconnect != nil && !cfg.Reconnect.NoProducerID && c.version >= wire.VersionProducer {
+		c.producer = newProducerID()
+	}
+	l := &link{nc: nc, addr: addr, broken: make(chan struct{}), heartbeat: c.heartbeat}
+	c.mu.link = l
+	c.startLink(l, leftover)
 	return c, nil
+}
+
+// link is one connection of a Conn and the state its goroutines share.
+type link struct {
+	nc        net.Conn
+	addr      string
+	broken    chan struct{} // closed once this connection failed
+	heartbeat time.Duration
+	wg        linkWG // its three goroutines
+}
+
+// startLink starts l's goroutines. The previous link's have exited.
+func (c *Conn) startLink(l *link, leftover []byte) {
+	c.rl = l
+	c.lastRead.Store(c.now())
+	c.lastWrite.Store(c.now())
+	c.wg.Add(3)
+	l.wg.Add(3)
+	go c.writeLoop(l)
+	go c.readLoop(l, leftover)
+	go c.heartbeatLoop(l)
 }
 
 // clientTLS runs the TLS handshake on nc, within HandshakeTimeout; it
@@ -295,7 +364,7 @@ func (c *Conn) handshake(ctx context.Context) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	hello := wire.AppendHello(nil, offeredVersions, c.cfg.Name, c.cfg.Mechanism, lg.first, c.cfg.MaxFrameSize, hb)
+	hello := wire.AppendHello(nil, c.offer, c.cfg.Name, c.cfg.Mechanism, lg.first, c.cfg.MaxFrameSize, hb)
 	if _, err := c.nc.Write(hello); err != nil {
 		return nil, c.ctxOr(ctx, err)
 	}
@@ -372,8 +441,8 @@ func (c *Conn) ctxOr(ctx context.Context, err error) error {
 
 // accept checks and adopts the server's WELCOME.
 func (c *Conn) accept(w *wire.Welcome) error {
-	if !slices.Contains(offeredVersions, w.Version) {
-		return fmt.Errorf("%w: server chose version %v, offered %v", ErrProtocol, w.Version, offeredVersions)
+	if !slices.Contains(c.offer, w.Version) {
+		return fmt.Errorf("%w: server chose version %v, offered %v", ErrProtocol, w.Version, c.offer)
 	}
 	if w.FrameSizeMax < wire.FrameSizeMin || w.FrameSizeMax > wire.FrameSizeMax {
 		return fmt.Errorf("%w: WELCOME frame size %d", ErrProtocol, w.FrameSizeMax)
@@ -393,21 +462,38 @@ func (c *Conn) accept(w *wire.Welcome) error {
 	return nil
 }
 
-// Addr is the address this Conn dialled.
-func (c *Conn) Addr() string { return c.addr }
+// Addr is the address of this Conn's connection (the latest one, for a
+// reconnecting Conn).
+func (c *Conn) Addr() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.addr
+}
 
-// ServerName is the name the server gave in WELCOME.
-func (c *Conn) ServerName() string { return c.serverName }
+// ServerName is the name the server gave in WELCOME (the latest one).
+func (c *Conn) ServerName() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.serverName
+}
 
-// ServerAddrs are the cluster addresses the server listed for failover.
-// The slice is the caller's.
-func (c *Conn) ServerAddrs() []string { return append([]string(nil), c.addrs...) }
+// ServerAddrs are the cluster addresses the server listed for failover
+// (in the latest WELCOME). The slice is the caller's.
+func (c *Conn) ServerAddrs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.mu.addrs)
+}
 
 // MaxFrameSize is the negotiated maximum frame size.
 func (c *Conn) MaxFrameSize() uint32 { return c.frameMax }
 
 // Heartbeat is the negotiated heartbeat interval; 0 means none.
-func (c *Conn) Heartbeat() time.Duration { return c.heartbeat }
+func (c *Conn) Heartbeat() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.mu.heartbeat
+}
 
 // CreditMax is the most credit the server lets one consumer hold.
 func (c *Conn) CreditMax() uint32 { return c.creditMax }
@@ -484,6 +570,7 @@ func (c *Conn) Close() error {
 	}
 	c.mu.closing = true
 	c.mu.Unlock()
+	c.stopOnce.Do(func() { close(c.stop) })
 
 	timer := time.NewTimer(c.cfg.CloseTimeout)
 	defer timer.Stop()
@@ -492,7 +579,7 @@ func (c *Conn) Close() error {
 	cancel()
 
 	c.mu.Lock()
-	if c.mu.err == nil {
+	if c.mu.err == nil && c.mu.link != nil {
 		c.sealPublishLocked()
 		c.mu.out = wire.AppendClose(c.mu.out, c.version, wire.CodeOK, "client closing")
 		c.mu.sentClose = true
@@ -513,15 +600,36 @@ func (c *Conn) Close() error {
 // that were sent and not answered get an error wrapping ErrOutcomeUnknown,
 // those still waiting for the writer and later calls one wrapping only
 // ErrClosed; neither holds an *Error, which would say "refused".
+//
+// A reconnecting Conn (Config.Reconnect) that is not closing only loses
+// its connection: its commands stay out, and a goroutine dials again
+// (reconnect.go). fail is then a no-op until a new connection is up.
 func (c *Conn) fail(err error) {
-	if !errors.Is(err, ErrClosed) {
-		err = fmt.Errorf("%w: %w", ErrClosed, err)
-	}
 	c.mu.Lock()
 	if c.mu.err != nil {
 		c.mu.Unlock()
 		return
 	}
+	l := c.mu.link
+	if c.cfg.Reconnect != nil && !c.mu.closing {
+		if l == nil {
+			c.mu.Unlock()
+			return // dialling again already
+		}
+		c.breakLinkLocked(l, err)
+		c.mu.Unlock()
+		return
+	}
+	c.failForGood(l, err)
+}
+
+// failForGood ends the Conn. c.mu is held, and released on return. l is
+// the live link, or nil between connections.
+func (c *Conn) failForGood(l *link, err error) {
+	if !errors.Is(err, ErrClosed) {
+		err = fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	c.mu.link = nil
 	c.mu.err = err
 	callErr := err
 	if se := (*Error)(nil); errors.As(err, &se) {
@@ -550,7 +658,10 @@ func (c *Conn) fail(err error) {
 	}
 	c.mu.Unlock()
 	close(c.dead)
-	c.nc.Close()
+	if l != nil {
+		close(l.broken)
+		l.nc.Close()
+	}
 	for _, s := range cons {
 		s.fail(callErr)
 	}
@@ -654,6 +765,20 @@ func (c *Conn) sealPublishLocked() {
 // only while the window or write buffer is full. A caller that will wait
 // for cl is refused up front when it runs in a callback.
 func (c *Conn) command(ctx context.Context, build func(b []byte, id uint64) []byte, fn func(error), cl *call, grp *group) error {
+	return c.commandAs(ctx, cmdSpec{}, build, fn, cl, grp)
+}
+
+// cmdSpec says what a reconnecting Conn does with a command when its
+// connection breaks.
+type cmdSpec struct {
+	kind slotKind
+	cons *Consumer // kindSubscribe
+	// gen, for kindSettle, is the connection generation whose deliveries
+	// it settles; in another it is refused with ErrStaleDelivery.
+	gen uint64
+}
+
+func (c *Conn) commandAs(ctx context.Context, spec cmdSpec, build func(b []byte, id uint64) []byte, fn func(error), cl *call, grp *group) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -665,18 +790,31 @@ func (c *Conn) command(ctx context.Context, build func(b []byte, id uint64) []by
 		c.mu.Unlock()
 		return err
 	}
+	if spec.kind == kindSettle && spec.gen != c.mu.gen {
+		c.mu.Unlock()
+		return ErrStaleDelivery
+	}
 	c.sealPublishLocked()
 	id := c.mu.win.add(fn, cl, grp)
+	if c.cfg.Reconnect != nil {
+		sl := c.mu.win.at(id)
+		sl.kind, sl.cons = spec.kind, spec.cons
+		if spec.kind == kindResend {
+			sl.build = build
+		}
+	}
 	c.mu.out = build(c.mu.out, id)
 	c.kickLocked()
 	c.mu.Unlock()
 	return nil
 }
 
-// roundTrip issues one command and waits for its completion.
-func (c *Conn) roundTrip(ctx context.Context, build func(b []byte, id uint64) []byte) error {
+// roundTrip issues one command and waits for its completion. A
+// reconnecting Conn does what spec says with it when its connection
+// breaks.
+func (c *Conn) roundTrip(ctx context.Context, spec cmdSpec, build func(b []byte, id uint64) []byte) error {
 	cl := getCall()
-	if err := c.command(ctx, build, nil, cl, nil); err != nil {
+	if err := c.commandAs(ctx, spec, build, nil, cl, nil); err != nil {
 		putCall(cl)
 		return err
 	}
@@ -714,12 +852,13 @@ func (c *Conn) control(build func(b []byte) []byte) error {
 
 func (c *Conn) now() int64 { return int64(time.Since(c.start)) }
 
-func (c *Conn) writeLoop() {
+func (c *Conn) writeLoop(l *link) {
 	defer c.wg.Done()
+	defer l.wg.Done()
 	for {
 		select {
 		case <-c.kick:
-		case <-c.dead:
+		case <-l.broken:
 			return
 		}
 		c.mu.Lock()
@@ -735,7 +874,7 @@ func (c *Conn) writeLoop() {
 		c.wakeLocked()
 		c.mu.Unlock()
 		if len(buf) > 0 {
-			if _, err := c.nc.Write(buf); err != nil {
+			if _, err := l.nc.Write(buf); err != nil {
 				c.fail(fmt.Errorf("write: %w", err))
 				return
 			}
@@ -751,26 +890,25 @@ func (c *Conn) writeLoop() {
 	}
 }
 
-func (c *Conn) heartbeatLoop() {
+func (c *Conn) heartbeatLoop(l *link) {
 	defer c.wg.Done()
-	if c.heartbeat <= 0 {
+	defer l.wg.Done()
+	if l.heartbeat <= 0 {
 		return
 	}
-	tick := time.NewTicker(max(c.heartbeat/3, time.Millisecond))
+	tick := time.NewTicker(max(l.heartbeat/3, time.Millisecond))
 	defer tick.Stop()
-	hb := int64(c.heartbeat)
-	c.lastRead.Store(c.now())
-	c.lastWrite.Store(c.now())
+	hb := int64(l.heartbeat)
 	for {
 		select {
-		case <-c.dead:
+		case <-l.broken:
 			return
 		case <-tick.C:
 		}
 		now := c.now()
 		if now-c.lastRead.Load() > 3*hb {
-			c.nc.SetWriteDeadline(time.Now().Add(c.heartbeat))
-			c.nc.Write(wire.AppendClose(nil, c.version, wire.CodeHeartbeatTimeout, "no frame from server for 3 heartbeats"))
+			l.nc.SetWriteDeadline(time.Now().Add(l.heartbeat))
+			l.nc.Write(wire.AppendClose(nil, c.version, wire.CodeHeartbeatTimeout, "no frame from server for 3 heartbeats"))
 			c.fail(ErrHeartbeatTimeout)
 			return
 		}
@@ -784,8 +922,9 @@ func (c *Conn) heartbeatLoop() {
 
 // readLoop is the reader goroutine, the one that runs callbacks; its name
 // is what calledFromCallback looks for on the stack.
-func (c *Conn) readLoop(leftover []byte) {
+func (c *Conn) readLoop(l *link, leftover []byte) {
 	defer c.wg.Done()
+	defer l.wg.Done()
 	defer func() {
 		c.mu.Lock()
 		c.mu.readerExited = true
@@ -836,7 +975,7 @@ func (c *Conn) readLoop(leftover []byte) {
 				buf = nb
 			}
 		}
-		n, err := c.nc.Read(buf[w:])
+		n, err := l.nc.Read(buf[w:])
 		if n > 0 {
 			w += n
 			c.lastRead.Store(c.now())
@@ -850,8 +989,8 @@ func (c *Conn) readLoop(leftover []byte) {
 
 // protocolError tells the server why we are leaving, then leaves.
 func (c *Conn) protocolError(code wire.ErrorCode, text string) {
-	c.nc.SetWriteDeadline(time.Now().Add(time.Second))
-	c.nc.Write(wire.AppendClose(nil, c.version, code, text))
+	c.rl.nc.SetWriteDeadline(time.Now().Add(time.Second))
+	c.rl.nc.Write(wire.AppendClose(nil, c.version, code, text))
 	c.fail(fmt.Errorf("%w: %s", ErrProtocol, text))
 }
 
@@ -883,10 +1022,22 @@ func (c *Conn) handleFrame(h wire.Header, body []byte) error {
 			return nil
 		}
 		c.mu.Lock()
+		if e.Code == wire.CodeShutdown && c.resendableLocked(e.CommandID) {
+			// Not taken by a broker that is going away: a reconnecting
+			// Conn sends it again on its next connection.
+			c.mu.Unlock()
+			return nil
+		}
 		s, ok := c.mu.win.take(e.CommandID)
 		var cp completion
 		if ok {
-			cp, ok = resolve(s, se)
+			var err error = se
+			if s.resent {
+				// The copy sent before the break may have been carried
+				// out; this refusal speaks for the resend only.
+				err = fmt.Errorf("%w: %w: resent after a reconnect and refused (%s)", ErrOutcomeUnknown, ErrConnectionLost, se.Error())
+			}
+			cp, ok = resolve(s, err)
 			c.wakeLocked()
 		}
 		if ok {
@@ -911,8 +1062,8 @@ func (c *Conn) handleFrame(h wire.Header, body []byte) error {
 		answer := !c.mu.sentClose
 		c.mu.Unlock()
 		if answer {
-			c.nc.SetWriteDeadline(time.Now().Add(time.Second))
-			c.nc.Write(wire.AppendClose(nil, c.version, wire.CodeOK, ""))
+			c.rl.nc.SetWriteDeadline(time.Now().Add(time.Second))
+			c.rl.nc.Write(wire.AppendClose(nil, c.version, wire.CodeOK, ""))
 		}
 		if cl.Code == wire.CodeOK {
 			return ErrClosed

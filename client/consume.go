@@ -112,7 +112,10 @@ func (s *Consumer) Consume(ctx context.Context, handler func(*Delivery) error, o
 			ds, how := b.ds, b.how
 			inflight.Add(1)
 			err := b.fn(ctx, b.tags, func(err error) {
-				if err != nil {
+				// A stale settle (the connection broke, a reconnecting
+				// Conn goes on) is no reason to stop: the broker requeued
+				// those messages.
+				if err != nil && !errors.Is(err, ErrStaleDelivery) {
 					mu.Lock()
 					if settleEr == nil {
 						settleEr = err
@@ -126,6 +129,17 @@ func (s *Consumer) Consume(ctx context.Context, handler func(*Delivery) error, o
 				}
 				inflight.Done()
 			})
+			if errors.Is(err, ErrStaleDelivery) {
+				if o.onSettled != nil {
+					for _, d := range ds {
+						o.onSettled(d, how, err)
+					}
+				}
+				inflight.Done()
+				gathered -= len(b.tags)
+				b.tags, b.ds = b.tags[:0], nil
+				continue
+			}
 			if err != nil {
 				// Not queued: keep the tags for finish's last flush.
 				inflight.Done()

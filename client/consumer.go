@@ -44,7 +44,7 @@ type SubscribeOptions struct {
 // Payload and Props may share a backing array with other messages of the
 // same batch, so slicing beyond their length is not allowed.
 type Delivery struct {
-	Tag           uint64 // unique and increasing per consumer, from 1
+	Tag           uint64 // unique and increasing per consumer (across reconnects too), from 1
 	DeliveryCount uint32 // earlier deliveries of this message
 	Redelivered   bool
 	Persistent    bool // published persistent
@@ -64,6 +64,7 @@ type Consumer struct {
 	queue      string
 	ackMode    AckMode
 	autoCredit bool
+	exclusive  bool
 	grantAt    uint32 // AutoCredit: credit owed is sent once it reaches this
 
 	mu struct {
@@ -76,6 +77,16 @@ type Consumer struct {
 		cancelled bool                // CANCEL completed: nothing more will arrive
 		err       error
 		waitCh    chan struct{}
+		// A reconnecting Conn (reconnect.go): subscribed once its first
+		// SUBSCRIBE completed, cancelling once Cancel sent CANCEL (it is
+		// not subscribed again). The server numbers each subscription's
+		// tags from 1; Delivery.Tag adds tagBase, the highest tag of the
+		// connections before, so tags never repeat and a settle can tell
+		// a stale one. creditGen grows with each SUBSCRIBE sent again: a
+		// CREDIT counted in that SUBSCRIBE's credit is not sent.
+		subscribed, cancelling bool
+		tagBase, maxTag        uint64
+		creditGen              uint64
 	}
 }
 
@@ -93,7 +104,7 @@ func (c *Conn) Subscribe(ctx context.Context, queue string, opts SubscribeOption
 		return nil, fmt.Errorf("%w: ack mode %d", ErrInvalid, opts.AckMode)
 	}
 	credit := min(opts.Credit, c.creditMax, consumerBufferMax)
-	s := &Consumer{c: c, queue: queue, ackMode: opts.AckMode, autoCredit: opts.AutoCredit, grantAt: max(1, credit/4)}
+	s := &Consumer{c: c, queue: queue, ackMode: opts.AckMode, autoCredit: opts.AutoCredit, exclusive: opts.Exclusive, grantAt: max(1, credit/4)}
 	s.mu.credit = credit
 	if opts.AutoCredit && opts.AckMode == AckExplicit {
 		s.mu.unsettled = make(map[uint64]struct{}, credit)
@@ -120,10 +131,10 @@ func (c *Conn) Subscribe(ctx context.Context, queue string, opts SubscribeOption
 		d.Flags |= wire.SubscribeExclusive
 	}
 	cl := getCall()
-	err := c.command(ctx, func(b []byte, id uint64) []byte {
+	err := c.commandAs(ctx, cmdSpec{kind: kindSubscribe, cons: s}, func(b []byte, id uint64) []byte {
 		d.CommandID = id
 		return wire.AppendSubscribe(b, c.version, &d)
-	}, nil, cl, nil)
+	}, s.resubscribed, cl, nil)
 	if err != nil {
 		putCall(cl)
 		c.forget(s.id)
@@ -144,6 +155,67 @@ func (c *Conn) Subscribe(ctx context.Context, queue string, opts SubscribeOption
 		return nil, err
 	}
 	return s, nil
+}
+
+// resubscribed records the outcome of a SUBSCRIBE: on success the
+// consumer is subscribed again after a reconnect; a SUBSCRIBE sent again
+// that the new server refuses ends the consumer with its error.
+func (s *Consumer) resubscribed(err error) {
+	s.mu.Lock()
+	again := s.mu.subscribed
+	if err == nil {
+		s.mu.subscribed = true
+	}
+	s.mu.Unlock()
+	if err != nil && again {
+		s.c.forget(s.id)
+		s.fail(err)
+	}
+}
+
+// resubscribe reports whether a reconnect subscribes s again: it was
+// subscribed and is not being cancelled.
+func (s *Consumer) resubscribe() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.subscribed && !s.mu.cancelling && !s.mu.cancelled
+}
+
+// appendSubscribe encodes the SUBSCRIBE that (re)creates s on a new
+// connection, with the credit the server owes s now. c.mu is held.
+func (s *Consumer) appendSubscribe(b []byte, v wire.Version, id uint64) []byte {
+	s.mu.Lock()
+	s.mu.creditGen++
+	credit := s.mu.credit
+	s.mu.Unlock()
+	d := wire.Subscribe{CommandID: id, ConsumerID: s.id, Queue: []byte(s.queue), Credit: credit, AckMode: uint8(s.ackMode)}
+	if s.exclusive {
+		d.Flags |= wire.SubscribeExclusive
+	}
+	return wire.AppendSubscribe(b, v, &d)
+}
+
+// suspend resets s after its connection broke, before the next one:
+// an AckExplicit consumer drops what it buffered (the server requeues
+// it), the credit those messages, and under AutoCredit every unsettled
+// one, had used is owed again, and later tags start above every tag so
+// far. c.mu is held.
+func (s *Consumer) suspend() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ackMode == AckExplicit {
+		dropped := len(s.mu.q) - s.mu.head
+		clear(s.mu.q)
+		s.mu.q = s.mu.q[:0]
+		s.mu.head = 0
+		if s.mu.unsettled != nil {
+			dropped = len(s.mu.unsettled)
+			clear(s.mu.unsettled)
+		}
+		s.mu.credit += uint32(dropped)
+		s.mu.credit = min(s.mu.credit, s.c.creditMax, consumerBufferMax)
+	}
+	s.mu.tagBase = s.mu.maxTag
 }
 
 func (c *Conn) forget(id uint32) {
@@ -197,8 +269,9 @@ func (s *Consumer) Next(ctx context.Context) (*Delivery, error) {
 				s.mu.grant++
 				n = s.takeGrantLocked()
 			}
+			gen := s.mu.creditGen
 			s.mu.Unlock()
-			s.sendCredit(n)
+			s.sendCredit(n, gen)
 			return d, nil
 		}
 		if s.mu.err != nil {
@@ -214,8 +287,9 @@ func (s *Consumer) Next(ctx context.Context) (*Delivery, error) {
 		// out now or the server may have nothing to send.
 		n := s.takeGrantLocked()
 		if n > 0 {
+			gen := s.mu.creditGen
 			s.mu.Unlock()
-			s.sendCredit(n)
+			s.sendCredit(n, gen)
 			s.mu.Lock()
 			continue
 		}
@@ -262,12 +336,24 @@ func (s *Consumer) addCreditLocked(n uint32) uint32 {
 	return add
 }
 
-func (s *Consumer) sendCredit(n uint32) {
+// sendCredit sends a CREDIT of n, added to s.mu.credit while creditGen
+// was gen; if a SUBSCRIBE sent again since carried it, it is not sent.
+func (s *Consumer) sendCredit(n uint32, gen uint64) {
 	if n == 0 {
 		return
 	}
-	id := s.id
-	s.c.control(func(b []byte) []byte { return wire.AppendCredit(b, s.c.version, id, n) })
+	s.c.control(func(b []byte) []byte { return s.appendCredit(b, n, gen) })
+}
+
+// appendCredit is sendCredit's frame; c.mu is held.
+func (s *Consumer) appendCredit(b []byte, n uint32, gen uint64) []byte {
+	s.mu.Lock()
+	stale := s.mu.creditGen != gen
+	s.mu.Unlock()
+	if stale {
+		return b
+	}
+	return wire.AppendCredit(b, s.c.version, s.id, n)
 }
 
 // Credit lets the server send n more messages. It does not block and has
@@ -286,9 +372,10 @@ func (s *Consumer) Credit(n uint32) (uint32, error) {
 		return 0, ErrConsumerClosed
 	}
 	add := s.addCreditLocked(n)
+	gen := s.mu.creditGen
 	s.mu.Unlock()
 	if add > 0 {
-		if err := s.c.control(func(b []byte) []byte { return wire.AppendCredit(b, s.c.version, s.id, add) }); err != nil {
+		if err := s.c.control(func(b []byte) []byte { return s.appendCredit(b, add, gen) }); err != nil {
 			return 0, err
 		}
 	}
@@ -306,10 +393,18 @@ func (s *Consumer) Cancel(ctx context.Context) error {
 		return nil
 	}
 	c := s.c
-	err := c.roundTrip(ctx, func(b []byte, id uint64) []byte {
+	s.mu.Lock()
+	s.mu.cancelling = true
+	s.mu.Unlock()
+	err := c.roundTrip(ctx, cmdSpec{kind: kindCancel}, func(b []byte, id uint64) []byte {
 		return wire.AppendCancel(b, c.version, id, s.id)
 	})
 	if err != nil {
+		if !errors.Is(err, ErrOutcomeUnknown) {
+			s.mu.Lock()
+			s.mu.cancelling = false // never sent
+			s.mu.Unlock()
+		}
 		return err
 	}
 	c.forget(s.id)
@@ -358,6 +453,14 @@ func (s *Consumer) push(ds []Delivery) error {
 		return fmt.Errorf("consumer %d got %d messages with %d credit", s.id, len(ds), s.mu.credit)
 	}
 	s.mu.credit -= uint32(len(ds))
+	if base := s.mu.tagBase; base > 0 {
+		for i := range ds {
+			ds[i].Tag += base
+		}
+	}
+	if n := len(ds); n > 0 {
+		s.mu.maxTag = max(s.mu.maxTag, ds[n-1].Tag)
+	}
 	if s.mu.head > 0 && len(s.mu.q)+len(ds) > cap(s.mu.q) {
 		n := copy(s.mu.q, s.mu.q[s.mu.head:])
 		clear(s.mu.q[n:])
@@ -509,6 +612,29 @@ func (s *Consumer) settle(ctx context.Context, t wire.Type, tags []uint64, done 
 	if wait && calledFromCallback() {
 		return ErrCalledFromCallback
 	}
+	// The generation first, then the tag base: a break in between moves
+	// both, and the command is then refused as stale (commandAs).
+	c.mu.Lock()
+	gen := c.mu.gen
+	c.mu.Unlock()
+	s.mu.Lock()
+	base := s.mu.tagBase
+	s.mu.Unlock()
+	if base > 0 {
+		// Server tags of this subscription; tags of connections before
+		// are dropped: their messages were requeued.
+		live := make([]uint64, 0, len(tags))
+		for _, t := range tags {
+			if t > base {
+				live = append(live, t-base)
+			}
+		}
+		if len(live) == 0 {
+			return ErrStaleDelivery
+		}
+		tags = live
+	}
+	spec := cmdSpec{kind: kindSettle, gen: gen}
 	ranges := buildRanges(nil, tags)
 	per := rangesPerFrame(c.frameMax)
 	chunks := (len(ranges) + per - 1) / per
@@ -540,9 +666,9 @@ func (s *Consumer) settle(ctx context.Context, t wire.Type, tags []uint64, done 
 		}
 		var err error
 		if grp != nil {
-			err = c.command(ctx, build, nil, nil, grp)
+			err = c.commandAs(ctx, spec, build, nil, nil, grp)
 		} else {
-			err = c.command(ctx, build, done, cl, nil)
+			err = c.commandAs(ctx, spec, build, done, cl, nil)
 		}
 		if err != nil {
 			if i == 0 {
@@ -566,7 +692,7 @@ func (s *Consumer) settle(ctx context.Context, t wire.Type, tags []uint64, done 
 		}
 	}
 	endSubmit()
-	s.settled(tags)
+	s.settled(tags, base)
 	return c.waitIf(ctx, cl)
 }
 
@@ -577,19 +703,21 @@ func (c *Conn) waitIf(ctx context.Context, cl *call) error {
 	return c.wait(ctx, cl)
 }
 
-// settled returns credit for tags under AutoCredit.
-func (s *Consumer) settled(tags []uint64) {
+// settled returns credit for tags (server tags, base below the
+// consumer's) under AutoCredit.
+func (s *Consumer) settled(tags []uint64, base uint64) {
 	if !s.autoCredit || s.ackMode != AckExplicit {
 		return
 	}
 	s.mu.Lock()
 	for _, t := range tags {
-		if _, ok := s.mu.unsettled[t]; ok {
-			delete(s.mu.unsettled, t)
+		if _, ok := s.mu.unsettled[t+base]; ok {
+			delete(s.mu.unsettled, t+base)
 			s.mu.grant++
 		}
 	}
 	n := s.takeGrantLocked()
+	gen := s.mu.creditGen
 	s.mu.Unlock()
-	s.sendCredit(n)
+	s.sendCredit(n, gen)
 }

@@ -60,12 +60,62 @@
 // (their callbacks run on whichever goroutine noticed the end), and then
 // Conn.Done is closed: after Done, no callback of that Conn runs.
 //
-// A Conn does not reconnect. When it fails, pending and later calls return
-// an error wrapping ErrClosed; messages acquired by its consumers and not
-// accepted are requeued by the server, so an AckExplicit consumer's
-// buffered deliveries are dropped rather than handed out (see
-// Consumer.Next). To survive a broker restart, dial again (ServerAddrs
-// lists the cluster's addresses), publish again what ended with
-// ErrOutcomeUnknown (at-least-once: it may arrive twice), and subscribe
-// again.
+// Without Config.Reconnect a Conn does not reconnect. When it fails,
+// pending and later calls return an error wrapping ErrClosed; messages
+// acquired by its consumers and not accepted are requeued by the server,
+// so an AckExplicit consumer's buffered deliveries are dropped rather than
+// handed out (see Consumer.Next). To survive a broker restart, dial again
+// (ServerAddrs lists the cluster's addresses), publish again what ended
+// with ErrOutcomeUnknown (at-least-once: it may arrive twice), and
+// subscribe again; or set Config.Reconnect.
+//
+// # Reconnecting
+//
+// With Config.Reconnect a Conn outlives its connection. When the
+// connection breaks (a network error, a missed heartbeat, the server
+// closing it), the Conn reports EventDisconnected and dials the addresses
+// it knows, those of the latest WELCOME and then those given to Dial, in
+// rounds separated by waits that double from DelayMin up to DelayMax with
+// jitter, until one takes a session (the same login again) or the
+// policy's bound of rounds or time runs out (EventGaveUp: the Conn then
+// ends as one without Reconnect would, Err wrapping ErrGaveUp). While it
+// dials, calls queue as usual and wait for window space; Flush waits.
+//
+// On the new connection (EventReconnected), in command-id order and under
+// their own ids:
+//   - publishes that had no answer are sent again, and so are declares,
+//     binds and unbinds (idempotent): their callers see only the final
+//     outcome. A resent command that the new server refuses fails with
+//     ErrOutcomeUnknown (and ErrConnectionLost), not an *Error: the copy
+//     sent before the break may have been carried out. What is kept for this is the encoded message per
+//     uncompleted publish, so the window bounds it (a slot keeps a buffer
+//     of up to 16 KiB for its next command).
+//   - each consumer is subscribed again (same Consumer value, same
+//     options) with the credit the server owed it; deliveries keep
+//     increasing tags.
+//   - a Cancel that had no answer is done (the consumer is not
+//     subscribed again); a Purge or Delete fails with ErrConnectionLost
+//     (with ErrOutcomeUnknown if it was sent).
+//
+// Deliveries of the broken connection cannot be settled any more: the
+// broker requeued them when that session ended, and they come back marked
+// Redelivered. An AckExplicit consumer drops those it buffered; settling
+// one the program holds returns ErrStaleDelivery and sends nothing (in a
+// batch, such tags are left out and the rest settled). A settle that was
+// out at the break fails with ErrStaleDelivery too, with
+// ErrOutcomeUnknown if it was sent. Consume goes on past these. AckNone
+// deliveries still in flight at the break are lost (at-most-once).
+//
+// Resent publishes carry the Conn's producer id (ProducerID) and their
+// command id as sequence number, on servers of protocol 1.2 and later
+// (docs/PROTOCOL.md, PUBLISH): a queue that already enqueued a resent
+// message skips it, so a publish is enqueued once per queue even when
+// its first answer was lost. Older servers, or NoProducerID, make resends
+// at-least-once. The server keeps this state for at most 1024 producers
+// per queue. A server that answers a publish with shutdown (it is going
+// away) did not take it: a reconnecting Conn sends it again elsewhere.
+//
+// A reconnect offers only the protocol version negotiated first and asks
+// for the same frame size; a server that offers less (a smaller window or
+// credit) is passed over.
 package client

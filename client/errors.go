@@ -49,6 +49,23 @@ var (
 	ErrConsumerClosed = errors.New("client: consumer cancelled")
 	// ErrNoTags is returned by the batch settle calls when given no tags.
 	ErrNoTags = errors.New("client: no delivery tags given")
+	// ErrConnectionLost is the result of a command of a reconnecting Conn
+	// (Config.Reconnect) that could not be carried over to the new
+	// connection (a purge or a delete; a settle gets ErrStaleDelivery).
+	// With ErrOutcomeUnknown it was sent and may have taken effect;
+	// without, it was never sent. The Conn itself lives on.
+	ErrConnectionLost = errors.New("client: the connection broke; the command was not carried over to the next one")
+	// ErrStaleDelivery is the result of a settle (Accept, Release, Reject)
+	// of deliveries that came over a connection that has since broken: a
+	// reconnecting Conn cannot settle them on its new connection. Those
+	// messages were requeued by the broker when the old session ended and
+	// come back, marked Redelivered, to a consumer. With
+	// ErrOutcomeUnknown the settle was sent before the break and may have
+	// taken effect (then the message does not come back).
+	ErrStaleDelivery = errors.New("client: delivery from a connection that broke; the broker requeues it")
+	// ErrGaveUp is wrapped by Conn.Err (and so by the errors of calls)
+	// when a reconnecting Conn stopped trying (ReconnectPolicy bounds).
+	ErrGaveUp = errors.New("client: gave up reconnecting")
 )
 
 // Error is an ERROR or CLOSE frame from the server. Returned by a command

@@ -261,3 +261,69 @@ func ExampleError() {
 	}
 	// Output: code: not-found not found: true
 }
+
+// A Conn with a ReconnectPolicy outlives a broker restart: it dials
+// again, subscribes its consumer again and goes on.
+func ExampleReconnectPolicy() {
+	dir, err := os.MkdirTemp("", "berth-example-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	cfg := server.DefaultConfig()
+	cfg.ClientAddr = "127.0.0.1:0"
+	cfg.AdminAddr = ""
+	cfg.DataDir = dir
+	cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	srv, err := server.Start(cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	up := make(chan struct{}, 1)
+	conn, err := client.DialConfig(ctx, client.Config{Reconnect: &client.ReconnectPolicy{
+		MaxTime: 10 * time.Second,
+		OnEvent: func(e client.Event) {
+			fmt.Println("event:", e.Kind)
+			if e.Kind == client.EventReconnected {
+				up <- struct{}{}
+			}
+		},
+	}}, srv.ClientAddr())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	if err := conn.DeclareQueue(ctx, "jobs", client.QueueOptions{Durable: true}); err != nil {
+		log.Fatal(err)
+	}
+	sub, err := conn.Subscribe(ctx, "jobs", client.SubscribeOptions{Credit: 10, AutoCredit: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	// The broker restarts on the same address and data.
+	srv.Close()
+	cfg.ClientAddr = srv.ClientAddr()
+	if srv, err = server.Start(cfg); err != nil {
+		log.Fatal(err)
+	}
+	defer srv.Close()
+	<-up
+
+	if err := conn.Publish(ctx, "", "jobs", []byte("after the restart"), client.PublishOptions{Persistent: true}); err != nil {
+		log.Fatal(err)
+	}
+	d, err := sub.Next(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("the same consumer got %q\n", d.Payload)
+	conn.Close() // before the broker's deferred Close, which it would report
+	// Output:
+	// event: disconnected
+	// event: reconnected
+	// the same consumer got "after the restart"
+}

@@ -13,7 +13,7 @@ import (
 func newFrameConn(t *testing.T) (*Conn, net.Conn) {
 	a, b := net.Pipe()
 	t.Cleanup(func() { a.Close(); b.Close() })
-	c := &Conn{nc: a, version: wire.Current, frameMax: wire.FrameSizeDefault, creditMax: 100}
+	c := &Conn{nc: a, version: wire.Current, frameMax: wire.FrameSizeDefault, creditMax: 100, rl: &link{nc: a}}
 	c.done = make(chan struct{})
 	c.kick = make(chan struct{}, 1)
 	c.mu.win = newWindow(8)

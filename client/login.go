@@ -11,7 +11,7 @@ import (
 // offeredVersions are the protocol versions HELLO offers, newest first: a
 // 1.0 server (which has no AUTH frame) still serves this client, except
 // for SCRAM-SHA-256, which needs 1.1.
-var offeredVersions = []wire.Version{wire.VersionAuth, wire.Version10}
+var offeredVersions = []wire.Version{wire.VersionProducer, wire.VersionAuth, wire.Version10}
 
 // login is the client's side of the mechanism Config names.
 type login struct {

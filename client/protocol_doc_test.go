@@ -3,6 +3,7 @@ package client
 import (
 	"bufio"
 	"encoding/hex"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -50,15 +51,27 @@ func TestProtocolDocExamples(t *testing.T) {
 		t.Fatalf("found %d example frames, expected one per frame type", len(frames))
 	}
 	seen := map[wire.Type]bool{}
+	producerSeen := false
 	for _, fr := range frames {
 		h, body, n, err := wire.Next(fr, wire.FrameSizeDefault)
 		if err != nil || n != len(fr) {
 			t.Fatalf("example % x: n=%d of %d, err %v", fr, n, len(fr), err)
 		}
 		seen[h.Type] = true
-		if err := decodeAny(h.Type, body); err != nil {
+		if h.Type == wire.TypePublish && h.Flags != 0 {
+			var p wire.Publish
+			if err := wire.DecodePublishSession(body, h.Flags, h.Version, &p); err != nil || p.Producer == 0 || h.Version < wire.VersionProducer {
+				t.Errorf("producer PUBLISH example (version %v): producer %x, %v", h.Version, p.Producer, err)
+			}
+			producerSeen = true
+			continue
+		}
+		if err := decodeAny(h.Type, h.Version, body); err != nil {
 			t.Errorf("example %v: %v", h.Type, err)
 		}
+	}
+	if !producerSeen {
+		t.Error("no example of a PUBLISH with a producer id")
 	}
 	for _, typ := range []wire.Type{wire.TypeHello, wire.TypeWelcome, wire.TypeHeartbeat, wire.TypeClose, wire.TypeComplete,
 		wire.TypeError, wire.TypeAuth, wire.TypeDeclareQueue, wire.TypeDeclareExchange, wire.TypeBind, wire.TypeDelete, wire.TypePurge,
@@ -69,7 +82,7 @@ func TestProtocolDocExamples(t *testing.T) {
 	}
 }
 
-func decodeAny(t wire.Type, body []byte) error {
+func decodeAny(t wire.Type, v wire.Version, body []byte) error {
 	switch t {
 	case wire.TypeHello:
 		return wire.DecodeHello(body, &wire.Hello{})
@@ -90,7 +103,14 @@ func decodeAny(t wire.Type, body []byte) error {
 	case wire.TypeAuth:
 		return wire.DecodeAuth(body, &wire.Auth{})
 	case wire.TypeDeclareQueue:
-		return wire.DecodeDeclareQueue(body, &wire.DeclareQueue{})
+		var d wire.DeclareQueue
+		if err := wire.DecodeDeclareQueueVersion(body, v, &d); err != nil {
+			return err
+		}
+		if v >= wire.VersionSchedule && d.Options.MaxPriority == 0 {
+			return fmt.Errorf("the 1.2 example declares no max priority")
+		}
+		return nil
 	case wire.TypeDeclareExchange:
 		return wire.DecodeDeclareExchange(body, &wire.DeclareExchange{})
 	case wire.TypeBind, wire.TypeUnbind:
@@ -100,7 +120,23 @@ func decodeAny(t wire.Type, body []byte) error {
 	case wire.TypePurge:
 		return wire.DecodePurge(body, &wire.Purge{})
 	case wire.TypePublish:
-		return wire.DecodePublish(body, &wire.Publish{})
+		var p wire.Publish
+		if err := wire.DecodePublishVersion(body, v, &p); err != nil {
+			return err
+		}
+		if v >= wire.VersionSchedule {
+			// The 1.2 example: priority 7, then priority 2 with a
+			// deliver-at time of 2026-01-01T00:00:00Z.
+			var m wire.PublishMessage
+			var got []string
+			for p.Next(&m) {
+				got = append(got, fmt.Sprintf("%d/%d", m.Priority, m.DeliverAtMs))
+			}
+			if want := "[7/0 2/1767225600000]"; fmt.Sprint(got) != want {
+				return fmt.Errorf("the 1.2 example decodes as %v, want %s", got, want)
+			}
+		}
+		return nil
 	case wire.TypeSubscribe:
 		return wire.DecodeSubscribe(body, &wire.Subscribe{})
 	case wire.TypeCancel:

@@ -19,6 +19,53 @@ type PublishOptions struct {
 	// Props are opaque application properties handed to consumers
 	// unchanged; at most wire.PropsLenMax bytes.
 	Props []byte
+	// Priority orders the message on a queue declared with MaxPriority:
+	// higher first, FIFO within a priority, a priority above the queue's
+	// maximum counting as the maximum. Other queues ignore it.
+	Priority uint8
+	// DeliverAt holds the message back: no consumer gets it before then
+	// (to the millisecond, rounded up). Its TTL, if any, runs from then.
+	// The zero time, or a time already past, delivers at once.
+	DeliverAt time.Time
+	// Delay is DeliverAt as a span from the call: the later of the two
+	// applies.
+	Delay time.Duration
+}
+
+// WithPriority returns o with Priority set, for a one-line publish:
+// c.Publish(ctx, "", "q", body, client.PublishOptions{}.WithPriority(5)).
+func (o PublishOptions) WithPriority(p uint8) PublishOptions { o.Priority = p; return o }
+
+// WithDeliverAt returns o with DeliverAt set.
+func (o PublishOptions) WithDeliverAt(t time.Time) PublishOptions { o.DeliverAt = t; return o }
+
+// WithDelay returns o with Delay set.
+func (o PublishOptions) WithDelay(d time.Duration) PublishOptions { o.Delay = d; return o }
+
+// deliverAtMs is the wire's deliver_at_ms for o, 0 for at once.
+func (o *PublishOptions) deliverAtMs() uint64 {
+	at := o.DeliverAt
+	if o.Delay > 0 {
+		if d := time.Now().Add(o.Delay); d.After(at) {
+			at = d
+		}
+	}
+	if at.IsZero() {
+		return 0
+	}
+	ms := at.UnixMilli()
+	if at.Sub(time.UnixMilli(ms)) > 0 {
+		ms++ // round up: never before the time asked for
+	}
+	if ms <= 0 {
+		return 0
+	}
+	return uint64(ms)
+}
+
+// unsupported is the error for a 1.2 feature on an older session.
+func (c *Conn) unsupported() error {
+	return fmt.Errorf("priorities and deliver-at times need protocol %v; the server speaks %v", wire.VersionSchedule, c.version)
 }
 
 // durationMs converts d to wire milliseconds, rounding a positive
@@ -86,9 +133,26 @@ func (c *Conn) publish(ctx context.Context, exchange, key string, payload []byte
 	if len(opts.Props) > wire.PropsLenMax {
 		return fmt.Errorf("%w: props longer than %d bytes", ErrInvalid, wire.PropsLenMax)
 	}
+	var flags uint8
+	if opts.Persistent {
+		flags |= wire.MsgPersistent
+	}
+	deliverAt := opts.deliverAtMs()
+	if opts.Priority != 0 {
+		flags |= wire.MsgPriority
+	}
+	if deliverAt != 0 {
+		flags |= wire.MsgDeliverAt
+	}
 	// The whole message must fit in a PUBLISH frame of its own.
 	msgLen := wire.PublishMessageOverhead + len(key) + len(opts.Props) + len(payload)
-	if wire.HeaderSize+8+2+len(exchange)+2+msgLen > int(c.frameMax) {
+	if flags&(wire.MsgPriority|wire.MsgDeliverAt) != 0 {
+		if c.version < wire.VersionSchedule {
+			return fmt.Errorf("%w: %w", ErrInvalid, c.unsupported())
+		}
+		msgLen += wire.PublishExtensionBytes
+	}
+	if wire.HeaderSize+8+wire.PublishProducerOverhead+2+len(exchange)+2+msgLen > int(c.frameMax) {
 		return ErrTooLarge
 	}
 	if err := ctx.Err(); err != nil {
@@ -97,10 +161,6 @@ func (c *Conn) publish(ctx context.Context, exchange, key string, payload []byte
 	if cl != nil && calledFromCallback() {
 		return ErrCalledFromCallback
 	}
-	var flags uint8
-	if opts.Persistent {
-		flags |= wire.MsgPersistent
-	}
 	ttl := durationMs(opts.TTL)
 
 	c.mu.Lock()
@@ -108,20 +168,27 @@ func (c *Conn) publish(ctx context.Context, exchange, key string, payload []byte
 		c.mu.Unlock()
 		return err
 	}
+	id := c.mu.win.add(fn, cl, nil)
+	if c.cfg.Reconnect != nil {
+		// Kept in the slot (whose buffer is reused) to be sent again if
+		// the connection breaks before the answer.
+		sl := c.mu.win.at(id)
+		sl.kind, sl.exchange = kindPublish, exchange
+		sl.msg = wire.AppendPublishMessageAt(sl.msg[:0], flags, ttl, opts.Priority, deliverAt, key, opts.Props, payload)
+		c.appendPublishLocked(id, exchange, sl.msg)
+		c.kickLocked()
+		c.mu.Unlock()
+		return nil
+	}
 	// Join the open PUBLISH frame when it is for the same exchange and has
 	// room; ids stay consecutive because any other frame seals it.
-	if c.mu.pubStart < 0 || c.mu.pubExchange != exchange || c.mu.pubCount >= wire.BatchMax ||
+	if c.mu.pubStart < 0 || c.mu.pubExchange != exchange || c.mu.pubNext != id || c.mu.pubCount >= wire.BatchMax ||
 		len(c.mu.out)-c.mu.pubStart+msgLen > int(c.frameMax) {
-		c.sealPublishLocked()
-		var start int
-		c.mu.out, start = wire.AppendPublishStart(c.mu.out, c.version, c.mu.win.next, exchange, 0)
-		c.mu.pubStart = start
-		c.mu.pubCountOff = len(c.mu.out) - 2
-		c.mu.pubExchange = exchange
+		c.startPublishLocked(id, exchange)
 	}
-	c.mu.win.add(fn, cl, nil)
-	c.mu.out = wire.AppendPublishMessage(c.mu.out, flags, ttl, key, opts.Props, payload)
+	c.mu.out = wire.AppendPublishMessageAt(c.mu.out, flags, ttl, opts.Priority, deliverAt, key, opts.Props, payload)
 	c.mu.pubCount++
+	c.mu.pubNext = id + 1
 	c.kickLocked()
 	c.mu.Unlock()
 	return nil

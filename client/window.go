@@ -46,6 +46,26 @@ type group struct {
 	call      *call
 }
 
+// slotKind says what a reconnecting Conn does with an uncompleted command
+// when its connection breaks (reconnect.go).
+type slotKind uint8
+
+const (
+	kindLost      slotKind = iota // not resent: it fails with ErrConnectionLost
+	kindPublish                   // resent from msg, under its own id
+	kindResend                    // idempotent: build is run again for the new connection
+	kindSubscribe                 // SUBSCRIBE of cons, encoded afresh
+	kindCancel                    // CANCEL: done, since the consumer is not resubscribed
+	kindSettle                    // a settle of deliveries of the dead connection
+)
+
+// slotMsgKeepMax is the largest resend buffer a slot keeps for its next
+// command; bigger ones go to the collector once their command completed.
+// The ring has twice the window's slots, so a reconnecting Conn keeps at
+// most 2 × Window × 16 KiB (32 MiB at the default window) once a burst of
+// large messages is over; messages above it cost an allocation each.
+const slotMsgKeepMax = 16 << 10
+
 // slot is one uncompleted command.
 type slot struct {
 	id   uint64
@@ -53,6 +73,16 @@ type slot struct {
 	fn   func(error)
 	call *call
 	grp  *group
+	// What a reconnecting Conn needs to send it again (kind); kept only
+	// with Config.Reconnect.
+	kind     slotKind
+	exchange string                           // kindPublish
+	msg      []byte                           // kindPublish: the encoded message; reused by the slot's next command
+	build    func(b []byte, id uint64) []byte // kindResend
+	cons     *Consumer                        // kindSubscribe
+	// resent: sent on a connection that broke, then again: a refusal
+	// now does not say the first copy was not carried out.
+	resent bool
 }
 
 // completion is a finished command whose waiter or callback still has to be
@@ -103,10 +133,17 @@ func (w *window) add(fn func(error), cl *call, grp *group) uint64 {
 	id := w.next
 	w.next++
 	s := &w.slots[id&w.mask]
-	*s = slot{id: id, used: true, fn: fn, call: cl, grp: grp}
+	*s = slot{id: id, used: true, fn: fn, call: cl, grp: grp, msg: s.msg[:0]}
 	w.inflight++
 	return id
 }
+
+// at is the slot of command id, which the caller knows is out.
+func (w *window) at(id uint64) *slot { return &w.slots[id&w.mask] }
+
+// hasRoom reports whether one more id can be handed out without reusing a
+// slot that is still out, whatever the window's own bound says.
+func (w *window) hasRoom() bool { return w.next-w.tail < uint64(len(w.slots)) }
 
 // take removes command id and returns it; ok is false if id is not out.
 func (w *window) take(id uint64) (slot, bool) {
@@ -118,7 +155,12 @@ func (w *window) take(id uint64) (slot, bool) {
 		return slot{}, false
 	}
 	out := *s
-	*s = slot{}
+	var keep []byte
+	if cap(s.msg) <= slotMsgKeepMax {
+		keep = s.msg[:0]
+	}
+	*s = slot{msg: keep}
+	out.msg = nil
 	w.inflight--
 	for w.tail < w.next && !w.slots[w.tail&w.mask].used {
 		w.tail++

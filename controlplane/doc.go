@@ -114,6 +114,10 @@
 //
 // # Limits
 //
-// The peer port has no authentication: run controllers on a trusted
-// network. A snapshot is built and sent whole, in memory.
+// The port is open to anyone unless Config.Auth is set (berthd's
+// -cluster-ca/-cluster-cert/-cluster-key or -cluster-secret-file): then
+// every connection, raft peer, broker or berthctl alike, proves cluster
+// membership (internal/peerauth) before its first frame is read, and
+// ctlclient.NewClientAuth gives that proof. A snapshot is built and sent
+// whole, in memory.
 package controlplane

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -213,6 +214,40 @@ func TestHeartbeatShardsExpireIncrementally(t *testing.T) {
 	h.beat(5, nil, now)
 	if c := h.candidate(5, 2, now); !c.Alive || c.LogEnd.Index != 5 {
 		t.Fatalf("revived broker lost its log ends: %+v", c)
+	}
+}
+
+// TestRestartedBrokerCountedDeadOnce: a broker whose connection closed
+// and that heartbeats again at once over a new one (it restarted within
+// one scan) is still reported dead once, so the groups it mastered get a
+// new epoch; then it is alive again.
+func TestRestartedBrokerCountedDeadOnce(t *testing.T) {
+	h := newHeartbeats(time.Minute)
+	t0 := time.Unix(1000, 0)
+	ends := []ctlapi.GroupLogEnd{{Group: 1, LogEnd: ctlapi.LogEnd{Epoch: 2, Index: 7}}}
+	h.beatOn(3, ends, t0, 10)
+	h.beatOn(4, ends, t0, 11)
+	h.disconnected(10, []uint32{3}, t0.Add(time.Millisecond))
+	h.beatOn(3, ends, t0.Add(2*time.Millisecond), 12) // the restarted process
+	now := t0.Add(3 * time.Millisecond)
+	if c := h.candidate(3, 1, now); c.Alive {
+		t.Fatalf("a broker whose connection closed is a candidate before the scan: %+v", c)
+	}
+	if dead := h.expired(now); !slices.Equal(dead, []uint32{3}) {
+		t.Fatalf("expired %v, want [3]", dead)
+	}
+	h.beatOn(3, ends, now, 12)
+	if c := h.candidate(3, 1, now); !c.Alive {
+		t.Fatalf("a broker heartbeating after the scan is not alive: %+v", c)
+	}
+	if dead := h.expired(now.Add(time.Second)); len(dead) != 0 {
+		t.Fatalf("reported dead again: %v", dead)
+	}
+	// A connection closing that is not the one the broker heartbeats on
+	// changes nothing.
+	h.disconnected(99, []uint32{4}, now)
+	if dead := h.expired(now.Add(time.Second)); len(dead) != 0 {
+		t.Fatalf("an old connection's close killed broker 4: %v", dead)
 	}
 }
 

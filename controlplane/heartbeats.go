@@ -45,6 +45,11 @@ type hbEntry struct {
 	logEnds []ctlapi.GroupLogEnd // sorted by group
 	data    uint64               // primaryData(logEnds), for primary elections
 	index   int                  // position in heap; -1 when not in it
+	// lost: the connection of its heartbeats closed and no scan has
+	// counted it dead since. A heartbeat over a new connection (the
+	// broker restarted at once) does not cancel that: the scan reports it
+	// dead once, so the groups it mastered get a new epoch.
+	lost bool
 }
 
 type hbHeap []*hbEntry
@@ -114,6 +119,7 @@ func (h *heartbeats) disconnected(conn uint64, ids []uint32, now time.Time) {
 		s.mu.Lock()
 		if e := s.brokers[id]; e != nil && e.conn == conn && e.index >= 0 {
 			e.deadline = now
+			e.lost = true
 			heap.Fix(&s.heap, e.index)
 		}
 		s.mu.Unlock()
@@ -134,7 +140,9 @@ func (h *heartbeats) beatOn(id uint32, logEnds []ctlapi.GroupLogEnd, now time.Ti
 		e = &hbEntry{id: id, index: -1}
 		s.brokers[id] = e
 	}
-	e.deadline = now.Add(h.timeout)
+	if !e.lost {
+		e.deadline = now.Add(h.timeout)
+	}
 	e.dead = false
 	e.heard = true
 	e.conn = conn
@@ -157,7 +165,7 @@ func (h *heartbeats) expired(now time.Time) []uint32 {
 		s.mu.Lock()
 		for len(s.heap) > 0 && s.heap[0].deadline.Before(now) {
 			e := heap.Pop(&s.heap).(*hbEntry)
-			e.dead = true
+			e.dead, e.lost = true, false
 			out = append(out, e.id)
 		}
 		s.mu.Unlock()

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/berthmq/berth/internal/peerauth"
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
 )
@@ -68,6 +69,11 @@ type Config struct {
 	// with no configuration and waits for the leader's snapshot. Peers
 	// must still hold this node's own address.
 	Join bool
+	// Auth, if set, is the proof of cluster membership every connection
+	// to this node must give before its first frame is read (raft peers,
+	// brokers and berthctl alike), and that this node gives when it dials
+	// its peers.
+	Auth *peerauth.Auth
 	// Faults, if set, cuts raft links (tests only).
 	Faults *Faults
 	Logger *slog.Logger
@@ -304,7 +310,7 @@ func Start(cfg Config) (*Node, error) {
 		}
 	}
 	n.listener = ln
-	n.transport = newTransport(cfg.ID, cfg.Peers, cfg.Faults, cfg.Logger)
+	n.transport = newTransport(cfg.ID, cfg.Peers, cfg.Auth, cfg.Faults, cfg.Logger)
 	n.adoptAddressBook(state.Controllers())
 	n.wg.Add(3)
 	go n.run()

@@ -84,14 +84,22 @@ func (sc *serverConn) reply(r wire.CtlResponse) {
 	sc.w.Send(func(b []byte) []byte { return wire.AppendCtlResponse(b, r) })
 }
 
-func (n *Node) serveConn(c net.Conn) {
+func (n *Node) serveConn(raw net.Conn) {
 	defer n.wg.Done()
 	defer func() {
-		c.Close()
+		raw.Close()
 		n.connsMu.Lock()
-		delete(n.conns, c)
+		delete(n.conns, raw)
 		n.connsMu.Unlock()
 	}()
+	// No frame is read before the peer proved it belongs to the cluster.
+	c, err := n.cfg.Auth.Server(raw)
+	if err != nil {
+		if n.cfg.Auth.AllowLog(false) {
+			n.cfg.Logger.Warn("controlplane: refused a connection before any frame (logged at most once a second)", "remote", raw.RemoteAddr().String(), "err", err)
+		}
+		return
+	}
 	sc := &serverConn{c: c, w: coalesce.New(c, func(error) { c.Close() }), id: n.connSeq.Add(1)}
 	defer func() {
 		if !n.cfg.KeepBrokersOnDisconnect {

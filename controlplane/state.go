@@ -180,7 +180,10 @@ func (s *State) electMaster(ev *ctlapi.ElectMaster) ctlapi.Result {
 		g.ElectedLogEnd = logEnd
 		s.setMaster(g, winner)
 		if winner == 0 {
-			g.SyncStateSet = nil
+			// Fenced with no member of the set alive: the set still names
+			// who holds every committed event, and one of them is elected
+			// when it comes back (an empty set would leave the group
+			// without a master for good, short of an unclean election).
 		} else if firstElection {
 			// An empty group: every live candidate holds all of it.
 			g.SyncStateSet = eligible(g, eg, true, s.brokers)

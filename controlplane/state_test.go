@@ -94,8 +94,9 @@ func TestElection(t *testing.T) {
 			Candidates: []ctlapi.Candidate{dead(1), alive(2, 1, 7), alive(3, 1, 9)}}}}, 3, 2, []uint32{3}, 1},
 		{"epoch beats index", false, ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 1,
 			Candidates: []ctlapi.Candidate{dead(1), alive(2, 2, 1), alive(3, 1, 900)}}}}, 2, 2, []uint32{2}, 1},
+		// Fenced: no master, and the set kept for when one of it is back.
 		{"outside set is not clean", false, ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 1,
-			Candidates: []ctlapi.Candidate{dead(1), dead(2), dead(3), alive(4, 1, 100)}}}}, 0, 2, nil, 1},
+			Candidates: []ctlapi.Candidate{dead(1), dead(2), dead(3), alive(4, 1, 100)}}}}, 0, 2, []uint32{1, 2, 3}, 1},
 		{"unclean by event", false, ctlapi.ElectMaster{Unclean: true, Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 1,
 			Candidates: []ctlapi.Candidate{dead(1), dead(2), dead(3), alive(4, 1, 100)}}}}, 4, 2, []uint32{4}, 1},
 		{"unclean by cluster config", true, ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 1,
@@ -137,6 +138,31 @@ func TestElection(t *testing.T) {
 				t.Fatalf("masterOf index still lists old master")
 			}
 		})
+	}
+}
+
+// TestFencedGroupElectsReturningMember: a group fenced because no member
+// of its set was alive elects the first member of that set to come back,
+// and never a broker outside it.
+func TestFencedGroupElectsReturningMember(t *testing.T) {
+	s := newCluster(t, 4, 4)
+	mustOK(t, s, &ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 0, Preferred: 1,
+		Candidates: []ctlapi.Candidate{alive(1, 0, 0), alive(2, 0, 0)}}}})
+	mustOK(t, s, &ctlapi.AlterSyncStateSet{Group: 0, Master: 1, Epoch: 1, Set: []uint32{1}})
+	mustOK(t, s, &ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 1,
+		Candidates: []ctlapi.Candidate{dead(1), alive(2, 1, 9)}}}})
+	if g, _ := s.Group(0); g.Master != 0 || g.Epoch != 2 || !slices.Equal(g.SyncStateSet, []uint32{1}) {
+		t.Fatalf("fenced: %+v", g)
+	}
+	mustOK(t, s, &ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 2,
+		Candidates: []ctlapi.Candidate{dead(1), alive(2, 1, 9), alive(3, 1, 9)}}}})
+	if g, _ := s.Group(0); g.Master != 0 || g.Epoch != 2 {
+		t.Fatalf("a broker outside the set was elected: %+v", g)
+	}
+	mustOK(t, s, &ctlapi.ElectMaster{Groups: []ctlapi.ElectGroup{{Group: 0, Epoch: 2,
+		Candidates: []ctlapi.Candidate{alive(1, 1, 5), alive(2, 1, 9)}}}})
+	if g, _ := s.Group(0); g.Master != 1 || g.Epoch != 3 || !slices.Equal(g.SyncStateSet, []uint32{1}) {
+		t.Fatalf("the returning member was not elected: %+v", g)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berthmq/berth/internal/peerauth"
 	"github.com/berthmq/berth/wire"
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
@@ -98,6 +99,7 @@ type report struct {
 type transport struct {
 	self    uint64
 	addr    string // this member's own address, announced in each connection's hello
+	auth    *peerauth.Auth
 	faults  *Faults
 	logger  *slog.Logger
 	reports chan report // read by the raft goroutine
@@ -114,8 +116,8 @@ type peer struct {
 	gone chan struct{} // closed when the peer leaves the membership
 }
 
-func newTransport(self uint64, addrs map[uint64]string, faults *Faults, logger *slog.Logger) *transport {
-	t := &transport{self: self, addr: addrs[self], faults: faults, logger: logger, peers: map[uint64]*peer{},
+func newTransport(self uint64, addrs map[uint64]string, auth *peerauth.Auth, faults *Faults, logger *slog.Logger) *transport {
+	t := &transport{self: self, addr: addrs[self], auth: auth, faults: faults, logger: logger, peers: map[uint64]*peer{},
 		reports: make(chan report, sendQueueMax), stop: make(chan struct{})}
 	for id, a := range addrs {
 		t.addPeer(id, a)
@@ -223,6 +225,15 @@ func (t *transport) run(p *peer) {
 			} else {
 				if conn == nil {
 					c, err := net.DialTimeout("tcp", p.addr, dialTimeout)
+					if err == nil {
+						raw := c
+						if c, err = t.auth.Client(raw, p.addr); err != nil {
+							raw.Close()
+							if t.auth.AllowLog(true) {
+								t.logger.Warn("controlplane: peer refused or failed the cluster handshake", "peer", p.id, "addr", p.addr, "err", err)
+							}
+						}
+					}
 					if err != nil {
 						t.report(report{to: p.id, unreachable: true})
 						if isSnap {

@@ -1,8 +1,10 @@
 package server
 
 import (
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -27,6 +29,9 @@ type metrics struct {
 	connections       prometheus.Gauge
 	protocolErrors    prometheus.Counter
 	heartbeatTimeouts prometheus.Counter
+	handshakeTimeouts prometheus.Counter
+	outboundTimeouts  prometheus.Counter
+	outboundStalls    prometheus.Counter
 	unroutable        prometheus.Counter
 	ringFull          prometheus.Counter
 }
@@ -42,6 +47,9 @@ func newMetrics(s *Server) *metrics {
 	m.connections = prometheus.NewGauge(prometheus.GaugeOpts{Name: "berth_connections", Help: "Open client connections."})
 	m.protocolErrors = prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_protocol_errors_total", Help: "Connections closed for a protocol error."})
 	m.heartbeatTimeouts = prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_heartbeat_timeouts_total", Help: "Connections closed for missed heartbeats."})
+	m.handshakeTimeouts = prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_handshake_timeouts_total", Help: "Connections closed for not logging in within the handshake timeout."})
+	m.outboundTimeouts = prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_outbound_timeouts_total", Help: "Connections closed for staying over their cap of unwritten bytes for the outbound timeout."})
+	m.outboundStalls = prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_outbound_stalls_total", Help: "Times a connection went over its cap of unwritten bytes and deliveries to it were held back."})
 	m.unroutable = prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_unroutable_total", Help: "Published messages that matched no queue."})
 	m.ringFull = prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_ring_full_total", Help: "Times an event loop found a shard ring full and backed off."})
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -52,7 +60,7 @@ func newMetrics(s *Server) *metrics {
 			return 0
 		}))
 	if s.cfg.Role != RoleController {
-		m.reg.MustRegister(m.connections, m.protocolErrors, m.heartbeatTimeouts, m.unroutable, m.ringFull, newShardCollector(s))
+		m.reg.MustRegister(m.connections, m.protocolErrors, m.heartbeatTimeouts, m.handshakeTimeouts, m.outboundTimeouts, m.outboundStalls, m.unroutable, m.ringFull, newShardCollector(s))
 	}
 	if s.cfg.controllerEmbedded() {
 		m.reg.MustRegister(newControllerCollector(s))
@@ -64,6 +72,13 @@ func newMetrics(s *Server) *metrics {
 // /metrics, /debug/pprof/, /v1/status, and on a broker /v1/queues. Start
 // runs it first, so that it answers while the rest comes up.
 func (s *Server) startAdmin() error {
+	if err := s.checkAdminConfig(); err != nil {
+		return err
+	}
+	tlsCfg, err := s.adminTLS()
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", s.cfg.AdminAddr)
 	if err != nil {
 		return fmt.Errorf("server: admin listen on %s: %w", s.cfg.AdminAddr, err)
@@ -113,7 +128,11 @@ func (s *Server) startAdmin() error {
 	if s.cfg.Role != RoleController {
 		mux.HandleFunc("/v1/groups", s.serveGroups)
 	}
-	s.admin = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	s.admin = &http.Server{Handler: s.guardAdmin(mux), ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+	if tlsCfg != nil {
+		ln = tls.NewListener(ln, tlsCfg)
+	}
 	go func() { _ = s.admin.Serve(ln) }()
 	return nil
 }

@@ -136,6 +136,7 @@ type queueStats struct {
 	Durable      bool   `json:"durable"`
 	Ready        int    `json:"ready"`
 	Unacked      int    `json:"unacked"`
+	Delayed      int    `json:"delayed"`
 	Depth        int    `json:"depth"`
 	Consumers    int    `json:"consumers"`
 	Bytes        uint64 `json:"bytes"`
@@ -178,7 +179,7 @@ func (s *Server) serveQueueStats(w http.ResponseWriter, r *http.Request) {
 		totals.DeadLettered += m.Stats.DeadLettered
 		for _, q := range m.Queues {
 			row := queueStats{
-				Name: q.Name, Shard: m.Shard, Ready: q.Ready, Unacked: q.Unacked, Depth: q.Ready + q.Unacked,
+				Name: q.Name, Shard: m.Shard, Ready: q.Ready, Unacked: q.Unacked, Delayed: q.Delayed, Depth: q.Ready + q.Unacked,
 				Consumers: q.Consumers, Bytes: q.Bytes, Published: q.Published, Delivered: q.Delivered,
 				Accepted: q.Accepted, DeadLettered: q.DeadLettered, Expired: q.Expired,
 			}

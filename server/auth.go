@@ -379,7 +379,6 @@ func loopbackListen(addr string) bool {
 // client address off loopback when there are none. It runs in Start
 // before the client listeners.
 func (s *Server) startAuth() (applied uint64, err error) {
-	s.auth = newAuthState(s.cfg.AllowPlainWithoutTLS)
 	if s.ctl != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), wiringTimeout)
 		defer cancel()

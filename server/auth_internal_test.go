@@ -25,6 +25,9 @@ func (f *fakeTransport) WriteAsync(bufs [][]byte, done func()) error { done(); r
 func (f *fakeTransport) send(frame []byte, _ bool) error             { f.sent <- frame; return nil }
 func (f *fakeTransport) writeOwned(b []byte)                         {}
 func (f *fakeTransport) runOwned(fn func()) error                    { fn(); return nil }
+func (f *fakeTransport) outBuffered() int64                          { return 0 }
+func (f *fakeTransport) wake()                                       {}
+func (f *fakeTransport) abort()                                      {}
 func (f *fakeTransport) RemoteAddr() net.Addr                        { return f.remote }
 
 // TestDefaultUserOnlyFromLoopback: mechanism none logs in from 127.0.0.1

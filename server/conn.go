@@ -22,6 +22,15 @@ type connState struct {
 	// (mutual TLS), for EXTERNAL; set before the first frame.
 	peerCerts []*x509.Certificate
 	sess      *shards.Session // nil until HELLO
+	// sessAt is sess for the heartbeat goroutine, set with it.
+	sessAt atomic.Pointer[shards.Session]
+	// openedAt is when the connection was accepted (unix nanoseconds),
+	// for the handshake timeout.
+	openedAt int64
+	// readStalled is when the owner stopped taking frames because the
+	// connection was over its cap of pending bytes, or 0 (outbound.go).
+	readStalled atomic.Int64
+	checking    atomic.Bool // a checkOutbound is queued on the owner
 
 	version     wire.Version
 	frameMax    uint32

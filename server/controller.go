@@ -119,7 +119,7 @@ func (s *Server) startController(wait bool) (*controllerWiring, error) {
 		if len(cfg.ControllerPeers) == 1 {
 			addr = cfg.ControllerPeers[cfg.ControllerID]
 		}
-		n, err := controlplane.StartSingle(dir, addr, cfg.Logger)
+		n, err := controlplane.StartSingleAuth(dir, addr, s.peerAuth, cfg.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("server: controller: %w", err)
 		}
@@ -129,7 +129,7 @@ func (s *Server) startController(wait bool) (*controllerWiring, error) {
 		return &controllerWiring{n: n, timeout: wiringTimeout}, nil
 	}
 	n, err := controlplane.Start(controlplane.Config{ID: cfg.ControllerID, Peers: maps.Clone(cfg.ControllerPeers), Dir: dir, LeaseRead: cfg.ControllerLeaseRead,
-		Join: cfg.ControllerJoin, Logger: cfg.Logger})
+		Join: cfg.ControllerJoin, Auth: s.peerAuth, Logger: cfg.Logger})
 	if err != nil {
 		return nil, fmt.Errorf("server: controller: %w", err)
 	}
@@ -140,7 +140,7 @@ func (s *Server) startController(wait bool) (*controllerWiring, error) {
 	for _, id := range slices.Sorted(maps.Keys(cfg.ControllerPeers)) {
 		addrs = append(addrs, cfg.ControllerPeers[id])
 	}
-	s.ctlClient = ctlclient.NewClient(addrs)
+	s.ctlClient = ctlclient.NewClientAuth(addrs, s.peerAuth)
 	cfg.Logger.Info("server: controller member started", "id", cfg.ControllerID, "addr", n.Addr(), "members", len(addrs), "join", cfg.ControllerJoin)
 	if cfg.ControllerJoin {
 		// A joining member hears from no leader until an operator adds
@@ -189,6 +189,12 @@ func waitControllerLeader(n *controlplane.Node, wait time.Duration, members int,
 func startControllerOnly(s *Server) error {
 	if _, err := s.startController(false); err != nil {
 		return err
+	}
+	if s.cfg.AdminAddr != "" && adminAuthRequired(s.cfg.AdminAddr, s.cfg.AdminToken) {
+		// The admin HTTP's basic auth checks the controller's users. The
+		// watch reads them once a leader answers; start does not wait.
+		s.regWG.Add(1)
+		go s.watchUsers(0)
 	}
 	s.log.Info("berth: controller started", "controller", s.ctl.Addr(), "id", s.ctl.ID(), "admin", s.AdminAddr())
 	return nil

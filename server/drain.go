@@ -74,7 +74,7 @@ func (h *handler) refuse(cs *connState, buf []byte) (consumed int, action gnet.A
 		case wire.TypeHeartbeat, wire.TypeCredit:
 		case wire.TypePublish:
 			var p wire.Publish
-			if wire.DecodePublish(body, &p) != nil {
+			if wire.DecodePublishSession(body, hd.Flags, cs.version, &p) != nil {
 				action = cs.protocolError(wire.CodeMalformed, "PUBLISH: malformed")
 				break
 			}

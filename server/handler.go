@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"math"
 	"sync"
 	"time"
 
@@ -112,7 +113,8 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 // opened registers a new connection, whichever listener took it.
 func (h *handler) opened(t transport, tls bool) *connState {
 	cs := &connState{s: h.s, t: t, tls: tls, consumers: map[uint32]int{}, usedIDs: map[uint32]bool{}}
-	cs.lastRecv.Store(time.Now().UnixNano())
+	cs.openedAt = time.Now().UnixNano()
+	cs.lastRecv.Store(cs.openedAt)
 	cs.lastBeat = cs.lastRecv.Load()
 	h.s.conns.Lock()
 	h.s.conns.set[cs] = struct{}{}
@@ -167,9 +169,11 @@ func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 	if consumed > 0 {
 		_, _ = c.Discard(consumed)
 	}
-	if stalled && action == gnet.None && !h.parked(cs) {
+	if stalled && action == gnet.None && cs.readStalled.Load() == 0 && !h.parked(cs) {
 		// A shard ring is full: come back once the loop has run its other
-		// work, and carry on where we stopped.
+		// work, and carry on where we stopped. (A connection over its
+		// outbound cap is woken once it drains, by the stall watcher or
+		// the heartbeat scan: outbound.go.)
 		_ = c.Wake(nil)
 	}
 	return action
@@ -192,6 +196,11 @@ func (h *handler) traffic(cs *connState, buf []byte) (consumed int, action gnet.
 		act := cs.protocolError(wire.CodeResourceLimit, "inbound buffer limit exceeded")
 		h.writeOut(cs)
 		return 0, act, false
+	}
+	if cs.overOutbound() {
+		// The client does not read what we write: take none of its frames,
+		// whose answers would pile up too, until it drains (outbound.go).
+		return 0, gnet.None, true
 	}
 	action = gnet.None
 	maxFrame := h.s.cfg.FrameSizeMax
@@ -252,7 +261,7 @@ func (h *handler) frame(cs *connState, hd wire.Header, body []byte) (done bool, 
 	}
 	switch hd.Type {
 	case wire.TypePublish:
-		return h.publish(cs, body)
+		return h.publish(cs, hd.Flags, body)
 	case wire.TypeAccept, wire.TypeRelease, wire.TypeReject:
 		return h.settle(cs, hd.Type, body)
 	case wire.TypeCredit:
@@ -331,9 +340,16 @@ func (h *handler) push(cs *connState, shard int, cmd shards.Command) bool {
 	return true
 }
 
-func (h *handler) publish(cs *connState, body []byte) (bool, gnet.Action) {
+// deliverAtMsMax is the latest deliver-at time that unix nanoseconds in
+// an int64 hold.
+const deliverAtMsMax = math.MaxInt64 / uint64(time.Millisecond)
+
+func (h *handler) publish(cs *connState, flags uint8, body []byte) (bool, gnet.Action) {
 	var p wire.Publish
-	if err := wire.DecodePublish(body, &p); err != nil {
+	if flags != 0 && cs.version < wire.VersionProducer {
+		return true, cs.protocolError(wire.CodeMalformed, "PUBLISH: flags need protocol "+wire.VersionProducer.String())
+	}
+	if err := wire.DecodePublishSession(body, flags, cs.version, &p); err != nil {
 		return true, cs.protocolError(wire.CodeMalformed, "PUBLISH: "+err.Error())
 	}
 	routing := h.s.wiring.Routing()
@@ -384,9 +400,14 @@ func (h *handler) publish(cs *connState, body []byte) (bool, gnet.Action) {
 			h.park(cs, sh)
 			return false, gnet.None
 		}
+		if m.DeliverAtMs > deliverAtMsMax {
+			cs.fail(id, wire.CodeInvalid, "deliver_at_ms beyond the year 2262")
+			continue
+		}
 		persistent := m.Flags&wire.MsgPersistent != 0
 		b := shards.NewBody(p.Exchange, m.RoutingKey, m.Props, m.Payload, persistent)
-		cmd := shards.Command{Op: shards.OpPublish, Sess: cs.sess, CmdID: id, Body: b, Now: now, TTLNanos: int64(m.TTLMs) * int64(time.Millisecond)}
+		b.Priority, b.DeliverAt = m.Priority, int64(m.DeliverAtMs)*int64(time.Millisecond)
+		cmd := shards.Command{Op: shards.OpPublish, Sess: cs.sess, CmdID: id, Body: b, Now: now, TTLNanos: int64(m.TTLMs) * int64(time.Millisecond), Producer: p.Producer}
 		if len(targets) > 1 {
 			cmd.Fanout = shards.NewFanout(len(targets))
 			for range targets[1:] {

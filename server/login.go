@@ -146,7 +146,13 @@ func (h *handler) loggedIn(cs *connState, u *authUser, final []byte) gnet.Action
 	cs.heartbeatNs = int64(l.heartbeatMs) * int64(time.Millisecond)
 	cs.hbNs.Store(cs.heartbeatNs)
 	cs.helloVer.Store(uint32(l.version))
-	cs.sess = &shards.Session{ID: h.s.nextSession.Add(1), Version: l.version, FrameMax: l.frameMax, Out: cs.t}
+	cs.sess = &shards.Session{ID: h.s.nextSession.Add(1), Version: l.version, FrameMax: l.frameMax, Out: cs.t,
+		OutMax: cfg.OutboundMax}
+	cs.sessAt.Store(cs.sess)
+	cs.sess.OnStall = func() { h.s.stalls.add(cs) }
+	if t, ok := cs.t.(*tlsConn); ok {
+		t.setGauge(&cs.sess.OutBuffered)
+	}
 	addr := h.s.addr
 	if cs.tls {
 		addr = h.s.TLSAddr() // a TLS client fails over to TLS addresses

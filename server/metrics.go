@@ -26,13 +26,13 @@ type shardCollector struct {
 
 	published, delivered, accepted, deadLettered, queues *prometheus.Desc
 
-	qDepth, qReady, qUnacked, qConsumers, qBytes                     *prometheus.Desc
-	qPublished, qDelivered, qAccepted, qDeadLettered, qExpired       *prometheus.Desc
-	ringFull, storeErrors, droppedDeadLetters, recovery, recoveredMs *prometheus.Desc
-	fsyncs, recordsPerFsync, fsyncSeconds, appends, segments         *prometheus.Desc
-	diskBytes, liveBytes, journalFailed                              *prometheus.Desc
-	memLimit, memUsed, memPaged, memThrottled, memThrottles          *prometheus.Desc
-	pageOuts, pageIns, pageErrors                                    *prometheus.Desc
+	qDepth, qReady, qUnacked, qDelayed, qConsumers, qBytes                       *prometheus.Desc
+	qPublished, qDelivered, qAccepted, qDeadLettered, qExpired                   *prometheus.Desc
+	ringFull, storeErrors, droppedDeadLetters, duplicates, recovery, recoveredMs *prometheus.Desc
+	fsyncs, recordsPerFsync, fsyncSeconds, appends, segments                     *prometheus.Desc
+	diskBytes, liveBytes, journalFailed                                          *prometheus.Desc
+	memLimit, memUsed, memPaged, memThrottled, memThrottles                      *prometheus.Desc
+	pageOuts, pageIns, pageErrors                                                *prometheus.Desc
 }
 
 func newShardCollector(s *Server) *shardCollector {
@@ -52,6 +52,7 @@ func newShardCollector(s *Server) *shardCollector {
 		qDepth:        d("berth_queue_depth", "Messages in the queue: ready and unacked.", q),
 		qReady:        d("berth_queue_ready", "Messages ready for delivery.", q),
 		qUnacked:      d("berth_queue_unacked", "Messages delivered and not yet accepted, released or rejected.", q),
+		qDelayed:      d("berth_queue_delayed", "Messages held until their deliver-at time.", q),
 		qConsumers:    d("berth_queue_consumers", "Consumers subscribed to the queue.", q),
 		qBytes:        d("berth_queue_bytes", "Payload and property bytes of the messages in the queue, ready and unacked.", q),
 		qPublished:    d("berth_queue_published_total", "Messages that entered the queue since start: publishes and dead letters routed to it (not journal recovery).", q),
@@ -63,6 +64,7 @@ func newShardCollector(s *Server) *shardCollector {
 		ringFull:           d("berth_shard_ring_full_total", "Times a non-blocking push (an event loop, a ticker, another shard) found the shard's ring full.", sh),
 		storeErrors:        d("berth_shard_store_errors_total", "Journal records of the shard that failed to become durable; their commands got an error.", sh),
 		droppedDeadLetters: d("berth_shard_dropped_dead_letters_total", "Dead letters the shard dropped because other shards' rings stayed full.", sh),
+		duplicates:         d("berth_shard_publish_duplicates_total", "Publishes the shard's queues skipped as retries of an enqueue they had applied (same producer id, sequence number not newer).", sh),
 		recovery:           d("berth_shard_recovery_seconds", "How long the shard's journal recovery took at start.", sh),
 		recoveredMs:        d("berth_shard_recovered_messages", "Messages the shard's journal recovery brought back at start.", sh),
 		fsyncs:             d("berth_journal_fsyncs_total", "Journal fsyncs that made records durable.", sh),
@@ -86,9 +88,9 @@ func newShardCollector(s *Server) *shardCollector {
 
 func (c *shardCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.published, c.delivered, c.accepted, c.deadLettered, c.queues,
-		c.qDepth, c.qReady, c.qUnacked, c.qConsumers, c.qBytes,
+		c.qDepth, c.qReady, c.qUnacked, c.qDelayed, c.qConsumers, c.qBytes,
 		c.qPublished, c.qDelivered, c.qAccepted, c.qDeadLettered, c.qExpired,
-		c.ringFull, c.storeErrors, c.droppedDeadLetters, c.recovery, c.recoveredMs,
+		c.ringFull, c.storeErrors, c.droppedDeadLetters, c.duplicates, c.recovery, c.recoveredMs,
 		c.fsyncs, c.recordsPerFsync, c.fsyncSeconds, c.appends, c.segments,
 		c.diskBytes, c.liveBytes, c.journalFailed,
 		c.memLimit, c.memUsed, c.memPaged, c.memThrottled, c.memThrottles, c.pageOuts, c.pageIns, c.pageErrors} {
@@ -132,6 +134,7 @@ func (c *shardCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.qDepth, float64(q.Ready+q.Unacked), name)
 			gauge(c.qReady, float64(q.Ready), name)
 			gauge(c.qUnacked, float64(q.Unacked), name)
+			gauge(c.qDelayed, float64(q.Delayed), name)
 			gauge(c.qConsumers, float64(q.Consumers), name)
 			gauge(c.qBytes, float64(q.Bytes), name)
 			counter(c.qPublished, q.Published, name)
@@ -144,6 +147,7 @@ func (c *shardCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.ringFull, m.RingFull, shard)
 		counter(c.storeErrors, m.Stats.StoreErrors, shard)
 		counter(c.droppedDeadLetters, m.Stats.DroppedDeadLetters, shard)
+		counter(c.duplicates, m.Stats.Duplicates, shard)
 		mem := &m.Memory
 		gauge(c.memLimit, float64(mem.LimitBytes), shard)
 		gauge(c.memUsed, float64(mem.UsedBytes), shard)

@@ -49,7 +49,7 @@ func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Actio
 	switch t {
 	case wire.TypeDeclareQueue:
 		var m wire.DeclareQueue
-		if err := wire.DecodeDeclareQueue(body, &m); err != nil {
+		if err := wire.DecodeDeclareQueueVersion(body, cs.version, &m); err != nil {
 			return cs.protocolError(wire.CodeMalformed, "DECLARE_QUEUE: "+err.Error())
 		}
 		if err := m.Options.Check(); err != nil {

@@ -247,7 +247,7 @@ func (s *Server) startGroups() error {
 	m, err := groups.StartManager(groups.ManagerConfig{
 		Self: s.brokerID, PeerAddr: s.cfg.PeerAddr, Advertise: s.cfg.PeerAdvertise,
 		Dir: filepath.Join(s.cfg.DataDir, "groups"), Fsync: policy, Ctl: s.brokerClient(),
-		Replicas: s.cfg.GroupReplicas, Logger: s.log,
+		Replicas: s.cfg.GroupReplicas, Auth: s.peerAuth, Logger: s.log,
 		Apply: func(g uint32, e wire.GroupEntry) {
 			if s.replicator != nil {
 				s.replicator.apply(g, e)

@@ -37,10 +37,18 @@ import (
 
 // Group log events of replicated queues.
 const (
-	gevEnqueue byte = 'E' // name str16, expiresAt u64, persistent u8, exchange str16, key str16, props bytes, payload bytes
+	// gevEnqueue: name str16, expiresAt u64, persistent u8, exchange
+	// str16, key str16, props bytes, payload bytes; then, for a message
+	// with a priority or a deliver-at time, priority u8 and deliverAt u64
+	// (unix ns); then, for a publish with a producer id, producer u64 and
+	// its seq u64. The trailers are told apart by what remains (9, 16 or
+	// 25 bytes): older entries lack them, and older brokers never read
+	// past the payload.
+	gevEnqueue byte = 'E'
 	gevRemove  byte = 'R' // name str16, seq u64 (logs written before gevRemoves)
 	gevRemoves byte = 'S' // name str16, n u32, n x seq u64
 	gevBarrier byte = 'B'
+	gevDelete  byte = 'D' // name str16: the master dropped the queue
 )
 
 // replicator is the server's shards.Replicator.
@@ -125,7 +133,7 @@ func groupError(err error) error {
 	return shards.Errorf(wire.CodeInternal, "%v", err)
 }
 
-func (r *replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt int64, done func(error)) error {
+func (r *replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt int64, producer, producerSeq uint64, done func(error)) error {
 	data := make([]byte, 0, 32+len(q.Name)+len(b.Exchange)+len(b.RoutingKey)+len(b.Props)+len(b.Payload))
 	data = append(data, gevEnqueue)
 	data = wire.AppendStr(data, q.Name)
@@ -135,6 +143,14 @@ func (r *replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt i
 	data = wire.AppendStrBytes(data, b.RoutingKey)
 	data = wire.AppendBytes(data, b.Props)
 	data = wire.AppendBytes(data, b.Payload)
+	if b.Priority != 0 || b.DeliverAt != 0 {
+		data = wire.AppendU8(data, b.Priority)
+		data = wire.AppendU64(data, uint64(b.DeliverAt))
+	}
+	if producer != 0 {
+		data = wire.AppendU64(data, producer)
+		data = wire.AppendU64(data, producerSeq)
+	}
 	return r.propose(q, data, done)
 }
 
@@ -150,6 +166,11 @@ func (r *replicator) ProposeRemoves(q *shards.Queue, seqs []uint64, done func(er
 		done = func(error) {}
 	}
 	return r.propose(q, data, done)
+}
+
+func (r *replicator) ProposeDelete(q *shards.Queue) error {
+	data := wire.AppendStr([]byte{gevDelete}, q.Name)
+	return r.propose(q, data, func(error) {})
 }
 
 func (r *replicator) Barrier(q *shards.Queue, done func(error)) error {
@@ -172,6 +193,17 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 	}
 	name := string(rd.Str(wire.NameLenMax))
 	s := r.s
+	if kind == gevDelete {
+		// The master dropped the queue when it proposed this. A master
+		// applying it may hold a queue declared again since under the
+		// name: it keeps it (one that became master after the proposal
+		// keeps an empty copy until it restarts).
+		r.forget(g, e.Index)
+		if !r.IsMaster(g) {
+			s.wiring.DropReplica(name)
+		}
+		return
+	}
 	q := s.wiring.Routing().Queue([]byte(name))
 	if q == nil {
 		var err error
@@ -187,13 +219,23 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 		persistent := rd.Bool()
 		ex, key := rd.Str(wire.NameLenMax), rd.Str(wire.RoutingKeyLenMax)
 		props, payload := rd.Bytes(wire.FrameSizeMax), rd.Bytes(wire.FrameSizeMax)
-		if rd.Err() != nil {
+		var producer, producerSeq uint64
+		var prio uint8
+		var at int64
+		if n := rd.Remaining(); n == 9 || n == 25 {
+			prio, at = rd.U8(), int64(rd.U64())
+		}
+		if rd.Remaining() == 16 {
+			producer, producerSeq = rd.U64(), rd.U64()
+		}
+		if rd.Err() != nil || rd.Remaining() != 0 {
 			s.log.Error("server: malformed replicated enqueue; skipped", "group", g, "index", e.Index)
 			return
 		}
 		b := shards.NewBody(ex, key, props, payload, persistent)
+		b.Priority, b.DeliverAt = prio, at
 		seq := e.Index
-		call = func(sh *shards.Shard) { sh.ApplyEnqueue(q, seq, b, exp) }
+		call = func(sh *shards.Shard) { sh.ApplyEnqueue(q, seq, b, exp, producer, producerSeq) }
 	case gevRemove:
 		seq := rd.U64()
 		if rd.Err() != nil {

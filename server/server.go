@@ -1,5 +1,10 @@
 // Package server runs Berth's client listener on gnet event loops, turns
 // frames into shard commands, and serves the admin HTTP endpoints.
+//
+// Security (docs/SECURITY.md): tls.go serves the client TLS listener,
+// auth.go, login.go and authz.go log clients in and check their
+// permissions, clusterauth.go guards the peer and controller ports, and
+// adminauth.go the admin HTTP.
 package server
 
 import (
@@ -22,6 +27,7 @@ import (
 
 	"github.com/berthmq/berth/controlplane"
 	"github.com/berthmq/berth/controlplane/ctlclient"
+	"github.com/berthmq/berth/internal/peerauth"
 	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/server/groups"
 	"github.com/berthmq/berth/server/wiring"
@@ -43,8 +49,19 @@ type Config struct {
 	// InboundMax bounds the bytes buffered from one connection that the
 	// server has not yet taken; past it the connection is closed.
 	InboundMax int
-	Logger     *slog.Logger
-	ServerName string
+	// OutboundMax caps the bytes written to one connection that its
+	// client has not read yet; past it the connection gets no deliveries
+	// and takes no frames until it drains to half (outbound.go). 0 means
+	// OutboundMaxDefault, negative no cap.
+	OutboundMax int64
+	// OutboundTimeout closes a connection that stays over OutboundMax this
+	// long (0: OutboundTimeoutDefault).
+	OutboundTimeout time.Duration
+	// HandshakeTimeout closes a connection that has not logged in this
+	// long after it was accepted (0: HandshakeTimeoutDefault).
+	HandshakeTimeout time.Duration
+	Logger           *slog.Logger
+	ServerName       string
 	// Fsync is the journal's policy: "always" (default; a completion
 	// follows the fsync that covers its record) or "never" (a completion
 	// follows the write; unsafe: a machine crash loses completed work).
@@ -125,6 +142,19 @@ type Config struct {
 	PeerAddr, PeerAdvertise string
 	GroupReplicas           int
 
+	// ClusterCA, ClusterCert and ClusterKey (PEM files) make every
+	// connection on the peer and controller ports, both ways, mutual TLS
+	// with certificates the cluster CA signed; ClusterSecretFile holds a
+	// shared secret every such connection proves (clusterauth.go). With
+	// none, those ports must listen on loopback.
+	ClusterCA, ClusterCert, ClusterKey, ClusterSecretFile string
+
+	// AdminToken, if set, opens the admin HTTP's guarded paths to
+	// "Authorization: Bearer AdminToken" and makes them need credentials
+	// even on loopback (adminauth.go). AdminTLSCert and AdminTLSKey make
+	// the admin port serve HTTPS.
+	AdminToken, AdminTLSCert, AdminTLSKey string
+
 	// AllowPlainWithoutTLS lets clients log in with PLAIN on the
 	// plaintext listener, where their password crosses the network in
 	// the clear.
@@ -135,16 +165,19 @@ type Config struct {
 // admin HTTP on 127.0.0.1:7480, one shard and one loop per core.
 func DefaultConfig() Config {
 	return Config{
-		ClientAddr:   "127.0.0.1:7400",
-		AdminAddr:    "127.0.0.1:7480",
-		DataDir:      "data",
-		HeartbeatMs:  5000,
-		FrameSizeMax: wire.FrameSizeDefault,
-		WindowMax:    1 << 16,
-		CreditMax:    1 << 16,
-		InboundMax:   64 << 20,
-		ServerName:   "berthd",
-		Fsync:        "always",
+		ClientAddr:       "127.0.0.1:7400",
+		AdminAddr:        "127.0.0.1:7480",
+		DataDir:          "data",
+		HeartbeatMs:      5000,
+		FrameSizeMax:     wire.FrameSizeDefault,
+		WindowMax:        1 << 16,
+		CreditMax:        1 << 16,
+		InboundMax:       64 << 20,
+		OutboundMax:      OutboundMaxDefault,
+		OutboundTimeout:  OutboundTimeoutDefault,
+		HandshakeTimeout: HandshakeTimeoutDefault,
+		ServerName:       "berthd",
+		Fsync:            "always",
 	}
 }
 
@@ -173,6 +206,18 @@ func (c *Config) fill() {
 	}
 	if c.InboundMax == 0 {
 		c.InboundMax = d.InboundMax
+	}
+	if c.OutboundMax == 0 {
+		c.OutboundMax = d.OutboundMax
+	}
+	if c.OutboundMax < 0 {
+		c.OutboundMax = 0 // no cap
+	}
+	if c.OutboundTimeout <= 0 {
+		c.OutboundTimeout = d.OutboundTimeout
+	}
+	if c.HandshakeTimeout <= 0 {
+		c.HandshakeTimeout = d.HandshakeTimeout
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -213,6 +258,10 @@ type Server struct {
 	runErr  chan error
 	admin   *http.Server
 	adminLn net.Listener
+	// adminLimiter delays failed admin logins per source (adminauth.go);
+	// adminTLSMat is the HTTPS material, or nil.
+	adminLimiter authLimiter
+	adminTLSMat  *tlsMaterial
 	// mgmtWG counts the connections' management goroutines (mgmt.go);
 	// mgmtPending the commands they hold.
 	mgmtWG      sync.WaitGroup
@@ -233,12 +282,16 @@ type Server struct {
 	}
 	sec  *securityMetrics
 	auth *authState // users and logins (auth.go)
+	// peerAuth proves cluster membership on the peer and controller
+	// ports (clusterauth.go), or nil.
+	peerAuth *peerauth.Auth
 
 	conns struct {
 		sync.Mutex // guards set; taken on open, close and heartbeat scans
 		set        map[*connState]struct{}
 	}
 	nextSession atomic.Uint64
+	stalls      stallWatch // connections over their outbound cap (outbound.go)
 	metrics     *metrics
 	boot        boot               // what Start brought up, for the admin HTTP (ready.go)
 	ctl         *controlplane.Node // in-process controller, or nil
@@ -288,8 +341,15 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s.regCtx, s.regCancel = context.WithCancel(context.Background())
 	s.conns.set = map[*connState]struct{}{}
+	s.stalls.kick = make(chan struct{}, 1)
 	s.metrics = newMetrics(s)
 	s.sec = newSecurityMetrics(s.metrics.reg, cfg.Role != RoleController)
+	if err := s.startClusterAuth(); err != nil {
+		return nil, err
+	}
+	// Before the admin HTTP, whose basic auth reads the users: startAuth
+	// (a broker) or startControllerOnly fills them in.
+	s.auth = newAuthState(cfg.AllowPlainWithoutTLS)
 	// The admin HTTP comes first: /readyz answers 503 while the rest
 	// comes up.
 	if cfg.AdminAddr != "" {
@@ -413,12 +473,15 @@ func Start(cfg Config) (*Server, error) {
 			s.stopController()
 			return nil, err
 		}
+		m := s.tlsMat
+		s.registerCertExpiry("client", func() time.Time { return leafNotAfter(m.current.Load()) })
 		s.tlsWG.Add(1)
 		go s.serveTLS(h)
 	}
 	s.boot.serving.Store(true)
-	s.hbWG.Add(1)
+	s.hbWG.Add(2)
 	go s.heartbeats()
+	go func() { defer s.hbWG.Done(); s.stalls.run(s.stopHB) }()
 	if s.ctl != nil {
 		s.regWG.Add(1)
 		go s.watchUsers(usersApplied)
@@ -557,9 +620,22 @@ func (s *Server) heartbeats() {
 			list = append(list, cs)
 		}
 		s.conns.Unlock()
+		var outbound int64
 		for _, cs := range list {
+			if cs.handshakeExpired(now) {
+				continue
+			}
 			cs.heartbeat(now)
+			if sess := cs.sessAt.Load(); sess != nil {
+				outbound += sess.OutBuffered.Load()
+			}
+			if cs.outboundDue() && !cs.checking.Swap(true) {
+				if cs.t.runOwned(func() { cs.checkOutbound(now) }) != nil {
+					cs.checking.Store(false)
+				}
+			}
 		}
+		s.broker.SetOutbound(outbound)
 	}
 }
 

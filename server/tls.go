@@ -252,8 +252,13 @@ type tlsConn struct {
 	nc  *tls.Conn
 	own sync.Mutex
 
+	// gauge is the session's OutBuffered once logged in: every change
+	// of mu.pending is stored there, for the shards' cap.
+	gauge atomic.Pointer[atomic.Int64]
+
 	mu struct {
 		sync.Mutex
+		pending    int64    // bytes queued or being written
 		bufs       [][]byte // queued frames, whole batches in order
 		dones      []func() // run once their bufs are copied out
 		closeAfter bool     // close once what is queued is written
@@ -274,6 +279,12 @@ func (t *tlsConn) enqueue(bufs [][]byte, done func(), closeAfter bool) error {
 	t.mu.bufs = append(t.mu.bufs, bufs...)
 	if done != nil {
 		t.mu.dones = append(t.mu.dones, done)
+	}
+	for _, b := range bufs {
+		t.mu.pending += int64(len(b))
+	}
+	if g := t.gauge.Load(); g != nil {
+		g.Store(t.mu.pending)
 	}
 	t.mu.closeAfter = closeAfter
 	t.mu.Unlock()
@@ -306,6 +317,29 @@ func (t *tlsConn) runOwned(f func()) error {
 	}()
 	return nil
 }
+
+func (t *tlsConn) outBuffered() int64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.mu.pending
+}
+
+// setGauge has every change of the pending bytes stored in g (the
+// session's OutBuffered).
+func (t *tlsConn) setGauge(g *atomic.Int64) {
+	t.mu.Lock()
+	t.gauge.Store(g)
+	g.Store(t.mu.pending)
+	t.mu.Unlock()
+}
+
+// wake does nothing: a reader that stopped taking frames tries again on
+// its own.
+func (t *tlsConn) wake() {}
+
+// abort closes the socket under the writer and the reader: a write in
+// progress fails, and the reader's next read ends the connection.
+func (t *tlsConn) abort() { _ = t.nc.NetConn().Close() }
 
 func (t *tlsConn) closeAfterFlush() {
 	t.mu.Lock()
@@ -357,6 +391,12 @@ func (t *tlsConn) writeLoop() {
 				failed = true // the reader sees the connection fail too
 			}
 		}
+		t.mu.Lock()
+		t.mu.pending -= int64(len(out))
+		if g := t.gauge.Load(); g != nil {
+			g.Store(t.mu.pending)
+		}
+		t.mu.Unlock()
 		if cap(out) > tlsWriteBufferKeepMax {
 			out = nil
 		}

@@ -25,6 +25,13 @@ type transport interface {
 	// runOwned runs f where it may read the owner's state (the loop; for
 	// TLS, between two rounds of frame handling), from any goroutine.
 	runOwned(f func()) error
+	// outBuffered is the bytes the transport holds that the kernel has
+	// not taken; on the owner.
+	outBuffered() int64
+	// wake has the owner handle the frames it holds again.
+	wake()
+	// abort closes the connection at once, dropping what is unwritten.
+	abort()
 	RemoteAddr() net.Addr
 }
 
@@ -34,9 +41,14 @@ type gnetConn struct{ c gnet.Conn }
 // WriteAsync hands the batch to the connection's loop, which writes it in
 // one writev; shards keep a batch under the kernel's IOV_MAX
 // (shards.IovecsMax).
+// Once the batch is written (or buffered), the session's OutBuffered
+// takes the connection's outbound buffer, for the shards' cap.
 func (g gnetConn) WriteAsync(bufs [][]byte, done func()) error {
-	return g.c.AsyncWritev(bufs, func(gnet.Conn, error) error {
+	return g.c.AsyncWritev(bufs, func(c gnet.Conn, _ error) error {
 		done()
+		if cs, ok := c.Context().(*connState); ok && cs.sess != nil {
+			cs.sess.OutBuffered.Store(int64(c.OutboundBuffered()))
+		}
 		return nil
 	})
 }
@@ -53,5 +65,11 @@ func (g gnetConn) writeOwned(b []byte) { _, _ = g.c.Write(b) }
 func (g gnetConn) runOwned(f func()) error {
 	return g.c.AsyncWrite(nil, func(gnet.Conn, error) error { f(); return nil })
 }
+
+func (g gnetConn) outBuffered() int64 { return int64(g.c.OutboundBuffered()) }
+
+func (g gnetConn) wake() { _ = g.c.Wake(nil) }
+
+func (g gnetConn) abort() { _ = g.c.Close() }
 
 func (g gnetConn) RemoteAddr() net.Addr { return g.c.RemoteAddr() }

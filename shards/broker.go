@@ -107,6 +107,10 @@ type Broker struct {
 	wg     sync.WaitGroup
 
 	startup startup // what Start and Recover have done so far (ready.go)
+	// outbound is the bytes waiting on client connections, as the server
+	// last summed them (SetOutbound); the shards count it in their
+	// budget (memory.go).
+	outbound atomic.Int64
 	// pagingTemp is the temporary paging directory to remove at Stop.
 	pagingTemp string
 }
@@ -234,6 +238,7 @@ func (b *Broker) Stop() {
 			b.log.Error("shards: close journal", "shard", s.idx, "err", err)
 		}
 		s.closePages()
+		s.stopTimers()
 	}
 	if b.pagingTemp != "" {
 		_ = os.RemoveAll(b.pagingTemp)
@@ -350,6 +355,14 @@ func (s *Shard) dropQueue(q *Queue) int {
 	q.deleted = true
 	delete(s.queues, q)
 	delete(s.expiring, q)
+	if q.replicated {
+		if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
+			_ = s.proposeRemoves(q, nil)
+			if err := r.ProposeDelete(q); err != nil {
+				s.log.Warn("shards: the deletion of a replicated queue was not proposed; its followers keep an empty copy until they restart", "queue", q.Name, "err", err)
+			}
+		}
+	}
 	return n
 }
 
@@ -359,11 +372,11 @@ type nopEffects struct{ s *Shard }
 func (nopEffects) DeadLetter(*Queue, *Entry, DeadLetterReason) {}
 func (n nopEffects) Removed(q *Queue, e *Entry)                { n.s.Removed(q, e) }
 
-// Purge drops every ready message of q and returns how many.
+// Purge drops every ready and delayed message of q and returns how many.
 func (b *Broker) Purge(q *Queue) (int, error) {
 	n := 0
 	if err := b.Call(b.shards[q.shard], func(s *Shard) {
-		n = q.Ready()
+		n = q.Ready() + q.Delayed()
 		ev := Event{Kind: EvPurge}
 		_ = q.Apply(&ev, nopEffects{s})
 	}); err != nil {
@@ -388,6 +401,7 @@ type QueueInfo struct {
 	Shard     int    `json:"shard"`
 	Ready     int    `json:"ready"`
 	Unacked   int    `json:"unacked"`
+	Delayed   int    `json:"delayed"` // waiting for their deliver-at time
 	Consumers int    `json:"consumers"`
 	Durable   bool   `json:"durable"`
 	Enqueued  uint64 `json:"enqueued"`
@@ -404,7 +418,7 @@ func (b *Broker) Queues() []QueueInfo {
 			mu.Lock()
 			defer mu.Unlock()
 			for q := range sh.queues {
-				out = append(out, QueueInfo{Name: q.Name, Shard: q.shard, Ready: q.Ready(), Unacked: q.Unacked(),
+				out = append(out, QueueInfo{Name: q.Name, Shard: q.shard, Ready: q.Ready(), Unacked: q.Unacked(), Delayed: q.Delayed(),
 					Consumers: len(q.consumers), Durable: q.Options.Durable, Enqueued: q.Enqueued, Delivered: q.Delivered, Acked: q.Acked})
 			}
 		})
@@ -428,7 +442,7 @@ func (b *Broker) QueueInfos(qs []*Queue) []QueueInfo {
 					continue
 				}
 				live[i] = true
-				infos[i] = QueueInfo{Name: q.Name, Shard: q.shard, Ready: q.Ready(), Unacked: q.Unacked(),
+				infos[i] = QueueInfo{Name: q.Name, Shard: q.shard, Ready: q.Ready(), Unacked: q.Unacked(), Delayed: q.Delayed(),
 					Consumers: len(q.consumers), Durable: q.Options.Durable, Enqueued: q.Enqueued, Delivered: q.Delivered, Acked: q.Acked}
 			}
 		})
@@ -453,6 +467,7 @@ func (b *Broker) Stats() ShardStats {
 			t.DeadLettered += sh.stats.DeadLettered
 			t.DroppedDeadLetters += sh.stats.DroppedDeadLetters
 			t.StoreErrors += sh.stats.StoreErrors
+			t.Duplicates += sh.stats.Duplicates
 		})
 	}
 	return t

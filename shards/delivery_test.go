@@ -22,11 +22,15 @@ type deliverySim struct {
 	fx      *recordFx
 	now     int64
 	cons    []*Consumer
-	granted []uint64 // credit given to each consumer in all
-	got     []uint64 // deliveries to each consumer
-	lastNew uint64   // Seq of the last first-time delivery (FIFO check)
-	pending []uint64 // Seqs enqueued and not yet durable, oldest first
+	granted []uint64                // credit given to each consumer in all
+	got     []uint64                // deliveries to each consumer
+	lastNew [PriorityMax + 1]uint64 // Seq of the last first-time delivery per level (FIFO check)
+	pending []uint64                // Seqs enqueued and not yet durable, oldest first
 	trace   []string
+	// delays: this schedule publishes delayed messages; deliverAt holds
+	// their times by Seq.
+	delays    bool
+	deliverAt map[uint64]int64
 }
 
 func newDeliverySim(t *testing.T, seed int64) *deliverySim {
@@ -35,7 +39,11 @@ func newDeliverySim(t *testing.T, seed int64) *deliverySim {
 	if rng.Intn(2) == 0 {
 		opts.MaxDeliveries = uint32(2 + rng.Intn(3))
 	}
-	d := &deliverySim{t: t, rng: rng, q: NewQueue("sim", opts, 0, nil), fx: &recordFx{}, now: 1}
+	if rng.Intn(2) == 0 {
+		opts.MaxPriority = uint8(1 + rng.Intn(PriorityMax))
+	}
+	d := &deliverySim{t: t, rng: rng, q: NewQueue("sim", opts, 0, nil), fx: &recordFx{}, now: 1,
+		delays: rng.Intn(2) == 0, deliverAt: map[uint64]int64{}}
 	for i := range 1 + rng.Intn(4) {
 		c := &Consumer{ID: uint32(i + 1), queue: d.q, unacked: map[uint64]uint64{}}
 		d.cons = append(d.cons, c)
@@ -82,6 +90,14 @@ func (d *deliverySim) dispatch() {
 			return
 		}
 		switch ev.Kind {
+		case EvPromote:
+			if at := d.q.NextDeliverAt(); at == 0 || at > d.now {
+				d.t.Fatalf("promote decided at %d, the next delayed message is due at %d", d.now, at)
+			}
+			d.trace = append(d.trace, "promote")
+			if err := d.q.Apply(&ev, d.fx); err != nil {
+				d.t.Fatal(err)
+			}
 		case EvExpire:
 			if h := d.q.Head(); h == nil || h.ExpiresAt == 0 || h.ExpiresAt > d.now {
 				d.t.Fatalf("expire decided for a head that has not expired: %+v", h)
@@ -105,11 +121,17 @@ func (d *deliverySim) dispatch() {
 			if ev.Tag != ev.Consumer.nextTag+1 {
 				d.t.Fatalf("tag %d after %d", ev.Tag, ev.Consumer.nextTag)
 			}
-			if h.DeliveryCount == 0 {
-				if h.Seq <= d.lastNew {
-					d.t.Fatalf("first deliveries out of order: %d after %d", h.Seq, d.lastNew)
+			if at := d.deliverAt[h.Seq]; at > d.now {
+				d.t.Fatalf("message %d delivered at %d, before its deliver-at time %d", h.Seq, d.now, at)
+			}
+			d.checkHead(h)
+			if lv := h.Level(); h.DeliveryCount == 0 && d.deliverAt[h.Seq] == 0 {
+				// A delayed message takes its place by Seq when due, so
+				// only the others are checked for publish order.
+				if h.Seq <= d.lastNew[lv] {
+					d.t.Fatalf("first deliveries at level %d out of order: %d after %d", lv, h.Seq, d.lastNew[lv])
 				}
-				d.lastNew = h.Seq
+				d.lastNew[lv] = h.Seq
 			}
 			if err := d.q.Apply(&ev, d.fx); err != nil {
 				d.t.Fatal(err)
@@ -123,9 +145,39 @@ func (d *deliverySim) dispatch() {
 	}
 }
 
+// checkHead: the head is the lowest Seq of the highest level holding a
+// ready message, found by scanning every ready message.
+func (d *deliverySim) checkHead(h *Entry) {
+	var best *Entry
+	consider := func(lv int, e *Entry) {
+		if e.Level() != lv {
+			d.t.Fatalf("message %d of level %d sits in level %d", e.Seq, e.Level(), lv)
+		}
+		if best == nil || lv > best.Level() || lv == best.Level() && e.Seq < best.Seq {
+			best = e
+		}
+	}
+	for lv := range d.q.levels {
+		l := &d.q.levels[lv]
+		for i := 0; i < l.ready.len(); i++ {
+			consider(lv, l.ready.at(i))
+		}
+		for _, e := range l.released {
+			consider(lv, e)
+		}
+	}
+	if best != h {
+		d.t.Fatalf("head %d (level %d), but %d (level %d) should go first", h.Seq, h.Level(), best.Seq, best.Level())
+	}
+}
+
 // checkIdle: when NextDelivery has nothing to do, no consumer with credit
-// is left waiting for a deliverable, unexpired head.
+// is left waiting for a deliverable, unexpired head, and no delayed
+// message is due.
 func (d *deliverySim) checkIdle() {
+	if at := d.q.NextDeliverAt(); at != 0 && at <= d.now {
+		d.t.Fatalf("message due at %d still delayed at %d", at, d.now)
+	}
 	h := d.q.Head()
 	if h == nil || !d.q.Deliverable(h) {
 		return
@@ -156,12 +208,20 @@ func (d *deliverySim) settle(kind EventKind) {
 
 func (d *deliverySim) step() {
 	switch r := d.rng.Intn(100); {
-	case r < 35: // publish, maybe with a TTL, maybe not yet durable
-		ev := Event{Kind: EvEnqueue, Body: body("m")}
+	case r < 35: // publish, maybe with a TTL, a priority or a delay, maybe not yet durable
+		ev := Event{Kind: EvEnqueue, Body: body("m"), Priority: uint8(d.rng.Intn(PriorityMax + 2))}
+		from := d.now
+		if d.delays && d.rng.Intn(3) == 0 {
+			ev.DeliverAt = d.now + int64(1+d.rng.Intn(30))
+			from = ev.DeliverAt // a TTL runs from the deliver-at time, as the shard sets it
+		}
 		if d.rng.Intn(4) == 0 {
-			ev.ExpiresAt = d.now + int64(1+d.rng.Intn(20))
+			ev.ExpiresAt = from + int64(1+d.rng.Intn(20))
 		}
 		seq := d.q.NextSeq()
+		if ev.DeliverAt != 0 {
+			d.deliverAt[seq] = ev.DeliverAt
+		}
 		if err := d.q.Apply(&ev, d.fx); err != nil {
 			d.t.Fatal(err)
 		}
@@ -205,12 +265,15 @@ func runDeliverySim(t *testing.T, seed int64, steps int) []string {
 }
 
 // TestDeliverySimulation runs the delivery policy over seeded random
-// schedules of publishes (some with TTLs, some not yet durable), credit,
+// schedules of publishes (some with TTLs, priorities or deliver-at times,
+// some not yet durable; half the queues have a max priority), credit,
 // settles and time, checking its invariants at every step: NextDelivery
-// changes nothing; no delivery without credit, of an expired message, or
-// of one not yet durable; first deliveries in publish order; tags in
-// sequence; credit accounted exactly; and when nothing is decided, no
-// consumer with credit is left waiting. Each schedule replays to the same
+// changes nothing; no delivery without credit, of an expired message, of
+// one not yet durable or of one before its time; the head is the oldest
+// of the highest priority; first deliveries in publish order within a
+// priority; tags in sequence; credit accounted exactly; and when nothing
+// is decided, no consumer with credit is left waiting and no delayed
+// message is due. Each schedule replays to the same
 // trace. BERTH_DELIVERY_SEED=N replays one seed.
 func TestDeliverySimulation(t *testing.T) {
 	seeds, steps := 3000, 300

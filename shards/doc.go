@@ -8,9 +8,13 @@
 //
 //   - Queue (queue.go): one queue's messages as a pure state machine.
 //     Apply takes an Event (enqueue, acquire, release, reject, dequeue,
-//     expire, purge) and changes the queue; NextDelivery decides, without
-//     changing anything, what the queue does next (expire the head, or
-//     hand it to which consumer with which tag). Neither reads a clock nor
+//     expire, purge, remove, promote) and changes the queue; NextDelivery
+//     decides, without changing anything, what the queue does next
+//     (promote delayed messages whose time came, expire the head, or hand
+//     it to which consumer with which tag). A priority queue keeps one
+//     level of ready messages per priority; a message with a deliver-at
+//     time waits in the queue's delay heap until an EvPromote whose Now
+//     reaches it. Neither reads a clock nor
 //     does I/O: the shard passes the time in, and what leaves the queue
 //     goes out through Effects. The replication work drives the same two
 //     functions from a group log, and tests drive them in a simulator
@@ -31,14 +35,24 @@
 //     ahead of delivery, and above the share raises the flag
 //     (Shard.Throttled) that event loops read before pushing a publish.
 //     Queue never sees any of it: a paged entry just has a nil Body.
+//   - Delayed delivery (delay.go): one heap per shard of the queues
+//     holding delayed messages, by their earliest deliver-at time, and
+//     one wake-up timer armed for the earliest; the 100 ms tick is its
+//     fallback.
 //   - Body, Session, Fanout (message.go, session.go, broker.go): a
 //     message's bytes, shared by reference count; a client session as the
-//     shards see it; one publish's progress over several queues.
+//     shards see it; one publish's progress over several queues. A
+//     session over its cap of unwritten bytes (Session.OutMax, against
+//     the OutBuffered gauge its connection's owner keeps) gets no
+//     deliveries: its consumers count as without credit until the server
+//     sends OpResume.
 //
 // # Goroutines
 //
 // Per shard: the shard goroutine (Shard.run), a ticker goroutine that
-// pushes OpTick for expiry, and, with a journal, the journal's writer,
+// pushes OpTick for expiry, the runtime's timer callback of the shard's
+// wake-up timer (it only pushes opWake), and, with a journal, the
+// journal's writer,
 // which runs fsync and reports completions through a ring. Broker hands
 // AutoDeleted to a goroutine of its own, so the wiring can wait on other
 // shards without holding this one.

@@ -21,6 +21,10 @@ const (
 	recEnqueue uint8 = 1 // plain record: a persistent message on a durable queue
 	recDequeue uint8 = 2 // ref to an enqueue: the message is gone (accept, reject, expiry, purge)
 	recCount   uint8 = 3 // ref to an enqueue: the message's delivery count changed
+	// recEnqueueAt is recEnqueue for a message with a priority or a
+	// deliver-at time: both follow the delivery count. Plain messages keep
+	// writing recEnqueue, so their records stay as they were.
+	recEnqueueAt uint8 = 4
 )
 
 // jdoneRingSize bounds journal completions waiting for the shard. The
@@ -143,6 +147,11 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		size  uint32 // the body's Size, for a body left on disk (body nil)
 		queue int32  // index into names
 		dead  bool
+		// producer and producerSeq: the publish's producer id, if any
+		// (dedup.go).
+		producer, producerSeq uint64
+		prio                  uint8
+		at                    int64 // deliver-at, unix nanoseconds
 	}
 	var msgs []recovered
 	var names []string
@@ -173,7 +182,7 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		r.Reset(data)
 		kind := r.U8()
 		switch kind {
-		case recEnqueue:
+		case recEnqueue, recEnqueueAt:
 			m := recovered{pos: pos}
 			qname := r.Str(wire.NameLenMax)
 			idx, ok := nameIdx[string(qname)]
@@ -185,17 +194,25 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 			m.queue = idx
 			m.exp = int64(r.U64())
 			m.count = r.U32()
+			if kind == recEnqueueAt {
+				m.prio = r.U8()
+				m.at = int64(r.U64())
+			}
 			flags := r.U8()
 			ex := r.Str(wire.NameLenMax)
 			key := r.Str(wire.RoutingKeyLenMax)
 			props := r.Bytes(wire.PropsLenMax)
 			payload := r.Bytes(journal.RecordBytesMax)
+			if r.Remaining() == 16 {
+				m.producer, m.producerSeq = r.U64(), r.U64()
+			}
 			if err := r.Done(); err != nil {
 				return fmt.Errorf("shards: journal record %d: %w", pos, err)
 			}
 			m.size = uint32(len(props) + len(payload))
 			if s.mem.limit == 0 || slabBytes <= s.mem.high {
 				m.body = slab.newBody(ex, key, props, payload, flags&wire.MsgPersistent != 0)
+				m.body.Priority, m.body.DeliverAt = m.prio, m.at
 				slabBytes += bodyBytes(m.body)
 			}
 			msgs = append(msgs, m)
@@ -241,6 +258,10 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		m := &msgs[i]
 		pos := m.pos
 		q := byName[names[m.queue]]
+		if q != nil && q.shard == s.idx {
+			// Dequeued messages count too: their publishes happened.
+			q.producers.note(m.producer, m.producerSeq)
+		}
 		if m.dead || q == nil || q.shard != s.idx || !q.Options.Durable {
 			j.Free(pos)
 			if m.body != nil {
@@ -251,24 +272,23 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 			}
 			continue
 		}
-		ev := Event{Kind: EvEnqueue, Body: m.body, ExpiresAt: m.exp, DeliveryCount: m.count, JournalPos: uint64(pos), Size: m.size}
+		// A delayed message whose time passed while the broker was down
+		// is promoted by the first dispatch or timer, in deliver-at order.
+		ev := Event{Kind: EvEnqueue, Body: m.body, ExpiresAt: m.exp, DeliveryCount: m.count, JournalPos: uint64(pos), Size: m.size,
+			Priority: m.prio, DeliverAt: m.at}
 		if err := q.Apply(&ev, s); err != nil {
 			// Over its bound after a restart with a smaller limit: keep it
 			// anyway rather than lose a completed publish.
-			e := s.pool.get()
-			e.Seq, e.Body, e.ExpiresAt, e.DeliveryCount, e.JournalPos = q.nextSeq, m.body, m.exp, m.count, uint64(pos)
-			e.size = m.size
-			q.nextSeq++
-			q.ready.push(e)
-			q.readyBytes += uint64(m.size)
-			q.totalBytes += uint64(m.size)
-			q.Enqueued++
+			q.place(&ev, uint64(m.size))
 		}
 		if m.body == nil {
 			s.mem.paged++
 		}
 		s.admit(q)
 		s.noteExpiry(q, m.exp)
+		if m.at != 0 {
+			s.schedule(q, m.at)
+		}
 		q.Recovered++
 		live++
 	}
@@ -284,14 +304,26 @@ func (s *Shard) journaled(q *Queue, b *Body) bool {
 	return s.journal != nil && q.Options.Durable && b.Persistent
 }
 
-func (s *Shard) appendEnqueue(q *Queue, e *Entry) journal.Pos {
+// appendEnqueue journals a message of q. A publish with a producer id
+// (dedup.go) appends it and its sequence number after the payload, so
+// replay rebuilds the queue's deduplication state; a message with a
+// priority or a deliver-at time is a recEnqueueAt record.
+func (s *Shard) appendEnqueue(q *Queue, e *Entry, producer, producerSeq uint64) journal.Pos {
 	sj := s.journal
 	b := e.Body
 	buf := sj.scratch[:0]
-	buf = append(buf, recEnqueue)
+	kind := recEnqueue
+	if b.Priority != 0 || b.DeliverAt != 0 {
+		kind = recEnqueueAt
+	}
+	buf = append(buf, kind)
 	buf = wire.AppendStr(buf, q.Name)
 	buf = binary.BigEndian.AppendUint64(buf, uint64(e.ExpiresAt))
 	buf = binary.BigEndian.AppendUint32(buf, e.DeliveryCount)
+	if kind == recEnqueueAt {
+		buf = append(buf, b.Priority)
+		buf = binary.BigEndian.AppendUint64(buf, uint64(b.DeliverAt))
+	}
 	flags := uint8(0)
 	if b.Persistent {
 		flags |= wire.MsgPersistent
@@ -301,6 +333,10 @@ func (s *Shard) appendEnqueue(q *Queue, e *Entry) journal.Pos {
 	buf = wire.AppendStrBytes(buf, b.RoutingKey)
 	buf = wire.AppendBytes(buf, b.Props)
 	buf = wire.AppendBytes(buf, b.Payload)
+	if producer != 0 {
+		buf = binary.BigEndian.AppendUint64(buf, producer)
+		buf = binary.BigEndian.AppendUint64(buf, producerSeq)
+	}
 	sj.scratch = buf
 	return sj.j.Append(buf, sj.onDone)
 }

@@ -21,10 +21,17 @@ import (
 //     once per queue entry that holds it (a body routed to two queues of
 //     one shard is counted twice: the count errs high).
 //
-// Not counted: bodies in outbound writes after their entry is gone (ack
-// mode none), the journal's own index and pending bytes, connection
-// buffers, and the runtime's slack; RSS is therefore above the count, and
-// the process test bounds RSS, not the count.
+//   - the bytes waiting on client connections (gnet's outbound buffers,
+//     the TLS writers' queues), which the server sums every heartbeat
+//     scan (Broker.SetOutbound) and each shard counts an equal part of,
+//     read once per loop (chargeOutbound); each connection's part is
+//     capped by the server's -outbound-max.
+//
+// Not counted: bodies in outbound writes not yet taken by a connection
+// after their entry is gone (ack mode none), the journal's own index and
+// pending bytes, inbound connection buffers, and the runtime's slack; RSS
+// is therefore above the count, and the process test bounds RSS, not the
+// count.
 //
 // Above the high watermark (memoryHighFraction of the share) each newly
 // enqueued message is paged out unless it is among the first
@@ -66,6 +73,8 @@ type memory struct {
 	since               time.Time // throttling since
 
 	pageOuts, pageIns, throttles, pageErrors uint64
+
+	outCharged int64 // the share of Broker.outbound in used
 
 	pages    *pageFile // nil until the first transient page-out
 	pageDir  string
@@ -118,14 +127,19 @@ func (s *Shard) admit(q *Queue) {
 	if s.mem.limit == 0 {
 		return // no budget: nothing is counted, nothing is paged
 	}
-	e := q.ready.back()
+	e := q.tail
 	cost := EntryBytes
 	if e.Body != nil {
 		cost += bodyBytes(e.Body)
 	}
 	s.charge(cost)
 	m := &s.mem
-	if m.used <= m.high || e.Body == nil || q.ready.len() <= residentHeadMin {
+	if m.used <= m.high || e.Body == nil {
+		return
+	}
+	// A delayed message is not among the next to go out, whatever its
+	// place.
+	if !q.tailDelayed() && q.levels[e.level()].ready.len() <= residentHeadMin {
 		return
 	}
 	s.pageOut(e)
@@ -210,34 +224,58 @@ func (s *Shard) loadBody(e *Entry) error {
 func parseEnqueueBody(data []byte) (*Body, error) {
 	var r wire.Reader
 	r.Reset(data)
-	if kind := r.U8(); kind != recEnqueue {
+	kind := r.U8()
+	if kind != recEnqueue && kind != recEnqueueAt {
 		return nil, fmt.Errorf("not an enqueue record (kind %d)", kind)
 	}
 	r.Str(wire.NameLenMax) // queue
 	r.U64()                // expiry
 	r.U32()                // delivery count
-	return parseBody(&r, journal.RecordBytesMax)
+	var prio uint8
+	var at int64
+	if kind == recEnqueueAt {
+		prio, at = r.U8(), int64(r.U64())
+	}
+	// The journal's flags hold MsgPersistent alone, so parseBody reads no
+	// priority or time of its own here; a producer id and sequence number
+	// may follow the payload (dedup.go).
+	b, err := parseBody(&r, journal.RecordBytesMax, 16)
+	if b != nil {
+		b.Priority, b.DeliverAt = prio, at
+	}
+	return b, err
 }
 
-// pageIn reads back the paged bodies at the front of q, in one batch of
-// sequential reads ahead of the consumers. It reports whether the head has
-// its body.
+// pageIn reads back the head's body and the paged bodies at the front of
+// its level, in one batch of sequential reads ahead of the consumers. It
+// reports whether the head has its body.
 func (s *Shard) pageIn(q *Queue) bool {
-	n := min(q.ready.len(), readAheadMax)
+	h := q.Head()
+	if h.Body == nil {
+		// A released or promoted head (out of the ring's order) is read
+		// alone.
+		if err := s.loadBody(h); err != nil {
+			s.mem.pageErrors++
+			s.log.Error("shards: reading a paged message back failed; the queue waits", "shard", s.idx, "queue", q.Name, "err", err)
+			return false
+		}
+	}
+	d := &q.levels[h.level()].ready
+	n := min(d.len(), readAheadMax)
 	bytes := 0
 	for i := 0; i < n && bytes < readAheadBytesMax; i++ {
-		e := q.ready.at(i)
+		e := d.at(i)
 		if e.Body != nil {
 			continue
 		}
 		if err := s.loadBody(e); err != nil {
 			s.mem.pageErrors++
-			s.log.Error("shards: reading a paged message back failed; the queue waits", "shard", s.idx, "queue", q.Name, "err", err)
-			return i > 0
+			s.log.Error("shards: reading a paged message ahead failed", "shard", s.idx, "queue", q.Name, "err", err)
+			break
 		}
-		bytes += int(e.size)
+		bytes += int(e.size())
 	}
-	return n > 0
+	return true
 }
 
 // withBody makes sure e has its body (for dead-lettering a paged message).
@@ -251,6 +289,23 @@ func (s *Shard) withBody(e *Entry) bool {
 		return false
 	}
 	return true
+}
+
+// SetOutbound records the bytes waiting on all client connections; the
+// server calls it every heartbeat scan. Safe from any goroutine.
+func (b *Broker) SetOutbound(n int64) { b.outbound.Store(n) }
+
+// chargeOutbound counts the shard's part of the bytes waiting on client
+// connections against its share; once per loop, one plain load.
+func (s *Shard) chargeOutbound() {
+	if s.mem.limit == 0 {
+		return
+	}
+	part := s.broker.outbound.Load() / int64(len(s.broker.shards))
+	if d := part - s.mem.outCharged; d != 0 {
+		s.mem.outCharged = part
+		s.charge(d)
+	}
 }
 
 // publishMemory copies the counts for other goroutines (Broker.Memory).
@@ -279,11 +334,15 @@ type MemoryStatus struct {
 	PagedMessages   int64 `json:"paged_messages"`
 	EntryBytes      int64 `json:"index_bytes_per_message"`
 	ThrottledShards []int `json:"throttled_shards"`
+	// OutboundBytes is what waits on client connections, counted in
+	// UsedBytes.
+	OutboundBytes int64 `json:"outbound_bytes"`
 }
 
 // Memory reads the budget's counters; safe from any goroutine.
 func (b *Broker) Memory() MemoryStatus {
-	st := MemoryStatus{LimitBytes: b.cfg.MemoryLimit, EntryBytes: EntryBytes, ThrottledShards: []int{}}
+	st := MemoryStatus{LimitBytes: b.cfg.MemoryLimit, EntryBytes: EntryBytes, ThrottledShards: []int{},
+		OutboundBytes: b.outbound.Load()}
 	for _, s := range b.shards {
 		st.UsedBytes += s.mem.usedPub.Load()
 		st.PagedMessages += s.mem.pagedPub.Load()

@@ -17,6 +17,13 @@ type Body struct {
 	Props      []byte // aliases buf
 	Payload    []byte // aliases buf
 	Persistent bool
+	// Priority is the message's priority (wire.MsgPriority); a queue
+	// caps it at its MaxPriority. Set it before the body is shared.
+	Priority uint8
+	// DeliverAt is the unix time in nanoseconds before which the message
+	// is not delivered; 0 delivers at once. Set it before the body is
+	// shared.
+	DeliverAt int64
 }
 
 // bodyBufMax is the largest buffer the pool keeps; bigger ones are left to
@@ -54,6 +61,7 @@ func (b *Body) fill(exchange, key, props, payload []byte, persistent bool) {
 	o += len(props)
 	b.Payload = buf[o : o+len(payload) : o+len(payload)]
 	b.Persistent = persistent
+	b.Priority, b.DeliverAt = 0, 0
 	b.refs.Store(1)
 }
 

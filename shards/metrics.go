@@ -24,6 +24,7 @@ type QueueMetrics struct {
 	Name      string
 	Ready     int // ready to deliver
 	Unacked   int // delivered (acquired) and not yet settled
+	Delayed   int // waiting for their deliver-at time
 	Consumers int
 	// Bytes is the payload and properties of every message the queue
 	// holds, ready or acquired.
@@ -119,7 +120,7 @@ func (s *Shard) metrics() ShardMetrics {
 	m.Queues = make([]QueueMetrics, 0, len(s.queues))
 	for q := range s.queues {
 		m.Queues = append(m.Queues, QueueMetrics{
-			Name: q.Name, Ready: q.Ready(), Unacked: q.Unacked(), Consumers: len(q.consumers), Bytes: q.totalBytes,
+			Name: q.Name, Ready: q.Ready(), Unacked: q.Unacked(), Delayed: q.Delayed(), Consumers: len(q.consumers), Bytes: q.totalBytes,
 			Published: q.Enqueued - q.Recovered, Delivered: q.Delivered, Accepted: q.Acked,
 			DeadLettered: q.DeadLettered, Expired: q.Expired,
 		})

@@ -80,13 +80,29 @@ func newPageFile(dir string) *pageFile {
 }
 
 // appendBodyRecord appends b as the journal's enqueue record stores a
-// body: flags, exchange, routing key, props, payload.
+// body: flags, exchange, routing key, props, payload. A page also keeps
+// the message's priority and deliver-at time, behind flags as a 1.2
+// PUBLISH has them (a journal record keeps them before its flags
+// instead), so that a paged message read back, for a dead letter say,
+// still has them.
 func appendBodyRecord(buf []byte, b *Body) []byte {
 	flags := uint8(0)
 	if b.Persistent {
 		flags |= wire.MsgPersistent
 	}
+	if b.Priority != 0 {
+		flags |= wire.MsgPriority
+	}
+	if b.DeliverAt != 0 {
+		flags |= wire.MsgDeliverAt
+	}
 	buf = append(buf, flags)
+	if b.Priority != 0 {
+		buf = append(buf, b.Priority)
+	}
+	if b.DeliverAt != 0 {
+		buf = binary.BigEndian.AppendUint64(buf, uint64(b.DeliverAt))
+	}
 	buf = wire.AppendStrBytes(buf, b.Exchange)
 	buf = wire.AppendStrBytes(buf, b.RoutingKey)
 	buf = wire.AppendBytes(buf, b.Props)
@@ -94,16 +110,29 @@ func appendBodyRecord(buf []byte, b *Body) []byte {
 }
 
 // parseBody reads what appendBodyRecord wrote, from r, into a new Body.
-func parseBody(r *wire.Reader, dataMax int) (*Body, error) {
+func parseBody(r *wire.Reader, dataMax int, trailer int) (*Body, error) {
 	flags := r.U8()
+	var prio uint8
+	var at int64
+	if flags&wire.MsgPriority != 0 {
+		prio = r.U8()
+	}
+	if flags&wire.MsgDeliverAt != 0 {
+		at = int64(r.U64())
+	}
 	ex := r.Str(wire.NameLenMax)
 	key := r.Str(wire.RoutingKeyLenMax)
 	props := r.Bytes(wire.PropsLenMax)
 	payload := r.Bytes(dataMax)
+	if trailer > 0 && r.Remaining() == trailer {
+		r.Skip(trailer)
+	}
 	if err := r.Done(); err != nil {
 		return nil, err
 	}
-	return NewBody(ex, key, props, payload, flags&wire.MsgPersistent != 0), nil
+	b := NewBody(ex, key, props, payload, flags&wire.MsgPersistent != 0)
+	b.Priority, b.DeliverAt = prio, at
+	return b, nil
 }
 
 // write pages b out and returns its location.
@@ -195,7 +224,7 @@ func (p *pageFile) read(loc uint64) (*Body, error) {
 	}
 	var r wire.Reader
 	r.Reset(data)
-	b, err := parseBody(&r, len(data))
+	b, err := parseBody(&r, len(data), 0)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errPageCorrupt, err)
 	}

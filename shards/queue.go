@@ -3,6 +3,7 @@ package shards
 import (
 	"container/heap"
 	"errors"
+	"math/bits"
 
 	"github.com/berthmq/berth/wire"
 )
@@ -22,8 +23,9 @@ var (
 type EventKind uint8
 
 const (
-	// EvEnqueue adds a message at the tail (Seq, Body, ExpiresAt,
-	// DeliveryCount).
+	// EvEnqueue adds a message at the tail of its priority level (Seq,
+	// Body, ExpiresAt, DeliveryCount, Priority), or, with a DeliverAt, to
+	// the delayed messages until an EvPromote at or after that time.
 	EvEnqueue EventKind = iota + 1
 	// EvAcquire hands the ready message Seq to Consumer under Tag.
 	EvAcquire
@@ -37,13 +39,16 @@ const (
 	EvDequeue
 	// EvExpire removes expired messages from the head, as of Now.
 	EvExpire
-	// EvPurge removes every ready message.
+	// EvPurge removes every ready and every delayed message.
 	EvPurge
 	// EvRemove drops the message Seq wherever it is (ready or acquired),
 	// without dead-lettering it, and does nothing if the queue no longer
 	// holds it: a replicated queue's member applies it when the group's
 	// master removed the message (accepted, rejected, expired, dropped).
 	EvRemove
+	// EvPromote makes the delayed messages due as of Now ready: each takes
+	// its place by Seq in its level, as a released message does.
+	EvPromote
 )
 
 func (k EventKind) String() string {
@@ -64,6 +69,8 @@ func (k EventKind) String() string {
 		return "purge"
 	case EvRemove:
 		return "remove"
+	case EvPromote:
+		return "promote"
 	}
 	return "unknown"
 }
@@ -80,8 +87,15 @@ type Event struct {
 	Consumer      *Consumer // EvAcquire
 	Tag           uint64    // EvAcquire
 	Cursor        int       // EvAcquire: the round-robin cursor after it
-	Now           int64     // EvExpire
-	JournalPos    uint64    // EvEnqueue of a journaled message
+	Now           int64     // EvExpire, EvPromote
+	// Priority is an EvEnqueue's message priority; a queue without
+	// MaxPriority ignores it, one with caps it there.
+	Priority uint8
+	// DeliverAt (EvEnqueue, unix nanoseconds, 0 = at once) delays the
+	// message: it is held apart, counted in Delayed, until an EvPromote
+	// whose Now reaches it.
+	DeliverAt  int64
+	JournalPos uint64 // EvEnqueue of a journaled message
 	// Size is the content size (Body.Size) of an EvEnqueue whose Body is
 	// nil: a recovered message left on disk to stay within the memory
 	// budget (memory.go).
@@ -112,7 +126,8 @@ type Effects interface {
 
 // Entry is one message in one queue: the compact index entry that stays
 // in memory when the body is paged out (48 bytes, plus 8 for its slot in
-// the queue's ring; TestEntrySize holds it there).
+// the queue's ring, or 16 for its slot among the delayed messages;
+// TestEntrySize holds it there).
 type Entry struct {
 	Seq       uint64
 	Body      *Body // nil while paged out (memory.go)
@@ -125,8 +140,51 @@ type Entry struct {
 	// file (pageLoc); 0 when the body is in memory or in the journal.
 	page          uint64
 	DeliveryCount uint32
-	// size is Body.Size(), kept here because the body may be paged out.
-	size uint32
+	// sizeLevel is Body.Size() (low 28 bits: a message fits in a 64 MiB
+	// frame) and the message's priority level (high 4 bits), both kept
+	// here because the body may be paged out. Packed so that priorities
+	// cost no index memory.
+	sizeLevel uint32
+}
+
+const (
+	entrySizeBits = 28
+	entrySizeMask = 1<<entrySizeBits - 1
+)
+
+// size is the message's content size (Body.Size).
+func (e *Entry) size() uint64 { return uint64(e.sizeLevel & entrySizeMask) }
+
+// level is the message's priority level in its queue.
+func (e *Entry) level() int { return int(e.sizeLevel >> entrySizeBits) }
+
+func (e *Entry) setSizeLevel(size uint64, level int) {
+	e.sizeLevel = uint32(size)&entrySizeMask | uint32(level)<<entrySizeBits
+}
+
+// Level is the message's priority level: its priority capped at the
+// queue's MaxPriority, 0 in a queue without priorities.
+func (e *Entry) Level() int { return e.level() }
+
+// level holds one priority level's ready messages.
+type level struct {
+	ready deque // in Seq order
+	// released holds released messages and delayed ones that came due,
+	// by Seq: each goes back to its place among the ready ones.
+	released releaseHeap
+}
+
+func (l *level) len() int { return l.ready.len() + len(l.released) }
+
+// peek returns the level's ready message with the lowest Seq.
+func (l *level) peek() *Entry {
+	h := l.ready.front()
+	if len(l.released) > 0 {
+		if r := l.released[0]; h == nil || r.Seq < h.Seq {
+			return r
+		}
+	}
+	return h
 }
 
 // Queue is a queue's state. It is owned by one shard goroutine; nothing
@@ -136,10 +194,21 @@ type Queue struct {
 	Options QueueOptions
 	shard   int
 
-	ready    deque       // in Seq order, all Seqs above those in released
-	released releaseHeap // released messages, back in their old positions
+	// levels holds the ready messages, one level per priority (0 to
+	// Options.MaxPriority); a plain queue has one. nonEmpty has bit i set
+	// while level i holds a message, so the head is found without a scan.
+	levels   []level
+	nonEmpty uint16
+	// delayed holds the messages whose deliver-at time is still to come,
+	// earliest first; EvPromote moves the due ones to their levels.
+	delayed  delayHeap
 	acquired map[uint64]*Entry
 	nextSeq  uint64
+	// tail is the entry the last enqueue added (for the memory budget).
+	tail *Entry
+	// timerAt is the deliver-at time under which the shard's timers hold
+	// this queue, 0 when they do not (Shard.schedule).
+	timerAt int64
 
 	readyBytes uint64
 	totalBytes uint64
@@ -167,6 +236,8 @@ type Queue struct {
 	group    uint32
 	owner    any // exclusive owner (a session), or nil
 	free     *entryPool
+	// producers is the deduplication state of producer ids (dedup.go).
+	producers producerTable
 
 	// counters
 	Enqueued, Delivered, Acked, DeadLettered, Expired uint64
@@ -187,20 +258,45 @@ func NewQueue(name string, opts QueueOptions, shard int, pool *entryPool) *Queue
 	if pool == nil {
 		pool = &entryPool{}
 	}
-	return &Queue{Name: name, Options: opts, shard: shard, acquired: make(map[uint64]*Entry), nextSeq: 1, free: pool}
+	return &Queue{Name: name, Options: opts, shard: shard, acquired: make(map[uint64]*Entry), nextSeq: 1, free: pool,
+		levels: make([]level, int(min(opts.MaxPriority, PriorityMax))+1)}
 }
+
+// PriorityMax is the largest MaxPriority a queue may have.
+const PriorityMax = wire.PriorityMax
+
+// levelOf is the level of a message of priority prio.
+func (q *Queue) levelOf(prio uint8) int { return int(min(prio, uint8(len(q.levels)-1))) }
 
 // Shard returns the index of the shard that owns the queue.
 func (q *Queue) Shard() int { return q.shard }
 
 // Ready is the number of messages waiting for a consumer.
-func (q *Queue) Ready() int { return q.ready.len() + len(q.released) }
+func (q *Queue) Ready() int {
+	n := 0
+	for i := range q.levels {
+		n += q.levels[i].len()
+	}
+	return n
+}
 
 // Unacked is the number of acquired messages.
 func (q *Queue) Unacked() int { return len(q.acquired) }
 
+// Delayed is the number of messages whose deliver-at time is to come.
+func (q *Queue) Delayed() int { return len(q.delayed) }
+
+// NextDeliverAt is the earliest deliver-at time of a delayed message, or
+// 0 when there is none.
+func (q *Queue) NextDeliverAt() int64 {
+	if len(q.delayed) == 0 {
+		return 0
+	}
+	return q.delayed[0].at
+}
+
 // Depth is every message the queue holds.
-func (q *Queue) Depth() int { return q.Ready() + q.Unacked() }
+func (q *Queue) Depth() int { return q.Ready() + q.Unacked() + q.Delayed() }
 
 // Consumers is the number of consumers.
 func (q *Queue) Consumers() int { return len(q.consumers) }
@@ -247,8 +343,7 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 			q.remove(e, ReasonMaxDeliveries, fx)
 			return nil
 		}
-		q.readyBytes += uint64(e.size)
-		heap.Push(&q.released, e)
+		q.putBack(e)
 		return nil
 	case EvReject:
 		e, ok := q.acquired[ev.Seq]
@@ -285,11 +380,25 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 		}
 		if e := q.takeReady(ev.Seq); e != nil {
 			q.remove(e, 0, fx)
+		} else if e := q.takeDelayed(ev.Seq); e != nil {
+			q.remove(e, 0, fx)
 		}
 		return nil
 	case EvPurge:
 		for e := q.pop(); e != nil; e = q.pop() {
 			q.remove(e, 0, fx)
+		}
+		for len(q.delayed) > 0 {
+			var d delayedEntry
+			d, q.delayed = heapRemove(q.delayed, 0, delayedLess)
+			q.remove(d.e, 0, fx)
+		}
+		return nil
+	case EvPromote:
+		for len(q.delayed) > 0 && q.delayed[0].at <= ev.Now {
+			var d delayedEntry
+			d, q.delayed = heapRemove(q.delayed, 0, delayedLess)
+			q.putBack(d.e)
 		}
 		return nil
 	}
@@ -305,15 +414,30 @@ func (q *Queue) enqueue(ev *Event, fx Effects) error {
 		if q.Options.Overflow == 0 {
 			return ErrQueueFull
 		}
-		// Drop head: make room from the front of the ready messages.
+		// Drop head: make room from the front of the ready messages (the
+		// oldest of the highest priority first), then from the delayed
+		// ones due first, so that delayed messages cannot grow a queue
+		// past its bound.
 		for q.full(1, size) {
 			e := q.pop()
+			if e == nil && len(q.delayed) > 0 {
+				var d delayedEntry
+				d, q.delayed = heapRemove(q.delayed, 0, delayedLess)
+				e = d.e
+			}
 			if e == nil {
 				break // everything left is acquired; admit past the bound
 			}
 			q.remove(e, ReasonMaxLength, fx)
 		}
 	}
+	q.place(ev, size)
+	return nil
+}
+
+// place adds the message of an enqueue event, of size bytes, whether or
+// not the queue's bounds allow it.
+func (q *Queue) place(ev *Event, size uint64) {
 	e := q.free.get()
 	e.Seq = ev.Seq
 	if e.Seq == 0 {
@@ -326,12 +450,35 @@ func (q *Queue) enqueue(ev *Event, fx Effects) error {
 	e.ExpiresAt = ev.ExpiresAt
 	e.DeliveryCount = ev.DeliveryCount
 	e.JournalPos = ev.JournalPos
-	e.size = uint32(size)
-	q.ready.push(e)
-	q.readyBytes += size
+	e.setSizeLevel(size, q.levelOf(ev.Priority))
+	q.tail = e
 	q.totalBytes += size
 	q.Enqueued++
-	return nil
+	if ev.DeliverAt != 0 {
+		q.delayed = heapPush(q.delayed, delayedEntry{at: ev.DeliverAt, e: e}, delayedLess)
+		return
+	}
+	lv := e.level()
+	q.levels[lv].ready.push(e)
+	q.nonEmpty |= 1 << lv
+	q.readyBytes += size
+}
+
+// putBack returns e to its level at its place by Seq: a release, or a
+// delayed message that came due.
+func (q *Queue) putBack(e *Entry) {
+	lv := e.level()
+	heap.Push(&q.levels[lv].released, e)
+	q.nonEmpty |= 1 << lv
+	q.readyBytes += e.size()
+}
+
+// tailDelayed reports whether the last enqueue went to the delayed
+// messages.
+func (q *Queue) tailDelayed() bool {
+	e := q.tail
+	l := &q.levels[e.level()]
+	return l.ready.back() != e
 }
 
 // acquire hands the head to a consumer: it takes one credit, the
@@ -358,20 +505,29 @@ func (q *Queue) acquire(ev *Event) error {
 // NextDelivery decides the queue's next delivery step at time now, without
 // changing anything: the event to apply, or false when there is nothing to
 // do. It is the whole delivery policy:
+//   - delayed messages whose time came are made ready first (EvPromote);
+//   - the head is the oldest message (lowest Seq) of the highest priority
+//     level that holds any;
 //   - a head whose TTL ran out is expired first (EvExpire);
 //   - a head whose enqueue is not yet durable (or, in a cluster,
 //     committed) is not delivered, and nothing behind it is: FIFO holds;
 //   - otherwise the head goes to the first consumer with credit, starting
 //     at the round-robin cursor (EvAcquire with that consumer, its next
-//     tag, and the cursor just past it).
+//     tag, and the cursor just past it). A consumer whose session has more
+//     bytes waiting on its connection than its cap (Session.OutMax) counts
+//     as one without credit until the server resumes it (OpResume).
 //
 // Applying the returned event and asking again delivers as long as there
 // are messages and credit. A replica that applies the same events in the
 // same order makes the same decisions: the choice depends only on the
-// queue's state and now.
+// queue's state and now (and on the sessions' pending bytes, which only
+// the delivering master reads: followers do not dispatch).
 func (q *Queue) NextDelivery(now int64) (Event, bool) {
 	if q.deleted {
 		return Event{}, false
+	}
+	if len(q.delayed) > 0 && q.delayed[0].at <= now {
+		return Event{Kind: EvPromote, Now: now}, true
 	}
 	h := q.peek()
 	if h == nil {
@@ -386,7 +542,7 @@ func (q *Queue) NextDelivery(now int64) (Event, bool) {
 	n := len(q.consumers)
 	for i := 0; i < n; i++ {
 		at := (q.rr + i) % n
-		if c := q.consumers[at]; c.credit > 0 {
+		if c := q.consumers[at]; c.credit > 0 && !c.Session.overOut(now, c.pendingBytes) {
 			return Event{Kind: EvAcquire, Seq: h.Seq, Consumer: c, Tag: c.nextTag + 1, Cursor: (at + 1) % n}, true
 		}
 	}
@@ -400,7 +556,7 @@ func (q *Queue) unacquire(e *Entry) {
 // remove drops e from the queue's accounting, dead-lettering it for a
 // non-zero reason.
 func (q *Queue) remove(e *Entry, reason DeadLetterReason, fx Effects) {
-	q.totalBytes -= uint64(e.size)
+	q.totalBytes -= e.size()
 	if reason != 0 {
 		q.DeadLettered++
 		fx.DeadLetter(q, e, reason)
@@ -410,29 +566,34 @@ func (q *Queue) remove(e *Entry, reason DeadLetterReason, fx Effects) {
 	q.free.put(e)
 }
 
-// peek returns the ready message with the lowest Seq.
+// topLevel is the highest level that holds a ready message, or -1.
+func (q *Queue) topLevel() int { return bits.Len16(q.nonEmpty) - 1 }
+
+// peek returns the head: the ready message with the lowest Seq in the
+// highest level that holds one.
 func (q *Queue) peek() *Entry {
-	h := q.ready.front()
-	if len(q.released) > 0 {
-		r := q.released[0]
-		if h == nil || r.Seq < h.Seq {
-			return r
-		}
+	if q.nonEmpty == 0 {
+		return nil
 	}
-	return h
+	return q.levels[q.topLevel()].peek()
 }
 
 func (q *Queue) pop() *Entry {
-	e := q.peek()
-	if e == nil {
+	if q.nonEmpty == 0 {
 		return nil
 	}
-	if len(q.released) > 0 && q.released[0] == e {
-		heap.Pop(&q.released)
+	lv := q.topLevel()
+	l := &q.levels[lv]
+	e := l.peek()
+	if len(l.released) > 0 && l.released[0] == e {
+		heap.Pop(&l.released)
 	} else {
-		q.ready.popFront()
+		l.ready.popFront()
 	}
-	q.readyBytes -= uint64(e.size)
+	if l.len() == 0 {
+		q.nonEmpty &^= 1 << lv
+	}
+	q.readyBytes -= e.size()
 	return e
 }
 
@@ -440,14 +601,39 @@ func (q *Queue) pop() *Entry {
 // Replicated removes come in about the order the master consumed, so the
 // message is near the front and the shift is short.
 func (q *Queue) takeReady(seq uint64) *Entry {
-	for i, r := range q.released {
+	for lv := range q.levels {
+		if e := q.levels[lv].take(seq); e != nil {
+			if q.levels[lv].len() == 0 {
+				q.nonEmpty &^= 1 << lv
+			}
+			q.readyBytes -= e.size()
+			return e
+		}
+	}
+	return nil
+}
+
+// takeDelayed takes the delayed message seq out of the queue, or returns
+// nil. It scans: a replicated remove rarely finds a message still delayed
+// here (the master removes it after delivering it).
+func (q *Queue) takeDelayed(seq uint64) *Entry {
+	for i, d := range q.delayed {
+		if d.e.Seq == seq {
+			q.delayed, _ = heapRemoveAt(q.delayed, i)
+			return d.e
+		}
+	}
+	return nil
+}
+
+func (l *level) take(seq uint64) *Entry {
+	for i, r := range l.released {
 		if r.Seq == seq {
-			heap.Remove(&q.released, i)
-			q.readyBytes -= uint64(r.size)
+			heap.Remove(&l.released, i)
 			return r
 		}
 	}
-	d := &q.ready
+	d := &l.ready
 	lo, hi := 0, d.size
 	for lo < hi {
 		mid := (lo + hi) / 2
@@ -466,7 +652,6 @@ func (q *Queue) takeReady(seq uint64) *Entry {
 		d.buf[(d.head+i)&(len(d.buf)-1)] = d.at(i - 1)
 	}
 	d.popFront()
-	q.readyBytes -= uint64(e.size)
 	return e
 }
 
@@ -555,6 +740,24 @@ func (d *deque) popFront() *Entry {
 		d.head = 0
 	}
 	return e
+}
+
+// delayedEntry is a delayed message and its deliver-at time.
+type delayedEntry struct {
+	at int64
+	e  *Entry
+}
+
+// delayHeap is a min-heap (heap.go) of delayed messages by deliver-at
+// time, then Seq.
+type delayHeap []delayedEntry
+
+func delayedLess(a, b delayedEntry) bool { return a.at < b.at || a.at == b.at && a.e.Seq < b.e.Seq }
+
+// heapRemoveAt removes element i of a delay heap.
+func heapRemoveAt(h delayHeap, i int) (delayHeap, delayedEntry) {
+	d, h := heapRemove(h, i, delayedLess)
+	return h, d
 }
 
 // releaseHeap orders released messages by Seq, so a release puts a message

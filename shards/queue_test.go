@@ -171,7 +171,7 @@ func TestQueueRemove(t *testing.T) {
 	}
 	seqOf := map[string]uint64{}
 	for i := uint64(0); i < 40; i++ {
-		e := q.ready.at(int(i))
+		e := q.levels[0].ready.at(int(i))
 		seqOf[string(e.Body.Payload)] = e.Seq
 	}
 	// Acquire m0 and m1, release m1 (it goes to the released heap).

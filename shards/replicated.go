@@ -24,8 +24,9 @@ type Replicator interface {
 	IsMaster(g uint32) bool
 	// ProposeEnqueue proposes the enqueue of b on q, and reports the
 	// outcome to done once the event is committed and applied here. An
-	// error means it was not proposed.
-	ProposeEnqueue(q *Queue, b *Body, expiresAt int64, done func(error)) error
+	// error means it was not proposed. producer and producerSeq (0 for
+	// none) travel in the event, for ApplyEnqueue's deduplication.
+	ProposeEnqueue(q *Queue, b *Body, expiresAt int64, producer, producerSeq uint64, done func(error)) error
 	// ProposeRemoves proposes, as one event, the removal of messages
 	// seqs (at most RemovesMax) from q; done, if not nil, is told when it
 	// committed. seqs is the caller's again when it returns.
@@ -33,6 +34,9 @@ type Replicator interface {
 	// Barrier calls done once every event proposed before it on q's group
 	// committed.
 	Barrier(q *Queue, done func(error)) error
+	// ProposeDelete proposes the deletion of q, which the master dropped:
+	// the followers drop their copy when it commits.
+	ProposeDelete(q *Queue) error
 }
 
 type replicatorBox struct{ r Replicator }
@@ -58,30 +62,33 @@ func (q *Queue) Replicated() (group uint32, ok bool) { return q.group, q.replica
 
 // ApplyEnqueue applies a committed enqueue of a replicated queue: the
 // message gets the event's log index as its Seq, and is deliverable at
-// once. It runs on q's shard goroutine (inside Broker.Call or a pushed
-// call); b's reference passes to the queue.
-func (s *Shard) ApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64) {
+// once. An enqueue whose (producer, producerSeq) is not newer than the
+// last one applied for that producer on q is skipped (dedup.go); every
+// member skips it alike, and the master completes its command as usual.
+// It runs on q's shard goroutine (inside Broker.Call or a pushed call);
+// b's reference passes to the queue.
+func (s *Shard) ApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64, producer, producerSeq uint64) {
 	if q.deleted {
 		b.Unref()
 		return
 	}
-	ev := Event{Kind: EvEnqueue, Seq: seq, Body: b, ExpiresAt: expiresAt}
+	if q.producers.duplicate(producer, producerSeq) {
+		b.Unref()
+		s.stats.Duplicates++
+		return
+	}
+	q.producers.note(producer, producerSeq)
+	ev := Event{Kind: EvEnqueue, Seq: seq, Body: b, ExpiresAt: expiresAt, Priority: b.Priority, DeliverAt: b.DeliverAt}
 	if err := q.Apply(&ev, s); err != nil {
 		// Full here though the master took it (a smaller bound, or
 		// removes not applied yet): keep it rather than diverge.
-		e := s.pool.get()
-		e.Seq, e.Body, e.ExpiresAt = seq, b, expiresAt
-		e.size = uint32(b.Size())
-		if seq >= q.nextSeq {
-			q.nextSeq = seq + 1
-		}
-		q.ready.push(e)
-		q.readyBytes += uint64(e.size)
-		q.totalBytes += uint64(e.size)
-		q.Enqueued++
+		q.place(&ev, uint64(b.Size()))
 	}
 	s.admit(q)
 	s.noteExpiry(q, expiresAt)
+	if ev.DeliverAt != 0 {
+		s.schedule(q, ev.DeliverAt)
+	}
 	if len(q.consumers) > 0 {
 		s.markDirty(q)
 	}
@@ -187,6 +194,7 @@ func (b *Broker) ResetGroup(g uint32) {
 				}
 				ev := Event{Kind: EvPurge}
 				_ = q.Apply(&ev, sh)
+				q.producers.reset() // the log applied again rebuilds it
 			}
 		})
 	}
@@ -205,7 +213,7 @@ func (s *Shard) replicatedPublish(c *Command, expiresAt int64) {
 	done := func(err error) {
 		s.pushCompletion(sess, id, fan, err)
 	}
-	err := r.ProposeEnqueue(q, c.Body, expiresAt, done)
+	err := r.ProposeEnqueue(q, c.Body, expiresAt, c.Producer, c.CmdID, done)
 	c.Body.Unref() // the proposal copied it
 	if err != nil {
 		s.completeCmd(sess, id, fan, err)

@@ -30,7 +30,57 @@ type Session struct {
 	// frame and each shard subtracts once per flush, so the shared counter
 	// costs two atomics per batch, not per message.
 	Inflight atomic.Int64
+
+	// OutMax caps the bytes waiting to be written to the session's
+	// connection (0: no cap). Past it the shards stop handing messages
+	// to the session's consumers: a queue gives them to its other
+	// consumers, and keeps them for these until the server resumes the
+	// session (OpResume, once the connection drained).
+	OutMax int64
+	// OutBuffered is what the connection holds that the kernel has not
+	// taken: the server stores it from the connection's owner each time
+	// a batch is written (gnet's outbound buffer) or queued (the TLS
+	// writer's queue). The shards read it once per delivery: a plain load,
+	// and no shared counter written per message or batch.
+	OutBuffered atomic.Int64
+	// stalledSince is when a shard first held a delivery back because the
+	// session was over OutMax (unix nanoseconds, the shard's clock), or 0.
+	stalledSince atomic.Int64
+	// OnStall, if set, runs on the shard goroutine when a shard holds a
+	// delivery back and the session was not stalled yet: once per stall,
+	// not per message. It must not block (the server notes the session
+	// for a quick check of its connection).
+	OnStall func()
 }
+
+// OutPending is the bytes waiting to be written to the session's
+// connection, as the server last saw them.
+func (s *Session) OutPending() int64 { return s.OutBuffered.Load() }
+
+// overOut reports whether the session is over its cap of pending bytes,
+// counting extra bytes the shard gathered for it this cycle, and notes
+// since when a delivery was held back for it.
+func (s *Session) overOut(now, extra int64) bool {
+	if s == nil || s.OutMax == 0 || extra+s.OutPending() <= s.OutMax {
+		return false
+	}
+	if s.stalledSince.Load() == 0 {
+		s.stalledSince.Store(now)
+		if s.OnStall != nil {
+			s.OnStall()
+		}
+	}
+	return true
+}
+
+// StalledSince is when a shard first held back a delivery to the session
+// because it was over OutMax (unix nanoseconds), or 0.
+func (s *Session) StalledSince() int64 { return s.stalledSince.Load() }
+
+// ClearStalled forgets that deliveries were held back; the server calls
+// it, once the connection is back under its cap, before it pushes
+// OpResume to the shards of the session's consumers.
+func (s *Session) ClearStalled() { s.stalledSince.Store(0) }
 
 // Closed reports whether the session has ended.
 func (s *Session) Closed() bool { return s.closed.Load() }

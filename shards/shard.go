@@ -26,6 +26,11 @@ const (
 	// opDeadLettered: every target of a dead letter holds it durably;
 	// journal the dequeue of the source record at CmdID (see DeadLetter).
 	opDeadLettered
+	// OpResume: Sess's connection drained below its cap of pending bytes
+	// (Session.OutMax); its consumers' queues deliver to it again.
+	OpResume
+	// opWake: the timer for the earliest delayed message fired (delay.go).
+	opWake
 )
 
 // Settle kinds.
@@ -55,9 +60,12 @@ type Command struct {
 	Body       *Body // OpPublish: one reference, given to the shard
 	Now        int64 // unix nanoseconds at receipt
 	TTLNanos   int64 // per-message TTL, 0 = none
-	Fanout     *Fanout
-	Ranges     [RangesInline]wire.Range
-	Call       func(*Shard)
+	// Producer is the publish's producer id (0 = none); its sequence
+	// number is CmdID (see dedup.go).
+	Producer uint64
+	Fanout   *Fanout
+	Ranges   [RangesInline]wire.Range
+	Call     func(*Shard)
 }
 
 // Consumer is a subscription of one session to one queue. It lives on the
@@ -72,7 +80,10 @@ type Consumer struct {
 	nextTag   uint64
 	unacked   map[uint64]uint64 // tag -> queue Seq
 	pending   []delivery
-	out       *sessOut
+	// pendingBytes is the size of the pending deliveries, which count
+	// against the session's OutMax before they are submitted.
+	pendingBytes int64
+	out          *sessOut
 }
 
 type consumerKey struct {
@@ -97,6 +108,9 @@ type Shard struct {
 	// removing lists the replicated queues with removals not proposed
 	// yet (Queue.removing); flushRemoves proposes them.
 	removing []*Queue
+	// dlHeld is the replicated message DeadLetter just sent on, whose
+	// removal waits for its targets.
+	dlHeld *Entry
 
 	sig  *ring.Signal
 	in   *ring.MPSC[Command]
@@ -112,6 +126,7 @@ type Shard struct {
 	// tick visits these, not every queue (a shard may hold a million idle
 	// queues). A queue leaves it when it is empty.
 	expiring map[*Queue]struct{}
+	timers   shardTimers // queues with delayed messages (delay.go)
 	pool     entryPool
 	deferred []Command // dead letters for other shards whose rings were full
 	now      int64
@@ -125,6 +140,9 @@ type Shard struct {
 // ShardStats are counters read by the metrics endpoint (approximate).
 type ShardStats struct {
 	Published, Delivered, Accepted, DeadLettered, DroppedDeadLetters, StoreErrors uint64
+	// Duplicates counts publishes skipped as retries of an enqueue
+	// applied before (dedup.go).
+	Duplicates uint64
 }
 
 // deferredMax bounds dead letters waiting for room in another shard's
@@ -189,6 +207,7 @@ func (s *Shard) run(ctx context.Context) {
 			s.dispatchDirty()
 			s.flushRemoves()
 			s.flush()
+			s.chargeOutbound()
 			s.publishMemory()
 			continue
 		}
@@ -226,11 +245,23 @@ func (s *Shard) handle(c *Command) {
 		s.sessionClosed(c.Sess)
 	case OpTick:
 		s.tick()
+	case opWake:
+		s.fireTimers()
 	case opCall:
 		c.Call(s)
 	case opDeadLettered:
-		if s.journal != nil {
+		if q := c.Queue; q.replicated {
+			if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
+				s.noteRemoved(q, c.CmdID)
+			}
+		} else if s.journal != nil {
 			s.appendDequeue(journal.Pos(c.CmdID), nil, 0)
+		}
+	case OpResume:
+		for key, con := range s.consumers {
+			if key.sess == c.Sess {
+				s.markDirty(con.queue)
+			}
 		}
 	}
 }
@@ -286,15 +317,34 @@ func (s *Shard) publish(c *Command) {
 		s.completeCmd(c.Sess, c.CmdID, c.Fanout, Errorf(wire.CodeNotFound, "queue %q was deleted", q.Name))
 		return
 	}
-	ev := Event{Kind: EvEnqueue, Body: c.Body}
-	if c.TTLNanos > 0 {
-		ev.ExpiresAt = c.Now + c.TTLNanos
+	ev := Event{Kind: EvEnqueue, Body: c.Body, Priority: c.Body.Priority}
+	// A delayed message's TTL runs from its deliver-at time: it cannot be
+	// consumed before then.
+	from := c.Now
+	if at := c.Body.DeliverAt; at > c.Now {
+		ev.DeliverAt, from = at, at
 	}
-	if t := q.Options.TTLNanos(); t > 0 && (ev.ExpiresAt == 0 || c.Now+t < ev.ExpiresAt) {
-		ev.ExpiresAt = c.Now + t
+	if c.TTLNanos > 0 {
+		ev.ExpiresAt = from + c.TTLNanos
+	}
+	if t := q.Options.TTLNanos(); t > 0 && (ev.ExpiresAt == 0 || from+t < ev.ExpiresAt) {
+		ev.ExpiresAt = from + t
 	}
 	if q.replicated {
 		s.replicatedPublish(c, ev.ExpiresAt)
+		return
+	}
+	if q.producers.duplicate(c.Producer, c.CmdID) {
+		// A retry of a publish this queue enqueued already: its
+		// completion is the one the first copy earned (after its record,
+		// if any, is durable: completeAfterJournal waits for it).
+		c.Body.Unref()
+		s.stats.Duplicates++
+		if s.journal != nil && s.journal.pending.size > 0 {
+			s.journal.pending.push(jctx{sess: c.Sess, cmdID: c.CmdID, fan: c.Fanout})
+		} else {
+			s.completeCmd(c.Sess, c.CmdID, c.Fanout, nil)
+		}
 		return
 	}
 	s.noteExpiry(q, ev.ExpiresAt)
@@ -306,7 +356,8 @@ func (s *Shard) publish(c *Command) {
 		}
 		// The record goes first, so that anything the enqueue drops is
 		// journaled after it.
-		pos := s.appendEnqueue(q, &Entry{Body: c.Body, ExpiresAt: ev.ExpiresAt})
+		pos := s.appendEnqueue(q, &Entry{Body: c.Body, ExpiresAt: ev.ExpiresAt}, c.Producer, c.CmdID)
+		q.producers.note(c.Producer, c.CmdID)
 		seq := q.nextSeq // what enqueue assigns
 		s.journal.pending.push(jctx{pos: pos, sess: c.Sess, cmdID: c.CmdID, fan: c.Fanout, q: q, seq: seq})
 		ev.JournalPos = uint64(pos)
@@ -316,6 +367,9 @@ func (s *Shard) publish(c *Command) {
 		// Deliverable when the record is durable (journalDone), not now.
 		q.enqueueUnsafe(seq)
 		s.admit(q)
+		if ev.DeliverAt != 0 {
+			s.schedule(q, ev.DeliverAt)
+		}
 		s.stats.Published++
 		return
 	}
@@ -327,10 +381,14 @@ func (s *Shard) publish(c *Command) {
 		s.completeCmd(c.Sess, c.CmdID, c.Fanout, err)
 		return
 	}
+	q.producers.note(c.Producer, c.CmdID)
 	s.admit(q)
+	if ev.DeliverAt != 0 {
+		s.schedule(q, ev.DeliverAt)
+	}
 	s.stats.Published++
 	s.completeCmd(c.Sess, c.CmdID, c.Fanout, nil)
-	if len(q.consumers) > 0 {
+	if len(q.consumers) > 0 && ev.DeliverAt == 0 {
 		s.markDirty(q)
 	}
 }
@@ -438,6 +496,12 @@ func (s *Shard) settle(c *Command) {
 	}
 	for i := 0; i < int(c.NRanges); i++ {
 		r := c.Ranges[i]
+		// Tags past the consumer's last delivery were never handed out:
+		// a flood of settles for them costs a comparison each.
+		if r.First > con.nextTag || len(con.unacked) == 0 {
+			continue
+		}
+		r.Last = min(r.Last, con.nextTag)
 		if r.Last-r.First >= uint64(len(con.unacked)) {
 			// A wide range: walk what is acquired, not the range.
 			for tag := range con.unacked {
@@ -553,6 +617,7 @@ func (s *Shard) tick() {
 			_ = q.Apply(&ev, s)
 		}
 	}
+	s.fireTimers()
 	s.retryDeferred()
 }
 
@@ -578,7 +643,7 @@ func (s *Shard) dispatch(q *Queue) {
 		if !ok {
 			return // nothing ready, not durable yet (journalDone dispatches again), or no credit
 		}
-		if ev.Kind == EvExpire {
+		if ev.Kind == EvExpire || ev.Kind == EvPromote {
 			_ = q.Apply(&ev, s)
 			continue
 		}
@@ -596,6 +661,7 @@ func (s *Shard) dispatch(q *Queue) {
 		}
 		h.Body.Ref()
 		con.pending = append(con.pending, delivery{tag: ev.Tag, count: h.DeliveryCount, flags: flags, body: h.Body})
+		con.pendingBytes += int64(h.size())
 		if err := q.Apply(&ev, s); err != nil {
 			panic("shards: acquire of the head failed: " + err.Error())
 		}
@@ -644,7 +710,23 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 	// Same-shard targets need nothing: their enqueue records precede the
 	// dequeue in this journal.
 	var fan *Fanout
-	if e.JournalPos != 0 && s.journal != nil {
+	if q.replicated {
+		// The removal of a replicated message is proposed once every
+		// target took the dead letter (deadLettered), not now: a master
+		// that dies in between leaves the message in the group's log, and
+		// the next master dead-letters it again (at least once).
+		n := 0
+		for _, t := range targets {
+			if t != q {
+				n++
+			}
+		}
+		if n > 0 {
+			fan = NewFanout(n)
+			fan.holdQueue, fan.holdPos = q, e.Seq
+			s.dlHeld = e // Removed, called next for e, leaves it to deadLettered
+		}
+	} else if e.JournalPos != 0 && s.journal != nil {
 		cross := 0
 		for _, t := range targets {
 			if t != q && t.shard != s.idx {
@@ -670,6 +752,9 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 		}
 		cmd := Command{Op: OpPublish, Queue: t, Body: body, Now: s.now}
 		if t.shard == s.idx {
+			if q.replicated {
+				cmd.Fanout = fan
+			}
 			s.publish(&cmd)
 			continue
 		}
@@ -695,7 +780,9 @@ func (s *Shard) Removed(q *Queue, e *Entry) {
 		// On the master the removal goes to the group log; a follower's
 		// own removals (its expiry tick) are not proposed, and its copy
 		// is made right by the master's remove when it commits.
-		if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
+		if s.dlHeld == e {
+			s.dlHeld = nil // its dead letter is on the way (DeadLetter)
+		} else if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
 			s.noteRemoved(q, e.Seq)
 		}
 	}
@@ -713,7 +800,7 @@ func (s *Shard) Removed(q *Queue, e *Entry) {
 // source record now.
 func (s *Shard) deadLettered(src *Queue, pos uint64, err error) {
 	if err != nil {
-		s.log.Warn("shards: a dead letter was not stored by every target; the source keeps it and brings it back at the next start",
+		s.log.Warn("shards: a dead letter was not stored by every target; the source keeps it and brings it back at the next start (a replicated one at its group's next master change)",
 			"queue", src.Name, "err", err)
 		return
 	}
@@ -787,6 +874,7 @@ func (s *Shard) dropOut(o *sessOut) {
 			con.pending[i] = delivery{}
 		}
 		con.pending = con.pending[:0]
+		con.pendingBytes = 0
 	}
 	o.consumers = o.consumers[:0]
 }
@@ -851,5 +939,6 @@ func (s *Shard) appendDeliver(ob *outBatch, sess *Session, v wire.Version, con *
 		con.pending[i] = delivery{}
 	}
 	con.pending = con.pending[:0]
+	con.pendingBytes = 0
 	return ob
 }

@@ -33,7 +33,9 @@ func BenchmarkShardPublishDeliverAccept(b *testing.B) {
 			q := NewQueue("q", QueueOptions{}, 0, &s.pool)
 			s.queues[q] = struct{}{}
 			w := &discardWriter{}
-			sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: w}
+			// OutMax as the server sets it by default: the cap is checked on
+			// every delivery.
+			sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: w, OutMax: 4 << 20}
 			s.handle(&Command{Op: OpSubscribe, Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 1 << 16})
 			payload := make([]byte, 128)
 			var nextID uint64 = 2

@@ -5,12 +5,37 @@
 #
 #   broker N (1..3): clients 127.0.0.1:74N0, peer 74N1, controller 74N2,
 #                    admin 748N
+#
+# CLUSTER_TLS=1: TLS everywhere, with the credentials in CERTS_DIR
+# (default ./certs; made by "berthctl certs init" when missing):
+#   clients  TLS on 74N3 (mutual TLS: berthctl's client.pem logs in as
+#            "admin" with EXTERNAL once that user exists), beside plaintext
+#            74N0 on loopback;
+#   peer and controller ports: mutual TLS with the cluster CA, and the
+#            cluster secret;
+#   admin    HTTPS, the admin token needed.
 set -euo pipefail
 BIN=${BIN:-bin}
 DIR=${CLUSTER_DIR:-cluster}
 GROUPS_N=${CLUSTER_GROUPS:-12}
+TLS=${CLUSTER_TLS:-}
+CERTS=${CERTS_DIR:-certs}
 mkdir -p "$DIR"
 peers="1=127.0.0.1:7402,2=127.0.0.1:7412,3=127.0.0.1:7422"
+scheme=http
+curl_tls=()
+ctl=(--controller 127.0.0.1:7402,127.0.0.1:7412,127.0.0.1:7422)
+if [ -n "$TLS" ]; then
+	if [ ! -f "$CERTS/ca.pem" ]; then
+		"$BIN/berthctl" certs init "$CERTS" --nodes 3
+	fi
+	scheme=https
+	token=$(cat "$CERTS/admin-token")
+	curl_tls=(--cacert "$CERTS/ca.pem")
+	ctl+=(--tls-ca "$CERTS/ca.pem" --cluster-ca "$CERTS/ca.pem" --cluster-cert "$CERTS/client.pem"
+		--cluster-key "$CERTS/client-key.pem" --cluster-secret-file "$CERTS/cluster-secret")
+	export BERTH_ADMIN_TOKEN=$token
+fi
 pids=()
 stop() {
 	trap - INT TERM EXIT
@@ -21,23 +46,30 @@ stop() {
 trap stop INT TERM EXIT
 for n in 1 2 3; do
 	i=$((n - 1))
+	sec=()
+	if [ -n "$TLS" ]; then
+		sec=(-listen-tls "127.0.0.1:74${i}3" -tls-cert "$CERTS/node-$n.pem" -tls-key "$CERTS/node-$n-key.pem"
+			-tls-client-ca "$CERTS/ca.pem"
+			-cluster-ca "$CERTS/ca.pem" -cluster-cert "$CERTS/node-$n.pem" -cluster-key "$CERTS/node-$n-key.pem"
+			-cluster-secret-file "$CERTS/cluster-secret"
+			-admin-tls-cert "$CERTS/node-$n.pem" -admin-tls-key "$CERTS/node-$n-key.pem")
+	fi
 	"$BIN/berthd" -data "$DIR/berthd-$n" \
 		-listen "127.0.0.1:74${i}0" -peer "127.0.0.1:74${i}1" -admin "127.0.0.1:748$i" \
-		-controller-id "$n" -controller-peers "$peers" \
+		-controller-id "$n" -controller-peers "$peers" "${sec[@]}" \
 		>"$DIR/berthd-$n.log" 2>&1 &
 	pids+=($!)
 done
 for n in 1 2 3; do
 	i=$((n - 1))
 	for _ in $(seq 200); do
-		if curl -sf "http://127.0.0.1:748$i/readyz" >/dev/null 2>&1; then break; fi
+		if curl -sf "${curl_tls[@]}" "$scheme://127.0.0.1:748$i/readyz" >/dev/null 2>&1; then break; fi
 		if ! kill -0 "${pids[$i]}" 2>/dev/null; then
 			echo "berthd-$n exited; its log:"; tail -20 "$DIR/berthd-$n.log"; exit 1
 		fi
 		sleep 0.1
 	done
 done
-ctl=(--controller 127.0.0.1:7402,127.0.0.1:7412,127.0.0.1:7422)
 if "$BIN/berthctl" "${ctl[@]}" cluster | grep -q "^groups 0,"; then
 	"$BIN/berthctl" "${ctl[@]}" cluster init --groups "$GROUPS_N"
 fi
@@ -45,9 +77,14 @@ echo
 echo "Berth cluster of 3 brokers (logs and data in $DIR/):"
 for n in 1 2 3; do
 	i=$((n - 1))
-	echo "  berthd-$n  clients 127.0.0.1:74${i}0  peer 127.0.0.1:74${i}1  controller 127.0.0.1:74${i}2  admin http://127.0.0.1:748$i/ui/"
+	line="  berthd-$n  clients 127.0.0.1:74${i}0"
+	if [ -n "$TLS" ]; then line+="  tls 127.0.0.1:74${i}3"; fi
+	echo "$line  peer 127.0.0.1:74${i}1  controller 127.0.0.1:74${i}2  admin $scheme://127.0.0.1:748$i/ui/"
 done
 echo
 echo "  bin/berthctl ${ctl[*]} groups     # masters, epochs, SyncStateSets"
+if [ -n "$TLS" ]; then
+	echo "  (the admin HTTP wants the token: export BERTH_ADMIN_TOKEN=\$(cat $CERTS/admin-token))"
+fi
 echo "Ctrl-C stops the cluster."
 wait "${pids[@]}"

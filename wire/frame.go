@@ -35,9 +35,12 @@ const (
 	// VersionMajor and VersionMinor are the newest protocol version this
 	// build speaks. A peer that speaks an older minor version is served in
 	// that version; frames of a higher minor version are skipped by size.
-	// 1.1 added the AUTH frame (SCRAM exchanges in the handshake).
+	// 1.1 added the AUTH frame (SCRAM exchanges in the handshake); 1.2
+	// the producer id of PUBLISH (PublishProducer), a message's priority
+	// and deliver-at time in PUBLISH and a queue's max_priority in
+	// DECLARE_QUEUE.
 	VersionMajor = 1
-	VersionMinor = 1
+	VersionMinor = 2
 
 	// FrameSizeMin is the smallest maximum frame size a peer may negotiate.
 	FrameSizeMin = 4 << 10
@@ -73,6 +76,15 @@ var (
 	// session must negotiate it, or a later one, to use a mechanism that
 	// needs more than HELLO (SCRAM-SHA-256).
 	VersionAuth = MakeVersion(1, 1)
+	// VersionProducer (1.2) is the first version in which a PUBLISH may
+	// carry a producer id (the PublishProducer flag), which lets the broker
+	// drop a retried message it already enqueued.
+	VersionProducer = MakeVersion(1, 2)
+	// VersionSchedule (1.2, the same version) is the first version whose
+	// PUBLISH messages may carry a priority and a deliver-at time (flags
+	// MsgPriority and MsgDeliverAt) and whose DECLARE_QUEUE carries
+	// max_priority.
+	VersionSchedule = MakeVersion(1, 2)
 )
 
 // Header is a decoded frame header.

@@ -453,7 +453,15 @@ type QueueOptions struct {
 	Overflow           uint8  // OverflowRejectPublish or OverflowDropHead
 	DeadLetterExchange string
 	DeadLetterKey      string // "" keeps each message's routing key
+	// MaxPriority makes a priority queue: messages carry a priority from
+	// 0 to MaxPriority (a higher one is capped), and higher ones are
+	// delivered first. 0 = a plain queue. At most PriorityMax.
+	MaxPriority uint8
 }
+
+// PriorityMax is the largest max_priority a queue may have: 11 levels,
+// 0 to 10, as RabbitMQ advises for x-max-priority.
+const PriorityMax = 10
 
 // TTLNanos is the per-queue message TTL in nanoseconds, 0 for none.
 func (o *QueueOptions) TTLNanos() int64 { return int64(o.MessageTTLMs) * 1e6 }
@@ -467,6 +475,8 @@ func (o *QueueOptions) Check() error {
 		return fmt.Errorf("dead-letter exchange name longer than %d bytes", NameLenMax)
 	case len(o.DeadLetterKey) > RoutingKeyLenMax:
 		return fmt.Errorf("dead-letter key longer than %d bytes", RoutingKeyLenMax)
+	case o.MaxPriority > PriorityMax:
+		return fmt.Errorf("max priority %d above %d", o.MaxPriority, PriorityMax)
 	}
 	return nil
 }
@@ -498,13 +508,22 @@ func AppendDeclareQueue(b []byte, v Version, d *DeclareQueue) []byte {
 	b = AppendU8(b, o.Overflow)
 	b = AppendStr(b, o.DeadLetterExchange)
 	b = AppendStr(b, o.DeadLetterKey)
+	if v >= VersionSchedule {
+		b = AppendU8(b, o.MaxPriority)
+	}
 	EndFrame(b, s, 0)
 	return b
 }
 
-// DecodeDeclareQueue decodes a DECLARE_QUEUE body. Name aliases body; the
-// options' strings are copies.
+// DecodeDeclareQueue decodes a DECLARE_QUEUE body of a session below 1.2
+// (no max_priority). Name aliases body; the options' strings are copies.
 func DecodeDeclareQueue(body []byte, d *DeclareQueue) error {
+	return DecodeDeclareQueueVersion(body, VersionAuth, d)
+}
+
+// DecodeDeclareQueueVersion decodes a DECLARE_QUEUE body of a session of
+// version v: from 1.2 on it ends with max_priority.
+func DecodeDeclareQueueVersion(body []byte, v Version, d *DeclareQueue) error {
 	var r Reader
 	r.Reset(body)
 	o := &d.Options
@@ -519,6 +538,10 @@ func DecodeDeclareQueue(body []byte, d *DeclareQueue) error {
 	o.Overflow = r.U8()
 	o.DeadLetterExchange = string(r.Str(NameLenMax))
 	o.DeadLetterKey = string(r.Str(RoutingKeyLenMax))
+	o.MaxPriority = 0
+	if v >= VersionSchedule {
+		o.MaxPriority = r.U8()
+	}
 	return r.Done()
 }
 
@@ -653,27 +676,51 @@ func DecodePurge(body []byte, p *Purge) error {
 const (
 	MsgPersistent  uint8 = 1 << 0
 	MsgRedelivered uint8 = 1 << 1 // DELIVER only
+	// MsgPriority (PUBLISH, 1.2): a u8 priority follows ttl_ms.
+	MsgPriority uint8 = 1 << 2
+	// MsgDeliverAt (PUBLISH, 1.2): a u64 deliver_at_ms (unix
+	// milliseconds) follows ttl_ms and the priority, if any: the message
+	// is not delivered before then.
+	MsgDeliverAt uint8 = 1 << 3
 )
+
+// PublishProducer is a PUBLISH header flag (version 1.2 and later): the
+// body carries a producer id right after first_id, and message i of the
+// frame has sequence number first_id+i for that producer. A broker that
+// already enqueued a message of this producer with an equal or higher
+// sequence number on a queue skips it there and completes it.
+const PublishProducer uint8 = 1 << 0
+
+// msgExtension is the flags that add fields to a 1.2 PUBLISH message.
+const msgExtension = MsgPriority | MsgDeliverAt
 
 // Publish is a decoded PUBLISH frame: one exchange, Count messages whose
 // command ids are FirstID, FirstID+1, ... Iterate with Next. Decoding checks
 // every message up front, so Next cannot fail and a malformed frame has no
 // partial effect.
 type Publish struct {
-	FirstID  uint64
+	FirstID uint64
+	// Producer is the producer id of a frame with the PublishProducer
+	// flag, else 0. The sequence number of message i is FirstID+i.
+	Producer uint64
 	Exchange []byte
 	Count    int
 	r        Reader
 	next     int
+	ext      bool // 1.2: MsgPriority and MsgDeliverAt add fields
 }
 
 // PublishMessage is one message of a PUBLISH. Its slices alias the frame.
 type PublishMessage struct {
-	Flags      uint8
-	TTLMs      uint64 // 0 = none
-	RoutingKey []byte
-	Props      []byte // opaque to the broker; handed to consumers unchanged
-	Payload    []byte
+	Flags    uint8
+	TTLMs    uint64 // 0 = none
+	Priority uint8  // with MsgPriority (1.2); else 0
+	// DeliverAtMs is the unix time in milliseconds before which the
+	// message is not delivered, with MsgDeliverAt (1.2); else 0.
+	DeliverAtMs uint64
+	RoutingKey  []byte
+	Props       []byte // opaque to the broker; handed to consumers unchanged
+	Payload     []byte
 }
 
 // AppendPublishStart begins a PUBLISH of count messages; append each with
@@ -685,6 +732,20 @@ func AppendPublishStart(b []byte, v Version, firstID uint64, exchange string, co
 	b = AppendU16(b, uint16(count))
 	return b, s
 }
+
+// AppendPublishStartProducer is AppendPublishStart for a PUBLISH with the
+// PublishProducer flag (version 1.2 and later; producer is not 0).
+func AppendPublishStartProducer(b []byte, v Version, firstID, producer uint64, exchange string, count int) ([]byte, int) {
+	b, s := StartFrame(b, v, TypePublish, PublishProducer)
+	b = AppendU64(b, firstID)
+	b = AppendU64(b, producer)
+	b = AppendStr(b, exchange)
+	b = AppendU16(b, uint16(count))
+	return b, s
+}
+
+// PublishProducerOverhead is what the producer id adds to a PUBLISH.
+const PublishProducerOverhead = 8
 
 // PublishMessageOverhead is the encoded size of a message besides its
 // routing key, props and payload.
@@ -699,10 +760,64 @@ func AppendPublishMessage(b []byte, flags uint8, ttlMs uint64, key string, props
 	return b
 }
 
+// PublishExtensionBytes is what MsgPriority and MsgDeliverAt add to a
+// message at most.
+const PublishExtensionBytes = 1 + 8
+
+// AppendPublishMessageAt is AppendPublishMessage for a 1.2 session: flags
+// MsgPriority and MsgDeliverAt add the priority and deliverAtMs. Never
+// set them in a session below 1.2.
+func AppendPublishMessageAt(b []byte, flags uint8, ttlMs uint64, priority uint8, deliverAtMs uint64, key string, props, payload []byte) []byte {
+	b = AppendU8(b, flags)
+	b = AppendU64(b, ttlMs)
+	if flags&MsgPriority != 0 {
+		b = AppendU8(b, priority)
+	}
+	if flags&MsgDeliverAt != 0 {
+		b = AppendU64(b, deliverAtMs)
+	}
+	b = AppendStr(b, key)
+	b = AppendBytes(b, props)
+	b = AppendBytes(b, payload)
+	return b
+}
+
+// DecodePublish decodes a PUBLISH body of a session below 1.2, without
+// header flags; its message flags add no fields.
 func DecodePublish(body []byte, p *Publish) error {
+	return DecodePublishSession(body, 0, VersionAuth, p)
+}
+
+// DecodePublishVersion decodes a PUBLISH body without header flags of a
+// session of version v: from 1.2 on, MsgPriority and MsgDeliverAt add
+// fields to a message.
+func DecodePublishVersion(body []byte, v Version, p *Publish) error {
+	return DecodePublishSession(body, 0, v, p)
+}
+
+// DecodePublishFlags decodes a 1.2 PUBLISH whose header carried flags.
+func DecodePublishFlags(body []byte, flags uint8, p *Publish) error {
+	return DecodePublishSession(body, flags, VersionProducer, p)
+}
+
+// DecodePublishSession decodes a PUBLISH of a session of version v whose
+// header carried flags. Flags other than PublishProducer, that flag below
+// 1.2, or a producer id of 0 are malformed.
+func DecodePublishSession(body []byte, flags uint8, v Version, p *Publish) error {
 	r := &p.r
 	r.Reset(body)
+	if flags&^PublishProducer != 0 || (flags != 0 && v < VersionProducer) {
+		return ErrMalformed
+	}
+	p.ext = v >= VersionSchedule
 	p.FirstID = r.U64()
+	p.Producer = 0
+	if flags&PublishProducer != 0 {
+		p.Producer = r.U64()
+		if p.Producer == 0 && r.err == nil {
+			return ErrMalformed
+		}
+	}
 	p.Exchange = r.Str(NameLenMax)
 	p.Count = int(r.U16())
 	p.next = 0
@@ -714,7 +829,16 @@ func DecodePublish(body []byte, p *Publish) error {
 	}
 	start := r.off
 	for i := 0; i < p.Count; i++ {
-		r.Skip(1 + 8)
+		flags := r.U8()
+		r.Skip(8)
+		if p.ext {
+			if flags&MsgPriority != 0 {
+				r.Skip(1)
+			}
+			if flags&MsgDeliverAt != 0 {
+				r.Skip(8)
+			}
+		}
 		r.Str(RoutingKeyLenMax)
 		r.Bytes(PropsLenMax)
 		r.Bytes(len(body))
@@ -735,6 +859,16 @@ func (p *Publish) Next(m *PublishMessage) bool {
 	r := &p.r
 	m.Flags = r.U8()
 	m.TTLMs = r.U64()
+	m.Priority, m.DeliverAtMs = 0, 0
+	if !p.ext {
+		m.Flags &^= msgExtension // bits a session below 1.2 may not give a meaning
+	}
+	if m.Flags&MsgPriority != 0 {
+		m.Priority = r.U8()
+	}
+	if m.Flags&MsgDeliverAt != 0 {
+		m.DeliverAtMs = r.U64()
+	}
 	m.RoutingKey = r.Str(RoutingKeyLenMax)
 	m.Props = r.Bytes(PropsLenMax)
 	m.Payload = r.Bytes(len(r.b))

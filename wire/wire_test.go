@@ -133,10 +133,10 @@ func TestSettleAndComplete(t *testing.T) {
 func TestCommandsRoundTrip(t *testing.T) {
 	dq := DeclareQueue{CommandID: 1, Name: []byte("q"), Flags: QueuePassive, Options: QueueOptions{Durable: true, AutoDelete: true,
 		MaxDeliveries: 3, MessageTTLMs: 10, MaxLength: 100, MaxLengthBytes: 1000, Overflow: OverflowDropHead,
-		DeadLetterExchange: "dlx", DeadLetterKey: "dk"}}
+		DeadLetterExchange: "dlx", DeadLetterKey: "dk", MaxPriority: 7}}
 	_, body := mustNext(t, AppendDeclareQueue(nil, Current, &dq))
 	var dq2 DeclareQueue
-	if err := DecodeDeclareQueue(body, &dq2); err != nil || dq2.Options != dq.Options ||
+	if err := DecodeDeclareQueueVersion(body, Current, &dq2); err != nil || dq2.Options != dq.Options ||
 		dq2.Flags != QueuePassive|QueueDurable|QueueAutoDelete || string(dq2.Name) != "q" {
 		t.Fatalf("%+v %v", dq2, err)
 	}
@@ -195,6 +195,78 @@ func TestHeaderErrors(t *testing.T) {
 	}
 	if _, _, n, err := Next(b[:5], FrameSizeDefault); n != 0 || err != nil {
 		t.Fatalf("partial: %d %v", n, err)
+	}
+}
+
+// TestScheduleFields: a 1.2 PUBLISH carries a priority and a deliver-at
+// time behind their flags, and a 1.2 DECLARE_QUEUE its max priority; a
+// 1.1 session's frames are laid out as before, and the same flag bits in
+// them add nothing.
+func TestScheduleFields(t *testing.T) {
+	b, s := AppendPublishStart(nil, VersionSchedule, 1, "", 4)
+	b = AppendPublishMessageAt(b, MsgPriority, 0, 9, 0, "q", nil, []byte("a"))
+	b = AppendPublishMessageAt(b, MsgDeliverAt|MsgPersistent, 5, 0, 1_700_000_000_123, "q", []byte{1}, []byte("b"))
+	b = AppendPublishMessageAt(b, MsgPriority|MsgDeliverAt, 0, 3, 42, "q", nil, nil)
+	b = AppendPublishMessageAt(b, 0, 0, 7, 99, "q", nil, []byte("d")) // no flags: the values are not sent
+	EndFrame(b, s, 0)
+	_, body := mustNext(t, b)
+	var p Publish
+	if err := DecodePublishVersion(body, VersionSchedule, &p); err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		prio uint8
+		at   uint64
+		pay  string
+	}{{9, 0, "a"}, {0, 1_700_000_000_123, "b"}, {3, 42, ""}, {0, 0, "d"}}
+	var m PublishMessage
+	for i := 0; p.Next(&m); i++ {
+		if m.Priority != want[i].prio || m.DeliverAtMs != want[i].at || string(m.Payload) != want[i].pay || string(m.RoutingKey) != "q" {
+			t.Fatalf("message %d: %+v", i, m)
+		}
+	}
+	// The same body read as 1.1 is malformed: the extra fields do not
+	// parse as the 1.1 layout.
+	if err := DecodePublish(body, &p); err == nil {
+		t.Fatal("a 1.2 body with extension fields decoded as 1.1")
+	}
+	// In 1.1 the bits carry nothing and are cleared.
+	b, s = AppendPublishStart(nil, VersionAuth, 1, "", 1)
+	b = AppendPublishMessage(b, MsgPriority|MsgDeliverAt|MsgPersistent, 0, "q", nil, []byte("x"))
+	EndFrame(b, s, 0)
+	_, body = mustNext(t, b)
+	if err := DecodePublish(body, &p); err != nil || !p.Next(&m) || m.Flags != MsgPersistent || m.Priority != 0 || string(m.Payload) != "x" {
+		t.Fatalf("1.1 publish with extension bits: %+v %v", m, err)
+	}
+	// Truncated 1.2 messages fail whole.
+	b, s = AppendPublishStart(nil, VersionSchedule, 1, "", 1)
+	b = AppendPublishMessageAt(b, MsgPriority|MsgDeliverAt, 0, 1, 2, "q", nil, []byte("x"))
+	EndFrame(b, s, 0)
+	body = b[HeaderSize:]
+	for i := 0; i < len(body); i++ {
+		if err := DecodePublishVersion(body[:i], VersionSchedule, &p); err == nil {
+			t.Fatalf("truncated at %d decoded", i)
+		}
+	}
+	dq := DeclareQueue{CommandID: 1, Name: []byte("q"), Options: QueueOptions{MaxPriority: 5}}
+	_, b11 := mustNext(t, AppendDeclareQueue(nil, VersionAuth, &dq))
+	_, b12 := mustNext(t, AppendDeclareQueue(nil, VersionSchedule, &dq))
+	if len(b12) != len(b11)+1 {
+		t.Fatalf("1.2 declare is %d bytes, 1.1 %d", len(b12), len(b11))
+	}
+	var got DeclareQueue
+	if err := DecodeDeclareQueue(b11, &got); err != nil || got.Options.MaxPriority != 0 {
+		t.Fatalf("1.1 declare: %+v %v", got, err)
+	}
+	if err := DecodeDeclareQueueVersion(b12, VersionSchedule, &got); err != nil || got.Options.MaxPriority != 5 {
+		t.Fatalf("1.2 declare: %+v %v", got, err)
+	}
+	if err := DecodeDeclareQueueVersion(b11, VersionSchedule, &got); err == nil {
+		t.Fatal("a 1.1 declare decoded as 1.2")
+	}
+	bad := QueueOptions{MaxPriority: PriorityMax + 1}
+	if bad.Check() == nil {
+		t.Fatal("max priority above PriorityMax passed Check")
 	}
 }
 
@@ -312,5 +384,44 @@ func TestAuthRoundTripAndHelloHeader(t *testing.T) {
 	}
 	if !IsClientType(TypeAuth) || CodeAuthFailed.String() != "auth-failed" {
 		t.Fatal("AUTH or auth-failed unknown")
+	}
+}
+
+func TestPublishProducerRoundTrip(t *testing.T) {
+	b, s := AppendPublishStartProducer(nil, VersionProducer, 41, 0xfeed, "ex", 2)
+	b = AppendPublishMessage(b, 0, 0, "k", nil, []byte("a"))
+	b = AppendPublishMessage(b, 0, 0, "k", nil, []byte("b"))
+	EndFrame(b, s, 0)
+	h, body := mustNext(t, b)
+	if h.Flags != PublishProducer {
+		t.Fatalf("flags %#x", h.Flags)
+	}
+	var p Publish
+	if err := DecodePublishFlags(body, h.Flags, &p); err != nil {
+		t.Fatal(err)
+	}
+	var m PublishMessage
+	if p.FirstID != 41 || p.Producer != 0xfeed || string(p.Exchange) != "ex" || p.Count != 2 || !p.Next(&m) || string(m.Payload) != "a" {
+		t.Fatalf("bad publish %+v", p)
+	}
+	// Read without the flag, the producer id is taken for the exchange
+	// length: malformed, not a wrong message.
+	if err := DecodePublish(body, &p); err == nil {
+		t.Fatal("a producer PUBLISH decoded without its flag")
+	}
+	if err := DecodePublishFlags(body, PublishProducer|2, &p); err == nil {
+		t.Fatal("an unknown PUBLISH flag accepted")
+	}
+	zero, s := AppendPublishStartProducer(nil, VersionProducer, 1, 0, "", 1)
+	zero = AppendPublishMessage(zero, 0, 0, "k", nil, nil)
+	EndFrame(zero, s, 0)
+	_, body = mustNext(t, zero)
+	if err := DecodePublishFlags(body, PublishProducer, &p); err == nil {
+		t.Fatal("producer id 0 accepted")
+	}
+	for i := 0; i < len(body); i++ {
+		if err := DecodePublishFlags(body[:i], PublishProducer, &p); err == nil {
+			t.Fatalf("truncated at %d accepted", i)
+		}
 	}
 }

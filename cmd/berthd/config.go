@@ -40,6 +40,10 @@ var (
 	notInEnv  = map[string]bool{"print-config": true, "version": true}
 )
 
+// secretFlags hold secrets themselves (not paths to them): -print-config
+// shows that they are set, never their value.
+var secretFlags = map[string]bool{"admin-token": true}
+
 // origins records where each flag's value came from when it did not come
 // from the command line or the default: "BERTH_SHARDS", or
 // `config berth.toml line 7, key "shards"`.
@@ -275,6 +279,11 @@ func printConfig(w io.Writer, fs *flag.FlagSet, o origins, cmdline map[string]bo
 		}
 		if from != "" {
 			fmt.Fprintf(&b, "# (from %s)\n", from)
+		}
+		if secretFlags[fl.Name] && fl.Value.String() != "" {
+			// Printed configurations end up in tickets and chat.
+			fmt.Fprintf(&b, "# (set, not shown: give it through %s)\n", envName(fl.Name))
+			text = "''"
 		}
 		fmt.Fprintf(&b, "%s = %s\n", fl.Name, text)
 	})

@@ -431,3 +431,27 @@ func TestProcessConfig(t *testing.T) {
 		t.Fatalf("stderr does not name the key and line:\n%s", p.LogTail())
 	}
 }
+
+// TestPrintConfigHidesSecrets: the admin token is reported set, not shown.
+func TestPrintConfigHidesSecrets(t *testing.T) {
+	clearEnv(t)
+	const token = "very-secret-admin-token-0123456789"
+	t.Setenv("BERTH_ADMIN_TOKEN", token)
+	o, err := parseArgs([]string{"-print-config"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.cfg.AdminToken != token {
+		t.Fatalf("BERTH_ADMIN_TOKEN not taken: %q", o.cfg.AdminToken)
+	}
+	var out bytes.Buffer
+	if err := printConfig(&out, o.fs, o.origins, o.cmdline); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), token) {
+		t.Fatalf("print-config shows the token:\n%s", out.String())
+	}
+	if !strings.Contains(out.String(), "# (set, not shown: give it through BERTH_ADMIN_TOKEN)\nadmin-token = ''\n") {
+		t.Fatalf("print-config does not say the token is set:\n%s", out.String())
+	}
+}

@@ -73,10 +73,26 @@ func run(args []string) int {
 	sig := <-sigs
 	for ; sig == syscall.SIGHUP; sig = <-sigs {
 		// SIGHUP rereads the TLS files; open connections stay.
-		if cfg.TLSAddr == "" {
-			log.Info("berthd: SIGHUP ignored: no -listen-tls")
-		} else if err := srv.ReloadTLS(); err != nil {
-			log.Error("berthd: TLS reload failed; keeping the certificates in use", "err", err)
+		reloaded := false
+		for _, r := range []struct {
+			set    bool
+			what   string
+			reload func() error
+		}{
+			{cfg.TLSAddr != "", "client TLS", srv.ReloadTLS},
+			{cfg.AdminTLSCert != "", "admin HTTPS", srv.ReloadAdminTLS},
+			{cfg.ClusterCA != "", "cluster TLS", srv.ReloadClusterTLS},
+		} {
+			if !r.set {
+				continue
+			}
+			reloaded = true
+			if err := r.reload(); err != nil {
+				log.Error("berthd: "+r.what+" reload failed; keeping the certificates in use", "err", err)
+			}
+		}
+		if !reloaded {
+			log.Info("berthd: SIGHUP ignored: no TLS certificates in use")
 		}
 	}
 	log.Info("berthd: shutting down", "signal", sig.String())
@@ -120,6 +136,8 @@ type flags struct {
 	logFormat, configPath, memoryLimit                 string
 	listenTLS, tlsCert, tlsKey, tlsClientCA            string
 	allowPlain                                         bool
+	clusterCA, clusterCert, clusterKey, clusterSecret  string
+	adminToken, adminTLSCert, adminTLSKey              string
 	peer, peerAdvertise                                string
 	groupReplicas                                      int
 	printConfig, version                               bool
@@ -128,6 +146,8 @@ type flags struct {
 	segmentBytes                                       int64
 	join, leaseRead                                    bool
 	controllerWait                                     time.Duration
+	outboundMax                                        int64
+	outboundTimeout, handshakeTimeout                  time.Duration
 }
 
 // newFlagSet defines every berthd flag with its built-in default. Each
@@ -143,10 +163,20 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.StringVar(&f.tlsClientCA, "tls-client-ca", "", "PEM CA certificates; TLS clients must present a certificate they signed (mutual TLS); reread on SIGHUP")
 	fs.BoolVar(&f.allowPlain, "allow-plain-without-tls", false, "accept PLAIN logins on the plaintext listener, where passwords cross the network in the clear")
 	fs.StringVar(&f.admin, "admin", d.AdminAddr, "admin HTTP listen address, empty to disable")
+	fs.StringVar(&f.adminToken, "admin-token", "", "bearer token that opens the admin HTTP's /v1, /ui and /debug/pprof paths, which then need credentials even on loopback; prefer the environment variable to the command line")
+	fs.StringVar(&f.adminTLSCert, "admin-tls-cert", "", "PEM certificate of the admin HTTP, which then serves HTTPS only; reread on SIGHUP")
+	fs.StringVar(&f.adminTLSKey, "admin-tls-key", "", "PEM private key of -admin-tls-cert; reread on SIGHUP")
+	fs.StringVar(&f.clusterCA, "cluster-ca", "", "PEM cluster CA: peer and controller connections are mutual TLS with certificates it signed; reread on SIGHUP")
+	fs.StringVar(&f.clusterCert, "cluster-cert", "", "PEM certificate of this node, signed by -cluster-ca, for serving and dialling peers and controllers; reread on SIGHUP")
+	fs.StringVar(&f.clusterKey, "cluster-key", "", "PEM private key of -cluster-cert; reread on SIGHUP")
+	fs.StringVar(&f.clusterSecret, "cluster-secret-file", "", "file holding the cluster secret every peer and controller connection proves (HMAC challenge-response; never sent)")
 	fs.StringVar(&f.dataDir, "data", d.DataDir, "data directory")
 	fs.IntVar(&f.shards, "shards", 0, "shard count, 0 = one per core")
 	fs.IntVar(&f.loops, "loops", 0, "event loop count, 0 = one per core")
 	fs.IntVar(&f.heartbeatMs, "heartbeat-ms", int(d.HeartbeatMs), "default heartbeat interval in ms")
+	fs.Int64Var(&f.outboundMax, "outbound-max", d.OutboundMax, "bytes written to one connection and not yet read by its client; past it the connection gets no deliveries and no frames are taken from it until it drains, -1 = no cap")
+	fs.DurationVar(&f.outboundTimeout, "outbound-timeout", d.OutboundTimeout, "close a connection that stays over -outbound-max this long")
+	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", d.HandshakeTimeout, "close a connection that has not logged in this long after it was accepted")
 	fs.StringVar(&f.controller, "controller", "127.0.0.1:7402", "in-process controller address; durable wiring goes through it; empty to keep wiring in a local file")
 	fs.StringVar(&f.fsync, "fsync", d.Fsync, "journal fsync policy: always, or never (unsafe)")
 	fs.Int64Var(&f.segmentBytes, "journal-segment-bytes", 0, "journal segment size in bytes, 0 = default 2 MiB")
@@ -325,6 +355,18 @@ func parseArgs(args []string) (options, error) {
 	}
 	cfg := server.DefaultConfig()
 	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir = f.listen, f.admin, f.dataDir
+	if f.outboundMax == 0 || f.outboundMax < -1 {
+		return options{}, o.annotate(fmt.Errorf("-outbound-max %d: want a positive byte count, or -1 for no cap", f.outboundMax), "outbound-max")
+	}
+	for _, a := range []struct {
+		name string
+		v    time.Duration
+	}{{"outbound-timeout", f.outboundTimeout}, {"handshake-timeout", f.handshakeTimeout}} {
+		if a.v <= 0 {
+			return options{}, o.annotate(fmt.Errorf("-%s %v: want a positive duration", a.name, a.v), a.name)
+		}
+	}
+	cfg.OutboundMax, cfg.OutboundTimeout, cfg.HandshakeTimeout = f.outboundMax, f.outboundTimeout, f.handshakeTimeout
 	cfg.Shards, cfg.Loops, cfg.HeartbeatMs = f.shards, f.loops, uint32(f.heartbeatMs)
 	cfg.Logger = log
 	cfg.Fsync = f.fsync
@@ -355,6 +397,8 @@ func parseArgs(args []string) (options, error) {
 	}
 	cfg.TLSAddr, cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA = f.listenTLS, f.tlsCert, f.tlsKey, f.tlsClientCA
 	cfg.AllowPlainWithoutTLS = f.allowPlain
+	cfg.ClusterCA, cfg.ClusterCert, cfg.ClusterKey, cfg.ClusterSecretFile = f.clusterCA, f.clusterCert, f.clusterKey, f.clusterSecret
+	cfg.AdminToken, cfg.AdminTLSCert, cfg.AdminTLSKey = f.adminToken, f.adminTLSCert, f.adminTLSKey
 	cfg.ControllerLeaseRead = f.leaseRead
 	if f.ctlHeartbeatMs <= 0 {
 		return options{}, o.annotate(fmt.Errorf("-controller-heartbeat-ms %d: want a positive interval", f.ctlHeartbeatMs), "controller-heartbeat-ms")

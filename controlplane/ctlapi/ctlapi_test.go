@@ -88,3 +88,27 @@ func TestProtocolBodies(t *testing.T) {
 		t.Fatalf("%d adds: %v", len(tooMany), err)
 	}
 }
+
+// TestMaxPriorityStored: a queue's max priority rides in the high nibble
+// of the stored overflow byte, so it round-trips with each overflow
+// policy, and a queue without one stores exactly the bytes it did before
+// priorities (the golden file pins those).
+func TestMaxPriorityStored(t *testing.T) {
+	for _, overflow := range []uint8{wire.OverflowRejectPublish, wire.OverflowDropHead} {
+		for _, mp := range []uint8{0, 1, wire.PriorityMax} {
+			ev := &DeclareQueue{Name: "q", Options: QueueOptions{Durable: true, Overflow: overflow, MaxPriority: mp, DeadLetterKey: "k"}}
+			dec, err := DecodeEvent(EncodeEvent(nil, ev))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := dec.(*DeclareQueue).Options; got != ev.Options {
+				t.Fatalf("overflow %d max priority %d: decoded %+v", overflow, mp, got)
+			}
+		}
+	}
+	plain := EncodeEvent(nil, &DeclareQueue{Name: "q", Options: QueueOptions{Overflow: wire.OverflowDropHead}})
+	prio := EncodeEvent(nil, &DeclareQueue{Name: "q", Options: QueueOptions{Overflow: wire.OverflowDropHead, MaxPriority: 3}})
+	if len(plain) != len(prio) || bytes.Equal(plain, prio) {
+		t.Fatalf("max priority changed the stored size or was not stored: % x vs % x", plain, prio)
+	}
+}

@@ -295,7 +295,11 @@ func appendQueueOptions(b []byte, o *QueueOptions) []byte {
 	b = wire.AppendBool(b, o.AutoDelete)
 	b = wire.AppendU64(b, o.MessageTTLMs)
 	b = wire.AppendU64(b, o.MaxLength)
-	b = wire.AppendU8(b, storedOverflow(o.Overflow))
+	// The overflow byte's high nibble holds the max priority: stored
+	// options from before priorities (nibble 0) read the same, and no
+	// format changes. Overflow policies and max priorities both fit in 4
+	// bits (QueueOptions.Check).
+	b = wire.AppendU8(b, storedOverflow(o.Overflow)|o.MaxPriority<<4)
 	b = AppendString(b, o.DeadLetterExchange)
 	b = wire.AppendU32(b, o.MaxDeliveries)
 	b = wire.AppendU64(b, o.MaxLengthBytes)
@@ -304,7 +308,8 @@ func appendQueueOptions(b []byte, o *QueueOptions) []byte {
 func decodeQueueOptions(r *wire.Reader, o *QueueOptions) {
 	o.Durable, o.Exclusive, o.AutoDelete = r.Bool(), r.Bool(), r.Bool()
 	o.MessageTTLMs, o.MaxLength = r.U64(), r.U64()
-	o.Overflow = wireOverflow(r.U8())
+	stored := r.U8()
+	o.Overflow, o.MaxPriority = wireOverflow(stored&0x0f), stored>>4
 	o.DeadLetterExchange = ReadString(r)
 	o.MaxDeliveries = r.U32()
 	o.MaxLengthBytes = r.U64()

@@ -21,6 +21,7 @@ import (
 
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/internal/coalesce"
+	"github.com/berthmq/berth/internal/peerauth"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -50,7 +51,8 @@ const (
 // redirects and retries what is safe to retry. Safe for concurrent use.
 type Client struct {
 	addrs  []string
-	local  Handler // in-process; no TCP
+	auth   *peerauth.Auth // proof of cluster membership on each connection, or nil
+	local  Handler        // in-process; no TCP
 	rr     atomic.Uint32
 	mu     sync.Mutex
 	leader string
@@ -61,6 +63,16 @@ type Client struct {
 // NewClient returns a client for the controllers at addrs.
 func NewClient(addrs []string) *Client {
 	return &Client{addrs: append([]string(nil), addrs...), conns: map[string]*clientConn{}}
+}
+
+// NewClientAuth is NewClient for controllers that require proof of
+// cluster membership (mutual TLS with the cluster CA, or the cluster
+// secret): each connection gives it through auth before its first
+// request.
+func NewClientAuth(addrs []string, auth *peerauth.Auth) *Client {
+	c := NewClient(addrs)
+	c.auth = auth
+	return c
 }
 
 // Handler serves one request in-process, as a controller's service serves
@@ -104,10 +116,15 @@ type clientConn struct {
 	done    chan struct{}
 }
 
-func dialClientConn(ctx context.Context, addr string) (*clientConn, error) {
+func dialClientConn(ctx context.Context, addr string, auth *peerauth.Auth) (*clientConn, error) {
 	d := net.Dialer{Timeout: dialTimeout}
-	nc, err := d.DialContext(ctx, "tcp", addr)
+	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
+		return nil, err
+	}
+	nc, err := auth.Client(raw, addr)
+	if err != nil {
+		raw.Close()
 		return nil, err
 	}
 	cc := &clientConn{c: nc, sem: make(chan struct{}, clientInflightMax),
@@ -218,7 +235,7 @@ func (c *Client) conn(ctx context.Context, addr string) (*clientConn, error) {
 			return cc, nil
 		}
 	}
-	cc, err := dialClientConn(ctx, addr)
+	cc, err := dialClientConn(ctx, addr, c.auth)
 	if err != nil {
 		return nil, err
 	}
@@ -290,7 +307,7 @@ func (c *Client) call(ctx context.Context, op uint8, body []byte, anyNode bool) 
 				lastErr = err
 				if isWrite(op) && cc != nil && !errors.Is(err, coalesce.ErrNotSent) {
 					// The request may have reached the leader.
-					return nil, fmt.Errorf("%w: %v", ctlapi.ErrLeaderChanged, err)
+					return nil, fmt.Errorf("%w: %w", ctlapi.ErrLeaderChanged, err)
 				}
 				c.setLeader("")
 				addr = c.pick(true)

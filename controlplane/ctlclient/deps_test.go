@@ -41,7 +41,7 @@ func TestDependencies(t *testing.T) {
 		allowed []string // non-standard packages it may depend on; nil: any but serverSide
 	}{
 		{berth + "controlplane/ctlapi", []string{berth + "wire"}},
-		{berth + "controlplane/ctlclient", []string{berth + "wire", berth + "controlplane/ctlapi", berth + "controlplane/internal/coalesce"}},
+		{berth + "controlplane/ctlclient", []string{berth + "wire", berth + "controlplane/ctlapi", berth + "controlplane/internal/coalesce", berth + "internal/peerauth"}},
 		{berth + "tools/berthctl", nil},
 	} {
 		out, err := exec.Command(gotool, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", tc.pkg).Output()

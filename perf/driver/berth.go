@@ -147,7 +147,7 @@ func (o *berthOps) create(ctx context.Context, q string, _ ConsumerConfig) error
 	}
 	// Another client could declare the same queue between the check and
 	// this declare: the protocol has no "create only if absent".
-	if err := c.DeclareQueue(ctx, q, client.QueueOptions{Durable: o.d.opts.Persistent}); err != nil {
+	if err := c.DeclareQueue(ctx, q, client.QueueOptions{Durable: o.d.opts.Persistent, MaxPriority: o.d.opts.MaxPriority}); err != nil {
 		return fmt.Errorf("driver: berth declare queue %s: %w", q, err)
 	}
 	return nil
@@ -219,10 +219,12 @@ type berthProducer struct {
 	conns map[string]*client.Conn
 	queue map[string]*client.Conn // queue -> its route's session
 	opts  client.PublishOptions
+	// levels is MaxPriority+1: the priorities the producer cycles through.
+	levels uint8
 }
 
 func (d *berthDriver) NewProducer(ctx context.Context, id int) (Producer, error) {
-	p := &berthProducer{d: d, id: id, opts: client.PublishOptions{Persistent: d.opts.Persistent}}
+	p := &berthProducer{d: d, id: id, opts: client.PublishOptions{Persistent: d.opts.Persistent}, levels: d.opts.MaxPriority + 1}
 	if d.opts.Route != nil {
 		p.conns, p.queue = map[string]*client.Conn{}, map[string]*client.Conn{}
 		return p, nil
@@ -261,6 +263,9 @@ func (p *berthProducer) Publish(ctx context.Context, queue string, payload []byt
 	c, err := p.conn(ctx, queue)
 	if err != nil {
 		return err
+	}
+	if p.levels > 1 {
+		p.opts.Priority = (p.opts.Priority + 1) % p.levels
 	}
 	return c.PublishAsync(ctx, "", queue, payload, p.opts, done)
 }

@@ -57,6 +57,10 @@ type Options struct {
 	// queue's messages to its address, and a consumer reads its queue
 	// there. Addrs still serve the first lookups of a queue's state.
 	Route func(ctx context.Context, queue string) (addr string, err error)
+	// MaxPriority (berth only) declares priority queues with priorities
+	// 0 to MaxPriority, and each producer gives its messages priorities
+	// 0, 1, ..., MaxPriority in turn.
+	MaxPriority uint8
 }
 
 // SetupOptions say what Setup may do with queues that exist already.

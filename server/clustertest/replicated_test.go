@@ -338,6 +338,22 @@ func TestReplicatedQueueSurvivesMasterKill(t *testing.T) {
 		}
 		return nil
 	})
+
+	// A deleted queue goes from the follower too.
+	if err := pc.DeleteQueue(ctx, queue, client.QueueDeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		for _, n := range c.nodes {
+			if n == mnode {
+				continue
+			}
+			if ready, _, err := c.depth(n, queue); err != nil || ready != -1 {
+				return fmt.Errorf("%s still has the deleted queue (%d ready, %v)", n.name, ready, err)
+			}
+		}
+		return nil
+	})
 }
 
 // lastIndex is the end of group g's log on n.
@@ -453,4 +469,83 @@ func TestFrozenMasterStepsDown(t *testing.T) {
 		return nil
 	})
 	c.consumeAll(nnode, queue, names(accepted, total+more))
+}
+
+// TestReplicatedDeadLetters: messages rejected from a replicated queue
+// reach its dead-letter queue on every member, and the source's removal
+// is proposed only then: those the dead-letter queue refuses (it is full)
+// stay in the group's log, and after kill -9 of the master the new one
+// holds each message once, in the source or in the dead-letter queue.
+func TestReplicatedDeadLetters(t *testing.T) {
+	const groups, total, rejected, room = 3, 40, 15, 10
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	c := startReplicated(t, ctx, groups)
+	const source = "dl-source"
+	// A dead-letter queue in the same group, so the same broker masters
+	// both (publishes are not forwarded between brokers yet).
+	g := server.GroupOf(source, groups)
+	target := ""
+	for i := 0; target == ""; i++ {
+		if n := fmt.Sprintf("dl-target-%d", i); server.GroupOf(n, groups) == g {
+			target = n
+		}
+	}
+	master, mnode := c.waitServing(g)
+	conn := dial(t, ctx, mnode.client)
+	if err := conn.DeclareQueue(ctx, target, client.QueueOptions{Durable: true, MaxLength: room, Overflow: client.OverflowRejectPublish}); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.DeclareQueue(ctx, source, client.QueueOptions{Durable: true, DeadLetterKey: target}); err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range names(0, total) {
+		if err := conn.Publish(ctx, "", source, []byte(m), client.PublishOptions{Persistent: true}); err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	con, err := conn.Subscribe(ctx, source, client.SubscribeOptions{Credit: 5, AutoCredit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range rejected {
+		d, err := con.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Reject(ctx); err != nil {
+			t.Fatalf("reject %d: %v", i, err)
+		}
+	}
+	if err := con.Cancel(ctx); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	// The followers hold in the source what the full dead-letter queue
+	// refused; the master dropped them from its view (it would only
+	// get them back from the log).
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		for _, n := range c.nodes {
+			src, _, err := c.depth(n, source)
+			if err != nil {
+				return err
+			}
+			dl, _, err := c.depth(n, target)
+			if err != nil {
+				return err
+			}
+			want := total - room
+			if n == mnode {
+				want = total - rejected
+			}
+			if src != want || dl != room {
+				return fmt.Errorf("%s: source %d ready (want %d), dead letters %d (want %d)", n.name, src, want, dl, room)
+			}
+		}
+		return nil
+	})
+	mnode.signal(syscall.SIGKILL)
+	nm := c.nodeOf(c.waitNewMaster(g, master))
+	c.consumeAll(nm, target, names(0, room))
+	c.consumeAll(nm, source, names(room, total))
 }

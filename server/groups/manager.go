@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/ctlclient"
+	"github.com/berthmq/berth/internal/peerauth"
 	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/shards/group"
 	"github.com/berthmq/berth/wire"
@@ -43,7 +46,9 @@ type ManagerConfig struct {
 	// OnGroupCount is told the cluster's group count once it is known,
 	// before the node opens.
 	OnGroupCount func(groups uint32)
-	Logger       *slog.Logger
+	// Auth proves cluster membership on every peer connection (nil: none).
+	Auth   *peerauth.Auth
+	Logger *slog.Logger
 }
 
 // Manager runs a broker's replication groups as the controller assigns
@@ -65,8 +70,9 @@ type Manager struct {
 	alive     chan struct{}
 	aliveOnce sync.Once
 
-	mu   sync.Mutex
-	node *Node
+	mu sync.Mutex
+	// node is read on every replicated publish: no lock.
+	node atomic.Pointer[Node]
 	seen map[uint32]ctlapi.Group // the group records last passed on
 
 	ctx    context.Context
@@ -84,7 +90,7 @@ func StartManager(cfg ManagerConfig) (*Manager, error) {
 		cfg.Replicas = 3
 	}
 	m := &Manager{cfg: cfg, log: cfg.Logger, seen: map[uint32]ctlapi.Group{}, alive: make(chan struct{})}
-	tr, err := Listen(cfg.PeerAddr, cfg.Self, func(msg *wire.GroupMessage) {
+	tr, err := ListenAuth(cfg.PeerAddr, cfg.Self, cfg.Auth, func(msg *wire.GroupMessage) {
 		if n := m.currentNode(); n != nil {
 			n.Deliver(msg)
 		}
@@ -109,11 +115,7 @@ func (m *Manager) Heartbeated() { m.aliveOnce.Do(func() { close(m.alive) }) }
 // PeerAddr is the transport's bound address.
 func (m *Manager) PeerAddr() string { return m.tr.Addr() }
 
-func (m *Manager) currentNode() *Node {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.node
-}
+func (m *Manager) currentNode() *Node { return m.node.Load() }
 
 // Node is the running node, or nil before the groups are known.
 func (m *Manager) Node() *Node { return m.currentNode() }
@@ -237,9 +239,7 @@ func (m *Manager) run() {
 		m.log.Error("groups: open the group journal; the broker serves no group", "err", err)
 		return
 	}
-	m.mu.Lock()
-	m.node = n
-	m.mu.Unlock()
+	m.node.Store(n)
 	m.log.Info("groups: replicating", "groups", groups, "replicas", replicas, "peer", m.cfg.Advertise)
 	m.follow(groups)
 }
@@ -289,6 +289,7 @@ func (m *Manager) follow(groups uint32) {
 func (m *Manager) update(gs []ctlapi.Group) {
 	n := m.currentNode()
 	var unelected []uint32
+	var stale []ctlapi.Group
 	for _, g := range gs {
 		if g.Epoch == 0 {
 			unelected = append(unelected, g.ID)
@@ -303,18 +304,61 @@ func (m *Manager) update(gs []ctlapi.Group) {
 		case g.Master == m.cfg.Self:
 			if !seen || old.Epoch != g.Epoch || old.Master != g.Master {
 				err = n.BecomeMaster(g.ID, g.Epoch, g.SyncStateSet)
+				if st, serr := n.Status(g.ID); err == nil && serr == nil && st.Role != group.RoleMaster && st.Epoch >= g.Epoch {
+					// This broker restarted after the controller made it
+					// master of the epoch, and the controller did not see
+					// it die: a member never masters an epoch it knew
+					// before a restart, so the group needs a new one.
+					stale = append(stale, g)
+					continue
+				}
 			}
 			if err == nil {
 				err = n.SetSyncStateSet(g.ID, g.Epoch, g.SyncStateSet)
 			}
 		case g.Master != 0:
 			err = n.BecomeFollower(g.ID, g.Epoch, g.Master)
+		default:
+			// Fenced with no live member of its set: ask again, so a
+			// member that came back is elected.
+			unelected = append(unelected, g.ID)
 		}
 		if err != nil {
 			m.log.Warn("groups: pass a controller decision on", "group", g.ID, "err", err)
 			continue
 		}
 		m.seen[g.ID] = g
+	}
+	for _, sg := range stale {
+		g := sg.ID
+		// A live master keeps its group unless another broker is
+		// preferred: name one, so the controller elects under a new
+		// epoch (this broker may win it again).
+		pref := uint32(math.MaxUint32) // no such broker
+		for _, id := range sg.SyncStateSet {
+			if id != m.cfg.Self {
+				pref = id
+				break
+			}
+		}
+		m.log.Info("groups: asking for a new epoch of a group this broker mastered before it restarted", "group", g)
+		err := m.call(func(ctx context.Context) error {
+			_, err := m.cfg.Ctl.ElectMaster(ctx, []uint32{g}, pref)
+			return err
+		})
+		if err != nil {
+			m.log.Debug("groups: new epoch", "group", g, "err", err)
+		}
+	}
+	if len(unelected)+len(stale) > 0 {
+		// The election is an event whatever it decides, which wakes this
+		// loop again: ask at most ten times a second.
+		defer func() {
+			select {
+			case <-m.ctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}()
 	}
 	if len(unelected) > 0 {
 		// Every broker may ask; an election of a group already elected

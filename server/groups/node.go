@@ -94,6 +94,7 @@ type Node struct {
 	durable chan struct{}
 	done    chan struct{}
 	exited  chan struct{}
+	scratch []byte // a journal record being built
 	// dirty lists the members changed since their last Ready: the node
 	// takes every event waiting (up to inboxBatch) before it carries out
 	// any Ready, so a burst of proposals or messages becomes one batch of
@@ -534,7 +535,7 @@ func (n *Node) ready(mb *member) {
 		n.j.Append(rec, n.persisted(mb, gen, after))
 	}
 	for i, e := range rd.Persist {
-		rec := make([]byte, 0, 17+len(e.Data))
+		rec := n.scratch[:0] // the journal copies it
 		rec = append(rec, recEntry)
 		rec = binary.BigEndian.AppendUint32(rec, g)
 		rec = binary.BigEndian.AppendUint32(rec, e.Epoch)
@@ -556,6 +557,7 @@ func (n *Node) ready(mb *member) {
 			break
 		}
 		mb.pos = append(mb.pos, n.j.Append(rec, done))
+		n.scratch = rec[:0]
 	}
 	for i := range rd.Messages {
 		n.cfg.Transport.Send(&rd.Messages[i])

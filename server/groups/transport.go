@@ -1,6 +1,8 @@
 // Package groups runs a broker's replication groups: the peer transport
-// between brokers (port 7401 by default), and a Node that drives the
-// shards/group state machines with a write-ahead journal on disk.
+// between brokers (port 7401 by default; with cluster credentials every
+// connection proves membership before its first frame, internal/peerauth),
+// and a Node that drives the shards/group state machines with a
+// write-ahead journal on disk.
 package groups
 
 import (
@@ -15,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/berthmq/berth/internal/peerauth"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -46,6 +49,9 @@ type Transport struct {
 	handler func(*wire.GroupMessage)
 	log     *slog.Logger
 	faults  atomic.Pointer[Faults]
+	// auth proves cluster membership on every connection, both ways,
+	// before a frame is read or written (nil: none).
+	auth *peerauth.Auth
 
 	mu    sync.Mutex
 	addrs map[uint32]string
@@ -68,6 +74,12 @@ type peerOut struct {
 // with each message received, on the receiving connection's goroutine; it
 // must not block for long.
 func Listen(addr string, self uint32, handler func(*wire.GroupMessage), log *slog.Logger) (*Transport, error) {
+	return ListenAuth(addr, self, nil, handler, log)
+}
+
+// ListenAuth is Listen with every connection, inbound and outbound,
+// proving cluster membership through auth before any frame crosses it.
+func ListenAuth(addr string, self uint32, auth *peerauth.Auth, handler func(*wire.GroupMessage), log *slog.Logger) (*Transport, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -75,7 +87,7 @@ func Listen(addr string, self uint32, handler func(*wire.GroupMessage), log *slo
 	if err != nil {
 		return nil, fmt.Errorf("groups: peer listen on %s: %w", addr, err)
 	}
-	t := &Transport{self: self, ln: ln, handler: handler, log: log,
+	t := &Transport{self: self, ln: ln, handler: handler, log: log, auth: auth,
 		addrs: map[uint32]string{}, out: map[uint32]*peerOut{}, in: map[net.Conn]struct{}{}, done: make(chan struct{})}
 	t.faults.Store(&Faults{})
 	t.wg.Add(1)
@@ -154,6 +166,19 @@ func (t *Transport) write(p *peerOut) {
 			backoff = min(2*backoff, dialBackoffMax)
 			continue
 		}
+		raw := conn
+		if conn, err = t.auth.Client(raw, addr); err != nil {
+			raw.Close()
+			if t.auth.AllowLog(true) {
+				t.log.Warn("groups: peer refused or failed the cluster handshake", "peer", p.id, "addr", addr, "err", err)
+			}
+			select {
+			case <-t.done:
+				return
+			case <-time.After(dialBackoffMax):
+			}
+			continue
+		}
 		backoff = 10 * time.Millisecond
 		if err := t.writeConn(conn, p); err != nil && !errors.Is(err, net.ErrClosed) {
 			t.log.Debug("groups: peer connection ended", "peer", p.id, "err", err)
@@ -228,16 +253,24 @@ func (t *Transport) accept() {
 	}
 }
 
-// read decodes the frames of one inbound connection. A malformed frame
-// ends the connection (the peer redials); it never reaches the handler.
-func (t *Transport) read(conn net.Conn) {
+// read decodes the frames of one inbound connection, once it proved
+// cluster membership. A malformed frame ends the connection (the peer
+// redials); it never reaches the handler.
+func (t *Transport) read(raw net.Conn) {
 	defer t.wg.Done()
 	defer func() {
 		t.mu.Lock()
-		delete(t.in, conn)
+		delete(t.in, raw)
 		t.mu.Unlock()
-		conn.Close()
+		raw.Close()
 	}()
+	conn, err := t.auth.Server(raw)
+	if err != nil {
+		if t.auth.AllowLog(false) {
+			t.log.Warn("groups: refused a peer connection before any frame (logged at most once a second)", "remote", raw.RemoteAddr().String(), "err", err)
+		}
+		return
+	}
 	r := bufio.NewReaderSize(conn, 64<<10)
 	var hdr [wire.HeaderSize]byte
 	var body []byte

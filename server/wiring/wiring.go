@@ -492,6 +492,22 @@ func (w *Wiring) DeleteQueue(name string, ifUnused, ifEmpty bool) (int, error) {
 	return dropped, nil
 }
 
+// DropReplica drops this broker's copy of the replicated queue name,
+// which its group's master deleted (the controller has it deleted
+// already). Nothing is recorded.
+func (w *Wiring) DropReplica(name string) {
+	defer w.lockNames(name)()
+	q := w.Routing().queue(name)
+	if q == nil {
+		return
+	}
+	if _, err := w.b.DropQueue(q); err != nil {
+		w.log.Warn("wiring: drop the copy of a deleted replicated queue", "queue", name, "err", err)
+		return
+	}
+	w.unpublish(q)
+}
+
 // unpublish removes a dropped queue from the routing. The queue's name
 // lock is held.
 func (w *Wiring) unpublish(q *shards.Queue) {

@@ -135,6 +135,10 @@ var (
 	ErrBacklog      = errors.New("group: too many uncommitted entries")
 )
 
+// inflightBatches bounds the Append batches sent to a follower ahead of
+// its acknowledgements.
+const inflightBatches = 16
+
 // Config configures a member.
 type Config struct {
 	Group    uint32 // the group's number, put in every message
@@ -203,8 +207,15 @@ type Member struct {
 	peers     map[MemberID]*follower
 	tick      int
 	proposed  map[uint64]uint32 // index -> epoch of proposals awaiting commit
+	// sendPending: proposals or a commit advance wait to go to the
+	// followers; Ready sends them, so a burst of proposals travels in
+	// full batches rather than one message per proposal.
+	sendPending bool
 
 	rd Ready
+	// spare holds the arrays of the Ready handed out before the last:
+	// the caller is done with them, and the next Ready reuses them.
+	spare Ready
 }
 
 // New returns a member with the durable state it restarts with: where
@@ -360,11 +371,18 @@ func (m *Member) epochAt(i uint64) uint32 {
 	return m.entry(i).Epoch
 }
 
-// Ready returns what to do since the last call and clears it.
+// Ready returns what to do since the last call and clears it. Its slices
+// are valid until the next call, which reuses their arrays.
 func (m *Member) Ready() Ready {
+	if m.sendPending {
+		m.sendPending = false
+		m.broadcast()
+	}
 	m.advanceApply()
 	rd := m.rd
-	m.rd = Ready{}
+	clear(m.spare.Messages) // drop their entries' data
+	m.rd = Ready{Persist: m.spare.Persist[:0], Messages: m.spare.Messages[:0], Apply: m.spare.Apply[:0], Completed: m.spare.Completed[:0]}
+	m.spare = rd
 	return rd
 }
 
@@ -472,7 +490,7 @@ func (m *Member) Propose(data []byte) (uint64, error) {
 	m.matched = e.Index
 	m.rd.Persist = append(m.rd.Persist, e)
 	m.proposed[e.Index] = m.epoch
-	m.broadcast()
+	m.sendPending = true
 	return e.Index, nil
 }
 
@@ -655,6 +673,15 @@ func (m *Member) respond(ok bool, hintEpoch uint32, hintIndex uint64) {
 	if m.role != RoleFollower {
 		return
 	}
+	if n := len(m.rd.Messages); ok && n > 0 {
+		// Acceptances say how far this log agrees and is durable, both
+		// only growing within one epoch: the latest replaces an earlier
+		// one still waiting to go.
+		if last := &m.rd.Messages[n-1]; last.Kind == MsgAppendResp && last.OK && last.To == m.master && last.Epoch == m.epoch {
+			last.Match, last.Last = min(m.durable, m.matched), m.matched
+			return
+		}
+	}
 	m.rd.Messages = append(m.rd.Messages, Message{Group: m.cfg.Group, Kind: MsgAppendResp, From: m.cfg.ID, To: m.master, Epoch: m.epoch,
 		OK: ok, Match: min(m.durable, m.matched), Last: m.matched, HintEpoch: hintEpoch, HintIndex: hintIndex})
 }
@@ -741,7 +768,7 @@ func (m *Member) maybeCommit() {
 	}
 	if c > m.commit {
 		m.commit = c
-		m.broadcast()
+		m.sendPending = true
 	}
 }
 
@@ -807,19 +834,29 @@ func (m *Member) send(to MemberID, f *follower) {
 		f.next = m.first
 		return
 	}
-	next := min(f.next, m.lastIndex()+1)
-	prev := next - 1
-	end := min(m.lastIndex(), next+uint64(m.cfg.MaxBatch)-1)
-	var ents []Entry
-	if next <= end {
-		ents = make([]Entry, 0, end+1-next)
-		for _, sl := range m.log[next-m.first : end+1-m.first] {
-			ents = append(ents, sl.Entry)
+	// Pipelined: batches go one after another, up to inflightBatches
+	// ahead of what the follower has acknowledged; an empty Append
+	// carries the commit index when there is nothing new.
+	for k := 0; ; k++ {
+		next := min(f.next, m.lastIndex()+1)
+		prev := next - 1
+		end := min(m.lastIndex(), next+uint64(m.cfg.MaxBatch)-1)
+		var ents []Entry
+		if next <= end {
+			ents = make([]Entry, 0, end+1-next)
+			for _, sl := range m.log[next-m.first : end+1-m.first] {
+				ents = append(ents, sl.Entry)
+			}
+			f.next = end + 1
+		} else if k > 0 {
+			return
 		}
-		f.next = end + 1 // pipelined: the next send goes on from here
+		m.rd.Messages = append(m.rd.Messages, Message{Group: m.cfg.Group, Kind: MsgAppend, From: m.cfg.ID, To: to, Epoch: m.epoch,
+			PrevIndex: prev, PrevEpoch: m.epochAt(prev), Entries: ents, Commit: m.commit})
+		if f.next > m.lastIndex() || f.next-f.last > uint64(inflightBatches*m.cfg.MaxBatch) {
+			return
+		}
 	}
-	m.rd.Messages = append(m.rd.Messages, Message{Group: m.cfg.Group, Kind: MsgAppend, From: m.cfg.ID, To: to, Epoch: m.epoch,
-		PrevIndex: prev, PrevEpoch: m.epochAt(prev), Entries: ents, Commit: m.commit})
 }
 
 // advanceApply hands committed entries to Apply, and completes this

@@ -24,6 +24,7 @@ type queueInfo struct {
 	Shard     int    `json:"shard"`
 	Ready     int    `json:"ready"`
 	Unacked   int    `json:"unacked"`
+	Delayed   int    `json:"delayed"`
 	Consumers int    `json:"consumers"`
 	Durable   bool   `json:"durable"`
 	Enqueued  uint64 `json:"enqueued"`
@@ -32,17 +33,17 @@ type queueInfo struct {
 }
 
 // adminGet fetches path from the broker's admin HTTP and returns the body.
-func adminGet(ctx context.Context, addr, path string) ([]byte, error) {
-	base := addr
-	if !strings.Contains(base, "://") {
-		base = "http://" + base
-	}
-	url := strings.TrimRight(base, "/") + path
+func adminGet(ctx context.Context, e *env, path string) ([]byte, error) {
+	url := e.adminBase(e.admin) + path
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, fmt.Errorf("admin: bad address %q: %w", addr, err)
+		return nil, fmt.Errorf("admin: bad address %q: %w", e.admin, err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	hc, err := e.adminRequest(req)
+	if err != nil {
+		return nil, fmt.Errorf("admin: %w", err)
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("admin: GET %s: %w", url, err)
 	}
@@ -60,8 +61,8 @@ func adminGet(ctx context.Context, addr, path string) ([]byte, error) {
 	return body, nil
 }
 
-func fetchQueues(ctx context.Context, addr string) ([]queueInfo, error) {
-	body, err := adminGet(ctx, addr, "/v1/queues")
+func fetchQueues(ctx context.Context, e *env) ([]queueInfo, error) {
+	body, err := adminGet(ctx, e, "/v1/queues")
 	if err != nil {
 		return nil, err
 	}
@@ -76,14 +77,14 @@ func fetchQueues(ctx context.Context, addr string) ([]queueInfo, error) {
 // fetchQueuePage fetches one page of /v1/queues: up to limit queues in
 // name order whose names start with prefix and sort after after, and the
 // after of the next page ("" at the end).
-func fetchQueuePage(ctx context.Context, addr, after, prefix string, limit int) ([]queueInfo, string, error) {
+func fetchQueuePage(ctx context.Context, e *env, after, prefix string, limit int) ([]queueInfo, string, error) {
 	v := url.Values{}
 	v.Set("after", after)
 	v.Set("prefix", prefix)
 	if limit > 0 {
 		v.Set("limit", strconv.Itoa(limit))
 	}
-	body, err := adminGet(ctx, addr, "/v1/queues?"+v.Encode())
+	body, err := adminGet(ctx, e, "/v1/queues?"+v.Encode())
 	if err != nil {
 		return nil, "", err
 	}
@@ -111,10 +112,10 @@ func queuesCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		var qs []queueInfo
 		var err error
 		if *limit == 0 && *prefix == "" && *after == "" {
-			qs, err = fetchQueues(ctx, e.admin)
+			qs, err = fetchQueues(ctx, e)
 		} else {
 			var next string
-			qs, next, err = fetchQueuePage(ctx, e.admin, *after, *prefix, *limit)
+			qs, next, err = fetchQueuePage(ctx, e, *after, *prefix, *limit)
 			if err == nil && next != "" {
 				fmt.Fprintf(e.stderr, "more queues follow: --after %s\n", next)
 			}
@@ -129,9 +130,9 @@ func queuesCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return writeJSON(e.stdout, qs)
 		}
 		tw := newTable(e.stdout)
-		fmt.Fprintln(tw, "NAME\tSHARD\tREADY\tUNACKED\tCONSUMERS\tDURABLE\tENQUEUED\tDELIVERED\tACKED")
+		fmt.Fprintln(tw, "NAME\tSHARD\tREADY\tUNACKED\tDELAYED\tCONSUMERS\tDURABLE\tENQUEUED\tDELIVERED\tACKED")
 		for _, q := range qs {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%t\t%d\t%d\t%d\n", displayName(q.Name), q.Shard, q.Ready, q.Unacked,
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%t\t%d\t%d\t%d\n", displayName(q.Name), q.Shard, q.Ready, q.Unacked, q.Delayed,
 				q.Consumers, q.Durable, q.Enqueued, q.Delivered, q.Acked)
 		}
 		return tw.Flush()
@@ -149,9 +150,9 @@ type brokerStatus struct {
 	Stats       map[string]uint64 `json:"stats"`
 }
 
-func fetchBrokerStatus(ctx context.Context, addr string) (json.RawMessage, brokerStatus, error) {
+func fetchBrokerStatus(ctx context.Context, e *env) (json.RawMessage, brokerStatus, error) {
 	var st brokerStatus
-	body, err := adminGet(ctx, addr, "/v1/status")
+	body, err := adminGet(ctx, e, "/v1/status")
 	if err != nil {
 		return nil, st, err
 	}

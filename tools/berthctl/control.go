@@ -33,7 +33,7 @@ func dialController(e *env) (*ctlclient.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return ctlclient.NewClient(addrs), nil
+	return e.controllerClient(addrs)
 }
 
 // readModeFlag registers --read on commands that read controller state.
@@ -119,7 +119,10 @@ func fetchControllerStatus(ctx context.Context, e *env, mode ctlapi.ReadMode) (c
 		return st, err
 	}
 	st.Addrs = addrs
-	c := ctlclient.NewClient(addrs)
+	c, err := e.controllerClient(addrs)
+	if err != nil {
+		return st, err
+	}
 	defer c.Close()
 	info, err := c.GetClusterInfo(ctx, mode)
 	if err != nil {
@@ -163,7 +166,7 @@ func statusCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		if errors.As(cerr, &u) {
 			return cerr
 		}
-		raw, bst, berr := fetchBrokerStatus(ctx, e.admin)
+		raw, bst, berr := fetchBrokerStatus(ctx, e)
 		if e.json {
 			out := map[string]any{}
 			if cerr != nil {
@@ -244,6 +247,7 @@ type queueJSON struct {
 	DeadLetterExchange string `json:"dead_letter_exchange,omitempty"`
 	DeadLetterKey      string `json:"dead_letter_key,omitempty"`
 	MaxDeliveries      uint32 `json:"max_deliveries,omitempty"`
+	MaxPriority        uint8  `json:"max_priority,omitempty"`
 }
 
 type bindingJSON struct {
@@ -263,7 +267,7 @@ func toWiringJSON(w ctlapi.Wiring) wiringJSON {
 			Name: q.Name, Durable: o.Durable, Exclusive: o.Exclusive, AutoDelete: o.AutoDelete,
 			TTLMs: o.MessageTTLMs, MaxLength: o.MaxLength, MaxLengthBytes: o.MaxLengthBytes,
 			Overflow: overflowName(o.Overflow), DeadLetterExchange: o.DeadLetterExchange,
-			DeadLetterKey: o.DeadLetterKey, MaxDeliveries: o.MaxDeliveries,
+			DeadLetterKey: o.DeadLetterKey, MaxDeliveries: o.MaxDeliveries, MaxPriority: o.MaxPriority,
 		})
 	}
 	for _, b := range w.Bindings {
@@ -301,6 +305,7 @@ func queueOptionsText(q queueJSON) string {
 	add(q.DeadLetterExchange != "", "dlx="+q.DeadLetterExchange)
 	add(q.DeadLetterKey != "", "dl-key="+q.DeadLetterKey)
 	add(q.MaxDeliveries != 0, fmt.Sprintf("max-deliveries=%d", q.MaxDeliveries))
+	add(q.MaxPriority != 0, fmt.Sprintf("max-priority=%d", q.MaxPriority))
 	if len(parts) == 0 {
 		return "-"
 	}

@@ -4,16 +4,15 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"os"
 
 	"github.com/berthmq/berth/client"
 )
 
 // withBroker runs fn on a session with the broker at --broker and closes it.
 func withBroker(ctx context.Context, e *env, fn func(*client.Conn) error) error {
-	cfg := client.Config{Name: "berthctl", DialTimeout: e.timeout, HandshakeTimeout: e.timeout, CloseTimeout: e.timeout, User: e.user, Password: e.password}
-	if e.user != "" && cfg.Password == "" {
-		cfg.Password = os.Getenv("BERTH_PASSWORD")
+	cfg, err := e.brokerConfig()
+	if err != nil {
+		return err
 	}
 	c, err := client.DialConfig(ctx, cfg, e.broker)
 	if err != nil {
@@ -61,6 +60,7 @@ func declareQueueCmd(fs *flag.FlagSet) func(context.Context, *env, []string) err
 	dlx := fs.String("dlx", "", "dead-letter `EXCHANGE`")
 	dlKey := fs.String("dl-key", "", "dead-letter routing `KEY`; empty keeps each message's key")
 	maxDeliveries := fs.Uint("max-deliveries", 0, "dead-letter a message delivered this often; 0 = never")
+	maxPriority := fs.Uint("max-priority", 0, "a priority queue with priorities 0 to `N` (at most 10); 0 = a plain queue")
 	return func(ctx context.Context, e *env, args []string) error {
 		name, err := oneName("queue NAME", args)
 		if err != nil {
@@ -72,10 +72,14 @@ func declareQueueCmd(fs *flag.FlagSet) func(context.Context, *env, []string) err
 		if *maxDeliveries > 1<<32-1 {
 			return usageErrorf("--max-deliveries must fit in 32 bits, got %d", *maxDeliveries)
 		}
+		if *maxPriority > 10 {
+			return usageErrorf("--max-priority must be 0 to 10, got %d", *maxPriority)
+		}
 		opts := client.QueueOptions{
 			Durable: *durable, AutoDelete: *autoDelete, Passive: *passive, NoReplicate: *noReplicate,
 			MaxLength: *maxLength, MaxLengthBytes: *maxLengthBytes, MessageTTL: *ttl,
 			DeadLetterExchange: *dlx, DeadLetterKey: *dlKey, MaxDeliveries: uint32(*maxDeliveries),
+			MaxPriority: uint8(*maxPriority),
 		}
 		switch *overflow {
 		case "reject-publish":

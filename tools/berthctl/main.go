@@ -46,16 +46,18 @@ type globals struct {
 	timeout    time.Duration
 	user       string
 	password   string
+	security
 }
 
 func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.controller, "controller", "127.0.0.1:7402", "controller addresses, comma-separated: `ADDR[,ADDR...]`")
-	fs.StringVar(&g.admin, "admin", "127.0.0.1:7480", "broker admin HTTP `ADDR`")
+	fs.StringVar(&g.admin, "admin", "127.0.0.1:7480", "broker admin HTTP `ADDR`; HTTPS when --tls-ca is given, unless ADDR starts with http:// or https://")
 	fs.StringVar(&g.broker, "broker", "127.0.0.1:7400", "broker client `ADDR`")
 	fs.BoolVar(&g.json, "json", false, "machine-readable JSON output")
 	fs.DurationVar(&g.timeout, "timeout", 5*time.Second, "bound on the whole command; for publish, consume and get, on each wait for the broker")
-	fs.StringVar(&g.user, "user", "", "log in to the broker as this user (SCRAM-SHA-256); none = the default user, loopback only")
+	fs.StringVar(&g.user, "user", "", "log in to the broker (SCRAM-SHA-256) and the admin HTTP (basic auth) as this user; none = the default user, loopback only (env BERTH_USER)")
 	fs.StringVar(&g.password, "password", "", "the user's password; default: the BERTH_PASSWORD environment variable")
+	g.security.register(fs)
 }
 
 // controllerAddrs splits --controller; an empty entry is a typo worth
@@ -119,6 +121,7 @@ func commands() []command {
 		{"primary", "[elect ID]", "the primary broker of an active-passive cluster; elect hands it to broker ID", primaryCmd},
 		{"members", "[add ID=ADDR... | remove ID...]", "controller group members and the leader; add or remove controllers (joint consensus)", membersCmd},
 		{"users", "[list | add NAME | passwd NAME | permissions NAME | remove NAME]", "client users in the controller; add and passwd read the password from standard input; permissions replaces the --configure, --write and --read patterns", usersCmd},
+		{"certs", "init DIR", "make a cluster CA, node and client certificates, a cluster secret and an admin token for a local cluster (docs/SECURITY.md)", certsCmd},
 		{"version", "", "berthctl's version, commit and Go version", versionCmd},
 	}
 }
@@ -187,6 +190,7 @@ func runIO(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		commandUsage(stderr, c, fs)
 		return exitUsage
 	}
+	e.fromEnv()
 	if e.timeout <= 0 {
 		fmt.Fprintf(stderr, "berthctl %s: --timeout must be positive, got %v\n", c.name, e.timeout)
 		return exitUsage
@@ -200,7 +204,7 @@ func runIO(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	defer cancel()
 	if err := exec(ctx, e, pos); err != nil {
-		fmt.Fprintf(stderr, "berthctl %s: %v\n", c.name, err)
+		fmt.Fprintf(stderr, "berthctl %s: %v%s\n", c.name, err, e.credentialHint(err))
 		var u *usageError
 		if errors.As(err, &u) {
 			commandUsage(stderr, c, fs)

@@ -208,6 +208,9 @@ func publishCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	key := fs.String("key", "", "routing `KEY` for --exchange")
 	persistent := fs.Bool("persistent", false, "persistent messages: on a durable queue, journalled, and completed only once durable")
 	ttl := fs.Duration("ttl", 0, "per-message TTL (whole milliseconds); 0 = none")
+	priority := fs.Uint("priority", 0, "message priority `P` (0 to 255) for a queue declared with --max-priority")
+	delay := fs.Duration("delay", 0, "deliver no earlier than this long after sending; 0 = at once")
+	deliverAt := fs.String("deliver-at", "", "deliver no earlier than `TIME` (RFC 3339, e.g. 2026-12-01T08:00:00Z)")
 	lines := fs.Bool("lines", false, "send each line of the body as a message of its own")
 	count := fs.Int64("count", 1, "send the message `N` times")
 	rate := fs.Float64("rate", 0, "send at most `R` messages per second; 0 = as fast as the broker completes them")
@@ -253,11 +256,28 @@ func publishCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 		if *ttl < 0 {
 			return usageErrorf("--ttl must not be negative, got %v", *ttl)
 		}
+		if *priority > 255 {
+			return usageErrorf("--priority must be 0 to 255, got %d", *priority)
+		}
+		if *delay < 0 {
+			return usageErrorf("--delay must not be negative, got %v", *delay)
+		}
+		var at time.Time
+		if *deliverAt != "" {
+			if set["delay"] {
+				return usageErrorf("--delay and --deliver-at do not combine: give one")
+			}
+			var err error
+			if at, err = time.Parse(time.RFC3339Nano, *deliverAt); err != nil {
+				return usageErrorf("--deliver-at must be an RFC 3339 time such as 2026-12-01T08:00:00Z, got %q", *deliverAt)
+			}
+		}
 		props, err := encodeHeaders(headers)
 		if err != nil {
 			return err
 		}
-		opts := client.PublishOptions{Persistent: *persistent, TTL: *ttl, Props: props}
+		opts := client.PublishOptions{Persistent: *persistent, TTL: *ttl, Props: props,
+			Priority: uint8(*priority), Delay: *delay, DeliverAt: at}
 		next := messageSource(e.stdin, body, *lines, *count)
 
 		var tally pubTally

@@ -364,6 +364,49 @@ func TestPurge(t *testing.T) {
 	}
 }
 
+// TestPriorityAndDelayFlags: declare-queue --max-priority, publish
+// --priority, --delay and --deliver-at; queues shows the delayed count;
+// consume gets higher priorities first and the delayed message only once
+// its time came.
+func TestPriorityAndDelayFlags(t *testing.T) {
+	b := startBerthd(t)
+	mustBctl(t, b, "", "declare-queue", "pq", "--max-priority", "5")
+	for _, m := range [][]string{{"low", "1"}, {"high", "5"}, {"mid", "3"}} {
+		mustBctl(t, b, "", "publish", "pq", m[0], "--priority", m[1])
+	}
+	var got []string
+	for _, d := range parseDeliveries(t, mustBctl(t, b, "", "consume", "pq", "--json", "--count", "3")) {
+		got = append(got, body(d))
+	}
+	if strings.Join(got, ",") != "high,mid,low" {
+		t.Fatalf("priority queue consumed as %v", got)
+	}
+	mustBctl(t, b, "", "declare-queue", "later")
+	start := time.Now()
+	mustBctl(t, b, "", "publish", "later", "delayed", "--delay", "400ms")
+	mustBctl(t, b, "", "publish", "later", "far", "--deliver-at", time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
+	var qs []queueInfo
+	if err := json.Unmarshal([]byte(mustBctl(t, b, "", "--json", "queues")), &qs); err != nil {
+		t.Fatal(err)
+	}
+	delayed := -1
+	for _, q := range qs {
+		if q.Name == "later" {
+			delayed = q.Delayed
+		}
+	}
+	if delayed != 2 {
+		t.Fatalf("queues lists %d delayed in later, want 2: %+v", delayed, qs)
+	}
+	if out := mustBctl(t, b, "", "queues"); !strings.Contains(out, "DELAYED") {
+		t.Fatalf("queues table has no DELAYED column:\n%s", out)
+	}
+	out := mustBctl(t, b, "", "get", "later", "--wait", "5s", "--ack", "accept")
+	if out != "delayed\n" || time.Since(start) < 400*time.Millisecond {
+		t.Fatalf("get printed %q after %v", out, time.Since(start))
+	}
+}
+
 func TestMessageCommandsBadUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"publish"},
@@ -378,6 +421,10 @@ func TestMessageCommandsBadUsage(t *testing.T) {
 		{"publish", "q", "b", "--rate", "-1"},
 		{"publish", "q", "b", "--rate", "fast"},
 		{"publish", "q", "b", "--ttl", "-1s"},
+		{"publish", "q", "b", "--priority", "256"},
+		{"publish", "q", "b", "--delay", "-1s"},
+		{"publish", "q", "b", "--deliver-at", "tomorrow"},
+		{"publish", "q", "b", "--deliver-at", "2026-12-01T08:00:00Z", "--delay", "1s"},
 		{"publish", "q", "-", "--lines", "--count", "2"},
 		{"publish", "q", "b", "--header", "novalue"},
 		{"publish", "q", "b", "--header", "=v"},

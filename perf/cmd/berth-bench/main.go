@@ -75,6 +75,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	tlsCA := fs.String("tls-ca", "", "berth: speak TLS to --addr (the broker's -listen-tls), trusting the CA certificates in this PEM file")
 	user := fs.String("user", "", "berth: log in as this user (SCRAM-SHA-256); none = the default user, loopback only")
 	password := fs.String("password", "", "berth: the user's password; default: the BERTH_PASSWORD environment variable")
+	maxPriority := fs.Uint("max-priority", 0, "berth: declare priority queues with priorities 0..N (at most 10) and publish priorities 0..N in turn")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -109,11 +110,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		tlsCfg = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
+	if *maxPriority > 10 {
+		fmt.Fprintf(stderr, "berth-bench: --max-priority must be 0 to 10, got %d\n", *maxPriority)
+		return 2
+	}
 	if *user != "" && *password == "" {
 		*password = os.Getenv("BERTH_PASSWORD")
 	}
 	d, err := driver.New(*driverName, driver.Options{Addrs: addrs, Persistent: w.Persistent, Window: w.InFlight(), Replicas: *replicas, Admin: *admin, TLS: tlsCfg,
-		User: *user, Password: *password})
+		User: *user, Password: *password, MaxPriority: uint8(*maxPriority)})
 	if err != nil {
 		fmt.Fprintln(stderr, "berth-bench:", err)
 		return 2
