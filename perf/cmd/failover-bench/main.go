@@ -485,11 +485,21 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 			return failovers, notLeader, stalls, fmt.Errorf("master kill %d: %w", i+1, err)
 		}
 		d := first.Sub(t0)
-		failovers = append(failovers, d)
+		// The sample counts only if the client was publishing to the
+		// killed master: its last completion before the kill was there.
+		before := lastBefore(p.since(t0.Add(-steadyBefore), t0.Add(-steadyBefore)), t0)
+		counted := before == m.Client
+		if counted {
+			failovers = append(failovers, d)
+		}
 		pause(ctx, c.restartDelay)
 		rejoin, err := restart(ctx, cl, m, g, queues, qgroups, out)
 		if err != nil {
 			return failovers, notLeader, stalls, fmt.Errorf("master kill %d: %w", i+1, err)
+		}
+		if !counted {
+			fmt.Fprintf(out, "master kill %2d: broker %d killed, but the client's last publish before the kill completed at %s, not there: not counted\n", i+1, m.ID, before)
+			continue
 		}
 		if !leader {
 			notLeader = append(notLeader, d)
@@ -538,6 +548,19 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 			i+1, f.ID, leader, g, master, ms(around), ms(before), after, c.observe, ms(rejoin))
 	}
 	return failovers, notLeader, stalls, nil
+}
+
+// lastBefore is the broker address of the last completion of cs at or
+// before t ("" if none).
+func lastBefore(cs []completion, t time.Time) string {
+	addr := ""
+	for _, c := range cs {
+		if c.at.After(t) {
+			break
+		}
+		addr = c.addr
+	}
+	return addr
 }
 
 // gaps is the longest gap between consecutive completions of cs (sorted)

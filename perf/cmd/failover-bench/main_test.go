@@ -79,3 +79,14 @@ func TestGaps(t *testing.T) {
 		t.Fatalf("before %v around %v after %d", before, around, after)
 	}
 }
+
+func TestLastBefore(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	cs := []completion{{t0.Add(-2 * time.Millisecond), "a"}, {t0, "b"}, {t0.Add(time.Millisecond), "c"}}
+	if got := lastBefore(cs, t0); got != "b" {
+		t.Errorf("last before %q, want b", got)
+	}
+	if got := lastBefore(cs[2:], t0); got != "" {
+		t.Errorf("last before %q, want none", got)
+	}
+}
