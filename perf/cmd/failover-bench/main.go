@@ -469,6 +469,10 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 				}
 			}
 			g = cluster.GroupOf(q, uint32(c.groups))
+			// spared may have moved a group: read the masters again.
+			if view, err = cl.Router.View(ctx); err != nil {
+				return failovers, notLeader, stalls, err
+			}
 		}
 		m := cl.ByID(view.Masters[g].Broker)
 		if m == nil {
