@@ -1,4 +1,4 @@
-# Perf tooling: berth-bench, bench-compare, flame graphs. Included by the
+# Perf tooling: berth-bench, bench-compare, the cluster benchmarks, flame graphs. Included by the
 # top Makefile. Tools this needs beyond Go are installed on first use into
 # PERF_CACHE: nats-server from the Go module proxy, the flame graph renderer
 # from npm (node and npm must be installed).
@@ -14,9 +14,17 @@ BENCH_OUT       ?= $(PERF_CACHE)/compare
 # BENCH_COMPARE_FLAGS="--duration 20s --producers 4".
 BENCH_COMPARE_FLAGS ?=
 
-PERF_TOOLS := $(BIN)/berth-bench $(BIN)/bench-compare $(BIN)/pprof2cpuprofile
+# Extra flags for bench-compare-cluster and failover-bench, e.g.
+# BENCH_CLUSTER_FLAGS="--sizes 128 --duration 20s",
+# FAILOVER_BENCH_FLAGS="--kills 5 --berthd-flags '-controller-heartbeat-ms 200'".
+BENCH_CLUSTER_FLAGS ?=
+FAILOVER_BENCH_FLAGS ?=
+# Shard counts per broker of bench-cluster-scaling.
+SCALING_SHARDS ?= 1 2 4
 
-.PHONY: perf-build bench-compare controller-compare flamegraph nats-server flamegraph-renderer perf-test
+PERF_TOOLS := $(BIN)/berth-bench $(BIN)/bench-compare $(BIN)/bench-compare-cluster $(BIN)/failover-bench $(BIN)/pprof2cpuprofile
+
+.PHONY: perf-build bench-compare bench-compare-cluster failover-bench bench-cluster-scaling controller-compare flamegraph nats-server flamegraph-renderer perf-test
 
 # `make build` builds the perf tools too.
 build: perf-build
@@ -43,6 +51,28 @@ controller-compare:
 
 bench-compare: build nats-server
 	$(BIN)/bench-compare --berthd $(BIN)/berthd --nats-server "$(NATS_SERVER)" --out "$(BENCH_OUT)" $(BENCH_COMPARE_FLAGS)
+
+# A replicated Berth cluster (3 brokers, fsync always) against a NATS
+# JetStream cluster (3 servers, R3 streams), 128 B and 1 KiB; last line
+# "ratio berth/nats r3 durable=<x> nofsync=<y>" (the 128 B run).
+bench-compare-cluster: build nats-server
+	$(BIN)/bench-compare-cluster --berthd $(BIN)/berthd --berthctl $(BIN)/berthctl --nats-server "$(NATS_SERVER)" --out "$(BENCH_OUT)/cluster" $(BENCH_CLUSTER_FLAGS)
+
+# kill -9 of a replicated queue's group master, 20 times, and of a
+# follower, 5 times, on a 3-broker cluster: time to the first publish on
+# the new master, and the longest commit stall.
+failover-bench: build
+	$(BIN)/failover-bench --berthd $(BIN)/berthd --berthctl $(BIN)/berthctl $(FAILOVER_BENCH_FLAGS)
+
+# Replicated throughput with $(SCALING_SHARDS) shards per broker, 3 queues
+# per shard count (each broker masters one queue per shard), Berth alone.
+bench-cluster-scaling: build
+	@for s in $(SCALING_SHARDS); do \
+		q=$$((3 * s)); g=$$((q > 12 ? q : 12)); \
+		echo "== $$s shards per broker, $$q queues, $$g groups"; \
+		$(BIN)/bench-compare-cluster --berthd $(BIN)/berthd --berthctl $(BIN)/berthctl --peers none --single=false \
+			--shards $$s --queues $$q --consumers $$q --groups $$g $(BENCH_CLUSTER_FLAGS) || exit 1; \
+	done
 
 flamegraph-renderer:
 	@if [ ! -x "$(FLAMEGRAPH_BIN)" ]; then \

@@ -182,3 +182,49 @@ func TestRunCancel(t *testing.T) {
 		t.Fatalf("queue cancel-0 after the interrupted run: %v, want not-found", err)
 	}
 }
+
+// With Options.Route the berth driver sends each queue's declare,
+// publishes and consumer to the address the route names: here two
+// single-node servers, one queue on each.
+func TestRunRouted(t *testing.T) {
+	a, b := startServer(t), startServer(t)
+	route := map[string]string{"routed-0": a.ClientAddr(), "routed-1": b.ClientAddr()}
+	w := DefaultWorkload()
+	w.QueuePrefix, w.Queues = "routed", 2
+	w.Count, w.Duration, w.Warmup = 2000, 20*time.Second, 0
+	w.Producers, w.Consumers, w.Window, w.Credit = 2, 2, 64, 32
+	addrs := []string{a.ClientAddr()}
+	d, err := driver.New("berth", driver.Options{Addrs: addrs, Window: w.InFlight(),
+		Route: func(_ context.Context, q string) (string, error) {
+			if r, ok := route[q]; ok {
+				return r, nil
+			}
+			return "", errors.New("no route for " + q)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := Run(ctx, w, Options{DriverName: "berth", Driver: d, Addrs: addrs, Keep: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Completed != w.Count || res.Consumed != w.Count || res.Failed != 0 {
+		t.Fatalf("completed %d consumed %d failed %d, want %d/%d/0", res.Completed, res.Consumed, res.Failed, w.Count, w.Count)
+	}
+	for q, at := range route {
+		for _, srv := range []*server.Server{a, b} {
+			c, err := client.Dial(ctx, srv.ClientAddr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = c.DeclareQueue(ctx, q, client.QueueOptions{Passive: true})
+			c.Close()
+			if want := srv.ClientAddr() == at; (err == nil) != want {
+				t.Errorf("queue %s at %s: passive declare %v; routed to %s", q, srv.ClientAddr(), err, at)
+			}
+		}
+	}
+}

@@ -184,8 +184,17 @@ func failure(e *Entry) string {
 // "ratio berth/<peer> <setting>=<x> ..." with "n/a" where a ratio is
 // missing.
 func SummaryLine(entries []Entry, peer string, settings []string) string {
+	return SummaryLineTag(entries, peer, "", settings)
+}
+
+// SummaryLineTag is SummaryLine with tag after the peer's name:
+// "ratio berth/<peer> <tag> <setting>=<x> ...".
+func SummaryLineTag(entries []Entry, peer, tag string, settings []string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "ratio berth/%s", peer)
+	if tag != "" {
+		b.WriteString(" " + tag)
+	}
 	for _, s := range settings {
 		if r, ok := Ratio(entries, s, peer); ok {
 			fmt.Fprintf(&b, " %s=%.2f", s, r)

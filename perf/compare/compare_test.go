@@ -115,3 +115,19 @@ func TestServerConfigs(t *testing.T) {
 		t.Errorf("args for a berthd without the flag %q", args)
 	}
 }
+
+func TestNATSClusterConfig(t *testing.T) {
+	conf := NATSClusterConfig("n2", 4223, 6223, []int{6222, 6223, 6224}, "/tmp/js", true)
+	for _, want := range []string{`server_name: "n2"`, "listen: 127.0.0.1:4223", `store_dir: "/tmp/js"`, `sync_interval: "always"`,
+		"listen: 127.0.0.1:6223", "routes: [nats-route://127.0.0.1:6222, nats-route://127.0.0.1:6223, nats-route://127.0.0.1:6224]"} {
+		if !strings.Contains(conf, want) {
+			t.Errorf("cluster config lacks %q:\n%s", want, conf)
+		}
+	}
+	if strings.Contains(NATSClusterConfig("n1", 1, 2, []int{2}, "/d", false), "always") {
+		t.Error("nofsync cluster config fsyncs")
+	}
+	if got := SummaryLineTag(entries(), "nats", "r3", []string{SettingDurable}); got != "ratio berth/nats r3 durable=3.00" {
+		t.Errorf("tagged summary %q", got)
+	}
+}

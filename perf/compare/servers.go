@@ -3,6 +3,7 @@ package compare
 import (
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // Durability settings. In "durable" every broker fsyncs a message before
@@ -26,6 +27,24 @@ func NATSConfig(port int, storeDir string, durable bool) string {
 	}
 	return fmt.Sprintf("listen: 127.0.0.1:%d\njetstream {\n  store_dir: %s\n  sync_interval: %s\n}\n",
 		port, strconv.Quote(storeDir), strconv.Quote(sync))
+}
+
+// NATSClusterConfig is the configuration of member name of a JetStream
+// cluster on 127.0.0.1: clients on port, cluster routes on clusterPort,
+// routes to every member's cluster port (its own included, which NATS
+// skips), JetStream storing in storeDir with the sync of NATSConfig.
+func NATSClusterConfig(name string, port, clusterPort int, routePorts []int, storeDir string, durable bool) string {
+	sync := natsNoFsyncInterval
+	if durable {
+		sync = "always"
+	}
+	var routes []string
+	for _, p := range routePorts {
+		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", p))
+	}
+	return fmt.Sprintf("server_name: %s\nlisten: 127.0.0.1:%d\njetstream {\n  store_dir: %s\n  sync_interval: %s\n}\n"+
+		"cluster {\n  name: berth-bench\n  listen: 127.0.0.1:%d\n  routes: [%s]\n}\n",
+		strconv.Quote(name), port, strconv.Quote(storeDir), strconv.Quote(sync), clusterPort, strings.Join(routes, ", "))
 }
 
 // BerthArgs are berthd's flags for a setting. hasFsyncFlag is false for a

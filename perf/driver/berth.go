@@ -27,14 +27,20 @@ type berthDriver struct {
 
 func openBerth(opts Options) (Driver, error) { return &berthDriver{opts: opts}, nil }
 
-func (d *berthDriver) dial(ctx context.Context, id int, name string) (*client.Conn, error) {
+// dial opens a session to the first of at that answers, or, with no at,
+// to the first of the driver's addresses from id's share on.
+func (d *berthDriver) dial(ctx context.Context, id int, name string, at ...string) (*client.Conn, error) {
 	cfg := client.Config{Name: name, TLS: d.opts.TLS, User: d.opts.User, Password: d.opts.Password}
 	// The bench enforces its own window; the client's must not be the
 	// tighter one, or it would measure the client's wait instead.
 	if d.opts.Window > client.WindowDefault {
 		cfg.Window = d.opts.Window
 	}
-	c, err := client.DialConfig(ctx, cfg, rotated(d.opts.Addrs, id)...)
+	addrs := rotated(d.opts.Addrs, id)
+	if len(at) > 0 {
+		addrs = at
+	}
+	c, err := client.DialConfig(ctx, cfg, addrs...)
 	if err != nil {
 		return nil, fmt.Errorf("driver: berth dial: %w", err)
 	}
@@ -46,8 +52,9 @@ func (d *berthDriver) Setup(ctx context.Context, queues []string, cc ConsumerCon
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	return setupQueues(ctx, &berthOps{d: d, c: c}, &d.own, queues, cc, so)
+	ops := &berthOps{d: d, c: c}
+	defer ops.close()
+	return setupQueues(ctx, ops, &d.own, queues, cc, so)
 }
 
 func (d *berthDriver) Created() []string { return d.own.created() }
@@ -60,16 +67,49 @@ func (d *berthDriver) Cleanup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	return cleanupQueues(ctx, &berthOps{d: d, c: c}, &d.own)
+	ops := &berthOps{d: d, c: c}
+	defer ops.close()
+	return cleanupQueues(ctx, ops, &d.own)
 }
 
 func (d *berthDriver) Close() error { return nil }
 
-// berthOps act on one session.
+// berthOps act on one session, and with Options.Route also on one per
+// queue's address for declares and deletes.
 type berthOps struct {
-	d *berthDriver
-	c *client.Conn
+	d      *berthDriver
+	c      *client.Conn
+	routed map[string]*client.Conn
+}
+
+// at is the session for queue q's declare and delete.
+func (o *berthOps) at(ctx context.Context, q string) (*client.Conn, error) {
+	if o.d.opts.Route == nil {
+		return o.c, nil
+	}
+	addr, err := o.d.opts.Route(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("driver: berth route %s: %w", q, err)
+	}
+	if c, ok := o.routed[addr]; ok {
+		return c, nil
+	}
+	c, err := o.d.dial(ctx, 0, "berth-bench-setup", addr)
+	if err != nil {
+		return nil, err
+	}
+	if o.routed == nil {
+		o.routed = map[string]*client.Conn{}
+	}
+	o.routed[addr] = c
+	return c, nil
+}
+
+func (o *berthOps) close() {
+	o.c.Close()
+	for _, c := range o.routed {
+		c.Close()
+	}
 }
 
 func (o *berthOps) inspect(ctx context.Context, q string) (queueState, error) {
@@ -101,9 +141,13 @@ func (o *berthOps) inspect(ctx context.Context, q string) (queueState, error) {
 }
 
 func (o *berthOps) create(ctx context.Context, q string, _ ConsumerConfig) error {
+	c, err := o.at(ctx, q)
+	if err != nil {
+		return err
+	}
 	// Another client could declare the same queue between the check and
 	// this declare: the protocol has no "create only if absent".
-	if err := o.c.DeclareQueue(ctx, q, client.QueueOptions{Durable: o.d.opts.Persistent, MaxPriority: o.d.opts.MaxPriority}); err != nil {
+	if err := c.DeclareQueue(ctx, q, client.QueueOptions{Durable: o.d.opts.Persistent, MaxPriority: o.d.opts.MaxPriority}); err != nil {
 		return fmt.Errorf("driver: berth declare queue %s: %w", q, err)
 	}
 	return nil
@@ -112,7 +156,11 @@ func (o *berthOps) create(ctx context.Context, q string, _ ConsumerConfig) error
 func (o *berthOps) adopt(context.Context, string, ConsumerConfig) (bool, error) { return false, nil }
 
 func (o *berthOps) remove(ctx context.Context, q string) error {
-	if err := o.c.DeleteQueue(ctx, q, client.QueueDeleteOptions{}); err != nil && client.Code(err) != wire.CodeNotFound {
+	c, err := o.at(ctx, q)
+	if err != nil {
+		return err
+	}
+	if err := c.DeleteQueue(ctx, q, client.QueueDeleteOptions{}); err != nil && client.Code(err) != wire.CodeNotFound {
 		return fmt.Errorf("driver: berth delete queue %s: %w", q, err)
 	}
 	return nil
@@ -161,29 +209,77 @@ func adminQueues(ctx context.Context, addr string) ([]berthQueueInfo, error) {
 	return qs, nil
 }
 
+// berthProducer publishes on one session, or with Options.Route on one
+// session per address, each queue's messages to its own. Publish runs on
+// one goroutine, so the maps need no lock.
 type berthProducer struct {
-	c    *client.Conn
-	opts client.PublishOptions
+	d     *berthDriver
+	id    int
+	c     *client.Conn // without Route
+	conns map[string]*client.Conn
+	queue map[string]*client.Conn // queue -> its route's session
+	opts  client.PublishOptions
 	// levels is MaxPriority+1: the priorities the producer cycles through.
 	levels uint8
 }
 
 func (d *berthDriver) NewProducer(ctx context.Context, id int) (Producer, error) {
+	p := &berthProducer{d: d, id: id, opts: client.PublishOptions{Persistent: d.opts.Persistent}, levels: d.opts.MaxPriority + 1}
+	if d.opts.Route != nil {
+		p.conns, p.queue = map[string]*client.Conn{}, map[string]*client.Conn{}
+		return p, nil
+	}
 	c, err := d.dial(ctx, id, fmt.Sprintf("berth-bench-producer-%d", id))
 	if err != nil {
 		return nil, err
 	}
-	return &berthProducer{c: c, opts: client.PublishOptions{Persistent: d.opts.Persistent}, levels: d.opts.MaxPriority + 1}, nil
+	p.c = c
+	return p, nil
+}
+
+func (p *berthProducer) conn(ctx context.Context, queue string) (*client.Conn, error) {
+	if p.c != nil {
+		return p.c, nil
+	}
+	if c, ok := p.queue[queue]; ok {
+		return c, nil
+	}
+	addr, err := p.d.opts.Route(ctx, queue)
+	if err != nil {
+		return nil, fmt.Errorf("driver: berth route %s: %w", queue, err)
+	}
+	c, ok := p.conns[addr]
+	if !ok {
+		if c, err = p.d.dial(ctx, p.id, fmt.Sprintf("berth-bench-producer-%d", p.id), addr); err != nil {
+			return nil, err
+		}
+		p.conns[addr] = c
+	}
+	p.queue[queue] = c
+	return c, nil
 }
 
 func (p *berthProducer) Publish(ctx context.Context, queue string, payload []byte, done func(error)) error {
+	c, err := p.conn(ctx, queue)
+	if err != nil {
+		return err
+	}
 	if p.levels > 1 {
 		p.opts.Priority = (p.opts.Priority + 1) % p.levels
 	}
-	return p.c.PublishAsync(ctx, "", queue, payload, p.opts, done)
+	return c.PublishAsync(ctx, "", queue, payload, p.opts, done)
 }
 
-func (p *berthProducer) Close() error { return p.c.Close() }
+func (p *berthProducer) Close() error {
+	if p.c != nil {
+		return p.c.Close()
+	}
+	var errs []error
+	for _, c := range p.conns {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}
 
 type berthConsumer struct {
 	c      *client.Conn
@@ -193,7 +289,15 @@ type berthConsumer struct {
 }
 
 func (d *berthDriver) NewConsumer(ctx context.Context, id int, queue string, cc ConsumerConfig, handle func([]byte)) (Consumer, error) {
-	c, err := d.dial(ctx, id, fmt.Sprintf("berth-bench-consumer-%d", id))
+	var at []string
+	if d.opts.Route != nil {
+		addr, err := d.opts.Route(ctx, queue)
+		if err != nil {
+			return nil, fmt.Errorf("driver: berth route %s: %w", queue, err)
+		}
+		at = []string{addr}
+	}
+	c, err := d.dial(ctx, id, fmt.Sprintf("berth-bench-consumer-%d", id), at...)
 	if err != nil {
 		return nil, err
 	}

@@ -50,6 +50,13 @@ type Options struct {
 	// User and Password log the berth driver in (SCRAM-SHA-256); no User
 	// is the broker's default user.
 	User, Password string
+	// Route, if set, names the broker address that serves queue (berth
+	// only): in a cluster, the master of the queue's replication group.
+	// The driver then declares and deletes a queue there, a producer
+	// keeps one connection per address it publishes to and sends each
+	// queue's messages to its address, and a consumer reads its queue
+	// there. Addrs still serve the first lookups of a queue's state.
+	Route func(ctx context.Context, queue string) (addr string, err error)
 	// MaxPriority (berth only) declares priority queues with priorities
 	// 0 to MaxPriority, and each producer gives its messages priorities
 	// 0, 1, ..., MaxPriority in turn.

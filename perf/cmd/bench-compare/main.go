@@ -14,7 +14,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -28,13 +27,13 @@ import (
 	"github.com/berthmq/berth/perf/bench"
 	"github.com/berthmq/berth/perf/compare"
 	"github.com/berthmq/berth/perf/driver"
+	"github.com/berthmq/berth/perf/proc"
 )
 
 // Bounds on waiting for a server.
 const (
 	startTimeout       = 20 * time.Second
 	rabbitStartTimeout = 90 * time.Second
-	stopTimeout        = 10 * time.Second
 )
 
 func main() { os.Exit(run(os.Args[1:])) }
@@ -140,18 +139,18 @@ func run(args []string) int {
 			durable := setting == compare.SettingDurable
 			brokers := []struct {
 				name  string
-				start func(dir string) (*server, error)
+				start func(dir string) (*proc.Proc, error)
 			}{
-				{compare.Berth, func(dir string) (*server, error) { return startBerth(ctx, *berthd, dir, durable, hasFsync) }},
-				{"nats", func(dir string) (*server, error) { return startNATS(ctx, *natsServer, dir, durable) }},
+				{compare.Berth, func(dir string) (*proc.Proc, error) { return startBerth(ctx, *berthd, dir, durable, hasFsync) }},
+				{"nats", func(dir string) (*proc.Proc, error) { return startNATS(ctx, *natsServer, dir, durable) }},
 			}
 			// RabbitMQ quorum queues fsync their Raft log before confirming
 			// and cannot be told not to, so RabbitMQ runs in durable only.
 			if rabbitPath != "" && durable {
 				brokers = append(brokers, struct {
 					name  string
-					start func(dir string) (*server, error)
-				}{"amqp", func(dir string) (*server, error) { return startRabbit(ctx, rabbitPath, dir) }})
+					start func(dir string) (*proc.Proc, error)
+				}{"amqp", func(dir string) (*proc.Proc, error) { return startRabbit(ctx, rabbitPath, dir) }})
 			}
 			for _, b := range brokers {
 				if ctx.Err() != nil {
@@ -200,7 +199,7 @@ func run(args []string) int {
 	return 0
 }
 
-func runOne(ctx context.Context, w bench.Workload, broker, dir string, start func(string) (*server, error)) (*bench.Result, error) {
+func runOne(ctx context.Context, w bench.Workload, broker, dir string, start func(string) (*proc.Proc, error)) (*bench.Result, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("bench-compare: %w", err)
 	}
@@ -208,13 +207,13 @@ func runOne(ctx context.Context, w bench.Workload, broker, dir string, start fun
 	if err != nil {
 		return nil, err
 	}
-	defer srv.stop()
-	d, err := driver.New(broker, driver.Options{Addrs: []string{srv.addr}, Persistent: w.Persistent, Window: w.InFlight()})
+	defer srv.Stop()
+	d, err := driver.New(broker, driver.Options{Addrs: []string{srv.Addr}, Persistent: w.Persistent, Window: w.InFlight()})
 	if err != nil {
 		return nil, err
 	}
 	defer d.Close()
-	return bench.Run(ctx, w, bench.Options{DriverName: broker, Driver: d, Addrs: []string{srv.addr}, Progress: os.Stderr})
+	return bench.Run(ctx, w, bench.Options{DriverName: broker, Driver: d, Addrs: []string{srv.Addr}, Progress: os.Stderr})
 }
 
 func berthHasFsyncFlag(berthd string) bool {
@@ -222,121 +221,17 @@ func berthHasFsyncFlag(berthd string) bool {
 	return bytes.Contains(out, []byte("-fsync"))
 }
 
-// server is a broker process this command started.
-type server struct {
-	name   string
-	cmd    *exec.Cmd
-	addr   string
-	log    string
-	exited chan struct{}
-	onStop func()
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("bench-compare: free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	for len(ports) < n {
-		p, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		dup := false
-		for _, q := range ports {
-			dup = dup || q == p
-		}
-		if !dup {
-			ports = append(ports, p)
-		}
-	}
-	return ports, nil
-}
-
-func start(ctx context.Context, name, dir, addr string, timeout time.Duration, env []string, bin string, args ...string) (*server, error) {
-	logPath := filepath.Join(dir, name+".log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		return nil, fmt.Errorf("bench-compare: %w", err)
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Dir = dir // crash dumps and the like stay in the run's directory
-	cmd.Env = append(os.Environ(), env...)
-	// Own process group so stop reaches helpers the server forks; killed
-	// with us if we die without cleaning up.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("bench-compare: start %s: %w", name, err)
-	}
-	s := &server{name: name, cmd: cmd, addr: addr, log: logPath, exited: make(chan struct{})}
-	go func() { cmd.Wait(); logf.Close(); close(s.exited) }()
-	deadline := time.Now().Add(timeout)
-	for {
-		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return s, nil
-		}
-		select {
-		case <-s.exited:
-			return nil, fmt.Errorf("bench-compare: %s exited before listening on %s: %s", name, addr, tail(logPath))
-		case <-ctx.Done():
-			s.stop()
-			return nil, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			s.stop()
-			return nil, fmt.Errorf("bench-compare: %s not listening on %s after %v: %s", name, addr, timeout, tail(logPath))
-		}
-	}
-}
-
-// stop sends SIGTERM to the server's process group, then SIGKILL if it
-// has not exited in time.
-func (s *server) stop() {
-	if s.onStop != nil {
-		s.onStop()
-	}
-	pgid := -s.cmd.Process.Pid
-	_ = syscall.Kill(pgid, syscall.SIGTERM)
-	select {
-	case <-s.exited:
-	case <-time.After(stopTimeout):
-		_ = syscall.Kill(pgid, syscall.SIGKILL)
-		<-s.exited
-	}
-	// Helpers left in the group (none expected) go too.
-	_ = syscall.Kill(pgid, syscall.SIGKILL)
-}
-
-func tail(path string) string {
-	b, _ := os.ReadFile(path)
-	if len(b) > 800 {
-		b = b[len(b)-800:]
-	}
-	return strings.TrimSpace(string(b))
-}
-
-func startBerth(ctx context.Context, bin, dir string, durable, hasFsync bool) (*server, error) {
-	ports, err := freePorts(2)
+func startBerth(ctx context.Context, bin, dir string, durable, hasFsync bool) (*proc.Proc, error) {
+	ports, err := proc.FreePorts(2)
 	if err != nil {
 		return nil, err
 	}
 	args := compare.BerthArgs(ports[0], ports[1], filepath.Join(dir, "data"), durable, hasFsync)
-	return start(ctx, "berthd", dir, fmt.Sprintf("127.0.0.1:%d", ports[0]), startTimeout, nil, bin, args...)
+	return proc.Start(ctx, "berthd", dir, fmt.Sprintf("127.0.0.1:%d", ports[0]), startTimeout, nil, bin, args...)
 }
 
-func startNATS(ctx context.Context, bin, dir string, durable bool) (*server, error) {
-	port, err := freePort()
+func startNATS(ctx context.Context, bin, dir string, durable bool) (*proc.Proc, error) {
+	port, err := proc.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -344,13 +239,13 @@ func startNATS(ctx context.Context, bin, dir string, durable bool) (*server, err
 	if err := os.WriteFile(conf, []byte(compare.NATSConfig(port, filepath.Join(dir, "jetstream"), durable)), 0o644); err != nil {
 		return nil, fmt.Errorf("bench-compare: %w", err)
 	}
-	return start(ctx, "nats-server", dir, fmt.Sprintf("127.0.0.1:%d", port), startTimeout, nil, bin, "-c", conf)
+	return proc.Start(ctx, "nats-server", dir, fmt.Sprintf("127.0.0.1:%d", port), startTimeout, nil, bin, "-c", conf)
 }
 
 // startRabbit runs a private RabbitMQ node: its own data and log dirs,
 // loopback listeners, and its own epmd on a free port, killed afterwards.
-func startRabbit(ctx context.Context, bin, dir string) (*server, error) {
-	ports, err := freePorts(3)
+func startRabbit(ctx context.Context, bin, dir string) (*proc.Proc, error) {
+	ports, err := proc.FreePorts(3)
 	if err != nil {
 		return nil, err
 	}
@@ -393,32 +288,18 @@ func startRabbit(ctx context.Context, bin, dir string) (*server, error) {
 		// process group; its pid file names it.
 		if b, err := os.ReadFile(pidFile); err == nil {
 			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 1 {
-				stopPid(pid)
+				proc.StopPid(pid)
 			}
 		}
 		killEpmd()
 	}
-	s, err := start(ctx, "rabbitmq-server", dir, fmt.Sprintf("127.0.0.1:%d", ports[0]), rabbitStartTimeout, env, bin)
+	s, err := proc.Start(ctx, "rabbitmq-server", dir, fmt.Sprintf("127.0.0.1:%d", ports[0]), rabbitStartTimeout, env, bin)
 	if err != nil {
 		cleanup()
 		return nil, err
 	}
-	s.onStop = cleanup
+	s.OnStop = cleanup
 	return s, nil
-}
-
-// stopPid sends SIGTERM to pid and SIGKILL if it is still there after
-// stopTimeout.
-func stopPid(pid int) {
-	_ = syscall.Kill(pid, syscall.SIGTERM)
-	deadline := time.Now().Add(stopTimeout)
-	for time.Now().Before(deadline) {
-		if syscall.Kill(pid, 0) != nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	_ = syscall.Kill(pid, syscall.SIGKILL)
 }
 
 // chownForRabbit hands dir to the rabbitmq user when we run as root: the
