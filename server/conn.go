@@ -18,6 +18,10 @@ type connState struct {
 	s   *Server
 	t   transport
 	tls bool // served by the TLS listener
+	// ahead holds the offsets, from the parked publish frame at the head
+	// of the inbound bytes, of the frames behind it already handled
+	// (handler.aheadOfParked); the main loop skips them.
+	ahead []int
 	// peerCerts are the verified client certificates of a TLS connection
 	// (mutual TLS), for EXTERNAL; set before the first frame.
 	peerCerts []*x509.Certificate

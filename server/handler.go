@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -210,6 +211,10 @@ func (h *handler) traffic(cs *connState, buf []byte) (consumed int, action gnet.
 	}
 	for !cs.closing.Load() {
 		hd, body, n, err := wire.Next(buf[consumed:], maxFrame)
+		if err == nil && n > 0 && cs.skipAhead(consumed) {
+			consumed += n // handled while the publish before it was parked
+			continue
+		}
 		if err != nil {
 			code := wire.CodeMalformed
 			switch err {
@@ -236,11 +241,81 @@ func (h *handler) traffic(cs *connState, buf []byte) (consumed int, action gnet.
 		consumed += n
 		cs.resume = 0
 	}
+	if stalled && action == gnet.None && h.parked(cs) {
+		action = h.aheadOfParked(cs, buf[consumed:], maxFrame)
+	}
 	h.writeOut(cs)
 	if stalled && action == gnet.None && !h.parked(cs) {
 		h.s.metrics.ringFull.Inc()
 	}
 	return consumed, action, stalled
+}
+
+// aheadMax bounds the frames handled behind a parked publish.
+const aheadMax = 1024
+
+// aheadOfParked handles, while cs is parked at the publish frame at the
+// head of buf (its shard is over the memory budget), the frames behind it
+// that do not depend on the publishes: credit, small settles and
+// heartbeats. A connection that also consumes from that shard can then
+// drain it; without this it waited for itself until it closed. It passes
+// over publishes, which wait their turn, and stops at any other frame (a
+// subscribe, a cancel, a declare: later frames may depend on it); the
+// main loop skips what it handled once the publishes go through.
+func (h *handler) aheadOfParked(cs *connState, buf []byte, maxFrame uint32) gnet.Action {
+	_, _, off, err := wire.Next(buf, maxFrame)
+	if err != nil || off == 0 {
+		return gnet.None
+	}
+	for len(cs.ahead) < aheadMax && !cs.closing.Load() {
+		hd, body, n, err := wire.Next(buf[off:], maxFrame)
+		if err != nil || n == 0 {
+			return gnet.None // the main loop reports a bad frame in turn
+		}
+		if hd.Type != wire.TypePublish && !slices.Contains(cs.ahead, off) {
+			if !aheadSafe(hd, body) {
+				return gnet.None
+			}
+			saved := cs.resume
+			cs.resume = 0
+			done, act := h.frame(cs, hd, body)
+			cs.resume = saved
+			if act != gnet.None {
+				return act
+			}
+			if !done {
+				return gnet.None // a full ring: nothing of it was taken
+			}
+			cs.ahead = append(cs.ahead, off)
+		}
+		off += n
+	}
+	return gnet.None
+}
+
+// aheadSafe reports whether a frame may be handled before the publish in
+// front of it: it must not depend on it, and must be taken whole or not
+// at all (a settle of one part).
+func aheadSafe(hd wire.Header, body []byte) bool {
+	switch hd.Type {
+	case wire.TypeCredit, wire.TypeHeartbeat:
+		return true
+	case wire.TypeAccept, wire.TypeRelease, wire.TypeReject:
+		var m wire.Settle
+		return wire.DecodeSettle(body, &m) == nil && m.Tags.Len() <= shards.RangesInline
+	}
+	return false
+}
+
+// skipAhead reports whether the frame at off was handled ahead of a
+// parked publish, and forgets it.
+func (cs *connState) skipAhead(off int) bool {
+	i := slices.Index(cs.ahead, off)
+	if i < 0 {
+		return false
+	}
+	cs.ahead = slices.Delete(cs.ahead, i, i+1)
+	return true
 }
 
 func (h *handler) writeOut(cs *connState) {
