@@ -39,6 +39,11 @@
 //     the controller may elect holds every committed entry, and a master of
 //     an old epoch cannot commit: the new master is in its set and refuses
 //     its epoch.
+//   - A member drops the prefix of its log whose entries are applied and
+//     have no effect left (Forget, Retire, Compact). A follower that lacks
+//     entries the master dropped gets an Install: the master's log starts
+//     after its base, every entry up to there has no effect left, so the
+//     follower drops its log and what it applied, and goes on from there.
 //   - Every message carries the sender's epoch. A member refuses messages
 //     of an epoch older than its own, and a master that sees a newer epoch
 //     steps down: its pending proposals end with ErrNotMaster, their
@@ -84,12 +89,6 @@ const (
 type Base struct {
 	Index uint64
 	Epoch uint32
-}
-
-// EpochStart is the first index of an epoch in a log.
-type EpochStart struct {
-	Epoch uint32
-	Index uint64
 }
 
 // AlterSet asks the controller to make Set the SyncStateSet of the
@@ -284,18 +283,6 @@ func (m *Member) Compact() bool {
 	}
 	m.first = k
 	return true
-}
-
-// EpochStarts lists the epochs of the log from the base through index
-// to: the epoch in force at the base, and where each later one starts.
-func (m *Member) EpochStarts(to uint64) []EpochStart {
-	out := []EpochStart{{Epoch: m.baseEpoch, Index: m.first - 1}}
-	for i := m.first; i <= min(to, m.lastIndex()); i++ {
-		if e := m.entry(i).Epoch; e != out[len(out)-1].Epoch {
-			out = append(out, EpochStart{Epoch: e, Index: i})
-		}
-	}
-	return out
 }
 
 // Serving reports whether this member is master and has applied every
