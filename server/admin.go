@@ -100,7 +100,7 @@ func (s *Server) startAdmin() error {
 			}
 			q := r.URL.Query()
 			if !q.Has("after") && !q.Has("limit") && !q.Has("prefix") {
-				writeJSON(w, b.Queues()) // every queue, unordered, as before pagination
+				writeJSON(w, s.withMasters(b.Queues())) // every queue, unordered, as before pagination
 				return
 			}
 			// A page: {"queues": [...] in name order, "next_after": the
@@ -118,7 +118,7 @@ func (s *Server) startAdmin() error {
 			out := struct {
 				Queues    []shards.QueueInfo `json:"queues"`
 				NextAfter string             `json:"next_after,omitempty"`
-			}{Queues: b.QueueInfos(page)}
+			}{Queues: s.withMasters(b.QueueInfos(page))}
 			if more {
 				out.NextAfter = page[len(page)-1].Name
 			}
@@ -215,4 +215,33 @@ func handlePprof(mux *http.ServeMux) {
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+}
+
+// withMasters fills in the master of each replicated queue's group, as
+// this broker's group node knows it (once per group).
+func (s *Server) withMasters(qs []shards.QueueInfo) []shards.QueueInfo {
+	m := s.groups.Load()
+	if m == nil {
+		return qs
+	}
+	n := m.Node()
+	if n == nil {
+		return qs
+	}
+	masters := map[uint32]uint32{}
+	for i := range qs {
+		g := qs[i].Group
+		if g == nil {
+			continue
+		}
+		master, ok := masters[*g]
+		if !ok {
+			if st, err := n.Status(*g); err == nil {
+				master = st.Master
+			}
+			masters[*g] = master
+		}
+		qs[i].Master = master
+	}
+	return qs
 }

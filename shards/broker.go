@@ -407,6 +407,22 @@ type QueueInfo struct {
 	Enqueued  uint64 `json:"enqueued"`
 	Delivered uint64 `json:"delivered"`
 	Acked     uint64 `json:"acked"`
+	// Group is a replicated queue's replication group (absent for a
+	// queue that lives on this broker alone); Master is that group's
+	// master as this broker knows it, filled in by the server.
+	Group  *uint32 `json:"group,omitempty"`
+	Master uint32  `json:"master,omitempty"`
+}
+
+// info is q's QueueInfo; it runs on q's shard goroutine.
+func (q *Queue) info() QueueInfo {
+	in := QueueInfo{Name: q.Name, Shard: q.shard, Ready: q.Ready(), Unacked: q.Unacked(), Delayed: q.Delayed(),
+		Consumers: len(q.consumers), Durable: q.Options.Durable, Enqueued: q.Enqueued, Delivered: q.Delivered, Acked: q.Acked}
+	if q.replicated {
+		g := q.group
+		in.Group = &g
+	}
+	return in
 }
 
 // Queues returns a consistent view of every queue, asking each shard.
@@ -418,8 +434,7 @@ func (b *Broker) Queues() []QueueInfo {
 			mu.Lock()
 			defer mu.Unlock()
 			for q := range sh.queues {
-				out = append(out, QueueInfo{Name: q.Name, Shard: q.shard, Ready: q.Ready(), Unacked: q.Unacked(), Delayed: q.Delayed(),
-					Consumers: len(q.consumers), Durable: q.Options.Durable, Enqueued: q.Enqueued, Delivered: q.Delivered, Acked: q.Acked})
+				out = append(out, q.info())
 			}
 		})
 	}
@@ -442,8 +457,7 @@ func (b *Broker) QueueInfos(qs []*Queue) []QueueInfo {
 					continue
 				}
 				live[i] = true
-				infos[i] = QueueInfo{Name: q.Name, Shard: q.shard, Ready: q.Ready(), Unacked: q.Unacked(), Delayed: q.Delayed(),
-					Consumers: len(q.consumers), Durable: q.Options.Durable, Enqueued: q.Enqueued, Delivered: q.Delivered, Acked: q.Acked}
+				infos[i] = q.info()
 			}
 		})
 	}

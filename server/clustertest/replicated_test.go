@@ -543,6 +543,22 @@ func TestReplicatedDeadLetters(t *testing.T) {
 		}
 		return nil
 	})
+	// Every member's /v1/queues names the queue's group and its master.
+	for _, n := range c.nodes {
+		var qs []struct {
+			Name   string
+			Group  *uint32
+			Master uint32
+		}
+		if err := c.getJSON(n, "/v1/queues", &qs); err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range qs {
+			if q.Name == source && (q.Group == nil || *q.Group != g || q.Master != master) {
+				t.Fatalf("%s shows queue %s in group %v with master %d; want group %d, master %d", n.name, source, q.Group, q.Master, g, master)
+			}
+		}
+	}
 	mnode.signal(syscall.SIGKILL)
 	nm := c.nodeOf(c.waitNewMaster(g, master))
 	c.consumeAll(nm, target, names(0, room))

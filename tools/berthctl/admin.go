@@ -30,6 +30,23 @@ type queueInfo struct {
 	Enqueued  uint64 `json:"enqueued"`
 	Delivered uint64 `json:"delivered"`
 	Acked     uint64 `json:"acked"`
+	// Group and Master: a replicated queue's group and that group's
+	// master broker id; absent for a queue on this broker alone.
+	Group  *uint32 `json:"group,omitempty"`
+	Master uint32  `json:"master,omitempty"`
+}
+
+// groupCells are a queue's GROUP and MASTER cells: "-" for a queue on one
+// broker, "?" for a master not known.
+func (q *queueInfo) groupCells() (string, string) {
+	if q.Group == nil {
+		return "-", "-"
+	}
+	master := "?"
+	if q.Master != 0 {
+		master = strconv.FormatUint(uint64(q.Master), 10)
+	}
+	return strconv.FormatUint(uint64(*q.Group), 10), master
 }
 
 // adminGet fetches path from the broker's admin HTTP and returns the body.
@@ -130,9 +147,10 @@ func queuesCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return writeJSON(e.stdout, qs)
 		}
 		tw := newTable(e.stdout)
-		fmt.Fprintln(tw, "NAME\tSHARD\tREADY\tUNACKED\tDELAYED\tCONSUMERS\tDURABLE\tENQUEUED\tDELIVERED\tACKED")
+		fmt.Fprintln(tw, "NAME\tSHARD\tGROUP\tMASTER\tREADY\tUNACKED\tDELAYED\tCONSUMERS\tDURABLE\tENQUEUED\tDELIVERED\tACKED")
 		for _, q := range qs {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%t\t%d\t%d\t%d\n", displayName(q.Name), q.Shard, q.Ready, q.Unacked, q.Delayed,
+			group, master := q.groupCells()
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t%t\t%d\t%d\t%d\n", displayName(q.Name), q.Shard, group, master, q.Ready, q.Unacked, q.Delayed,
 				q.Consumers, q.Durable, q.Enqueued, q.Delivered, q.Acked)
 		}
 		return tw.Flush()
