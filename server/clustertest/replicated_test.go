@@ -243,6 +243,33 @@ func (c *rcluster) waitNewMaster(g, old uint32) uint32 {
 	return id
 }
 
+// publishAll publishes msgs to queue, persistent, one at a time.
+func (c *rcluster) publishAll(conn *client.Conn, queue string, msgs []string) {
+	c.t.Helper()
+	for i, m := range msgs {
+		if err := conn.Publish(c.ctx, "", queue, []byte(m), client.PublishOptions{Persistent: true}); err != nil {
+			c.t.Fatalf("publish %d to %s: %v", i, queue, err)
+		}
+	}
+}
+
+// waitReady waits until every member holds ready messages of queue.
+func (c *rcluster) waitReady(queue string, ready int) {
+	c.t.Helper()
+	testutil.WaitFor(c.t, 20*time.Second, func() error {
+		for _, n := range c.nodes {
+			got, _, err := c.depth(n, queue)
+			if err != nil {
+				return err
+			}
+			if got != ready {
+				return fmt.Errorf("%s holds %d ready, want %d", n.name, got, ready)
+			}
+		}
+		return nil
+	})
+}
+
 func names(from, to int) []string {
 	var out []string
 	for i := from; i < to; i++ {
@@ -263,25 +290,10 @@ func TestReplicatedQueueSurvivesMasterKill(t *testing.T) {
 	c := startReplicated(t, ctx, groups)
 	const queue = "replicated"
 	g, master, mnode, conn := c.declare(queue, groups)
-	for i, m := range names(0, total) {
-		if err := conn.Publish(ctx, "", queue, []byte(m), client.PublishOptions{Persistent: true}); err != nil {
-			t.Fatalf("publish %d: %v", i, err)
-		}
-	}
+	c.publishAll(conn, queue, names(0, total))
 	// Every member holds the 500 (the followers adopted the queue from
 	// the controller when its first event reached them).
-	testutil.WaitFor(t, 20*time.Second, func() error {
-		for _, n := range c.nodes {
-			ready, _, err := c.depth(n, queue)
-			if err != nil {
-				return err
-			}
-			if ready != total {
-				return fmt.Errorf("%s holds %d ready", n.name, ready)
-			}
-		}
-		return nil
-	})
+	c.waitReady(queue, total)
 	con, err := conn.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 50, AutoCredit: true})
 	if err != nil {
 		t.Fatal(err)
@@ -498,11 +510,7 @@ func TestReplicatedDeadLetters(t *testing.T) {
 	if err := conn.DeclareQueue(ctx, source, client.QueueOptions{Durable: true, DeadLetterKey: target}); err != nil {
 		t.Fatal(err)
 	}
-	for i, m := range names(0, total) {
-		if err := conn.Publish(ctx, "", source, []byte(m), client.PublishOptions{Persistent: true}); err != nil {
-			t.Fatalf("publish %d: %v", i, err)
-		}
-	}
+	c.publishAll(conn, source, names(0, total))
 	con, err := conn.Subscribe(ctx, source, client.SubscribeOptions{Credit: 5, AutoCredit: true})
 	if err != nil {
 		t.Fatal(err)

@@ -93,25 +93,10 @@ func TestClusterWithCredentials(t *testing.T) {
 	}
 	const queue = "guarded"
 	_, _, mnode, conn := c.declare(queue, groups)
-	for i, m := range names(0, total) {
-		if err := conn.Publish(ctx, "", queue, []byte(m), client.PublishOptions{Persistent: true}); err != nil {
-			t.Fatalf("publish %d: %v", i, err)
-		}
-	}
+	c.publishAll(conn, queue, names(0, total))
 	// The followers hold them: the group traffic crossed the guarded peer
 	// ports.
-	testutil.WaitFor(t, 20*time.Second, func() error {
-		for _, n := range c.nodes {
-			ready, _, err := c.depth(n, queue)
-			if err != nil {
-				return err
-			}
-			if ready != total {
-				return fmt.Errorf("%s holds %d ready", n.name, ready)
-			}
-		}
-		return nil
-	})
+	c.waitReady(queue, total)
 	// A follower forwards a publish to the master across the guarded
 	// peer ports (its forwarding connection makes the handshake too).
 	for _, n := range c.nodes {
