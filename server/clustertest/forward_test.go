@@ -412,7 +412,7 @@ func TestProxiedConsumerMasterKilled(t *testing.T) {
 	}
 	// A consumer that takes 10 and closes without accepting them.
 	closer := dial(t, ctx, fnode.client)
-	con, err := closer.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 10})
+	con, err := subscribeWhenServing(t, ctx, closer, queue, client.SubscribeOptions{Credit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -489,7 +489,7 @@ func TestProxiedConsumerMasterFrozen(t *testing.T) {
 		}
 	}
 	conn := dial(t, ctx, fnode.client)
-	con, err := conn.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 2 * accepted})
+	con, err := subscribeWhenServing(t, ctx, conn, queue, client.SubscribeOptions{Credit: 2 * accepted})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -523,6 +523,24 @@ func TestProxiedConsumerMasterFrozen(t *testing.T) {
 	mnode.signal(syscall.SIGCONT)
 	thawed = true
 	consumeRedialing(t, ctx, fnode, queue, names(accepted, total))
+}
+
+// subscribeWhenServing subscribes on conn, a broker that proxies to the
+// queue's master, trying again while that broker answers unavailable: it
+// learns the group's master from the controller a moment after the
+// master serves.
+func subscribeWhenServing(t *testing.T, ctx context.Context, conn *client.Conn, queue string, opts client.SubscribeOptions) (*client.Consumer, error) {
+	t.Helper()
+	var con *client.Consumer
+	var err error
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		con, err = conn.Subscribe(ctx, queue, opts)
+		if client.Code(err) == wire.CodeUnavailable {
+			return err
+		}
+		return nil
+	})
+	return con, err
 }
 
 // consumeRedialing subscribes at n, on a new connection each try, until
