@@ -256,13 +256,7 @@ func TestForwardMasterKilled(t *testing.T) {
 	const queue = "forward-kill"
 	g, master, mnode, _ := c.declare(queue, groups)
 	c.declareEverywhere(queue)
-	var fnode *node
-	for _, n := range c.nodes {
-		if n != mnode {
-			fnode = n
-			break
-		}
-	}
+	fnode := c.follower(mnode)
 	conn := dial(t, ctx, fnode.client)
 	// The follower forwards once it has read the group's master from the
 	// controller; until then it answers resource-limit, and a client
@@ -398,18 +392,8 @@ func TestProxiedConsumerMasterKilled(t *testing.T) {
 	const queue = "proxied"
 	g, master, mnode, mconn := c.declare(queue, groups)
 	c.declareEverywhere(queue)
-	for _, m := range names(0, total) {
-		if err := mconn.Publish(ctx, "", queue, []byte(m), client.PublishOptions{Persistent: true}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var fnode *node
-	for _, n := range c.nodes {
-		if n != mnode {
-			fnode = n
-			break
-		}
-	}
+	c.publishAll(mconn, queue, names(0, total))
+	fnode := c.follower(mnode)
 	// A consumer that takes 10 and closes without accepting them.
 	closer := dial(t, ctx, fnode.client)
 	con, err := subscribeWhenServing(t, ctx, closer, queue, client.SubscribeOptions{Credit: 10})
@@ -476,18 +460,8 @@ func TestProxiedConsumerMasterFrozen(t *testing.T) {
 	const queue = "proxied-frozen"
 	g, master, mnode, mconn := c.declare(queue, groups)
 	c.declareEverywhere(queue)
-	for _, m := range names(0, total) {
-		if err := mconn.Publish(ctx, "", queue, []byte(m), client.PublishOptions{Persistent: true}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var fnode *node
-	for _, n := range c.nodes {
-		if n != mnode {
-			fnode = n
-			break
-		}
-	}
+	c.publishAll(mconn, queue, names(0, total))
+	fnode := c.follower(mnode)
 	conn := dial(t, ctx, fnode.client)
 	con, err := subscribeWhenServing(t, ctx, conn, queue, client.SubscribeOptions{Credit: 2 * accepted})
 	if err != nil {

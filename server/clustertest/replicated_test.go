@@ -253,6 +253,17 @@ func (c *rcluster) publishAll(conn *client.Conn, queue string, msgs []string) {
 	}
 }
 
+// follower is a broker of the cluster other than n.
+func (c *rcluster) follower(n *node) *node {
+	for _, o := range c.nodes {
+		if o != n {
+			return o
+		}
+	}
+	c.t.Fatal("a cluster of one broker")
+	return nil
+}
+
 // waitReady waits until every member holds ready messages of queue.
 func (c *rcluster) waitReady(queue string, ready int) {
 	c.t.Helper()
