@@ -189,10 +189,19 @@ func (c *rcluster) depth(n *node, queue string) (ready, unacked int, err error) 
 // else; it retries the subscribe while n is taking over.
 func (c *rcluster) consumeAll(n *node, queue string, want []string) {
 	c.t.Helper()
-	conn := dial(c.t, c.ctx, n.client)
-	defer conn.Close()
 	var got []string
+	// A broker that has just become master may still proxy a subscribe to
+	// the master it knew before, and then end the session when it learns
+	// of the change. Nothing here is acknowledged, so a try that fails
+	// leaves every message in the queue: the next try starts afresh on a
+	// new connection.
 	testutil.WaitFor(c.t, 30*time.Second, func() error {
+		got = got[:0]
+		conn, err := client.Dial(c.ctx, n.client)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
 		con, err := conn.Subscribe(c.ctx, queue, client.SubscribeOptions{Credit: 1000})
 		if err != nil {
 			return err
@@ -202,7 +211,7 @@ func (c *rcluster) consumeAll(n *node, queue string, want []string) {
 			d, err := con.Next(nctx)
 			cancel()
 			if err != nil {
-				c.t.Fatalf("after %d deliveries from %s: %v", len(got), n.name, err)
+				return fmt.Errorf("after %d deliveries from %s: %w", len(got), n.name, err)
 			}
 			got = append(got, string(d.Payload))
 		}
