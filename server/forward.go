@@ -123,7 +123,7 @@ func (r *replicator) serveForward(from, g uint32, event []byte, reply groups.For
 			reply.Send(wire.CodeResourceLimit, fmt.Sprintf("queue %q is full", q.Name))
 			return
 		}
-		err := r.proposeHere(q, data, func(err error) { sendOutcome(reply, err) })
+		err := r.proposeHere(q, data, funcWaiter(func(err error) { sendOutcome(reply, err) }), 0)
 		if err != nil {
 			sendOutcome(reply, err)
 		}

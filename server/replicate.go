@@ -53,8 +53,9 @@ const (
 
 // replicator is the server's shards.Replicator.
 type replicator struct {
-	s      *Server
-	groups atomic.Uint32 // the cluster's group count; 0 until known
+	s       *Server
+	groups  atomic.Uint32  // the cluster's group count; 0 until known
+	waiters []*shardWaiter // by shard index
 }
 
 // GroupOf is the replication group of queue name among n groups.
@@ -100,16 +101,21 @@ func (r *replicator) IsMaster(g uint32) bool {
 
 var errGroupsStarting = shards.Errorf(wire.CodeResourceLimit, "the replication groups are starting; retry")
 
-func (r *replicator) propose(q *shards.Queue, data []byte, done func(error)) error {
+// propose proposes data, an event of q's group, reporting its outcome to
+// w under tag: on this broker when it is the group's master, else
+// forwarded to the master (an enqueue; other events only come from a
+// master).
+func (r *replicator) propose(q *shards.Queue, data []byte, w groups.Waiter, tag uint64) error {
 	g, _ := q.Replicated()
 	if n := r.node(); (n == nil || !n.IsMaster(g)) && data[0] == gevEnqueue {
-		return r.forward(g, data, done) // forward.go
+		return r.forward(g, data, func(err error) { w.Committed(tag, err) }) // forward.go
 	}
-	return r.proposeHere(q, data, done)
+	return r.proposeHere(q, data, w, tag)
 }
 
-// proposeHere proposes on this broker, which must be g's master.
-func (r *replicator) proposeHere(q *shards.Queue, data []byte, done func(error)) error {
+// proposeHere proposes on this broker, which must be g's master. w is
+// told the group's outcome as it is (groupError gives it a wire code).
+func (r *replicator) proposeHere(q *shards.Queue, data []byte, w groups.Waiter, tag uint64) error {
 	g, _ := q.Replicated()
 	n := r.node()
 	if n == nil {
@@ -118,12 +124,23 @@ func (r *replicator) proposeHere(q *shards.Queue, data []byte, done func(error))
 	if !n.IsMaster(g) {
 		return shards.Errorf(wire.CodeNotAllowed, "queue %q is replicated in group %d, whose master is another broker", q.Name, g)
 	}
-	err := n.ProposeAsync(g, data, func(err error) { done(groupError(err)) })
+	err := n.ProposeAsync(g, data, w, tag)
 	if errors.Is(err, groups.ErrBusy) {
 		return shards.Errorf(wire.CodeResourceLimit, "group %d is busy; retry", g)
 	}
 	return groupError(err)
 }
+
+// funcWaiter tells a function a proposal's outcome, with a wire code.
+func funcWaiter(done func(error)) groups.Waiter {
+	return groups.FuncWaiter(func(err error) { done(groupError(err)) })
+}
+
+// shardWaiter tells a shard the outcome of its replicated publishes, with
+// a wire code; one per shard, so that a publish allocates no waiter.
+type shardWaiter struct{ sh *shards.Shard }
+
+func (w *shardWaiter) Committed(tag uint64, err error) { w.sh.Committed(tag, groupError(err)) }
 
 // groupError gives a group failure a wire code.
 func groupError(err error) error {
@@ -139,11 +156,15 @@ func groupError(err error) error {
 	case errors.Is(err, group.ErrBacklog):
 		return shards.Errorf(wire.CodeResourceLimit, "the queue's group has too many events waiting to commit; retry")
 	}
+	var coded *shards.Error
+	if errors.As(err, &coded) {
+		return err // a forward's outcome, which has its code already
+	}
 	return shards.Errorf(wire.CodeInternal, "%v", err)
 }
 
-func (r *replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt int64, producer, producerSeq uint64, done func(error)) error {
-	return r.propose(q, appendEnqueueEvent(nil, q.Name, b, expiresAt, producer, producerSeq), done)
+func (r *replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt int64, producer, producerSeq uint64, tag uint64) error {
+	return r.propose(q, appendEnqueueEvent(nil, q.Name, b, expiresAt, producer, producerSeq), r.waiters[q.Shard()], tag)
 }
 
 // appendEnqueueEvent encodes a gevEnqueue event.
@@ -213,16 +234,16 @@ func (r *replicator) ProposeRemoves(q *shards.Queue, seqs []uint64, done func(er
 	if done == nil {
 		done = func(error) {}
 	}
-	return r.propose(q, data, done)
+	return r.propose(q, data, funcWaiter(done), 0)
 }
 
 func (r *replicator) ProposeDelete(q *shards.Queue) error {
 	data := wire.AppendStr([]byte{gevDelete}, q.Name)
-	return r.propose(q, data, func(error) {})
+	return r.propose(q, data, funcWaiter(func(error) {}), 0)
 }
 
 func (r *replicator) Barrier(q *shards.Queue, done func(error)) error {
-	return r.propose(q, []byte{gevBarrier}, done)
+	return r.propose(q, []byte{gevBarrier}, funcWaiter(done), 0)
 }
 
 // apply carries a committed group entry to its queue's shard. It runs on
@@ -239,9 +260,10 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 		r.forget(g, e.Index)
 		return
 	}
-	name := string(rd.Str(wire.NameLenMax))
+	nameB := rd.Str(wire.NameLenMax)
 	s := r.s
 	if kind == gevDelete {
+		name := string(nameB)
 		// The master dropped the queue when it proposed this. A master
 		// applying it may hold a queue declared again since under the
 		// name: it keeps it (one that became master after the proposal
@@ -252,14 +274,15 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 		}
 		return
 	}
-	q := s.wiring.Routing().Queue([]byte(name))
+	q := s.wiring.Routing().Queue(nameB)
 	if q == nil {
 		var err error
-		if q, err = s.wiring.Adopt(name); err != nil {
-			s.log.Warn("server: a replicated event for a queue this broker cannot find; skipped", "group", g, "index", e.Index, "queue", name, "err", err)
+		if q, err = s.wiring.Adopt(string(nameB)); err != nil {
+			s.log.Warn("server: a replicated event for a queue this broker cannot find; skipped", "group", g, "index", e.Index, "queue", string(nameB), "err", err)
 			return
 		}
 	}
+	sh := s.broker.Shards()[q.Shard()]
 	var call func(*shards.Shard)
 	switch kind {
 	case gevEnqueue:
@@ -268,8 +291,16 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 			s.log.Error("server: malformed replicated enqueue; skipped", "group", g, "index", e.Index)
 			return
 		}
-		seq := e.Index
-		call = func(sh *shards.Shard) { sh.ApplyEnqueue(q, seq, ev.body, ev.expiresAt, ev.producer, ev.producerSeq) }
+		// Pushed as a command rather than a call: an enqueue, the bulk
+		// of a group's events, allocates no closure.
+		for !sh.TryApplyEnqueue(q, e.Index, ev.body, ev.expiresAt, ev.producer, ev.producerSeq) {
+			if s.regCtx.Err() != nil {
+				ev.body.Unref()
+				return
+			}
+			time.Sleep(20 * time.Microsecond)
+		}
+		return
 	case gevRemove:
 		seq := rd.U64()
 		if rd.Err() != nil {
@@ -310,7 +341,6 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 		s.log.Error("server: replicated event of unknown kind; skipped", "group", g, "index", e.Index, "kind", kind)
 		return
 	}
-	sh := s.broker.Shards()[q.Shard()]
 	for !sh.TryCall(call) {
 		if s.regCtx.Err() != nil {
 			return
@@ -340,6 +370,9 @@ func (r *replicator) forget(g uint32, index uint64) {
 // broker).
 func (s *Server) initReplication() {
 	r := &replicator{s: s}
+	for _, sh := range s.broker.Shards() {
+		r.waiters = append(r.waiters, &shardWaiter{sh})
+	}
 	s.replicator = r
 	s.broker.SetReplicator(r)
 	ctx, cancel := context.WithTimeout(context.Background(), wiringTimeout)

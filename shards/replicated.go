@@ -23,10 +23,11 @@ type Replicator interface {
 	// IsMaster reports whether this broker is the master of group g.
 	IsMaster(g uint32) bool
 	// ProposeEnqueue proposes the enqueue of b on q, and reports the
-	// outcome to done once the event is committed and applied here. An
-	// error means it was not proposed. producer and producerSeq (0 for
-	// none) travel in the event, for ApplyEnqueue's deduplication.
-	ProposeEnqueue(q *Queue, b *Body, expiresAt int64, producer, producerSeq uint64, done func(error)) error
+	// outcome to q's shard, Shard.Committed(tag, err), once the event is
+	// committed and applied here. An error means it was not proposed (and
+	// nothing is reported). producer and producerSeq (0 for none) travel
+	// in the event, for ApplyEnqueue's deduplication.
+	ProposeEnqueue(q *Queue, b *Body, expiresAt int64, producer, producerSeq uint64, tag uint64) error
 	// ProposeRemoves proposes, as one event, the removal of messages
 	// seqs (at most RemovesMax) from q; done, if not nil, is told when it
 	// committed. seqs is the caller's again when it returns.
@@ -209,17 +210,107 @@ func (s *Shard) replicatedPublish(c *Command, expiresAt int64) {
 		s.completeCmd(c.Sess, c.CmdID, c.Fanout, Errorf(wire.CodeResourceLimit, "queue %q is full", q.Name))
 		return
 	}
-	sess, id, fan := c.Sess, c.CmdID, c.Fanout
-	done := func(err error) {
-		s.pushCompletion(sess, id, fan, err)
+	tag, ok := s.replWaits.add(c.Sess, c.CmdID, c.Fanout)
+	if !ok {
+		c.Body.Unref()
+		s.completeCmd(c.Sess, c.CmdID, c.Fanout, Errorf(wire.CodeResourceLimit, "shard %d has %d replicated publishes waiting for their groups; retry", s.idx, replWaitsMax))
+		return
 	}
-	err := r.ProposeEnqueue(q, c.Body, expiresAt, c.Producer, c.CmdID, done)
+	err := r.ProposeEnqueue(q, c.Body, expiresAt, c.Producer, c.CmdID, tag)
 	c.Body.Unref() // the proposal copied it
 	if err != nil {
-		s.completeCmd(sess, id, fan, err)
+		s.replWaits.take(tag)
+		s.completeCmd(c.Sess, c.CmdID, c.Fanout, err)
 		return
 	}
 	s.stats.Published++
+}
+
+// Committed reports the outcome of the replicated publish that the shard
+// gave tag to (Replicator.ProposeEnqueue). It runs on any goroutine but
+// the shard's, and allocates nothing when err is nil; a full ring is
+// waited out, since a completion must not be lost.
+func (s *Shard) Committed(tag uint64, err error) {
+	cmd := Command{Op: opReplDone, CmdID: tag}
+	if err != nil {
+		cmd = Command{Op: opCall, Call: func(sh *Shard) { sh.replDone(tag, err) }}
+	}
+	for !s.TryPush(cmd) {
+		if s.broker.ctx.Err() != nil {
+			return
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+// replDone completes the publish waiting under tag.
+func (s *Shard) replDone(tag uint64, err error) {
+	w, ok := s.replWaits.take(tag)
+	if !ok {
+		s.log.Error("shards: a replicated publish's outcome for no waiting publish", "tag", tag)
+		return
+	}
+	s.completeCmd(w.sess, w.cmdID, w.fan, err)
+}
+
+// TryApplyEnqueue is ApplyEnqueue pushed onto the shard's ring from
+// another goroutine, without allocating; false if the ring is full (b's
+// reference stays the caller's then).
+func (s *Shard) TryApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64, producer, producerSeq uint64) bool {
+	return s.TryPush(Command{Op: opReplEnqueue, Queue: q, CmdID: seq, Body: b, TTLNanos: expiresAt, Producer: producer, Now: int64(producerSeq)})
+}
+
+// replWaitsMax bounds a shard's replicated publishes waiting for their
+// events.
+const replWaitsMax = 1 << 20
+
+// replWait is a replicated publish waiting for its event.
+type replWait struct {
+	sess  *Session
+	cmdID uint64
+	fan   *Fanout
+	gen   uint32 // bumped at each use of the slot, so a stale tag is refused
+	used  bool
+}
+
+// replWaits is a table of replWait with a free list: a tag is the slot's
+// generation and index, so a publish in flight costs no allocation.
+type replWaits struct {
+	slots []replWait
+	free  []uint32
+}
+
+func (w *replWaits) add(sess *Session, cmdID uint64, fan *Fanout) (uint64, bool) {
+	var i uint32
+	if n := len(w.free); n > 0 {
+		i = w.free[n-1]
+		w.free = w.free[:n-1]
+	} else {
+		if len(w.slots) >= replWaitsMax {
+			return 0, false
+		}
+		w.slots = append(w.slots, replWait{})
+		i = uint32(len(w.slots) - 1)
+	}
+	sl := &w.slots[i]
+	sl.gen++
+	sl.sess, sl.cmdID, sl.fan, sl.used = sess, cmdID, fan, true
+	return uint64(sl.gen)<<32 | uint64(i), true
+}
+
+func (w *replWaits) take(tag uint64) (replWait, bool) {
+	i := uint32(tag)
+	if int(i) >= len(w.slots) {
+		return replWait{}, false
+	}
+	sl := &w.slots[i]
+	if !sl.used || sl.gen != uint32(tag>>32) {
+		return replWait{}, false
+	}
+	v := *sl
+	sl.sess, sl.fan, sl.used = nil, nil, false
+	w.free = append(w.free, i)
+	return v, true
 }
 
 // pushCompletion completes a command from another goroutine. A full ring

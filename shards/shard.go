@@ -31,6 +31,11 @@ const (
 	OpResume
 	// opWake: the timer for the earliest delayed message fired (delay.go).
 	opWake
+	// opReplDone: the replicated publish of tag CmdID committed (replicated.go).
+	opReplDone
+	// opReplEnqueue: apply a committed enqueue of a replicated queue
+	// (Shard.TryApplyEnqueue).
+	opReplEnqueue
 )
 
 // Settle kinds.
@@ -111,6 +116,9 @@ type Shard struct {
 	// dlHeld is the replicated message DeadLetter just sent on, whose
 	// removal waits for its targets.
 	dlHeld *Entry
+	// replWaits are the replicated publishes waiting for their events
+	// (replicated.go).
+	replWaits replWaits
 
 	sig  *ring.Signal
 	in   *ring.MPSC[Command]
@@ -249,6 +257,10 @@ func (s *Shard) handle(c *Command) {
 		s.fireTimers()
 	case opCall:
 		c.Call(s)
+	case opReplDone:
+		s.replDone(c.CmdID, nil)
+	case opReplEnqueue:
+		s.ApplyEnqueue(c.Queue, c.CmdID, c.Body, c.TTLNanos, c.Producer, uint64(c.Now))
 	case opDeadLettered:
 		if q := c.Queue; q.replicated {
 			if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {

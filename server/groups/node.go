@@ -92,7 +92,13 @@ type Node struct {
 	log     *slog.Logger
 	j       *journal.Journal
 	members map[uint32]*member
-	inbox   chan func()
+	// groupIDs are the members' groups in increasing order (fixed at
+	// New).
+	groupIDs []uint32
+	inbox    chan func()
+	// props carries proposals by value, so that a proposal costs no
+	// allocation of its own (inbox takes closures).
+	props chan proposal
 	// durable wakes the node when the journal has made records durable
 	// (member.dur): the journal's writer never waits for the node.
 	durable chan struct{}
@@ -114,7 +120,10 @@ type member struct {
 	m     *group.Member
 	gen   uint64 // bumped by each truncation: older completions are stale
 	epoch uint32 // last epoch journaled
-	waits map[uint64]func(error)
+	// waits are the proposals of this member waiting for their
+	// completion, in increasing index order (the order in which the
+	// member completes them).
+	waits deque[wait]
 
 	// pos[i] is the journal position of the record of entry posFirst+i.
 	pos      []journal.Pos
@@ -226,7 +235,7 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger, j: j, members: map[uint32]*member{},
-		inbox: make(chan func(), inboxMax), durable: make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{})}
+		inbox: make(chan func(), inboxMax), props: make(chan proposal, inboxMax), durable: make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{})}
 	for g, l := range logs {
 		if err := l.check(); err != nil {
 			j.Close()
@@ -244,7 +253,7 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 			replicas = set
 		}
 		m := group.New(group.Config{Group: g, ID: cfg.ID, Replicas: replicas, MinSync: cfg.MinSync, LagTicks: cfg.LagTicks}, l.base, l.log, epochs[g])
-		n.members[g] = &member{id: g, m: m, epoch: epochs[g], waits: map[uint64]func(error){},
+		n.members[g] = &member{id: g, m: m, epoch: epochs[g],
 			pos: l.pos, posFirst: l.base.Index + 1, baseRec: l.baseRec}
 		// Records freed before the restart and not reclaimed yet: free
 		// them again.
@@ -252,6 +261,7 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 			j.Free(p)
 		}
 	}
+	n.groupIDs = n.sortedGroups()
 	go n.run()
 	return n, nil
 }
@@ -267,12 +277,17 @@ func (n *Node) run() {
 			for k := 0; k < inboxBatch && len(n.inbox) > 0; k++ {
 				(<-n.inbox)()
 			}
+		case p := <-n.props:
+			n.propose(p)
+			for k := 0; k < inboxBatch && len(n.props) > 0; k++ {
+				n.propose(<-n.props)
+			}
 		case <-n.durable:
-			for _, g := range n.sortedGroups() {
+			for _, g := range n.groupIDs {
 				n.takeDurable(n.members[g])
 			}
 		case <-t.C:
-			for _, g := range n.sortedGroups() {
+			for _, g := range n.groupIDs {
 				mb := n.members[g]
 				if mb.broken == nil {
 					mb.m.Tick()
@@ -449,49 +464,78 @@ func (n *Node) IsMaster(g uint32) bool {
 	return mb != nil && mb.master.Load()
 }
 
+// A Waiter is told the outcome of a proposal: Committed(tag, err) runs on
+// the node's goroutine and must not block. A pointer type implements it
+// without allocating; FuncWaiter adapts a function.
+type Waiter interface {
+	Committed(tag uint64, err error)
+}
+
+// FuncWaiter is a Waiter that calls the function, ignoring the tag.
+type FuncWaiter func(error)
+
+// Committed calls f.
+func (f FuncWaiter) Committed(_ uint64, err error) { f(err) }
+
+type proposal struct {
+	g    uint32
+	data []byte
+	w    Waiter
+	tag  uint64
+}
+
+type wait struct {
+	index uint64
+	w     Waiter
+	tag   uint64
+}
+
 // ProposeAsync appends data to group g's log through this node, which must
-// be the group's master, without waiting: done is called on the node's
-// goroutine with nil once the entry is committed and applied here, with
-// group.ErrNotMaster when the node stops being master first (the outcome
-// is unknown), or with why it was not proposed. ErrBusy (inbox full) and
-// ErrClosed are returned at once and done is not called.
-func (n *Node) ProposeAsync(g uint32, data []byte, done func(error)) error {
-	f := func() {
-		mb := n.members[g]
-		if mb == nil {
-			done(fmt.Errorf("groups: no group %d on this node", g))
-			return
-		}
-		if mb.broken != nil {
-			done(mb.broken)
-			return
-		}
-		idx, err := mb.m.Propose(data)
-		if err != nil {
-			done(err)
-			return
-		}
-		mb.waits[idx] = done
-		n.touch(mb)
-	}
+// be the group's master, without waiting: w.Committed(tag, err) is called
+// on the node's goroutine with nil once the entry is committed and applied
+// here, with group.ErrNotMaster when the node stops being master first
+// (the outcome is unknown), or with why it was not proposed. ErrBusy
+// (inbox full) and ErrClosed are returned at once and w is not called. It
+// allocates nothing.
+func (n *Node) ProposeAsync(g uint32, data []byte, w Waiter, tag uint64) error {
 	select {
 	case <-n.done:
 		return ErrClosed
 	default:
 	}
 	select {
-	case n.inbox <- f:
+	case n.props <- proposal{g: g, data: data, w: w, tag: tag}:
 		return nil
 	default:
 		return ErrBusy
 	}
 }
 
+// propose carries out a proposal on the node's goroutine.
+func (n *Node) propose(p proposal) {
+	mb := n.members[p.g]
+	if mb == nil {
+		p.w.Committed(p.tag, fmt.Errorf("groups: no group %d on this node", p.g))
+		return
+	}
+	if mb.broken != nil {
+		p.w.Committed(p.tag, mb.broken)
+		return
+	}
+	idx, err := mb.m.Propose(p.data)
+	if err != nil {
+		p.w.Committed(p.tag, err)
+		return
+	}
+	mb.waits.push(wait{index: idx, w: p.w, tag: p.tag})
+	n.touch(mb)
+}
+
 // Propose is ProposeAsync that waits for the outcome, or for ctx (then
 // the outcome is unknown).
 func (n *Node) Propose(ctx context.Context, g uint32, data []byte) error {
 	ch := make(chan error, 1)
-	if err := n.ProposeAsync(g, data, func(err error) { ch <- err }); err != nil {
+	if err := n.ProposeAsync(g, data, FuncWaiter(func(err error) { ch <- err }), 0); err != nil {
 		return err
 	}
 	select {
@@ -574,9 +618,17 @@ func (n *Node) ready(mb *member) {
 		n.cfg.Apply(g, e)
 	}
 	for _, c := range rd.Completed {
-		if done, ok := mb.waits[c.Index]; ok {
-			delete(mb.waits, c.Index)
-			done(c.Err)
+		// Completions come in increasing index order, one for each
+		// proposal; a wait below the completion's index was skipped,
+		// which the member never does, so its outcome is unknown.
+		for mb.waits.len() > 0 && mb.waits.front().index <= c.Index {
+			w := mb.waits.pop()
+			if w.index == c.Index {
+				w.w.Committed(w.tag, c.Err)
+			} else {
+				n.log.Error("groups: a proposal was passed over by its completions", "group", g, "index", w.index)
+				w.w.Committed(w.tag, group.ErrNotMaster)
+			}
 		}
 	}
 	if isMaster := mb.m.Serving(); isMaster != mb.master.Load() {
@@ -697,9 +749,9 @@ func (n *Node) takeDurable(mb *member) {
 	if err != nil && mb.broken == nil {
 		mb.broken = fmt.Errorf("groups: journal write failed: %w", err)
 		n.log.Error("groups: group stopped on a journal failure", "group", mb.id, "err", err)
-		for idx, done := range mb.waits {
-			delete(mb.waits, idx)
-			done(mb.broken)
+		for mb.waits.len() > 0 {
+			w := mb.waits.pop()
+			w.w.Committed(w.tag, mb.broken)
 		}
 	}
 	if set && gen == mb.gen && mb.broken == nil {

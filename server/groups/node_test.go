@@ -30,8 +30,9 @@ type testBroker struct {
 	n   *Node                // the test goroutine's
 	cur atomic.Pointer[Node] // the transport's handler's
 
-	mu      sync.Mutex
-	applied []string
+	mu        sync.Mutex
+	applied   []string
+	discarded uint64 // entries applied before applied's first (discard)
 }
 
 func (b *testBroker) appliedCopy() []string {
@@ -53,6 +54,9 @@ type testCluster struct {
 	master uint32
 	set    []uint32
 	fenced map[uint32]bool // brokers the controller no longer hears (partitioned)
+	// discard makes the brokers check the order of what they apply
+	// without keeping it (benchmarks).
+	discard atomic.Bool
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -89,15 +93,19 @@ func newTestCluster(t testing.TB) *testCluster {
 func (c *testCluster) open(id uint32) {
 	b := c.brokers[id]
 	b.mu.Lock()
-	b.applied = nil // the applied state is rebuilt from the log
+	b.applied, b.discarded = nil, 0 // the applied state is rebuilt from the log
 	b.mu.Unlock()
 	n, err := OpenNode(NodeConfig{ID: id, Dir: filepath.Join(b.dir, "journal"), Fsync: journal.FsyncAlways, Transport: b.tr,
 		Groups: []uint32{testGroup}, Replicas: c.ids, LagTicks: 10, Tick: 10 * time.Millisecond, Logger: quiet(),
 		Apply: func(_ uint32, e wire.GroupEntry) {
 			b.mu.Lock()
 			defer b.mu.Unlock()
-			if uint64(len(b.applied))+1 != e.Index {
-				c.t.Errorf("broker %d applies %d after %d", id, e.Index, len(b.applied))
+			if uint64(len(b.applied))+b.discarded+1 != e.Index {
+				c.t.Errorf("broker %d applies %d after %d", id, e.Index, uint64(len(b.applied))+b.discarded)
+			}
+			if c.discard.Load() {
+				b.discarded++
+				return
 			}
 			b.applied = append(b.applied, string(e.Data))
 		},
@@ -107,7 +115,7 @@ func (c *testCluster) open(id uint32) {
 		OnStepDown: func(uint32) {
 			b.mu.Lock()
 			defer b.mu.Unlock()
-			b.applied = nil
+			b.applied, b.discarded = nil, 0
 		},
 	})
 	if err != nil {
