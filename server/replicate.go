@@ -218,7 +218,9 @@ func decodeEnqueueEvent(rd *wire.Reader) (enqueueEvent, bool) {
 	if rd.Err() != nil || rd.Remaining() != 0 {
 		return ev, false
 	}
-	ev.body = shards.NewBody(ex, key, props, payload, persistent)
+	// The body aliases the event, which the group log keeps unchanged
+	// (and the garbage collector keeps as long as the body needs it).
+	ev.body = shards.NewBodyView(ex, key, props, payload, persistent)
 	ev.body.Priority, ev.body.DeliverAt = prio, at
 	return ev, true
 }

@@ -85,7 +85,10 @@ type memory struct {
 	throttledPub atomic.Bool
 }
 
-func bodyBytes(b *Body) int64 { return int64(cap(b.buf)) + bodyHeaderBytes }
+func bodyBytes(b *Body) int64 {
+	n := len(b.Exchange) + len(b.RoutingKey) + len(b.Props) + len(b.Payload)
+	return int64(max(cap(b.buf), n)) + bodyHeaderBytes
+}
 
 func (m *memory) setLimit(limit int64) {
 	m.limit = limit

@@ -39,6 +39,24 @@ func NewBody(exchange, key, props, payload []byte, persistent bool) *Body {
 	return b
 }
 
+// NewBodyView is NewBody without the copy: the Body's parts alias the
+// arguments, which must not change while it lives (a replicated queue's
+// message aliases its event in the group log, so a member holds its bytes
+// once). The Body has no buffer of its own; it goes back to the pool like
+// any other.
+func NewBodyView(exchange, key, props, payload []byte, persistent bool) *Body {
+	b := bodyPool.Get().(*Body)
+	b.buf = nil // what the pool kept is not needed, and would be held twice
+	b.Exchange = exchange[:len(exchange):len(exchange)]
+	b.RoutingKey = key[:len(key):len(key)]
+	b.Props = props[:len(props):len(props)]
+	b.Payload = payload[:len(payload):len(payload)]
+	b.Persistent = persistent
+	b.Priority, b.DeliverAt = 0, 0
+	b.refs.Store(1)
+	return b
+}
+
 // fill copies the parts into b's buffer (growing it if too small) and gives
 // b one reference.
 func (b *Body) fill(exchange, key, props, payload []byte, persistent bool) {
