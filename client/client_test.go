@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berthmq/berth/internal/testutil"
 	"github.com/berthmq/berth/server"
 	"github.com/berthmq/berth/wire"
 )
@@ -679,7 +680,10 @@ func TestWindowBound(t *testing.T) {
 	mustDeclare(t, c, "win", QueueOptions{})
 	p.pause()
 	var completed atomic.Int64
-	for i := 0; i < window; i++ {
+	// Publishes fill their share of the window; the rest is kept for
+	// other commands.
+	pubs := window - windowReserve(window)
+	for i := 0; i < pubs; i++ {
 		if err := c.PublishAsync(ctx, "", "win", []byte{1}, PublishOptions{}, func(error) { completed.Add(1) }); err != nil {
 			t.Fatal(err)
 		}
@@ -688,8 +692,20 @@ func TestWindowBound(t *testing.T) {
 	err := c.PublishAsync(short, "", "win", []byte{1}, PublishOptions{}, nil)
 	cancel()
 	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("publish past a full window: %v", err)
+		t.Fatalf("publish past the publishes' share of the window: %v", err)
 	}
+	declared := make(chan error, window)
+	for i := pubs; i < window; i++ {
+		go func() { declared <- c.DeclareQueue(ctx, fmt.Sprint("reserve-", i), QueueOptions{}) }()
+	}
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.mu.win.inflight != window {
+			return fmt.Errorf("%d commands out; want the whole window, %d", c.mu.win.inflight, window)
+		}
+		return nil
+	})
 	short, cancel = context.WithTimeout(ctx, 50*time.Millisecond)
 	if err := c.DeclareQueue(short, "other", QueueOptions{}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("declare past a full window: %v", err)
@@ -712,8 +728,13 @@ func TestWindowBound(t *testing.T) {
 	if err := c.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := completed.Load(); n != window {
-		t.Fatalf("completed %d of %d", n, window)
+	if n := completed.Load(); n != int64(pubs) {
+		t.Fatalf("completed %d of %d", n, pubs)
+	}
+	for i := pubs; i < window; i++ {
+		if err := <-declared; err != nil {
+			t.Fatalf("declare in the window's reserve: %v", err)
+		}
 	}
 }
 

@@ -38,7 +38,10 @@ type Config struct {
 	CloseTimeout time.Duration
 	// Window is the most uncompleted commands this connection keeps
 	// (publishes count one per message). 0 means WindowDefault. It is
-	// lowered to the server's WindowMax and capped at 65536.
+	// lowered to the server's WindowMax and capped at 65536. Publishes
+	// take at most all but an eighth of it (at most 64 short), so that
+	// settles and other commands still go out while a broker holds the
+	// publishes back (a shard over its memory budget).
 	Window int
 	// WriteBufferSize is how many encoded bytes may wait for the writer
 	// goroutine before callers block; default 1 MiB.
@@ -526,7 +529,7 @@ func (c *Conn) Err() error {
 func (c *Conn) Flush(ctx context.Context) error {
 	c.mu.Lock()
 	target := c.mu.win.next
-	for c.mu.win.tail < target || c.mu.firing > 0 {
+	for c.mu.win.oldest() < target || c.mu.firing > 0 {
 		if c.mu.err != nil {
 			err := c.mu.callErr
 			c.mu.Unlock()
@@ -639,7 +642,7 @@ func (c *Conn) failForGood(l *link, err error) {
 	unknown := fmt.Errorf("%w: %w", ErrOutcomeUnknown, callErr)
 	var fired []completion
 	w := &c.mu.win
-	for id := w.tail; id < w.next; id++ {
+	for _, id := range w.outIDs(nil) {
 		if s, ok := w.take(id); ok {
 			e := callErr
 			if id < c.mu.sentBelow {
@@ -717,10 +720,11 @@ func (c *Conn) kickLocked() {
 }
 
 // reserveLocked blocks (releasing c.mu while it waits) until one more
-// command fits in the window and the write buffer has room. c.mu must be
+// command (a publish: within the publishes' share) fits in the window and
+// the write buffer has room. c.mu must be
 // held; it is held again on return. From a callback, where waiting would
 // deadlock, it returns ErrCalledFromCallback instead.
-func (c *Conn) reserveLocked(ctx context.Context) error {
+func (c *Conn) reserveLocked(ctx context.Context, publish bool) error {
 	for {
 		if c.mu.err != nil {
 			return c.mu.callErr
@@ -728,7 +732,11 @@ func (c *Conn) reserveLocked(ctx context.Context) error {
 		if c.mu.closing {
 			return ErrClosed
 		}
-		if c.mu.win.canAdd() && len(c.mu.out) < c.cfg.WriteBufferSize {
+		fits := c.mu.win.canAdd()
+		if publish {
+			fits = c.mu.win.canAddPublish()
+		}
+		if fits && len(c.mu.out) < c.cfg.WriteBufferSize {
 			return nil
 		}
 		ch := c.waitChLocked()
@@ -786,7 +794,7 @@ func (c *Conn) commandAs(ctx context.Context, spec cmdSpec, build func(b []byte,
 		return ErrCalledFromCallback
 	}
 	c.mu.Lock()
-	if err := c.reserveLocked(ctx); err != nil {
+	if err := c.reserveLocked(ctx, false); err != nil {
 		c.mu.Unlock()
 		return err
 	}
@@ -1082,14 +1090,11 @@ func (c *Conn) complete(rl wire.RangeList) {
 	w := &c.mu.win
 	for i := 0; i < rl.Len(); i++ {
 		rg := rl.At(i)
-		lo, hi := max(rg.First, w.tail), min(rg.Last, w.next-1)
-		for id := lo; id <= hi; id++ {
-			if s, ok := w.take(id); ok {
-				if cp, ok := resolve(s, nil); ok {
-					fired = append(fired, cp)
-				}
+		w.takeRange(rg.First, rg.Last, func(s slot) {
+			if cp, ok := resolve(s, nil); ok {
+				fired = append(fired, cp)
 			}
-		}
+		})
 	}
 	c.mu.firing += len(fired)
 	c.wakeLocked()

@@ -164,11 +164,11 @@ func (c *Conn) publish(ctx context.Context, exchange, key string, payload []byte
 	ttl := durationMs(opts.TTL)
 
 	c.mu.Lock()
-	if err := c.reserveLocked(ctx); err != nil {
+	if err := c.reserveLocked(ctx, true); err != nil {
 		c.mu.Unlock()
 		return err
 	}
-	id := c.mu.win.add(fn, cl, nil)
+	id := c.mu.win.addPublish(fn, cl)
 	if c.cfg.Reconnect != nil {
 		// Kept in the slot (whose buffer is reused) to be sent again if
 		// the connection breaks before the answer.

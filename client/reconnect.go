@@ -329,11 +329,8 @@ func (c *Conn) rebuildLocked() (fired []completion, lost []*Consumer, resent int
 	c.mu.pubStart, c.mu.pubCount = -1, 0
 	w := &c.mu.win
 	notSent := fmt.Errorf("%w: %w", ErrConnectionLost, c.callErrOr())
-	for id := w.tail; id < w.next; id++ {
-		sl := w.at(id)
-		if !sl.used || sl.id != id {
-			continue
-		}
+	for _, id := range w.outIDs(nil) {
+		sl := w.lookup(id)
 		var err error
 		switch sl.kind {
 		case kindPublish:
@@ -436,9 +433,9 @@ type linkWG = sync.WaitGroup
 // resendableLocked reports whether command id is out and would be sent
 // again on a new connection. c.mu is held.
 func (c *Conn) resendableLocked(id uint64) bool {
-	if c.cfg.Reconnect == nil || id < c.mu.win.tail || id >= c.mu.win.next {
+	if c.cfg.Reconnect == nil {
 		return false
 	}
-	sl := c.mu.win.at(id)
-	return sl.used && sl.id == id && (sl.kind == kindPublish || sl.kind == kindResend || sl.kind == kindSubscribe)
+	sl := c.mu.win.lookup(id)
+	return sl != nil && (sl.kind == kindPublish || sl.kind == kindResend || sl.kind == kindSubscribe)
 }

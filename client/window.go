@@ -83,6 +83,7 @@ type slot struct {
 	// resent: sent on a connection that broke, then again: a refusal
 	// now does not say the first copy was not carried out.
 	resent bool
+	pub    bool // a publish: counted in window.pubs
 }
 
 // completion is a finished command whose waiter or callback still has to be
@@ -103,29 +104,51 @@ func (c completion) fire() {
 }
 
 // window is the ring of uncompleted commands, indexed by command id. Ids
-// are handed out in order; completions come in any order. The ring is twice
-// the window so that a slow old command does not stop the session while
-// newer ones complete, yet a slot is never reused while its command is out.
+// are handed out in order; completions come in any order. The ring is
+// twice the window, so that a slow old command does not stop the session
+// while newer ones complete. When the span from the oldest command out to
+// the next id fills the ring, the oldest moves off it into old, a map
+// (at most the window's size), and the ring's tail moves on: a command
+// held out for long does not stop the ones after it, yet a slot is never
+// reused while its command is out.
+//
+// Publishes may take all but windowReserve(max) of the window: the rest
+// is kept for settles, subscribes and the other commands, so that a
+// connection whose publishes a server holds back (a shard over its
+// memory budget parks them) can still settle what its consumers took,
+// which is what frees that memory.
 type window struct {
 	slots    []slot
 	mask     uint64
-	tail     uint64 // every id below tail is completed
+	tail     uint64 // every id below tail is completed, or in old
 	next     uint64 // the next id to hand out
 	inflight int
 	max      int
+	pubs     int // publishes among inflight
+	pubMax   int
+	old      map[uint64]*slot
 }
+
+// windowReserve is how much of a window of max commands publishes leave
+// to other commands: an eighth, at most 64.
+func windowReserve(max int) int { return min(max/8, 64) }
 
 func newWindow(max int) window {
 	size := 1
 	for size < 2*max {
 		size <<= 1
 	}
-	return window{slots: make([]slot, size), mask: uint64(size - 1), tail: 1, next: 1, max: max}
+	return window{slots: make([]slot, size), mask: uint64(size - 1), tail: 1, next: 1, max: max, pubMax: max - windowReserve(max)}
 }
 
 // canAdd reports whether one more command fits.
 func (w *window) canAdd() bool {
-	return w.inflight < w.max && w.next-w.tail < uint64(len(w.slots))
+	return w.inflight < w.max && w.hasRoom()
+}
+
+// canAddPublish is canAdd for a publish.
+func (w *window) canAddPublish() bool {
+	return w.pubs < w.pubMax && w.canAdd()
 }
 
 // add hands out the next id. The caller checked canAdd.
@@ -138,16 +161,118 @@ func (w *window) add(fn func(error), cl *call, grp *group) uint64 {
 	return id
 }
 
+// addPublish is add for a publish; the caller checked canAddPublish.
+func (w *window) addPublish(fn func(error), cl *call) uint64 {
+	id := w.add(fn, cl, nil)
+	w.slots[id&w.mask].pub = true
+	w.pubs++
+	return id
+}
+
 // at is the slot of command id, which the caller knows is out.
 func (w *window) at(id uint64) *slot { return &w.slots[id&w.mask] }
 
-// hasRoom reports whether one more id can be handed out without reusing a
-// slot that is still out, whatever the window's own bound says.
-func (w *window) hasRoom() bool { return w.next-w.tail < uint64(len(w.slots)) }
+// hasRoom makes room on the ring for one more id, moving the oldest
+// command out, if the ring is full, into old. It reports false only when
+// every slot of the ring is out, which the window's bound rules out.
+func (w *window) hasRoom() bool {
+	for w.next-w.tail >= uint64(len(w.slots)) {
+		s := &w.slots[w.tail&w.mask]
+		if s.used && s.id == w.tail {
+			if len(w.old) >= w.max {
+				return false
+			}
+			if w.old == nil {
+				w.old = map[uint64]*slot{}
+			}
+			cp := *s
+			w.old[cp.id] = &cp
+			*s = slot{}
+		}
+		w.tail++
+		w.advance()
+	}
+	return true
+}
+
+// advance moves the tail past completed ids.
+func (w *window) advance() {
+	for w.tail < w.next && !w.slots[w.tail&w.mask].used {
+		w.tail++
+	}
+}
+
+// lookup is the slot of command id if it is out, else nil.
+func (w *window) lookup(id uint64) *slot {
+	if id < w.tail {
+		return w.old[id]
+	}
+	if id >= w.next {
+		return nil
+	}
+	if s := &w.slots[id&w.mask]; s.used && s.id == id {
+		return s
+	}
+	return nil
+}
+
+// outIDs appends the ids of the commands out, in increasing order.
+func (w *window) outIDs(dst []uint64) []uint64 {
+	start := len(dst)
+	for id := range w.old {
+		dst = append(dst, id)
+	}
+	slices.Sort(dst[start:])
+	for id := w.tail; id < w.next; id++ {
+		if s := &w.slots[id&w.mask]; s.used && s.id == id {
+			dst = append(dst, id)
+		}
+	}
+	return dst
+}
+
+// oldest is the lowest id out, or next when none is.
+func (w *window) oldest() uint64 {
+	lo := w.tail
+	for id := range w.old {
+		lo = min(lo, id)
+	}
+	return lo
+}
+
+// takeRange takes the commands out with ids first..last, passing each to
+// f.
+func (w *window) takeRange(first, last uint64, f func(slot)) {
+	if len(w.old) > 0 && first < w.tail {
+		for id := range w.old {
+			if id >= first && id <= last {
+				s, _ := w.take(id)
+				f(s)
+			}
+		}
+	}
+	lo, hi := max(first, w.tail), min(last, w.next-1)
+	for id := lo; id <= hi; id++ {
+		if s, ok := w.take(id); ok {
+			f(s)
+		}
+	}
+}
 
 // take removes command id and returns it; ok is false if id is not out.
 func (w *window) take(id uint64) (slot, bool) {
-	if id < w.tail || id >= w.next {
+	if id < w.tail {
+		s, ok := w.old[id]
+		if !ok {
+			return slot{}, false
+		}
+		delete(w.old, id)
+		out := *s
+		out.msg = nil
+		w.taken(&out)
+		return out, true
+	}
+	if id >= w.next {
 		return slot{}, false
 	}
 	s := &w.slots[id&w.mask]
@@ -161,11 +286,16 @@ func (w *window) take(id uint64) (slot, bool) {
 	}
 	*s = slot{msg: keep}
 	out.msg = nil
-	w.inflight--
-	for w.tail < w.next && !w.slots[w.tail&w.mask].used {
-		w.tail++
-	}
+	w.taken(&out)
+	w.advance()
 	return out, true
+}
+
+func (w *window) taken(s *slot) {
+	w.inflight--
+	if s.pub {
+		w.pubs--
+	}
 }
 
 // resolve turns a finished slot into the completion to fire, if any: a

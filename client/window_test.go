@@ -120,30 +120,37 @@ func TestWindowBoundsAndOutOfOrder(t *testing.T) {
 	if w.tail != 2 {
 		t.Fatalf("tail %d, want 2", w.tail)
 	}
-	// Id 2 stays out while many later ones cycle: the span bound must stop
-	// new ids before a slot would be reused.
-	added := 0
-	for i := 0; i < 100; i++ {
+	// Id 2 stays out while many later ones cycle, far past the ring's
+	// span: it moves off the ring and is still there to take, and no
+	// slot is handed out twice.
+	for i := 0; i < 1000; i++ {
 		if !w.canAdd() {
-			// Complete everything newer than 2.
-			for id := w.tail + 1; id < w.next; id++ {
-				w.take(id)
-			}
-			if !w.canAdd() {
-				break
-			}
+			t.Fatalf("add %d refused with %d out", i, w.inflight)
 		}
 		id := w.add(nil, nil, nil)
-		added++
-		if id-2 >= uint64(len(w.slots)) {
-			t.Fatalf("id %d would share a slot with outstanding id 2", id)
+		if s := w.lookup(2); s == nil || s.id != 2 {
+			t.Fatalf("id 2 lost after adding %d", id)
+		}
+		if _, ok := w.take(id); !ok {
+			t.Fatalf("took %d: not out", id)
 		}
 	}
-	if added == 100 {
-		t.Fatal("span bound never stopped adds while id 2 was out")
+	if len(w.old) != 2 || w.tail <= 4 {
+		t.Fatalf("old %v, tail %d: ids 2 and 4 should have moved off the ring", w.old, w.tail)
 	}
-	if s, ok := w.take(2); !ok || s.id != 2 {
-		t.Fatal("id 2 lost")
+	if got := w.outIDs(nil); !slices.Equal(got, []uint64{2, 4}) {
+		t.Fatalf("out %v; want [2 4]", got)
+	}
+	if w.oldest() != 2 {
+		t.Fatalf("oldest %d, want 2", w.oldest())
+	}
+	var taken []uint64
+	w.takeRange(1, 3, func(s slot) { taken = append(taken, s.id) })
+	if !slices.Equal(taken, []uint64{2}) || w.lookup(2) != nil {
+		t.Fatalf("takeRange(1, 3) took %v", taken)
+	}
+	if s, ok := w.take(4); !ok || s.id != 4 || w.inflight != 0 {
+		t.Fatalf("id 4: %v %v, %d out", s.id, ok, w.inflight)
 	}
 }
 
@@ -166,3 +173,37 @@ func TestGroupResolve(t *testing.T) {
 }
 
 func rng(first, last uint64) wire.Range { return wire.Range{First: first, Last: last} }
+
+// TestWindowKeepsRoomForSettles: publishes stop at their share of the
+// window while other commands still fit, and a publish held out for long
+// (moved off the ring) keeps its slot.
+func TestWindowKeepsRoomForSettles(t *testing.T) {
+	w := newWindow(64)
+	pubs := 0
+	for w.canAddPublish() {
+		w.addPublish(nil, nil)
+		pubs++
+	}
+	if pubs != 64-windowReserve(64) || windowReserve(64) != 8 {
+		t.Fatalf("%d publishes fit in a window of 64; want %d", pubs, 64-windowReserve(64))
+	}
+	// Settles cycle behind the held publishes, well past twice the window.
+	for i := range 10000 {
+		if !w.canAdd() {
+			t.Fatalf("settle %d does not fit behind %d held publishes", i, pubs)
+		}
+		id := w.add(nil, nil, nil)
+		if _, ok := w.take(id); !ok {
+			t.Fatalf("settle %d lost", id)
+		}
+	}
+	for id := uint64(1); id <= uint64(pubs); id++ {
+		s, ok := w.take(id)
+		if !ok || !s.pub {
+			t.Fatalf("publish %d lost after it moved off the ring", id)
+		}
+	}
+	if w.pubs != 0 || w.inflight != 0 || !w.canAddPublish() {
+		t.Fatalf("after all completed: %d publishes, %d commands out", w.pubs, w.inflight)
+	}
+}

@@ -18,10 +18,13 @@ type connState struct {
 	s   *Server
 	t   transport
 	tls bool // served by the TLS listener
-	// ahead holds the offsets, from the parked publish frame at the head
-	// of the inbound bytes, of the frames behind it already handled
-	// (handler.aheadOfParked); the main loop skips them.
-	ahead []int
+	// ahead holds the offsets, from the head of the inbound bytes (a
+	// parked publish frame), of the frames behind it already handled
+	// (handler.aheadOfParked), in increasing order; the main loop skips
+	// them. aheadEnd is where the scan for them stopped (0: nothing
+	// scanned yet).
+	ahead    []int
+	aheadEnd int
 	// peerCerts are the verified client certificates of a TLS connection
 	// (mutual TLS), for EXTERNAL; set before the first frame.
 	peerCerts []*x509.Certificate

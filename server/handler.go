@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"math"
-	"slices"
 	"sync"
 	"time"
 
@@ -241,6 +240,7 @@ func (h *handler) traffic(cs *connState, buf []byte) (consumed int, action gnet.
 		consumed += n
 		cs.resume = 0
 	}
+	cs.rebaseAhead(consumed)
 	if stalled && action == gnet.None && h.parked(cs) {
 		action = h.aheadOfParked(cs, buf[consumed:], maxFrame)
 	}
@@ -251,8 +251,9 @@ func (h *handler) traffic(cs *connState, buf []byte) (consumed int, action gnet.
 	return consumed, action, stalled
 }
 
-// aheadMax bounds the frames handled behind a parked publish.
-const aheadMax = 1024
+// aheadMax bounds the frames handled behind a parked publish (and the
+// offsets kept of them: 8 bytes each).
+const aheadMax = 1 << 14
 
 // aheadOfParked handles, while cs is parked at the publish frame at the
 // head of buf (its shard is over the memory budget), the frames behind it
@@ -261,18 +262,20 @@ const aheadMax = 1024
 // drain it; without this it waited for itself until it closed. It passes
 // over publishes, which wait their turn, and stops at any other frame (a
 // subscribe, a cancel, a declare: later frames may depend on it); the
-// main loop skips what it handled once the publishes go through.
+// main loop skips what it handled once the publishes go through. Each
+// call scans on from where the last one stopped.
 func (h *handler) aheadOfParked(cs *connState, buf []byte, maxFrame uint32) gnet.Action {
 	_, _, off, err := wire.Next(buf, maxFrame)
 	if err != nil || off == 0 {
 		return gnet.None
 	}
+	off = max(off, cs.aheadEnd)
 	for len(cs.ahead) < aheadMax && !cs.closing.Load() {
 		hd, body, n, err := wire.Next(buf[off:], maxFrame)
 		if err != nil || n == 0 {
 			return gnet.None // the main loop reports a bad frame in turn
 		}
-		if hd.Type != wire.TypePublish && !slices.Contains(cs.ahead, off) {
+		if hd.Type != wire.TypePublish {
 			if !aheadSafe(hd, body) {
 				return gnet.None
 			}
@@ -289,6 +292,7 @@ func (h *handler) aheadOfParked(cs *connState, buf []byte, maxFrame uint32) gnet
 			cs.ahead = append(cs.ahead, off)
 		}
 		off += n
+		cs.aheadEnd = off
 	}
 	return gnet.None
 }
@@ -308,14 +312,36 @@ func aheadSafe(hd wire.Header, body []byte) bool {
 }
 
 // skipAhead reports whether the frame at off was handled ahead of a
-// parked publish, and forgets it.
+// parked publish, and forgets it. The main loop asks in increasing
+// order of off.
 func (cs *connState) skipAhead(off int) bool {
-	i := slices.Index(cs.ahead, off)
-	if i < 0 {
+	for len(cs.ahead) > 0 && cs.ahead[0] < off {
+		cs.ahead = cs.ahead[1:] // not at a frame boundary of these bytes: cannot be
+	}
+	if len(cs.ahead) == 0 || cs.ahead[0] != off {
 		return false
 	}
-	cs.ahead = slices.Delete(cs.ahead, i, i+1)
+	cs.ahead = cs.ahead[1:]
+	if len(cs.ahead) == 0 {
+		cs.ahead = nil
+	}
 	return true
+}
+
+// rebaseAhead makes the offsets of frames handled ahead relative to the
+// inbound bytes left once the first consumed are discarded.
+func (cs *connState) rebaseAhead(consumed int) {
+	if consumed == 0 || (len(cs.ahead) == 0 && cs.aheadEnd == 0) {
+		return
+	}
+	keep := cs.ahead[:0]
+	for _, off := range cs.ahead {
+		if off >= consumed {
+			keep = append(keep, off-consumed)
+		}
+	}
+	cs.ahead = keep
+	cs.aheadEnd = max(cs.aheadEnd-consumed, 0)
 }
 
 func (h *handler) writeOut(cs *connState) {

@@ -22,7 +22,19 @@ import (
 // be handled, so the consumer drains the queue, the shard lets the
 // publisher in again, and every publish completes. Before, the
 // connection was not read at all while parked, and waited for itself.
+//
+// With an explicit-ack consumer, its settles are commands: they fit in
+// the share of the client's window that publishes leave free, and are
+// handled behind the parked publishes like the credit. Before that share
+// was kept, the parked publishes held the whole window and the consumer
+// could not settle what it took.
 func TestParkedPublisherStillConsumes(t *testing.T) {
+	for _, mode := range []client.AckMode{client.AckNone, client.AckExplicit} {
+		t.Run(fmt.Sprintf("ack=%v", mode), func(t *testing.T) { testParkedPublisherStillConsumes(t, mode) })
+	}
+}
+
+func testParkedPublisherStillConsumes(t *testing.T, mode client.AckMode) {
 	const payloadSize = 1024
 	dir := t.TempDir()
 	addr, admin := testutil.FreeAddr(t), testutil.FreeAddr(t)
@@ -41,7 +53,7 @@ func TestParkedPublisherStillConsumes(t *testing.T) {
 	if err := conn.DeclareQueue(ctx, "parked", client.QueueOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	sub, err := conn.Subscribe(ctx, "parked", client.SubscribeOptions{Credit: 0, AutoCredit: true, AckMode: client.AckNone})
+	sub, err := conn.Subscribe(ctx, "parked", client.SubscribeOptions{Credit: 0, AutoCredit: true, AckMode: mode})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,11 +92,10 @@ func TestParkedPublisherStillConsumes(t *testing.T) {
 		return nil
 	})
 	close(stopPub)
-	// The publisher stops at its window of uncompleted publishes; the
-	// credit goes out behind them, and AutoCredit gives more back as the
-	// messages arrive. (An explicit-ack consumer on this connection would
-	// wait for window room its parked publishes hold: settles are
-	// commands.)
+	// The publisher stops at its share of the window of uncompleted
+	// commands; the credit goes out behind them, and AutoCredit gives
+	// more back as the messages arrive (with AckExplicit, as they are
+	// settled).
 	granted, err := sub.Credit(10_000)
 	if err != nil {
 		t.Fatal(err)
