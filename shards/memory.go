@@ -137,7 +137,11 @@ func (s *Shard) admit(q *Queue) {
 	}
 	s.charge(cost)
 	m := &s.mem
-	if m.used <= m.high || e.Body == nil {
+	if m.used <= m.high || e.Body == nil || q.replicated {
+		// A replicated message's body aliases its event in the group
+		// log, which keeps the bytes whatever the shard does: paging it
+		// out would write it for nothing and uncount bytes still held.
+		// It stays counted, so the budget throttles its publishers.
 		return
 	}
 	// A delayed message is not among the next to go out, whatever its
