@@ -1144,7 +1144,13 @@ var readersInCallbacks atomic.Int32
 // has below it on its stack. readLoop is never inlined (it is far too big,
 // and a goroutine's start), so its frame is always there; functions
 // inlined into it report its entry too.
-var readLoopEntry = runtime.FuncForPC(reflect.ValueOf((*Conn).readLoop).Pointer()).Entry()
+// It is set in init, not by its declaration: readLoop's calls lead back
+// to calledFromCallback, which reads it.
+var readLoopEntry uintptr
+
+func init() {
+	readLoopEntry = runtime.FuncForPC(reflect.ValueOf((*Conn).readLoop).Pointer()).Entry()
+}
 
 // calledFromCallback reports whether the calling goroutine is a Conn's
 // reader, which is only ever running user code inside a callback (a done

@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/berthmq/berth/wire"
 )
@@ -59,8 +62,11 @@ type Delivery struct {
 // Consumer receives the messages of one subscription. Its methods are safe
 // for concurrent use.
 type Consumer struct {
-	c          *Conn
-	id         uint32
+	c *Conn
+	// idv is the consumer id on the wire. A SUBSCRIBE sent again on the
+	// same connection after a refusal takes a new one (a session never
+	// reuses an id), so it is read with ID().
+	idv        atomic.Uint32
 	queue      string
 	ackMode    AckMode
 	autoCredit bool
@@ -87,6 +93,14 @@ type Consumer struct {
 		subscribed, cancelling bool
 		tagBase, maxTag        uint64
 		creditGen              uint64
+		// retrying: a SUBSCRIBE sent again was refused as unavailable
+		// (its group has no master yet, or this broker does not know it
+		// yet), and a timer sends it again; a reconnect meanwhile leaves
+		// it to the timer. retries counts those refusals in a row since
+		// retryStart.
+		retrying   bool
+		retries    int
+		retryStart time.Time
 	}
 }
 
@@ -95,8 +109,38 @@ type Consumer struct {
 // does not exist, not-allowed if it is another session's exclusive queue
 // or already has an exclusive consumer. If ctx ends first it returns
 // ctx.Err() and the subscription, if the server made it, is cancelled in
-// the background.
+// the background. A reconnecting Conn (Config.Reconnect) subscribes again
+// while the broker answers unavailable (a replicated queue's group is
+// electing a master, or the broker has not learned the new one yet),
+// waiting as between reconnect rounds and within the policy's bounds; a
+// consumer subscribed again after a reconnect does the same.
 func (c *Conn) Subscribe(ctx context.Context, queue string, opts SubscribeOptions) (*Consumer, error) {
+	s, err := c.subscribe(ctx, queue, opts)
+	p := c.cfg.Reconnect
+	if p == nil {
+		return s, err
+	}
+	// A reconnecting Conn tries again while the broker answers
+	// unavailable (the queue's group is electing a master, or this broker
+	// does not know the new one yet), within the policy's bounds and ctx.
+	start := time.Now()
+	for n := 1; Code(err) == wire.CodeUnavailable; n++ {
+		if (p.MaxAttempts > 0 && n > p.MaxAttempts) || (p.MaxTime > 0 && time.Since(start) > p.MaxTime) {
+			break
+		}
+		t := time.NewTimer(backoff(p, n, rand.Float64()))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+		s, err = c.subscribe(ctx, queue, opts)
+	}
+	return s, err
+}
+
+func (c *Conn) subscribe(ctx context.Context, queue string, opts SubscribeOptions) (*Consumer, error) {
 	if err := checkName("queue", queue); err != nil {
 		return nil, err
 	}
@@ -120,13 +164,13 @@ func (c *Conn) Subscribe(ctx context.Context, queue string, opts SubscribeOption
 		return nil, fmt.Errorf("%w: consumer ids exhausted on this connection", ErrInvalid)
 	}
 	c.mu.nextCons++
-	s.id = c.mu.nextCons
+	s.idv.Store(c.mu.nextCons)
 	// Registered before SUBSCRIBE goes out: deliveries may precede its
 	// completion.
-	c.mu.consumers[s.id] = s
+	c.mu.consumers[s.ID()] = s
 	c.mu.Unlock()
 
-	d := wire.Subscribe{ConsumerID: s.id, Queue: []byte(queue), Credit: credit, AckMode: uint8(opts.AckMode)}
+	d := wire.Subscribe{ConsumerID: s.ID(), Queue: []byte(queue), Credit: credit, AckMode: uint8(opts.AckMode)}
 	if opts.Exclusive {
 		d.Flags |= wire.SubscribeExclusive
 	}
@@ -137,7 +181,7 @@ func (c *Conn) Subscribe(ctx context.Context, queue string, opts SubscribeOption
 	}, s.resubscribed, cl, nil)
 	if err != nil {
 		putCall(cl)
-		c.forget(s.id)
+		c.forget(s.ID())
 		return nil, err
 	}
 	if err := c.wait(ctx, cl); err != nil {
@@ -151,7 +195,7 @@ func (c *Conn) Subscribe(ctx context.Context, queue string, opts SubscribeOption
 			// SUBSCRIBE, the consumer is being undone.
 			return nil, ctx.Err()
 		}
-		c.forget(s.id)
+		c.forget(s.ID())
 		return nil, err
 	}
 	return s, nil
@@ -165,10 +209,80 @@ func (s *Consumer) resubscribed(err error) {
 	again := s.mu.subscribed
 	if err == nil {
 		s.mu.subscribed = true
+		s.mu.retrying, s.mu.retries = false, 0
+	}
+	var wait time.Duration
+	if err != nil && again && !s.mu.cancelling {
+		wait = s.retryWaitLocked(err)
 	}
 	s.mu.Unlock()
+	if wait > 0 {
+		time.AfterFunc(wait, s.subscribeAgain)
+		return
+	}
 	if err != nil && again {
-		s.c.forget(s.id)
+		s.c.forget(s.ID())
+		s.fail(err)
+	}
+}
+
+// retryWaitLocked is how long to wait before subscribing again after a
+// SUBSCRIBE sent again was refused with err, or 0 not to: only a
+// reconnecting Conn tries again, only after unavailable (the broker
+// reconnected to does not know the group's new master yet), and within
+// the policy's bounds. s.mu is held.
+func (s *Consumer) retryWaitLocked(err error) time.Duration {
+	p := s.c.cfg.Reconnect
+	if p == nil || Code(err) != wire.CodeUnavailable {
+		return 0
+	}
+	if s.mu.retries == 0 {
+		s.mu.retryStart = time.Now()
+	}
+	s.mu.retries++
+	if (p.MaxAttempts > 0 && s.mu.retries > p.MaxAttempts) || (p.MaxTime > 0 && time.Since(s.mu.retryStart) > p.MaxTime) {
+		return 0
+	}
+	s.mu.retrying = true
+	return backoff(p, s.mu.retries, rand.Float64())
+}
+
+// subscribeAgain sends s's SUBSCRIBE again after an unavailable refusal,
+// on whatever connection the Conn has by then.
+func (s *Consumer) subscribeAgain() {
+	s.mu.Lock()
+	ok := s.mu.retrying && !s.mu.cancelling && !s.mu.cancelled
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	c := s.c
+	ctx, cancel := context.WithTimeout(context.Background(), max(c.cfg.Reconnect.MaxTime, reconnectTimeDefault))
+	defer cancel()
+	// A new consumer id: the refused one may count as used in the
+	// session (ids are never reused in one).
+	c.mu.Lock()
+	err := c.mu.err
+	if err == nil && c.mu.nextCons == ^uint32(0) {
+		err = fmt.Errorf("%w: consumer ids exhausted on this connection", ErrInvalid)
+	}
+	if err == nil {
+		delete(c.mu.consumers, s.ID())
+		c.mu.nextCons++
+		s.idv.Store(c.mu.nextCons)
+		c.mu.consumers[s.ID()] = s
+	}
+	c.mu.Unlock()
+	if err == nil {
+		err = c.commandAs(ctx, cmdSpec{kind: kindSubscribe, cons: s}, func(b []byte, id uint64) []byte {
+			return s.appendSubscribe(b, c.version, id)
+		}, s.resubscribed, nil, nil)
+	}
+	if err != nil {
+		s.mu.Lock()
+		s.mu.retrying = false
+		s.mu.Unlock()
+		c.forget(s.ID())
 		s.fail(err)
 	}
 }
@@ -178,7 +292,7 @@ func (s *Consumer) resubscribed(err error) {
 func (s *Consumer) resubscribe() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.mu.subscribed && !s.mu.cancelling && !s.mu.cancelled
+	return s.mu.subscribed && !s.mu.cancelling && !s.mu.cancelled && !s.mu.retrying
 }
 
 // appendSubscribe encodes the SUBSCRIBE that (re)creates s on a new
@@ -188,7 +302,7 @@ func (s *Consumer) appendSubscribe(b []byte, v wire.Version, id uint64) []byte {
 	s.mu.creditGen++
 	credit := s.mu.credit
 	s.mu.Unlock()
-	d := wire.Subscribe{CommandID: id, ConsumerID: s.id, Queue: []byte(s.queue), Credit: credit, AckMode: uint8(s.ackMode)}
+	d := wire.Subscribe{CommandID: id, ConsumerID: s.ID(), Queue: []byte(s.queue), Credit: credit, AckMode: uint8(s.ackMode)}
 	if s.exclusive {
 		d.Flags |= wire.SubscribeExclusive
 	}
@@ -225,7 +339,7 @@ func (c *Conn) forget(id uint32) {
 }
 
 // ID is the consumer id on the wire.
-func (s *Consumer) ID() uint32 { return s.id }
+func (s *Consumer) ID() uint32 { return s.idv.Load() }
 
 // Queue is the queue this consumer reads.
 func (s *Consumer) Queue() string { return s.queue }
@@ -353,7 +467,7 @@ func (s *Consumer) appendCredit(b []byte, n uint32, gen uint64) []byte {
 	if stale {
 		return b
 	}
-	return wire.AppendCredit(b, s.c.version, s.id, n)
+	return wire.AppendCredit(b, s.c.version, s.ID(), n)
 }
 
 // Credit lets the server send n more messages. It does not block and has
@@ -397,7 +511,7 @@ func (s *Consumer) Cancel(ctx context.Context) error {
 	s.mu.cancelling = true
 	s.mu.Unlock()
 	err := c.roundTrip(ctx, cmdSpec{kind: kindCancel}, func(b []byte, id uint64) []byte {
-		return wire.AppendCancel(b, c.version, id, s.id)
+		return wire.AppendCancel(b, c.version, id, s.ID())
 	})
 	if err != nil {
 		if !errors.Is(err, ErrOutcomeUnknown) {
@@ -407,7 +521,7 @@ func (s *Consumer) Cancel(ctx context.Context) error {
 		}
 		return err
 	}
-	c.forget(s.id)
+	c.forget(s.ID())
 	s.mu.Lock()
 	s.mu.cancelled = true
 	s.wakeLocked()
@@ -450,7 +564,7 @@ func (s *Consumer) push(ds []Delivery) error {
 		return nil
 	}
 	if uint64(len(ds)) > uint64(s.mu.credit) {
-		return fmt.Errorf("consumer %d got %d messages with %d credit", s.id, len(ds), s.mu.credit)
+		return fmt.Errorf("consumer %d got %d messages with %d credit", s.ID(), len(ds), s.mu.credit)
 	}
 	s.mu.credit -= uint32(len(ds))
 	if base := s.mu.tagBase; base > 0 {
@@ -662,7 +776,7 @@ func (s *Consumer) settle(ctx context.Context, t wire.Type, tags []uint64, done 
 	for i := 0; i < chunks; i++ {
 		part := ranges[i*per : min(len(ranges), (i+1)*per)]
 		build := func(b []byte, id uint64) []byte {
-			return wire.AppendSettle(b, c.version, t, id, s.id, part)
+			return wire.AppendSettle(b, c.version, t, id, s.ID(), part)
 		}
 		var err error
 		if grp != nil {

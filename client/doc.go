@@ -92,7 +92,11 @@
 //     of up to 16 KiB for its next command).
 //   - each consumer is subscribed again (same Consumer value, same
 //     options) with the credit the server owed it; deliveries keep
-//     increasing tags.
+//     increasing tags. A SUBSCRIBE refused as unavailable (a replicated
+//     queue whose group is still electing its master, or a broker that
+//     has not learned the new master yet) is sent again after a wait
+//     that grows as between reconnect rounds, until the policy's bounds
+//     run out; then the consumer ends with that error.
 //   - a Cancel that had no answer is done (the consumer is not
 //     subscribed again); a Purge or Delete fails with ErrConnectionLost
 //     (with ErrOutcomeUnknown if it was sent).

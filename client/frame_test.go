@@ -97,7 +97,8 @@ func TestHandleFrameCompletionsAndErrors(t *testing.T) {
 		t.Fatalf("window inflight %d tail %d", c.mu.win.inflight, c.mu.win.tail)
 	}
 	// Delivering beyond credit is a protocol violation.
-	s := &Consumer{c: c, id: 1}
+	s := &Consumer{c: c}
+	s.idv.Store(1)
 	s.mu.credit = 1
 	c.mu.consumers[1] = s
 	b, st := wire.AppendDeliverStart(nil, wire.Current, 1, 2)

@@ -329,6 +329,7 @@ func (c *Conn) rebuildLocked() (fired []completion, lost []*Consumer, resent int
 	c.mu.pubStart, c.mu.pubCount = -1, 0
 	w := &c.mu.win
 	notSent := fmt.Errorf("%w: %w", ErrConnectionLost, c.callErrOr())
+	var pending []*Consumer // SUBSCRIBEs sent again from the window
 	for _, id := range w.outIDs(nil) {
 		sl := w.lookup(id)
 		var err error
@@ -348,6 +349,7 @@ func (c *Conn) rebuildLocked() (fired []completion, lost []*Consumer, resent int
 			c.sealPublishLocked()
 			c.mu.out = sl.cons.appendSubscribe(c.mu.out, c.version, id)
 			resent++
+			pending = append(pending, sl.cons)
 			continue
 		case kindCancel:
 			err = nil
@@ -366,14 +368,17 @@ func (c *Conn) rebuildLocked() (fired []completion, lost []*Consumer, resent int
 	}
 	cons := make([]*Consumer, 0, len(c.mu.consumers))
 	for _, s := range c.mu.consumers {
-		if s.resubscribe() {
+		// One whose SUBSCRIBE was out at the break (itself sent again
+		// after an earlier break) was just sent again above: a second
+		// would reuse its id.
+		if s.resubscribe() && !slices.Contains(pending, s) {
 			cons = append(cons, s)
 		}
 	}
-	slices.SortFunc(cons, func(a, b *Consumer) int { return int(a.id) - int(b.id) })
+	slices.SortFunc(cons, func(a, b *Consumer) int { return int(a.ID()) - int(b.ID()) })
 	for _, s := range cons {
 		if !w.hasRoom() {
-			delete(c.mu.consumers, s.id)
+			delete(c.mu.consumers, s.ID())
 			lost = append(lost, s)
 			continue
 		}
