@@ -183,7 +183,7 @@ func TestBrokerDeathElectsNewMasters(t *testing.T) {
 }
 
 func TestHeartbeatShardsExpireIncrementally(t *testing.T) {
-	h := newHeartbeats(time.Second)
+	h := newHeartbeats(time.Second, 0)
 	t0 := time.Unix(1000, 0)
 	var wg sync.WaitGroup
 	for b := uint32(1); b <= 64; b++ {
@@ -222,7 +222,7 @@ func TestHeartbeatShardsExpireIncrementally(t *testing.T) {
 // one scan) is still reported dead once, so the groups it mastered get a
 // new epoch; then it is alive again.
 func TestRestartedBrokerCountedDeadOnce(t *testing.T) {
-	h := newHeartbeats(time.Minute)
+	h := newHeartbeats(time.Minute, 0)
 	t0 := time.Unix(1000, 0)
 	ends := []ctlapi.GroupLogEnd{{Group: 1, LogEnd: ctlapi.LogEnd{Epoch: 2, Index: 7}}}
 	h.beatOn(3, ends, t0, 10)
@@ -310,5 +310,115 @@ func TestBrokerDisconnectElectsWithoutTimeout(t *testing.T) {
 	})
 	if d := time.Since(start); d > 15*time.Second {
 		t.Fatalf("took %v: the disconnect did not count", d)
+	}
+}
+
+// TestNewLeaderGrace: a new leader counts dead, after the grace and not
+// after the whole broker timeout, a broker that has not heartbeated to it;
+// a broker that has keeps the full timeout.
+func TestNewLeaderGrace(t *testing.T) {
+	h := newHeartbeats(time.Minute, 100*time.Millisecond)
+	t0 := time.Unix(1000, 0)
+	h.becomeLeader([]ctlapi.Broker{{ID: 1}, {ID: 2}, {ID: 3}}, t0)
+	ends := []ctlapi.GroupLogEnd{{Group: 0, LogEnd: ctlapi.LogEnd{Epoch: 1, Index: 4}}}
+	h.beatOn(1, ends, t0.Add(10*time.Millisecond), 7)
+	h.beatOn(3, ends, t0.Add(90*time.Millisecond), 8)
+	if dead := h.expired(t0.Add(99 * time.Millisecond)); len(dead) != 0 {
+		t.Fatalf("dead within the grace: %v", dead)
+	}
+	if c := h.candidate(2, 0, t0.Add(50*time.Millisecond)); c.Alive {
+		t.Fatalf("a broker not heard by this leader is a candidate: %+v", c)
+	}
+	if dead := h.expired(t0.Add(101 * time.Millisecond)); !slices.Equal(dead, []uint32{2}) {
+		t.Fatalf("expired %v after the grace, want [2]", dead)
+	}
+	if dead := h.expired(t0.Add(59 * time.Second)); len(dead) != 0 {
+		t.Fatalf("brokers that heartbeated expired before their timeout: %v", dead)
+	}
+	// The silent broker comes back: alive again, on the full timeout.
+	h.beatOn(2, ends, t0.Add(time.Second), 9)
+	if c := h.candidate(2, 0, t0.Add(30*time.Second)); !c.Alive {
+		t.Fatalf("a broker heartbeating after the grace is not alive: %+v", c)
+	}
+	// Grace 0 or past the timeout means the timeout.
+	if g := newHeartbeats(time.Second, 0).grace; g != time.Second {
+		t.Fatalf("grace %v", g)
+	}
+	if g := newHeartbeats(time.Second, time.Hour).grace; g != time.Second {
+		t.Fatalf("grace %v", g)
+	}
+}
+
+// TestLeaderDeathWithMasterElectsWithinGrace: the controller leader stops
+// together with a broker that masters every group (one process held both).
+// The new leader never saw that broker's connection close, and the broker
+// timeout is a minute: the groups move because the broker did not
+// heartbeat to the new leader within its grace. The other brokers, which
+// heartbeat on, keep being candidates and win.
+func TestLeaderDeathWithMasterElectsWithinGrace(t *testing.T) {
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		cfg.BrokerTimeout = time.Minute
+		cfg.LeaderGrace = 500 * time.Millisecond
+	})
+	old := c.leader()
+	admin := ctlclient.NewClient(c.addrList())
+	defer admin.Close()
+	const groups = 8
+	setupBrokers(t, admin, 3, groups)
+	clients := map[uint32]*ctlclient.Client{}
+	var hbs []*heartbeater
+	for b := uint32(1); b <= 3; b++ {
+		clients[b] = ctlclient.NewClient(c.addrList())
+		hbs = append(hbs, startHeartbeats(clients[b], b, groups, 5, 50*time.Millisecond))
+	}
+	defer func() {
+		for _, h := range hbs[1:] {
+			h.halt()
+		}
+		clients[2].Close()
+		clients[3].Close()
+	}()
+	ids := []uint32{0, 1, 2, 3, 4, 5, 6, 7}
+	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		l := c.leader()
+		for b := uint32(1); b <= 3; b++ {
+			if !l.hb.candidate(b, 0, time.Now()).Alive {
+				return fmt.Errorf("broker %d not seen yet", b)
+			}
+		}
+		return nil
+	})
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if _, err := admin.ElectMaster(ctxT(t, 5*time.Second), ids, 1); err != nil {
+			return err
+		}
+		for _, g := range allGroups(t, admin, ctlapi.ReadConsistent) {
+			if g.Master != 1 || len(g.SyncStateSet) != 3 {
+				return fmt.Errorf("group %+v", g)
+			}
+		}
+		return nil
+	})
+	// Broker 1 and the controller leader die at once.
+	hbs[0].halt()
+	clients[1].Close()
+	c.stop(old.ID())
+	start := time.Now()
+	checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		for _, g := range allGroups(t, admin, ctlapi.ReadConsistent) {
+			if g.Master == 1 || g.Master == 0 {
+				return fmt.Errorf("group %d master %d epoch %d", g.ID, g.Master, g.Epoch)
+			}
+		}
+		return nil
+	})
+	t.Logf("groups moved %v after the leader stopped", time.Since(start).Round(time.Millisecond))
+	// Brokers 2 and 3 heartbeated to the new leader through it all: the
+	// grace did not count them dead.
+	l := c.leader()
+	for b := uint32(2); b <= 3; b++ {
+		if cd := l.hb.candidate(b, 0, time.Now()); !cd.Alive {
+			t.Fatalf("broker %d, heartbeating, is not alive at the new leader: %+v", b, cd)
+		}
 	}
 }
