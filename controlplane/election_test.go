@@ -3,7 +3,9 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"math/rand"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -419,6 +421,119 @@ func TestLeaderDeathWithMasterElectsWithinGrace(t *testing.T) {
 	for b := uint32(2); b <= 3; b++ {
 		if cd := l.hb.candidate(b, 0, time.Now()); !cd.Alive {
 			t.Fatalf("broker %d, heartbeating, is not alive at the new leader: %+v", b, cd)
+		}
+	}
+}
+
+// TestHeartbeatsSimulation drives the failure detector through seeded
+// schedules of leader changes, heartbeats (over changing connections),
+// dropped connections and scans, with a shuffled clock, and checks it
+// against what the leader has seen in its term:
+//   - nobody is reported dead who heartbeated within the timeout before the
+//     scan, over a connection that has not dropped since (no false death),
+//     or who was not heard in this term yet but the term is younger than
+//     the grace;
+//   - whoever was not heard in the term is reported once the grace passed,
+//     whoever heartbeated once the timeout passed since, whoever's
+//     connection dropped at the next scan (no death missed);
+//   - nobody is reported twice without a heartbeat in between.
+func TestHeartbeatsSimulation(t *testing.T) {
+	const brokers = 6
+	schedules := 2000
+	if testing.Short() {
+		schedules = 200
+	}
+	type seen struct {
+		heard    bool      // heartbeated in this term
+		last     time.Time // its last heartbeat in this term
+		conn     uint64
+		dropped  bool // its heartbeat connection dropped since it was last reported
+		dropAt   time.Time
+		reported bool // reported dead since its last heartbeat (or the term start)
+	}
+	for seed := int64(1); seed <= int64(schedules); seed++ {
+		r := rand.New(rand.NewSource(seed))
+		timeout := time.Duration(200+r.Intn(800)) * time.Millisecond
+		grace := time.Duration(10+r.Intn(int(timeout/time.Millisecond))) * time.Millisecond
+		h := newHeartbeats(timeout, grace)
+		grace = min(grace, timeout) // as newHeartbeats takes it
+		now := time.Unix(1000, 0)
+		var term time.Time
+		leader := false
+		var model [brokers + 1]seen
+		ends := []ctlapi.GroupLogEnd{{Group: 0, LogEnd: ctlapi.LogEnd{Epoch: 1, Index: 1}}}
+		nextConn := uint64(1)
+		var trace []string
+		for step := 0; step < 200; step++ {
+			now = now.Add(time.Duration(r.Intn(int(grace/time.Millisecond)+1)) * time.Millisecond)
+			b := uint32(1 + r.Intn(brokers))
+			switch k := r.Intn(20); {
+			case k == 0 || !leader:
+				var all []ctlapi.Broker
+				for id := uint32(1); id <= brokers; id++ {
+					all = append(all, ctlapi.Broker{ID: id})
+				}
+				h.becomeLeader(all, now)
+				trace = append(trace, fmt.Sprintf("%d leader", step))
+				term, leader = now, true
+				for id := range model {
+					model[id] = seen{}
+				}
+			case k <= 9:
+				if r.Intn(4) == 0 {
+					nextConn++
+					model[b].conn = nextConn
+				} else if model[b].conn == 0 {
+					nextConn++
+					model[b].conn = nextConn
+				}
+				h.beatOn(b, ends, now, model[b].conn)
+				trace = append(trace, fmt.Sprintf("%d beat %d conn %d", step, b, model[b].conn))
+				if !model[b].dropped {
+					model[b].reported = false
+				}
+				model[b].heard, model[b].last = true, now
+			case k <= 11:
+				if model[b].heard && model[b].conn != 0 {
+					h.disconnected(model[b].conn, []uint32{b}, now)
+					trace = append(trace, fmt.Sprintf("%d drop %d conn %d", step, b, model[b].conn))
+					if !model[b].reported {
+						// (A connection closes once; a repeated close
+						// here moves the deadline to the last.)
+						model[b].dropped, model[b].dropAt = true, now
+					}
+				}
+			default:
+				dead := h.expired(now)
+				trace = append(trace, fmt.Sprintf("%d scan %v", step, dead))
+				for id := uint32(1); id <= brokers; id++ {
+					m := &model[id]
+					got := slices.Contains(dead, id)
+					var due bool
+					switch {
+					case m.reported:
+						if got {
+							t.Fatalf("seed %d step %d: broker %d reported dead twice without a heartbeat in between", seed, step, id)
+						}
+						continue
+					case m.dropped:
+						// Due at the first scan after the drop.
+						due = m.dropAt.Before(now)
+					case m.heard:
+						due = m.last.Add(timeout).Before(now)
+					default:
+						due = term.Add(grace).Before(now)
+					}
+					if got != due {
+						t.Log(strings.Join(trace, "\n"))
+						t.Fatalf("seed %d step %d: broker %d reported dead %v, want %v (heard %v last %v dropped %v, term %v, now %v, timeout %v grace %v)",
+							seed, step, id, got, due, m.heard, m.last.Sub(term), m.dropped, term.Sub(time.Unix(1000, 0)), now.Sub(term), timeout, grace)
+					}
+					if got {
+						m.reported, m.dropped = true, false
+					}
+				}
+			}
 		}
 	}
 }
