@@ -38,6 +38,13 @@ func startReplicated(t testing.TB, ctx context.Context, groups uint32) *rcluster
 // a controller member) and replicas brokers per group (0: the default).
 func startReplicatedN(t testing.TB, ctx context.Context, groups uint32, brokers int, replicas uint32) *rcluster {
 	t.Helper()
+	return startReplicatedWith(t, ctx, groups, brokers, replicas)
+}
+
+// startReplicatedWith is startReplicatedN with more berthd flags for every
+// broker (a later flag overrides an earlier one).
+func startReplicatedWith(t testing.TB, ctx context.Context, groups uint32, brokers int, replicas uint32, extra ...string) *rcluster {
+	t.Helper()
 	c := &rcluster{t: t, ctx: ctx, admins: map[*node]string{}}
 	roles := make([]string, brokers)
 	for i := range roles {
@@ -45,7 +52,7 @@ func startReplicatedN(t testing.TB, ctx context.Context, groups uint32, brokers 
 	}
 	c.nodes = startGroupEach(t, func(_ int, n *node) []string {
 		c.admins[n] = testutil.FreeAddr(t)
-		return []string{"-peer", testutil.FreeAddr(t), "-controller-heartbeat-ms", "200", "-admin", c.admins[n]}
+		return append([]string{"-peer", testutil.FreeAddr(t), "-controller-heartbeat-ms", "200", "-admin", c.admins[n]}, extra...)
 	}, roles...)
 	var ctlAddrs []string
 	for _, n := range c.nodes {

@@ -85,6 +85,12 @@ type Manager struct {
 	fwd *Forwarder
 
 	mu sync.Mutex
+	// asking holds the brokers whose lost connection has an election
+	// request going (masterLost); guarded by mu, like closing.
+	asking  map[uint32]bool
+	closing bool
+	// endWait ends follow's WaitChange in flight; guarded by mu.
+	endWait context.CancelFunc
 	// node is read on every replicated publish: no lock.
 	node atomic.Pointer[Node]
 	seen map[uint32]ctlapi.Group // the group records last passed on
@@ -102,7 +108,7 @@ func StartManager(cfg ManagerConfig) (*Manager, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	m := &Manager{cfg: cfg, log: cfg.Logger, seen: map[uint32]ctlapi.Group{}, alive: make(chan struct{})}
+	m := &Manager{cfg: cfg, log: cfg.Logger, seen: map[uint32]ctlapi.Group{}, alive: make(chan struct{}), asking: map[uint32]bool{}}
 	tr, err := ListenAuth(cfg.PeerAddr, cfg.Self, cfg.Auth, func(msg *wire.GroupMessage) {
 		if n := m.currentNode(); n != nil {
 			n.Deliver(msg)
@@ -128,9 +134,22 @@ func StartManager(cfg ManagerConfig) (*Manager, error) {
 		m.cfg.Advertise = tr.Addr()
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
+	tr.SetPeerLost(m.masterLost)
 	m.wg.Add(1)
 	go m.run()
 	return m, nil
+}
+
+// ControllerLeaderMoved tells the manager that the controller has a new
+// leader: the wait for the next change, which may hang on a frozen old
+// leader until it times out, ends, and the groups are read again from the
+// new one at once.
+func (m *Manager) ControllerLeaderMoved() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.endWait != nil {
+		m.endWait()
+	}
 }
 
 // Heartbeated tells the manager that the controller took a heartbeat of
@@ -160,6 +179,9 @@ func (m *Manager) Forwarder() *Forwarder { return m.fwd }
 // Close stops following the controller, the forwards, the node and the
 // transport.
 func (m *Manager) Close() {
+	m.mu.Lock()
+	m.closing = true
+	m.mu.Unlock()
 	m.cancel()
 	m.wg.Wait()
 	m.fwd.Close()
@@ -316,7 +338,13 @@ func (m *Manager) follow(groups uint32) {
 			return
 		}
 		ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
+		m.mu.Lock()
+		m.endWait = cancel
+		m.mu.Unlock()
 		idx, err := cl.WaitChange(ctx, applied)
+		m.mu.Lock()
+		m.endWait = nil
+		m.mu.Unlock()
 		cancel()
 		if m.ctx.Err() != nil {
 			return
@@ -419,6 +447,90 @@ func (m *Manager) update(gs []ctlapi.Group) {
 		})
 		if err != nil {
 			m.log.Debug("groups: first election", "groups", len(unelected), "err", err)
+		}
+	}
+}
+
+// masterLostAskFor bounds how long a follower asks for elections after its
+// master's connection dropped; masterLostRetry spaces its attempts while
+// the controller has no leader to answer (it may have died with the
+// master).
+const (
+	masterLostAskFor = 5 * time.Second
+	masterLostRetry  = 50 * time.Millisecond
+)
+
+// masterLost is told that broker id's group connection to this broker
+// ended. If id masters groups this broker follows, this broker asks the
+// controller for their election at once, after a heartbeat that makes it
+// a candidate there with its log ends. The controller may not know yet that
+// id died: when it died together with the controller leader, the new
+// leader never saw its connection close and would wait out its grace. The
+// election is the controller's as always: it keeps a master that
+// heartbeats to it (the connection may have dropped for another reason),
+// and elects from the SyncStateSet under a new epoch otherwise, which
+// fences the old master. A master slow to reach a new leader loses its
+// groups (as it would after the grace), nothing worse.
+func (m *Manager) masterLost(id uint32) {
+	v, n := m.view.Load(), m.currentNode()
+	if v == nil || n == nil || id == m.cfg.Self {
+		return
+	}
+	var gs []uint32
+	for _, g := range v.Groups {
+		if g.Master == id && slices.Contains(g.Replicas, m.cfg.Self) {
+			gs = append(gs, g.ID)
+		}
+	}
+	if len(gs) == 0 {
+		return
+	}
+	m.mu.Lock()
+	if m.closing || m.asking[id] {
+		m.mu.Unlock()
+		return
+	}
+	m.asking[id] = true
+	m.wg.Add(1)
+	m.mu.Unlock()
+	go func() {
+		defer m.wg.Done()
+		defer func() {
+			m.mu.Lock()
+			delete(m.asking, id)
+			m.mu.Unlock()
+		}()
+		m.askElection(n, id, gs)
+	}()
+}
+
+// askElection heartbeats and asks for the election of gs, mastered by the
+// broker lost, until a controller leader answers or masterLostAskFor
+// passes.
+func (m *Manager) askElection(n *Node, lost uint32, gs []uint32) {
+	deadline := time.Now().Add(masterLostAskFor)
+	for {
+		var elected uint64
+		err := m.call(func(ctx context.Context) error {
+			if err := m.cfg.Ctl.Heartbeat(ctx, m.cfg.Self, n.LogEnds()); err != nil {
+				return err
+			}
+			var err error
+			elected, err = m.cfg.Ctl.ElectMaster(ctx, gs, 0)
+			return err
+		})
+		if err == nil {
+			m.log.Info("groups: asked for elections after the master's connection dropped", "master", lost, "groups", gs, "elected", elected)
+			return
+		}
+		if time.Now().After(deadline) {
+			m.log.Debug("groups: elections after the master's connection dropped", "master", lost, "err", err)
+			return
+		}
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-time.After(masterLostRetry):
 		}
 	}
 }
