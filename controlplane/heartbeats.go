@@ -280,6 +280,9 @@ func (n *Node) scanLoop() {
 		slices.Sort(dead)
 		dead = slices.Compact(dead)
 		events := n.electionsFor(dead, now)
+		if len(events) > 0 {
+			n.cfg.Logger.Info("controlplane: brokers silent or disconnected; electing new masters for their groups", "brokers", dead, "elections", len(events))
+		}
 		errs := make(chan error, len(events))
 		for _, ev := range events {
 			go func() {

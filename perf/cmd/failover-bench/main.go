@@ -792,11 +792,16 @@ func onLeader(ctx context.Context, cl *cluster.Cluster, g uint32) (*cluster.View
 				}
 				continue
 			}
+			// Level members first: the preferred broker wins only a tie
+			// of log ends, and each lost try costs the group an epoch.
+			if err := cl.WaitSettled(ctx, rejoinTimeout, g); err != nil {
+				return nil, err
+			}
 			if err := cl.Elect(ctx, g, leader.ID); err != nil {
 				return nil, err
 			}
 		}
-		pause(ctx, 50*time.Millisecond)
+		pause(ctx, 200*time.Millisecond)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
