@@ -91,6 +91,9 @@ type Manager struct {
 	closing bool
 	// endWait ends follow's WaitChange in flight; guarded by mu.
 	endWait context.CancelFunc
+	// moved is closed (and replaced) when the controller leader moves;
+	// guarded by mu.
+	moved chan struct{}
 	// node is read on every replicated publish: no lock.
 	node atomic.Pointer[Node]
 	seen map[uint32]ctlapi.Group // the group records last passed on
@@ -108,7 +111,8 @@ func StartManager(cfg ManagerConfig) (*Manager, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	m := &Manager{cfg: cfg, log: cfg.Logger, seen: map[uint32]ctlapi.Group{}, alive: make(chan struct{}), asking: map[uint32]bool{}}
+	m := &Manager{cfg: cfg, log: cfg.Logger, seen: map[uint32]ctlapi.Group{}, alive: make(chan struct{}), asking: map[uint32]bool{},
+		moved: make(chan struct{})}
 	tr, err := ListenAuth(cfg.PeerAddr, cfg.Self, cfg.Auth, func(msg *wire.GroupMessage) {
 		if n := m.currentNode(); n != nil {
 			n.Deliver(msg)
@@ -150,6 +154,15 @@ func (m *Manager) ControllerLeaderMoved() {
 	if m.endWait != nil {
 		m.endWait()
 	}
+	close(m.moved)
+	m.moved = make(chan struct{})
+}
+
+// leaderMoved is closed when the controller leader next moves.
+func (m *Manager) leaderMoved() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.moved
 }
 
 // Heartbeated tells the manager that the controller took a heartbeat of
@@ -511,7 +524,21 @@ func (m *Manager) askElection(n *Node, lost uint32, gs []uint32) {
 	deadline := time.Now().Add(masterLostAskFor)
 	for {
 		var elected uint64
+		// The controller leader may have died with the master: a try
+		// waiting between its attempts for a leader ends as soon as this
+		// broker's controller member sees one elected, and the next goes
+		// to it at once.
+		moved := m.leaderMoved()
 		err := m.call(func(ctx context.Context) error {
+			ctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			go func() {
+				select {
+				case <-moved:
+					cancel()
+				case <-ctx.Done():
+				}
+			}()
 			if err := m.cfg.Ctl.Heartbeat(ctx, m.cfg.Self, n.LogEnds()); err != nil {
 				return err
 			}
@@ -519,6 +546,9 @@ func (m *Manager) askElection(n *Node, lost uint32, gs []uint32) {
 			elected, err = m.cfg.Ctl.ElectMaster(ctx, gs, 0)
 			return err
 		})
+		if err != nil && isClosed(moved) && time.Now().Before(deadline) {
+			continue // (an election asked twice changes nothing more)
+		}
 		if err == nil {
 			m.log.Info("groups: asked for elections after the master's connection dropped", "master", lost, "groups", gs, "elected", elected)
 			return
@@ -532,6 +562,15 @@ func (m *Manager) askElection(n *Node, lost uint32, gs []uint32) {
 			return
 		case <-time.After(masterLostRetry):
 		}
+	}
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -50,6 +50,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -264,6 +265,8 @@ type publisher struct {
 	done  []completion
 	fails int
 	queue string // published to; setQueue changes it
+	// reroute asks the loop to look the master up again (it moved).
+	reroute atomic.Bool
 }
 
 func (p *publisher) setQueue(q string) {
@@ -317,7 +320,7 @@ func (p *publisher) loop(ctx context.Context) {
 	next := time.Now()
 	queue := ""
 	for ctx.Err() == nil {
-		switched := false
+		switched := p.reroute.Swap(false)
 		if q := p.queueName(); q != queue {
 			queue, switched = q, true
 		}
@@ -499,6 +502,9 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 			if view, err = onLeader(ctx, cl, g); err != nil {
 				return r, fmt.Errorf("master kill %d: %w", i+1, err)
 			}
+			// Publish at the master moved to, not through the broker
+			// that forwards to it.
+			p.reroute.Store(true)
 			if err := steady(ctx, cl, p, qgroups); err != nil {
 				return r, fmt.Errorf("master kill %d: %w", i+1, err)
 			}
@@ -545,8 +551,8 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 				byID = b.ID
 			}
 		}
-		fmt.Fprintf(out, "master kill %2d: broker %d (controller leader %v), group %d epoch %d: first publish completed by broker %d after %s; back in sync %s after restart\n",
-			i+1, m.ID, leader, g, epoch, byID, ms(d), ms(rejoin))
+		fmt.Fprintf(out, "master kill %2d: broker %d (controller leader %v), group %d epoch %d, killed at %s: first publish completed by broker %d after %s; back in sync %s after restart\n",
+			i+1, m.ID, leader, g, epoch, t0.UTC().Format("15:04:05.000"), byID, ms(d), ms(rejoin))
 	}
 	for i := range c.followerKills {
 		if err := steady(ctx, cl, p, qgroups); err != nil {
