@@ -7,7 +7,7 @@ PKGS      := ./...
 # Packages with concurrency run under the race detector in `make test`.
 RACE_PKGS := ./ring/... ./shards/... ./server/... ./client/... ./journal/... ./controlplane/... ./perf/... ./tools/... ./internal/...
 
-.PHONY: cluster certs all build run test test-race test-plain bench bench-forward bench-delayed failover-bench failover-bench-leader fuzz hostile vet crash soak clean release deb
+.PHONY: cluster certs all build run test test-race test-plain bench bench-forward bench-delayed fuzz hostile vet crash soak clean release deb
 
 # Version stamping (internal/version). VERSION is the latest vX.Y.Z tag as
 # git describe gives it, without the v (1.2.0; 1.2.0-3-gabc1234 three
@@ -61,19 +61,6 @@ test-python:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS)
-
-# kill -9 of a replicated queue's group master on three real brokers, as a
-# publishing client sees it (perf/cmd/failover-bench; docs/BENCHMARKS.md).
-# failover-bench-leader kills, each time, a master that also leads the
-# controller. Extra flags: FAILOVER_BENCH_FLAGS.
-FAILOVER_BENCH_FLAGS ?=
-failover-bench: build
-	$(GO) build -o $(BIN)/ ./perf/cmd/failover-bench
-	./$(BIN)/failover-bench $(FAILOVER_BENCH_FLAGS)
-
-failover-bench-leader: build
-	$(GO) build -o $(BIN)/ ./perf/cmd/failover-bench
-	./$(BIN)/failover-bench --leader-master --kills 10 --follower-kills 0 $(FAILOVER_BENCH_FLAGS)
 
 # Publishes and consumers through a follower (forwarded and proxied to the
 # group's master) against the same at the master: three real brokers, one run.
