@@ -491,7 +491,11 @@ func (m *Manager) masterLost(id uint32) {
 	}
 	var gs []uint32
 	for _, g := range v.Groups {
-		if g.Master == id && slices.Contains(g.Replicas, m.cfg.Self) {
+		// Only a member of the SyncStateSet can win; another's request,
+		// reaching a new controller leader before any member of the set
+		// heartbeated to it, would leave the group fenced without a
+		// master until one does.
+		if g.Master == id && slices.Contains(g.SyncStateSet, m.cfg.Self) {
 			gs = append(gs, g.ID)
 		}
 	}
