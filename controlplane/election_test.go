@@ -253,14 +253,15 @@ func TestRestartedBrokerCountedDeadOnce(t *testing.T) {
 	}
 }
 
-// TestBrokerDisconnectElectsWithoutTimeout: a broker's heartbeat connection
-// dropping makes its groups move at the next scan, long before the broker
-// timeout.
-func TestBrokerDisconnectElectsWithoutTimeout(t *testing.T) {
-	c := newTestCluster(t, 3, func(cfg *Config) { cfg.BrokerTimeout = time.Minute })
-	c.leader()
+// masteredByBroker1 registers brokers 1 to 3 in 8 groups, heartbeats for
+// each over its own client (every 50 ms, log ends level), and elects broker
+// 1 master of every group once the leader heard all three. Broker 1's
+// heartbeats and client are the caller's to stop; the others stop at the
+// test's end.
+func masteredByBroker1(t *testing.T, c *testCluster) (*ctlclient.Client, map[uint32]*ctlclient.Client, []*heartbeater) {
+	t.Helper()
 	admin := ctlclient.NewClient(c.addrList())
-	defer admin.Close()
+	t.Cleanup(admin.Close)
 	const groups = 8
 	setupBrokers(t, admin, 3, groups)
 	clients := map[uint32]*ctlclient.Client{}
@@ -269,13 +270,13 @@ func TestBrokerDisconnectElectsWithoutTimeout(t *testing.T) {
 		clients[b] = ctlclient.NewClient(c.addrList())
 		hbs = append(hbs, startHeartbeats(clients[b], b, groups, 5, 50*time.Millisecond))
 	}
-	defer func() {
+	t.Cleanup(func() {
 		for _, h := range hbs[1:] {
 			h.halt()
 		}
 		clients[2].Close()
 		clients[3].Close()
-	}()
+	})
 	ids := []uint32{0, 1, 2, 3, 4, 5, 6, 7}
 	// Elect only once the leader heard all three, or the first election
 	// would settle on the brokers it had heard so far.
@@ -299,6 +300,16 @@ func TestBrokerDisconnectElectsWithoutTimeout(t *testing.T) {
 		}
 		return nil
 	})
+	return admin, clients, hbs
+}
+
+// TestBrokerDisconnectElectsWithoutTimeout: a broker's heartbeat connection
+// dropping makes its groups move at the next scan, long before the broker
+// timeout.
+func TestBrokerDisconnectElectsWithoutTimeout(t *testing.T) {
+	c := newTestCluster(t, 3, func(cfg *Config) { cfg.BrokerTimeout = time.Minute })
+	c.leader()
+	admin, clients, hbs := masteredByBroker1(t, c)
 	start := time.Now()
 	hbs[0].halt()
 	clients[1].Close() // the broker process dies: its connection drops
@@ -363,44 +374,7 @@ func TestLeaderDeathWithMasterElectsWithinGrace(t *testing.T) {
 		cfg.LeaderGrace = 500 * time.Millisecond
 	})
 	old := c.leader()
-	admin := ctlclient.NewClient(c.addrList())
-	defer admin.Close()
-	const groups = 8
-	setupBrokers(t, admin, 3, groups)
-	clients := map[uint32]*ctlclient.Client{}
-	var hbs []*heartbeater
-	for b := uint32(1); b <= 3; b++ {
-		clients[b] = ctlclient.NewClient(c.addrList())
-		hbs = append(hbs, startHeartbeats(clients[b], b, groups, 5, 50*time.Millisecond))
-	}
-	defer func() {
-		for _, h := range hbs[1:] {
-			h.halt()
-		}
-		clients[2].Close()
-		clients[3].Close()
-	}()
-	ids := []uint32{0, 1, 2, 3, 4, 5, 6, 7}
-	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
-		l := c.leader()
-		for b := uint32(1); b <= 3; b++ {
-			if !l.hb.candidate(b, 0, time.Now()).Alive {
-				return fmt.Errorf("broker %d not seen yet", b)
-			}
-		}
-		return nil
-	})
-	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		if _, err := admin.ElectMaster(ctxT(t, 5*time.Second), ids, 1); err != nil {
-			return err
-		}
-		for _, g := range allGroups(t, admin, ctlapi.ReadConsistent) {
-			if g.Master != 1 || len(g.SyncStateSet) != 3 {
-				return fmt.Errorf("group %+v", g)
-			}
-		}
-		return nil
-	})
+	admin, clients, hbs := masteredByBroker1(t, c)
 	// Broker 1 and the controller leader die at once.
 	hbs[0].halt()
 	clients[1].Close()
