@@ -89,8 +89,6 @@ type Manager struct {
 	// request going (masterLost); guarded by mu, like closing.
 	asking  map[uint32]bool
 	closing bool
-	// endWait ends follow's WaitChange in flight; guarded by mu.
-	endWait context.CancelFunc
 	// moved is closed (and replaced) when the controller leader moves;
 	// guarded by mu.
 	moved chan struct{}
@@ -151,9 +149,6 @@ func StartManager(cfg ManagerConfig) (*Manager, error) {
 func (m *Manager) ControllerLeaderMoved() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.endWait != nil {
-		m.endWait()
-	}
 	close(m.moved)
 	m.moved = make(chan struct{})
 }
@@ -351,13 +346,8 @@ func (m *Manager) follow(groups uint32) {
 			return
 		}
 		ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
-		m.mu.Lock()
-		m.endWait = cancel
-		m.mu.Unlock()
+		cancelOnMove(ctx, cancel, m.leaderMoved())
 		idx, err := cl.WaitChange(ctx, applied)
-		m.mu.Lock()
-		m.endWait = nil
-		m.mu.Unlock()
 		cancel()
 		if m.ctx.Err() != nil {
 			return
@@ -536,13 +526,7 @@ func (m *Manager) askElection(n *Node, lost uint32, gs []uint32) {
 		err := m.call(func(ctx context.Context) error {
 			ctx, cancel := context.WithCancel(ctx)
 			defer cancel()
-			go func() {
-				select {
-				case <-moved:
-					cancel()
-				case <-ctx.Done():
-				}
-			}()
+			cancelOnMove(ctx, cancel, moved)
 			if err := m.cfg.Ctl.Heartbeat(ctx, m.cfg.Self, n.LogEnds()); err != nil {
 				return err
 			}
@@ -567,6 +551,18 @@ func (m *Manager) askElection(n *Node, lost uint32, gs []uint32) {
 		case <-time.After(masterLostRetry):
 		}
 	}
+}
+
+// cancelOnMove cancels ctx when moved closes (the controller leader
+// moved) before ctx ends.
+func cancelOnMove(ctx context.Context, cancel context.CancelFunc, moved <-chan struct{}) {
+	go func() {
+		select {
+		case <-moved:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 }
 
 func isClosed(c <-chan struct{}) bool {
