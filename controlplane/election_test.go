@@ -3,7 +3,9 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"math/rand"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -183,7 +185,7 @@ func TestBrokerDeathElectsNewMasters(t *testing.T) {
 }
 
 func TestHeartbeatShardsExpireIncrementally(t *testing.T) {
-	h := newHeartbeats(time.Second)
+	h := newHeartbeats(time.Second, 0)
 	t0 := time.Unix(1000, 0)
 	var wg sync.WaitGroup
 	for b := uint32(1); b <= 64; b++ {
@@ -222,7 +224,7 @@ func TestHeartbeatShardsExpireIncrementally(t *testing.T) {
 // one scan) is still reported dead once, so the groups it mastered get a
 // new epoch; then it is alive again.
 func TestRestartedBrokerCountedDeadOnce(t *testing.T) {
-	h := newHeartbeats(time.Minute)
+	h := newHeartbeats(time.Minute, 0)
 	t0 := time.Unix(1000, 0)
 	ends := []ctlapi.GroupLogEnd{{Group: 1, LogEnd: ctlapi.LogEnd{Epoch: 2, Index: 7}}}
 	h.beatOn(3, ends, t0, 10)
@@ -251,14 +253,15 @@ func TestRestartedBrokerCountedDeadOnce(t *testing.T) {
 	}
 }
 
-// TestBrokerDisconnectElectsWithoutTimeout: a broker's heartbeat connection
-// dropping makes its groups move at the next scan, long before the broker
-// timeout.
-func TestBrokerDisconnectElectsWithoutTimeout(t *testing.T) {
-	c := newTestCluster(t, 3, func(cfg *Config) { cfg.BrokerTimeout = time.Minute })
-	c.leader()
+// masteredByBroker1 registers brokers 1 to 3 in 8 groups, heartbeats for
+// each over its own client (every 50 ms, log ends level), and elects broker
+// 1 master of every group once the leader heard all three. Broker 1's
+// heartbeats and client are the caller's to stop; the others stop at the
+// test's end.
+func masteredByBroker1(t *testing.T, c *testCluster) (*ctlclient.Client, map[uint32]*ctlclient.Client, []*heartbeater) {
+	t.Helper()
 	admin := ctlclient.NewClient(c.addrList())
-	defer admin.Close()
+	t.Cleanup(admin.Close)
 	const groups = 8
 	setupBrokers(t, admin, 3, groups)
 	clients := map[uint32]*ctlclient.Client{}
@@ -267,13 +270,13 @@ func TestBrokerDisconnectElectsWithoutTimeout(t *testing.T) {
 		clients[b] = ctlclient.NewClient(c.addrList())
 		hbs = append(hbs, startHeartbeats(clients[b], b, groups, 5, 50*time.Millisecond))
 	}
-	defer func() {
+	t.Cleanup(func() {
 		for _, h := range hbs[1:] {
 			h.halt()
 		}
 		clients[2].Close()
 		clients[3].Close()
-	}()
+	})
 	ids := []uint32{0, 1, 2, 3, 4, 5, 6, 7}
 	// Elect only once the leader heard all three, or the first election
 	// would settle on the brokers it had heard so far.
@@ -297,6 +300,16 @@ func TestBrokerDisconnectElectsWithoutTimeout(t *testing.T) {
 		}
 		return nil
 	})
+	return admin, clients, hbs
+}
+
+// TestBrokerDisconnectElectsWithoutTimeout: a broker's heartbeat connection
+// dropping makes its groups move at the next scan, long before the broker
+// timeout.
+func TestBrokerDisconnectElectsWithoutTimeout(t *testing.T) {
+	c := newTestCluster(t, 3, func(cfg *Config) { cfg.BrokerTimeout = time.Minute })
+	c.leader()
+	admin, clients, hbs := masteredByBroker1(t, c)
 	start := time.Now()
 	hbs[0].halt()
 	clients[1].Close() // the broker process dies: its connection drops
@@ -310,5 +323,191 @@ func TestBrokerDisconnectElectsWithoutTimeout(t *testing.T) {
 	})
 	if d := time.Since(start); d > 15*time.Second {
 		t.Fatalf("took %v: the disconnect did not count", d)
+	}
+}
+
+// TestNewLeaderGrace: a new leader counts dead, after the grace and not
+// after the whole broker timeout, a broker that has not heartbeated to it;
+// a broker that has keeps the full timeout.
+func TestNewLeaderGrace(t *testing.T) {
+	h := newHeartbeats(time.Minute, 100*time.Millisecond)
+	t0 := time.Unix(1000, 0)
+	h.becomeLeader([]ctlapi.Broker{{ID: 1}, {ID: 2}, {ID: 3}}, t0)
+	ends := []ctlapi.GroupLogEnd{{Group: 0, LogEnd: ctlapi.LogEnd{Epoch: 1, Index: 4}}}
+	h.beatOn(1, ends, t0.Add(10*time.Millisecond), 7)
+	h.beatOn(3, ends, t0.Add(90*time.Millisecond), 8)
+	if dead := h.expired(t0.Add(99 * time.Millisecond)); len(dead) != 0 {
+		t.Fatalf("dead within the grace: %v", dead)
+	}
+	if c := h.candidate(2, 0, t0.Add(50*time.Millisecond)); c.Alive {
+		t.Fatalf("a broker not heard by this leader is a candidate: %+v", c)
+	}
+	if dead := h.expired(t0.Add(101 * time.Millisecond)); !slices.Equal(dead, []uint32{2}) {
+		t.Fatalf("expired %v after the grace, want [2]", dead)
+	}
+	if dead := h.expired(t0.Add(59 * time.Second)); len(dead) != 0 {
+		t.Fatalf("brokers that heartbeated expired before their timeout: %v", dead)
+	}
+	// The silent broker comes back: alive again, on the full timeout.
+	h.beatOn(2, ends, t0.Add(time.Second), 9)
+	if c := h.candidate(2, 0, t0.Add(30*time.Second)); !c.Alive {
+		t.Fatalf("a broker heartbeating after the grace is not alive: %+v", c)
+	}
+	// Grace 0 or past the timeout means the timeout.
+	if g := newHeartbeats(time.Second, 0).grace; g != time.Second {
+		t.Fatalf("grace %v", g)
+	}
+	if g := newHeartbeats(time.Second, time.Hour).grace; g != time.Second {
+		t.Fatalf("grace %v", g)
+	}
+}
+
+// TestLeaderDeathWithMasterElectsWithinGrace: the controller leader stops
+// together with a broker that masters every group (one process held both).
+// The new leader never saw that broker's connection close, and the broker
+// timeout is a minute: the groups move because the broker did not
+// heartbeat to the new leader within its grace. The other brokers, which
+// heartbeat on, keep being candidates and win.
+func TestLeaderDeathWithMasterElectsWithinGrace(t *testing.T) {
+	c := newTestCluster(t, 3, func(cfg *Config) {
+		cfg.BrokerTimeout = time.Minute
+		cfg.LeaderGrace = 500 * time.Millisecond
+	})
+	old := c.leader()
+	admin, clients, hbs := masteredByBroker1(t, c)
+	// Broker 1 and the controller leader die at once.
+	hbs[0].halt()
+	clients[1].Close()
+	c.stop(old.ID())
+	start := time.Now()
+	checkFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		for _, g := range allGroups(t, admin, ctlapi.ReadConsistent) {
+			if g.Master == 1 || g.Master == 0 {
+				return fmt.Errorf("group %d master %d epoch %d", g.ID, g.Master, g.Epoch)
+			}
+		}
+		return nil
+	})
+	t.Logf("groups moved %v after the leader stopped", time.Since(start).Round(time.Millisecond))
+	// Brokers 2 and 3 heartbeated to the new leader through it all: the
+	// grace did not count them dead.
+	l := c.leader()
+	for b := uint32(2); b <= 3; b++ {
+		if cd := l.hb.candidate(b, 0, time.Now()); !cd.Alive {
+			t.Fatalf("broker %d, heartbeating, is not alive at the new leader: %+v", b, cd)
+		}
+	}
+}
+
+// TestHeartbeatsSimulation drives the failure detector through seeded
+// schedules of leader changes, heartbeats (over changing connections),
+// dropped connections and scans, with a shuffled clock, and checks it
+// against what the leader has seen in its term:
+//   - nobody is reported dead who heartbeated within the timeout before the
+//     scan, over a connection that has not dropped since (no false death),
+//     or who was not heard in this term yet but the term is younger than
+//     the grace;
+//   - whoever was not heard in the term is reported once the grace passed,
+//     whoever heartbeated once the timeout passed since, whoever's
+//     connection dropped at the next scan (no death missed);
+//   - nobody is reported twice without a heartbeat in between.
+func TestHeartbeatsSimulation(t *testing.T) {
+	const brokers = 6
+	schedules := 2000
+	if testing.Short() {
+		schedules = 200
+	}
+	type seen struct {
+		heard    bool      // heartbeated in this term
+		last     time.Time // its last heartbeat in this term
+		conn     uint64
+		dropped  bool // its heartbeat connection dropped since it was last reported
+		dropAt   time.Time
+		reported bool // reported dead since its last heartbeat (or the term start)
+	}
+	for seed := int64(1); seed <= int64(schedules); seed++ {
+		r := rand.New(rand.NewSource(seed))
+		timeout := time.Duration(200+r.Intn(800)) * time.Millisecond
+		grace := time.Duration(10+r.Intn(int(timeout/time.Millisecond))) * time.Millisecond
+		h := newHeartbeats(timeout, grace)
+		grace = min(grace, timeout) // as newHeartbeats takes it
+		now := time.Unix(1000, 0)
+		var term time.Time
+		leader := false
+		var model [brokers + 1]seen
+		ends := []ctlapi.GroupLogEnd{{Group: 0, LogEnd: ctlapi.LogEnd{Epoch: 1, Index: 1}}}
+		nextConn := uint64(1)
+		var trace []string
+		for step := 0; step < 200; step++ {
+			now = now.Add(time.Duration(r.Intn(int(grace/time.Millisecond)+1)) * time.Millisecond)
+			b := uint32(1 + r.Intn(brokers))
+			switch k := r.Intn(20); {
+			case k == 0 || !leader:
+				var all []ctlapi.Broker
+				for id := uint32(1); id <= brokers; id++ {
+					all = append(all, ctlapi.Broker{ID: id})
+				}
+				h.becomeLeader(all, now)
+				trace = append(trace, fmt.Sprintf("%d leader", step))
+				term, leader = now, true
+				for id := range model {
+					model[id] = seen{}
+				}
+			case k <= 9:
+				if r.Intn(4) == 0 {
+					nextConn++
+					model[b].conn = nextConn
+				} else if model[b].conn == 0 {
+					nextConn++
+					model[b].conn = nextConn
+				}
+				h.beatOn(b, ends, now, model[b].conn)
+				trace = append(trace, fmt.Sprintf("%d beat %d conn %d", step, b, model[b].conn))
+				if !model[b].dropped {
+					model[b].reported = false
+				}
+				model[b].heard, model[b].last = true, now
+			case k <= 11:
+				if model[b].heard && model[b].conn != 0 {
+					h.disconnected(model[b].conn, []uint32{b}, now)
+					trace = append(trace, fmt.Sprintf("%d drop %d conn %d", step, b, model[b].conn))
+					if !model[b].reported {
+						// (A connection closes once; a repeated close
+						// here moves the deadline to the last.)
+						model[b].dropped, model[b].dropAt = true, now
+					}
+				}
+			default:
+				dead := h.expired(now)
+				trace = append(trace, fmt.Sprintf("%d scan %v", step, dead))
+				for id := uint32(1); id <= brokers; id++ {
+					m := &model[id]
+					got := slices.Contains(dead, id)
+					var due bool
+					switch {
+					case m.reported:
+						if got {
+							t.Fatalf("seed %d step %d: broker %d reported dead twice without a heartbeat in between", seed, step, id)
+						}
+						continue
+					case m.dropped:
+						// Due at the first scan after the drop.
+						due = m.dropAt.Before(now)
+					case m.heard:
+						due = m.last.Add(timeout).Before(now)
+					default:
+						due = term.Add(grace).Before(now)
+					}
+					if got != due {
+						t.Log(strings.Join(trace, "\n"))
+						t.Fatalf("seed %d step %d: broker %d reported dead %v, want %v (heard %v last %v dropped %v, term %v, now %v, timeout %v grace %v)",
+							seed, step, id, got, due, m.heard, m.last.Sub(term), m.dropped, term.Sub(time.Unix(1000, 0)), now.Sub(term), timeout, grace)
+					}
+					if got {
+						m.reported, m.dropped = true, false
+					}
+				}
+			}
+		}
 	}
 }

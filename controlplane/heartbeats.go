@@ -24,7 +24,10 @@ const scanIntervalMax = 100 * time.Millisecond
 // O(dead · log n) per scan and never walks all brokers or groups.
 type heartbeats struct {
 	timeout time.Duration
-	shards  [heartbeatShards]hbShard
+	// grace is how long a new leader waits for a broker's first
+	// heartbeat (Config.LeaderGrace).
+	grace  time.Duration
+	shards [heartbeatShards]hbShard
 }
 
 type hbShard struct {
@@ -67,8 +70,12 @@ func (h *hbHeap) Pop() any {
 	return e
 }
 
-func newHeartbeats(timeout time.Duration) *heartbeats {
-	h := &heartbeats{timeout: timeout}
+// newHeartbeats returns a failure detector; grace 0 means timeout.
+func newHeartbeats(timeout, grace time.Duration) *heartbeats {
+	if grace <= 0 || grace > timeout {
+		grace = timeout
+	}
+	h := &heartbeats{timeout: timeout, grace: grace}
 	for i := range h.shards {
 		h.shards[i].brokers = map[uint32]*hbEntry{}
 	}
@@ -78,7 +85,12 @@ func newHeartbeats(timeout time.Duration) *heartbeats {
 func (h *heartbeats) shard(id uint32) *hbShard { return &h.shards[id%heartbeatShards] }
 
 // becomeLeader forgets what an earlier term knew and gives every registered
-// broker one timeout to heartbeat to this leader.
+// broker the grace to heartbeat to this leader. What the earlier leader
+// knew of each broker (its last heartbeat, its connection closing) died
+// with it, so a broker that died with it is noticed only by its silence
+// here: after the grace, not after a whole timeout. A live broker that
+// misses the grace only loses its masterships, under new epochs; the
+// dead and the frozen alike are fenced by them.
 func (h *heartbeats) becomeLeader(brokers []ctlapi.Broker, now time.Time) {
 	for i := range h.shards {
 		s := &h.shards[i]
@@ -92,7 +104,8 @@ func (h *heartbeats) becomeLeader(brokers []ctlapi.Broker, now time.Time) {
 	}
 }
 
-// seed starts timing a broker this leader has not heard from yet.
+// seed starts timing a broker this leader has not heard from yet: it has
+// the grace to heartbeat.
 func (h *heartbeats) seed(id uint32, now time.Time) {
 	s := h.shard(id)
 	s.mu.Lock()
@@ -100,7 +113,7 @@ func (h *heartbeats) seed(id uint32, now time.Time) {
 	if s.brokers[id] != nil {
 		return
 	}
-	e := &hbEntry{id: id, index: -1, deadline: now.Add(h.timeout)}
+	e := &hbEntry{id: id, index: -1, deadline: now.Add(h.grace)}
 	s.brokers[id] = e
 	heap.Push(&s.heap, e)
 }
@@ -267,6 +280,9 @@ func (n *Node) scanLoop() {
 		slices.Sort(dead)
 		dead = slices.Compact(dead)
 		events := n.electionsFor(dead, now)
+		if len(events) > 0 {
+			n.cfg.Logger.Info("controlplane: brokers silent or disconnected; electing new masters for their groups", "brokers", dead, "elections", len(events))
+		}
 		errs := make(chan error, len(events))
 		for _, ev := range events {
 			go func() {

@@ -58,6 +58,17 @@ type Config struct {
 	FollowerLagMax uint64
 	// BrokerTimeout: a broker silent this long is dead (default 3s).
 	BrokerTimeout time.Duration
+	// LeaderGrace: a new leader counts a registered broker dead if the
+	// broker has not heartbeated to it within this long of taking office
+	// (default BrokerTimeout/3, which with the brokers' default heartbeat
+	// interval of BrokerTimeout/3 lets a live broker's next ordinary
+	// heartbeat arrive even if it never learns of the new leader; brokers
+	// that embed a controller member heartbeat at once when they see the
+	// leader change). Waiting out the whole BrokerTimeout instead cost a
+	// failover of a broker that died together with the controller leader
+	// seconds: the closed connection that would have told was on the dead
+	// leader. At most BrokerTimeout.
+	LeaderGrace time.Duration
 	// KeepBrokersOnDisconnect: by default a broker whose heartbeat
 	// connection drops is treated as dead at the next scan, without
 	// waiting out BrokerTimeout. Set this to wait for the timeout only.
@@ -117,6 +128,10 @@ func (c *Config) defaults() error {
 	if c.BrokerTimeout <= 0 {
 		c.BrokerTimeout = 3 * time.Second
 	}
+	if c.LeaderGrace <= 0 {
+		c.LeaderGrace = c.BrokerTimeout / 3
+	}
+	c.LeaderGrace = min(c.LeaderGrace, c.BrokerTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -277,7 +292,7 @@ func Start(cfg Config) (*Node, error) {
 		// an earlier incarnation of this node never match a new waiter.
 		nextSeq: uint64(time.Now().UnixNano()),
 	}
-	n.hb = newHeartbeats(cfg.BrokerTimeout)
+	n.hb = newHeartbeats(cfg.BrokerTimeout, cfg.LeaderGrace)
 	ro := raft.ReadOnlySafe
 	rn, err := raft.NewRawNode(&raft.Config{
 		ID:              cfg.ID,
@@ -355,6 +370,9 @@ func (n *Node) Addr() string { return n.listener.Addr().String() }
 
 // Leader returns the current leader's id, 0 if unknown.
 func (n *Node) Leader() uint64 { return n.lead.Load() }
+
+// LeaderAddr returns the current leader's address, "" if unknown.
+func (n *Node) LeaderAddr() string { return n.leaderAddr() }
 
 // IsLeader reports whether this node is the leader.
 func (n *Node) IsLeader() bool { return n.isLdr.Load() }

@@ -130,8 +130,8 @@ func decidePrimary(cur uint32, ev *ctlapi.ElectPrimary, brokers map[uint32]*ctla
 
 // primaryAlive reports whether broker id still counts as alive for keeping
 // the primary role. A broker this leader has no entry for is seeded and gets
-// one timeout, so a new leader does not move the primary before the
-// primary could heartbeat to it.
+// the new leader's grace, so a new leader does not move the primary before
+// the primary could heartbeat to it.
 func (h *heartbeats) primaryAlive(id uint32, now time.Time) bool {
 	s := h.shard(id)
 	s.mu.Lock()

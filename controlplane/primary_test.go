@@ -217,7 +217,7 @@ func TestElectPrimaryCodecBounds(t *testing.T) {
 }
 
 func TestPrimaryHeartbeatView(t *testing.T) {
-	h := newHeartbeats(time.Second)
+	h := newHeartbeats(time.Second, 0)
 	t0 := time.Unix(1000, 0)
 	h.beat(1, []ctlapi.GroupLogEnd{{Group: 0, LogEnd: ctlapi.LogEnd{Epoch: 1, Index: 5}}, {Group: 1, LogEnd: ctlapi.LogEnd{Epoch: 2, Index: 7}}}, t0)
 	if c := h.primaryCandidate(1, t0); !c.Alive || c.Data != 12 {

@@ -164,6 +164,8 @@ func (n *Node) softState(rd raft.Ready) {
 			brokers := n.state.Brokers()
 			n.mu.RUnlock()
 			n.hb.becomeLeader(brokers, time.Now())
+			n.cfg.Logger.Info("controlplane: this member leads the controller", "node", n.self,
+				"brokers", len(brokers), "grace", n.cfg.LeaderGrace)
 		}
 	}
 	if rd.HardState != nil {

@@ -24,7 +24,7 @@ SCALING_SHARDS ?= 1 2 4
 
 PERF_TOOLS := $(BIN)/berth-bench $(BIN)/bench-compare $(BIN)/bench-compare-cluster $(BIN)/failover-bench $(BIN)/pprof2cpuprofile
 
-.PHONY: perf-build bench-compare bench-compare-cluster failover-bench bench-cluster-scaling controller-compare flamegraph nats-server flamegraph-renderer perf-test
+.PHONY: perf-build bench-compare bench-compare-cluster failover-bench failover-bench-leader bench-cluster-scaling controller-compare flamegraph nats-server flamegraph-renderer perf-test
 
 # `make build` builds the perf tools too.
 build: perf-build
@@ -63,6 +63,12 @@ bench-compare-cluster: build nats-server
 # the new master, and the longest commit stall.
 failover-bench: build
 	$(BIN)/failover-bench --berthd $(BIN)/berthd --berthctl $(BIN)/berthctl $(FAILOVER_BENCH_FLAGS)
+
+# failover-bench with every kill of a master that also leads the
+# controller (the group's master is moved there before each kill), 10
+# times, no follower kills.
+failover-bench-leader: build
+	$(BIN)/failover-bench --berthd $(BIN)/berthd --berthctl $(BIN)/berthctl --leader-master --kills 10 --follower-kills 0 $(FAILOVER_BENCH_FLAGS)
 
 # Replicated throughput with $(SCALING_SHARDS) shards per broker, 3 queues
 # per shard count (each broker masters one queue per shard), Berth alone.

@@ -129,7 +129,8 @@ func (s *Server) startController(wait bool) (*controllerWiring, error) {
 		return &controllerWiring{n: n, timeout: wiringTimeout}, nil
 	}
 	n, err := controlplane.Start(controlplane.Config{ID: cfg.ControllerID, Peers: maps.Clone(cfg.ControllerPeers), Dir: dir, LeaseRead: cfg.ControllerLeaseRead,
-		Join: cfg.ControllerJoin, Auth: s.peerAuth, Logger: cfg.Logger})
+		Join: cfg.ControllerJoin, Auth: s.peerAuth, Logger: cfg.Logger,
+		BrokerTimeout: cfg.ControllerBrokerTimeout, LeaderGrace: cfg.ControllerLeaderGrace})
 	if err != nil {
 		return nil, fmt.Errorf("server: controller: %w", err)
 	}

@@ -14,7 +14,10 @@ package server
 // wiringTimeout; if it fails the broker starts anyway, logs it, and the
 // background loop retries at every heartbeat interval. Registered, that loop
 // heartbeats every ControllerHeartbeat (default 1 s, a third of the
-// controller's default broker timeout), each call bounded by one interval.
+// controller's default broker timeout), each call bounded by one interval,
+// and at once when the broker's embedded controller member sees a new
+// leader: a new leader gives the brokers only a short grace
+// (controlplane.Config.LeaderGrace) before it counts them dead.
 // A broker heartbeats only once registered, so the controller never elects
 // as primary a broker whose address it does not know. The heartbeats carry
 // no group log ends yet: a broker has no replication groups until the
@@ -34,6 +37,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/berthmq/berth/controlplane/ctlapi"
@@ -292,13 +296,88 @@ func (s *Server) startGroups() error {
 // GroupsManager is the replication groups' manager, or nil.
 func (s *Server) GroupsManager() *groups.Manager { return s.groups.Load() }
 
+// leaderPoll is how often a broker looks at its embedded controller
+// member's view of the leader: a new leader is heartbeated at once, not at
+// the next interval, since it counts a broker that stays silent dead
+// after a short grace (controlplane.Config.LeaderGrace).
+const leaderPoll = 10 * time.Millisecond
+
+// leaderWatch follows the embedded controller member's view of the leader.
+// On a change it points the controller client at the new leader, ends the
+// heartbeat in flight (it may hang on a frozen old leader until its
+// interval runs out) and asks the loop for a heartbeat now, and has the
+// group manager read the groups again from the new leader.
+type leaderWatch struct {
+	moved chan struct{} // capacity 1
+	mu    sync.Mutex
+	term  context.Context // ended when the leader moves; guarded by mu
+	end   context.CancelFunc
+}
+
+func (s *Server) watchLeader(w *leaderWatch) {
+	defer s.regWG.Done()
+	t := time.NewTicker(leaderPoll)
+	defer t.Stop()
+	lead := s.ctl.Leader()
+	for {
+		select {
+		case <-s.regCtx.Done():
+			return
+		case <-t.C:
+		}
+		l := s.ctl.Leader()
+		if l == lead || l == 0 {
+			continue
+		}
+		lead = l
+		if addr := s.ctl.LeaderAddr(); addr != "" {
+			s.ctlClient.SetLeader(addr)
+		}
+		w.mu.Lock()
+		w.end()
+		w.term, w.end = context.WithCancel(s.regCtx)
+		w.mu.Unlock()
+		if g := s.groups.Load(); g != nil {
+			g.ControllerLeaderMoved()
+		}
+		select {
+		case w.moved <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// heartbeatContext is the context of one heartbeat: ended by the
+// interval, by Close, or by the leader moving.
+func (w *leaderWatch) heartbeatContext(parent context.Context, interval time.Duration) (context.Context, context.CancelFunc) {
+	if w == nil {
+		return context.WithTimeout(parent, interval)
+	}
+	w.mu.Lock()
+	term := w.term
+	w.mu.Unlock()
+	return context.WithTimeout(term, interval)
+}
+
 // controllerLoop registers the broker if Start could not, then heartbeats
-// until Close.
+// until Close: every interval, and at once when the embedded controller
+// member sees a new leader.
 func (s *Server) controllerLoop() {
 	defer s.regWG.Done()
 	interval := s.cfg.ControllerHeartbeat
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	var watch *leaderWatch
+	var moved chan struct{}
+	if s.ctl != nil && s.ctlClient != nil {
+		// A group of 3 or 5 members, one of them in this process.
+		watch = &leaderWatch{moved: make(chan struct{}, 1)}
+		watch.term, watch.end = context.WithCancel(s.regCtx)
+		defer func() { watch.mu.Lock(); watch.end(); watch.mu.Unlock() }()
+		moved = watch.moved
+		s.regWG.Add(1)
+		go s.watchLeader(watch)
+	}
 	failing := false
 	beats := 0
 	for {
@@ -306,14 +385,19 @@ func (s *Server) controllerLoop() {
 		case <-s.regCtx.Done():
 			return
 		case <-t.C:
+		case <-moved:
+			t.Reset(interval)
 		}
-		ctx, cancel := context.WithTimeout(s.regCtx, interval)
 		var err error
 		what := "heartbeat"
+		var ctx context.Context
+		var cancel context.CancelFunc
 		if !s.registered.Load() {
 			what = "registration"
+			ctx, cancel = context.WithTimeout(s.regCtx, interval)
 			err = s.register(ctx)
 		} else {
+			ctx, cancel = watch.heartbeatContext(s.regCtx, interval)
 			var ends []ctlapi.GroupLogEnd
 			if g := s.groups.Load(); g != nil {
 				ends = g.LogEnds()
@@ -327,9 +411,13 @@ func (s *Server) controllerLoop() {
 			}
 			beats++
 		}
+		moving := ctx.Err() == context.Canceled
 		cancel()
 		if s.regCtx.Err() != nil {
 			return
+		}
+		if err != nil && moving {
+			continue // the leader moved: the next beat goes to the new one at once
 		}
 		switch {
 		case err != nil && !failing:

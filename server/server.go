@@ -114,6 +114,11 @@ type Config struct {
 	// the controller's broker timeout (3 s by default). See
 	// registration.go.
 	ControllerHeartbeat time.Duration
+	// ControllerBrokerTimeout and ControllerLeaderGrace are the embedded
+	// controller member's controlplane.Config.BrokerTimeout and
+	// LeaderGrace (0: their defaults, 3 s and a third of the timeout).
+	ControllerBrokerTimeout time.Duration
+	ControllerLeaderGrace   time.Duration
 	// MemoryLimit is the memory budget for messages in bytes, split
 	// evenly across the shards; 0 means none. Above half of a shard's
 	// share its new message bodies are paged out to disk, above the share

@@ -145,6 +145,7 @@ type flags struct {
 	segmentBytes                                       int64
 	join, leaseRead                                    bool
 	controllerWait                                     time.Duration
+	brokerTimeout, leaderGrace                         time.Duration
 	outboundMax                                        int64
 	outboundTimeout, handshakeTimeout                  time.Duration
 }
@@ -188,6 +189,8 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.BoolVar(&f.join, "controller-join", false, "start this controller member to be added to a running group (then run 'berthctl members add ID=ADDR'); -controller-peers lists this node and the members it knows")
 	fs.BoolVar(&f.leaseRead, "controller-lease-read", false, "serve the controller's consistent reads from the leader's lease instead of a heartbeat round each; relies on bounded clock drift")
 	fs.DurationVar(&f.controllerWait, "controller-wait", server.ControllerWaitDefault, "how long a broker with a member of a 3- or 5-member controller group waits at start for the group to elect a leader before it gives up")
+	fs.DurationVar(&f.brokerTimeout, "controller-broker-timeout", 3*time.Second, "a broker silent to the controller leader this long is dead (its groups get new masters); a closed heartbeat connection counts at once")
+	fs.DurationVar(&f.leaderGrace, "controller-leader-grace", 0, "a new controller leader counts a broker dead that has not heartbeated to it within this long of its election; 0 = a third of -controller-broker-timeout")
 	fs.StringVar(&f.advertise, "advertise", "", "client address registered with the controller for others to dial, empty = the -listen address")
 	fs.StringVar(&f.peer, "peer", "", "replication groups' peer listen address (default port 7401), empty = no groups; needs a controller")
 	fs.StringVar(&f.peerAdvertise, "peer-advertise", "", "peer address published in the controller for other brokers to dial, empty = the -peer address")
@@ -403,6 +406,13 @@ func parseArgs(args []string) (options, error) {
 		return options{}, o.annotate(fmt.Errorf("-controller-wait %v: want a positive duration", f.controllerWait), "controller-wait")
 	}
 	cfg.ControllerWait = f.controllerWait
+	if f.brokerTimeout <= 0 {
+		return options{}, o.annotate(fmt.Errorf("-controller-broker-timeout %v: want a positive duration", f.brokerTimeout), "controller-broker-timeout")
+	}
+	if f.leaderGrace < 0 || f.leaderGrace > f.brokerTimeout {
+		return options{}, o.annotate(fmt.Errorf("-controller-leader-grace %v: want 0 (the default) up to -controller-broker-timeout %v", f.leaderGrace, f.brokerTimeout), "controller-leader-grace", "controller-broker-timeout")
+	}
+	cfg.ControllerBrokerTimeout, cfg.ControllerLeaderGrace = f.brokerTimeout, f.leaderGrace
 	if f.advertise != "" {
 		if _, _, err := net.SplitHostPort(f.advertise); err != nil {
 			return options{}, o.annotate(fmt.Errorf("-advertise %q: want host:port", f.advertise), "advertise")

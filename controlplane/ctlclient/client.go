@@ -105,6 +105,17 @@ func (c *Client) Leader() string {
 	return c.leader
 }
 
+// SetLeader tells the client where the leader is, as learned elsewhere
+// (a broker's embedded controller member sees a new leader as soon as it
+// is elected): the next call goes there first instead of to the leader
+// last known, which may be dead or frozen. addr must be one of the
+// controllers' addresses as the client was given them; "" forgets.
+func (c *Client) SetLeader(addr string) {
+	if c.local == nil {
+		c.setLeader(addr)
+	}
+}
+
 type clientConn struct {
 	c       net.Conn
 	w       *coalesce.Writer

@@ -23,7 +23,7 @@ func TestReplicatedQueueMemoryBudget(t *testing.T) {
 	const groups, payloadSize, publishMax = 3, 1024, 200_000
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
-	c := startReplicatedArgs(t, ctx, groups, 3, 0, []string{"-memory-limit", "16MiB"})
+	c := startReplicatedWith(t, ctx, groups, 3, 0, "-memory-limit", "16MiB")
 	const queue = "budget"
 	_, _, mnode, conn := c.declare(queue, groups)
 	type memStatus struct {

@@ -38,12 +38,12 @@ func startReplicated(t testing.TB, ctx context.Context, groups uint32) *rcluster
 // a controller member) and replicas brokers per group (0: the default).
 func startReplicatedN(t testing.TB, ctx context.Context, groups uint32, brokers int, replicas uint32) *rcluster {
 	t.Helper()
-	return startReplicatedArgs(t, ctx, groups, brokers, replicas, nil)
+	return startReplicatedWith(t, ctx, groups, brokers, replicas)
 }
 
-// startReplicatedArgs is startReplicatedN with extra berthd flags for
-// every broker.
-func startReplicatedArgs(t testing.TB, ctx context.Context, groups uint32, brokers int, replicas uint32, extra []string) *rcluster {
+// startReplicatedWith is startReplicatedN with more berthd flags for every
+// broker (a later flag overrides an earlier one).
+func startReplicatedWith(t testing.TB, ctx context.Context, groups uint32, brokers int, replicas uint32, extra ...string) *rcluster {
 	t.Helper()
 	c := &rcluster{t: t, ctx: ctx, admins: map[*node]string{}}
 	roles := make([]string, brokers)

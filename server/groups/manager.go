@@ -85,6 +85,13 @@ type Manager struct {
 	fwd *Forwarder
 
 	mu sync.Mutex
+	// asking holds the brokers whose lost connection has an election
+	// request going (masterLost); guarded by mu, like closing.
+	asking  map[uint32]bool
+	closing bool
+	// moved is closed (and replaced) when the controller leader moves;
+	// guarded by mu.
+	moved chan struct{}
 	// node is read on every replicated publish: no lock.
 	node atomic.Pointer[Node]
 	seen map[uint32]ctlapi.Group // the group records last passed on
@@ -102,7 +109,8 @@ func StartManager(cfg ManagerConfig) (*Manager, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	m := &Manager{cfg: cfg, log: cfg.Logger, seen: map[uint32]ctlapi.Group{}, alive: make(chan struct{})}
+	m := &Manager{cfg: cfg, log: cfg.Logger, seen: map[uint32]ctlapi.Group{}, alive: make(chan struct{}), asking: map[uint32]bool{},
+		moved: make(chan struct{})}
 	tr, err := ListenAuth(cfg.PeerAddr, cfg.Self, cfg.Auth, func(msg *wire.GroupMessage) {
 		if n := m.currentNode(); n != nil {
 			n.Deliver(msg)
@@ -128,9 +136,28 @@ func StartManager(cfg ManagerConfig) (*Manager, error) {
 		m.cfg.Advertise = tr.Addr()
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
+	tr.SetPeerLost(m.masterLost)
 	m.wg.Add(1)
 	go m.run()
 	return m, nil
+}
+
+// ControllerLeaderMoved tells the manager that the controller has a new
+// leader: the wait for the next change, which may hang on a frozen old
+// leader until it times out, ends, and the groups are read again from the
+// new one at once.
+func (m *Manager) ControllerLeaderMoved() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	close(m.moved)
+	m.moved = make(chan struct{})
+}
+
+// leaderMoved is closed when the controller leader next moves.
+func (m *Manager) leaderMoved() <-chan struct{} {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.moved
 }
 
 // Heartbeated tells the manager that the controller took a heartbeat of
@@ -160,6 +187,9 @@ func (m *Manager) Forwarder() *Forwarder { return m.fwd }
 // Close stops following the controller, the forwards, the node and the
 // transport.
 func (m *Manager) Close() {
+	m.mu.Lock()
+	m.closing = true
+	m.mu.Unlock()
 	m.cancel()
 	m.wg.Wait()
 	m.fwd.Close()
@@ -316,6 +346,7 @@ func (m *Manager) follow(groups uint32) {
 			return
 		}
 		ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
+		cancelOnMove(ctx, cancel, m.leaderMoved())
 		idx, err := cl.WaitChange(ctx, applied)
 		cancel()
 		if m.ctx.Err() != nil {
@@ -420,6 +451,126 @@ func (m *Manager) update(gs []ctlapi.Group) {
 		if err != nil {
 			m.log.Debug("groups: first election", "groups", len(unelected), "err", err)
 		}
+	}
+}
+
+// masterLostAskFor bounds how long a follower asks for elections after its
+// master's connection dropped; masterLostRetry spaces its attempts while
+// the controller has no leader to answer (it may have died with the
+// master).
+const (
+	masterLostAskFor = 5 * time.Second
+	masterLostRetry  = 50 * time.Millisecond
+)
+
+// masterLost is told that broker id's group connection to this broker
+// ended. If id masters groups this broker follows, this broker asks the
+// controller for their election at once, after a heartbeat that makes it
+// a candidate there with its log ends. The controller may not know yet that
+// id died: when it died together with the controller leader, the new
+// leader never saw its connection close and would wait out its grace. The
+// election is the controller's as always: it keeps a master that
+// heartbeats to it (the connection may have dropped for another reason),
+// and elects from the SyncStateSet under a new epoch otherwise, which
+// fences the old master. A master slow to reach a new leader loses its
+// groups (as it would after the grace), nothing worse.
+func (m *Manager) masterLost(id uint32) {
+	v, n := m.view.Load(), m.currentNode()
+	if v == nil || n == nil || id == m.cfg.Self {
+		return
+	}
+	var gs []uint32
+	for _, g := range v.Groups {
+		// Only a member of the SyncStateSet can win; another's request,
+		// reaching a new controller leader before any member of the set
+		// heartbeated to it, would leave the group fenced without a
+		// master until one does.
+		if g.Master == id && slices.Contains(g.SyncStateSet, m.cfg.Self) {
+			gs = append(gs, g.ID)
+		}
+	}
+	if len(gs) == 0 {
+		return
+	}
+	m.mu.Lock()
+	if m.closing || m.asking[id] {
+		m.mu.Unlock()
+		return
+	}
+	m.asking[id] = true
+	m.wg.Add(1)
+	m.mu.Unlock()
+	go func() {
+		defer m.wg.Done()
+		defer func() {
+			m.mu.Lock()
+			delete(m.asking, id)
+			m.mu.Unlock()
+		}()
+		m.askElection(n, id, gs)
+	}()
+}
+
+// askElection heartbeats and asks for the election of gs, mastered by the
+// broker lost, until a controller leader answers or masterLostAskFor
+// passes.
+func (m *Manager) askElection(n *Node, lost uint32, gs []uint32) {
+	deadline := time.Now().Add(masterLostAskFor)
+	for {
+		var elected uint64
+		// The controller leader may have died with the master: a try
+		// waiting between its attempts for a leader ends as soon as this
+		// broker's controller member sees one elected, and the next goes
+		// to it at once.
+		moved := m.leaderMoved()
+		err := m.call(func(ctx context.Context) error {
+			ctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			cancelOnMove(ctx, cancel, moved)
+			if err := m.cfg.Ctl.Heartbeat(ctx, m.cfg.Self, n.LogEnds()); err != nil {
+				return err
+			}
+			var err error
+			elected, err = m.cfg.Ctl.ElectMaster(ctx, gs, 0)
+			return err
+		})
+		if err != nil && isClosed(moved) && time.Now().Before(deadline) {
+			continue // (an election asked twice changes nothing more)
+		}
+		if err == nil {
+			m.log.Info("groups: asked for elections after the master's connection dropped", "master", lost, "groups", gs, "elected", elected)
+			return
+		}
+		if time.Now().After(deadline) {
+			m.log.Debug("groups: elections after the master's connection dropped", "master", lost, "err", err)
+			return
+		}
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-time.After(masterLostRetry):
+		}
+	}
+}
+
+// cancelOnMove cancels ctx when moved closes (the controller leader
+// moved) before ctx ends.
+func cancelOnMove(ctx context.Context, cancel context.CancelFunc, moved <-chan struct{}) {
+	go func() {
+		select {
+		case <-moved:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 

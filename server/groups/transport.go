@@ -54,6 +54,9 @@ type Transport struct {
 	faults  atomic.Pointer[Faults]
 	forward atomic.Pointer[ForwardHandler] // forward.go
 	proxy   atomic.Pointer[ProxyHandler]   // forward.go
+	// peerLost is told the id of a peer whose group connection to this
+	// broker ended (SetPeerLost).
+	peerLost atomic.Pointer[func(id uint32)]
 	// auth proves cluster membership on every connection, both ways,
 	// before a frame is read or written (nil: none).
 	auth *peerauth.Auth
@@ -105,6 +108,12 @@ func (t *Transport) Addr() string { return t.ln.Addr().String() }
 
 // SetFaults replaces the injected faults.
 func (t *Transport) SetFaults(f Faults) { t.faults.Store(&f) }
+
+// SetPeerLost sets f to be told, on a goroutine of the transport, the id
+// of each peer whose inbound group connection ends other than by Close: a
+// peer killed drops it at once, long before any timeout notices. f must
+// not block.
+func (t *Transport) SetPeerLost(f func(id uint32)) { t.peerLost.Store(&f) }
 
 // SetPeer records where broker id listens.
 func (t *Transport) SetPeer(id uint32, addr string) {
@@ -280,6 +289,19 @@ func (t *Transport) read(raw net.Conn) {
 	var hdr [wire.HeaderSize]byte
 	var body []byte
 	from := uint32(0)
+	defer func() {
+		if from == 0 {
+			return
+		}
+		select {
+		case <-t.done:
+			return
+		default:
+		}
+		if f := t.peerLost.Load(); f != nil {
+			(*f)(from)
+		}
+	}()
 	for {
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
 			return

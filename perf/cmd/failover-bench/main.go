@@ -21,9 +21,15 @@
 // each line says whether that member led the controller, which adds a
 // controller election to the failover.
 //
+// --leader-master moves the queue's group master onto the controller
+// leader before each master kill (a forced election, not measured), so
+// that every kill takes both: the case where the new controller leader
+// must find out about the dead master on its own.
+//
 // The last lines are
 //
 //	failover master-kill, controller leader spared n=<n> p50=<d> p99=<d> max=<d>
+//	failover master-kill, master led the controller n=<n> p50=<d> p99=<d> max=<d>
 //	failover master-kill n=<n> p50=<d> p99=<d> max=<d>
 //	stall follower-kill n=<n> p50=<d> max=<d>
 //
@@ -44,6 +50,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -82,6 +89,7 @@ type config struct {
 	berthdFlags      []string
 	logs             string
 	spareLeader      bool
+	leaderMaster     bool
 	restartDelay     time.Duration
 }
 
@@ -105,6 +113,7 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	flags := fs.String("berthd-flags", "", "more berthd flags for every broker, space-separated (e.g. \"-controller-heartbeat-ms 200\")")
 	fs.StringVar(&c.logs, "logs", "", "copy the brokers' logs into this directory when the run ends")
 	fs.BoolVar(&c.spareLeader, "spare-controller-leader", false, "master kills: publish to one of three queues (each mastered by another broker) chosen so that the broker killed does not lead the controller; measures the data plane's failover without a controller election")
+	fs.BoolVar(&c.leaderMaster, "leader-master", false, "master kills: first move the queue's group master onto the broker that leads the controller (a forced election, not measured), so every kill takes the group master and the controller leader at once")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -136,6 +145,7 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	check(c.window >= 1 && c.window <= 1<<16, "--window %d not in 1..65536", c.window)
 	check(c.observe >= 100*time.Millisecond && c.observe <= time.Minute, "--observe %v not in 100ms..1m", c.observe)
 	check(c.timeout > 0, "--timeout must be positive")
+	check(!(c.spareLeader && c.leaderMaster), "--spare-controller-leader and --leader-master exclude each other")
 	check(c.restartDelay >= 0 && c.restartDelay <= time.Minute, "--restart-delay %v not in 0..1m", c.restartDelay)
 	return c, errors.Join(errs...)
 }
@@ -182,12 +192,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 			copyLogs(work, c.logs)
 		}
 	}()
-	fo, notLeader, stalls, err := measure(ctx, c, cl, stdout)
+	res, err := measure(ctx, c, cl, stdout)
 	if err != nil {
 		fmt.Fprintln(stderr, "failover-bench:", err)
 	}
 	fmt.Fprintln(stdout)
-	for _, l := range summary(fo, notLeader, stalls) {
+	for _, l := range summary(res) {
 		fmt.Fprintln(stdout, l)
 	}
 	if err != nil {
@@ -196,12 +206,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// results are the run's samples.
+type results struct {
+	failovers []time.Duration // every counted master kill
+	notLeader []time.Duration // those whose broker did not lead the controller
+	leader    []time.Duration // those whose broker led the controller
+	stalls    []time.Duration // follower kills
+}
+
 // summary is the closing lines: failovers of the kills whose broker did
-// not lead the controller, of all kills, and the follower kill stalls.
-func summary(failovers, notLeader, stalls []time.Duration) []string {
+// not lead the controller, of those whose broker did, of all kills, and
+// the follower kill stalls.
+func summary(r results) []string {
+	failovers, notLeader, leader, stalls := r.failovers, r.notLeader, r.leader, r.stalls
 	return []string{
 		fmt.Sprintf("failover master-kill, controller leader spared n=%d p50=%s p99=%s max=%s", len(notLeader),
 			ms(quantile(notLeader, 0.50)), ms(quantile(notLeader, 0.99)), ms(quantile(notLeader, 1))),
+		fmt.Sprintf("failover master-kill, master led the controller n=%d p50=%s p99=%s max=%s", len(leader),
+			ms(quantile(leader, 0.50)), ms(quantile(leader, 0.99)), ms(quantile(leader, 1))),
 		fmt.Sprintf("failover master-kill n=%d p50=%s p99=%s max=%s", len(failovers),
 			ms(quantile(failovers, 0.50)), ms(quantile(failovers, 0.99)), ms(quantile(failovers, 1))),
 		fmt.Sprintf("stall follower-kill n=%d p50=%s max=%s", len(stalls), ms(quantile(stalls, 0.50)), ms(quantile(stalls, 1))),
@@ -243,6 +265,8 @@ type publisher struct {
 	done  []completion
 	fails int
 	queue string // published to; setQueue changes it
+	// reroute asks the loop to look the master up again (it moved).
+	reroute atomic.Bool
 }
 
 func (p *publisher) setQueue(q string) {
@@ -296,7 +320,7 @@ func (p *publisher) loop(ctx context.Context) {
 	next := time.Now()
 	queue := ""
 	for ctx.Err() == nil {
-		switched := false
+		switched := p.reroute.Swap(false)
 		if q := p.queueName(); q != queue {
 			queue, switched = q, true
 		}
@@ -402,16 +426,16 @@ func pause(ctx context.Context, d time.Duration) {
 }
 
 // measure declares the queue, starts the publisher and does the kills.
-func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer) (failovers, notLeader, stalls []time.Duration, err error) {
+func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer) (r results, err error) {
 	queues := []string{c.queue}
 	if c.spareLeader {
 		view, err := cl.Router.View(ctx)
 		if err != nil {
-			return nil, nil, nil, err
+			return r, err
 		}
 		prefix, _, err := cluster.Spread(view, c.queue, len(cl.Brokers), 1, 20000)
 		if err != nil {
-			return nil, nil, nil, err
+			return r, err
 		}
 		queues = queues[:0]
 		for i := range cl.Brokers {
@@ -433,7 +457,7 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 			cancel()
 		}
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("declare %s: %w", q, err)
+			return r, fmt.Errorf("declare %s: %w", q, err)
 		}
 	}
 	var qgroups []uint32
@@ -450,43 +474,54 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 
 	for i := range c.kills {
 		if err := steady(ctx, cl, p, qgroups); err != nil {
-			return failovers, notLeader, stalls, fmt.Errorf("master kill %d: %w", i+1, err)
+			return r, fmt.Errorf("master kill %d: %w", i+1, err)
 		}
 		view, err := cl.Router.View(ctx)
 		if err != nil {
-			return failovers, notLeader, stalls, err
+			return r, err
 		}
 		if c.spareLeader {
 			// Publish to a queue whose master does not lead the controller.
 			q, err := spared(ctx, cl, view, queues, p.queueName(), i)
 			if err != nil {
-				return failovers, notLeader, stalls, fmt.Errorf("master kill %d: %w", i+1, err)
+				return r, fmt.Errorf("master kill %d: %w", i+1, err)
 			}
 			if q != p.queueName() {
 				p.setQueue(q)
 				if err := steady(ctx, cl, p, qgroups); err != nil {
-					return failovers, notLeader, stalls, fmt.Errorf("master kill %d: %w", i+1, err)
+					return r, fmt.Errorf("master kill %d: %w", i+1, err)
 				}
 			}
 			g = cluster.GroupOf(q, uint32(c.groups))
 			// spared may have moved a group: read the masters again.
 			if view, err = cl.Router.View(ctx); err != nil {
-				return failovers, notLeader, stalls, err
+				return r, err
+			}
+		}
+		if c.leaderMaster {
+			if view, err = onLeader(ctx, cl, g); err != nil {
+				return r, fmt.Errorf("master kill %d: %w", i+1, err)
+			}
+			// Publish at the master moved to, not through the broker
+			// that forwards to it.
+			p.reroute.Store(true)
+			if err := steady(ctx, cl, p, qgroups); err != nil {
+				return r, fmt.Errorf("master kill %d: %w", i+1, err)
 			}
 		}
 		m := cl.ByID(view.Masters[g].Broker)
 		if m == nil {
-			return failovers, notLeader, stalls, fmt.Errorf("master kill %d: no broker for group %d's master", i+1, g)
+			return r, fmt.Errorf("master kill %d: no broker for group %d's master", i+1, g)
 		}
 		leader := cl.ControllerLeader(ctx, m)
 		epoch := view.Masters[g].Epoch
 		t0, err := cl.Kill(m)
 		if err != nil {
-			return failovers, notLeader, stalls, err
+			return r, err
 		}
 		first, by, err := firstElsewhere(ctx, p, t0, m.Client)
 		if err != nil {
-			return failovers, notLeader, stalls, fmt.Errorf("master kill %d: %w", i+1, err)
+			return r, fmt.Errorf("master kill %d: %w", i+1, err)
 		}
 		d := first.Sub(t0)
 		// The sample counts only if the client was publishing to the
@@ -494,19 +529,21 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 		before := lastBefore(p.since(t0.Add(-steadyBefore), t0.Add(-steadyBefore)), t0)
 		counted := before == m.Client
 		if counted {
-			failovers = append(failovers, d)
+			r.failovers = append(r.failovers, d)
 		}
 		pause(ctx, c.restartDelay)
 		rejoin, err := restart(ctx, cl, m, g, queues, qgroups, out)
 		if err != nil {
-			return failovers, notLeader, stalls, fmt.Errorf("master kill %d: %w", i+1, err)
+			return r, fmt.Errorf("master kill %d: %w", i+1, err)
 		}
 		if !counted {
 			fmt.Fprintf(out, "master kill %2d: broker %d killed, but the client's last publish before the kill completed at %s, not there: not counted\n", i+1, m.ID, before)
 			continue
 		}
-		if !leader {
-			notLeader = append(notLeader, d)
+		if leader {
+			r.leader = append(r.leader, d)
+		} else {
+			r.notLeader = append(r.notLeader, d)
 		}
 		byID := uint32(0)
 		for _, b := range cl.Brokers {
@@ -514,16 +551,16 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 				byID = b.ID
 			}
 		}
-		fmt.Fprintf(out, "master kill %2d: broker %d (controller leader %v), group %d epoch %d: first publish completed by broker %d after %s; back in sync %s after restart\n",
-			i+1, m.ID, leader, g, epoch, byID, ms(d), ms(rejoin))
+		fmt.Fprintf(out, "master kill %2d: broker %d (controller leader %v), group %d epoch %d, killed at %s: first publish completed by broker %d after %s; back in sync %s after restart\n",
+			i+1, m.ID, leader, g, epoch, t0.UTC().Format("15:04:05.000"), byID, ms(d), ms(rejoin))
 	}
 	for i := range c.followerKills {
 		if err := steady(ctx, cl, p, qgroups); err != nil {
-			return failovers, notLeader, stalls, fmt.Errorf("follower kill %d: %w", i+1, err)
+			return r, fmt.Errorf("follower kill %d: %w", i+1, err)
 		}
 		view, err := cl.Router.View(ctx)
 		if err != nil {
-			return failovers, notLeader, stalls, err
+			return r, err
 		}
 		master := view.Masters[g].Broker
 		// Take the followers in turn.
@@ -537,21 +574,21 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 		leader := cl.ControllerLeader(ctx, f)
 		t0, err := cl.Kill(f)
 		if err != nil {
-			return failovers, notLeader, stalls, err
+			return r, err
 		}
 		pause(ctx, c.observe)
 		cs := p.since(t0.Add(-steadyBefore), t0.Add(-steadyBefore))
 		before, around, after := gaps(cs, t0, t0.Add(c.observe))
-		stalls = append(stalls, around)
+		r.stalls = append(r.stalls, around)
 		pause(ctx, c.restartDelay)
 		rejoin, err := restart(ctx, cl, f, g, queues, qgroups, out)
 		if err != nil {
-			return failovers, notLeader, stalls, fmt.Errorf("follower kill %d: %w", i+1, err)
+			return r, fmt.Errorf("follower kill %d: %w", i+1, err)
 		}
 		fmt.Fprintf(out, "follower kill %d: broker %d (controller leader %v), group %d master %d: longest gap between completions %s (in the second before: %s), %d completed in the %s after; back in sync %s after restart\n",
 			i+1, f.ID, leader, g, master, ms(around), ms(before), after, c.observe, ms(rejoin))
 	}
-	return failovers, notLeader, stalls, nil
+	return r, nil
 }
 
 // lastBefore is the broker address of the last completion of cs at or
@@ -735,6 +772,47 @@ func spared(ctx context.Context, cl *cluster.Cluster, view *cluster.View, queues
 		}
 	}
 	return "", fmt.Errorf("every queue's master leads the controller (queues %v), and none could be moved", queues)
+}
+
+// onLeader moves group g's master onto the broker that leads the
+// controller, by a forced election preferring it, unless it is there
+// already, and returns the view that shows it there.
+func onLeader(ctx context.Context, cl *cluster.Cluster, g uint32) (*cluster.View, error) {
+	deadline := time.Now().Add(rejoinTimeout)
+	for time.Now().Before(deadline) {
+		var leader *cluster.Broker
+		for _, b := range cl.Brokers {
+			if cl.ControllerLeader(ctx, b) {
+				leader = b
+			}
+		}
+		view, err := cl.Router.View(ctx)
+		if err == nil && leader != nil {
+			if view.Masters[g].Broker == leader.ID {
+				if err := cl.WaitSettled(ctx, rejoinTimeout, g); err != nil {
+					return nil, err
+				}
+				// Settled, and still both? (The controller may have moved.)
+				if v, err := cl.Router.View(ctx); err == nil && v.Masters[g].Broker == leader.ID && cl.ControllerLeader(ctx, leader) {
+					return v, nil
+				}
+				continue
+			}
+			// Level members first: the preferred broker wins only a tie
+			// of log ends, and each lost try costs the group an epoch.
+			if err := cl.WaitSettled(ctx, rejoinTimeout, g); err != nil {
+				return nil, err
+			}
+			if err := cl.Elect(ctx, g, leader.ID); err != nil {
+				return nil, err
+			}
+		}
+		pause(ctx, 200*time.Millisecond)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+	return nil, fmt.Errorf("group %d: its master could not be moved onto the controller leader within %v", g, rejoinTimeout)
 }
 
 func rejoin(ctx context.Context, cl *cluster.Cluster, b *cluster.Broker, g uint32) (time.Duration, error) {

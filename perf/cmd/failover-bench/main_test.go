@@ -24,6 +24,7 @@ func TestArgs(t *testing.T) {
 		{"--window", "0"},
 		{"--observe", "1ms"},
 		{"--queue", "a b"},
+		{"--spare-controller-leader", "--leader-master"},
 		{"stray"},
 	} {
 		var stderr bytes.Buffer
@@ -50,16 +51,17 @@ func TestQuantileAndSummary(t *testing.T) {
 	if q := quantile(nil, 0.5); q != -1 {
 		t.Errorf("p50 of none %v", q)
 	}
-	got := summary(ds, ds[:10], []time.Duration{120 * time.Millisecond, 90 * time.Millisecond})
+	got := summary(results{failovers: ds, notLeader: ds[:10], leader: ds[10:], stalls: []time.Duration{120 * time.Millisecond, 90 * time.Millisecond}})
 	want := []string{
 		"failover master-kill, controller leader spared n=10 p50=500ms p99=1000ms max=1000ms",
+		"failover master-kill, master led the controller n=10 p50=1500ms p99=2000ms max=2000ms",
 		"failover master-kill n=20 p50=1000ms p99=2000ms max=2000ms",
 		"stall follower-kill n=2 p50=90ms max=120ms",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("summary\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
-	if l := summary(nil, nil, nil)[1]; !regexp.MustCompile(`^failover master-kill n=0 p50=n/a p99=n/a max=n/a$`).MatchString(l) {
+	if l := summary(results{})[2]; !regexp.MustCompile(`^failover master-kill n=0 p50=n/a p99=n/a max=n/a$`).MatchString(l) {
 		t.Errorf("empty summary %q", l)
 	}
 }
