@@ -31,11 +31,11 @@ import (
 // and written on another goroutine after the journal is durable up to
 // its position, one at a time.
 //
-// Known difference from a full replay: a delayed message already due and
-// promoted whose body was paged out when the checkpoint was taken has lost
-// its deliver-at time (a paged entry keeps no body), so it is recovered
-// as a ready message at its place by position, where a replay would
-// promote it again after the plain ready ones.
+// A message with a deliver-at time keeps it in the checkpoint while its
+// body is in memory (a paged entry has none). Either way it comes back
+// in its place: a delayed message that came due goes back among the
+// ready ones by Seq, which follows the journal's positions as replay
+// does.
 //
 // Owner section format (journal.BeginCheckpoint frames it):
 //
@@ -86,6 +86,9 @@ type ckShard struct {
 	inFlight bool
 	done     chan ckDone
 	held     map[uint64]ckHeld
+	// loaded: this shard recovered from a checkpoint. noFinal: a test
+	// stops the shard as a crash would, with no checkpoint at the stop.
+	loaded, noFinal bool
 	// Stats: checkpoints written, failed, and the last one's size and
 	// how long its capture held the shard.
 	written, failed int
@@ -322,7 +325,7 @@ func (s *Shard) finalCheckpoint() {
 		return
 	}
 	s.waitCheckpoint()
-	if sj.ck.appends == 0 && sj.ck.written > 0 {
+	if sj.ck.noFinal || sj.ck.appends == 0 && sj.ck.written > 0 {
 		return
 	}
 	if sj.j.Stats().Err != nil {

@@ -275,6 +275,7 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 	}
 	live, dropped := 0, 0
 	if ck != nil {
+		sj.ck.loaded = true
 		live, dropped = s.applyCheckpoint(ck, byName, ckRefs)
 	}
 	for i := range msgs {
@@ -315,6 +316,9 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		q.Recovered++
 		live++
 	}
+	// The records replayed count towards the next checkpoint, so a long
+	// tail is not replayed again at the next start.
+	sj.ck.appends = records
 	s.meters.recovery = time.Since(start)
 	s.meters.recovered = uint64(live)
 	log.Info("shards: journal recovered", "shard", s.idx, "from_checkpoint", ck != nil, "records", records, "messages", live,

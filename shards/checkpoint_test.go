@@ -1,0 +1,394 @@
+package shards
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/berthmq/berth/journal"
+	"github.com/berthmq/berth/wire"
+)
+
+// ckQueues are the queues of the checkpoint tests: plain ones, a priority
+// queue, and one that a run deletes and declares again.
+var ckQueues = []struct {
+	name string
+	opts QueueOptions
+}{
+	{"plain-a", QueueOptions{Durable: true}},
+	{"plain-b", QueueOptions{Durable: true}},
+	{"prio", QueueOptions{Durable: true, MaxPriority: 3}},
+	{"dropped", QueueOptions{Durable: true}},
+}
+
+// ckBroker starts a two-shard broker with small journal segments (so
+// compaction runs between checkpoints) on dir and the test queues.
+func ckBroker(t *testing.T, dir string) (*Broker, map[string]*Queue) {
+	t.Helper()
+	cfg := Config{Shards: 2, TickInterval: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Journal: &JournalConfig{Dir: dir, SegmentBytes: 4096, Fsync: journal.FsyncNever}}
+	b := New(cfg)
+	if err := b.Start(); err != nil {
+		t.Fatal(err)
+	}
+	qs := map[string]*Queue{}
+	for _, d := range ckQueues {
+		q, err := b.AddQueue(d.name, d.opts, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		qs[d.name] = q
+	}
+	if err := b.Recover(); err != nil {
+		t.Fatal(err)
+	}
+	return b, qs
+}
+
+// ckMsg is a recovered message as the state comparison sees it.
+type ckMsg struct {
+	Pos   uint64
+	Count uint32
+	Exp   int64
+	Level int
+	At    int64 // delayed ones only
+	Size  uint64
+}
+
+// ckQueueState is a queue's messages in delivery order: each level's
+// ready ones from the highest level down by Seq, then the delayed ones by
+// deliver-at time; and its producer table.
+type ckQueueState struct {
+	Ready     [][]ckMsg
+	Delayed   []ckMsg
+	Unacked   int
+	Producers map[uint64]uint64
+}
+
+type ckState struct {
+	Queues map[string]ckQueueState
+	Live   []uint64 // live plain journal records, all shards
+}
+
+func ckCollect(t *testing.T, b *Broker, qs map[string]*Queue, maxPos uint64) ckState {
+	t.Helper()
+	st := ckState{Queues: map[string]ckQueueState{}}
+	for name, q := range qs {
+		_ = b.Call(b.shards[q.shard], func(s *Shard) {
+			var qst ckQueueState
+			for lv := len(q.levels) - 1; lv >= 0; lv-- {
+				l := &q.levels[lv]
+				var es []*Entry
+				for k := 0; k < l.ready.len(); k++ {
+					es = append(es, l.ready.at(k))
+				}
+				es = append(es, l.released...)
+				slices.SortFunc(es, func(a, b *Entry) int { return int(a.Seq) - int(b.Seq) })
+				var ms []ckMsg
+				for _, e := range es {
+					ms = append(ms, ckMsg{Pos: e.JournalPos, Count: e.DeliveryCount, Exp: e.ExpiresAt, Level: e.level(), Size: e.size()})
+				}
+				qst.Ready = append(qst.Ready, ms)
+			}
+			ds := slices.Clone(q.delayed)
+			slices.SortFunc(ds, func(a, b delayedEntry) int {
+				if a.at != b.at {
+					return int(a.at - b.at)
+				}
+				return int(a.e.JournalPos) - int(b.e.JournalPos)
+			})
+			for _, d := range ds {
+				e := d.e
+				qst.Delayed = append(qst.Delayed, ckMsg{Pos: e.JournalPos, Count: e.DeliveryCount, Exp: e.ExpiresAt, Level: e.level(), At: d.at, Size: e.size()})
+			}
+			qst.Unacked = len(q.acquired)
+			qst.Producers = map[uint64]uint64{}
+			for id, p := range q.producers.m {
+				qst.Producers[id] = p.seq
+			}
+			st.Queues[name] = qst
+		})
+	}
+	for _, sh := range b.shards {
+		_ = b.Call(sh, func(s *Shard) {
+			for pos := uint64(1); pos <= maxPos; pos++ {
+				if s.journal.j.Contains(journal.Pos(pos)) {
+					st.Live = append(st.Live, uint64(sh.idx)<<48|pos)
+				}
+			}
+		})
+	}
+	return st
+}
+
+// ckLoaded reports whether every shard of b recovered from a checkpoint.
+func ckUsed(b *Broker) (all, any bool) {
+	all = true
+	for _, sh := range b.shards {
+		_ = b.Call(sh, func(s *Shard) {
+			all = all && s.journal.ck.loaded
+			any = any || s.journal.ck.loaded
+		})
+	}
+	return all, any
+}
+
+// ckWorkload runs a seeded random mix of publishes (priorities, deliver-at
+// times past and future, TTLs, producer ids, some transient), deliveries
+// settled by accept, release (a new delivery count) and reject, purges,
+// and the deletion and new declaration of a queue, taking checkpoints at
+// random moments (always at least one, never at the end unless
+// ckAtEnd), and stops the broker as a crash would: everything appended is
+// in the files, and no checkpoint is written at the stop.
+func ckWorkload(t *testing.T, dir string, seed uint64, ops int, ckAtEnd bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rng := rand.New(rand.NewPCG(seed, 7))
+	b, qs := ckBroker(t, dir)
+	now := time.Now().UnixNano()
+	type consumer struct {
+		sess *Session
+		w    *captureWriter
+		tags []uint64
+	}
+	cons := map[string]*consumer{}
+	subscribe := func(name string) {
+		w := &captureWriter{}
+		c := &consumer{sess: &Session{ID: uint64(len(cons) + 100), Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: w}, w: w}
+		q := qs[name]
+		if err := b.shards[q.shard].Push(ctx, Command{Op: OpSubscribe, Sess: c.sess, CmdID: 1, Queue: q, ConsumerID: 1}); err != nil {
+			t.Fatal(err)
+		}
+		cons[name] = c
+	}
+	for _, d := range ckQueues {
+		subscribe(d.name)
+	}
+	checkpoint := func() {
+		for _, sh := range b.shards {
+			_ = b.Call(sh, func(s *Shard) {
+				s.waitCheckpoint()
+				buf := s.captureCheckpoint()
+				s.checkpointDone(ckDone{buf, s.journal.j.WriteCheckpoint(buf)})
+			})
+		}
+	}
+	names := []string{"plain-a", "plain-b", "prio", "dropped"}
+	cmdID := uint64(1000)
+	tookCk := false
+	for i := 0; i < ops; i++ {
+		name := names[rng.IntN(len(names))]
+		q := qs[name]
+		sh := b.shards[q.shard]
+		c := cons[name]
+		switch r := rng.IntN(100); {
+		case r < 55:
+			body := NewBody(nil, []byte(name), nil, fmt.Appendf(nil, "m%d-%d", i, rng.IntN(1000)), rng.IntN(10) != 0)
+			if name == "prio" {
+				body.Priority = uint8(rng.IntN(6))
+			}
+			switch rng.IntN(20) {
+			case 0, 1:
+				body.DeliverAt = now - int64(rng.IntN(1000))*int64(time.Millisecond) // due already
+			case 2:
+				body.DeliverAt = now + int64(time.Hour) + int64(rng.IntN(1000))
+			}
+			cmd := Command{Op: OpPublish, Queue: q, Body: body, Now: now, Sess: c.sess}
+			if rng.IntN(10) == 0 {
+				cmd.TTLNanos = int64(time.Hour)
+			}
+			cmdID++
+			cmd.CmdID = cmdID
+			if rng.IntN(5) == 0 {
+				cmd.Producer = uint64(1 + rng.IntN(3))
+			}
+			if err := sh.Push(ctx, cmd); err != nil {
+				t.Fatal(err)
+			}
+		case r < 75:
+			// Credit, then settle some of what came.
+			if err := sh.Push(ctx, Command{Op: OpCredit, Sess: c.sess, ConsumerID: 1, Credit: uint32(1 + rng.IntN(4))}); err != nil {
+				t.Fatal(err)
+			}
+			_ = b.Call(sh, func(*Shard) {})
+			for _, m := range c.w.take(t) {
+				c.tags = append(c.tags, m.Tag)
+			}
+			for len(c.tags) > 0 && rng.IntN(4) != 0 {
+				k := rng.IntN(len(c.tags))
+				tag := c.tags[k]
+				c.tags = slices.Delete(c.tags, k, k+1)
+				settle := Command{Op: OpSettle, Sess: c.sess, CmdID: 2, ConsumerID: 1, NRanges: 1, Last: true}
+				settle.Settle = []uint8{SettleAccept, SettleAccept, SettleRelease, SettleRelease, SettleReject}[rng.IntN(5)]
+				settle.Ranges[0] = wire.Range{First: tag, Last: tag}
+				if err := sh.Push(ctx, settle); err != nil {
+					t.Fatal(err)
+				}
+			}
+		case r < 77:
+			if _, err := b.Purge(q); err != nil {
+				t.Fatal(err)
+			}
+		case r < 78 && name == "dropped":
+			if _, err := b.DropQueue(q); err != nil {
+				t.Fatal(err)
+			}
+			nq, err := b.AddQueue(name, q.Options, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			qs[name] = nq
+			subscribe(name)
+		case r < 82 && i < ops*9/10:
+			checkpoint()
+			tookCk = true
+		}
+	}
+	if !tookCk || ckAtEnd {
+		checkpoint()
+	}
+	for _, sh := range b.shards {
+		_ = b.Call(sh, func(s *Shard) { s.journal.ck.noFinal = true })
+	}
+	b.Stop()
+}
+
+func copyDir(t *testing.T, src, dst string) {
+	t.Helper()
+	err := filepath.Walk(src, func(path string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, path)
+		to := filepath.Join(dst, rel)
+		if fi.IsDir() {
+			return os.MkdirAll(to, 0o755)
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(to, data, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// recoverState opens a broker on dir and returns its state; want says
+// whether its shards must (true) or must not (false) have recovered from
+// a checkpoint.
+func recoverState(t *testing.T, dir string, want bool) ckState {
+	t.Helper()
+	b, qs := ckBroker(t, dir)
+	defer b.Stop()
+	all, any := ckUsed(b)
+	if want && !all {
+		t.Fatalf("%s: a shard did not recover from its checkpoint", dir)
+	}
+	if !want && any {
+		t.Fatalf("%s: a shard recovered from a checkpoint", dir)
+	}
+	return ckCollect(t, b, qs, 200_000)
+}
+
+// compareStates checks the checkpoint's recovery against the full
+// replay's: the same messages in the same order with the same delivery
+// counts, priorities, expiries and deliver-at times, the same live
+// journal records, and producer tables that know at least what the
+// replay knows (a compacted journal forgets producers of consumed
+// messages; the checkpoint keeps the live table).
+func compareStates(t *testing.T, what string, got, want ckState) {
+	t.Helper()
+	n, counted := 0, 0
+	for _, w := range want.Queues {
+		for _, l := range w.Ready {
+			for _, m := range l {
+				if m.Count > 0 {
+					counted++
+				}
+			}
+		}
+	}
+	t.Logf("%s: %d messages redelivered before the stop", what, counted)
+	for name, w := range want.Queues {
+		g := got.Queues[name]
+		if !reflect.DeepEqual(g.Ready, w.Ready) || !reflect.DeepEqual(g.Delayed, w.Delayed) || g.Unacked != w.Unacked {
+			t.Errorf("%s: queue %s differs:\n got ready %v delayed %v\nwant ready %v delayed %v", what, name, g.Ready, g.Delayed, w.Ready, w.Delayed)
+		}
+		for id, seq := range w.Producers {
+			if g.Producers[id] < seq {
+				t.Errorf("%s: queue %s knows producer %d up to %d, the replay up to %d", what, name, id, g.Producers[id], seq)
+			}
+		}
+		for _, l := range w.Ready {
+			n += len(l)
+		}
+		n += len(w.Delayed)
+	}
+	if !reflect.DeepEqual(got.Live, want.Live) {
+		t.Errorf("%s: live journal records differ: %d against %d", what, len(got.Live), len(want.Live))
+	}
+	if n == 0 {
+		t.Errorf("%s: nothing recovered; the workload proves nothing", what)
+	}
+}
+
+// TestCheckpointMatchesReplay runs seeded random workloads, stops as a
+// crash would (after a checkpoint in the middle, so recovery reads the
+// checkpoint and the journal's tail), and checks that recovery from the
+// checkpoint gives exactly the state a full replay of the same files
+// gives. A checkpoint cut short, or corrupt, must be ignored for a full
+// replay; a leftover temporary file must not matter.
+func TestCheckpointMatchesReplay(t *testing.T) {
+	for _, seed := range []uint64{1, 2, 3, 4} {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			src := t.TempDir()
+			ckWorkload(t, src, seed, 3000, seed == 4)
+			dirs := map[string]string{}
+			for _, k := range []string{"ck", "full", "torn", "corrupt"} {
+				dirs[k] = filepath.Join(t.TempDir(), k)
+				copyDir(t, src, dirs[k])
+			}
+			shardDirs, _ := filepath.Glob(filepath.Join(dirs["full"], "shard-*"))
+			if len(shardDirs) != 2 {
+				t.Fatalf("shard directories: %v", shardDirs)
+			}
+			for _, sd := range []string{"shard-000", "shard-001"} {
+				if err := os.Remove(filepath.Join(dirs["full"], sd, "checkpoint")); err != nil {
+					t.Fatal(err)
+				}
+				ckFile := filepath.Join(dirs["torn"], sd, "checkpoint")
+				data, err := os.ReadFile(ckFile)
+				if err != nil {
+					t.Fatal(err)
+				}
+				// A torn write: only a prefix made it (a rename never
+				// publishes one, but a disk may lose the tail of a file).
+				if err := os.WriteFile(ckFile, data[:len(data)*2/3], 0o644); err != nil {
+					t.Fatal(err)
+				}
+				data[len(data)/2] ^= 0x40
+				if err := os.WriteFile(filepath.Join(dirs["corrupt"], sd, "checkpoint"), data, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				// An interrupted write of a newer checkpoint.
+				if err := os.WriteFile(filepath.Join(dirs["ck"], sd, "checkpoint.tmp"), data[:len(data)/3], 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			full := recoverState(t, dirs["full"], false)
+			compareStates(t, "checkpoint and tail", recoverState(t, dirs["ck"], true), full)
+			compareStates(t, "torn checkpoint", recoverState(t, dirs["torn"], false), full)
+			compareStates(t, "corrupt checkpoint", recoverState(t, dirs["corrupt"], false), full)
+		})
+	}
+}
