@@ -79,6 +79,7 @@ type ckHeld struct {
 // ckShard is a shard journal's checkpoint state. Shard goroutine only.
 type ckShard struct {
 	appends  int // records appended since the last checkpoint
+	every    int // records between checkpoints
 	lastLive int // messages in the last checkpoint
 	last     time.Time
 	buf      []byte
@@ -281,7 +282,7 @@ func (s *Shard) maybeCheckpoint() {
 	if sj.ck.appends == 0 {
 		return
 	}
-	if sj.ck.appends < max(checkpointEvery, sj.ck.lastLive/2) && time.Since(sj.ck.last) < checkpointInterval {
+	if sj.ck.appends < max(sj.ck.every, sj.ck.lastLive/2) && time.Since(sj.ck.last) < checkpointInterval {
 		return
 	}
 	if sj.j.Stats().Err != nil {

@@ -118,6 +118,9 @@ type JournalConfig struct {
 	Fsync        journal.FsyncPolicy
 	SegmentBytes int64
 	FS           journal.FS
+	// CheckpointRecords is how many records a shard appends between two
+	// checkpoints (checkpoint.go); 0 means checkpointEvery.
+	CheckpointRecords int
 }
 
 // ErrStore wraps journal failures reported to clients.
@@ -127,6 +130,7 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 	sj := &shardJournal{doneBuf: make([]jdone, 256)}
 	sj.ck.done = make(chan ckDone, 1)
 	sj.ck.last = time.Now()
+	sj.ck.every = cmp.Or(cfg.CheckpointRecords, checkpointEvery)
 	sj.done = ring.NewSPSCSignal[jdone](jdoneRingSize, s.sig)
 	sj.onDone = func(pos journal.Pos, err error) {
 		if sj.done.TryPush(jdone{pos, err}) {
