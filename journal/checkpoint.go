@@ -267,6 +267,9 @@ func (j *Journal) readCheckpoint(sizes map[uint32]int64) (*ckpt, error) {
 func (j *Journal) loadCheckpointIndex(ck *ckpt, gone map[Pos]entry) error {
 	r := &ckReader{b: ck.entries}
 	n := r.uvarint()
+	if first := (&ckReader{b: r.b}).uvarint(); n > 0 && first > 0 && Pos(first) <= ck.upto {
+		j.mu.index.reserve(Pos(first), uint64(ck.upto-Pos(first)+1), int(min(n, 1<<40)))
+	}
 	var pos Pos
 	for i := uint64(0); i < n && r.err == nil; i++ {
 		pos += Pos(r.uvarint())
@@ -305,12 +308,18 @@ func (j *Journal) relinkLive() {
 	for _, s := range j.mu.segs {
 		s.live = 0
 	}
+	// Records of one segment sit together: look it up once per run.
+	var s *segment
 	for _, e := range j.mu.index.all() {
-		if j.countedLocked(*e) {
-			if s := j.mu.segs[e.seg]; s != nil {
-				s.live += int64(e.size)
+		if !j.countedLocked(*e) {
+			continue
+		}
+		if s == nil || s.id != e.seg {
+			if s = j.mu.segs[e.seg]; s == nil {
+				continue
 			}
 		}
+		s.live += int64(e.size)
 	}
 }
 
