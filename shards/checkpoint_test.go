@@ -396,3 +396,52 @@ func TestCheckpointMatchesReplay(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkCheckpointCapture measures how long taking a checkpoint holds
+// the shard: one op is one capture of a shard with 1,000,000 journaled
+// messages of 128 bytes over 100 durable queues (a journal of 4 KiB
+// segments is not used: the default 2 MiB ones).
+//
+//	go test ./shards -run '^$' -bench CheckpointCapture -benchtime 5x
+func BenchmarkCheckpointCapture(b *testing.B) {
+	const n, queues = 1_000_000, 100
+	cfg := Config{Shards: 1, TickInterval: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Journal: &JournalConfig{Dir: b.TempDir(), Fsync: journal.FsyncNever}}
+	br := New(cfg)
+	if err := br.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer br.Stop()
+	var qs []*Queue
+	for i := 0; i < queues; i++ {
+		q, err := br.AddQueue(fmt.Sprintf("q%03d", i), QueueOptions{Durable: true}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		qs = append(qs, q)
+	}
+	if err := br.Recover(); err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	payload := make([]byte, 128)
+	sh := br.shards[0]
+	for i := 0; i < n; i++ {
+		if err := sh.Push(ctx, Command{Op: OpPublish, Queue: qs[i%queues], Body: NewBody(nil, nil, nil, payload, true), Now: time.Now().UnixNano()}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	_ = br.Call(sh, func(s *Shard) { _ = s.journal.j.Sync() })
+	b.ResetTimer()
+	var bytes int
+	for i := 0; i < b.N; i++ {
+		_ = br.Call(sh, func(s *Shard) {
+			buf := s.captureCheckpoint()
+			bytes = len(buf)
+			s.journal.ck.buf = buf[:0]
+		})
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/msg")
+	b.ReportMetric(float64(bytes)/n, "bytes/msg")
+}
