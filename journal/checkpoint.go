@@ -261,6 +261,16 @@ func (j *Journal) readCheckpoint(sizes map[uint32]int64) (*ckpt, error) {
 	return ck, nil
 }
 
+// removeCheckpoint deletes a checkpoint that recovery did not use, so
+// that it cannot be taken for a current one later, when the segments it
+// names have changed.
+func (j *Journal) removeCheckpoint() {
+	path := j.opts.Dir + "/" + checkpointName
+	if err := j.fs.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		j.log.Warn("journal: could not remove an unused checkpoint", "path", path, "err", err)
+	}
+}
+
 // loadCheckpointIndex fills the index from ck. Entries in segments that
 // are gone (compaction removed them after the checkpoint) go to gone
 // instead: a copy of one found in a newer segment takes its flags.

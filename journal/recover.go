@@ -287,6 +287,7 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 		}
 		if err != nil {
 			j.log.Warn("journal: ignoring the checkpoint, replaying every record", "dir", j.opts.Dir, "err", err)
+			j.removeCheckpoint()
 			ck = nil
 			j.mu.ckSuspect = false
 			j.mu.index = newIndex()
@@ -295,6 +296,11 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 				s.positions = nil
 			}
 		}
+	}
+	if j.opts.OnCheckpoint == nil {
+		// An owner that does not read checkpoints does not write them
+		// either: one left here would go stale as this run appends.
+		j.removeCheckpoint()
 	}
 	var readers []*segReader
 	for _, seg := range present {
