@@ -211,7 +211,9 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 		return fmt.Errorf("journal: read dir %s: %w", j.opts.Dir, err)
 	}
 	var ids []uint32
+	hasCk := false
 	for _, name := range names {
+		hasCk = hasCk || name == checkpointName
 		if strings.HasSuffix(name, ".seg.tmp") {
 			// An unfinished compaction output; its sources are intact.
 			if err := j.fs.Remove(j.opts.Dir + "/" + name); err != nil {
@@ -276,7 +278,7 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 	// was written after it is read.
 	var ck *ckpt
 	gone := map[Pos]entry{}
-	if j.opts.OnCheckpoint != nil {
+	if j.opts.OnCheckpoint != nil && hasCk {
 		var err error
 		ck, err = j.readCheckpoint(sizes)
 		if err == nil && ck != nil {
@@ -297,7 +299,7 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 			}
 		}
 	}
-	if j.opts.OnCheckpoint == nil {
+	if j.opts.OnCheckpoint == nil && hasCk {
 		// An owner that does not read checkpoints does not write them
 		// either: one left here would go stale as this run appends.
 		j.removeCheckpoint()
