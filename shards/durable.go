@@ -321,8 +321,11 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		live++
 	}
 	// The records replayed count towards the next checkpoint, so a long
-	// tail is not replayed again at the next start.
+	// tail is not replayed again at the next start; the messages
+	// recovered set its threshold, as a checkpoint's would, so that the
+	// first deliveries do not wait for a capture at the first tick.
 	sj.ck.appends = records
+	sj.ck.lastLive = live
 	s.meters.recovery = time.Since(start)
 	s.meters.recovered = uint64(live)
 	log.Info("shards: journal recovered", "shard", s.idx, "from_checkpoint", ck != nil, "records", records, "messages", live,
