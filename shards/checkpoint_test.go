@@ -2,6 +2,7 @@ package shards
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"log/slog"
@@ -31,10 +32,10 @@ var ckQueues = []struct {
 
 // ckBroker starts a two-shard broker with small journal segments (so
 // compaction runs between checkpoints) on dir and the test queues.
-func ckBroker(t *testing.T, dir string) (*Broker, map[string]*Queue) {
+func ckBroker(t *testing.T, dir string, fs journal.FS) (*Broker, map[string]*Queue) {
 	t.Helper()
 	cfg := Config{Shards: 2, TickInterval: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Journal: &JournalConfig{Dir: dir, SegmentBytes: 4096, Fsync: journal.FsyncNever}}
+		Journal: &JournalConfig{Dir: dir, SegmentBytes: 4096, Fsync: journal.FsyncNever, FS: fs}}
 	b := New(cfg)
 	if err := b.Start(); err != nil {
 		t.Fatal(err)
@@ -149,14 +150,17 @@ func ckUsed(b *Broker) (all, any bool) {
 // times past and future, TTLs, producer ids, some transient), deliveries
 // settled by accept, release (a new delivery count) and reject, purges,
 // and the deletion and new declaration of a queue, taking checkpoints at
-// random moments (always at least one, never at the end unless
-// ckAtEnd), and stops the broker as a crash would: everything appended is
-// in the files, and no checkpoint is written at the stop.
-func ckWorkload(t *testing.T, dir string, seed uint64, ops int, ckAtEnd bool) {
+// random moments (always at least one, never at the end unless end is
+// ckEndWrite; ckEndFail tries one at the end whose rename fails, so the
+// older one stays and the tail grows), and stops the broker as a crash
+// would: everything appended is in the files, and no checkpoint is
+// written at the stop.
+func ckWorkload(t *testing.T, dir string, seed uint64, ops int, end int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	rng := rand.New(rand.NewPCG(seed, 7))
-	b, qs := ckBroker(t, dir)
+	ffs := journal.NewFaultFS(nil)
+	b, qs := ckBroker(t, dir, ffs)
 	now := time.Now().UnixNano()
 	type consumer struct {
 		sess *Session
@@ -256,14 +260,42 @@ func ckWorkload(t *testing.T, dir string, seed uint64, ops int, ckAtEnd bool) {
 			tookCk = true
 		}
 	}
-	if !tookCk || ckAtEnd {
+	if !tookCk || end == ckEndWrite {
 		checkpoint()
+	}
+	if end == ckEndFail {
+		ffs.SetRule(func(op journal.Op, name string, _ int) error {
+			if op == journal.OpRename && filepath.Base(name) == "checkpoint.tmp" {
+				return journal.ErrInjected
+			}
+			return nil
+		})
+		for i := range 200 {
+			if err := b.shards[i%2].Push(ctx, Command{Op: OpPublish, Queue: qs["plain-a"], Body: NewBody(nil, nil, nil, fmt.Appendf(nil, "late%d", i), true), Now: now}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		checkpoint()
+		for _, sh := range b.shards {
+			_ = b.Call(sh, func(s *Shard) {
+				if s.journal.ck.failed == 0 {
+					t.Errorf("shard %d: the checkpoint whose rename failed counts no failure", s.idx)
+				}
+			})
+		}
 	}
 	for _, sh := range b.shards {
 		_ = b.Call(sh, func(s *Shard) { s.journal.ck.noFinal = true })
 	}
 	b.Stop()
 }
+
+// How ckWorkload ends.
+const (
+	ckEndNone  = iota // the last checkpoint is somewhere in the run
+	ckEndWrite        // a checkpoint right before the crash: no tail
+	ckEndFail         // a last checkpoint whose rename fails
+)
 
 func copyDir(t *testing.T, src, dst string) {
 	t.Helper()
@@ -288,21 +320,27 @@ func copyDir(t *testing.T, src, dst string) {
 }
 
 // recoverState opens a broker on dir and returns its state; want says
-// whether its shards must (true) or must not (false) have recovered from
-// a checkpoint.
-func recoverState(t *testing.T, dir string, want bool) ckState {
+// whether its shards must (ckMust) or must not (ckMustNot) have recovered
+// from a checkpoint, or either (ckEither).
+func recoverState(t *testing.T, dir string, want int) ckState {
 	t.Helper()
-	b, qs := ckBroker(t, dir)
+	b, qs := ckBroker(t, dir, nil)
 	defer b.Stop()
 	all, any := ckUsed(b)
-	if want && !all {
+	if want == ckMust && !all {
 		t.Fatalf("%s: a shard did not recover from its checkpoint", dir)
 	}
-	if !want && any {
+	if want == ckMustNot && any {
 		t.Fatalf("%s: a shard recovered from a checkpoint", dir)
 	}
 	return ckCollect(t, b, qs, 200_000)
 }
+
+const (
+	ckMustNot = iota
+	ckMust
+	ckEither
+)
 
 // compareStates checks the checkpoint's recovery against the full
 // replay's: the same messages in the same order with the same delivery
@@ -351,14 +389,18 @@ func compareStates(t *testing.T, what string, got, want ckState) {
 // checkpoint and the journal's tail), and checks that recovery from the
 // checkpoint gives exactly the state a full replay of the same files
 // gives. A checkpoint cut short, or corrupt, must be ignored for a full
-// replay; a leftover temporary file must not matter.
+// replay; a leftover temporary file must not matter; a checkpoint write
+// whose rename failed leaves the older checkpoint, used with a longer
+// tail; a journal segment cut short after the checkpoint (a disk that
+// lost a file's tail) gives what a full replay of the same files gives.
 func TestCheckpointMatchesReplay(t *testing.T) {
 	for _, seed := range []uint64{1, 2, 3, 4} {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			src := t.TempDir()
-			ckWorkload(t, src, seed, 3000, seed == 4)
+			end := map[uint64]int{3: ckEndFail, 4: ckEndWrite}[seed]
+			ckWorkload(t, src, seed, 3000, end)
 			dirs := map[string]string{}
-			for _, k := range []string{"ck", "full", "torn", "corrupt"} {
+			for _, k := range []string{"ck", "full", "torn", "corrupt", "cut-ck", "cut-full"} {
 				dirs[k] = filepath.Join(t.TempDir(), k)
 				copyDir(t, src, dirs[k])
 			}
@@ -367,8 +409,35 @@ func TestCheckpointMatchesReplay(t *testing.T) {
 				t.Fatalf("shard directories: %v", shardDirs)
 			}
 			for _, sd := range []string{"shard-000", "shard-001"} {
-				if err := os.Remove(filepath.Join(dirs["full"], sd, "checkpoint")); err != nil {
-					t.Fatal(err)
+				for _, k := range []string{"full", "cut-full"} {
+					if err := os.Remove(filepath.Join(dirs[k], sd, "checkpoint")); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for _, k := range []string{"cut-ck", "cut-full"} {
+					// The segment appended to last, the one a crash may
+					// leave short: the highest first position in its
+					// header (a compaction output's is 0, and it is
+					// fsynced before it is renamed into place).
+					segs, _ := filepath.Glob(filepath.Join(dirs[k], sd, "*.seg"))
+					var last string
+					var lastBase uint64
+					for _, seg := range segs {
+						data, err := os.ReadFile(seg)
+						if err != nil || len(data) < 16 {
+							t.Fatalf("segment %s: %v", seg, err)
+						}
+						if base := binary.LittleEndian.Uint64(data[8:16]); base >= lastBase {
+							last, lastBase = seg, base
+						}
+					}
+					fi, err := os.Stat(last)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := os.Truncate(last, fi.Size()*2/3); err != nil {
+						t.Fatal(err)
+					}
 				}
 				ckFile := filepath.Join(dirs["torn"], sd, "checkpoint")
 				data, err := os.ReadFile(ckFile)
@@ -389,10 +458,11 @@ func TestCheckpointMatchesReplay(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			full := recoverState(t, dirs["full"], false)
-			compareStates(t, "checkpoint and tail", recoverState(t, dirs["ck"], true), full)
-			compareStates(t, "torn checkpoint", recoverState(t, dirs["torn"], false), full)
-			compareStates(t, "corrupt checkpoint", recoverState(t, dirs["corrupt"], false), full)
+			full := recoverState(t, dirs["full"], ckMustNot)
+			compareStates(t, "checkpoint and tail", recoverState(t, dirs["ck"], ckMust), full)
+			compareStates(t, "torn checkpoint", recoverState(t, dirs["torn"], ckMustNot), full)
+			compareStates(t, "corrupt checkpoint", recoverState(t, dirs["corrupt"], ckMustNot), full)
+			compareStates(t, "segment cut short", recoverState(t, dirs["cut-ck"], ckEither), recoverState(t, dirs["cut-full"], ckMustNot))
 		})
 	}
 }
