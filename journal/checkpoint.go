@@ -199,8 +199,15 @@ func (j *Journal) readCheckpoint(sizes map[uint32]int64) (*ckpt, error) {
 	if err != nil {
 		return nil, err
 	}
-	if size < checkpointHeader+4 || size > 1<<40 {
-		return nil, fmt.Errorf("%w: %d bytes", errBadCheckpoint, size)
+	// Each record the checkpoint names takes at most 30 bytes in it and
+	// at least 28 in a segment, so it is never much longer than the
+	// segments together: a longer file is not read into memory.
+	var segBytes int64
+	for _, sz := range sizes {
+		segBytes += sz
+	}
+	if size < checkpointHeader+4 || size > 2*segBytes+64<<20 {
+		return nil, fmt.Errorf("%w: %d bytes for %d bytes of segments", errBadCheckpoint, size, segBytes)
 	}
 	b := make([]byte, size)
 	if _, err := f.ReadAt(b, 0); err != nil && !errors.Is(err, io.EOF) {
@@ -282,16 +289,23 @@ func (j *Journal) loadCheckpointIndex(ck *ckpt, gone map[Pos]entry) error {
 	}
 	var pos Pos
 	for i := uint64(0); i < n && r.err == nil; i++ {
-		pos += Pos(r.uvarint())
-		e := entry{seg: uint32(r.uvarint()), off: uint32(r.uvarint()), size: uint32(r.uvarint()), flags: uint32(r.byte())}
-		if e.flags&flagRef != 0 {
-			e.ref = pos - Pos(r.uvarint())
+		delta := r.uvarint()
+		pos += Pos(delta)
+		segID, off, size, flags := r.uvarint(), r.uvarint(), r.uvarint(), r.byte()
+		var back uint64
+		if flags&flagRef != 0 {
+			back = r.uvarint()
 		}
 		if r.err != nil {
 			break
 		}
-		if pos == 0 || pos > ck.upto || e.size < recordHeaderSize || e.flags&^(flagRef|flagFreed) != 0 {
+		if delta == 0 || pos > ck.upto || segID > 1<<32-1 || off > 1<<32-1 || size < recordHeaderSize || size > 1<<32-1 ||
+			flags&^(flagRef|flagFreed) != 0 || flags&flagRef != 0 && (back == 0 || back >= uint64(pos)) {
 			return fmt.Errorf("%w: entry at %d", errBadCheckpoint, pos)
+		}
+		e := entry{seg: uint32(segID), off: uint32(off), size: uint32(size), flags: uint32(flags)}
+		if e.flags&flagRef != 0 {
+			e.ref = pos - Pos(back)
 		}
 		seg := j.mu.segs[e.seg]
 		if seg == nil {

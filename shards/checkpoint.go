@@ -432,15 +432,26 @@ func (d *ckDecoder) rec(r *ckRec, prev uint64) {
 		r.exp = int64(d.uvarint())
 	}
 	if flags&ckCount != 0 {
-		r.count = uint32(d.uvarint())
+		r.count = uint32(d.small(1<<32 - 1))
 	}
 	if flags&ckLevel != 0 {
-		r.level = d.byte()
+		if r.level = d.byte(); r.level > 15 && d.err == nil {
+			d.err = fmt.Errorf("shards: checkpoint entry level %d", r.level)
+		}
 	}
 	if flags&ckAt != 0 {
 		r.at = int64(d.uvarint())
 	}
-	r.size = uint32(d.uvarint())
+	r.size = uint32(d.small(entrySizeMask))
+}
+
+// small reads a uvarint that must not exceed limit.
+func (d *ckDecoder) small(limit uint64) uint64 {
+	v := d.uvarint()
+	if v > limit && d.err == nil {
+		d.err = fmt.Errorf("shards: checkpoint value %d over %d", v, limit)
+	}
+	return v
 }
 
 // parseCheckpoint checks the whole owner section and returns it parsed
