@@ -26,7 +26,10 @@ import (
 //	entries uvarint, then per entry in position order: pos delta uvarint,
 //	seg uvarint, off uvarint, size uvarint, flags u8, and for a ref its
 //	distance back to its target uvarint |
-//	owner length u64 | owner bytes | crc32c of all before u32
+//	owner bytes | owner length u64 | crc32c of all before u32
+//
+// (The owner's length comes last so that recovery finds both sections
+// without a pass over the entries.)
 //
 // Integers in the fixed header are little-endian. A checkpoint whose CRC,
 // magic or version is wrong, or that lists a segment longer than the file
@@ -96,7 +99,6 @@ func (j *Journal) BeginCheckpoint(buf []byte) ([]byte, Pos) {
 			put(x.base+Pos(i), e)
 		}
 	}
-	buf = binary.LittleEndian.AppendUint64(buf, 0) // the owner's length, set by WriteCheckpoint
 	j.ckOwnerStart = len(buf)
 	return buf, upto
 }
@@ -109,10 +111,10 @@ func (j *Journal) WriteCheckpoint(buf []byte) error {
 	if err := j.Sync(); err != nil {
 		return err
 	}
-	if j.ckOwnerStart < 8 || j.ckOwnerStart > len(buf) {
+	if j.ckOwnerStart < checkpointHeader || j.ckOwnerStart > len(buf) {
 		return errors.New("journal: WriteCheckpoint without BeginCheckpoint")
 	}
-	binary.LittleEndian.PutUint64(buf[j.ckOwnerStart-8:], uint64(len(buf)-j.ckOwnerStart))
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(len(buf)-j.ckOwnerStart))
 	buf = binary.LittleEndian.AppendUint32(buf, crc32.Checksum(buf, castagnoli))
 	final := j.opts.Dir + "/" + checkpointName
 	tmp := final + ".tmp"
@@ -238,30 +240,19 @@ func (j *Journal) readCheckpoint(sizes map[uint32]int64) (*ckpt, error) {
 			return nil, fmt.Errorf("%w: segment %s has %d bytes, the checkpoint covers %d", errBadCheckpoint, segmentName(id), have, sz)
 		}
 	}
-	start := r.b
-	n := r.uvarint()
-	for i := uint64(0); i < n && r.err == nil; i++ {
-		r.uvarint()
-		r.uvarint()
-		r.uvarint()
-		r.uvarint()
-		if r.byte()&flagRef != 0 {
-			r.uvarint()
-		}
-	}
-	ck.entries = start[:len(start)-len(r.b)]
 	if r.err != nil {
 		return nil, r.err
 	}
 	if len(r.b) < 8 {
 		return nil, fmt.Errorf("%w: truncated", errBadCheckpoint)
 	}
-	olen := binary.LittleEndian.Uint64(r.b)
-	r.b = r.b[8:]
-	if uint64(len(r.b)) != olen {
-		return nil, fmt.Errorf("%w: owner section of %d bytes, %d left", errBadCheckpoint, olen, len(r.b))
+	olen := binary.LittleEndian.Uint64(r.b[len(r.b)-8:])
+	rest := r.b[:len(r.b)-8]
+	if olen > uint64(len(rest)) {
+		return nil, fmt.Errorf("%w: owner section of %d bytes, %d left", errBadCheckpoint, olen, len(rest))
 	}
-	ck.owner = r.b
+	ck.entries = rest[:uint64(len(rest))-olen]
+	ck.owner = rest[uint64(len(rest))-olen:]
 	if ck.upto >= ck.nextPos {
 		return nil, fmt.Errorf("%w: covers %d, next position %d", errBadCheckpoint, ck.upto, ck.nextPos)
 	}
@@ -323,6 +314,9 @@ func (j *Journal) loadCheckpointIndex(ck *ckpt, gone map[Pos]entry) error {
 		}
 		j.mu.index.insert(pos, e)
 		seg.positions = append(seg.positions, pos)
+	}
+	if r.err == nil && len(r.b) != 0 {
+		return fmt.Errorf("%w: %d bytes after the index", errBadCheckpoint, len(r.b))
 	}
 	return r.err
 }
