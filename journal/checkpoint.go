@@ -21,7 +21,7 @@ import (
 // File <dir>/checkpoint, replaced atomically (written as checkpoint.tmp,
 // fsynced, renamed, directory fsynced):
 //
-//	magic "BJC1" | version u32 | upto u64 | nextPos u64 | nextSeg u32 |
+//	magic "BJC1" | version u32 (2) | upto u64 | nextPos u64 | nextSeg u32 |
 //	segments uvarint, then per segment: id uvarint, size uvarint |
 //	entries uvarint, then per entry in position order: pos delta uvarint,
 //	seg uvarint, off uvarint, size uvarint, flags u8, and for a ref its
@@ -36,7 +36,7 @@ import (
 // on disk, is ignored with a log line, and recovery replays everything.
 const (
 	checkpointName    = "checkpoint"
-	checkpointVersion = 1
+	checkpointVersion = 2
 	checkpointHeader  = 4 + 4 + 8 + 8 + 4
 )
 
