@@ -7,7 +7,7 @@ PKGS      := ./...
 # Packages with concurrency run under the race detector in `make test`.
 RACE_PKGS := ./ring/... ./shards/... ./server/... ./client/... ./journal/... ./controlplane/... ./perf/... ./tools/... ./internal/...
 
-.PHONY: cluster certs all build run test test-race test-plain bench bench-forward bench-delayed fuzz hostile vet crash soak clean release deb
+.PHONY: cluster certs all build run test test-race test-plain bench bench-forward bench-delayed bench-restart fuzz hostile vet crash soak clean release deb
 
 # Version stamping (internal/version). VERSION is the latest vX.Y.Z tag as
 # git describe gives it, without the v (1.2.0; 1.2.0-3-gabc1234 three
@@ -95,6 +95,18 @@ hostile:
 bench-delayed:
 	BERTH_DELAY_BENCH=1 $(GO) test -count=1 -v -timeout 10m -run DelayedLateness ./server/memtest
 	$(GO) test -run '^$$' -bench QueueKinds -benchmem -count 5 ./shards
+
+# Restart of deep queues (issue 12): a real berthd filled with
+# RESTART_COUNT persistent 128-byte messages over 100 durable queues, stopped
+# with SIGTERM and then, filled again, with SIGKILL; each time started again
+# and timed to /readyz and to a consumer's first message, with its RSS.
+# Needs about 200 bytes of disk a message under $(TMPDIR) (2 GB at 10M).
+RESTART_COUNT ?= 1000000
+bench-restart:
+	$(GO) build -o $(CURDIR)/berthd-restart-bench ./cmd/berthd
+	$(GO) run ./perf/cmd/restart-bench -berthd $(CURDIR)/berthd-restart-bench -count $(RESTART_COUNT) -restarts 2
+	$(GO) run ./perf/cmd/restart-bench -berthd $(CURDIR)/berthd-restart-bench -count $(RESTART_COUNT) -restarts 2 -kill
+	rm -f $(CURDIR)/berthd-restart-bench
 
 # Every fuzz target, FUZZTIME each: the client codec, the peer codecs
 # (raft, controller service, replication groups) and the controller's

@@ -16,6 +16,8 @@
 //     or not the owner freed them before the restart: frees are not
 //     journaled, so the owner decides from the refs it sees (a message
 //     with a dequeue ref is dead) and calls Free again after Open.
+//     With Options.OnCheckpoint and a checkpoint on disk (item 10), only
+//     the records after the checkpoint's position are replayed.
 //
 //  3. Append and AppendRef copy data before they return; the caller may
 //     reuse it at once. They return the record's position, assigned in
@@ -58,6 +60,19 @@
 //  9. Sync waits until everything appended so far is durable (forcing an
 //     fsync under FsyncNever). Close writes, syncs and completes whatever
 //     is pending, then stops the journal's goroutines.
+//
+//  10. Checkpoints (checkpoint.go): the owner, between appends, calls
+//     BeginCheckpoint, which captures the index as of every record
+//     appended so far, appends its own state for that position, and
+//     hands the result to WriteCheckpoint (on any goroutine, one at a
+//     time), which syncs the journal and replaces <dir>/checkpoint
+//     atomically. Open then loads the index from it, reads only the
+//     bytes written after it (segment tails, and whole segments it does
+//     not list, such as compaction outputs), replays only records past
+//     its position, and gives the owner its state (OnCheckpoint). A
+//     checkpoint that is missing, torn, corrupt, of another version or
+//     that names a segment longer than its file is ignored with a log
+//     line: everything is replayed.
 //
 // # Recovery
 //

@@ -76,6 +76,27 @@ func (x *index) insert(pos Pos, e entry) {
 	x.ringLive++
 }
 
+// indexRingReserveMax bounds the ring reserve sizes at once.
+const indexRingReserveMax = 1 << 25
+
+// reserve gives an empty index a ring for positions base to base+span-1
+// at once, when n entries will fill at least a quarter of it: recovery
+// from a checkpoint knows both, and growing the ring step by step (and
+// spilling past indexRingMax to the map) cost a third of it.
+func (x *index) reserve(base Pos, span uint64, n int) {
+	if x.n != 0 || len(x.old) != 0 || span == 0 {
+		return
+	}
+	c := len(x.ring)
+	for uint64(c) < span && c < indexRingReserveMax {
+		c *= 2
+	}
+	if uint64(c) < span || uint64(n)*4 < uint64(c) || c == len(x.ring) {
+		return
+	}
+	x.ring, x.head, x.base = make([]entry, c), 0, base
+}
+
 // makeRoom grows the ring while it is mostly full, and otherwise moves the
 // oldest quarter of it to the map. Either way the work is paid for by the
 // slots it frees, so inserts stay O(1) amortized.

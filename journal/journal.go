@@ -52,6 +52,13 @@ type Options struct {
 	// CompactLiveRatio: sealed segments whose live bytes are below this
 	// fraction of SegmentBytes are rewritten into fewer, denser segments.
 	CompactLiveRatio float64
+	// OnCheckpoint, when set, lets Open recover from the checkpoint the
+	// owner wrote last (WriteCheckpoint): it is called with the position
+	// the checkpoint covers and the owner's state, before any replay, and
+	// replay then sees only records after upto. owner stays valid after
+	// the call. An error from it makes Open ignore the checkpoint and
+	// replay every record. Without it the checkpoint file is not read.
+	OnCheckpoint func(upto Pos, owner []byte) error
 }
 
 const (
@@ -202,6 +209,9 @@ type Journal struct {
 		err      error  // first I/O error; sticky
 		closing  bool
 		idle     bool // writer waits on work
+		// ckSuspect: recovery from a checkpoint met copies of records
+		// it covers (CheckpointSuspect).
+		ckSuspect bool
 
 		syncWanted bool
 		donePos    Pos // every record up to here has been completed
@@ -213,11 +223,14 @@ type Journal struct {
 	// filesMu keeps a segment file open while Read uses it.
 	filesMu sync.RWMutex
 
-	writerCur  *segment // writer's open segment; writer goroutine only
-	kick       chan struct{}
-	stop       chan struct{}
-	writerDone chan struct{}
-	compDone   chan struct{}
+	writerCur *segment // writer's open segment; writer goroutine only
+	// ckOwnerStart is where the owner's part of the checkpoint being
+	// made starts (BeginCheckpoint, WriteCheckpoint; the owner's only).
+	ckOwnerStart int
+	kick         chan struct{}
+	stop         chan struct{}
+	writerDone   chan struct{}
+	compDone     chan struct{}
 }
 
 func segmentName(id uint32) string { return fmt.Sprintf("%016x.seg", id) }

@@ -211,7 +211,9 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 		return fmt.Errorf("journal: read dir %s: %w", j.opts.Dir, err)
 	}
 	var ids []uint32
+	hasCk := false
 	for _, name := range names {
+		hasCk = hasCk || name == checkpointName
 		if strings.HasSuffix(name, ".seg.tmp") {
 			// An unfinished compaction output; its sources are intact.
 			if err := j.fs.Remove(j.opts.Dir + "/" + name); err != nil {
@@ -231,9 +233,10 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 	}
 	slices.Sort(ids)
 
-	var readers []*segReader
 	var basePosMax Pos
 	var dropped, total int64
+	var present []*segment
+	sizes := map[uint32]int64{}
 	for _, id := range ids {
 		f, err := j.fs.OpenFile(j.path(id), os.O_RDWR|os.O_APPEND, 0)
 		if err != nil {
@@ -266,10 +269,55 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 		basePosMax = max(basePosMax, basePos)
 		seg := &segment{id: id, size: size, written: size, file: f, sealed: true}
 		j.mu.segs[id] = seg
-		readers = append(readers, &segReader{seg: seg, fileSize: size, off: segmentHeaderSize, bufOff: -1, cutAt: -1, prev: 0})
-		total += size
+		present = append(present, seg)
+		sizes[id] = size
 	}
 	j.mu.index = newIndex()
+
+	// A checkpoint stands for the records up to its position: only what
+	// was written after it is read.
+	var ck *ckpt
+	gone := map[Pos]entry{}
+	if j.opts.OnCheckpoint != nil && hasCk {
+		var err error
+		ck, err = j.readCheckpoint(sizes)
+		if err == nil && ck != nil {
+			err = j.loadCheckpointIndex(ck, gone)
+			if err == nil {
+				err = j.opts.OnCheckpoint(ck.upto, ck.owner)
+			}
+		}
+		if err != nil {
+			j.log.Warn("journal: ignoring the checkpoint, replaying every record", "dir", j.opts.Dir, "err", err)
+			j.removeCheckpoint()
+			ck = nil
+			j.mu.ckSuspect = false
+			j.mu.index = newIndex()
+			clear(gone)
+			for _, s := range present {
+				s.positions = nil
+			}
+		}
+	}
+	if j.opts.OnCheckpoint == nil && hasCk {
+		// An owner that does not read checkpoints does not write them
+		// either: one left here would go stale as this run appends.
+		j.removeCheckpoint()
+	}
+	var readers []*segReader
+	for _, seg := range present {
+		from := int64(segmentHeaderSize)
+		if ck != nil {
+			if sz, ok := ck.segs[seg.id]; ok {
+				from = max(sz, segmentHeaderSize)
+			}
+		}
+		if from >= seg.size {
+			continue
+		}
+		readers = append(readers, &segReader{seg: seg, fileSize: seg.size, off: from, bufOff: -1, cutAt: -1, prev: 0})
+		total += seg.size - from
+	}
 	bufCap := recoveryBufferMax
 	if len(readers) > 0 {
 		bufCap = min(recoveryBufferMax, max(recoveryBufferMin, recoveryBufferBytesMax/len(readers)))
@@ -301,6 +349,34 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 		scanned += int64(len(rec))
 		maxPos = max(maxPos, rh.pos)
 		switch {
+		case ck != nil && rh.pos <= ck.upto && rh.pos != lastPos:
+			// A copy, made by a compaction that ran after the
+			// checkpoint, of a record the checkpoint covers: the index
+			// learns where it is now; the owner's state has it already.
+			j.mu.ckSuspect = true
+			if e := j.mu.index.get(rh.pos); e != nil {
+				if e.seg != seg.id {
+					if src := j.mu.segs[e.seg]; src != nil {
+						doomed[src.id] = src
+						copiedBy[src.id] = seg.id
+					}
+					e.seg, e.off = seg.id, uint32(r.recOff)
+				}
+				break
+			}
+			e := entry{seg: seg.id, off: uint32(r.recOff), size: uint32(len(rec))}
+			if g, ok := gone[rh.pos]; ok {
+				e.flags = g.flags &^ flagRef
+			}
+			if rh.kind == kindRef {
+				t := j.mu.index.get(rh.ref)
+				if t == nil || t.flags&flagRef != 0 {
+					break
+				}
+				e.flags, e.ref, e.next = flagRef, rh.ref, t.ref
+				t.ref = rh.pos
+			}
+			j.mu.index.insert(rh.pos, e)
 		case rh.pos == lastPos:
 			// A second copy means a rewrite finished (its output was
 			// renamed into place) but its sources were not all deleted:
@@ -385,6 +461,10 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 		}
 	}
 
+	if ck != nil {
+		j.relinkLive()
+		maxPos = max(maxPos, ck.nextPos-1)
+	}
 	j.mu.nextPos = max(maxPos+1, basePosMax, 1)
 	// Everything recovered is on disk already: a Sync before the next
 	// Append has nothing to wait for.
@@ -393,6 +473,9 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 	j.mu.nextSeg = 0
 	if len(ids) > 0 {
 		j.mu.nextSeg = ids[len(ids)-1] + 1
+	}
+	if ck != nil {
+		j.mu.nextSeg = max(j.mu.nextSeg, ck.nextSeg)
 	}
 	// Keep appending to the newest segment if it has room: it holds the
 	// highest positions, so it stays sorted.
@@ -409,7 +492,7 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 		return err
 	}
 	j.mu.stats.DroppedBytes = dropped
-	j.log.Info("journal: recovered", "dir", j.opts.Dir, "segments", len(j.mu.segs), "records", records, "replayed", replayed,
+	j.log.Info("journal: recovered", "dir", j.opts.Dir, "from_checkpoint", ck != nil, "segments", len(j.mu.segs), "records", records, "replayed", replayed,
 		"bytes_dropped", dropped, "next_pos", j.mu.nextPos, "elapsed", time.Since(started))
 	return nil
 }

@@ -71,6 +71,9 @@ type Config struct {
 	JournalFS journal.FS
 	// JournalSegmentBytes overrides the journal segment size.
 	JournalSegmentBytes int64
+	// JournalCheckpointRecords overrides the journal records per shard
+	// between checkpoints (shards.JournalConfig.CheckpointRecords).
+	JournalCheckpointRecords int
 	// RingSize is the capacity of each shard's command ring (0: the
 	// shards' default). Tests make it tiny to exercise full rings.
 	RingSize int
@@ -409,7 +412,8 @@ func Start(cfg Config) (*Server, error) {
 		default:
 			return nil, fmt.Errorf("server: fsync policy %q: want always or never", cfg.Fsync)
 		}
-		bcfg.Journal = &shards.JournalConfig{Dir: cfg.DataDir, Fsync: policy, FS: cfg.JournalFS, SegmentBytes: cfg.JournalSegmentBytes}
+		bcfg.Journal = &shards.JournalConfig{Dir: cfg.DataDir, Fsync: policy, FS: cfg.JournalFS, SegmentBytes: cfg.JournalSegmentBytes,
+			CheckpointRecords: cfg.JournalCheckpointRecords}
 		if cfg.controllerEmbedded() {
 			wl, err := s.startController(true)
 			if err != nil {

@@ -178,15 +178,27 @@ func (b *Broker) Recover() error {
 	if b.cfg.Journal == nil {
 		return nil
 	}
-	for _, s := range b.shards {
-		var err error
-		if callErr := b.Call(s, func(sh *Shard) { err = sh.openJournal(*b.cfg.Journal, b.log) }); callErr != nil {
-			err = callErr
-		}
-		if err != nil {
-			return fmt.Errorf("shards: open journal of shard %d: %w", s.idx, err)
-		}
-		b.startup.shardsRecovered.Add(1)
+	// The shards recover at once, each on its own goroutine.
+	errs := make([]error, len(b.shards))
+	var wg sync.WaitGroup
+	for i, s := range b.shards {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			if callErr := b.Call(s, func(sh *Shard) { err = sh.openJournal(*b.cfg.Journal, b.log) }); callErr != nil {
+				err = callErr
+			}
+			if err != nil {
+				errs[i] = fmt.Errorf("shards: open journal of shard %d: %w", s.idx, err)
+				return
+			}
+			b.startup.shardsRecovered.Add(1)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
 	}
 	b.startup.recovered.Store(true)
 	return nil
@@ -228,6 +240,7 @@ func (b *Broker) Stop() {
 				for sh.journal.pending.size > 0 && sh.drainJournal() {
 				}
 				sh.dispatchDirty()
+				sh.finalCheckpoint()
 			}
 		})
 	}

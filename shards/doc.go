@@ -35,6 +35,11 @@
 //     ahead of delivery, and above the share raises the flag
 //     (Shard.Throttled) that event loops read before pushing a publish.
 //     Queue never sees any of it: a paged entry just has a nil Body.
+//   - Checkpoints (checkpoint.go): each shard writes its durable queues'
+//     messages (positions, delivery counts, priorities, deliver-at
+//     times, sizes, not bodies) and producer tables with its journal's
+//     index, periodically and at a clean stop; Recover loads them,
+//     replays only the journal's tail and leaves the bodies paged.
 //   - Delayed delivery (delay.go): one heap per shard of the queues
 //     holding delayed messages, by their earliest deliver-at time, and
 //     one wake-up timer armed for the earliest; the 100 ms tick is its
@@ -77,5 +82,7 @@
 // New, SetHooks (the router and auto-delete hook), Start (the shard
 // goroutines), AddQueue for every queue that existed before (the wiring
 // layer restores them), then Recover, which replays each journal into
-// those queues and drops the records of queues that are gone.
+// those queues and drops the records of queues that are gone. The shards
+// recover at once, each on its own goroutine, from their last checkpoint
+// and the journal records after it.
 package shards

@@ -104,6 +104,7 @@ type shardJournal struct {
 	scratch []byte
 	doneBuf []jdone
 	onDone  journal.Completion
+	ck      ckShard // checkpoint.go
 
 	overflow struct {
 		sync.Mutex // only taken when the done ring is full
@@ -117,6 +118,9 @@ type JournalConfig struct {
 	Fsync        journal.FsyncPolicy
 	SegmentBytes int64
 	FS           journal.FS
+	// CheckpointRecords is how many records a shard appends between two
+	// checkpoints (checkpoint.go); 0 means checkpointEvery.
+	CheckpointRecords int
 }
 
 // ErrStore wraps journal failures reported to clients.
@@ -124,6 +128,9 @@ var errStoreText = "journal write failed"
 
 func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 	sj := &shardJournal{doneBuf: make([]jdone, 256)}
+	sj.ck.done = make(chan ckDone, 1)
+	sj.ck.last = time.Now()
+	sj.ck.every = cmp.Or(cfg.CheckpointRecords, checkpointEvery)
 	sj.done = ring.NewSPSCSignal[jdone](jdoneRingSize, s.sig)
 	sj.onDone = func(pos journal.Pos, err error) {
 		if sj.done.TryPush(jdone{pos, err}) {
@@ -169,6 +176,8 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		}
 		return &msgs[i]
 	}
+	var ck *ckLoaded
+	ckRefs := map[journal.Pos]ckRef{}
 	start := time.Now()
 	lastLog := start
 	records := 0
@@ -219,6 +228,16 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		case recDequeue, recCount:
 			m := find(ref)
 			if m == nil {
+				if ck != nil && ref <= ck.upto {
+					// A message of the checkpoint (checkpoint.go).
+					c := ckRefs[ref]
+					if kind == recDequeue {
+						c.dead = true
+					} else {
+						c.count, c.hasCount = r.U32(), true
+					}
+					ckRefs[ref] = c
+				}
 				return nil
 			}
 			if kind == recDequeue {
@@ -238,6 +257,11 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		Fsync:           cfg.Fsync,
 		PendingBytesMax: journalPendingBytesMax,
 		Logger:          log,
+		OnCheckpoint: func(upto journal.Pos, owner []byte) error {
+			var err error
+			ck, err = parseCheckpoint(upto, owner)
+			return err
+		},
 	}, replay)
 	if err != nil {
 		for i := range msgs {
@@ -254,6 +278,10 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		byName[q.Name] = q
 	}
 	live, dropped := 0, 0
+	if ck != nil {
+		sj.ck.loaded = true
+		live, dropped = s.applyCheckpoint(ck, byName, ckRefs)
+	}
 	for i := range msgs {
 		m := &msgs[i]
 		pos := m.pos
@@ -292,9 +320,15 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		q.Recovered++
 		live++
 	}
+	// The records replayed count towards the next checkpoint, so a long
+	// tail is not replayed again at the next start; the messages
+	// recovered set its threshold, as a checkpoint's would, so that the
+	// first deliveries do not wait for a capture at the first tick.
+	sj.ck.appends = records
+	sj.ck.lastLive = live
 	s.meters.recovery = time.Since(start)
 	s.meters.recovered = uint64(live)
-	log.Info("shards: journal recovered", "shard", s.idx, "records", records, "messages", live,
+	log.Info("shards: journal recovered", "shard", s.idx, "from_checkpoint", ck != nil, "records", records, "messages", live,
 		"orphans_dropped", dropped, "dropped_bytes", j.Stats().DroppedBytes, "took", s.meters.recovery.String())
 	return nil
 }
@@ -338,6 +372,7 @@ func (s *Shard) appendEnqueue(q *Queue, e *Entry, producer, producerSeq uint64) 
 		buf = binary.BigEndian.AppendUint64(buf, producerSeq)
 	}
 	sj.scratch = buf
+	sj.ck.appends++
 	return sj.j.Append(buf, sj.onDone)
 }
 
@@ -346,6 +381,7 @@ func (s *Shard) appendEnqueue(q *Queue, e *Entry, producer, producerSeq uint64) 
 func (s *Shard) appendDequeue(pos journal.Pos, sess *Session, cmdID uint64) {
 	sj := s.journal
 	sj.scratch = append(sj.scratch[:0], recDequeue)
+	sj.ck.appends++
 	p := sj.j.AppendRef(sj.scratch, pos, sj.onDone)
 	sj.pending.push(jctx{pos: p, sess: sess, cmdID: cmdID, free: pos})
 }
@@ -353,6 +389,7 @@ func (s *Shard) appendDequeue(pos journal.Pos, sess *Session, cmdID uint64) {
 func (s *Shard) appendCount(pos journal.Pos, count uint32) {
 	sj := s.journal
 	sj.scratch = append(sj.scratch[:0], recCount)
+	sj.ck.appends++
 	sj.scratch = binary.BigEndian.AppendUint32(sj.scratch, count)
 	p := sj.j.AppendRef(sj.scratch, pos, sj.onDone)
 	sj.pending.push(jctx{pos: p})
@@ -449,6 +486,7 @@ func (s *Shard) closeJournal() error {
 	if s.journal == nil {
 		return nil
 	}
+	s.waitCheckpoint()
 	err := s.journal.j.Close()
 	s.drainJournal()
 	return err

@@ -253,6 +253,7 @@ func (s *Shard) handle(c *Command) {
 		s.sessionClosed(c.Sess)
 	case OpTick:
 		s.tick()
+		s.maybeCheckpoint()
 	case opWake:
 		s.fireTimers()
 	case opCall:
@@ -267,6 +268,7 @@ func (s *Shard) handle(c *Command) {
 				s.noteRemoved(q, c.CmdID)
 			}
 		} else if s.journal != nil {
+			s.releaseHeld(c.CmdID)
 			s.appendDequeue(journal.Pos(c.CmdID), nil, 0)
 		}
 	case OpResume:
@@ -748,6 +750,7 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 		if cross > 0 {
 			fan = NewFanout(cross)
 			fan.holdQueue, fan.holdPos = q, e.JournalPos
+			s.holdForDeadLetter(q, e)
 			e.JournalPos = 0
 		}
 	}

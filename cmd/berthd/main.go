@@ -142,7 +142,7 @@ type flags struct {
 	printConfig, version                               bool
 	shards, loops, heartbeatMs, ctlHeartbeatMs         int
 	mutexFraction, blockRate                           int
-	segmentBytes                                       int64
+	segmentBytes, checkpointRecords                    int64
 	join, leaseRead                                    bool
 	controllerWait                                     time.Duration
 	brokerTimeout, leaderGrace                         time.Duration
@@ -180,6 +180,7 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.StringVar(&f.controller, "controller", "127.0.0.1:7402", "in-process controller address; durable wiring goes through it; empty to keep wiring in a local file")
 	fs.StringVar(&f.fsync, "fsync", d.Fsync, "journal fsync policy: always, or never (unsafe)")
 	fs.Int64Var(&f.segmentBytes, "journal-segment-bytes", 0, "journal segment size in bytes, 0 = default 2 MiB")
+	fs.Int64Var(&f.checkpointRecords, "journal-checkpoint-records", 0, "journal records per shard between checkpoints of the durable queues (also every 30 s and at a clean stop), 0 = default 262144; a restart after a crash replays up to this many records, or a quarter of the queues' messages if more")
 	fs.StringVar(&f.memoryLimit, "memory-limit", memoryLimitDefault, "memory budget for messages: bytes (2GiB, 512MiB), a share of RAM (40%), or 0 for none; above half of it bodies are paged to disk, above it publishers are throttled")
 	fs.IntVar(&f.mutexFraction, "mutex-profile-fraction", 0, "sample 1/n mutex contention events for /debug/pprof/mutex, 0 = off")
 	fs.IntVar(&f.blockRate, "block-profile-rate", 0, "sample blocking events of this many ns for /debug/pprof/block, 0 = off")
@@ -373,6 +374,10 @@ func parseArgs(args []string) (options, error) {
 	cfg.Fsync = f.fsync
 	cfg.ControllerAddr = f.controller
 	cfg.JournalSegmentBytes = f.segmentBytes
+	if f.checkpointRecords < 0 {
+		return options{}, o.annotate(fmt.Errorf("-journal-checkpoint-records %d: want 0 or more", f.checkpointRecords), "journal-checkpoint-records")
+	}
+	cfg.JournalCheckpointRecords = int(f.checkpointRecords)
 	if cfg.MemoryLimit, err = parseMemoryLimit(f.memoryLimit); err != nil {
 		return options{}, o.annotate(err, "memory-limit")
 	}
