@@ -77,8 +77,12 @@ func allGroups(t testing.TB, cl *ctlclient.Client, mode ctlapi.ReadMode) []ctlap
 }
 
 func TestBrokerDeathElectsNewMasters(t *testing.T) {
-	// Heartbeats every 50 ms; 1 s is wide enough for a loaded machine under -race.
-	c := newTestCluster(t, 3, func(cfg *Config) { cfg.BrokerTimeout = time.Second })
+	// Heartbeats every 50 ms; 1 s is wide enough for a loaded machine under
+	// -race. The new leader's grace is the whole timeout too: these
+	// heartbeaters find a new leader only through the client's redirects,
+	// which under -race on a loaded machine took longer than the default
+	// third of it, and the live brokers lost their masterships.
+	c := newTestCluster(t, 3, func(cfg *Config) { cfg.BrokerTimeout, cfg.LeaderGrace = time.Second, time.Second })
 	c.leader()
 	cl := ctlclient.NewClient(c.addrList())
 	defer cl.Close()
