@@ -272,7 +272,7 @@ func ckWorkload(t *testing.T, dir string, seed uint64, ops int, end int) {
 			return nil
 		})
 		for i := range 200 {
-			if err := b.shards[i%2].Push(ctx, Command{Op: OpPublish, Queue: qs["plain-a"], Body: NewBody(nil, nil, nil, fmt.Appendf(nil, "late%d", i), true), Now: now}); err != nil {
+			if err := b.shards[qs["plain-a"].shard].Push(ctx, Command{Op: OpPublish, Queue: qs["plain-a"], Body: NewBody(nil, nil, nil, fmt.Appendf(nil, "late%d", i), true), Now: now}); err != nil {
 				t.Fatal(err)
 			}
 		}
