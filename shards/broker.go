@@ -296,6 +296,70 @@ func (b *Broker) AddQueue(name string, opts QueueOptions, owner *Session) (*Queu
 	return q, nil
 }
 
+// QueueSpec is one queue for AddQueues.
+type QueueSpec struct {
+	Name    string
+	Options QueueOptions
+	Owner   *Session // of an exclusive queue
+}
+
+// addQueuesBatch is how many queues AddQueues hands a shard in one Call:
+// a shard keeps serving its other commands between batches.
+const addQueuesBatch = 4096
+
+// AddQueues creates many queues at once, as AddQueue does each: every
+// shard takes its queues in one round trip per addQueuesBatch of them, and
+// the shards take theirs in parallel. It returns the queues in the order
+// of specs. After an error, the queues of a failed shard are nil in the
+// result and known to no shard; the others are created.
+func (b *Broker) AddQueues(specs []QueueSpec) ([]*Queue, error) {
+	qs := make([]*Queue, len(specs))
+	byShard := make([][]int, len(b.shards))
+	r := b.loadReplicator()
+	for i := range specs {
+		sp := &specs[i]
+		idx := b.ShardFor(sp.Name)
+		q := NewQueue(sp.Name, sp.Options, idx, &b.shards[idx].pool)
+		if sp.Options.Exclusive && sp.Owner != nil {
+			q.owner = sp.Owner
+		}
+		if r != nil {
+			q.group, q.replicated = r.Group(sp.Name, sp.Options)
+		}
+		qs[i] = q
+		byShard[idx] = append(byShard[idx], i)
+	}
+	errs := make([]error, len(b.shards))
+	var wg sync.WaitGroup
+	for si, list := range byShard {
+		if len(list) == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for len(list) > 0 {
+				batch := list[:min(len(list), addQueuesBatch)]
+				err := b.Call(b.shards[si], func(sh *Shard) {
+					for _, i := range batch {
+						sh.queues[qs[i]] = struct{}{}
+					}
+				})
+				if err != nil {
+					errs[si] = Errorf(wire.CodeInternal, "declare %d queues on shard %d: %v", len(list), si, err)
+					for _, i := range list {
+						qs[i] = nil
+					}
+					return
+				}
+				list = list[len(batch):]
+			}
+		}()
+	}
+	wg.Wait()
+	return qs, errors.Join(errs...)
+}
+
 // CheckDrop checks on q's shard that q may be dropped: with ifUnused, that
 // it has no consumers; with ifEmpty, that it holds no messages.
 func (b *Broker) CheckDrop(q *Queue, ifUnused, ifEmpty bool) error {
@@ -416,7 +480,7 @@ type QueueInfo struct {
 
 // info is q's QueueInfo; it runs on q's shard goroutine.
 func (q *Queue) info() QueueInfo {
-	in := QueueInfo{Name: q.Name, Shard: q.shard, Ready: q.Ready(), Unacked: q.Unacked(), Delayed: q.Delayed(),
+	in := QueueInfo{Name: q.Name, Shard: q.Shard(), Ready: q.Ready(), Unacked: q.Unacked(), Delayed: q.Delayed(),
 		Consumers: len(q.consumers), Durable: q.Options.Durable, Enqueued: q.Enqueued, Delivered: q.Delivered, Acked: q.Acked}
 	if q.replicated {
 		g := q.group
@@ -450,7 +514,7 @@ func (b *Broker) QueueInfos(qs []*Queue) []QueueInfo {
 	for si, s := range b.shards {
 		_ = b.Call(s, func(sh *Shard) {
 			for i, q := range qs {
-				if q.shard != si {
+				if q.Shard() != si {
 					continue
 				}
 				if _, ok := sh.queues[q]; !ok {

@@ -258,11 +258,11 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		m := &msgs[i]
 		pos := m.pos
 		q := byName[names[m.queue]]
-		if q != nil && q.shard == s.idx {
+		if q != nil && q.Shard() == s.idx {
 			// Dequeued messages count too: their publishes happened.
-			q.producers.note(m.producer, m.producerSeq)
+			q.noteProducer(m.producer, m.producerSeq)
 		}
-		if m.dead || q == nil || q.shard != s.idx || !q.Options.Durable {
+		if m.dead || q == nil || q.Shard() != s.idx || !q.Options.Durable {
 			j.Free(pos)
 			if m.body != nil {
 				m.body.Unref()

@@ -334,7 +334,7 @@ func (s *Shard) publish(c *Command) {
 		s.replicatedPublish(c, ev.ExpiresAt)
 		return
 	}
-	if q.producers.duplicate(c.Producer, c.CmdID) {
+	if q.duplicate(c.Producer, c.CmdID) {
 		// A retry of a publish this queue enqueued already: its
 		// completion is the one the first copy earned (after its record,
 		// if any, is durable: completeAfterJournal waits for it).
@@ -357,7 +357,7 @@ func (s *Shard) publish(c *Command) {
 		// The record goes first, so that anything the enqueue drops is
 		// journaled after it.
 		pos := s.appendEnqueue(q, &Entry{Body: c.Body, ExpiresAt: ev.ExpiresAt}, c.Producer, c.CmdID)
-		q.producers.note(c.Producer, c.CmdID)
+		q.noteProducer(c.Producer, c.CmdID)
 		seq := q.nextSeq // what enqueue assigns
 		s.journal.pending.push(jctx{pos: pos, sess: c.Sess, cmdID: c.CmdID, fan: c.Fanout, q: q, seq: seq})
 		ev.JournalPos = uint64(pos)
@@ -381,7 +381,7 @@ func (s *Shard) publish(c *Command) {
 		s.completeCmd(c.Sess, c.CmdID, c.Fanout, err)
 		return
 	}
-	q.producers.note(c.Producer, c.CmdID)
+	q.noteProducer(c.Producer, c.CmdID)
 	s.admit(q)
 	if ev.DeliverAt != 0 {
 		s.schedule(q, ev.DeliverAt)
@@ -458,7 +458,7 @@ func (s *Shard) detach(con *Consumer) {
 			break
 		}
 	}
-	if q.rr >= len(q.consumers) {
+	if int(q.rr) >= len(q.consumers) {
 		q.rr = 0
 	}
 	if len(q.consumers) == 0 && q.Options.AutoDelete && q.everConsumed && !q.deleted {
@@ -729,7 +729,7 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 	} else if e.JournalPos != 0 && s.journal != nil {
 		cross := 0
 		for _, t := range targets {
-			if t != q && t.shard != s.idx {
+			if t != q && t.Shard() != s.idx {
 				cross++
 			}
 		}
@@ -751,7 +751,7 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 			body = NewBody(e.Body.Exchange, key, e.Body.Props, e.Body.Payload, e.Body.Persistent)
 		}
 		cmd := Command{Op: OpPublish, Queue: t, Body: body, Now: s.now}
-		if t.shard == s.idx {
+		if t.Shard() == s.idx {
 			if q.replicated {
 				cmd.Fanout = fan
 			}
@@ -805,7 +805,7 @@ func (s *Shard) deadLettered(src *Queue, pos uint64, err error) {
 		return
 	}
 	cmd := Command{Op: opDeadLettered, Queue: src, CmdID: pos}
-	if src.shard == s.idx {
+	if src.Shard() == s.idx {
 		s.handle(&cmd)
 		return
 	}

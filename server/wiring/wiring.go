@@ -339,7 +339,7 @@ func checkQueue(q *shards.Queue, opts shards.QueueOptions, passive bool, owner *
 	if o := q.Owner(); o != nil && o != owner {
 		return nil, shards.Errorf(wire.CodeNotAllowed, "queue %q is exclusive to another session", q.Name)
 	}
-	if passive || q.Options == opts {
+	if passive || *q.Options == opts {
 		return q, nil
 	}
 	return nil, shards.Errorf(wire.CodePreconditionFailed, "queue %q exists with other options", q.Name)

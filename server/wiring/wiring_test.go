@@ -199,7 +199,7 @@ func TestWiringFileFromBeforeWireOptions(t *testing.T) {
 	}
 	want := shards.QueueOptions{Durable: true, MaxDeliveries: 3, MessageTTLMs: 60000, MaxLength: 10,
 		Overflow: wire.OverflowDropHead, DeadLetterExchange: "dlx", DeadLetterKey: "k"}
-	if q.Options != want {
+	if *q.Options != want {
 		t.Fatalf("restored options %+v, want %+v", q.Options, want)
 	}
 	if got, _ := w.Routing().Route([]byte("dlx"), nil, nil); len(got) != 1 || got[0] != q {
