@@ -63,11 +63,20 @@ func (r *Routing) hasBinding(exchange, queue, key string) bool {
 // bind adds a binding of q to the exchange, which must exist; the binding
 // must not.
 func (r *Routing) bind(exchangeName string, q *shards.Queue, key string) {
+	r.bindIn(nil, exchangeName, q, key)
+}
+
+// bindIn is bind within the batch ed (nil: none; see pmapEdit): Restore
+// adds every binding in one batch, so its tables grow in place instead of
+// copying a path per binding.
+func (r *Routing) bindIn(ed *pmapEdit, exchangeName string, q *shards.Queue, key string) {
 	ex := r.exchange(exchangeName)
 	qb := r.liveBindings(q.Name)
 	nb := queueBinding{exchange: exchangeName, gen: ex.gen, key: key}
-	r.exchanges = r.exchanges.Set(exchangeName, ex.with(q, key, qb))
-	r.bindings = r.bindings.Set(q.Name, append(slices.Clip(qb), nb))
+	if c := ex.withIn(ed, q, key, qb); c != ex {
+		r.exchanges = r.exchanges.SetIn(ed, exchangeName, c)
+	}
+	r.bindings = r.bindings.SetIn(ed, q.Name, append(slices.Clip(qb), nb))
 }
 
 // unbind removes a binding, which must exist.
@@ -104,29 +113,42 @@ func (r *Routing) removeQueue(q *shards.Queue) {
 // bindings (to any exchange): a fanout lists q once and a topic trie
 // holds q once per normalised pattern, however many keys lead there.
 func (ex *exchange) with(q *shards.Queue, key string, others []queueBinding) *exchange {
-	c := *ex
+	return ex.withIn(nil, q, key, others)
+}
+
+// withIn is with within the batch ed (nil: none): an exchange ed made is
+// changed in place and returned.
+func (ex *exchange) withIn(ed *pmapEdit, q *shards.Queue, key string, others []queueBinding) *exchange {
+	c := ex
+	if ed == nil || ex.edit != ed {
+		c = new(exchange)
+		*c = *ex
+		c.edit = ed
+		c.fanout = slices.Clip(c.fanout) // shared with ex: the first append copies it
+	}
 	c.count++
 	switch c.kind {
 	case KindDirect:
 		qs, _ := c.direct.Get(key)
-		c.direct = c.direct.Set(key, append(slices.Clip(qs), q))
+		c.direct = c.direct.SetIn(ed, key, append(slices.Clip(qs), q))
 	case KindFanout:
 		if !ex.boundElsewhere(others, func(string) bool { return true }) {
-			c.fanout = append(slices.Clip(c.fanout), q)
+			c.fanout = append(c.fanout, q)
 		}
 	case KindTopic:
 		words, ok := topicTrieWords(key)
 		if ok && !ex.boundElsewhere(others, samePattern(words)) {
-			c.topic = trieAdd(c.topic, words, q)
+			c.topic = trieAddIn(ed, c.topic, words, q)
 		}
 	}
-	return &c
+	return c
 }
 
 // without returns a copy of ex without q's binding by key. others are q's
 // bindings that stay.
 func (ex *exchange) without(q *shards.Queue, key string, others []queueBinding) *exchange {
 	c := *ex
+	c.edit = nil
 	c.count--
 	switch c.kind {
 	case KindDirect:

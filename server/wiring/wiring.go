@@ -17,7 +17,6 @@
 package wiring
 
 import (
-	"errors"
 	"hash/fnv"
 	"log/slog"
 	"slices"
@@ -206,42 +205,27 @@ func (w *Wiring) restoreState(st *wiringState) error {
 			return shards.Errorf(wire.CodeNotFound, "wiring: restore queue %q: no dead-letter exchange %q", q.Name, d)
 		}
 	}
-	// One goroutine per shard: each AddQueue is a round trip to its shard.
-	shardCount := len(w.b.Shards())
-	byShard := make([][]int, shardCount)
+	// The shards take their queues in bulk (one round trip per shard per
+	// few thousand queues), in parallel.
+	specs := make([]shards.QueueSpec, 0, len(st.Queues))
 	seen := make(map[string]struct{}, len(st.Queues))
-	for i, q := range st.Queues {
+	for _, q := range st.Queues {
 		if _, dup := seen[q.Name]; dup || n.queue(q.Name) != nil {
 			continue // listed twice: keep the first
 		}
 		seen[q.Name] = struct{}{}
-		s := w.b.ShardFor(q.Name)
-		byShard[s] = append(byShard[s], i)
+		specs = append(specs, shards.QueueSpec{Name: q.Name, Options: q.Options})
 	}
 	seen = nil
-	added := make([]*shards.Queue, len(st.Queues))
-	errs := make([]error, shardCount)
-	var wg sync.WaitGroup
-	for s, idx := range byShard {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for _, i := range idx {
-				q, err := w.b.AddQueue(st.Queues[i].Name, st.Queues[i].Options, nil)
-				if err != nil {
-					errs[s] = shards.Errorf(shards.CodeOf(err), "wiring: restore queue %q: %v", st.Queues[i].Name, err)
-					return
-				}
-				added[i] = q
-			}
-		}()
+	added, addErr := w.b.AddQueues(specs)
+	if addErr != nil {
+		addErr = shards.Errorf(shards.CodeOf(addErr), "wiring: restore queues: %v", addErr)
 	}
-	wg.Wait()
 	var keys []string
 	var vals []*shards.Queue
 	for _, q := range added {
 		if q == nil {
-			continue // its shard failed: errs says why
+			continue // its shard failed: addErr says why
 		}
 		if n.queues.Len() == 0 {
 			keys, vals = append(keys, q.Name), append(vals, q)
@@ -253,9 +237,12 @@ func (w *Wiring) restoreState(st *wiringState) error {
 		// Built at once rather than a path copy per queue (buildPmap).
 		n.queues = buildPmap(keys, vals)
 	}
-	if err := errors.Join(errs...); err != nil {
-		return err
+	if addErr != nil {
+		return addErr
 	}
+	// One batch for every binding: the tables this snapshot does not
+	// share with the published one grow in place (pmapEdit).
+	ed := &pmapEdit{}
 	for _, bd := range st.Bindings {
 		// A pattern accepted before the cap existed is kept: the trie
 		// leaves out what can match nothing.
@@ -264,7 +251,7 @@ func (w *Wiring) restoreState(st *wiringState) error {
 			return shards.Errorf(wire.CodeNotFound, "wiring: restore binding %s -> %s (%q): no such exchange or queue", bd.Exchange, bd.Queue, bd.Key)
 		}
 		if !n.hasBinding(bd.Exchange, bd.Queue, bd.Key) {
-			n.bind(bd.Exchange, q, bd.Key)
+			n.bindIn(ed, bd.Exchange, q, bd.Key)
 		}
 	}
 	if w.cfg.Log == nil {
