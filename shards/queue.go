@@ -305,7 +305,9 @@ func internOptions(opts QueueOptions) *QueueOptions {
 	case durableOptions:
 		return &durableOptions
 	}
-	return &opts
+	o := new(QueueOptions) // not &opts: that would allocate for the shared ones too
+	*o = opts
+	return o
 }
 
 // levelState returns q.levels, making them at the first message.

@@ -307,14 +307,16 @@ func buildPmap[V any](keys []string, vals []V) pmap[V] {
 	for i, k := range keys {
 		entries[i] = hentry[V]{key: k, hash: hashString(k), val: vals[i]}
 	}
-	root, n := buildNode(entries, 0)
+	root, n := buildNode(entries, make([]hentry[V], len(entries)), 0)
 	return pmap[V]{root: root, n: n}
 }
 
 // buildNode builds the node at level for entries, whose hashes agree on
 // every level above. It returns the node (nil for
-// none) and the number of distinct keys under it.
-func buildNode[V any](entries []hentry[V], level int) (*hnode[V], int) {
+// none) and the number of distinct keys under it. scratch, as long as
+// entries, is where it sorts them; entries then serve its children as
+// theirs, so a build sorts within two arrays rather than one per level.
+func buildNode[V any](entries, scratch []hentry[V], level int) (*hnode[V], int) {
 	if len(entries) == 0 {
 		return nil, 0
 	}
@@ -340,13 +342,13 @@ func buildNode[V any](entries []hentry[V], level int) (*hnode[V], int) {
 	for i := 1; i < len(start); i++ {
 		start[i] += start[i-1]
 	}
-	sorted := make([]hentry[V], len(entries))
+	sorted := scratch
 	for i := range entries {
 		s := slot(&entries[i])
 		sorted[start[s]] = entries[i]
 		start[s]++
 	}
-	entries = sorted
+	entries, scratch = sorted, entries
 	c := &hnode[V]{}
 	total := 0
 	for i := 0; i < len(entries); {
@@ -360,7 +362,7 @@ func buildNode[V any](entries []hentry[V], level int) (*hnode[V], int) {
 			c.entries = append(c.entries, run[len(run)-1])
 			total++
 		} else {
-			child, n := buildNode(run, level+1)
+			child, n := buildNode(run, scratch[i:j], level+1)
 			if len(child.entries) == 1 && child.entries[0].child == nil {
 				c.entries = append(c.entries, child.entries[0])
 			} else {
