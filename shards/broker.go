@@ -418,7 +418,7 @@ func (s *Shard) dropQueue(q *Queue) int {
 	_ = q.Apply(&ev, nopEffects{s})
 	q.deleted = true
 	delete(s.queues, q)
-	delete(s.expiring, q)
+	q.expireAt = 0 // its entry in the expiry index, if any, is stale
 	if q.replicated {
 		if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
 			_ = s.proposeRemoves(q, nil)

@@ -91,6 +91,7 @@ func (s *Shard) fireTimers() {
 		}
 		ev := Event{Kind: EvPromote, Now: s.now}
 		_ = q.Apply(&ev, s)
+		s.watchHead(q) // a promoted message may be the head now
 		q.timerAt = 0
 		if next := q.NextDeliverAt(); next != 0 {
 			q.timerAt = next

@@ -240,6 +240,9 @@ type Queue struct {
 	// timerAt is the deliver-at time under which the shard's timers hold
 	// this queue, 0 when they do not (Shard.schedule).
 	timerAt int64
+	// expireAt is the time under which the shard's expiry index holds
+	// this queue, 0 when it does not (Shard.watchHead).
+	expireAt int64
 
 	readyBytes uint64
 	totalBytes uint64

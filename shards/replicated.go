@@ -99,6 +99,7 @@ func (s *Shard) ApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64, pro
 func (s *Shard) ApplyRemove(q *Queue, seq uint64) {
 	ev := Event{Kind: EvRemove, Seq: seq}
 	_ = q.Apply(&ev, s)
+	s.watchHead(q)
 }
 
 // RemovesMax bounds the messages of one removal event of a replicated
