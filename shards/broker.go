@@ -480,8 +480,9 @@ type QueueInfo struct {
 
 // info is q's QueueInfo; it runs on q's shard goroutine.
 func (q *Queue) info() QueueInfo {
+	c := q.Counters()
 	in := QueueInfo{Name: q.Name, Shard: q.Shard(), Ready: q.Ready(), Unacked: q.Unacked(), Delayed: q.Delayed(),
-		Consumers: len(q.consumers), Durable: q.Options.Durable, Enqueued: q.Enqueued, Delivered: q.Delivered, Acked: q.Acked}
+		Consumers: len(q.consumers), Durable: q.Options.Durable, Enqueued: c.Enqueued, Delivered: c.Delivered, Acked: c.Acked}
 	if q.replicated {
 		g := q.group
 		in.Group = &g

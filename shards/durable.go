@@ -289,7 +289,7 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		if m.at != 0 {
 			s.schedule(q, m.at)
 		}
-		q.Recovered++
+		q.counts.Recovered++
 		live++
 	}
 	s.meters.recovery = time.Since(start)

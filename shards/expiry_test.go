@@ -159,7 +159,7 @@ func TestExpiryIndex(t *testing.T) {
 		for i, q := range []*Queue{plain, ttl, mixed, long} {
 			ready[i] = q.Ready()
 		}
-		expired = mixed.Expired
+		expired = mixed.Counters().Expired
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -191,11 +191,12 @@ func (l *level) peek() *Entry {
 // else reads or writes it.
 //
 // A broker may hold a million queues that sit idle, so an idle queue is
-// one 256-byte allocation and nothing else (TestIdleQueueSize and
-// TestIdleQueueBytes hold it there): its priority levels and its map of
-// acquired messages are made by the first message, its options are shared
-// with every queue declared alike (internOptions), and what only
-// replicated or deduplicating queues use sits behind a pointer (rare).
+// one 208-byte allocation and nothing else (TestIdleQueueSize and
+// TestIdleQueueBytes hold it there): its priority levels and counters
+// are made by the first message and its map of acquired messages by the
+// first delivery, its options are shared with every queue declared alike
+// (internOptions), and what only replicated, deduplicating or delaying
+// queues use sits behind a pointer (rare).
 type Queue struct {
 	Name string
 	// Options point to the queue's options, which never change: shared by
@@ -237,9 +238,6 @@ type Queue struct {
 	nextSeq  uint64
 	// tail is the entry the last enqueue added (for the memory budget).
 	tail *Entry
-	// timerAt is the deliver-at time under which the shard's timers hold
-	// this queue, 0 when they do not (Shard.schedule).
-	timerAt int64
 	// expireAt is the time under which the shard's expiry index holds
 	// this queue, 0 when it does not (Shard.watchHead).
 	expireAt int64
@@ -253,11 +251,26 @@ type Queue struct {
 	// rare holds what few queues use: nil until the first use.
 	rare *queueRare
 
-	// counters
+	// counts is made by the first enqueue, with the levels: an idle
+	// queue has counted nothing (Counters).
+	counts *QueueCounters
+}
+
+// QueueCounters count what happened to a queue's messages.
+type QueueCounters struct {
 	Enqueued, Delivered, Acked, DeadLettered, Expired uint64
 	// Recovered counts the enqueues that were journal replay at start,
 	// not publishes.
 	Recovered uint64
+}
+
+// Counters returns q's counters. Read them on q's shard (or inside a
+// Broker.Call), as every other part of q's state.
+func (q *Queue) Counters() QueueCounters {
+	if q.counts == nil {
+		return QueueCounters{}
+	}
+	return *q.counts
 }
 
 // queueRare is the part of a queue that most queues never use.
@@ -267,6 +280,9 @@ type queueRare struct {
 	removing []uint64
 	// producers is the deduplication state of producer ids (dedup.go).
 	producers producerTable
+	// timerAt is the deliver-at time under which the shard's timers hold
+	// this queue, 0 when they do not (Shard.schedule).
+	timerAt int64
 }
 
 // rareState returns q.rare, making it first.
@@ -317,6 +333,7 @@ func internOptions(opts QueueOptions) *QueueOptions {
 func (q *Queue) levelState() []level {
 	if q.levels == nil {
 		q.levels = make([]level, int(min(q.Options.MaxPriority, PriorityMax))+1)
+		q.counts = &QueueCounters{}
 	}
 	return q.levels
 }
@@ -418,7 +435,7 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 			return ErrNoSuchMessage
 		}
 		q.unacquire(e)
-		q.Acked++
+		q.counts.Acked++
 		q.remove(e, 0, fx)
 		return nil
 	case EvExpire:
@@ -428,7 +445,7 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 				return nil
 			}
 			q.pop()
-			q.Expired++
+			q.counts.Expired++
 			q.remove(e, ReasonExpired, fx)
 		}
 	case EvRemove:
@@ -512,8 +529,8 @@ func (q *Queue) place(ev *Event, size uint64) {
 	e.setSizeLevel(size, q.levelOf(ev.Priority))
 	q.tail = e
 	q.totalBytes += size
-	q.Enqueued++
 	levels := q.levelState() // tailDelayed looks at them for a delayed one too
+	q.counts.Enqueued++
 	if ev.DeliverAt != 0 {
 		q.delayed = heapPush(q.delayed, delayedEntry{at: ev.DeliverAt, e: e}, delayedLess)
 		return
@@ -561,7 +578,7 @@ func (q *Queue) acquire(ev *Event) error {
 		q.acquired = make(map[uint64]*Entry)
 	}
 	q.acquired[e.Seq] = e
-	q.Delivered++
+	q.counts.Delivered++
 	return nil
 }
 
@@ -621,7 +638,7 @@ func (q *Queue) unacquire(e *Entry) {
 func (q *Queue) remove(e *Entry, reason DeadLetterReason, fx Effects) {
 	q.totalBytes -= e.size()
 	if reason != 0 {
-		q.DeadLettered++
+		q.counts.DeadLettered++
 		fx.DeadLetter(q, e, reason)
 	}
 	fx.Removed(q, e)

@@ -68,8 +68,8 @@ func BenchmarkShardPublishDeliverAccept(b *testing.B) {
 				step(batch)
 			}
 			b.StopTimer()
-			if q.Depth() != 0 || q.Acked != accepted {
-				b.Fatalf("depth %d acked %d accepted %d", q.Depth(), q.Acked, accepted)
+			if q.Depth() != 0 || q.Counters().Acked != accepted {
+				b.Fatalf("depth %d acked %d accepted %d", q.Depth(), q.Counters().Acked, accepted)
 			}
 		})
 	}
