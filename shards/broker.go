@@ -277,9 +277,12 @@ func (b *Broker) Call(s *Shard, f func(*Shard)) error {
 }
 
 // AddQueue creates a queue on its shard (ShardFor(name)) and returns it
-// once the shard knows it. owner is the session of an exclusive queue.
-// The caller (the wiring layer) makes sure the name is not in use and
-// publishes the queue for routing only after AddQueue returns.
+// once it is in the shard's ring: the shard takes it before any command
+// pushed to it after AddQueue returns (a publish routed to the queue, a
+// Call that lists the shard's queues), without a round trip to wait for.
+// owner is the session of an exclusive queue. The caller (the wiring
+// layer) makes sure the name is not in use and publishes the queue for
+// routing only after AddQueue returns.
 func (b *Broker) AddQueue(name string, opts QueueOptions, owner *Session) (*Queue, error) {
 	idx := b.ShardFor(name)
 	s := b.shards[idx]
@@ -290,8 +293,13 @@ func (b *Broker) AddQueue(name string, opts QueueOptions, owner *Session) (*Queu
 	if r := b.loadReplicator(); r != nil {
 		q.group, q.replicated = r.Group(name, opts)
 	}
-	if err := b.Call(s, func(sh *Shard) { sh.queues[q] = struct{}{} }); err != nil {
-		return nil, Errorf(wire.CodeInternal, "declare %q: %v", name, err)
+	cmd := Command{Op: opAddQueue, Queue: q}
+	if !s.in.TryPush(cmd) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := s.Push(ctx, cmd); err != nil {
+			return nil, Errorf(wire.CodeInternal, "declare %q: %v", name, err)
+		}
 	}
 	return q, nil
 }

@@ -31,6 +31,8 @@ const (
 	OpResume
 	// opWake: the timer for the earliest delayed message fired (delay.go).
 	opWake
+	// opAddQueue: Queue is the shard's from now on (Broker.AddQueue).
+	opAddQueue
 )
 
 // Settle kinds.
@@ -250,6 +252,8 @@ func (s *Shard) handle(c *Command) {
 		s.fireTimers()
 	case opCall:
 		c.Call(s)
+	case opAddQueue:
+		s.queues[c.Queue] = struct{}{}
 	case opDeadLettered:
 		if q := c.Queue; q.replicated {
 			if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
