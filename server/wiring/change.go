@@ -2,6 +2,7 @@ package wiring
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/berthmq/berth/shards"
 )
@@ -30,8 +31,17 @@ func (r *Routing) removeExchange(name string) { r.exchanges = r.exchanges.Delete
 // The slice is shared with the snapshot: do not change it.
 func (r *Routing) liveBindings(queue string) []queueBinding {
 	all, _ := r.bindings.Get(queue)
+	// A queue's bindings mostly share an exchange: look each name up
+	// once per run of it.
+	var last *exchange
 	for i, b := range all {
-		if !r.bindingLive(b) {
+		if last == nil || last.name != b.exchange {
+			last = r.exchange(b.exchange)
+			if last == nil {
+				last = &exchange{name: b.exchange} // gone: no binding's gen is 0
+			}
+		}
+		if last.gen != b.gen {
 			// Rare (an exchange was deleted): copy without the dead ones.
 			live := slices.Clone(all[:i])
 			for _, b := range all[i+1:] {
@@ -63,20 +73,11 @@ func (r *Routing) hasBinding(exchange, queue, key string) bool {
 // bind adds a binding of q to the exchange, which must exist; the binding
 // must not.
 func (r *Routing) bind(exchangeName string, q *shards.Queue, key string) {
-	r.bindIn(nil, exchangeName, q, key)
-}
-
-// bindIn is bind within the batch ed (nil: none; see pmapEdit): Restore
-// adds every binding in one batch, so its tables grow in place instead of
-// copying a path per binding.
-func (r *Routing) bindIn(ed *pmapEdit, exchangeName string, q *shards.Queue, key string) {
 	ex := r.exchange(exchangeName)
 	qb := r.liveBindings(q.Name)
 	nb := queueBinding{exchange: exchangeName, gen: ex.gen, key: key}
-	if c := ex.withIn(ed, q, key, qb); c != ex {
-		r.exchanges = r.exchanges.SetIn(ed, exchangeName, c)
-	}
-	r.bindings = r.bindings.SetIn(ed, q.Name, append(slices.Clip(qb), nb))
+	r.exchanges = r.exchanges.Set(exchangeName, ex.with(q, key, qb))
+	r.bindings = r.bindings.Set(q.Name, append(slices.Clip(qb), nb))
 }
 
 // unbind removes a binding, which must exist.
@@ -113,12 +114,28 @@ func (r *Routing) removeQueue(q *shards.Queue) {
 // bindings (to any exchange): a fanout lists q once and a topic trie
 // holds q once per normalised pattern, however many keys lead there.
 func (ex *exchange) with(q *shards.Queue, key string, others []queueBinding) *exchange {
-	return ex.withIn(nil, q, key, others)
+	return ex.withIn(nil, q, key, ex.covered(key, others))
 }
 
-// withIn is with within the batch ed (nil: none): an exchange ed made is
-// changed in place and returned.
-func (ex *exchange) withIn(ed *pmapEdit, q *shards.Queue, key string, others []queueBinding) *exchange {
+// covered reports whether others bind q to ex so that a binding by key
+// adds nothing to ex's tables: to a fanout, any binding; to a topic, one
+// of the same normalised pattern (or key's pattern can match nothing).
+func (ex *exchange) covered(key string, others []queueBinding) bool {
+	switch ex.kind {
+	case KindFanout:
+		return ex.boundElsewhere(others, func(string) bool { return true })
+	case KindTopic:
+		words, ok := topicTrieWords(key)
+		return !ok || ex.boundElsewhere(others, samePattern(key, words))
+	}
+	return false
+}
+
+// withIn returns ex with q bound by key, within the batch ed (nil: none):
+// an exchange ed made is changed in place and returned, any other is
+// copied. covered says that the binding adds nothing to the fanout list
+// or the topic trie (see covered).
+func (ex *exchange) withIn(ed *pmapEdit, q *shards.Queue, key string, covered bool) *exchange {
 	c := ex
 	if ed == nil || ex.edit != ed {
 		c = new(exchange)
@@ -132,12 +149,12 @@ func (ex *exchange) withIn(ed *pmapEdit, q *shards.Queue, key string, others []q
 		qs, _ := c.direct.Get(key)
 		c.direct = c.direct.SetIn(ed, key, append(slices.Clip(qs), q))
 	case KindFanout:
-		if !ex.boundElsewhere(others, func(string) bool { return true }) {
+		if !covered {
 			c.fanout = append(c.fanout, q)
 		}
 	case KindTopic:
-		words, ok := topicTrieWords(key)
-		if ok && !ex.boundElsewhere(others, samePattern(words)) {
+		if !covered {
+			words, _ := topicTrieWords(key)
 			c.topic = trieAddIn(ed, c.topic, words, q)
 		}
 	}
@@ -168,7 +185,7 @@ func (ex *exchange) without(q *shards.Queue, key string, others []queueBinding) 
 		}
 	case KindTopic:
 		words, ok := topicTrieWords(key)
-		if ok && !ex.boundElsewhere(others, samePattern(words)) {
+		if ok && !ex.boundElsewhere(others, samePattern(key, words)) {
 			c.topic = trieRemove(c.topic, words, q)
 		}
 	}
@@ -186,10 +203,20 @@ func (ex *exchange) boundElsewhere(others []queueBinding, same func(string) bool
 	return false
 }
 
-// samePattern accepts keys that normalise to words.
-func samePattern(words []string) func(string) bool {
-	return func(key string) bool {
-		w, ok := topicTrieWords(key)
+// samePattern accepts keys that normalise to words, the normalised form
+// of key. Only runs of "#" words normalise away, so when neither key nor
+// k holds "#.#", k is the same pattern only if it is key: a queue's other
+// bindings cost a string comparison each, not a split.
+func samePattern(key string, words []string) func(string) bool {
+	plain := !strings.Contains(key, "#.#")
+	return func(k string) bool {
+		if k == key {
+			return true
+		}
+		if plain && !strings.Contains(k, "#.#") {
+			return false
+		}
+		w, ok := topicTrieWords(k)
 		return ok && slices.Equal(w, words)
 	}
 }

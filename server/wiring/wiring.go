@@ -20,6 +20,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -241,18 +242,62 @@ func (w *Wiring) restoreState(st *wiringState) error {
 		return addErr
 	}
 	// One batch for every binding: the tables this snapshot does not
-	// share with the published one grow in place (pmapEdit).
+	// share with the published one grow in place (pmapEdit), each queue's
+	// list of bindings grows here and enters the table once, at the end,
+	// and two maps answer what a bind otherwise finds by scanning the
+	// queue's other bindings (a duplicate; a pattern already in the trie),
+	// so a queue with many bindings costs no more per binding.
 	ed := &pmapEdit{}
+	lists := map[string][]queueBinding{}
+	initial := map[string][]queueBinding{} // bindings the routing had already
+	type placedKey struct {
+		q        *shards.Queue
+		exchange string
+		pattern  string // normalised; "" for a fanout
+	}
+	placed := map[placedKey]struct{}{}
+	bound := map[Binding]struct{}{}
 	for _, bd := range st.Bindings {
 		// A pattern accepted before the cap existed is kept: the trie
 		// leaves out what can match nothing.
 		q := n.queue(bd.Queue)
-		if n.exchange(bd.Exchange) == nil || q == nil {
+		ex := n.exchange(bd.Exchange)
+		if ex == nil || q == nil {
 			return shards.Errorf(wire.CodeNotFound, "wiring: restore binding %s -> %s (%q): no such exchange or queue", bd.Exchange, bd.Queue, bd.Key)
 		}
-		if !n.hasBinding(bd.Exchange, bd.Queue, bd.Key) {
-			n.bindIn(ed, bd.Exchange, q, bd.Key)
+		if _, dup := bound[bd]; dup {
+			continue
 		}
+		bound[bd] = struct{}{}
+		qb, ok := lists[q.Name]
+		if !ok {
+			qb = slices.Clip(n.liveBindings(q.Name)) // shared: the first append copies it
+			initial[q.Name] = qb
+		}
+		nb := queueBinding{exchange: bd.Exchange, gen: ex.gen, key: bd.Key}
+		if slices.Contains(initial[q.Name], nb) {
+			continue
+		}
+		covered := ex.covered(bd.Key, initial[q.Name])
+		switch ex.kind {
+		case KindFanout, KindTopic:
+			pk := placedKey{q: q, exchange: bd.Exchange}
+			if ex.kind == KindTopic {
+				words, _ := topicTrieWords(bd.Key)
+				pk.pattern = strings.Join(words, ".")
+			}
+			if _, ok := placed[pk]; ok {
+				covered = true
+			}
+			placed[pk] = struct{}{}
+		}
+		if c := ex.withIn(ed, q, bd.Key, covered); c != ex {
+			n.exchanges = n.exchanges.SetIn(ed, bd.Exchange, c)
+		}
+		lists[q.Name] = append(qb, nb)
+	}
+	for name, qb := range lists {
+		n.bindings = n.bindings.SetIn(ed, name, qb)
 	}
 	if w.cfg.Log == nil {
 		if err := w.saveLocked(&n); err != nil {

@@ -394,3 +394,34 @@ func TestQueuePage(t *testing.T) {
 		t.Fatalf("the last page is %d queues, more=%v", len(page), more)
 	}
 }
+
+// BenchmarkRestoreBindings restores 1,000,000 topic bindings spread over
+// 1,000 queues (a thousand per queue), the shape whose per-queue binding
+// lists a restore once copied at each binding.
+func BenchmarkRestoreBindings(b *testing.B) {
+	const queues, bindings = 1000, 1_000_000
+	s := &Snapshot{Exchanges: []WiringExchange{{Name: "t", Kind: KindTopic, Options: ExchangeOptions{Durable: true}}}}
+	for i := range queues {
+		s.Queues = append(s.Queues, WiringQueue{Name: "q" + strconv.Itoa(i), Options: shards.QueueOptions{Durable: true}})
+	}
+	for i := range bindings {
+		s.Bindings = append(s.Bindings, Binding{Exchange: "t", Queue: "q" + strconv.Itoa(i%queues), Key: "dev" + strconv.Itoa(i) + ".*.temp"})
+	}
+	b.ReportAllocs()
+	for range b.N {
+		br := shards.New(shards.Config{Shards: 2, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		w := New(Config{Broker: br, Log: snapLog{s}, Dir: b.TempDir(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err := br.Start(); err != nil {
+			b.Fatal(err)
+		}
+		if err := w.Restore(); err != nil {
+			b.Fatal(err)
+		}
+		if got, _ := w.Routing().Route([]byte("t"), []byte("dev7.x.temp"), nil); len(got) != 1 || got[0].Name != "q7" {
+			b.Fatalf("route dev7.x.temp = %v", got)
+		}
+		b.StopTimer()
+		br.Stop()
+		b.StartTimer()
+	}
+}
