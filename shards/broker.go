@@ -346,9 +346,15 @@ func (b *Broker) AddQueues(specs []QueueSpec) ([]*Queue, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			total := len(list)
 			for len(list) > 0 {
 				batch := list[:min(len(list), addQueuesBatch)]
 				err := b.Call(b.shards[si], func(sh *Shard) {
+					if len(sh.queues) == 0 && total > addQueuesBatch {
+						// A start-up's restore: size the set once rather
+						// than growing it through every doubling.
+						sh.queues = make(map[*Queue]struct{}, total)
+					}
 					for _, i := range batch {
 						sh.queues[qs[i]] = struct{}{}
 					}
