@@ -290,9 +290,12 @@ func (b *Broker) Call(s *Shard, f func(*Shard)) error {
 }
 
 // AddQueue creates a queue on its shard (ShardFor(name)) and returns it
-// once the shard knows it. owner is the session of an exclusive queue.
-// The caller (the wiring layer) makes sure the name is not in use and
-// publishes the queue for routing only after AddQueue returns.
+// once it is in the shard's ring: the shard takes it before any command
+// pushed to it after AddQueue returns (a publish routed to the queue, a
+// Call that lists the shard's queues), without a round trip to wait for.
+// owner is the session of an exclusive queue. The caller (the wiring
+// layer) makes sure the name is not in use and publishes the queue for
+// routing only after AddQueue returns.
 func (b *Broker) AddQueue(name string, opts QueueOptions, owner *Session) (*Queue, error) {
 	idx := b.ShardFor(name)
 	s := b.shards[idx]
@@ -303,10 +306,85 @@ func (b *Broker) AddQueue(name string, opts QueueOptions, owner *Session) (*Queu
 	if r := b.loadReplicator(); r != nil {
 		q.group, q.replicated = r.Group(name, opts)
 	}
-	if err := b.Call(s, func(sh *Shard) { sh.queues[q] = struct{}{} }); err != nil {
-		return nil, Errorf(wire.CodeInternal, "declare %q: %v", name, err)
+	cmd := Command{Op: opAddQueue, Queue: q}
+	if !s.in.TryPush(cmd) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := s.Push(ctx, cmd); err != nil {
+			return nil, Errorf(wire.CodeInternal, "declare %q: %v", name, err)
+		}
 	}
 	return q, nil
+}
+
+// QueueSpec is one queue for AddQueues.
+type QueueSpec struct {
+	Name    string
+	Options QueueOptions
+	Owner   *Session // of an exclusive queue
+}
+
+// addQueuesBatch is how many queues AddQueues hands a shard in one Call:
+// a shard keeps serving its other commands between batches.
+const addQueuesBatch = 4096
+
+// AddQueues creates many queues at once, as AddQueue does each: every
+// shard takes its queues in one round trip per addQueuesBatch of them, and
+// the shards take theirs in parallel. It returns the queues in the order
+// of specs. After an error, the queues of a failed shard are nil in the
+// result and known to no shard; the others are created.
+func (b *Broker) AddQueues(specs []QueueSpec) ([]*Queue, error) {
+	qs := make([]*Queue, len(specs))
+	byShard := make([][]int, len(b.shards))
+	r := b.loadReplicator()
+	for i := range specs {
+		sp := &specs[i]
+		idx := b.ShardFor(sp.Name)
+		q := NewQueue(sp.Name, sp.Options, idx, &b.shards[idx].pool)
+		if sp.Options.Exclusive && sp.Owner != nil {
+			q.owner = sp.Owner
+		}
+		if r != nil {
+			q.group, q.replicated = r.Group(sp.Name, sp.Options)
+		}
+		qs[i] = q
+		byShard[idx] = append(byShard[idx], i)
+	}
+	errs := make([]error, len(b.shards))
+	var wg sync.WaitGroup
+	for si, list := range byShard {
+		if len(list) == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			total := len(list)
+			for len(list) > 0 {
+				batch := list[:min(len(list), addQueuesBatch)]
+				err := b.Call(b.shards[si], func(sh *Shard) {
+					if len(sh.queues) == 0 && total > addQueuesBatch {
+						// A start-up's restore: size the set once rather
+						// than growing it through every doubling.
+						sh.queues = make(map[*Queue]struct{}, total)
+					}
+					for _, i := range batch {
+						sh.queues[qs[i]] = struct{}{}
+					}
+				})
+				if err != nil {
+					errs[si] = Errorf(wire.CodeInternal, "declare %d queues on shard %d: %v", len(list), si, err)
+					for _, i := range list {
+						qs[i] = nil
+					}
+					return
+				}
+				list = list[len(batch):]
+			}
+		}()
+	}
+	wg.Wait()
+	return qs, errors.Join(errs...)
 }
 
 // CheckDrop checks on q's shard that q may be dropped: with ifUnused, that
@@ -367,7 +445,7 @@ func (s *Shard) dropQueue(q *Queue) int {
 	_ = q.Apply(&ev, nopEffects{s})
 	q.deleted = true
 	delete(s.queues, q)
-	delete(s.expiring, q)
+	q.expireAt = 0 // its entry in the expiry index, if any, is stale
 	if q.replicated {
 		if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
 			_ = s.proposeRemoves(q, nil)
@@ -429,8 +507,9 @@ type QueueInfo struct {
 
 // info is q's QueueInfo; it runs on q's shard goroutine.
 func (q *Queue) info() QueueInfo {
-	in := QueueInfo{Name: q.Name, Shard: q.shard, Ready: q.Ready(), Unacked: q.Unacked(), Delayed: q.Delayed(),
-		Consumers: len(q.consumers), Durable: q.Options.Durable, Enqueued: q.Enqueued, Delivered: q.Delivered, Acked: q.Acked}
+	c := q.Counters()
+	in := QueueInfo{Name: q.Name, Shard: q.Shard(), Ready: q.Ready(), Unacked: q.Unacked(), Delayed: q.Delayed(),
+		Consumers: len(q.consumers), Durable: q.Options.Durable, Enqueued: c.Enqueued, Delivered: c.Delivered, Acked: c.Acked}
 	if q.replicated {
 		g := q.group
 		in.Group = &g
@@ -463,7 +542,7 @@ func (b *Broker) QueueInfos(qs []*Queue) []QueueInfo {
 	for si, s := range b.shards {
 		_ = b.Call(s, func(sh *Shard) {
 			for i, q := range qs {
-				if q.shard != si {
+				if q.Shard() != si {
 					continue
 				}
 				if _, ok := sh.queues[q]; !ok {

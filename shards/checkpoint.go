@@ -188,9 +188,13 @@ func appendCkRec(buf []byte, r *ckRec, prev uint64) []byte {
 	return binary.AppendUvarint(buf, uint64(r.size))
 }
 
+// noProducers stands for the producer table of a queue that has none; it
+// is only read.
+var noProducers producerTable
+
 // checkpointable says whether q's messages go to this shard's journal.
 func (s *Shard) checkpointable(q *Queue) bool {
-	return q.Options.Durable && !q.replicated && !q.deleted && q.shard == s.idx
+	return q.Options.Durable && !q.replicated && !q.deleted && q.Shard() == s.idx
 }
 
 // captureCheckpoint begins a checkpoint and appends the shard's state.
@@ -218,7 +222,10 @@ func (s *Shard) captureCheckpoint() []byte {
 		}
 		buf = binary.AppendUvarint(buf, uint64(len(q.Name)))
 		buf = append(buf, q.Name...)
-		t := &q.producers
+		t := &noProducers
+		if q.rare != nil {
+			t = &q.rare.producers
+		}
 		buf = binary.AppendUvarint(buf, t.clock)
 		buf = binary.AppendUvarint(buf, uint64(len(t.m)))
 		for id, st := range t.m {
@@ -520,14 +527,15 @@ func (s *Shard) applyCheckpoint(ck *ckLoaded, byName map[string]*Queue, refs map
 	for i := range ck.queues {
 		cq := &ck.queues[i]
 		q := byName[cq.name]
-		ok := q != nil && q.shard == s.idx && q.Options.Durable
-		if ok {
-			q.producers.clock = max(q.producers.clock, cq.clock)
+		ok := q != nil && q.Shard() == s.idx && q.Options.Durable
+		if ok && (cq.clock != 0 || len(cq.producers) > 0) {
+			pt := &q.rareState().producers
+			pt.clock = max(pt.clock, cq.clock)
 			for _, p := range cq.producers {
-				if q.producers.m == nil {
-					q.producers.m = make(map[uint64]producerState, len(cq.producers))
+				if pt.m == nil {
+					pt.m = make(map[uint64]producerState, len(cq.producers))
 				}
-				q.producers.m[p.id] = producerState{seq: p.seq, lastUsed: p.lastUsed}
+				pt.m[p.id] = producerState{seq: p.seq, lastUsed: p.lastUsed}
 			}
 		}
 		d := &ckDecoder{b: cq.recs}
@@ -568,7 +576,7 @@ func (s *Shard) applyCheckpoint(ck *ckLoaded, byName map[string]*Queue, refs map
 			if r.at != 0 {
 				s.schedule(q, r.at)
 			}
-			q.Recovered++
+			q.counts.Recovered++
 			live++
 		}
 	}

@@ -117,8 +117,10 @@ func ckCollect(t *testing.T, b *Broker, qs map[string]*Queue, maxPos uint64) ckS
 			}
 			qst.Unacked = len(q.acquired)
 			qst.Producers = map[uint64]uint64{}
-			for id, p := range q.producers.m {
-				qst.Producers[id] = p.seq
+			if q.rare != nil {
+				for id, p := range q.rare.producers.m {
+					qst.Producers[id] = p.seq
+				}
 			}
 			st.Queues[name] = qst
 		})
@@ -250,7 +252,7 @@ func ckWorkload(t *testing.T, dir string, seed uint64, ops int, end int) {
 			if _, err := b.DropQueue(q); err != nil {
 				t.Fatal(err)
 			}
-			nq, err := b.AddQueue(name, q.Options, nil)
+			nq, err := b.AddQueue(name, *q.Options, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -100,4 +100,29 @@ func (t *producerTable) reset() { t.m, t.clock = nil, 0 }
 
 // Producers is how many producers q remembers. Shard goroutine only (or
 // inside Broker.Call).
-func (q *Queue) Producers() int { return len(q.producers.m) }
+func (q *Queue) Producers() int {
+	if q.rare == nil {
+		return 0
+	}
+	return len(q.rare.producers.m)
+}
+
+// duplicate reports whether q applied the enqueue of (producer, seq)
+// already.
+func (q *Queue) duplicate(producer, seq uint64) bool {
+	return producer != 0 && q.rare != nil && q.rare.producers.duplicate(producer, seq)
+}
+
+// noteProducer records an applied enqueue of (producer, seq) on q.
+func (q *Queue) noteProducer(producer, seq uint64) {
+	if producer != 0 {
+		q.rareState().producers.note(producer, seq)
+	}
+}
+
+// resetProducers forgets q's producers.
+func (q *Queue) resetProducers() {
+	if q.rare != nil {
+		q.rare.producers.reset()
+	}
+}

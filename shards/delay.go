@@ -8,7 +8,7 @@ import "time"
 // It keeps one timer structure for all its queues:
 //
 //   - timers, a heap of (deliver-at, queue): a queue is in it under the
-//     earliest deliver-at of its delayed messages (Queue.timerAt). A new
+//     earliest deliver-at of its delayed messages (queueRare.timerAt). A new
 //     delayed message earlier than that adds an entry; entries left stale
 //     (the message was purged, or an earlier entry was added since) are
 //     dropped when they come up. There are never more entries than
@@ -40,10 +40,11 @@ func timerLess(a, b timerEntry) bool { return a.at < b.at }
 
 // schedule notes that q holds a delayed message due at at.
 func (s *Shard) schedule(q *Queue, at int64) {
-	if q.timerAt != 0 && q.timerAt <= at {
+	rs := q.rareState()
+	if rs.timerAt != 0 && rs.timerAt <= at {
 		return
 	}
-	q.timerAt = at
+	rs.timerAt = at
 	s.timers.heap = heapPush(s.timers.heap, timerEntry{at: at, q: q}, timerLess)
 	s.armWake()
 }
@@ -82,18 +83,20 @@ func (s *Shard) fireTimers() {
 		var te timerEntry
 		te, t.heap = heapRemove(t.heap, 0, timerLess)
 		q := te.q
+		rs := q.rare // made by schedule
 		if q.deleted {
-			q.timerAt = 0
+			rs.timerAt = 0
 			continue
 		}
-		if te.at != q.timerAt {
+		if te.at != rs.timerAt {
 			continue // stale: an earlier entry was added and handled
 		}
 		ev := Event{Kind: EvPromote, Now: s.now}
 		_ = q.Apply(&ev, s)
-		q.timerAt = 0
+		s.watchHead(q) // a promoted message may be the head now
+		rs.timerAt = 0
 		if next := q.NextDeliverAt(); next != 0 {
-			q.timerAt = next
+			rs.timerAt = next
 			t.heap = heapPush(t.heap, timerEntry{at: next, q: q}, timerLess)
 		}
 		if len(q.consumers) > 0 {

@@ -44,6 +44,11 @@
 //     holding delayed messages, by their earliest deliver-at time, and
 //     one wake-up timer armed for the earliest; the 100 ms tick is its
 //     fallback.
+//   - Expiry (shard.go, watchHead): one heap per shard of the queues
+//     whose head has a TTL, by that head's expiry time; the 100 ms tick
+//     expires what came due. Nothing in the shard walks all its queues
+//     on a timer, so a million idle queues cost no CPU, and an idle
+//     queue is one small allocation (Queue, queueRare).
 //   - Body, Session, Fanout (message.go, session.go, broker.go): a
 //     message's bytes, shared by reference count; a client session as the
 //     shards see it; one publish's progress over several queues. A
@@ -68,9 +73,11 @@
 //     Queue fields only through the Routing snapshot's pointers, never
 //     a queue's state: a loop never blocks and never takes a lock.
 //   - The wiring layer and admin code call Broker methods: AddQueue,
-//     CheckDrop, DropQueue, Purge, SessionClosed, Queues, Stats, Metrics,
-//     Call. These block until the shard has run them; never call them from
-//     an event loop or from a shard goroutine.
+//     AddQueues, CheckDrop, DropQueue, Purge, SessionClosed, Queues,
+//     Stats, Metrics, Call. These block until the shard has run them
+//     (AddQueue only until its command is in the shard's ring, ahead of
+//     anything pushed later); never call them from an event loop or from
+//     a shard goroutine.
 //   - Shard.Push blocks while the ring is full: management goroutines
 //     only.
 //   - Queue and Consumer fields are the shard goroutine's. Other

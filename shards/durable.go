@@ -286,11 +286,11 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		m := &msgs[i]
 		pos := m.pos
 		q := byName[names[m.queue]]
-		if q != nil && q.shard == s.idx {
+		if q != nil && q.Shard() == s.idx {
 			// Dequeued messages count too: their publishes happened.
-			q.producers.note(m.producer, m.producerSeq)
+			q.noteProducer(m.producer, m.producerSeq)
 		}
-		if m.dead || q == nil || q.shard != s.idx || !q.Options.Durable {
+		if m.dead || q == nil || q.Shard() != s.idx || !q.Options.Durable {
 			j.Free(pos)
 			if m.body != nil {
 				m.body.Unref()
@@ -317,7 +317,7 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		if m.at != 0 {
 			s.schedule(q, m.at)
 		}
-		q.Recovered++
+		q.counts.Recovered++
 		live++
 	}
 	// The records replayed count towards the next checkpoint, so a long

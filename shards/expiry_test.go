@@ -78,10 +78,13 @@ func startWith(b *Broker, name string) (*Queue, error) {
 	return q, b.Recover()
 }
 
-// TestTickVisitsOnlyQueuesWithTTLs: the tick visits the queues that hold
-// a message with a TTL, not every queue, and a queue leaves the set once
-// empty; expiry still happens.
-func TestTickVisitsOnlyQueuesWithTTLs(t *testing.T) {
+// TestExpiryIndex: the shard's expiry index holds only the queues whose
+// head has a TTL, so a tick looks at what came due and not at every queue;
+// a message with a TTL behind a head without one is indexed once it
+// becomes the head (here by a delivery), and then expires; a queue whose
+// head expired leaves the index; a TTL still to come stays indexed and
+// is not expired early.
+func TestExpiryIndex(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	b := New(Config{Shards: 1, TickInterval: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -91,49 +94,79 @@ func TestTickVisitsOnlyQueuesWithTTLs(t *testing.T) {
 	defer b.Stop()
 	sh := b.shards[0]
 	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{}}
-	var plain, ttl *Queue
+	var qs []*Queue
 	for i := range 1000 {
 		q, err := b.AddQueue(fmt.Sprint("q", i), QueueOptions{}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if i == 0 {
-			plain = q
-		}
-		if i == 1 {
-			ttl = q
-		}
+		qs = append(qs, q)
 	}
-	now := time.Now().UnixNano()
+	plain, ttl, mixed, long := qs[0], qs[1], qs[2], qs[3]
+	id := uint64(0)
 	push := func(c Command) {
 		t.Helper()
+		if c.Op == OpPublish {
+			id++
+			c.Sess, c.CmdID, c.Now = sess, id, time.Now().UnixNano()
+		}
 		if err := sh.Push(ctx, c); err != nil {
 			t.Fatal(err)
 		}
 	}
-	push(Command{Op: OpPublish, Sess: sess, CmdID: 1, Queue: plain, Body: NewBody(nil, nil, nil, []byte("p"), false), Now: now})
-	push(Command{Op: OpPublish, Sess: sess, CmdID: 2, Queue: ttl, TTLNanos: int64(time.Millisecond), Body: NewBody(nil, nil, nil, []byte("t"), false), Now: now})
-	var n int
-	if err := b.Call(sh, func(s *Shard) { n = len(s.expiring) }); err != nil {
+	body := func() *Body { return NewBody(nil, nil, nil, []byte("m"), false) }
+	indexed := func() (n int) {
+		t.Helper()
+		if err := b.Call(sh, func(s *Shard) {
+			for _, te := range s.expiry {
+				if te.at == te.q.expireAt {
+					n++ // not stale
+				}
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// Times come from the commands, so nothing here depends on the
+	// machine's speed: the TTLs are a minute and an hour, and the tick
+	// claims to come two minutes later.
+	t0 := time.Now().UnixNano()
+	minute := int64(time.Minute)
+	push(Command{Op: OpPublish, Queue: plain, Body: body()})
+	push(Command{Op: OpPublish, Queue: ttl, TTLNanos: minute, Body: body()})
+	push(Command{Op: OpPublish, Queue: mixed, Body: body()})
+	push(Command{Op: OpPublish, Queue: mixed, TTLNanos: minute, Body: body()})
+	push(Command{Op: OpPublish, Queue: long, TTLNanos: 60 * minute, Body: body()})
+	if n := indexed(); n != 2 {
+		t.Fatalf("%d queues in the expiry index, want 2 (the two whose head has a TTL)", n)
+	}
+	// A delivery takes mixed's head; the message with a TTL behind it is
+	// the head now, and indexed.
+	push(Command{Op: OpSubscribe, Sess: sess, CmdID: 1000, Queue: mixed, ConsumerID: 1, Credit: 1, AckMode: wire.AckExplicit})
+	// A call can share the subscribe's batch and run before its dispatch:
+	// the one after it cannot.
+	if err := b.Call(sh, func(*Shard) {}); err != nil {
 		t.Fatal(err)
 	}
-	if n != 1 {
-		t.Fatalf("%d queues to visit, want 1 (the one with a TTL)", n)
+	if n := indexed(); n != 3 {
+		t.Fatalf("%d queues in the expiry index after the delivery, want 3", n)
 	}
-	time.Sleep(5 * time.Millisecond)
-	push(Command{Op: OpTick, Now: time.Now().UnixNano()})
-	var ready, plainReady int
-	if err := b.Call(sh, func(s *Shard) { ready, plainReady, n = ttl.Ready(), plain.Ready(), len(s.expiring) }); err != nil {
+	push(Command{Op: OpTick, Now: t0 + 2*minute})
+	var ready [4]int
+	var expired uint64
+	if err := b.Call(sh, func(*Shard) {
+		for i, q := range []*Queue{plain, ttl, mixed, long} {
+			ready[i] = q.Ready()
+		}
+		expired = mixed.Counters().Expired
+	}); err != nil {
 		t.Fatal(err)
 	}
-	if ready != 0 || plainReady != 1 {
-		t.Fatalf("after the tick: ttl queue %d ready (want 0, expired), plain queue %d (want 1)", ready, plainReady)
+	if ready != [4]int{1, 0, 0, 1} || expired != 1 {
+		t.Fatalf("after the tick: ready plain, ttl, mixed, long = %v (want [1 0 0 1]), mixed expired %d (want 1)", ready, expired)
 	}
-	push(Command{Op: OpTick, Now: time.Now().UnixNano()})
-	if err := b.Call(sh, func(s *Shard) { n = len(s.expiring) }); err != nil {
-		t.Fatal(err)
-	}
-	if n != 0 {
-		t.Fatalf("%d queues still visited after the TTL queue emptied", n)
+	if n := indexed(); n != 1 {
+		t.Fatalf("%d queues in the expiry index at the end, want 1", n)
 	}
 }

@@ -119,10 +119,11 @@ func (s *Shard) metrics() ShardMetrics {
 	}
 	m.Queues = make([]QueueMetrics, 0, len(s.queues))
 	for q := range s.queues {
+		c := q.Counters()
 		m.Queues = append(m.Queues, QueueMetrics{
 			Name: q.Name, Ready: q.Ready(), Unacked: q.Unacked(), Delayed: q.Delayed(), Consumers: len(q.consumers), Bytes: q.totalBytes,
-			Published: q.Enqueued - q.Recovered, Delivered: q.Delivered, Accepted: q.Acked,
-			DeadLettered: q.DeadLettered, Expired: q.Expired,
+			Published: c.Enqueued - c.Recovered, Delivered: c.Delivered, Accepted: c.Acked,
+			DeadLettered: c.DeadLettered, Expired: c.Expired,
 		})
 	}
 	return m

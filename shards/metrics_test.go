@@ -74,7 +74,7 @@ func TestMetricsSnapshot(t *testing.T) {
 		t.Fatalf("%d shards", len(ms))
 	}
 	m := ms[q.shard]
-	if m.Shard != q.shard || !m.Journaled || len(m.Queues) != 1 {
+	if m.Shard != q.Shard() || !m.Journaled || len(m.Queues) != 1 {
 		t.Fatalf("shard metrics %+v", m)
 	}
 	want := QueueMetrics{Name: "dq", Ready: 6, Unacked: 1, Consumers: 1, Bytes: 7 * uint64(len(payload)),

@@ -107,8 +107,8 @@ func benchConsumeBacklog(b *testing.B, persistent, paged bool) {
 	}
 	b.StopTimer()
 	settleJournal()
-	if q.Depth() != 0 || q.Acked != accepted {
-		b.Fatalf("depth %d, acked %d of %d", q.Depth(), q.Acked, accepted)
+	if q.Depth() != 0 || q.Counters().Acked != accepted {
+		b.Fatalf("depth %d, acked %d of %d", q.Depth(), q.Counters().Acked, accepted)
 	}
 	b.ReportMetric(float64(s.mem.pageIns)/float64(b.N), "pageins/op")
 }

@@ -80,7 +80,7 @@ func benchQueueKind(b *testing.B, kind string, batch int) {
 	}
 	b.StopTimer()
 	s.stopTimers()
-	if q.Depth() != 0 || q.Acked != accepted {
-		b.Fatalf("depth %d acked %d accepted %d", q.Depth(), q.Acked, accepted)
+	if q.Depth() != 0 || q.Counters().Acked != accepted {
+		b.Fatalf("depth %d acked %d accepted %d", q.Depth(), q.Counters().Acked, accepted)
 	}
 }

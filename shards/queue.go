@@ -189,65 +189,112 @@ func (l *level) peek() *Entry {
 
 // Queue is a queue's state. It is owned by one shard goroutine; nothing
 // else reads or writes it.
+//
+// A broker may hold a million queues that sit idle, so an idle queue is
+// one 208-byte allocation and nothing else (TestIdleQueueSize and
+// TestIdleQueueBytes hold it there): its priority levels and counters
+// are made by the first message and its map of acquired messages by the
+// first delivery, its options are shared with every queue declared alike
+// (internOptions), and what only replicated, deduplicating or delaying
+// queues use sits behind a pointer (rare).
 type Queue struct {
-	Name    string
-	Options QueueOptions
-	shard   int
+	Name string
+	// Options point to the queue's options, which never change: shared by
+	// the queues declared with equal options. Never write through it.
+	Options *QueueOptions
+	shard   int32
+	// group is the replication group of a replicated queue's events
+	// (replicated.go). Fixed at AddQueue.
+	group uint32
 
 	// levels holds the ready messages, one level per priority (0 to
 	// Options.MaxPriority); a plain queue has one. nonEmpty has bit i set
 	// while level i holds a message, so the head is found without a scan.
+	// Nil until the first message.
 	levels   []level
 	nonEmpty uint16
-	// delayed holds the messages whose deliver-at time is still to come,
-	// earliest first; EvPromote moves the due ones to their levels.
-	delayed  delayHeap
-	acquired map[uint64]*Entry
-	nextSeq  uint64
-	// tail is the entry the last enqueue added (for the memory budget).
-	tail *Entry
-	// timerAt is the deliver-at time under which the shard's timers hold
-	// this queue, 0 when they do not (Shard.schedule).
-	timerAt int64
-
-	readyBytes uint64
-	totalBytes uint64
-
-	consumers []*Consumer
-	rr        int
-
-	// Consumers see only messages the broker cannot forget. A persistent
-	// message on a durable queue is enqueued at once (so order, limits and
-	// TTL hold) but becomes deliverable only when its journal record is
-	// durable: unsafe counts enqueue records in flight, and while it is
-	// not zero only messages up to safeSeq are deliverable. A transient
-	// message behind an unsafe one waits with it, so FIFO order holds.
-	unsafe  int
-	safeSeq uint64
 
 	deleted      bool
 	everConsumed bool
 	// replicated: the queue's events go through replication group
 	// group's log (replicated.go). Fixed at AddQueue.
 	replicated bool
-	// removing holds the seqs of messages removed on this master and not
-	// yet proposed to the group (Shard.noteRemoved).
-	removing []uint64
-	group    uint32
-	owner    any // exclusive owner (a session), or nil
-	free     *entryPool
-	// producers is the deduplication state of producer ids (dedup.go).
-	producers producerTable
 
-	// counters
+	rr int32 // round-robin cursor over consumers
+	// Consumers see only messages the broker cannot forget. A persistent
+	// message on a durable queue is enqueued at once (so order, limits and
+	// TTL hold) but becomes deliverable only when its journal record is
+	// durable: unsafe counts enqueue records in flight, and while it is
+	// not zero only messages up to safeSeq are deliverable. A transient
+	// message behind an unsafe one waits with it, so FIFO order holds.
+	unsafe  int32
+	safeSeq uint64
+
+	// delayed holds the messages whose deliver-at time is still to come,
+	// earliest first; EvPromote moves the due ones to their levels.
+	delayed delayHeap
+	// acquired holds the messages handed to consumers; nil until the first.
+	acquired map[uint64]*Entry
+	nextSeq  uint64
+	// tail is the entry the last enqueue added (for the memory budget).
+	tail *Entry
+	// expireAt is the time under which the shard's expiry index holds
+	// this queue, 0 when it does not (Shard.watchHead).
+	expireAt int64
+
+	readyBytes uint64
+	totalBytes uint64
+
+	consumers []*Consumer
+	owner     *Session // exclusive owner, or nil
+	free      *entryPool
+	// rare holds what few queues use: nil until the first use.
+	rare *queueRare
+
+	// counts is made by the first enqueue, with the levels: an idle
+	// queue has counted nothing (Counters).
+	counts *QueueCounters
+}
+
+// QueueCounters count what happened to a queue's messages.
+type QueueCounters struct {
 	Enqueued, Delivered, Acked, DeadLettered, Expired uint64
 	// Recovered counts the enqueues that were journal replay at start,
 	// not publishes.
 	Recovered uint64
 }
 
+// Counters returns q's counters. Read them on q's shard (or inside a
+// Broker.Call), as every other part of q's state.
+func (q *Queue) Counters() QueueCounters {
+	if q.counts == nil {
+		return QueueCounters{}
+	}
+	return *q.counts
+}
+
+// queueRare is the part of a queue that most queues never use.
+type queueRare struct {
+	// removing holds the seqs of messages removed on this master and not
+	// yet proposed to the group (Shard.noteRemoved).
+	removing []uint64
+	// producers is the deduplication state of producer ids (dedup.go).
+	producers producerTable
+	// timerAt is the deliver-at time under which the shard's timers hold
+	// this queue, 0 when they do not (Shard.schedule).
+	timerAt int64
+}
+
+// rareState returns q.rare, making it first.
+func (q *Queue) rareState() *queueRare {
+	if q.rare == nil {
+		q.rare = &queueRare{}
+	}
+	return q.rare
+}
+
 // Owner is the session an exclusive queue belongs to, or nil.
-func (q *Queue) Owner() *Session { s, _ := q.owner.(*Session); return s }
+func (q *Queue) Owner() *Session { return q.owner }
 
 // Deleted reports whether the queue was dropped. Read it on the queue's
 // shard, or after a Call to it.
@@ -258,18 +305,47 @@ func NewQueue(name string, opts QueueOptions, shard int, pool *entryPool) *Queue
 	if pool == nil {
 		pool = &entryPool{}
 	}
-	return &Queue{Name: name, Options: opts, shard: shard, acquired: make(map[uint64]*Entry), nextSeq: 1, free: pool,
-		levels: make([]level, int(min(opts.MaxPriority, PriorityMax))+1)}
+	return &Queue{Name: name, Options: internOptions(opts), shard: int32(shard), nextSeq: 1, free: pool}
+}
+
+// Options shared by every queue declared with them: most queues of a
+// broker are declared alike, and a queue's options never change.
+var (
+	plainOptions   = QueueOptions{}
+	durableOptions = QueueOptions{Durable: true}
+)
+
+// internOptions returns a pointer to options equal to opts, shared when
+// they are common ones.
+func internOptions(opts QueueOptions) *QueueOptions {
+	switch opts {
+	case plainOptions:
+		return &plainOptions
+	case durableOptions:
+		return &durableOptions
+	}
+	o := new(QueueOptions) // not &opts: that would allocate for the shared ones too
+	*o = opts
+	return o
+}
+
+// levelState returns q.levels, making them at the first message.
+func (q *Queue) levelState() []level {
+	if q.levels == nil {
+		q.levels = make([]level, int(min(q.Options.MaxPriority, PriorityMax))+1)
+		q.counts = &QueueCounters{}
+	}
+	return q.levels
 }
 
 // PriorityMax is the largest MaxPriority a queue may have.
 const PriorityMax = wire.PriorityMax
 
 // levelOf is the level of a message of priority prio.
-func (q *Queue) levelOf(prio uint8) int { return int(min(prio, uint8(len(q.levels)-1))) }
+func (q *Queue) levelOf(prio uint8) int { return int(min(prio, q.Options.MaxPriority, PriorityMax)) }
 
 // Shard returns the index of the shard that owns the queue.
-func (q *Queue) Shard() int { return q.shard }
+func (q *Queue) Shard() int { return int(q.shard) }
 
 // Ready is the number of messages waiting for a consumer.
 func (q *Queue) Ready() int {
@@ -307,7 +383,7 @@ func (q *Queue) NextSeq() uint64 { return q.nextSeq }
 // CheckEnqueue says whether an enqueue of size bytes is allowed now: under
 // reject-publish a full queue refuses it. Drop-head always allows it.
 func (q *Queue) CheckEnqueue(size int) error {
-	o := &q.Options
+	o := q.Options
 	if o.Overflow == 0 && q.full(1, uint64(size)) {
 		return ErrQueueFull
 	}
@@ -315,7 +391,7 @@ func (q *Queue) CheckEnqueue(size int) error {
 }
 
 func (q *Queue) full(extraCount, extraBytes uint64) bool {
-	o := &q.Options
+	o := q.Options
 	if o.MaxLength > 0 && uint64(q.Depth())+extraCount > o.MaxLength {
 		return true
 	}
@@ -359,7 +435,7 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 			return ErrNoSuchMessage
 		}
 		q.unacquire(e)
-		q.Acked++
+		q.counts.Acked++
 		q.remove(e, 0, fx)
 		return nil
 	case EvExpire:
@@ -369,7 +445,7 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 				return nil
 			}
 			q.pop()
-			q.Expired++
+			q.counts.Expired++
 			q.remove(e, ReasonExpired, fx)
 		}
 	case EvRemove:
@@ -453,13 +529,14 @@ func (q *Queue) place(ev *Event, size uint64) {
 	e.setSizeLevel(size, q.levelOf(ev.Priority))
 	q.tail = e
 	q.totalBytes += size
-	q.Enqueued++
+	levels := q.levelState() // tailDelayed looks at them for a delayed one too
+	q.counts.Enqueued++
 	if ev.DeliverAt != 0 {
 		q.delayed = heapPush(q.delayed, delayedEntry{at: ev.DeliverAt, e: e}, delayedLess)
 		return
 	}
 	lv := e.level()
-	q.levels[lv].ready.push(e)
+	levels[lv].ready.push(e)
 	q.nonEmpty |= 1 << lv
 	q.readyBytes += size
 }
@@ -468,7 +545,7 @@ func (q *Queue) place(ev *Event, size uint64) {
 // delayed message that came due.
 func (q *Queue) putBack(e *Entry) {
 	lv := e.level()
-	heap.Push(&q.levels[lv].released, e)
+	heap.Push(&q.levelState()[lv].released, e)
 	q.nonEmpty |= 1 << lv
 	q.readyBytes += e.size()
 }
@@ -494,11 +571,14 @@ func (q *Queue) acquire(ev *Event) error {
 		}
 		con.credit--
 		con.nextTag = ev.Tag
-		q.rr = ev.Cursor
+		q.rr = int32(ev.Cursor)
 	}
 	q.pop()
+	if q.acquired == nil {
+		q.acquired = make(map[uint64]*Entry)
+	}
 	q.acquired[e.Seq] = e
-	q.Delivered++
+	q.counts.Delivered++
 	return nil
 }
 
@@ -541,7 +621,7 @@ func (q *Queue) NextDelivery(now int64) (Event, bool) {
 	}
 	n := len(q.consumers)
 	for i := 0; i < n; i++ {
-		at := (q.rr + i) % n
+		at := (int(q.rr) + i) % n
 		if c := q.consumers[at]; c.credit > 0 && !c.Session.overOut(now, c.pendingBytes) {
 			return Event{Kind: EvAcquire, Seq: h.Seq, Consumer: c, Tag: c.nextTag + 1, Cursor: (at + 1) % n}, true
 		}
@@ -558,7 +638,7 @@ func (q *Queue) unacquire(e *Entry) {
 func (q *Queue) remove(e *Entry, reason DeadLetterReason, fx Effects) {
 	q.totalBytes -= e.size()
 	if reason != 0 {
-		q.DeadLettered++
+		q.counts.DeadLettered++
 		fx.DeadLetter(q, e, reason)
 	}
 	fx.Removed(q, e)

@@ -94,7 +94,7 @@ func TestQueueExpireAndOverflow(t *testing.T) {
 		t.Fatal("expired early")
 	}
 	_ = q2.Apply(&Event{Kind: EvExpire, Now: 50}, fx)
-	if q2.Depth() != 0 || q2.Expired != 1 {
+	if q2.Depth() != 0 || q2.Counters().Expired != 1 {
 		t.Fatalf("not expired: depth %d", q2.Depth())
 	}
 }

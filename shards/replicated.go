@@ -73,12 +73,12 @@ func (s *Shard) ApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64, pro
 		b.Unref()
 		return
 	}
-	if q.producers.duplicate(producer, producerSeq) {
+	if q.duplicate(producer, producerSeq) {
 		b.Unref()
 		s.stats.Duplicates++
 		return
 	}
-	q.producers.note(producer, producerSeq)
+	q.noteProducer(producer, producerSeq)
 	ev := Event{Kind: EvEnqueue, Seq: seq, Body: b, ExpiresAt: expiresAt, Priority: b.Priority, DeliverAt: b.DeliverAt}
 	if err := q.Apply(&ev, s); err != nil {
 		// Full here though the master took it (a smaller bound, or
@@ -100,6 +100,7 @@ func (s *Shard) ApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64, pro
 func (s *Shard) ApplyRemove(q *Queue, seq uint64) {
 	ev := Event{Kind: EvRemove, Seq: seq}
 	_ = q.Apply(&ev, s)
+	s.watchHead(q)
 }
 
 // RemovesMax bounds the messages of one removal event of a replicated
@@ -111,11 +112,12 @@ const RemovesMax = 4096
 // settle, a purge or an expiry pass becomes one event per queue rather
 // than one per message.
 func (s *Shard) noteRemoved(q *Queue, seq uint64) {
-	if len(q.removing) == 0 {
+	rs := q.rareState()
+	if len(rs.removing) == 0 {
 		s.removing = append(s.removing, q)
 	}
-	q.removing = append(q.removing, seq)
-	if len(q.removing) >= RemovesMax {
+	rs.removing = append(rs.removing, seq)
+	if len(rs.removing) >= RemovesMax {
 		_ = s.proposeRemoves(q, nil)
 	}
 }
@@ -125,20 +127,21 @@ func (s *Shard) noteRemoved(q *Queue, seq uint64) {
 // error means nothing was proposed and done will not be called.
 func (s *Shard) proposeRemoves(q *Queue, done func(error)) error {
 	r := s.broker.loadReplicator()
-	if len(q.removing) == 0 {
+	if q.rare == nil || len(q.rare.removing) == 0 {
 		if done == nil {
 			return nil
 		}
 		return r.Barrier(q, done)
 	}
-	err := r.ProposeRemoves(q, q.removing, done)
+	rs := q.rare
+	err := r.ProposeRemoves(q, rs.removing, done)
 	if err != nil {
 		// The messages are gone here and the log still has them: a
 		// master that steps down applies the log again, and a later
 		// master delivers them again.
-		s.log.Warn("shards: the removal of replicated messages was not proposed", "queue", q.Name, "messages", len(q.removing), "err", err)
+		s.log.Warn("shards: the removal of replicated messages was not proposed", "queue", q.Name, "messages", len(rs.removing), "err", err)
 	}
-	q.removing = q.removing[:0]
+	rs.removing = rs.removing[:0]
 	return err
 }
 
@@ -195,7 +198,7 @@ func (b *Broker) ResetGroup(g uint32) {
 				}
 				ev := Event{Kind: EvPurge}
 				_ = q.Apply(&ev, sh)
-				q.producers.reset() // the log applied again rebuilds it
+				q.resetProducers() // the log applied again rebuilds it
 			}
 		})
 	}

@@ -36,6 +36,8 @@ const (
 	// opReplEnqueue: apply a committed enqueue of a replicated queue
 	// (Shard.TryApplyEnqueue).
 	opReplEnqueue
+	// opAddQueue: Queue is the shard's from now on (Broker.AddQueue).
+	opAddQueue
 )
 
 // Settle kinds.
@@ -130,10 +132,12 @@ type Shard struct {
 	dirtyOuts []*sessOut
 	dirtyQs   []*Queue
 	qDirty    map[*Queue]bool
-	// expiring holds the queues that may hold a message with a TTL: the
-	// tick visits these, not every queue (a shard may hold a million idle
-	// queues). A queue leaves it when it is empty.
-	expiring map[*Queue]struct{}
+	// expiry is the expiry index: a heap of (time, queue) holding every
+	// queue whose head has a TTL under that head's expiry time or earlier
+	// (Queue.expireAt; watchHead keeps it so). The tick takes the entries
+	// that came due, so it costs O(due), not O(queues): a shard may hold a
+	// million idle queues.
+	expiry   timerHeap
 	timers   shardTimers // queues with delayed messages (delay.go)
 	pool     entryPool
 	deferred []Command // dead letters for other shards whose rings were full
@@ -168,7 +172,6 @@ func newShard(idx int, b *Broker, cfg ShardConfig) *Shard {
 		consumers: map[consumerKey]*Consumer{},
 		outs:      map[*Session]*sessOut{},
 		qDirty:    map[*Queue]bool{},
-		expiring:  map[*Queue]struct{}{},
 		// The clock starts at the wall clock, not 0: recovery and the
 		// first subscribers come before the first tick, and a message
 		// whose TTL ran out while the broker was down must not be
@@ -262,6 +265,8 @@ func (s *Shard) handle(c *Command) {
 		s.replDone(c.CmdID, nil)
 	case opReplEnqueue:
 		s.ApplyEnqueue(c.Queue, c.CmdID, c.Body, c.TTLNanos, c.Producer, uint64(c.Now))
+	case opAddQueue:
+		s.queues[c.Queue] = struct{}{}
 	case opDeadLettered:
 		if q := c.Queue; q.replicated {
 			if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
@@ -348,7 +353,7 @@ func (s *Shard) publish(c *Command) {
 		s.replicatedPublish(c, ev.ExpiresAt)
 		return
 	}
-	if q.producers.duplicate(c.Producer, c.CmdID) {
+	if q.duplicate(c.Producer, c.CmdID) {
 		// A retry of a publish this queue enqueued already: its
 		// completion is the one the first copy earned (after its record,
 		// if any, is durable: completeAfterJournal waits for it).
@@ -361,7 +366,6 @@ func (s *Shard) publish(c *Command) {
 		}
 		return
 	}
-	s.noteExpiry(q, ev.ExpiresAt)
 	if s.journaled(q, c.Body) {
 		if err := q.CheckEnqueue(c.Body.Size()); err != nil {
 			c.Body.Unref()
@@ -371,7 +375,7 @@ func (s *Shard) publish(c *Command) {
 		// The record goes first, so that anything the enqueue drops is
 		// journaled after it.
 		pos := s.appendEnqueue(q, &Entry{Body: c.Body, ExpiresAt: ev.ExpiresAt}, c.Producer, c.CmdID)
-		q.producers.note(c.Producer, c.CmdID)
+		q.noteProducer(c.Producer, c.CmdID)
 		seq := q.nextSeq // what enqueue assigns
 		s.journal.pending.push(jctx{pos: pos, sess: c.Sess, cmdID: c.CmdID, fan: c.Fanout, q: q, seq: seq})
 		ev.JournalPos = uint64(pos)
@@ -380,6 +384,7 @@ func (s *Shard) publish(c *Command) {
 		}
 		// Deliverable when the record is durable (journalDone), not now.
 		q.enqueueUnsafe(seq)
+		s.noteExpiry(q, ev.ExpiresAt)
 		s.admit(q)
 		if ev.DeliverAt != 0 {
 			s.schedule(q, ev.DeliverAt)
@@ -395,7 +400,8 @@ func (s *Shard) publish(c *Command) {
 		s.completeCmd(c.Sess, c.CmdID, c.Fanout, err)
 		return
 	}
-	q.producers.note(c.Producer, c.CmdID)
+	q.noteProducer(c.Producer, c.CmdID)
+	s.noteExpiry(q, ev.ExpiresAt)
 	s.admit(q)
 	if ev.DeliverAt != 0 {
 		s.schedule(q, ev.DeliverAt)
@@ -472,7 +478,7 @@ func (s *Shard) detach(con *Consumer) {
 			break
 		}
 	}
-	if q.rr >= len(q.consumers) {
+	if int(q.rr) >= len(q.consumers) {
 		q.rr = 0
 	}
 	if len(q.consumers) == 0 && q.Options.AutoDelete && q.everConsumed && !q.deleted {
@@ -609,30 +615,51 @@ func (s *Shard) requeueAll(con *Consumer) {
 	s.markDirty(q)
 }
 
-// noteExpiry puts q among the queues the tick visits when a message with
-// a TTL (expiresAt != 0) enters it.
-func (s *Shard) noteExpiry(q *Queue, expiresAt int64) {
-	if expiresAt != 0 {
-		s.expiring[q] = struct{}{}
+// noteExpiry runs after an enqueue to q of a message that expires at
+// expiresAt (0: never). Whether or not it has a TTL, the enqueue may have
+// changed q's head (a first message, a higher priority, a drop-head), so
+// it watches the head (watchHead).
+func (s *Shard) noteExpiry(q *Queue, expiresAt int64) { s.watchHead(q) }
+
+// watchHead keeps the expiry index's promise for q after a change that
+// may have given q a new head: if the head has a TTL, q is in the index
+// under that time or earlier. It costs a look at the head, and a heap
+// push only when the head expires before anything q is indexed under.
+// Messages behind the head are not indexed: a message expires from the
+// head (EvExpire), and whatever makes it the head calls watchHead.
+func (s *Shard) watchHead(q *Queue) {
+	h := q.peek()
+	if h == nil || h.ExpiresAt == 0 || (q.expireAt != 0 && q.expireAt <= h.ExpiresAt) {
+		return
 	}
+	q.expireAt = h.ExpiresAt
+	s.expiry = heapPush(s.expiry, timerEntry{at: h.ExpiresAt, q: q}, timerLess)
 }
 
+// tick expires the heads that came due (the expiry index), promotes the
+// delayed messages that came due, and retries deferred dead letters.
 func (s *Shard) tick() {
-	for q := range s.expiring {
-		if q.deleted || q.Depth() == 0 {
-			delete(s.expiring, q) // back when a message with a TTL comes
-			continue
-		}
-		if q.Ready() == 0 {
-			continue
-		}
-		if h := q.Head(); h != nil && h.ExpiresAt != 0 && h.ExpiresAt <= s.now {
-			ev := Event{Kind: EvExpire, Now: s.now}
-			_ = q.Apply(&ev, s)
-		}
-	}
+	s.expireDue()
 	s.fireTimers()
 	s.retryDeferred()
+}
+
+// expireDue expires the heads of the queues whose index entries came due
+// as of s.now. An entry left stale (its queue was indexed again under an
+// earlier time, or dropped) is skipped.
+func (s *Shard) expireDue() {
+	for len(s.expiry) > 0 && s.expiry[0].at <= s.now {
+		var te timerEntry
+		te, s.expiry = heapRemove(s.expiry, 0, timerLess)
+		q := te.q
+		if q.deleted || te.at != q.expireAt {
+			continue
+		}
+		q.expireAt = 0
+		ev := Event{Kind: EvExpire, Now: s.now}
+		_ = q.Apply(&ev, s)
+		s.watchHead(q)
+	}
 }
 
 // dispatchDirty hands ready messages to consumers with credit, round robin.
@@ -640,6 +667,7 @@ func (s *Shard) dispatchDirty() {
 	for _, q := range s.dirtyQs {
 		delete(s.qDirty, q)
 		s.dispatch(q)
+		s.watchHead(q) // a delivery, release or expiry changed the head
 	}
 	s.dirtyQs = s.dirtyQs[:0]
 }
@@ -743,7 +771,7 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 	} else if e.JournalPos != 0 && s.journal != nil {
 		cross := 0
 		for _, t := range targets {
-			if t != q && t.shard != s.idx {
+			if t != q && t.Shard() != s.idx {
 				cross++
 			}
 		}
@@ -766,7 +794,7 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 			body = NewBody(e.Body.Exchange, key, e.Body.Props, e.Body.Payload, e.Body.Persistent)
 		}
 		cmd := Command{Op: OpPublish, Queue: t, Body: body, Now: s.now}
-		if t.shard == s.idx {
+		if t.Shard() == s.idx {
 			if q.replicated {
 				cmd.Fanout = fan
 			}
@@ -820,7 +848,7 @@ func (s *Shard) deadLettered(src *Queue, pos uint64, err error) {
 		return
 	}
 	cmd := Command{Op: opDeadLettered, Queue: src, CmdID: pos}
-	if src.shard == s.idx {
+	if src.Shard() == s.idx {
 		s.handle(&cmd)
 		return
 	}

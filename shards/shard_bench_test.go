@@ -2,6 +2,7 @@ package shards
 
 import (
 	"testing"
+	"time"
 
 	"github.com/berthmq/berth/wire"
 )
@@ -22,12 +23,19 @@ func (w *discardWriter) WriteAsync(bufs [][]byte, done func()) error {
 // BenchmarkShardPublishDeliverAccept drives one shard by hand through the
 // steady state of a queue: publish, dispatch to a consumer with credit,
 // write the DELIVER, and accept in batches of 64. It measures the shard's
-// own cost per message and proves it allocates nothing.
+// own cost per message and proves it allocates nothing. The ttl cases
+// give every message an hour's TTL, so each publish and dispatch also
+// looks after the queue's entry in the shard's expiry index.
 //
 //	go test ./shards -run '^$' -bench ShardPublishDeliverAccept -benchmem
 func BenchmarkShardPublishDeliverAccept(b *testing.B) {
-	for _, batch := range []int{1, 64} {
-		b.Run("batch="+itoa(batch), func(b *testing.B) {
+	for _, c := range []struct {
+		name  string
+		batch int
+		ttl   int64
+	}{{"batch=1", 1, 0}, {"batch=64", 64, 0}, {"ttl/batch=1", 1, 3600e9}, {"ttl/batch=64", 64, 3600e9}} {
+		batch := c.batch
+		b.Run(c.name, func(b *testing.B) {
 			br := New(Config{Shards: 1})
 			s := br.shards[0]
 			q := NewQueue("q", QueueOptions{}, 0, &s.pool)
@@ -38,12 +46,15 @@ func BenchmarkShardPublishDeliverAccept(b *testing.B) {
 			sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: w, OutMax: 4 << 20}
 			s.handle(&Command{Op: OpSubscribe, Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 1 << 16})
 			payload := make([]byte, 128)
+			// The shard's clock starts at the wall clock: a TTL runs from
+			// there, not from a made-up time.
+			now := time.Now().UnixNano()
 			var nextID uint64 = 2
 			var delivered, accepted uint64
 			step := func(n int) {
 				for i := 0; i < n; i++ {
 					body := NewBody(nil, []byte("q"), nil, payload, false)
-					cmd := Command{Op: OpPublish, Sess: sess, CmdID: nextID, Queue: q, Body: body, Now: 1}
+					cmd := Command{Op: OpPublish, Sess: sess, CmdID: nextID, Queue: q, Body: body, Now: now, TTLNanos: c.ttl}
 					nextID++
 					s.handle(&cmd)
 				}
@@ -68,8 +79,8 @@ func BenchmarkShardPublishDeliverAccept(b *testing.B) {
 				step(batch)
 			}
 			b.StopTimer()
-			if q.Depth() != 0 || q.Acked != accepted {
-				b.Fatalf("depth %d acked %d accepted %d", q.Depth(), q.Acked, accepted)
+			if q.Depth() != 0 || q.Counters().Acked != accepted {
+				b.Fatalf("depth %d acked %d accepted %d", q.Depth(), q.Counters().Acked, accepted)
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package wiring
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/berthmq/berth/shards"
 )
@@ -30,8 +31,17 @@ func (r *Routing) removeExchange(name string) { r.exchanges = r.exchanges.Delete
 // The slice is shared with the snapshot: do not change it.
 func (r *Routing) liveBindings(queue string) []queueBinding {
 	all, _ := r.bindings.Get(queue)
+	// A queue's bindings mostly share an exchange: look each name up
+	// once per run of it.
+	var last *exchange
 	for i, b := range all {
-		if !r.bindingLive(b) {
+		if last == nil || last.name != b.exchange {
+			last = r.exchange(b.exchange)
+			if last == nil {
+				last = &exchange{name: b.exchange} // gone: no binding's gen is 0
+			}
+		}
+		if last.gen != b.gen {
 			// Rare (an exchange was deleted): copy without the dead ones.
 			live := slices.Clone(all[:i])
 			for _, b := range all[i+1:] {
@@ -104,29 +114,58 @@ func (r *Routing) removeQueue(q *shards.Queue) {
 // bindings (to any exchange): a fanout lists q once and a topic trie
 // holds q once per normalised pattern, however many keys lead there.
 func (ex *exchange) with(q *shards.Queue, key string, others []queueBinding) *exchange {
-	c := *ex
+	return ex.withIn(nil, q, key, ex.covered(key, others))
+}
+
+// covered reports whether others bind q to ex so that a binding by key
+// adds nothing to ex's tables: to a fanout, any binding; to a topic, one
+// of the same normalised pattern (or key's pattern can match nothing).
+func (ex *exchange) covered(key string, others []queueBinding) bool {
+	switch ex.kind {
+	case KindFanout:
+		return ex.boundElsewhere(others, func(string) bool { return true })
+	case KindTopic:
+		words, ok := topicTrieWords(key)
+		return !ok || ex.boundElsewhere(others, samePattern(key, words))
+	}
+	return false
+}
+
+// withIn returns ex with q bound by key, within the batch ed (nil: none):
+// an exchange ed made is changed in place and returned, any other is
+// copied. covered says that the binding adds nothing to the fanout list
+// or the topic trie (see covered).
+func (ex *exchange) withIn(ed *pmapEdit, q *shards.Queue, key string, covered bool) *exchange {
+	c := ex
+	if ed == nil || ex.edit != ed {
+		c = new(exchange)
+		*c = *ex
+		c.edit = ed
+		c.fanout = slices.Clip(c.fanout) // shared with ex: the first append copies it
+	}
 	c.count++
 	switch c.kind {
 	case KindDirect:
 		qs, _ := c.direct.Get(key)
-		c.direct = c.direct.Set(key, append(slices.Clip(qs), q))
+		c.direct = c.direct.SetIn(ed, key, append(slices.Clip(qs), q))
 	case KindFanout:
-		if !ex.boundElsewhere(others, func(string) bool { return true }) {
-			c.fanout = append(slices.Clip(c.fanout), q)
+		if !covered {
+			c.fanout = append(c.fanout, q)
 		}
 	case KindTopic:
-		words, ok := topicTrieWords(key)
-		if ok && !ex.boundElsewhere(others, samePattern(words)) {
-			c.topic = trieAdd(c.topic, words, q)
+		if !covered {
+			words, _ := topicTrieWords(key)
+			c.topic = trieAddIn(ed, c.topic, words, q)
 		}
 	}
-	return &c
+	return c
 }
 
 // without returns a copy of ex without q's binding by key. others are q's
 // bindings that stay.
 func (ex *exchange) without(q *shards.Queue, key string, others []queueBinding) *exchange {
 	c := *ex
+	c.edit = nil
 	c.count--
 	switch c.kind {
 	case KindDirect:
@@ -146,7 +185,7 @@ func (ex *exchange) without(q *shards.Queue, key string, others []queueBinding) 
 		}
 	case KindTopic:
 		words, ok := topicTrieWords(key)
-		if ok && !ex.boundElsewhere(others, samePattern(words)) {
+		if ok && !ex.boundElsewhere(others, samePattern(key, words)) {
 			c.topic = trieRemove(c.topic, words, q)
 		}
 	}
@@ -164,10 +203,20 @@ func (ex *exchange) boundElsewhere(others []queueBinding, same func(string) bool
 	return false
 }
 
-// samePattern accepts keys that normalise to words.
-func samePattern(words []string) func(string) bool {
-	return func(key string) bool {
-		w, ok := topicTrieWords(key)
+// samePattern accepts keys that normalise to words, the normalised form
+// of key. Only runs of "#" words normalise away, so when neither key nor
+// k holds "#.#", k is the same pattern only if it is key: a queue's other
+// bindings cost a string comparison each, not a split.
+func samePattern(key string, words []string) func(string) bool {
+	plain := !strings.Contains(key, "#.#")
+	return func(k string) bool {
+		if k == key {
+			return true
+		}
+		if plain && !strings.Contains(k, "#.#") {
+			return false
+		}
+		w, ok := topicTrieWords(k)
 		return ok && slices.Equal(w, words)
 	}
 }

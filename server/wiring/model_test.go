@@ -294,3 +294,93 @@ func TestRouteDuringChanges(t *testing.T) {
 		t.Fatal("no route ran during the changes")
 	}
 }
+
+// TestRestoreModel restores a random wiring of many bindings, which
+// Restore adds in one batch that grows its tables in place (pmapEdit),
+// and compares the routes of random keys with refWiring's. It then binds
+// and unbinds more on the restored wiring, one change at a time, checks
+// the routes again, and checks that the snapshot Restore published still
+// routes as it did: the batch's nodes are never changed after it.
+func TestRestoreModel(t *testing.T) {
+	seed := time.Now().UnixNano()
+	rng := rand.New(rand.NewSource(seed))
+	words := []string{"a", "b", "c", "", "ab"}
+	randWords := func(pattern bool) string {
+		ws := make([]string, 1+rng.Intn(5))
+		for i := range ws {
+			switch r := rng.Intn(6); {
+			case pattern && r == 0:
+				ws[i] = "#"
+			case pattern && r == 1:
+				ws[i] = "*"
+			default:
+				ws[i] = words[rng.Intn(len(words))]
+			}
+		}
+		return strings.Join(ws, ".")
+	}
+	ref := &refWiring{queues: map[string]bool{}, exchanges: map[string]uint8{}, bindings: map[Binding]bool{}}
+	snap := &Snapshot{}
+	exchanges := []string{"d", "f", "t1", "t2"}
+	for i, kind := range []uint8{KindDirect, KindFanout, KindTopic, KindTopic} {
+		snap.Exchanges = append(snap.Exchanges, WiringExchange{Name: exchanges[i], Kind: kind})
+		ref.exchanges[exchanges[i]] = kind
+	}
+	var queues []string
+	for i := range 200 {
+		q := fmt.Sprintf("q%d", i)
+		queues = append(queues, q)
+		snap.Queues = append(snap.Queues, WiringQueue{Name: q})
+		ref.queues[q] = true
+	}
+	randBinding := func() Binding {
+		return Binding{Exchange: exchanges[rng.Intn(len(exchanges))], Queue: queues[rng.Intn(len(queues))], Key: randWords(true)}
+	}
+	for range 3000 {
+		b := randBinding()
+		snap.Bindings = append(snap.Bindings, b) // a binding listed twice is restored once
+		ref.bindings[b] = true
+	}
+	w := startWiring(t, snapLog{snap})
+	compare := func(r *Routing, when string) map[string][]string {
+		routes := map[string][]string{}
+		for range 500 {
+			key := randWords(false)
+			for _, x := range append(exchanges, "") {
+				got, want := routeNames(t, r, x, key), ref.route(x, key)
+				if !slices.Equal(got, want) {
+					t.Fatalf("seed %d %s: route %s %q = %v, reference says %v", seed, when, x, key, got, want)
+				}
+				routes[x+"\x00"+key] = got
+			}
+		}
+		return routes
+	}
+	restored := w.Routing()
+	kept := compare(restored, "after the restore")
+	for step := range 300 {
+		b := randBinding()
+		if rng.Intn(2) == 0 {
+			for x := range ref.bindings {
+				b = x
+				break
+			}
+			if err := w.Unbind(b.Exchange, b.Queue, b.Key); err != nil {
+				t.Fatalf("seed %d step %d: unbind %+v: %v", seed, step, b, err)
+			}
+			delete(ref.bindings, b)
+		} else if !ref.bindings[b] {
+			if err := w.Bind(b.Exchange, b.Queue, b.Key); err != nil {
+				t.Fatalf("seed %d step %d: bind %+v: %v", seed, step, b, err)
+			}
+			ref.bindings[b] = true
+		}
+	}
+	compare(w.Routing(), "after later changes")
+	for xk, want := range kept {
+		x, key, _ := strings.Cut(xk, "\x00")
+		if got := routeNames(t, restored, x, key); !slices.Equal(got, want) {
+			t.Fatalf("seed %d: the restored snapshot changed: route %s %q = %v, was %v", seed, x, key, got, want)
+		}
+	}
+}

@@ -31,7 +31,18 @@ type pmap[V any] struct {
 type hnode[V any] struct {
 	bitmap  uint32
 	entries []hentry[V]
+	// edit is the batch of changes that made this node (SetIn), nil for a
+	// node made by Set: that batch may change it in place.
+	edit *pmapEdit
 }
+
+// pmapEdit is one batch of changes to pmaps and topic tries that no
+// snapshot holds yet (Restore builds its tables with one): a node it made
+// is changed in place by its later changes instead of being copied again.
+// A node made before the batch is copied once, as Set copies it; so the
+// tables a published snapshot holds never change. Once the batch's
+// result is published, the pmapEdit must not be used again.
+type pmapEdit struct{ _ byte }
 
 // hentry is a key, its hash and its value, or, when child is set, a
 // subtree. The hash is kept so that pushing an entry a level down (when
@@ -121,8 +132,13 @@ func (m pmap[V]) lookup(h uint64, key string) (V, bool) {
 }
 
 // Set returns a map with key set to val; m is unchanged.
-func (m pmap[V]) Set(key string, val V) pmap[V] {
-	root, added := set(m.root, 0, hashString(key), key, val)
+func (m pmap[V]) Set(key string, val V) pmap[V] { return m.SetIn(nil, key, val) }
+
+// SetIn is Set within the batch ed (nil: none): nodes ed made are changed
+// in place, so a batch of n changes costs about n entries rather than n
+// copied paths. m is unchanged unless its nodes are ed's.
+func (m pmap[V]) SetIn(ed *pmapEdit, key string, val V) pmap[V] {
+	root, added := set(m.root, 0, hashString(key), key, val, ed)
 	if added {
 		m.n++
 	}
@@ -130,42 +146,53 @@ func (m pmap[V]) Set(key string, val V) pmap[V] {
 	return m
 }
 
-// set returns a copy of n (nil: a new node) with key set, and whether the
-// key is new.
-func set[V any](n *hnode[V], level int, h uint64, key string, val V) (*hnode[V], bool) {
+// set returns n with key set, copied unless ed made it (nil: a new
+// node), and whether the key is new.
+func set[V any](n *hnode[V], level int, h uint64, key string, val V, ed *pmapEdit) (*hnode[V], bool) {
+	owned := ed != nil && n != nil && n.edit == ed
 	if level == hashLevels {
-		c := &hnode[V]{}
-		if n != nil {
-			for i := range n.entries {
-				if n.entries[i].key == key {
-					c.entries = append(append(c.entries, n.entries[:i]...), hentry[V]{key: key, hash: h, val: val})
-					c.entries = append(c.entries, n.entries[i+1:]...)
-					return c, false
-				}
+		c := n
+		if !owned {
+			c = &hnode[V]{edit: ed}
+			if n != nil {
+				c.entries = slices.Clone(n.entries)
 			}
-			c.entries = append(c.entries, n.entries...)
+		}
+		for i := range c.entries {
+			if c.entries[i].key == key {
+				c.entries[i] = hentry[V]{key: key, hash: h, val: val}
+				return c, false
+			}
 		}
 		c.entries = append(c.entries, hentry[V]{key: key, hash: h, val: val})
 		return c, true
 	}
 	bit := uint32(1) << (h >> (level * hashBitsPerLevel) & 31)
 	if n == nil {
-		return &hnode[V]{bitmap: bit, entries: []hentry[V]{{key: key, hash: h, val: val}}}, true
+		return &hnode[V]{bitmap: bit, entries: []hentry[V]{{key: key, hash: h, val: val}}, edit: ed}, true
 	}
 	pos := bits.OnesCount32(n.bitmap & (bit - 1))
 	if n.bitmap&bit == 0 {
-		c := &hnode[V]{bitmap: n.bitmap | bit, entries: make([]hentry[V], len(n.entries)+1)}
+		if owned {
+			n.bitmap |= bit
+			n.entries = slices.Insert(n.entries, pos, hentry[V]{key: key, hash: h, val: val})
+			return n, true
+		}
+		c := &hnode[V]{bitmap: n.bitmap | bit, entries: make([]hentry[V], len(n.entries)+1), edit: ed}
 		copy(c.entries, n.entries[:pos])
 		c.entries[pos] = hentry[V]{key: key, hash: h, val: val}
 		copy(c.entries[pos+1:], n.entries[pos:])
 		return c, true
 	}
-	c := &hnode[V]{bitmap: n.bitmap, entries: make([]hentry[V], len(n.entries))}
-	copy(c.entries, n.entries)
+	c := n
+	if !owned {
+		c = &hnode[V]{bitmap: n.bitmap, entries: make([]hentry[V], len(n.entries)), edit: ed}
+		copy(c.entries, n.entries)
+	}
 	e := &c.entries[pos]
 	switch {
 	case e.child != nil:
-		child, added := set(e.child, level+1, h, key, val)
+		child, added := set(e.child, level+1, h, key, val, ed)
 		e.child = child
 		return c, added
 	case e.key == key:
@@ -174,8 +201,8 @@ func set[V any](n *hnode[V], level int, h uint64, key string, val V) (*hnode[V],
 	default:
 		// Two keys in one slot: push both one level down.
 		old := *e
-		child, _ := set[V](nil, level+1, old.hash, old.key, old.val)
-		child, _ = set(child, level+1, h, key, val)
+		child, _ := set[V](nil, level+1, old.hash, old.key, old.val, ed)
+		child, _ = set(child, level+1, h, key, val, ed)
 		*e = hentry[V]{child: child}
 		return c, true
 	}
@@ -280,14 +307,16 @@ func buildPmap[V any](keys []string, vals []V) pmap[V] {
 	for i, k := range keys {
 		entries[i] = hentry[V]{key: k, hash: hashString(k), val: vals[i]}
 	}
-	root, n := buildNode(entries, 0)
+	root, n := buildNode(entries, make([]hentry[V], len(entries)), 0)
 	return pmap[V]{root: root, n: n}
 }
 
 // buildNode builds the node at level for entries, whose hashes agree on
 // every level above. It returns the node (nil for
-// none) and the number of distinct keys under it.
-func buildNode[V any](entries []hentry[V], level int) (*hnode[V], int) {
+// none) and the number of distinct keys under it. scratch, as long as
+// entries, is where it sorts them; entries then serve its children as
+// theirs, so a build sorts within two arrays rather than one per level.
+func buildNode[V any](entries, scratch []hentry[V], level int) (*hnode[V], int) {
 	if len(entries) == 0 {
 		return nil, 0
 	}
@@ -313,13 +342,13 @@ func buildNode[V any](entries []hentry[V], level int) (*hnode[V], int) {
 	for i := 1; i < len(start); i++ {
 		start[i] += start[i-1]
 	}
-	sorted := make([]hentry[V], len(entries))
+	sorted := scratch
 	for i := range entries {
 		s := slot(&entries[i])
 		sorted[start[s]] = entries[i]
 		start[s]++
 	}
-	entries = sorted
+	entries, scratch = sorted, entries
 	c := &hnode[V]{}
 	total := 0
 	for i := 0; i < len(entries); {
@@ -333,7 +362,7 @@ func buildNode[V any](entries []hentry[V], level int) (*hnode[V], int) {
 			c.entries = append(c.entries, run[len(run)-1])
 			total++
 		} else {
-			child, n := buildNode(run, level+1)
+			child, n := buildNode(run, scratch[i:j], level+1)
 			if len(child.entries) == 1 && child.entries[0].child == nil {
 				c.entries = append(c.entries, child.entries[0])
 			} else {

@@ -9,7 +9,10 @@ import (
 
 // TestPmapAgainstMap runs random sets and deletes on a pmap and a Go map
 // and compares them after each step, keeping old versions and checking
-// that later changes leave them as they were.
+// that later changes leave them as they were. Every other batch of 2,000
+// steps sets within one pmapEdit (SetIn), which changes the batch's own
+// nodes in place; the versions kept at the ends of batches must not
+// change.
 func TestPmapAgainstMap(t *testing.T) {
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewSource(seed))
@@ -20,13 +23,20 @@ func TestPmapAgainstMap(t *testing.T) {
 		ref map[string]int
 	}
 	var old []version
+	var ed *pmapEdit
 	for step := range 20000 {
+		if step%2000 == 0 {
+			ed = nil
+			if step%4000 == 2000 {
+				ed = &pmapEdit{}
+			}
+		}
 		key := strconv.Itoa(rng.Intn(3000))
 		if rng.Intn(3) == 0 {
 			m = m.Delete(key)
 			delete(ref, key)
 		} else {
-			m = m.Set(key, step)
+			m = m.SetIn(ed, key, step)
 			ref[key] = step
 		}
 		if m.Len() != len(ref) {
@@ -38,7 +48,7 @@ func TestPmapAgainstMap(t *testing.T) {
 		if ok != wantOK || got != want {
 			t.Fatalf("seed %d step %d: GetBytes(%s) = %d %v, want %d %v", seed, step, probe, got, ok, want, wantOK)
 		}
-		if step%2000 == 0 {
+		if step%2000 == 1999 {
 			c := make(map[string]int, len(ref))
 			for k, v := range ref {
 				c[k] = v
@@ -81,7 +91,7 @@ func TestPmapCollisions(t *testing.T) {
 				}
 				delete(ref, k)
 			} else {
-				root, _ = set(root, 0, weak(k), k, k+strconv.Itoa(round))
+				root, _ = set(root, 0, weak(k), k, k+strconv.Itoa(round), nil)
 				ref[k] = k + strconv.Itoa(round)
 			}
 			m := pmap[string]{root: root}

@@ -43,7 +43,8 @@ type exchange struct {
 	direct pmap[[]*shards.Queue] // by routing key
 	fanout []*shards.Queue       // each queue once
 	topic  *tnode
-	count  int // bindings
+	count  int       // bindings
+	edit   *pmapEdit // the batch that made this copy (withIn), or nil
 }
 
 // queueBinding is one binding as its queue's binding list holds it.

@@ -105,7 +105,7 @@ func (w *Wiring) saveLocked(r *Routing) error {
 	})
 	r.queues.All(func(name string, q *shards.Queue) bool {
 		if q.Options.Durable && !q.Options.Exclusive {
-			st.Queues = append(st.Queues, WiringQueue{Name: name, Options: q.Options})
+			st.Queues = append(st.Queues, WiringQueue{Name: name, Options: *q.Options})
 			for _, bd := range r.liveBindings(name) {
 				if r.exchange(bd.exchange).options.Durable {
 					st.Bindings = append(st.Bindings, Binding{Exchange: bd.exchange, Queue: name, Key: bd.key})

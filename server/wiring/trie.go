@@ -23,6 +23,7 @@ type tnode struct {
 	isHash bool            // this node is a "#": it also takes any word itself
 	queues []*shards.Queue // the queues of the patterns that end here, each once
 	size   int             // queues here and below; a node of size 0 is removed
+	edit   *pmapEdit       // the batch that made this node (trieAddIn), or nil
 }
 
 // topicTrieWords splits and normalises a binding key for the trie. ok is
@@ -45,25 +46,35 @@ func topicTrieWords(key string) (words []string, ok bool) {
 
 // trieAdd returns the trie n (nil: empty) with q added at the end of
 // words' path. q must not be there yet.
-func trieAdd(n *tnode, words []string, q *shards.Queue) *tnode {
-	c := &tnode{}
-	if n != nil {
-		*c = *n
+func trieAdd(n *tnode, words []string, q *shards.Queue) *tnode { return trieAddIn(nil, n, words, q) }
+
+// trieAddIn is trieAdd within the batch ed (nil: none): the nodes ed made
+// are changed in place rather than copied (pmapEdit).
+func trieAddIn(ed *pmapEdit, n *tnode, words []string, q *shards.Queue) *tnode {
+	c := n
+	if n == nil || ed == nil || n.edit != ed {
+		c = &tnode{edit: ed}
+		if n != nil {
+			*c = *n
+			c.edit = ed
+			// Shared with n: the first append here copies it.
+			c.queues = slices.Clip(c.queues)
+		}
 	}
 	c.size++
 	if len(words) == 0 {
-		c.queues = append(slices.Clip(c.queues), q)
+		c.queues = append(c.queues, q)
 		return c
 	}
 	switch w := words[0]; w {
 	case "#":
-		c.hash = trieAdd(c.hash, words[1:], q)
+		c.hash = trieAddIn(ed, c.hash, words[1:], q)
 		c.hash.isHash = true
 	case "*":
-		c.star = trieAdd(c.star, words[1:], q)
+		c.star = trieAddIn(ed, c.star, words[1:], q)
 	default:
 		child, _ := c.words.Get(w)
-		c.words = c.words.Set(w, trieAdd(child, words[1:], q))
+		c.words = c.words.SetIn(ed, w, trieAddIn(ed, child, words[1:], q))
 	}
 	return c
 }
@@ -78,6 +89,7 @@ func trieRemove(n *tnode, words []string, q *shards.Queue) *tnode {
 		return nil
 	}
 	c := *n
+	c.edit = nil
 	c.size--
 	if len(words) == 0 {
 		i := slices.Index(c.queues, q)

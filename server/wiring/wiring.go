@@ -17,10 +17,10 @@
 package wiring
 
 import (
-	"errors"
 	"hash/fnv"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -206,42 +206,27 @@ func (w *Wiring) restoreState(st *wiringState) error {
 			return shards.Errorf(wire.CodeNotFound, "wiring: restore queue %q: no dead-letter exchange %q", q.Name, d)
 		}
 	}
-	// One goroutine per shard: each AddQueue is a round trip to its shard.
-	shardCount := len(w.b.Shards())
-	byShard := make([][]int, shardCount)
+	// The shards take their queues in bulk (one round trip per shard per
+	// few thousand queues), in parallel.
+	specs := make([]shards.QueueSpec, 0, len(st.Queues))
 	seen := make(map[string]struct{}, len(st.Queues))
-	for i, q := range st.Queues {
+	for _, q := range st.Queues {
 		if _, dup := seen[q.Name]; dup || n.queue(q.Name) != nil {
 			continue // listed twice: keep the first
 		}
 		seen[q.Name] = struct{}{}
-		s := w.b.ShardFor(q.Name)
-		byShard[s] = append(byShard[s], i)
+		specs = append(specs, shards.QueueSpec{Name: q.Name, Options: q.Options})
 	}
 	seen = nil
-	added := make([]*shards.Queue, len(st.Queues))
-	errs := make([]error, shardCount)
-	var wg sync.WaitGroup
-	for s, idx := range byShard {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for _, i := range idx {
-				q, err := w.b.AddQueue(st.Queues[i].Name, st.Queues[i].Options, nil)
-				if err != nil {
-					errs[s] = shards.Errorf(shards.CodeOf(err), "wiring: restore queue %q: %v", st.Queues[i].Name, err)
-					return
-				}
-				added[i] = q
-			}
-		}()
+	added, addErr := w.b.AddQueues(specs)
+	if addErr != nil {
+		addErr = shards.Errorf(shards.CodeOf(addErr), "wiring: restore queues: %v", addErr)
 	}
-	wg.Wait()
 	var keys []string
 	var vals []*shards.Queue
 	for _, q := range added {
 		if q == nil {
-			continue // its shard failed: errs says why
+			continue // its shard failed: addErr says why
 		}
 		if n.queues.Len() == 0 {
 			keys, vals = append(keys, q.Name), append(vals, q)
@@ -253,19 +238,66 @@ func (w *Wiring) restoreState(st *wiringState) error {
 		// Built at once rather than a path copy per queue (buildPmap).
 		n.queues = buildPmap(keys, vals)
 	}
-	if err := errors.Join(errs...); err != nil {
-		return err
+	if addErr != nil {
+		return addErr
 	}
+	// One batch for every binding: the tables this snapshot does not
+	// share with the published one grow in place (pmapEdit), each queue's
+	// list of bindings grows here and enters the table once, at the end,
+	// and two maps answer what a bind otherwise finds by scanning the
+	// queue's other bindings (a duplicate; a pattern already in the trie),
+	// so a queue with many bindings costs no more per binding.
+	ed := &pmapEdit{}
+	lists := map[string][]queueBinding{}
+	initial := map[string][]queueBinding{} // bindings the routing had already
+	type placedKey struct {
+		q        *shards.Queue
+		exchange string
+		pattern  string // normalised; "" for a fanout
+	}
+	placed := map[placedKey]struct{}{}
+	bound := map[Binding]struct{}{}
 	for _, bd := range st.Bindings {
 		// A pattern accepted before the cap existed is kept: the trie
 		// leaves out what can match nothing.
 		q := n.queue(bd.Queue)
-		if n.exchange(bd.Exchange) == nil || q == nil {
+		ex := n.exchange(bd.Exchange)
+		if ex == nil || q == nil {
 			return shards.Errorf(wire.CodeNotFound, "wiring: restore binding %s -> %s (%q): no such exchange or queue", bd.Exchange, bd.Queue, bd.Key)
 		}
-		if !n.hasBinding(bd.Exchange, bd.Queue, bd.Key) {
-			n.bind(bd.Exchange, q, bd.Key)
+		if _, dup := bound[bd]; dup {
+			continue
 		}
+		bound[bd] = struct{}{}
+		qb, ok := lists[q.Name]
+		if !ok {
+			qb = slices.Clip(n.liveBindings(q.Name)) // shared: the first append copies it
+			initial[q.Name] = qb
+		}
+		nb := queueBinding{exchange: bd.Exchange, gen: ex.gen, key: bd.Key}
+		if slices.Contains(initial[q.Name], nb) {
+			continue
+		}
+		covered := ex.covered(bd.Key, initial[q.Name])
+		switch ex.kind {
+		case KindFanout, KindTopic:
+			pk := placedKey{q: q, exchange: bd.Exchange}
+			if ex.kind == KindTopic {
+				words, _ := topicTrieWords(bd.Key)
+				pk.pattern = strings.Join(words, ".")
+			}
+			if _, ok := placed[pk]; ok {
+				covered = true
+			}
+			placed[pk] = struct{}{}
+		}
+		if c := ex.withIn(ed, q, bd.Key, covered); c != ex {
+			n.exchanges = n.exchanges.SetIn(ed, bd.Exchange, c)
+		}
+		lists[q.Name] = append(qb, nb)
+	}
+	for name, qb := range lists {
+		n.bindings = n.bindings.SetIn(ed, name, qb)
 	}
 	if w.cfg.Log == nil {
 		if err := w.saveLocked(&n); err != nil {
@@ -339,7 +371,7 @@ func checkQueue(q *shards.Queue, opts shards.QueueOptions, passive bool, owner *
 	if o := q.Owner(); o != nil && o != owner {
 		return nil, shards.Errorf(wire.CodeNotAllowed, "queue %q is exclusive to another session", q.Name)
 	}
-	if passive || q.Options == opts {
+	if passive || *q.Options == opts {
 		return q, nil
 	}
 	return nil, shards.Errorf(wire.CodePreconditionFailed, "queue %q exists with other options", q.Name)

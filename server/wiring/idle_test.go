@@ -1,0 +1,64 @@
+package wiring
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/berthmq/berth/shards"
+)
+
+// idleQueueBytesMax is issue 14's aim for the memory an idle queue costs
+// a broker: its shard's Queue and set entry and its entry in the
+// routing's table of queues (pmap), its name aside.
+const idleQueueBytesMax = 512
+
+// TestIdleQueueBytes declares 100,000 non-durable queues through the
+// wiring, one at a time as clients do, and measures the live heap they
+// add: at most idleQueueBytesMax per queue. (A declare copies the path
+// to its key in the table; the copies it replaces are garbage, and not
+// counted after a collection.)
+func TestIdleQueueBytes(t *testing.T) {
+	const n = 100_000
+	b := shards.New(shards.Config{Shards: 2, TickInterval: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	w := New(Config{Broker: b, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err := b.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop()
+	if err := w.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("idle-%06d", i)
+	}
+	before := liveHeap()
+	for _, name := range names {
+		if _, err := w.DeclareQueue(name, shards.QueueOptions{}, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := liveHeap()
+	per := float64(after-before) / n
+	t.Logf("%.0f bytes of heap per idle queue (%d queues, names aside)", per, n)
+	if per > idleQueueBytesMax {
+		t.Errorf("%.0f bytes per idle queue, over %d", per, idleQueueBytesMax)
+	}
+	if w.Routing().Len() != n {
+		t.Fatalf("%d queues routable, want %d", w.Routing().Len(), n)
+	}
+	runtime.KeepAlive(names)
+}
+
+// liveHeap is the heap in use after a full collection.
+func liveHeap() uint64 {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
