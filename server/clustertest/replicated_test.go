@@ -3,6 +3,7 @@ package clustertest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/internal/testutil"
 	"github.com/berthmq/berth/server"
+	"github.com/berthmq/berth/wire"
 )
 
 // rcluster is three berthd processes with replication groups and a
@@ -260,11 +262,25 @@ func (c *rcluster) waitNewMaster(g, old uint32) uint32 {
 }
 
 // publishAll publishes msgs to queue, persistent, one at a time.
+//
+// A publish refused because the group has fewer replicas in sync than
+// min-sync-replicas was not proposed, so it is sent again after a pause
+// (a follower slowed down by -race on a loaded machine can fall out of
+// the set for a moment); any other error fails the test.
 func (c *rcluster) publishAll(conn *client.Conn, queue string, msgs []string) {
 	c.t.Helper()
 	for i, m := range msgs {
-		if err := conn.Publish(c.ctx, "", queue, []byte(m), client.PublishOptions{Persistent: true}); err != nil {
-			c.t.Fatalf("publish %d to %s: %v", i, queue, err)
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			err := conn.Publish(c.ctx, "", queue, []byte(m), client.PublishOptions{Persistent: true})
+			if err == nil {
+				break
+			}
+			var se *client.Error
+			if !errors.As(err, &se) || se.Code != wire.CodeUnavailable || !strings.Contains(se.Text, "in sync") || time.Now().After(deadline) {
+				c.t.Fatalf("publish %d to %s: %v", i, queue, err)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 	}
 }
