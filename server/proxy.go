@@ -65,12 +65,14 @@ func (s *Server) proxyTarget(q *shards.Queue) (g, master uint32, addr, where str
 		return 0, 0, "", ""
 	}
 	m := s.groups.Load()
-	if m == nil {
-		return g, 0, "", ""
+	var v *groups.View
+	if m != nil {
+		v = m.View()
 	}
-	v := m.View()
 	if v == nil || int(g) >= len(v.Groups) {
-		return g, 0, "", ""
+		// The broker has not read the groups from the controller yet: it
+		// cannot tell where the queue is served, so the client retries.
+		return g, 0, "", fmt.Sprintf("queue %q is replicated in group %d, which this broker does not know yet (the replication groups are starting); retry", q.Name, g)
 	}
 	master = v.Groups[g].Master
 	addr = v.Peer[master]

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -194,41 +193,11 @@ func (c *rcluster) depth(n *node, queue string) (ready, unacked int, err error) 
 	return -1, -1, nil
 }
 
-// consumeAll subscribes at n and takes want messages, failing on anything
-// else; it retries the subscribe while n is taking over.
+// consumeAll takes want from queue at n, in order, without accepting: a
+// try that fails leaves every message in the queue.
 func (c *rcluster) consumeAll(n *node, queue string, want []string) {
 	c.t.Helper()
-	var got []string
-	// A broker that has just become master may still proxy a subscribe to
-	// the master it knew before, and then end the session when it learns
-	// of the change. Nothing here is acknowledged, so a try that fails
-	// leaves every message in the queue: the next try starts afresh on a
-	// new connection.
-	testutil.WaitFor(c.t, 30*time.Second, func() error {
-		got = got[:0]
-		conn, err := client.Dial(c.ctx, n.client)
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		con, err := conn.Subscribe(c.ctx, queue, client.SubscribeOptions{Credit: 1000})
-		if err != nil {
-			return err
-		}
-		for len(got) < len(want) {
-			nctx, cancel := context.WithTimeout(c.ctx, 10*time.Second)
-			d, err := con.Next(nctx)
-			cancel()
-			if err != nil {
-				return fmt.Errorf("after %d deliveries from %s: %w", len(got), n.name, err)
-			}
-			got = append(got, string(d.Payload))
-		}
-		return nil
-	})
-	if !slices.Equal(got, want) {
-		c.t.Fatalf("%s delivered %d messages %v...; want %d: %v...", n.name, len(got), got[:min(5, len(got))], len(want), want[:min(5, len(want))])
-	}
+	consumeRedialing(c.t, c.ctx, n, queue, want, false)
 }
 
 // declare declares the durable queue through its group's master, once
