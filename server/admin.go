@@ -34,6 +34,7 @@ type metrics struct {
 	outboundStalls    prometheus.Counter
 	unroutable        prometheus.Counter
 	ringFull          prometheus.Counter
+	shards            *shardCollector // nil on a controller-only node
 }
 
 // newMetrics builds the registry /metrics serves. A broker exports its
@@ -60,7 +61,9 @@ func newMetrics(s *Server) *metrics {
 			return 0
 		}))
 	if s.cfg.Role != RoleController {
-		m.reg.MustRegister(m.connections, m.protocolErrors, m.heartbeatTimeouts, m.handshakeTimeouts, m.outboundTimeouts, m.outboundStalls, m.unroutable, m.ringFull, newShardCollector(s))
+		m.reg.MustRegister(m.connections, m.protocolErrors, m.heartbeatTimeouts, m.handshakeTimeouts, m.outboundTimeouts, m.outboundStalls, m.unroutable, m.ringFull)
+		m.shards = newShardCollector(s)
+		m.reg.MustRegister(m.shards)
 	}
 	if s.cfg.controllerEmbedded() {
 		m.reg.MustRegister(newControllerCollector(s))
@@ -88,6 +91,7 @@ func (s *Server) startAdmin() error {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", s.serveReady)
 	mux.Handle("/metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/metrics/queues", s.serveQueueMetrics)
 	handlePprof(mux)
 	mux.HandleFunc("/v1/status", s.serveStatus)
 	s.mountConsole(mux) // /ui/ and its endpoints (admin_console.go)

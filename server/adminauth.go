@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// Access to the admin HTTP. /healthz, /readyz and /metrics stay open (load
+// Access to the admin HTTP. /healthz, /readyz, /metrics and /metrics/queues stay open (load
 // balancers and Prometheus scrape them); everything else (/v1/*, /ui/,
 // /debug/pprof/*) needs credentials when the admin address is not
 // loopback, or whenever an admin token is set:
@@ -28,7 +28,7 @@ import (
 // only (reread on SIGHUP with the client port's material).
 
 // adminOpen are the paths served without credentials.
-var adminOpen = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true}
+var adminOpen = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true, "/metrics/queues": true}
 
 // adminAuthRequired reports whether the admin HTTP on addr wants
 // credentials.

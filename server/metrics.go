@@ -2,11 +2,13 @@ package server
 
 import (
 	"context"
+	"net/http"
 	"strconv"
 	"time"
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/berthmq/berth/controlplane"
 	"github.com/berthmq/berth/journal"
@@ -25,6 +27,7 @@ type shardCollector struct {
 	s *Server
 
 	published, delivered, accepted, deadLettered, queues *prometheus.Desc
+	ready, unacked, delayed, consumers, omitted          *prometheus.Desc
 
 	qDepth, qReady, qUnacked, qDelayed, qConsumers, qBytes                       *prometheus.Desc
 	qPublished, qDelivered, qAccepted, qDeadLettered, qExpired                   *prometheus.Desc
@@ -48,6 +51,11 @@ func newShardCollector(s *Server) *shardCollector {
 		accepted:     d("berth_messages_accepted_total", "Messages accepted by an ACCEPT."),
 		deadLettered: d("berth_messages_dead_lettered_total", "Messages dead-lettered or discarded."),
 		queues:       d("berth_queues", "Declared queues."),
+		ready:        d("berth_messages_ready", "Messages ready for delivery, summed over the queues."),
+		unacked:      d("berth_messages_unacked", "Messages delivered and not yet settled, summed over the queues."),
+		delayed:      d("berth_messages_delayed", "Messages held until their deliver-at time, summed over the queues."),
+		consumers:    d("berth_consumers", "Consumers, summed over the queues."),
+		omitted:      d("berth_queue_metrics_omitted", "Queues whose berth_queue_* series /metrics leaves out because there are more than -metrics-queue-limit queues; /metrics/queues lists them."),
 
 		qDepth:        d("berth_queue_depth", "Messages in the queue: ready and unacked.", q),
 		qReady:        d("berth_queue_ready", "Messages ready for delivery.", q),
@@ -88,6 +96,7 @@ func newShardCollector(s *Server) *shardCollector {
 
 func (c *shardCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.published, c.delivered, c.accepted, c.deadLettered, c.queues,
+		c.ready, c.unacked, c.delayed, c.consumers, c.omitted,
 		c.qDepth, c.qReady, c.qUnacked, c.qDelayed, c.qConsumers, c.qBytes,
 		c.qPublished, c.qDelivered, c.qAccepted, c.qDeadLettered, c.qExpired,
 		c.ringFull, c.storeErrors, c.droppedDeadLetters, c.duplicates, c.recovery, c.recoveredMs,
@@ -103,9 +112,10 @@ func (c *shardCollector) Collect(ch chan<- prometheus.Metric) {
 	if b == nil {
 		return
 	}
+	limit := c.s.cfg.MetricsQueueLimit
 	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
 	defer cancel()
-	ms, err := b.Metrics(ctx)
+	ms, err := b.MetricsSelect(ctx, shards.QueueSelect{Max: limit})
 	if err != nil {
 		// Still starting (or stopping): the shards are not asked. A
 		// timeout is reported as a failed scrape.
@@ -121,6 +131,7 @@ func (c *shardCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	var total shards.ShardStats
+	var sums shards.QueueTotals
 	nq := 0
 	for i := range ms {
 		m := &ms[i]
@@ -128,21 +139,22 @@ func (c *shardCollector) Collect(ch chan<- prometheus.Metric) {
 		total.Delivered += m.Stats.Delivered
 		total.Accepted += m.Stats.Accepted
 		total.DeadLettered += m.Stats.DeadLettered
-		nq += len(m.Queues)
-		for _, q := range m.Queues {
-			name := labelValue(q.Name)
-			gauge(c.qDepth, float64(q.Ready+q.Unacked), name)
-			gauge(c.qReady, float64(q.Ready), name)
-			gauge(c.qUnacked, float64(q.Unacked), name)
-			gauge(c.qDelayed, float64(q.Delayed), name)
-			gauge(c.qConsumers, float64(q.Consumers), name)
-			gauge(c.qBytes, float64(q.Bytes), name)
-			counter(c.qPublished, q.Published, name)
-			counter(c.qDelivered, q.Delivered, name)
-			counter(c.qAccepted, q.Accepted, name)
-			counter(c.qDeadLettered, q.DeadLettered, name)
-			counter(c.qExpired, q.Expired, name)
-		}
+		nq += m.QueueCount
+		sums.Ready += m.Totals.Ready
+		sums.Unacked += m.Totals.Unacked
+		sums.Delayed += m.Totals.Delayed
+		sums.Consumers += m.Totals.Consumers
+	}
+	omitted := 0
+	if limit >= 0 && nq > limit {
+		// Some of them or none: a partial set would come and go between
+		// scrapes as the shards' map order changes.
+		omitted = nq
+	} else {
+		c.collectQueues(ch, ms)
+	}
+	for i := range ms {
+		m := &ms[i]
 		shard := strconv.Itoa(m.Shard)
 		counter(c.ringFull, m.RingFull, shard)
 		counter(c.storeErrors, m.Stats.StoreErrors, shard)
@@ -185,6 +197,82 @@ func (c *shardCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.accepted, total.Accepted)
 	counter(c.deadLettered, total.DeadLettered)
 	gauge(c.queues, float64(nq))
+	gauge(c.ready, float64(sums.Ready))
+	gauge(c.unacked, float64(sums.Unacked))
+	gauge(c.delayed, float64(sums.Delayed))
+	gauge(c.consumers, float64(sums.Consumers))
+	gauge(c.omitted, float64(omitted))
+}
+
+// collectQueues exports the berth_queue_* series of the queues ms lists.
+func (c *shardCollector) collectQueues(ch chan<- prometheus.Metric, ms []shards.ShardMetrics) {
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for i := range ms {
+		for _, q := range ms[i].Queues {
+			name := labelValue(q.Name)
+			gauge(c.qDepth, float64(q.Ready+q.Unacked), name)
+			gauge(c.qReady, float64(q.Ready), name)
+			gauge(c.qUnacked, float64(q.Unacked), name)
+			gauge(c.qDelayed, float64(q.Delayed), name)
+			gauge(c.qConsumers, float64(q.Consumers), name)
+			gauge(c.qBytes, float64(q.Bytes), name)
+			counter(c.qPublished, q.Published, name)
+			counter(c.qDelivered, q.Delivered, name)
+			counter(c.qAccepted, q.Accepted, name)
+			counter(c.qDeadLettered, q.DeadLettered, name)
+			counter(c.qExpired, q.Expired, name)
+		}
+	}
+}
+
+// queueCollector exports the berth_queue_* series of every queue whose
+// name starts with prefix: /metrics/queues, for brokers with more queues
+// than /metrics lists.
+type queueCollector struct {
+	c      *shardCollector
+	prefix string
+}
+
+func (q queueCollector) Describe(ch chan<- *prometheus.Desc) {
+	c := q.c
+	for _, d := range []*prometheus.Desc{c.qDepth, c.qReady, c.qUnacked, c.qDelayed, c.qConsumers, c.qBytes,
+		c.qPublished, c.qDelivered, c.qAccepted, c.qDeadLettered, c.qExpired} {
+		ch <- d
+	}
+}
+
+func (q queueCollector) Collect(ch chan<- prometheus.Metric) {
+	b := q.c.s.boot.broker.Load()
+	if b == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
+	defer cancel()
+	ms, err := b.MetricsSelect(ctx, shards.QueueSelect{Max: -1, Prefix: q.prefix})
+	if err != nil {
+		if err != shards.ErrNotRunning {
+			ch <- prometheus.NewInvalidMetric(q.c.qDepth, err)
+		}
+		return
+	}
+	q.c.collectQueues(ch, ms)
+}
+
+// serveQueueMetrics serves /metrics/queues[?prefix=P]: the per-queue
+// series, all of them or those of the queues named with the prefix.
+func (s *Server) serveQueueMetrics(w http.ResponseWriter, r *http.Request) {
+	if s.metrics.shards == nil {
+		http.Error(w, "no queues on a controller-only node", http.StatusNotFound)
+		return
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(queueCollector{c: s.metrics.shards, prefix: r.URL.Query().Get("prefix")})
+	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(w, r)
 }
 
 // labelValue makes a queue name a valid label value: names are bytes on

@@ -12,13 +12,20 @@ import (
 
 	"github.com/berthmq/berth/client"
 	"github.com/berthmq/berth/server"
+	"github.com/berthmq/berth/shards"
 )
 
 // scrape fetches /metrics and returns its series, keyed by name and
 // labels as written ("berth_queue_depth{queue=\"q\"}").
 func scrape(t testing.TB, admin string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + admin + "/metrics")
+	return scrapePath(t, admin, "/metrics")
+}
+
+// scrapePath is scrape of another path of the admin HTTP.
+func scrapePath(t testing.TB, admin, path string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,5 +166,118 @@ func TestMetricsAfterKnownTraffic(t *testing.T) {
 		got["berth_controller_proposals_per_entry_count"] < 3 || got["berth_controller_proposals_per_entry_sum"] < 3 {
 		t.Errorf("controller: term %v applied %v entries %v proposals %v", got["berth_controller_term"], got["berth_controller_applied_index"],
 			got["berth_controller_proposals_per_entry_count"], got["berth_controller_proposals_per_entry_sum"])
+	}
+}
+
+// TestMetricsQueueLimit: past Config.MetricsQueueLimit queues, /metrics
+// drops the per-queue series (all of them, and says how many) but keeps
+// their sums, and /metrics/queues lists them, all or by name prefix.
+func TestMetricsQueueLimit(t *testing.T) {
+	s := startServer(t, func(c *server.Config) {
+		c.AdminAddr = "127.0.0.1:0"
+		c.MetricsQueueLimit = 3
+	})
+	ctx := ctxT(t)
+	c := dial(t, s)
+	names := []string{"a1", "a2", "b1", "b2", "b3"}
+	publish := func(i int) {
+		t.Helper()
+		if err := c.DeclareQueue(ctx, names[i], client.QueueOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for range i + 1 {
+			if err := c.Publish(ctx, "", names[i], []byte("x"), client.PublishOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	series := func(got map[string]float64, metric string) []string {
+		var out []string
+		for k := range got {
+			if strings.HasPrefix(k, metric+"{") {
+				out = append(out, k)
+			}
+		}
+		return out
+	}
+	for i := range 3 {
+		publish(i)
+	}
+	got := scrape(t, s.AdminAddr())
+	expectSeries(t, got, map[string]float64{
+		`berth_queue_ready{queue="a1"}`: 1,
+		`berth_queue_ready{queue="b1"}`: 3,
+		"berth_messages_ready":          6,
+		"berth_queues":                  3,
+		"berth_queue_metrics_omitted":   0,
+	})
+	for i := 3; i < len(names); i++ {
+		publish(i)
+	}
+	got = scrape(t, s.AdminAddr())
+	if q := series(got, "berth_queue_ready"); len(q) != 0 {
+		t.Errorf("/metrics over the limit lists %v", q)
+	}
+	expectSeries(t, got, map[string]float64{
+		"berth_messages_ready":        15,
+		"berth_messages_unacked":      0,
+		"berth_queues":                5,
+		"berth_queue_metrics_omitted": 5,
+	})
+	all := scrapePath(t, s.AdminAddr(), "/metrics/queues")
+	for i, n := range names {
+		expectSeries(t, all, map[string]float64{fmt.Sprintf("berth_queue_ready{queue=%q}", n): float64(i + 1)})
+	}
+	if n := len(series(all, "berth_queue_ready")); n != len(names) {
+		t.Errorf("/metrics/queues lists %d queues, want %d", n, len(names))
+	}
+	b := scrapePath(t, s.AdminAddr(), "/metrics/queues?prefix=b")
+	if q := series(b, "berth_queue_depth"); len(q) != 3 {
+		t.Errorf("/metrics/queues?prefix=b lists %v, want b1, b2, b3", q)
+	}
+	expectSeries(t, b, map[string]float64{`berth_queue_depth{queue="b3"}`: 5})
+}
+
+// BenchmarkMetricsScrape times one scrape of /metrics with many idle
+// queues: by default (past Config.MetricsQueueLimit, sums only) and with
+// no limit (a series per queue and counter, as before the limit).
+//
+//	go test ./server -run '^$' -bench MetricsScrape -benchtime 5x
+func BenchmarkMetricsScrape(b *testing.B) {
+	for _, n := range []int{100_000, 1_000_000} {
+		for _, limit := range []int{0, -1} {
+			name := fmt.Sprintf("queues=%d/limit=default", n)
+			if limit < 0 {
+				name = fmt.Sprintf("queues=%d/limit=none", n)
+			}
+			b.Run(name, func(b *testing.B) {
+				s := startServer(b, func(c *server.Config) {
+					c.AdminAddr = "127.0.0.1:0"
+					c.MetricsQueueLimit = limit
+				})
+				specs := make([]shards.QueueSpec, n)
+				for i := range specs {
+					specs[i].Name = fmt.Sprintf("idle-%07d", i)
+				}
+				if _, err := s.Broker().AddQueues(specs); err != nil {
+					b.Fatal(err)
+				}
+				var bytes int64
+				b.ResetTimer()
+				for range b.N {
+					resp, err := http.Get("http://" + s.AdminAddr() + "/metrics")
+					if err != nil {
+						b.Fatal(err)
+					}
+					k, err := io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if err != nil || resp.StatusCode != http.StatusOK {
+						b.Fatal(resp.Status, err)
+					}
+					bytes = k
+				}
+				b.ReportMetric(float64(bytes), "bytes/scrape")
+			})
+		}
 	}
 }

@@ -74,6 +74,11 @@ type Config struct {
 	// JournalCheckpointRecords overrides the journal records per shard
 	// between checkpoints (shards.JournalConfig.CheckpointRecords).
 	JournalCheckpointRecords int
+	// MetricsQueueLimit is the most queues /metrics exports series of
+	// one by one; past it only their sums are (berth_queue_metrics_omitted
+	// says so) and /metrics/queues has them. 0: MetricsQueueLimitDefault;
+	// negative: no limit.
+	MetricsQueueLimit int
 	// RingSize is the capacity of each shard's command ring (0: the
 	// shards' default). Tests make it tiny to exercise full rings.
 	RingSize int
@@ -189,8 +194,15 @@ func DefaultConfig() Config {
 	}
 }
 
+// MetricsQueueLimitDefault is Config.MetricsQueueLimit's default: about
+// 110,000 series, a few megabytes per scrape.
+const MetricsQueueLimitDefault = 10000
+
 func (c *Config) fill() {
 	d := DefaultConfig()
+	if c.MetricsQueueLimit == 0 {
+		c.MetricsQueueLimit = MetricsQueueLimitDefault
+	}
 	if c.ClientAddr == "" {
 		c.ClientAddr = "127.0.0.1:0"
 	}

@@ -147,6 +147,7 @@ type flags struct {
 	controllerWait                                     time.Duration
 	brokerTimeout, leaderGrace                         time.Duration
 	outboundMax                                        int64
+	metricsQueueLimit                                  int
 	outboundTimeout, handshakeTimeout                  time.Duration
 }
 
@@ -182,6 +183,7 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.Int64Var(&f.segmentBytes, "journal-segment-bytes", 0, "journal segment size in bytes, 0 = default 2 MiB")
 	fs.Int64Var(&f.checkpointRecords, "journal-checkpoint-records", 0, "journal records per shard between checkpoints of the durable queues (also every 30 s and at a clean stop), 0 = default 262144; a restart after a crash replays up to this many records, or a quarter of the queues' messages if more")
 	fs.StringVar(&f.memoryLimit, "memory-limit", memoryLimitDefault, "memory budget for messages: bytes (2GiB, 512MiB), a share of RAM (40%), or 0 for none; above half of it bodies are paged to disk, above it publishers are throttled")
+	fs.IntVar(&f.metricsQueueLimit, "metrics-queue-limit", server.MetricsQueueLimitDefault, "most queues /metrics exports berth_queue_* series of; past it only their sums (/metrics/queues?prefix=P lists them), -1 = no limit")
 	fs.IntVar(&f.mutexFraction, "mutex-profile-fraction", 0, "sample 1/n mutex contention events for /debug/pprof/mutex, 0 = off")
 	fs.IntVar(&f.blockRate, "block-profile-rate", 0, "sample blocking events of this many ns for /debug/pprof/block, 0 = off")
 	fs.StringVar(&f.role, "role", server.RoleBroker, "broker (serves clients, embeds its controller member) or controller (controller member only)")
@@ -369,6 +371,10 @@ func parseArgs(args []string) (options, error) {
 		}
 	}
 	cfg.OutboundMax, cfg.OutboundTimeout, cfg.HandshakeTimeout = f.outboundMax, f.outboundTimeout, f.handshakeTimeout
+	if f.metricsQueueLimit == 0 || f.metricsQueueLimit < -1 {
+		return options{}, o.annotate(fmt.Errorf("-metrics-queue-limit %d: want a positive queue count, or -1 for no limit", f.metricsQueueLimit), "metrics-queue-limit")
+	}
+	cfg.MetricsQueueLimit = f.metricsQueueLimit
 	cfg.Shards, cfg.Loops, cfg.HeartbeatMs = f.shards, f.loops, uint32(f.heartbeatMs)
 	cfg.Logger = log
 	cfg.Fsync = f.fsync
