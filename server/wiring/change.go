@@ -11,6 +11,17 @@ import (
 // copy of the current snapshot's struct, whose tables are persistent, so
 // changing it leaves the published snapshot as it was. The caller holds
 // Wiring.mu (or owns the copy alone, as Restore does).
+//
+// Lists (a fanout's queues, a direct key's queues, a trie node's queues,
+// a queue's bindings) grow by appending in place past the published
+// length when their array has room: a published snapshot never sees past
+// its slice's length, and successors are built one at a time from the
+// latest published snapshot, so each slot past a published length is
+// written for at most one snapshot that is published (one that fails to
+// publish is dropped, and the next writes the slot again). A bind thus
+// costs amortised O(1) in the length of the lists it extends, where a
+// copy of each made n binds to one fanout cost O(n^2). Removing from a
+// list still copies it.
 
 // addQueue adds q, which must not be there.
 func (r *Routing) addQueue(q *shards.Queue) { r.queues = r.queues.Set(q.Name, q) }
@@ -28,7 +39,8 @@ func (r *Routing) addExchange(name string, kind uint8, opts ExchangeOptions) {
 func (r *Routing) removeExchange(name string) { r.exchanges = r.exchanges.Delete(name) }
 
 // liveBindings returns the queue's bindings whose exchange still exists.
-// The slice is shared with the snapshot: do not change it.
+// The slice is shared with the snapshot: do not change it below its
+// length (appending past it is how a bind extends it; change.go).
 func (r *Routing) liveBindings(queue string) []queueBinding {
 	all, _ := r.bindings.Get(queue)
 	// A queue's bindings mostly share an exchange: look each name up
@@ -77,7 +89,7 @@ func (r *Routing) bind(exchangeName string, q *shards.Queue, key string) {
 	qb := r.liveBindings(q.Name)
 	nb := queueBinding{exchange: exchangeName, gen: ex.gen, key: key}
 	r.exchanges = r.exchanges.Set(exchangeName, ex.with(q, key, qb))
-	r.bindings = r.bindings.Set(q.Name, append(slices.Clip(qb), nb))
+	r.bindings = r.bindings.Set(q.Name, append(qb, nb)) // in place past the published length
 }
 
 // unbind removes a binding, which must exist.
@@ -141,13 +153,12 @@ func (ex *exchange) withIn(ed *pmapEdit, q *shards.Queue, key string, covered bo
 		c = new(exchange)
 		*c = *ex
 		c.edit = ed
-		c.fanout = slices.Clip(c.fanout) // shared with ex: the first append copies it
 	}
 	c.count++
 	switch c.kind {
 	case KindDirect:
 		qs, _ := c.direct.Get(key)
-		c.direct = c.direct.SetIn(ed, key, append(slices.Clip(qs), q))
+		c.direct = c.direct.SetIn(ed, key, append(qs, q))
 	case KindFanout:
 		if !covered {
 			c.fanout = append(c.fanout, q)

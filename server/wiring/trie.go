@@ -57,8 +57,8 @@ func trieAddIn(ed *pmapEdit, n *tnode, words []string, q *shards.Queue) *tnode {
 		if n != nil {
 			*c = *n
 			c.edit = ed
-			// Shared with n: the first append here copies it.
-			c.queues = slices.Clip(c.queues)
+			// c.queues shares n's array: appending writes past n's
+			// length, which n never reads (change.go).
 		}
 	}
 	c.size++

@@ -62,7 +62,7 @@ func (g *gateLog) DeleteExchange(name string) error {
 }
 func (g *gateLog) Load() (*Snapshot, error) { return &Snapshot{}, nil }
 
-func startWiring(t *testing.T, log Log) *Wiring {
+func startWiring(t testing.TB, log Log) *Wiring {
 	t.Helper()
 	b := shards.New(shards.Config{Shards: 2, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	cfg := Config{Broker: b, Log: log, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
@@ -423,5 +423,49 @@ func BenchmarkRestoreBindings(b *testing.B) {
 		b.StopTimer()
 		br.Stop()
 		b.StartTimer()
+	}
+}
+
+// BenchmarkLiveBind times binds made one at a time on a running wiring
+// (Wiring.Bind, each its own snapshot), n of them per op, in the shapes
+// whose lists a bind extends: n queues bound to one fanout exchange, n
+// queues bound by one key to a direct exchange, and one queue bound by n
+// topic patterns.
+//
+//	go test ./server/wiring -run '^$' -bench LiveBind -benchtime 1x
+func BenchmarkLiveBind(b *testing.B) {
+	for _, n := range []int{10_000, 100_000} {
+		for _, shape := range []string{"fanout", "direct-one-key", "topic-one-queue"} {
+			b.Run(fmt.Sprintf("%s/binds=%d", shape, n), func(b *testing.B) {
+				for range b.N {
+					b.StopTimer()
+					w := startWiring(b, nil)
+					kind := map[string]uint8{"fanout": KindFanout, "direct-one-key": KindDirect, "topic-one-queue": KindTopic}[shape]
+					if err := w.DeclareExchange("x", kind, ExchangeOptions{}, false); err != nil {
+						b.Fatal(err)
+					}
+					queues := n
+					if shape == "topic-one-queue" {
+						queues = 1
+					}
+					for i := range queues {
+						if _, err := w.DeclareQueue("q"+strconv.Itoa(i), shards.QueueOptions{}, false, nil); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.StartTimer()
+					for i := range n {
+						q, key := "q"+strconv.Itoa(i), "k"
+						if shape == "topic-one-queue" {
+							q, key = "q0", "dev"+strconv.Itoa(i)+".*.temp"
+						}
+						if err := w.Bind("x", q, key); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/bind")
+			})
+		}
 	}
 }
