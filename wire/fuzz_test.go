@@ -72,6 +72,11 @@ func decodeAny(data []byte, maxFrame uint32) error {
 		case TypeCancel:
 			var v Cancel
 			err = DecodeCancel(body, &v)
+		case TypeCancelled:
+			var v Cancelled
+			if err = DecodeCancelled(body, &v); err == nil && len(v.Reason) > TextLenMax {
+				panic("CANCELLED reason beyond TextLenMax accepted")
+			}
 		case TypeCredit:
 			var v Credit
 			err = DecodeCredit(body, &v)
@@ -117,6 +122,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add(AppendComplete(nil, Current, []Range{{1, 1}, {3, 7}}))
 	f.Add(AppendDeclareQueue(nil, Current, &DeclareQueue{CommandID: 1, Name: []byte("q")}))
 	f.Add(AppendError(nil, Current, 1, CodeInvalid, "x"))
+	f.Add(AppendCancelled(nil, Current, 7, CodeUnavailable, "master lost"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_ = decodeAny(data, FrameSizeMin)
 	})
