@@ -228,27 +228,59 @@ func (s *Server) proxyOutput(master uint32, session uint64, frames []byte) {
 	}
 	out := append([]byte(nil), frames...)
 	ps.mu.Lock()
-	defer ps.mu.Unlock()
 	if ps.mu.ended {
+		ps.mu.Unlock()
 		return // its consumers were cancelled: nothing of theirs follows
 	}
-	if len(ps.mu.pending) > 0 {
-		retireAnswered(ps.mu.pending, frames)
-	}
+	cancelled := retireAnswered(ps.mu.pending, frames)
 	_ = ps.cs.t.WriteAsync([][]byte{out}, func() {})
+	ps.mu.Unlock()
+	if cancelled {
+		s.proxyForgetCancelled(ps, frames)
+	}
 }
 
-// retireAnswered deletes from pending the command ids that the COMPLETE
-// and ERROR frames among frames answer. A DELIVER is stepped over by its
-// length.
-func retireAnswered(pending map[uint64]struct{}, frames []byte) {
+// proxyForgetCancelled forgets the consumers that the CANCELLEDs among a
+// master's frames ended (their queue was deleted there): later commands
+// for them fail here.
+func (s *Server) proxyForgetCancelled(ps *proxySession, frames []byte) {
+	t := &s.proxies
 	for len(frames) > 0 {
 		h, body, n, err := wire.Next(frames, wire.FrameSizeMax)
 		if err != nil || n == 0 {
-			return // the master writes whole frames; nothing to retire in the rest
+			return
 		}
 		frames = frames[n:]
+		var c wire.Cancelled
+		if h.Type != wire.TypeCancelled || wire.DecodeCancelled(body, &c) != nil {
+			continue
+		}
+		k := proxyConsumer{ps.cs, c.ConsumerID}
+		t.mu.Lock()
+		if t.consumers[k] == ps {
+			delete(t.consumers, k)
+			delete(t.groupOf, k)
+		}
+		t.mu.Unlock()
+	}
+}
+
+// retireAnswered deletes from pending the command ids that the COMPLETE
+// and ERROR frames among frames answer, and reports whether a CANCELLED
+// is among them. A DELIVER is stepped over by its length.
+func retireAnswered(pending map[uint64]struct{}, frames []byte) (cancelled bool) {
+	for len(frames) > 0 {
+		h, body, n, err := wire.Next(frames, wire.FrameSizeMax)
+		if err != nil || n == 0 {
+			return cancelled // the master writes whole frames; nothing to retire in the rest
+		}
+		frames = frames[n:]
+		if len(pending) == 0 && h.Type != wire.TypeCancelled {
+			continue
+		}
 		switch h.Type {
+		case wire.TypeCancelled:
+			cancelled = true
 		case wire.TypeComplete:
 			rl, err := wire.DecodeComplete(body)
 			if err != nil {
@@ -278,6 +310,7 @@ func retireAnswered(pending map[uint64]struct{}, frames []byte) {
 			}
 		}
 	}
+	return cancelled
 }
 
 // proxyLost ends the proxied consumers of every session on master, whose
@@ -374,6 +407,9 @@ func (s *Server) proxyEnd(match func(ps *proxySession, g uint32) bool, tell bool
 type proxied struct {
 	sess      *shards.Session
 	consumers map[uint32]int // consumer id -> shard
+	// queueOf is each consumer's queue, as noted in
+	// Server.queueConsumers; the forwarding connection's reader owns it.
+	queueOf map[uint32]*shards.Queue
 }
 
 // proxiedTable is the master's side's sessions, by their connection and
@@ -409,7 +445,7 @@ func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Ver
 	p := t.byID[out]
 	if p == nil {
 		p = &proxied{sess: &shards.Session{ID: s.nextSession.Add(1), Version: version, FrameMax: frameMax, Out: proxyWriter{out}},
-			consumers: map[uint32]int{}}
+			consumers: map[uint32]int{}, queueOf: map[uint32]*shards.Queue{}}
 		t.byID[out] = p
 	}
 	t.mu.Unlock()
@@ -445,6 +481,8 @@ func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Ver
 			return
 		}
 		p.consumers[m.ConsumerID] = q.Shard()
+		p.queueOf[m.ConsumerID] = q
+		s.noteConsumer(q, consumerRef{p: p, id: m.ConsumerID})
 		s.proxyPush(q.Shard(), p.sess, shards.Command{Op: shards.OpSubscribe, Sess: p.sess, CmdID: m.CommandID, Queue: q, ConsumerID: m.ConsumerID,
 			Credit: m.Credit, AckMode: m.AckMode, Exclusive: m.Flags&wire.SubscribeExclusive != 0})
 	case wire.TypeCredit:
@@ -468,6 +506,10 @@ func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Ver
 			return
 		}
 		s.proxyPush(shard, p.sess, shards.Command{Op: shards.OpCancel, Sess: p.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID})
+		if q := p.queueOf[m.ConsumerID]; q != nil {
+			delete(p.queueOf, m.ConsumerID)
+			s.forgetConsumer(q, consumerRef{p: p, id: m.ConsumerID})
+		}
 	case wire.TypeAccept, wire.TypeRelease, wire.TypeReject:
 		var m wire.Settle
 		if err := wire.DecodeSettle(body, &m); err != nil {
@@ -535,6 +577,9 @@ func (s *Server) proxyClose(out groups.ProxyOut) {
 	delete(t.byID, out)
 	t.mu.Unlock()
 	if p != nil {
+		for id, q := range p.queueOf {
+			s.forgetConsumer(q, consumerRef{p: p, id: id})
+		}
 		go s.wiring.SessionClosed(p.sess)
 	}
 }
