@@ -281,3 +281,53 @@ func consumeOnConn(t *testing.T, ctx context.Context, conn *client.Conn, queue s
 		t.Fatalf("the connection ended: %v", err)
 	}
 }
+
+// TestProxiedConsumerQueueDeleted: a consumer proxied through a follower
+// whose queue is deleted at its master ends with a CANCELLED (not-found)
+// that the master sends through the proxy; the follower forgets it (a
+// settle fails not-found) and the client's connection goes on.
+func TestProxiedConsumerQueueDeleted(t *testing.T) {
+	const groups = 3
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	c := startReplicated(t, ctx, groups)
+	const queue, other = "deleted-proxied", "deleted-proxied-other"
+	_, _, mnode, mconn := c.declare(queue, groups)
+	if err := mconn.DeclareQueue(ctx, other, client.QueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.declareEverywhere(queue)
+	c.publishAll(mconn, queue, names(0, 3))
+	fnode := c.follower(mnode)
+	conn := dial(t, ctx, fnode.client)
+	con, err := subscribeWhenServing(t, ctx, conn, queue, client.SubscribeOptions{Credit: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := con.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mconn.DeleteQueue(ctx, queue, client.QueueDeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	nctx, ncancel := context.WithTimeout(ctx, 20*time.Second)
+	_, err = con.Next(nctx)
+	ncancel()
+	if !errors.Is(err, client.ErrConsumerEnded) || client.Code(err) != wire.CodeNotFound {
+		t.Fatalf("proxied consumer of a queue deleted at its master: %v; want ErrConsumerEnded, not-found", err)
+	}
+	if err := d.Accept(ctx); err == nil {
+		t.Fatal("accept of a delivery of the deleted queue succeeded")
+	}
+	// The connection goes on: a transient queue on the follower.
+	if err := conn.DeclareQueue(ctx, other, client.QueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Publish(ctx, "", other, []byte("after"), client.PublishOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if conn.Err() != nil {
+		t.Fatalf("the connection ended: %v", conn.Err())
+	}
+}
