@@ -127,3 +127,21 @@ func FuzzDecode(f *testing.F) {
 		_ = decodeAny(data, FrameSizeMin)
 	})
 }
+
+// FuzzCancelled: a CANCELLED body that decodes encodes back to the same
+// bytes, and one that does not decode is refused without a panic.
+func FuzzCancelled(f *testing.F) {
+	f.Add(AppendCancelled(nil, VersionCancelled, 7, CodeUnavailable, "master lost")[HeaderSize:])
+	f.Add(AppendCancelled(nil, VersionCancelled, 0, CodeNotFound, "")[HeaderSize:])
+	f.Add([]byte{0, 0, 0, 1, 0, 15, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var c Cancelled
+		if DecodeCancelled(body, &c) != nil {
+			return
+		}
+		again := AppendCancelled(nil, VersionCancelled, c.ConsumerID, c.Code, string(c.Reason))
+		if string(again[HeaderSize:]) != string(body) {
+			t.Fatalf("% x decodes as %+v, which encodes as % x", body, c, again[HeaderSize:])
+		}
+	})
+}
