@@ -163,8 +163,15 @@ func (s *Server) proxySend(cs *connState, ps *proxySession, cmdID uint64, typ wi
 		ps.mu.Lock()
 		switch {
 		case ps.mu.ended:
+			// The session ended between the proxy table's lookup and
+			// here: a SUBSCRIBE may go again (to the new master), any
+			// other command's consumer is gone.
 			ps.mu.Unlock()
-			cs.fail(cmdID, wire.CodeNotFound, "the proxied consumer ended with its master's connection")
+			if typ == wire.TypeSubscribe {
+				cs.fail(cmdID, wire.CodeUnavailable, "the master of the queue's group was lost; retry")
+			} else {
+				cs.fail(cmdID, wire.CodeNotFound, "the proxied consumer ended with its master's connection")
+			}
 			return false
 		case len(ps.mu.pending) >= int(s.cfg.WindowMax):
 			ps.mu.Unlock()
