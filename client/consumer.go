@@ -84,8 +84,8 @@ type Consumer struct {
 		err       error
 		// ended is why the broker ended the consumer (CANCELLED, a Conn
 		// without Reconnect), wrapping ErrConsumerEnded; err holds it too.
-		ended error
-		waitCh    chan struct{}
+		ended  error
+		waitCh chan struct{}
 		// A reconnecting Conn (reconnect.go): subscribed once its first
 		// SUBSCRIBE completed, cancelling once Cancel sent CANCEL (it is
 		// not subscribed again). The server numbers each subscription's
