@@ -372,6 +372,11 @@ func (c *Conn) consumerEnded(id uint32, se *Error) {
 	if again {
 		s.mu.retrying, s.mu.retries = true, 0
 	}
+	if s.mu.cancelling && !s.mu.cancelled && s.mu.ended == nil {
+		// The CANCEL crossed it: that CANCEL fails, and Cancel reports
+		// success, the consumer being gone either way.
+		s.mu.ended = fmt.Errorf("%w: %w", ErrConsumerEnded, se)
+	}
 	s.mu.Unlock()
 	if !live {
 		c.mu.Unlock()
