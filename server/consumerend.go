@@ -1,6 +1,9 @@
 package server
 
-// Consumers ended by their queue's deletion. A queue deleted by another
+// Consumers ended by the broker: by their queue's deletion, or by this
+// broker's stepping down as the master of their replicated queue's group.
+//
+// A queue deleted by another
 // client (DELETE, or the admin API) takes its consumers with it, in every
 // session. A session of protocol 1.3 or later is told with a CANCELLED
 // (code not-found) for each of its consumers of the queue; an older one
@@ -12,8 +15,10 @@ package server
 // the queue follows them on the connection.
 
 import (
+	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
@@ -88,5 +93,71 @@ func (s *Server) queueDropped(q *shards.Queue) {
 				_ = ref.p.sess.Out.WriteAsync([][]byte{wire.AppendCancelled(nil, v, ref.id, wire.CodeNotFound, reason)}, func() {})
 			}
 		}
+	}
+}
+
+// groupSteppedDown ends the consumers served here (not proxied) of the
+// queues of group g, which this broker no longer masters: the new master
+// delivers what they held. A 1.3 session's consumer is cancelled in its
+// shard and the session told with a CANCELLED (unavailable), after the
+// shard flushed what it had delivered; the session forgets the consumer,
+// so a later settle of it fails not-found. An older session's consumer is
+// left as it was before 1.3: it receives nothing more. It waits on the
+// shards: run it on a goroutine of its own.
+func (s *Server) groupSteppedDown(g uint32) {
+	type ended struct {
+		q   *shards.Queue
+		ref consumerRef
+	}
+	var list []ended
+	t := &s.queueConsumers
+	t.mu.Lock()
+	for q, refs := range t.byQueue {
+		if qg, ok := q.Replicated(); !ok || qg != g {
+			continue
+		}
+		for ref := range refs {
+			if ref.cs == nil || ref.cs.version < wire.VersionCancelled {
+				continue // proxied ones end at the proxying broker (proxyViewChanged)
+			}
+			list = append(list, ended{q, ref})
+			delete(refs, ref)
+		}
+		if len(refs) == 0 {
+			delete(t.byQueue, q)
+		}
+	}
+	t.mu.Unlock()
+	if len(list) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	shardList := s.broker.Shards()
+	flush := map[int]bool{}
+	for _, e := range list {
+		sess := e.ref.cs.sessAt.Load()
+		if sess == nil || e.ref.cs.closing.Load() {
+			continue
+		}
+		// No command id: nothing answers it.
+		if shardList[e.q.Shard()].Push(ctx, shards.Command{Op: shards.OpCancel, Sess: sess, ConsumerID: e.ref.id}) == nil {
+			flush[e.q.Shard()] = true
+		}
+	}
+	for i := range flush {
+		_ = s.broker.Call(shardList[i], func(*shards.Shard) {}) // the cancels ran and the deliveries before them went out
+	}
+	reason := fmt.Sprintf("broker %d is no longer the master of the consumer's queue (group %d); subscribe again", s.brokerID, g)
+	for _, e := range list {
+		cs, id := e.ref.cs, e.ref.id
+		_ = cs.t.runOwned(func() {
+			if cs.closing.Load() {
+				return
+			}
+			delete(cs.consumers, id)
+			delete(cs.queueOf, id)
+			cs.t.writeOwned(wire.AppendCancelled(nil, cs.version, id, wire.CodeUnavailable, reason))
+		})
 	}
 }

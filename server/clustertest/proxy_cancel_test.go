@@ -331,3 +331,64 @@ func TestProxiedConsumerQueueDeleted(t *testing.T) {
 		t.Fatalf("the connection ended: %v", conn.Err())
 	}
 }
+
+// TestDirectConsumerCancelledOnStepDown: a consumer at its queue's master
+// (not proxied) has accepted some messages and holds more; the master is
+// frozen (SIGSTOP) until another broker masters the group, then thawed:
+// it steps down and ends the consumer with a CANCELLED (unavailable),
+// keeping the client's connection; subscribed again there (now proxied
+// to the new master), the client gets every message it had not accepted,
+// in order.
+func TestDirectConsumerCancelledOnStepDown(t *testing.T) {
+	const groups, total, accepted, held = 3, 60, 10, 10
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	c := startReplicated(t, ctx, groups)
+	const queue = "stepdown-direct"
+	g, master, mnode, conn := c.declare(queue, groups)
+	c.declareEverywhere(queue)
+	c.publishAll(conn, queue, names(0, total))
+	con, err := conn.Subscribe(ctx, queue, client.SubscribeOptions{Credit: accepted + held})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var heldD *client.Delivery
+	for i := range accepted + held {
+		d, err := con.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i < accepted {
+			if err := d.Accept(ctx); err != nil {
+				t.Fatal(err)
+			}
+		} else if heldD == nil {
+			heldD = d
+		}
+	}
+	mnode.signal(syscall.SIGSTOP)
+	thawed := false
+	defer func() {
+		if !thawed {
+			mnode.signal(syscall.SIGCONT)
+		}
+	}()
+	c.waitNewMaster(g, master)
+	mnode.signal(syscall.SIGCONT)
+	thawed = true
+	nctx, ncancel := context.WithTimeout(ctx, 30*time.Second)
+	_, err = con.Next(nctx)
+	timedOut := nctx.Err() != nil
+	ncancel()
+	if err == nil || timedOut || !errors.Is(err, client.ErrConsumerEnded) || client.Code(err) != wire.CodeUnavailable {
+		t.Fatalf("the consumer at a master that stepped down: %v; want ErrConsumerEnded, unavailable", err)
+	}
+	t.Logf("consumer at a master that stepped down: %v", err)
+	if err := heldD.Accept(ctx); err == nil {
+		t.Fatal("accept of a delivery of the ended consumer succeeded")
+	}
+	if err := conn.Err(); err != nil {
+		t.Fatalf("the connection ended: %v", err)
+	}
+	consumeOnConn(t, ctx, conn, queue, names(accepted, total))
+}
