@@ -135,6 +135,15 @@ func (s *Server) proxySubscribe(cs *connState, g, master uint32, addr string, m 
 				ps.mu.subscribes = map[uint32]uint64{}
 			}
 			ps.mu.subscribes[m.ConsumerID] = m.CommandID
+			if len(ps.mu.subscribes) > 2*len(ps.mu.pending)+16 {
+				// Answered SUBSCRIBEs need no entry: drop them, so the map
+				// stays within twice the commands in flight.
+				for id, cmd := range ps.mu.subscribes {
+					if _, out := ps.mu.pending[cmd]; !out {
+						delete(ps.mu.subscribes, id)
+					}
+				}
+			}
 		}
 		ps.mu.Unlock()
 	}
