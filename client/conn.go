@@ -1061,6 +1061,16 @@ func (c *Conn) handleFrame(h wire.Header, body []byte) error {
 		return nil
 	case wire.TypeDeliver:
 		return c.deliver(body)
+	case wire.TypeCancelled:
+		if c.version < wire.VersionCancelled {
+			return fmt.Errorf("unexpected frame %v in a %v session", h.Type, c.version)
+		}
+		var m wire.Cancelled
+		if err := wire.DecodeCancelled(body, &m); err != nil {
+			return fmt.Errorf("CANCELLED: %w", err)
+		}
+		c.consumerEnded(m.ConsumerID, &Error{Code: m.Code, Text: string(m.Reason)})
+		return nil
 	case wire.TypeClose:
 		var cl wire.Close
 		if err := wire.DecodeClose(body, &cl); err != nil {

@@ -76,8 +76,9 @@ type settleBatch struct {
 }
 
 // Consume calls handler for each delivered message, in order, until ctx
-// ends, the consumer is cancelled or the connection fails, and returns that
-// reason (ctx.Err(), ErrConsumerClosed or the connection's error). For an
+// ends, the consumer is cancelled, the broker ends it or the connection
+// fails, and returns that reason (ctx.Err(), ErrConsumerClosed, an error
+// wrapping ErrConsumerEnded, or the connection's error). For an
 // AckExplicit consumer it settles each message by the handler's result:
 // nil accepts it, an error wrapping ErrReject rejects it (dead-letter), any
 // other error releases it for redelivery. Settles go out asynchronously,

@@ -82,7 +82,10 @@ type Consumer struct {
 		grant     uint32              // AutoCredit: credit owed to the server
 		cancelled bool                // CANCEL completed: nothing more will arrive
 		err       error
-		waitCh    chan struct{}
+		// ended is why the broker ended the consumer (CANCELLED, a Conn
+		// without Reconnect), wrapping ErrConsumerEnded; err holds it too.
+		ended  error
+		waitCh chan struct{}
 		// A reconnecting Conn (reconnect.go): subscribed once its first
 		// SUBSCRIBE completed, cancelling once Cancel sent CANCEL (it is
 		// not subscribed again). The server numbers each subscription's
@@ -338,6 +341,64 @@ func (c *Conn) forget(id uint32) {
 	c.mu.Unlock()
 }
 
+// Err is why the consumer ended: the connection's error, or one wrapping
+// ErrConsumerEnded and the broker's *Error when the broker ended it
+// (protocol 1.3 CANCELLED) and the Conn does not reconnect. It is nil
+// while the consumer lives, and after Cancel.
+func (s *Consumer) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mu.err
+}
+
+// consumerEnded handles a CANCELLED for consumer id, on the reader
+// goroutine. A reconnecting Conn subscribes the consumer again as after a
+// reconnect: what it buffered and what was delivered and not settled is
+// dropped (the broker requeues it), its later tags start above every tag
+// so far, and unavailable refusals are retried with the policy's
+// backoff. Otherwise the consumer ends with se. A CANCELLED for a consumer
+// not subscribed (its SUBSCRIBE failed, or it is being cancelled or
+// subscribed again) is ignored.
+func (c *Conn) consumerEnded(id uint32, se *Error) {
+	c.mu.Lock()
+	s := c.mu.consumers[id]
+	if s == nil {
+		c.mu.Unlock()
+		return
+	}
+	s.mu.Lock()
+	live := s.mu.subscribed && !s.mu.cancelling && !s.mu.cancelled && !s.mu.retrying
+	again := live && c.cfg.Reconnect != nil
+	if again {
+		s.mu.retrying, s.mu.retries = true, 0
+	}
+	if s.mu.cancelling && !s.mu.cancelled && s.mu.ended == nil {
+		// The CANCEL crossed it: that CANCEL fails, and Cancel reports
+		// success, the consumer being gone either way.
+		s.mu.ended = fmt.Errorf("%w: %w", ErrConsumerEnded, se)
+	}
+	s.mu.Unlock()
+	if !live {
+		c.mu.Unlock()
+		return
+	}
+	if again {
+		s.suspend()
+		c.mu.Unlock()
+		// Off the reader: the SUBSCRIBE may wait for room in the window,
+		// which only the reader makes.
+		go s.subscribeAgain()
+		return
+	}
+	delete(c.mu.consumers, id)
+	c.mu.Unlock()
+	err := fmt.Errorf("%w: %w", ErrConsumerEnded, se)
+	s.mu.Lock()
+	s.mu.ended = err
+	s.mu.Unlock()
+	s.fail(err)
+}
+
 // ID is the consumer id on the wire.
 func (s *Consumer) ID() uint32 { return s.idv.Load() }
 
@@ -501,7 +562,7 @@ func (s *Consumer) Credit(n uint32) (uint32, error) {
 // Next hands out those already buffered. Cancelling twice is a no-op.
 func (s *Consumer) Cancel(ctx context.Context) error {
 	s.mu.Lock()
-	done := s.mu.cancelled
+	done := s.mu.cancelled || s.mu.ended != nil
 	s.mu.Unlock()
 	if done {
 		return nil
@@ -514,10 +575,14 @@ func (s *Consumer) Cancel(ctx context.Context) error {
 		return wire.AppendCancel(b, c.version, id, s.ID())
 	})
 	if err != nil {
-		if !errors.Is(err, ErrOutcomeUnknown) {
-			s.mu.Lock()
+		s.mu.Lock()
+		ended := s.mu.ended != nil
+		if !ended && !errors.Is(err, ErrOutcomeUnknown) {
 			s.mu.cancelling = false // never sent
-			s.mu.Unlock()
+		}
+		s.mu.Unlock()
+		if ended {
+			return nil // the broker ended it meanwhile
 		}
 		return err
 	}
@@ -728,12 +793,20 @@ func (s *Consumer) settle(ctx context.Context, t wire.Type, tags []uint64, done 
 	}
 	// The generation first, then the tag base: a break in between moves
 	// both, and the command is then refused as stale (commandAs).
+	// The consumer id with them: one the broker ended (CANCELLED) and a
+	// reconnecting Conn subscribed again under a new id reads its tag
+	// base first, so old tags go to the old id and are refused.
 	c.mu.Lock()
 	gen := c.mu.gen
+	cid := s.ID()
 	c.mu.Unlock()
 	s.mu.Lock()
 	base := s.mu.tagBase
+	ended := s.mu.ended
 	s.mu.Unlock()
+	if ended != nil {
+		return fmt.Errorf("settle: %w", ended)
+	}
 	if base > 0 {
 		// Server tags of this subscription; tags of connections before
 		// are dropped: their messages were requeued.
@@ -776,7 +849,7 @@ func (s *Consumer) settle(ctx context.Context, t wire.Type, tags []uint64, done 
 	for i := 0; i < chunks; i++ {
 		part := ranges[i*per : min(len(ranges), (i+1)*per)]
 		build := func(b []byte, id uint64) []byte {
-			return wire.AppendSettle(b, c.version, t, id, s.ID(), part)
+			return wire.AppendSettle(b, c.version, t, id, cid, part)
 		}
 		var err error
 		if grp != nil {

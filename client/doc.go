@@ -122,4 +122,20 @@
 // A reconnect offers only the protocol version negotiated first and asks
 // for the same frame size; a server that offers less (a smaller window or
 // credit) is passed over.
+//
+// # Consumers the broker ends
+//
+// A server of protocol 1.3 may end one consumer and keep the connection
+// (CANCELLED, docs/PROTOCOL.md section 6.8): one it served through the
+// queue's master, another broker, when that master was lost (code
+// unavailable), or one whose queue was deleted (not-found). Without
+// Config.Reconnect the consumer ends: Next, Consume and Err return an
+// error wrapping ErrConsumerEnded and the server's *Error, an AckExplicit
+// consumer drops what it buffered (the broker requeues what was not
+// accepted), and settling its deliveries fails. With Config.Reconnect the
+// consumer is subscribed again as after a reconnect (same Consumer value,
+// a new id on the wire, the unavailable retries and their bounds), and
+// its old deliveries settle as stale ones do (ErrStaleDelivery); it ends
+// only if that SUBSCRIBE fails otherwise (a deleted queue: not-found). An
+// older server closes the whole connection instead.
 package client

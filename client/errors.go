@@ -47,6 +47,16 @@ var (
 	// ErrConsumerClosed is returned by Consumer.Next once the consumer was
 	// cancelled and every message delivered before that was handed out.
 	ErrConsumerClosed = errors.New("client: consumer cancelled")
+	// ErrConsumerEnded is wrapped, with the broker's *Error (code and
+	// reason), by Consumer.Err, Next and the settles of a consumer that
+	// the broker ended without being asked (protocol 1.3 CANCELLED: for
+	// one consumed through a broker that is not its queue's master, that
+	// master was lost). The connection, its publishers and its other
+	// consumers go on. Its deliveries not yet accepted go back to the
+	// queue and cannot be settled any more; an AckExplicit consumer drops
+	// what it buffered. A reconnecting Conn (Config.Reconnect) does not
+	// end the consumer: it subscribes it again, as after a reconnect.
+	ErrConsumerEnded = errors.New("client: the broker ended the consumer")
 	// ErrNoTags is returned by the batch settle calls when given no tags.
 	ErrNoTags = errors.New("client: no delivery tags given")
 	// ErrConnectionLost is the result of a command of a reconnecting Conn

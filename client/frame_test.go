@@ -132,3 +132,63 @@ func TestHandleFrameCompletionsAndErrors(t *testing.T) {
 		t.Fatalf("answer to CLOSE: % x (%v)", got, err)
 	}
 }
+
+// TestCancelledEndsConsumer: a CANCELLED (1.3) ends a plain Conn's
+// consumer with ErrConsumerEnded and the broker's code, drops what an
+// AckExplicit one buffered, refuses its settles, and leaves the Conn
+// alone; one for an unknown consumer is ignored; in a 1.2 session, or
+// malformed, it is a protocol error.
+func TestCancelledEndsConsumer(t *testing.T) {
+	c, _ := newFrameConn(t)
+	s := &Consumer{c: c, queue: "q"}
+	s.idv.Store(1)
+	s.mu.subscribed, s.mu.credit = true, 10
+	c.mu.consumers[1] = s
+	if err := s.push([]Delivery{{Tag: 1, Payload: []byte("held"), consumer: s}}); err != nil {
+		t.Fatal(err)
+	}
+	frame := func(b []byte) (wire.Header, []byte) {
+		h, body, _, err := wire.Next(b, c.frameMax)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h, body
+	}
+	if err := c.handleFrame(frame(wire.AppendCancelled(nil, wire.Current, 9, wire.CodeUnavailable, "x"))); err != nil {
+		t.Fatalf("CANCELLED of an unknown consumer: %v", err)
+	}
+	if s.Err() != nil || s.Buffered() != 1 {
+		t.Fatalf("another consumer's CANCELLED touched this one: %v, %d buffered", s.Err(), s.Buffered())
+	}
+	if err := c.handleFrame(frame(wire.AppendCancelled(nil, wire.Current, 1, wire.CodeUnavailable, "master lost"))); err != nil {
+		t.Fatal(err)
+	}
+	err := s.Err()
+	var se *Error
+	if !errors.Is(err, ErrConsumerEnded) || !errors.As(err, &se) || se.Code != wire.CodeUnavailable || se.Text != "master lost" {
+		t.Fatalf("Err after CANCELLED: %v", err)
+	}
+	if _, err := s.Next(t.Context()); !errors.Is(err, ErrConsumerEnded) {
+		t.Fatalf("Next after CANCELLED: %v (the held delivery must be dropped)", err)
+	}
+	if err := s.Accept(t.Context(), 1); !errors.Is(err, ErrConsumerEnded) {
+		t.Fatalf("Accept after CANCELLED: %v", err)
+	}
+	if err := s.Cancel(t.Context()); err != nil {
+		t.Fatalf("Cancel of an ended consumer: %v", err)
+	}
+	if _, ok := c.mu.consumers[1]; ok {
+		t.Fatal("the ended consumer is still registered")
+	}
+
+	b, st := wire.StartFrame(nil, wire.Current, wire.TypeCancelled, 0)
+	b = append(b, 0, 0, 0, 1, 0)
+	wire.EndFrame(b, st, 0)
+	if err := c.handleFrame(frame(b)); err == nil {
+		t.Fatal("malformed CANCELLED accepted")
+	}
+	c.version = wire.VersionProducer
+	if err := c.handleFrame(frame(wire.AppendCancelled(nil, wire.VersionProducer, 1, wire.CodeUnavailable, "x"))); err == nil {
+		t.Fatal("CANCELLED in a 1.2 session accepted")
+	}
+}

@@ -10,8 +10,9 @@ import (
 
 // offeredVersions are the protocol versions HELLO offers, newest first: a
 // 1.0 server (which has no AUTH frame) still serves this client, except
-// for SCRAM-SHA-256, which needs 1.1.
-var offeredVersions = []wire.Version{wire.VersionProducer, wire.VersionAuth, wire.Version10}
+// for SCRAM-SHA-256, which needs 1.1. A server of 1.3 may end a consumer
+// with CANCELLED and keep the session; an older one closes it instead.
+var offeredVersions = []wire.Version{wire.VersionCancelled, wire.VersionProducer, wire.VersionAuth, wire.Version10}
 
 // login is the client's side of the mechanism Config names.
 type login struct {

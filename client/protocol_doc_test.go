@@ -75,7 +75,7 @@ func TestProtocolDocExamples(t *testing.T) {
 	}
 	for _, typ := range []wire.Type{wire.TypeHello, wire.TypeWelcome, wire.TypeHeartbeat, wire.TypeClose, wire.TypeComplete,
 		wire.TypeError, wire.TypeAuth, wire.TypeDeclareQueue, wire.TypeDeclareExchange, wire.TypeBind, wire.TypeDelete, wire.TypePurge,
-		wire.TypePublish, wire.TypeSubscribe, wire.TypeCancel, wire.TypeCredit, wire.TypeDeliver, wire.TypeAccept,
+		wire.TypePublish, wire.TypeSubscribe, wire.TypeCancel, wire.TypeCancelled, wire.TypeCredit, wire.TypeDeliver, wire.TypeAccept,
 		wire.TypeForwardHello, wire.TypeForward, wire.TypeForwardResult, wire.TypeProxyCommand, wire.TypeProxyOutput, wire.TypeProxyClose} {
 		if !seen[typ] {
 			t.Errorf("no example for %v", typ)
@@ -142,6 +142,15 @@ func decodeAny(t wire.Type, v wire.Version, body []byte) error {
 		return wire.DecodeSubscribe(body, &wire.Subscribe{})
 	case wire.TypeCancel:
 		return wire.DecodeCancel(body, &wire.Cancel{})
+	case wire.TypeCancelled:
+		var c wire.Cancelled
+		if err := wire.DecodeCancelled(body, &c); err != nil {
+			return err
+		}
+		if v < wire.VersionCancelled {
+			return fmt.Errorf("a CANCELLED example in version %v, before %v", v, wire.VersionCancelled)
+		}
+		return nil
 	case wire.TypeCredit:
 		return wire.DecodeCredit(body, &wire.Credit{})
 	case wire.TypeDeliver:

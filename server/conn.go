@@ -52,6 +52,9 @@ type connState struct {
 
 	consumers map[uint32]int // consumer id -> shard
 	usedIDs   map[uint32]bool
+	// queueOf is the queue of each consumer served on this broker (not
+	// proxied), as noted in Server.queueConsumers.
+	queueOf map[uint32]*shards.Queue
 
 	// resume counts the items of the frame at the head of the inbound
 	// buffer that already went to shards, when a full ring stopped us

@@ -142,6 +142,9 @@ func (h *handler) closed(cs *connState) {
 	h.s.metrics.connections.Dec()
 	if cs.sess != nil {
 		h.s.proxyClosed(cs)
+		for id, q := range cs.queueOf {
+			h.s.forgetConsumer(q, consumerRef{cs: cs, id: id})
+		}
 		sess := cs.sess
 		// A fan-out cut short by a full ring still reaches every target
 		// (its other parts are in queues already), ahead of the close.
@@ -398,7 +401,14 @@ func (h *handler) frame(cs *connState, hd wire.Header, body []byte) (done bool, 
 		}
 		// The id keeps its shard: deliveries made before the cancel can
 		// still be settled.
-		return h.push(cs, shard, shards.Command{Op: shards.OpCancel, Sess: cs.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID}), gnet.None
+		if !h.push(cs, shard, shards.Command{Op: shards.OpCancel, Sess: cs.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID}) {
+			return false, gnet.None
+		}
+		if q := cs.queueOf[m.ConsumerID]; q != nil {
+			delete(cs.queueOf, m.ConsumerID)
+			h.s.forgetConsumer(q, consumerRef{cs: cs, id: m.ConsumerID})
+		}
+		return true, gnet.None
 	case wire.TypeHeartbeat:
 		return true, gnet.None
 	case wire.TypeClose:
@@ -620,6 +630,11 @@ func (h *handler) subscribe(cs *connState, body []byte) (bool, gnet.Action) {
 	}
 	cs.usedIDs[m.ConsumerID] = true
 	cs.consumers[m.ConsumerID] = q.Shard()
+	if cs.queueOf == nil {
+		cs.queueOf = map[uint32]*shards.Queue{}
+	}
+	cs.queueOf[m.ConsumerID] = q
+	h.s.noteConsumer(q, consumerRef{cs: cs, id: m.ConsumerID})
 	return true, gnet.None
 }
 

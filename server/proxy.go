@@ -13,15 +13,25 @@ package server
 //
 // When the connection to the master ends (the master died), or the
 // controller gives the group another master (the old one, frozen or
-// alive, delivers no more), the proxied consumers end: the broker closes
-// the client's connection with a CLOSE saying so, and the client
-// subscribes again (what the proxied consumers held is released, and the
-// new master delivers it again). A proxied command takes a mutex of this broker's proxy table
-// and allocates its frame; deliveries are copied once on their way.
+// alive, delivers no more), the proxied consumers end (what they held is
+// released, and the new master delivers it again). A client of protocol
+// 1.3 or later keeps its session: the commands it sent for them and the
+// master did not answer fail with unavailable (their outcome is
+// unknown), then a CANCELLED for each consumer says it ended, and the
+// client subscribes again if it wants to. An older client's connection is
+// closed with a CLOSE saying so, as its only way to learn of it.
+//
+// A proxied command takes a mutex of this broker's proxy table and one of
+// its session, and allocates its frame; deliveries are copied once on
+// their way. The proxy session remembers the ids of its commands in
+// flight (at most the server's window of them) so that it can answer them
+// itself when the master cannot: retiring them costs a look at the header
+// of each frame the master sends back.
 
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -40,6 +50,18 @@ type proxySession struct {
 	master uint32
 	addr   string // the master's peer address
 	cs     *connState
+
+	// mu orders the session's output to its client against its end: no
+	// frame of the master goes out after the CANCELLEDs.
+	mu struct {
+		sync.Mutex
+		ended bool
+		// pending holds the command ids sent to the master and not yet
+		// answered by it; subscribes those of SUBSCRIBEs among them, by
+		// consumer id.
+		pending    map[uint64]struct{}
+		subscribes map[uint32]uint64
+	}
 }
 
 type proxyConsumer struct {
@@ -106,7 +128,25 @@ func (s *Server) proxySubscribe(cs *connState, g, master uint32, addr string, m 
 	t.consumers[proxyConsumer{cs, m.ConsumerID}] = ps
 	t.groupOf[proxyConsumer{cs, m.ConsumerID}] = g
 	t.mu.Unlock()
-	s.proxySend(cs, ps, m.CommandID, wire.TypeSubscribe, body)
+	if s.proxySend(cs, ps, m.CommandID, wire.TypeSubscribe, body) {
+		ps.mu.Lock()
+		if _, out := ps.mu.pending[m.CommandID]; out {
+			if ps.mu.subscribes == nil {
+				ps.mu.subscribes = map[uint32]uint64{}
+			}
+			ps.mu.subscribes[m.ConsumerID] = m.CommandID
+			if len(ps.mu.subscribes) > 2*len(ps.mu.pending)+16 {
+				// Answered SUBSCRIBEs need no entry: drop them, so the map
+				// stays within twice the commands in flight.
+				for id, cmd := range ps.mu.subscribes {
+					if _, out := ps.mu.pending[cmd]; !out {
+						delete(ps.mu.subscribes, id)
+					}
+				}
+			}
+		}
+		ps.mu.Unlock()
+	}
 }
 
 // proxyConsumerCommand passes a consumer command of a proxied consumer to
@@ -124,13 +164,50 @@ func (s *Server) proxyConsumerCommand(cs *connState, consumer uint32, cmdID uint
 	s.proxySend(cs, ps, cmdID, typ, body)
 }
 
-func (s *Server) proxySend(cs *connState, ps *proxySession, cmdID uint64, typ wire.Type, body []byte) {
+// proxySend passes one client frame to the master and reports whether it
+// went; a command that did not is answered here. It runs on the
+// connection's owner.
+func (s *Server) proxySend(cs *connState, ps *proxySession, cmdID uint64, typ wire.Type, body []byte) bool {
+	if cmdID != 0 {
+		ps.mu.Lock()
+		switch {
+		case ps.mu.ended:
+			// The session ended between the proxy table's lookup and
+			// here: a SUBSCRIBE may go again (to the new master), any
+			// other command's consumer is gone.
+			ps.mu.Unlock()
+			if typ == wire.TypeSubscribe {
+				cs.fail(cmdID, wire.CodeUnavailable, "the master of the queue's group was lost; retry")
+			} else {
+				cs.fail(cmdID, wire.CodeNotFound, "the proxied consumer ended with its master's connection")
+			}
+			return false
+		case len(ps.mu.pending) >= int(s.cfg.WindowMax):
+			ps.mu.Unlock()
+			cs.fail(cmdID, wire.CodeResourceLimit, "more uncompleted commands than the negotiated window")
+			return false
+		}
+		if ps.mu.pending == nil {
+			ps.mu.pending = map[uint64]struct{}{}
+		}
+		ps.mu.pending[cmdID] = struct{}{}
+		ps.mu.Unlock()
+	}
 	frame := wire.AppendHeader(make([]byte, 0, wire.HeaderSize+len(body)), wire.Header{Version: cs.version, Type: typ, Length: uint32(len(body))})
 	frame = append(frame, body...)
 	pf := wire.AppendProxyCommand(make([]byte, 0, len(frame)+32), ps.id, cs.version, cs.frameMax, frame)
-	if err := s.groups.Load().Forwarder().SendProxy(ps.master, ps.addr, pf); err != nil && cmdID != 0 {
+	err := s.groups.Load().Forwarder().SendProxy(ps.master, ps.addr, pf)
+	if err == nil || cmdID == 0 {
+		return err == nil
+	}
+	ps.mu.Lock()
+	_, mine := ps.mu.pending[cmdID] // else the session's end answered it
+	delete(ps.mu.pending, cmdID)
+	ps.mu.Unlock()
+	if mine {
 		cs.fail(cmdID, wire.CodeUnavailable, fmt.Sprintf("the master of the queue's group, broker %d, cannot be reached now (%v); retry", ps.master, err))
 	}
+	return false
 }
 
 // proxyClosed ends the proxy sessions of a client connection that closed.
@@ -166,14 +243,97 @@ func (s *Server) proxyOutput(master uint32, session uint64, frames []byte) {
 		return // its client went away
 	}
 	out := append([]byte(nil), frames...)
+	ps.mu.Lock()
+	if ps.mu.ended {
+		ps.mu.Unlock()
+		return // its consumers were cancelled: nothing of theirs follows
+	}
+	cancelled := retireAnswered(ps.mu.pending, frames)
 	_ = ps.cs.t.WriteAsync([][]byte{out}, func() {})
+	ps.mu.Unlock()
+	if cancelled {
+		s.proxyForgetCancelled(ps, frames)
+	}
+}
+
+// proxyForgetCancelled forgets the consumers that the CANCELLEDs among a
+// master's frames ended (their queue was deleted there): later commands
+// for them fail here.
+func (s *Server) proxyForgetCancelled(ps *proxySession, frames []byte) {
+	t := &s.proxies
+	for len(frames) > 0 {
+		h, body, n, err := wire.Next(frames, wire.FrameSizeMax)
+		if err != nil || n == 0 {
+			return
+		}
+		frames = frames[n:]
+		var c wire.Cancelled
+		if h.Type != wire.TypeCancelled || wire.DecodeCancelled(body, &c) != nil {
+			continue
+		}
+		k := proxyConsumer{ps.cs, c.ConsumerID}
+		t.mu.Lock()
+		if t.consumers[k] == ps {
+			delete(t.consumers, k)
+			delete(t.groupOf, k)
+		}
+		t.mu.Unlock()
+	}
+}
+
+// retireAnswered deletes from pending the command ids that the COMPLETE
+// and ERROR frames among frames answer, and reports whether a CANCELLED
+// is among them. A DELIVER is stepped over by its length.
+func retireAnswered(pending map[uint64]struct{}, frames []byte) (cancelled bool) {
+	for len(frames) > 0 {
+		h, body, n, err := wire.Next(frames, wire.FrameSizeMax)
+		if err != nil || n == 0 {
+			return cancelled // the master writes whole frames; nothing to retire in the rest
+		}
+		frames = frames[n:]
+		if len(pending) == 0 && h.Type != wire.TypeCancelled {
+			continue
+		}
+		switch h.Type {
+		case wire.TypeCancelled:
+			cancelled = true
+		case wire.TypeComplete:
+			rl, err := wire.DecodeComplete(body)
+			if err != nil {
+				continue
+			}
+			for i := range rl.Len() {
+				r := rl.At(i)
+				if r.Last-r.First >= uint64(len(pending)) {
+					for id := range pending {
+						if id >= r.First && id <= r.Last {
+							delete(pending, id)
+						}
+					}
+					continue
+				}
+				for id := r.First; ; id++ {
+					delete(pending, id)
+					if id == r.Last {
+						break
+					}
+				}
+			}
+		case wire.TypeError:
+			var e wire.Error
+			if wire.DecodeError(body, &e) == nil {
+				delete(pending, e.CommandID)
+			}
+		}
+	}
+	return cancelled
 }
 
 // proxyLost ends the proxied consumers of every session on master, whose
-// connection ended: their clients' connections close, with a reason.
+// connection ended.
 func (s *Server) proxyLost(master uint32) {
 	s.proxyEnd(func(ps *proxySession, _ uint32) bool { return ps.master == master }, false,
-		fmt.Sprintf("the connection to broker %d, master of a queue this session consumed through this broker, ended; subscribe again", master))
+		fmt.Sprintf("the connection to broker %d, master of the consumer's queue, ended; subscribe again", master))
 }
 
 // proxyViewChanged ends the proxy sessions holding a consumer of a group
@@ -195,22 +355,26 @@ func (s *Server) proxyViewChanged(old, cur *groups.View) {
 	s.proxyEnd(func(ps *proxySession, g uint32) bool {
 		o, ok := moved[g]
 		return ok && ps.master == o
-	}, true, "the master of a queue this session consumed through this broker changed; subscribe again")
+	}, true, "the master of the consumer's queue changed; subscribe again")
 }
 
-// proxyEnd ends the sessions with a consumer that match, closing their
-// clients' connections with reason, and tells their masters if tell.
+// proxyEnd ends the sessions with a consumer that match, and tells their
+// masters if tell. A client of protocol 1.3 or later keeps its session:
+// its commands the master did not answer fail with unavailable, and each
+// consumer of the session gets a CANCELLED with reason. An older client's
+// connection is closed with reason.
 func (s *Server) proxyEnd(match func(ps *proxySession, g uint32) bool, tell bool, reason string) {
 	t := &s.proxies
-	ended := map[*proxySession]bool{}
+	ended := map[*proxySession][]uint32{} // its consumers
 	t.mu.Lock()
 	for k, ps := range t.consumers {
 		if match(ps, t.groupOf[k]) {
-			ended[ps] = true
+			ended[ps] = nil
 		}
 	}
 	for k, ps := range t.consumers {
-		if ended[ps] {
+		if cons, ok := ended[ps]; ok {
+			ended[ps] = append(cons, k.id)
 			delete(t.consumers, k)
 			delete(t.groupOf, k)
 		}
@@ -221,11 +385,37 @@ func (s *Server) proxyEnd(match func(ps *proxySession, g uint32) bool, tell bool
 	}
 	t.mu.Unlock()
 	m := s.groups.Load()
-	for ps := range ended {
+	for ps, cons := range ended {
 		if tell && m != nil {
 			_ = m.Forwarder().SendProxy(ps.master, ps.addr, wire.AppendProxyClose(nil, ps.id))
 		}
-		_ = ps.cs.t.send(wire.AppendClose(nil, ps.cs.version, wire.CodeShutdown, reason), true)
+		cs := ps.cs
+		ps.mu.Lock()
+		ps.mu.ended = true
+		if cs.version < wire.VersionCancelled {
+			ps.mu.Unlock()
+			_ = cs.t.send(wire.AppendClose(nil, cs.version, wire.CodeShutdown, reason), true)
+			continue
+		}
+		var out []byte
+		for id := range ps.mu.pending {
+			out = wire.AppendError(out, cs.version, id, wire.CodeUnavailable,
+				"the consumer's master was lost before it answered; the outcome is unknown")
+		}
+		slices.Sort(cons)
+		for _, id := range cons {
+			if sub, ok := ps.mu.subscribes[id]; ok {
+				if _, out := ps.mu.pending[sub]; out {
+					continue // its SUBSCRIBE failed just above
+				}
+			}
+			out = wire.AppendCancelled(out, cs.version, id, wire.CodeUnavailable, reason)
+		}
+		ps.mu.pending, ps.mu.subscribes = nil, nil
+		if len(out) > 0 {
+			_ = cs.t.WriteAsync([][]byte{out}, func() {})
+		}
+		ps.mu.Unlock()
 	}
 }
 
@@ -233,6 +423,9 @@ func (s *Server) proxyEnd(match func(ps *proxySession, g uint32) bool, tell bool
 type proxied struct {
 	sess      *shards.Session
 	consumers map[uint32]int // consumer id -> shard
+	// queueOf is each consumer's queue, as noted in
+	// Server.queueConsumers; the forwarding connection's reader owns it.
+	queueOf map[uint32]*shards.Queue
 }
 
 // proxiedTable is the master's side's sessions, by their connection and
@@ -268,7 +461,7 @@ func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Ver
 	p := t.byID[out]
 	if p == nil {
 		p = &proxied{sess: &shards.Session{ID: s.nextSession.Add(1), Version: version, FrameMax: frameMax, Out: proxyWriter{out}},
-			consumers: map[uint32]int{}}
+			consumers: map[uint32]int{}, queueOf: map[uint32]*shards.Queue{}}
 		t.byID[out] = p
 	}
 	t.mu.Unlock()
@@ -304,6 +497,8 @@ func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Ver
 			return
 		}
 		p.consumers[m.ConsumerID] = q.Shard()
+		p.queueOf[m.ConsumerID] = q
+		s.noteConsumer(q, consumerRef{p: p, id: m.ConsumerID})
 		s.proxyPush(q.Shard(), p.sess, shards.Command{Op: shards.OpSubscribe, Sess: p.sess, CmdID: m.CommandID, Queue: q, ConsumerID: m.ConsumerID,
 			Credit: m.Credit, AckMode: m.AckMode, Exclusive: m.Flags&wire.SubscribeExclusive != 0})
 	case wire.TypeCredit:
@@ -327,6 +522,10 @@ func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Ver
 			return
 		}
 		s.proxyPush(shard, p.sess, shards.Command{Op: shards.OpCancel, Sess: p.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID})
+		if q := p.queueOf[m.ConsumerID]; q != nil {
+			delete(p.queueOf, m.ConsumerID)
+			s.forgetConsumer(q, consumerRef{p: p, id: m.ConsumerID})
+		}
 	case wire.TypeAccept, wire.TypeRelease, wire.TypeReject:
 		var m wire.Settle
 		if err := wire.DecodeSettle(body, &m); err != nil {
@@ -394,6 +593,9 @@ func (s *Server) proxyClose(out groups.ProxyOut) {
 	delete(t.byID, out)
 	t.mu.Unlock()
 	if p != nil {
+		for id, q := range p.queueOf {
+			s.forgetConsumer(q, consumerRef{p: p, id: id})
+		}
 		go s.wiring.SessionClosed(p.sess)
 	}
 }

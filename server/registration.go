@@ -258,7 +258,10 @@ func (s *Server) startGroups() error {
 			}
 		},
 		OnMaster:   func(g uint32) { s.broker.GroupMastered(g) },
-		OnStepDown: func(g uint32) { s.broker.ResetGroup(g) },
+		OnStepDown: func(g uint32) {
+			s.broker.ResetGroup(g)
+			go s.groupSteppedDown(g)
+		},
 		OnGroupCount: func(n uint32) {
 			if s.replicator != nil {
 				s.replicator.groups.CompareAndSwap(0, n)

@@ -337,7 +337,10 @@ type Server struct {
 	// brokers and, as a master, for other brokers (proxy.go).
 	proxies         proxyTable
 	proxiedSessions proxiedTable
-	replicator      *replicator
+	// queueConsumers indexes the consumers by queue, to tell them of
+	// their queue's deletion (consumerend.go).
+	queueConsumers queueConsumers
+	replicator     *replicator
 	// regCtx ends at Close; it stops the registration and heartbeat loop
 	// (regWG) and cancels its calls.
 	regCtx    context.Context
@@ -412,7 +415,7 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.DataDir != "" {
 		bcfg.PagingDir = filepath.Join(cfg.DataDir, "paging") // emptied at every start
 	}
-	wcfg := wiring.Config{Logger: cfg.Logger}
+	wcfg := wiring.Config{Logger: cfg.Logger, Dropped: s.queueDropped}
 	if cfg.DataDir != "" {
 		var policy journal.FsyncPolicy
 		switch cfg.Fsync {

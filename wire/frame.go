@@ -38,9 +38,10 @@ const (
 	// 1.1 added the AUTH frame (SCRAM exchanges in the handshake); 1.2
 	// the producer id of PUBLISH (PublishProducer), a message's priority
 	// and deliver-at time in PUBLISH and a queue's max_priority in
-	// DECLARE_QUEUE.
+	// DECLARE_QUEUE; 1.3 the CANCELLED frame (the broker ends a consumer
+	// and keeps the session).
 	VersionMajor = 1
-	VersionMinor = 2
+	VersionMinor = 3
 
 	// FrameSizeMin is the smallest maximum frame size a peer may negotiate.
 	FrameSizeMin = 4 << 10
@@ -85,6 +86,11 @@ var (
 	// MsgPriority and MsgDeliverAt) and whose DECLARE_QUEUE carries
 	// max_priority.
 	VersionSchedule = MakeVersion(1, 2)
+	// VersionCancelled (1.3) is the first version with the CANCELLED
+	// frame: the broker tells the client that it ended one consumer (its
+	// master was lost, for a proxied consumer) and keeps the session. A
+	// session of an older version has its connection closed instead.
+	VersionCancelled = MakeVersion(1, 3)
 )
 
 // Header is a decoded frame header.

@@ -25,6 +25,7 @@ const (
 	TypeAccept          Type = 0x25
 	TypeRelease         Type = 0x26
 	TypeReject          Type = 0x27
+	TypeCancelled       Type = 0x28 // 1.3: the broker ended a consumer, server to client
 )
 
 var typeNames = [256]string{
@@ -34,7 +35,7 @@ var typeNames = [256]string{
 	TypeBind: "BIND", TypeUnbind: "UNBIND", TypeDelete: "DELETE", TypePurge: "PURGE",
 	TypePublish: "PUBLISH", TypeSubscribe: "SUBSCRIBE", TypeCancel: "CANCEL",
 	TypeCredit: "CREDIT", TypeDeliver: "DELIVER", TypeAccept: "ACCEPT",
-	TypeRelease: "RELEASE", TypeReject: "REJECT",
+	TypeRelease: "RELEASE", TypeReject: "REJECT", TypeCancelled: "CANCELLED",
 }
 
 func (t Type) String() string {
@@ -935,6 +936,36 @@ func DecodeCancel(body []byte, c *Cancel) error {
 	r.Reset(body)
 	c.CommandID = r.U64()
 	c.ConsumerID = r.U32()
+	return r.Done()
+}
+
+// Cancelled (1.3, server to client) says that the broker ended a
+// consumer without the client asking: no DELIVER for it follows, its
+// deliveries not yet accepted go back to the queue, and a settle naming it
+// fails. Reason aliases the decoded body.
+type Cancelled struct {
+	ConsumerID uint32
+	Code       ErrorCode
+	Reason     []byte
+}
+
+// AppendCancelled appends a CANCELLED frame; reason is cut to TextLenMax.
+func AppendCancelled(b []byte, v Version, consumer uint32, code ErrorCode, reason string) []byte {
+	b, s := StartFrame(b, v, TypeCancelled, 0)
+	b = AppendU32(b, consumer)
+	b = AppendU16(b, uint16(code))
+	b = AppendStr(b, truncate(reason, TextLenMax))
+	EndFrame(b, s, 0)
+	return b
+}
+
+// DecodeCancelled decodes a CANCELLED body.
+func DecodeCancelled(body []byte, c *Cancelled) error {
+	var r Reader
+	r.Reset(body)
+	c.ConsumerID = r.U32()
+	c.Code = ErrorCode(r.U16())
+	c.Reason = r.Str(TextLenMax)
 	return r.Done()
 }
 

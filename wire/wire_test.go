@@ -425,3 +425,36 @@ func TestPublishProducerRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+func TestCancelledRoundTrip(t *testing.T) {
+	b := AppendCancelled(nil, VersionCancelled, 7, CodeUnavailable, "the master of the queue's group was lost; subscribe again")
+	h, body := mustNext(t, b)
+	if h.Type != TypeCancelled || h.Version != VersionCancelled || h.Type.String() != "CANCELLED" {
+		t.Fatalf("header %+v", h)
+	}
+	var c Cancelled
+	if err := DecodeCancelled(body, &c); err != nil || c.ConsumerID != 7 || c.Code != CodeUnavailable ||
+		string(c.Reason) != "the master of the queue's group was lost; subscribe again" {
+		t.Fatalf("%+v %v", c, err)
+	}
+	// Truncated or padded bodies fail; a reason is cut to TextLenMax.
+	for i := range len(body) {
+		if err := DecodeCancelled(body[:i], &c); err == nil {
+			t.Fatalf("truncated at %d decoded", i)
+		}
+	}
+	if err := DecodeCancelled(append(append([]byte(nil), body...), 0), &c); err == nil {
+		t.Fatal("a byte past the reason decoded")
+	}
+	long := make([]byte, TextLenMax+100)
+	for i := range long {
+		long[i] = 'x'
+	}
+	_, body = mustNext(t, AppendCancelled(nil, Current, 1, CodeNotFound, string(long)))
+	if err := DecodeCancelled(body, &c); err != nil || len(c.Reason) != TextLenMax {
+		t.Fatalf("long reason: %d bytes, %v", len(c.Reason), err)
+	}
+	if !IsClientType(TypeCancelled) {
+		t.Fatal("CANCELLED is not a client type")
+	}
+}

@@ -2,6 +2,7 @@ package clustertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -380,7 +381,8 @@ func TestForwardMasterKilled(t *testing.T) {
 
 // TestProxiedConsumerMasterKilled: a consumer proxied through a follower
 // accepts 100 of 300 messages and holds 50 more unaccepted; kill -9 of the
-// master ends its connection; subscribed again through the same broker, it
+// master ends the consumer (CANCELLED), not its connection; subscribed
+// again through the same broker, it
 // gets the 200 not accepted, in order, none of the accepted ones again. A
 // second consumer through that broker whose client closes hands back what
 // it held.
@@ -441,6 +443,9 @@ func TestProxiedConsumerMasterKilled(t *testing.T) {
 	if err == nil {
 		t.Fatal("the proxied consumer got a delivery after its master was killed")
 	}
+	if !errors.Is(err, client.ErrConsumerEnded) || conn.Err() != nil {
+		t.Fatalf("the proxied consumer after kill -9 of its master: %v, connection %v; want it ended, the connection open", err, conn.Err())
+	}
 	t.Logf("proxied consumer after kill -9 of its master: %v", err)
 	c.waitNewMaster(g, master)
 	consumeRedialing(t, ctx, fnode, queue, names(accepted, total), true)
@@ -448,8 +453,9 @@ func TestProxiedConsumerMasterKilled(t *testing.T) {
 
 // TestProxiedConsumerMasterFrozen: the master of a queue consumed through
 // a follower is frozen (SIGSTOP) past the controller's broker timeout; the
-// follower sees the new master and closes the proxied consumer's
-// connection (the frozen master would deliver no more); thawed, the old
+// follower sees the new master and ends the proxied consumer with a
+// CANCELLED (the frozen master would deliver no more), keeping its
+// connection; thawed, the old
 // master steps down, and the consumer subscribed again through the same
 // broker gets every message it had not accepted, in order.
 func TestProxiedConsumerMasterFrozen(t *testing.T) {
@@ -490,8 +496,8 @@ func TestProxiedConsumerMasterFrozen(t *testing.T) {
 	_, err = con.Next(nctx)
 	timedOut := nctx.Err() != nil
 	ncancel()
-	if err == nil || timedOut {
-		t.Fatalf("the proxied consumer of a frozen master: %v; want its connection closed", err)
+	if err == nil || timedOut || !errors.Is(err, client.ErrConsumerEnded) || conn.Err() != nil {
+		t.Fatalf("the proxied consumer of a frozen master: %v, connection %v; want the consumer ended, the connection open", err, conn.Err())
 	}
 	t.Logf("proxied consumer after its master froze: %v", err)
 	mnode.signal(syscall.SIGCONT)
@@ -520,7 +526,7 @@ func subscribeWhenServing(t *testing.T, ctx context.Context, conn *client.Conn, 
 // consumeRedialing subscribes at n, on a new connection each try, until
 // it takes want from queue in order. A broker that has just become master
 // may still proxy a subscribe to the master it knew, and a broker
-// proxying to a master that is lost closes the connection: the client
+// proxying to a master that is lost ends the consumer: the client
 // subscribes again. With accept, each message is accepted as it comes and
 // a later try goes on after those; without, nothing is accepted, a failed
 // try leaves every message in the queue, and the next starts afresh.

@@ -67,7 +67,7 @@ func TestReplicatedPriorityAndDelay(t *testing.T) {
 	// comes no earlier than its time, which may pass during the failover
 	// on a busy machine, putting it first.
 	// The new master may still proxy a first subscribe to the master it
-	// knew and then end the session: each try dials afresh (nothing is
+	// knew and then end the consumer: each try dials afresh (nothing is
 	// accepted, so a failed try leaves every message in the queue).
 	var got []string
 	testutil.WaitFor(t, 30*time.Second, func() error {

@@ -60,6 +60,9 @@ type Config struct {
 	// the wiring from it rather than from the wiring file.
 	Log    Log
 	Logger *slog.Logger
+	// Dropped, if set, is told of a queue deleted by DeleteQueue or
+	// DropReplica, once its shard dropped it (and its consumers).
+	Dropped func(q *shards.Queue)
 }
 
 // nameStripes is how many locks serialise changes by name; two names that
@@ -521,6 +524,7 @@ func (w *Wiring) DeleteQueue(name string, ifUnused, ifEmpty bool) (int, error) {
 		return 0, err
 	}
 	w.unpublish(q)
+	w.dropped(q)
 	return dropped, nil
 }
 
@@ -538,6 +542,13 @@ func (w *Wiring) DropReplica(name string) {
 		return
 	}
 	w.unpublish(q)
+	w.dropped(q)
+}
+
+func (w *Wiring) dropped(q *shards.Queue) {
+	if w.cfg.Dropped != nil {
+		w.cfg.Dropped(q)
+	}
 }
 
 // unpublish removes a dropped queue from the routing. The queue's name
