@@ -85,6 +85,8 @@ type runState struct {
 	published atomic.Int64
 	completed atomic.Int64
 	failed    atomic.Int64
+	// pubErr is the first error a publish completed with, for the notes.
+	pubErr atomic.Pointer[string]
 	consumed  atomic.Int64
 	// all* count warm-up traffic too, for the progress line.
 	completedAll atomic.Int64
@@ -352,6 +354,10 @@ func (s *runState) produce(ctx context.Context, id int, p driver.Producer, queue
 		err := p.Publish(ctx, queues[(id+int(seq))%len(queues)], payload, func(err error) {
 			now := time.Now()
 			if err != nil {
+				if s.pubErr.Load() == nil {
+					msg := err.Error()
+					s.pubErr.CompareAndSwap(nil, &msg)
+				}
 				if measured {
 					s.failed.Add(1)
 				}
@@ -508,6 +514,9 @@ func (s *runState) finish(res *Result) {
 	res.Published = s.published.Load()
 	res.Completed = s.completed.Load()
 	res.Failed = s.failed.Load()
+	if e := s.pubErr.Load(); e != nil {
+		res.Notes = append(res.Notes, "first failed publish: "+*e)
+	}
 	res.Consumed = s.consumed.Load()
 	if s.w.Consumers > 0 && res.Completed > res.Consumed {
 		res.Lost = res.Completed - res.Consumed
