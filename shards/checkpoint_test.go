@@ -159,6 +159,14 @@ func ckUsed(b *Broker) (all, any bool) {
 // would: everything appended is in the files, and no checkpoint is
 // written at the stop.
 func ckWorkload(t *testing.T, dir string, seed uint64, ops int, end int) {
+	ckWorkloadAsync(t, dir, seed, ops, end, false)
+}
+
+// ckWorkloadAsync is ckWorkload; with async its checkpoints in the run are
+// started and left to the writer while the workload goes on (the next
+// one waits for the last), so the shard appends, dequeues and recounts
+// while the writer merges.
+func ckWorkloadAsync(t *testing.T, dir string, seed uint64, ops int, end int, async bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	rng := rand.New(rand.NewPCG(seed, 7))
@@ -255,7 +263,16 @@ func ckWorkload(t *testing.T, dir string, seed uint64, ops int, end int) {
 			qs[name] = nq
 			subscribe(name)
 		case r < 82 && i < ops*9/10:
-			checkpoint()
+			if async {
+				for _, sh := range b.shards {
+					_ = b.Call(sh, func(s *Shard) {
+						s.waitCheckpoint()
+						s.startCheckpoint()
+					})
+				}
+			} else {
+				checkpoint()
+			}
 			tookCk = true
 		}
 	}
@@ -284,7 +301,10 @@ func ckWorkload(t *testing.T, dir string, seed uint64, ops int, end int) {
 		}
 	}
 	for _, sh := range b.shards {
-		_ = b.Call(sh, func(s *Shard) { s.journal.ck.noFinal = true })
+		_ = b.Call(sh, func(s *Shard) {
+			s.waitCheckpoint()
+			s.journal.ck.noFinal = true
+		})
 	}
 	b.Stop()
 }
@@ -462,6 +482,35 @@ func TestCheckpointMatchesReplay(t *testing.T) {
 			compareStates(t, "torn checkpoint", recoverState(t, dirs["torn"], ckMustNot), full)
 			compareStates(t, "corrupt checkpoint", recoverState(t, dirs["corrupt"], ckMustNot), full)
 			compareStates(t, "segment cut short", recoverState(t, dirs["cut-ck"], ckEither), recoverState(t, dirs["cut-full"], ckMustNot))
+		})
+	}
+}
+
+// TestCheckpointWhileShardWorks takes checkpoints that the writer merges
+// while the shard goes on publishing, settling (new delivery counts,
+// dequeues, dead letters), purging and deleting a queue; then starts
+// again from the checkpoint (so the next ones merge into the loaded one
+// and the tail's changes to it) and does it again, and stops as a crash
+// would. Recovery from the last checkpoint must give exactly what a full
+// replay of the same files gives.
+func TestCheckpointWhileShardWorks(t *testing.T) {
+	for _, seed := range []uint64{11, 12} {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			src := t.TempDir()
+			ckWorkloadAsync(t, src, seed, 1500, ckEndNone, true)
+			ckWorkloadAsync(t, src, seed+100, 200, ckEndNone, true)
+			dirs := map[string]string{}
+			for _, k := range []string{"ck", "full"} {
+				dirs[k] = filepath.Join(t.TempDir(), k)
+				copyDir(t, src, dirs[k])
+			}
+			for _, sd := range []string{"shard-000", "shard-001"} {
+				if err := os.Remove(filepath.Join(dirs["full"], sd, "checkpoint")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			full := recoverState(t, dirs["full"], ckMustNot)
+			compareStates(t, "checkpoint merged while the shard worked", recoverState(t, dirs["ck"], ckMust), full)
 		})
 	}
 }
