@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"time"
 
@@ -434,7 +435,7 @@ func (o *ckOwner) encode(j *journal.Journal, c *ckCut) (buf []byte, live int) {
 		o.scratch, n, last = o.mergeQueue(o.scratch[:0], b, cq.log)
 		buf = binary.AppendUvarint(buf, uint64(n))
 		at := len(buf)
-		buf = append(buf, o.scratch...)
+		buf = appendYielding(buf, o.scratch)
 		o.bases[cq.q] = ckBase{recs: buf[at:len(buf):len(buf)], n: n, last: last, gen: o.gen}
 		live += n
 	}
@@ -457,7 +458,7 @@ func (o *ckOwner) encode(j *journal.Journal, c *ckCut) (buf []byte, live int) {
 // mergeQueue appends to dst the queue's messages: b's with l's changes.
 func (o *ckOwner) mergeQueue(dst []byte, b ckBase, l *ckQLog) ([]byte, int, uint64) {
 	if l == nil {
-		return append(dst, b.recs...), b.n, b.last
+		return appendYielding(dst, b.recs), b.n, b.last
 	}
 	if l.reset {
 		b = ckBase{}
@@ -522,7 +523,7 @@ func (m *ckMerge) recs(dst, src []byte, n int, last uint64) []byte {
 			// Nothing changes past here: the rest is copied as it is,
 			// after this record's delta from the one written before.
 			dst = appendCkRec(dst, &r, m.prev)
-			dst = append(dst, d.b...)
+			dst = appendYielding(dst, d.b)
 			m.n += n - k
 			m.prev = last
 			return dst
@@ -543,8 +544,30 @@ func (m *ckMerge) recs(dst, src []byte, n int, last uint64) []byte {
 		dst = appendCkRec(dst, &r, m.prev)
 		m.prev = r.pos
 		m.n++
+		if m.n%ckYieldEvery == 0 {
+			runtime.Gosched()
+		}
 	}
 	return dst
+}
+
+// The checkpoint writer shares the cores with the shards: it copies in
+// slices and yields between them and every so many records it merges (a
+// copy of tens of MiB cannot be preempted, and kept a shard waiting for
+// a processor for 5 to 8 ms in BenchmarkCheckpointStall).
+const (
+	ckYieldBytes = 256 << 10
+	ckYieldEvery = 1 << 14
+)
+
+func appendYielding(dst, src []byte) []byte {
+	dst = slices.Grow(dst, len(src))
+	for len(src) > ckYieldBytes {
+		dst = append(dst, src[:ckYieldBytes]...)
+		src = src[ckYieldBytes:]
+		runtime.Gosched()
+	}
+	return append(dst, src...)
 }
 
 // startCheckpoint captures a checkpoint and has it encoded and written on

@@ -627,3 +627,99 @@ func TestCheckpointGarbage(t *testing.T) {
 		b.Stop()
 	}
 }
+
+// BenchmarkCheckpointStall measures how long a checkpoint holds a shard
+// with 1M or 5M journaled messages of 128 bytes over 100 queues: a probe
+// goroutine sends the shard empty calls one after another and records
+// each round trip while the shard takes a checkpoint (the second of the
+// run: the first of a run that loaded none walks the queues in any
+// case) and the writer merges, encodes and writes it. max-stall-ms is
+// the longest round trip during the checkpoint, idle-max-ms the longest
+// in as long a time without one, capture-ms how long the capture itself
+// held the shard.
+//
+//	go test ./shards -run '^$' -bench CheckpointStall -benchtime 1x
+func BenchmarkCheckpointStall(b *testing.B) {
+	for _, n := range []int{1_000_000, 5_000_000} {
+		b.Run(fmt.Sprintf("%dM", n/1_000_000), func(b *testing.B) {
+			br, qs := ckBenchBroker(b, n, 100)
+			defer br.Stop()
+			sh := br.shards[0]
+			ctx := context.Background()
+			payload := make([]byte, 128)
+			force := func(s *Shard) {
+				s.journal.ck.every = 1
+				s.journal.ck.appends = 1 << 40
+				s.maybeCheckpoint()
+			}
+			_ = br.Call(sh, force)
+			_ = br.Call(sh, func(s *Shard) { s.waitCheckpoint() })
+			// probe records the longest round trip until stop closes.
+			probe := func(stop chan struct{}) (time.Duration, int) {
+				var worst time.Duration
+				calls := 0
+				for {
+					select {
+					case <-stop:
+						return worst, calls
+					default:
+					}
+					t0 := time.Now()
+					_ = br.Call(sh, func(*Shard) {})
+					worst = max(worst, time.Since(t0))
+					calls++
+				}
+			}
+			b.ResetTimer()
+			var stall, idle, capture time.Duration
+			for i := 0; i < b.N; i++ {
+				for k := 0; k < 10_000; k++ {
+					if err := sh.Push(ctx, Command{Op: OpPublish, Queue: qs[k%len(qs)], Body: NewBody(nil, nil, nil, payload, true), Now: time.Now().UnixNano()}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				_ = br.Call(sh, func(s *Shard) { _ = s.journal.j.Sync() })
+				stop := make(chan struct{})
+				res := make(chan time.Duration)
+				go func() {
+					w, _ := probe(stop)
+					res <- w
+				}()
+				t0 := time.Now()
+				_ = br.Call(sh, force)
+				for written := false; !written; {
+					_ = br.Call(sh, func(s *Shard) {
+						if s.journal.ck.inFlight {
+							select {
+							case d := <-s.journal.ck.done:
+								s.checkpointDone(d)
+								written = true
+							default:
+							}
+						} else {
+							written = true
+						}
+					})
+					time.Sleep(time.Millisecond)
+				}
+				took := time.Since(t0)
+				close(stop)
+				_ = br.Call(sh, func(s *Shard) { capture = max(capture, s.journal.ck.lastCapture) })
+				stall = max(stall, <-res)
+				// As long again with no checkpoint, for comparison.
+				stop = make(chan struct{})
+				go func() {
+					w, _ := probe(stop)
+					res <- w
+				}()
+				time.Sleep(took)
+				close(stop)
+				idle = max(idle, <-res)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(stall.Microseconds())/1000, "max-stall-ms")
+			b.ReportMetric(float64(idle.Microseconds())/1000, "idle-max-ms")
+			b.ReportMetric(float64(capture.Microseconds())/1000, "capture-ms")
+		})
+	}
+}
