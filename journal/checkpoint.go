@@ -58,9 +58,11 @@ var errBadCheckpoint = errors.New("journal: bad checkpoint")
 // goroutine, merges the log into the base: what it encodes is the index
 // as BeginCheckpoint found it, entry for entry.
 //
-// Until the first checkpoint of a run whose recovery did not load one,
-// there is no base and no log: that checkpoint encodes the index under
-// the lock, as before, and starts the log.
+// Recovery starts the log (its inserts, moves and drops are logged) with
+// the loaded checkpoint's index part as the base, or none. A journal
+// whose owner takes no checkpoints (Options.OnCheckpoint nil) keeps no
+// log; were it to call BeginCheckpoint, that would encode the index
+// under the lock, as before, and start one.
 
 // ckLog is the index's changes since the last BeginCheckpoint.
 type ckLog struct {
@@ -172,8 +174,7 @@ func (c *CheckpointCut) Upto() Pos { return c.upto }
 // WriteCheckpoint; it must not begin another checkpoint before that.
 //
 // It holds the journal's lock for a time that grows with the number of
-// segments only, except for the first checkpoint of a run that did not
-// recover from one (about 10 ns a record).
+// segments only.
 func (j *Journal) BeginCheckpoint() *CheckpointCut {
 	j.mu.Lock()
 	defer j.mu.Unlock()

@@ -273,6 +273,9 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 		sizes[id] = size
 	}
 	j.mu.index = newIndex()
+	// An owner that takes checkpoints has what recovery puts in the
+	// index logged for its first one (checkpoint.go).
+	j.mu.ckLog = ckLog{on: j.opts.OnCheckpoint != nil}
 
 	// A checkpoint stands for the records up to its position: only what
 	// was written after it is read.
@@ -292,7 +295,7 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 			j.removeCheckpoint()
 			ck = nil
 			j.mu.ckSuspect = false
-			j.mu.ckLog = ckLog{}
+			j.mu.ckLog = ckLog{on: true}
 			j.ckBase, j.ckBaseN, j.ckBaseLast = nil, 0, 0
 			j.mu.index = newIndex()
 			clear(gone)

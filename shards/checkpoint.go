@@ -28,16 +28,17 @@ import (
 // the records whose dequeue is appended but not yet durable, which the
 // journal still counts live and recovery must free.
 //
-// It is taken on the shard goroutine (every checkpointEvery records, at
-// least every checkpointInterval while records come, and at a clean stop)
-// and written on another goroutine after the journal is durable up to
-// its position, one at a time.
+// It is cut on the shard goroutine (every checkpointEvery records, at
+// least every checkpointInterval while records come, and at a clean
+// stop), then merged, encoded and written on another goroutine after the
+// journal is durable up to its position, one at a time (see "Taking a
+// checkpoint without holding the shard" below).
 //
-// A delayed message keeps its deliver-at time; one that came due is
-// checkpointed as ready (ckRecOf), which is where a replay puts it after
-// the first dispatch.
+// A delayed message keeps the deliver-at time of its record, due or not,
+// as a replay does; the first dispatch after a start makes the due ones
+// ready.
 //
-// Owner section format (journal.BeginCheckpoint frames it):
+// Owner section format (journal.EncodeCheckpoint frames it):
 //
 //	version u8 | queues uvarint, each: name (uvarint length, bytes),
 //	producer clock uvarint, producers uvarint, each: id, seq, lastUsed
@@ -84,11 +85,10 @@ type ckShard struct {
 	every    int // records between checkpoints
 	lastLive int // messages in the last checkpoint
 	last     time.Time
-	recs     []ckRec
 	inFlight bool
 	done     chan ckDone
 	// The logs of what the records appended since the last capture
-	// changed, per queue; logOn once there is a base to merge them into.
+	// changed, per queue (logOn once the journal is open).
 	logOn     bool
 	logs      map[*Queue]*ckQLog
 	lastQ     *Queue
@@ -124,52 +124,6 @@ type ckDone struct {
 // reading the body's time saves a cache miss per message.)
 func ckRecOf(e *Entry, at int64) ckRec {
 	return ckRec{pos: e.JournalPos, exp: e.ExpiresAt, at: at, count: e.DeliveryCount, size: uint32(e.size()), level: uint8(e.level())}
-}
-
-// queueRecs collects q's journaled messages, in position order.
-func (s *Shard) queueRecs(q *Queue, recs []ckRec) []ckRec {
-	recs = recs[:0]
-	for i := range q.levels {
-		l := &q.levels[i]
-		for k := 0; k < l.ready.len(); k++ {
-			if e := l.ready.at(k); e.JournalPos != 0 {
-				recs = append(recs, ckRecOf(e, 0))
-			}
-		}
-		for _, e := range l.released {
-			if e.JournalPos != 0 {
-				recs = append(recs, ckRecOf(e, 0))
-			}
-		}
-	}
-	for _, d := range q.delayed {
-		if d.e.JournalPos != 0 {
-			recs = append(recs, ckRecOf(d.e, d.at))
-		}
-	}
-	for _, e := range q.acquired {
-		if e.JournalPos != 0 {
-			recs = append(recs, ckRecOf(e, 0))
-		}
-	}
-	for _, h := range s.journal.ck.held {
-		if h.q == q {
-			recs = append(recs, h.rec)
-		}
-	}
-	cmp := func(a, b ckRec) int {
-		if a.pos < b.pos {
-			return -1
-		}
-		if a.pos > b.pos {
-			return 1
-		}
-		return 0
-	}
-	if !slices.IsSortedFunc(recs, cmp) {
-		slices.SortFunc(recs, cmp)
-	}
-	return recs
 }
 
 func appendCkRec(buf []byte, r *ckRec, prev uint64) []byte {
@@ -225,8 +179,9 @@ func (s *Shard) checkpointable(q *Queue) bool {
 // which gives the replay of the journal up to the new position by
 // construction: the state is built from the very records a replay reads.
 //
-// A capture with nothing to merge into (the first after a start that
-// recovered from no checkpoint) walks the queues as before, once.
+// Recovery logs what it restores: the loaded checkpoint's queues are the
+// bases, the tail's messages and its dequeues and counts of checkpointed
+// ones are logged; after a full replay every message restored is.
 
 // ckQLog is what q's journal records changed since the last capture.
 type ckQLog struct {
@@ -236,8 +191,6 @@ type ckQLog struct {
 	addsX   []ckRec // enqueued out of position order (recovery)
 	rm      []uint64
 	counts  []ckNewCount
-	// reset: the adds are the whole queue, not changes to its base.
-	reset bool
 }
 
 type ckNewCount struct {
@@ -347,7 +300,6 @@ type ckCutQueue struct {
 func (s *Shard) captureCheckpoint() *ckCut {
 	sj := s.journal
 	start := time.Now()
-	full := !sj.ck.logOn
 	c := &ckCut{j: sj.j.BeginCheckpoint(), lastBytes: sj.ck.lastBytes}
 	for q := range s.queues {
 		if !s.checkpointable(q) {
@@ -370,18 +322,6 @@ func (s *Shard) captureCheckpoint() *ckCut {
 		if l != nil {
 			delete(sj.ck.logs, q)
 		}
-		if full {
-			if l == nil {
-				l = &ckQLog{}
-			} else {
-				l.clear()
-			}
-			sj.ck.recs = s.queueRecs(q, sj.ck.recs)
-			for i := range sj.ck.recs {
-				l.add(&sj.ck.recs[i])
-			}
-			l.reset = true
-		}
 		c.qs = append(c.qs, ckCutQueue{q: q, head: len(c.heads), log: l})
 	}
 	// The logs left are of queues no longer checkpointed.
@@ -391,7 +331,6 @@ func (s *Shard) captureCheckpoint() *ckCut {
 		delete(sj.ck.logs, q)
 	}
 	sj.ck.lastQ, sj.ck.lastLog = nil, nil
-	sj.ck.logOn = true
 	// Records whose dequeue is appended but not yet durable: the journal
 	// frees them at completion, which a crash may prevent.
 	for i := 0; i < sj.pending.size; i++ {
@@ -459,9 +398,6 @@ func (o *ckOwner) encode(j *journal.Journal, c *ckCut) (buf []byte, live int) {
 func (o *ckOwner) mergeQueue(dst []byte, b ckBase, l *ckQLog) ([]byte, int, uint64) {
 	if l == nil {
 		return appendYielding(dst, b.recs), b.n, b.last
-	}
-	if l.reset {
-		b = ckBase{}
 	}
 	slices.Sort(l.rm)
 	slices.SortStableFunc(l.counts, func(a, b ckNewCount) int { return cmp.Compare(a.pos, b.pos) })
@@ -859,7 +795,6 @@ func (s *Shard) applyCheckpoint(ck *ckLoaded, byName map[string]*Queue, refs map
 	if o.bases == nil {
 		o.bases = map[*Queue]ckBase{}
 	}
-	s.journal.ck.logOn = true
 	for i := range ck.queues {
 		cq := &ck.queues[i]
 		q := byName[cq.name]

@@ -129,6 +129,7 @@ var errStoreText = "journal write failed"
 func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 	sj := &shardJournal{doneBuf: make([]jdone, 256)}
 	sj.ck.owner = &ckOwner{}
+	sj.ck.logOn = true // what recovery restores is logged for the first checkpoint
 	sj.ck.done = make(chan ckDone, 1)
 	sj.ck.last = time.Now()
 	sj.ck.every = cmp.Or(cfg.CheckpointRecords, checkpointEvery)
