@@ -815,6 +815,9 @@ func (s *Shard) applyCheckpoint(ck *ckLoaded, byName map[string]*Queue, refs map
 		if ok {
 			o.bases[q] = ckBase{recs: cq.body, n: cq.n, last: cq.last}
 			l = s.journal.ck.qlog(q)
+			if q.Options.MaxPriority == 0 && cq.n > 0 {
+				q.levelState()[0].ready.reserve(cq.n)
+			}
 		}
 		d := &ckDecoder{b: cq.recs}
 		n := d.uvarint()
