@@ -815,10 +815,8 @@ func (s *Shard) applyCheckpoint(ck *ckLoaded, byName map[string]*Queue, refs map
 		if ok {
 			o.bases[q] = ckBase{recs: cq.body, n: cq.n, last: cq.last}
 			l = s.journal.ck.qlog(q)
-			if q.Options.MaxPriority == 0 && cq.n > 0 {
-				q.levelState()[0].ready.reserve(cq.n)
-			}
 		}
+		reserve := ok && q.Options.MaxPriority == 0
 		d := &ckDecoder{b: cq.recs}
 		n := d.uvarint()
 		var r ckRec
@@ -854,6 +852,13 @@ func (s *Shard) applyCheckpoint(ck *ckLoaded, byName map[string]*Queue, refs map
 				j.Free(pos)
 				dropped++
 				continue
+			}
+			if reserve {
+				// Room for the rest at once, made by the first message
+				// restored (a queue that gets none has no levels, as
+				// after a replay).
+				q.levelState()[0].ready.reserve(int(n - k))
+				reserve = false
 			}
 			ev := Event{Kind: EvEnqueue, ExpiresAt: r.exp, DeliveryCount: r.count, JournalPos: r.pos, Size: r.size,
 				Priority: r.level, DeliverAt: r.at}
