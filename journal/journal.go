@@ -238,10 +238,10 @@ type Journal struct {
 	ckBaseLast Pos
 	ckScratch  []byte
 	ckSpare    ckLog
-	kick         chan struct{}
-	stop         chan struct{}
-	writerDone   chan struct{}
-	compDone     chan struct{}
+	kick       chan struct{}
+	stop       chan struct{}
+	writerDone chan struct{}
+	compDone   chan struct{}
 }
 
 func segmentName(id uint32) string { return fmt.Sprintf("%016x.seg", id) }

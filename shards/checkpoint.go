@@ -95,7 +95,7 @@ type ckShard struct {
 	lastLog   *ckQLog
 	spareLogs []*ckQLog
 	owner     *ckOwner // nil while a checkpoint is in flight
-	held     map[uint64]ckHeld
+	held      map[uint64]ckHeld
 	// loaded: this shard recovered from a checkpoint. noFinal: a test
 	// stops the shard as a crash would, with no checkpoint at the stop.
 	loaded, noFinal bool
