@@ -229,6 +229,28 @@ func (j *Journal) fullIndexLocked(l ckLog) ckLog {
 	return l
 }
 
+// ckEntryMax bounds an encoded entry: a position delta and ref distance
+// of up to 10 bytes each, segment, offset and size of up to 5, flags 1.
+const ckEntryMax = 10 + 5 + 5 + 5 + 1 + 10
+
+// CheckpointBound bounds the bytes EncodeCheckpoint makes of c, so that
+// the caller can size its buffer at once (growing one of tens of MiB is
+// a copy the scheduler cannot preempt). Same goroutine as
+// EncodeCheckpoint.
+func (j *Journal) CheckpointBound(c *CheckpointCut) int {
+	return checkpointHeader + len(c.segs) + 10 + j.indexBound(c)
+}
+
+func (j *Journal) indexBound(c *CheckpointCut) int {
+	n := len(c.log.ins) + ckEntryMax*len(c.log.insX)
+	if !c.log.full {
+		n += len(j.ckBase)
+	}
+	// A moved entry may take up to 8 more bytes (segment and offset),
+	// and an entry after a dropped one a longer delta.
+	return n + 8*len(c.log.moves) + 10*(len(c.log.dels)+len(c.log.drops)) + ckEntryMax
+}
+
 // EncodeCheckpoint encodes the index part of c, the index as
 // BeginCheckpoint found it, in buf (its contents are replaced), and
 // returns it for the owner to append its state to. It does not take the
@@ -249,6 +271,9 @@ func (j *Journal) EncodeCheckpoint(c *CheckpointCut, buf []byte) []byte {
 		base, baseN, j.ckBaseLast = nil, 0, 0
 	}
 	out := j.ckScratch[:0]
+	if b := j.indexBound(c); cap(out) < b {
+		out = make([]byte, 0, b)
+	}
 	n := 0
 	if len(l.moves)+len(l.frees)+len(l.dels)+len(l.drops)+len(l.insX) == 0 {
 		// Only appends since the last checkpoint: the base, then them.

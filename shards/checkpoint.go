@@ -354,8 +354,19 @@ func (s *Shard) captureCheckpoint() *ckCut {
 func (o *ckOwner) encode(j *journal.Journal, c *ckCut) (buf []byte, live int) {
 	next := o.cur ^ 1
 	buf = o.bufs[next]
-	if want := c.lastBytes + c.lastBytes/8 + 1<<16; cap(buf) < want {
-		buf = make([]byte, 0, want)
+	// The buffers are sized at once from bounds: growing one of tens of
+	// MiB is a copy the scheduler cannot preempt.
+	want, most := j.CheckpointBound(c.j)+len(c.heads)+10*len(c.frees)+64, 0
+	for _, cq := range c.qs {
+		b := o.queueBound(cq)
+		want += b + 10
+		most = max(most, b)
+	}
+	if cap(buf) < want {
+		buf = make([]byte, 0, want+want/8)
+	}
+	if cap(o.scratch) < most {
+		o.scratch = make([]byte, 0, most+most/8)
 	}
 	buf = j.EncodeCheckpoint(c.j, buf)
 	buf = append(buf, ckOwnerVersion)
@@ -394,6 +405,21 @@ func (o *ckOwner) encode(j *journal.Journal, c *ckCut) (buf []byte, live int) {
 	return buf, live
 }
 
+// ckRecMax bounds an encoded record: position delta, expiry, count,
+// deliver-at and size uvarints, flags and level.
+const ckRecMax = 10 + 10 + 5 + 10 + 5 + 2
+
+// queueBound bounds the bytes of cq's merged records.
+func (o *ckOwner) queueBound(cq ckCutQueue) int {
+	n := len(o.bases[cq.q].recs)
+	if l := cq.log; l != nil {
+		// A count may lengthen a record by 6 bytes, and a removal the
+		// position delta of the next one.
+		n += len(l.adds) + ckRecMax*len(l.addsX) + 6*len(l.counts) + 10*len(l.rm) + ckRecMax
+	}
+	return n
+}
+
 // mergeQueue appends to dst the queue's messages: b's with l's changes.
 func (o *ckOwner) mergeQueue(dst []byte, b ckBase, l *ckQLog) ([]byte, int, uint64) {
 	if l == nil {
@@ -408,8 +434,19 @@ func (o *ckOwner) mergeQueue(dst []byte, b ckBase, l *ckQLog) ([]byte, int, uint
 	if n := len(l.counts); n > 0 {
 		touch = max(touch, l.counts[n-1].pos)
 	}
-	m := ckMerge{rm: l.rm, counts: l.counts, touch: touch}
+	// In the base, only what touches it counts: a removal of a new
+	// message must not make the untouched rest of the base be decoded
+	// and encoded again rather than copied.
+	var baseTouch uint64
+	if i, _ := slices.BinarySearch(l.rm, b.last+1); i > 0 {
+		baseTouch = l.rm[i-1]
+	}
+	if i, _ := slices.BinarySearchFunc(l.counts, b.last+1, func(c ckNewCount, p uint64) int { return cmp.Compare(c.pos, p) }); i > 0 {
+		baseTouch = max(baseTouch, l.counts[i-1].pos)
+	}
+	m := ckMerge{rm: l.rm, counts: l.counts, touch: baseTouch}
 	dst = m.recs(dst, b.recs, b.n, b.last)
+	m.touch = touch
 	adds, nAdds, addLast := l.adds, l.nAdds, l.addPrev
 	if len(l.addsX) > 0 {
 		recs := o.recs[:0]
