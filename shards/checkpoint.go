@@ -117,11 +117,9 @@ type ckDone struct {
 	err    error
 }
 
-// ckRecOf is e's checkpoint record; at is its deliver-at time if it is
-// still delayed. A message that was delayed and came due is kept without
-// its time: replay would delay it again only until the first dispatch,
-// which puts it back among the ready ones by Seq, where it is anyway. (Not
-// reading the body's time saves a cache miss per message.)
+// ckRecOf is e's checkpoint record (a held dead letter's source, whose
+// position frees lists when its queue is gone); at is its deliver-at
+// time if it is still delayed.
 func ckRecOf(e *Entry, at int64) ckRec {
 	return ckRec{pos: e.JournalPos, exp: e.ExpiresAt, at: at, count: e.DeliveryCount, size: uint32(e.size()), level: uint8(e.level())}
 }
@@ -590,11 +588,16 @@ func (s *Shard) maybeCheckpoint() {
 	if sj.ck.appends == 0 {
 		return
 	}
-	if sj.ck.appends < max(sj.ck.every, sj.ck.lastLive/4) && time.Since(sj.ck.last) < checkpointInterval {
+	if sj.ck.logOn && sj.j.Stats().Err != nil {
+		// Records that failed are in memory only; a checkpoint would
+		// keep them. None is taken again in this run: the logs go.
+		s.dropCheckpointLogs()
+	}
+	if !sj.ck.logOn {
 		return
 	}
-	if sj.j.Stats().Err != nil {
-		return // records that failed are in memory only; a checkpoint would keep them
+	if sj.ck.appends < max(sj.ck.every, sj.ck.lastLive/4) && time.Since(sj.ck.last) < checkpointInterval {
+		return
 	}
 	s.startCheckpoint()
 }
@@ -617,6 +620,13 @@ func (s *Shard) checkpointDone(d ckDone) {
 	sj.ck.written++
 	s.log.Debug("shards: checkpoint written", "shard", s.idx, "messages", sj.ck.lastLive, "bytes", sj.ck.lastBytes,
 		"capture", sj.ck.lastCapture.String(), "encode", d.encode.String())
+}
+
+// dropCheckpointLogs stops the logs for good (the journal failed).
+func (s *Shard) dropCheckpointLogs() {
+	c := &s.journal.ck
+	c.logOn = false
+	c.logs, c.lastQ, c.lastLog, c.spareLogs = nil, nil, nil, nil
 }
 
 // waitCheckpoint waits for a checkpoint being written.
@@ -644,7 +654,7 @@ func (s *Shard) finalCheckpoint() {
 	if sj.ck.noFinal || sj.ck.appends == 0 && sj.ck.written > 0 {
 		return
 	}
-	if sj.j.Stats().Err != nil {
+	if !sj.ck.logOn || sj.j.Stats().Err != nil {
 		return
 	}
 	s.checkpointNow()

@@ -784,3 +784,53 @@ func BenchmarkCheckpointLog(b *testing.B) {
 		s.logDequeue(q, journal.Pos(i+1))
 	}
 }
+
+// TestCheckpointLogsDroppedOnJournalError: once the journal has failed no
+// checkpoint is taken again in the run, so the shard must stop logging
+// what its records change (the logs would grow for good). Fails if the
+// logs are kept.
+func TestCheckpointLogsDroppedOnJournalError(t *testing.T) {
+	ffs := journal.NewFaultFS(nil)
+	b, qs := ckBroker(t, t.TempDir(), ffs)
+	defer b.Stop()
+	q := qs["plain-a"]
+	sh := b.shards[q.shard]
+	ctx := context.Background()
+	publish := func(n int) {
+		for i := 0; i < n; i++ {
+			if err := sh.Push(ctx, Command{Op: OpPublish, Queue: q, Body: NewBody(nil, nil, nil, []byte("x"), true), Now: time.Now().UnixNano()}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_ = b.Call(sh, func(s *Shard) { _ = s.journal.j.Sync() })
+	}
+	publish(10)
+	ffs.SetRule(func(op journal.Op, _ string, _ int) error {
+		if op == journal.OpWrite {
+			return journal.ErrInjected
+		}
+		return nil
+	})
+	publish(10)
+	logged := func() (n int) {
+		_ = b.Call(sh, func(s *Shard) {
+			s.maybeCheckpoint()
+			for _, l := range s.journal.ck.logs {
+				n += l.nAdds + len(l.addsX)
+			}
+		})
+		return n
+	}
+	if err := b.Call(sh, func(s *Shard) {
+		if s.journal.j.Stats().Err == nil {
+			t.Fatal("the injected write failure did not fail the journal")
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_ = logged()
+	publish(100)
+	if n := logged(); n != 0 {
+		t.Errorf("%d enqueues logged after the journal failed", n)
+	}
+}
