@@ -275,7 +275,11 @@ func (j *Journal) EncodeCheckpoint(c *CheckpointCut, buf []byte) []byte {
 		out = make([]byte, 0, b)
 	}
 	n := 0
-	if len(l.moves)+len(l.frees)+len(l.dels)+len(l.drops)+len(l.insX) == 0 {
+	firstIns := Pos(0)
+	if l.insN > 0 {
+		firstIns, _ = readCkEntry(&ckReader{b: l.ins}, 0)
+	}
+	if len(l.moves)+len(l.frees)+len(l.dels)+len(l.drops)+len(l.insX) == 0 && (l.insN == 0 || firstIns > j.ckBaseLast) {
 		// Only appends since the last checkpoint: the base, then them.
 		out = appendYielding(out, base)
 		n = baseN
