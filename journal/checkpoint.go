@@ -178,6 +178,10 @@ func (c *CheckpointCut) Upto() Pos { return c.upto }
 func (j *Journal) BeginCheckpoint() *CheckpointCut {
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	return j.beginCheckpointLocked()
+}
+
+func (j *Journal) beginCheckpointLocked() *CheckpointCut {
 	c := &CheckpointCut{upto: j.mu.nextPos - 1, nextPos: j.mu.nextPos, nextSeg: j.mu.nextSeg}
 	ids := make([]uint32, 0, len(j.mu.segs))
 	for id := range j.mu.segs {
