@@ -1,12 +1,14 @@
 package journal
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
 	"os"
+	"runtime"
 	"slices"
 )
 
@@ -44,63 +46,398 @@ var checkpointMagic = [4]byte{'B', 'J', 'C', '1'}
 
 var errBadCheckpoint = errors.New("journal: bad checkpoint")
 
-// BeginCheckpoint starts a checkpoint in buf (its contents are replaced)
-// and returns it with the position it covers: every record appended so
-// far. The caller, the journal's owner, must not append meanwhile; it
-// then appends its own state for that position to the returned slice and
-// hands the result to WriteCheckpoint.
+// The index part of a checkpoint is not encoded from the index under the
+// lock, which held the owner's appends about 10 ns a record (50 ms for
+// five million) and more for the records outside the ring, whose
+// positions it had to sort. The journal keeps instead, under its lock,
+// the changes made to the index since the last checkpoint (ckLog: the
+// records inserted, in position order as appends make them, and the
+// positions freed, moved by compaction or dropped), and the index part
+// of the last checkpoint written (ckBase). BeginCheckpoint only swaps the
+// log for an empty one; EncodeCheckpoint, on the owner's writer
+// goroutine, merges the log into the base: what it encodes is the index
+// as BeginCheckpoint found it, entry for entry.
 //
-// It holds the journal's lock while it encodes the index, about 10 ns a
-// record.
-func (j *Journal) BeginCheckpoint(buf []byte) ([]byte, Pos) {
-	buf = buf[:0]
+// Recovery starts the log (its inserts, moves and drops are logged) with
+// the loaded checkpoint's index part as the base, or none. A journal
+// whose owner takes no checkpoints (Options.OnCheckpoint nil) keeps no
+// log; were it to call BeginCheckpoint, that would encode the index
+// under the lock, as before, and start one.
+
+// ckLog is the index's changes since the last BeginCheckpoint.
+type ckLog struct {
+	on bool
+	// ins holds the records inserted, encoded as in a checkpoint, while
+	// their positions increase; insX those inserted out of order after
+	// (recovery, reading a compaction output).
+	ins     []byte
+	insN    int
+	insPrev Pos
+	insX    []ckIns
+	moves   []ckMove
+	frees   []Pos
+	dels    []Pos
+	// drops: entries of the loaded checkpoint that recovery left out of
+	// the index (their segment is gone, or their target).
+	drops []Pos
+	// full: ins is the whole index, not changes to a base.
+	full bool
+}
+
+type ckIns struct {
+	pos Pos
+	e   entry
+}
+
+type ckMove struct {
+	pos      Pos
+	seg, off uint32
+}
+
+func (l *ckLog) reset() {
+	*l = ckLog{on: l.on, ins: l.ins[:0], insX: l.insX[:0], moves: l.moves[:0], frees: l.frees[:0], dels: l.dels[:0], drops: l.drops[:0]}
+}
+
+// ckInsertLocked notes an insert into the index.
+func (j *Journal) ckInsertLocked(pos Pos, e entry) {
+	l := &j.mu.ckLog
+	if !l.on {
+		return
+	}
+	if pos <= l.insPrev {
+		l.insX = append(l.insX, ckIns{pos, e})
+		return
+	}
+	l.ins = appendCkEntry(l.ins, pos, l.insPrev, &e)
+	l.insPrev = pos
+	l.insN++
+}
+
+func (j *Journal) ckMoveLocked(pos Pos, seg, off uint32) {
+	if l := &j.mu.ckLog; l.on {
+		l.moves = append(l.moves, ckMove{pos, seg, off})
+	}
+}
+
+func (j *Journal) ckFreeLocked(pos Pos) {
+	if l := &j.mu.ckLog; l.on {
+		l.frees = append(l.frees, pos)
+	}
+}
+
+func (j *Journal) ckDelLocked(pos Pos) {
+	if l := &j.mu.ckLog; l.on {
+		l.dels = append(l.dels, pos)
+	}
+}
+
+func appendCkEntry(buf []byte, pos, prev Pos, e *entry) []byte {
+	buf = binary.AppendUvarint(buf, uint64(pos-prev))
+	buf = binary.AppendUvarint(buf, uint64(e.seg))
+	buf = binary.AppendUvarint(buf, uint64(e.off))
+	buf = binary.AppendUvarint(buf, uint64(e.size))
+	buf = append(buf, byte(e.flags))
+	if e.flags&flagRef != 0 {
+		buf = binary.AppendUvarint(buf, uint64(pos-e.ref))
+	}
+	return buf
+}
+
+// readCkEntry decodes an entry appendCkEntry encoded. The streams it
+// reads are the journal's own (the log, or a base already checked when
+// it was loaded).
+func readCkEntry(r *ckReader, prev Pos) (Pos, entry) {
+	pos := prev + Pos(r.uvarint())
+	e := entry{seg: uint32(r.uvarint()), off: uint32(r.uvarint()), size: uint32(r.uvarint()), flags: uint32(r.byte())}
+	if e.flags&flagRef != 0 {
+		e.ref = pos - Pos(r.uvarint())
+	}
+	return pos, e
+}
+
+// CheckpointCut is the journal's part of a checkpoint as of one position,
+// between BeginCheckpoint and EncodeCheckpoint.
+type CheckpointCut struct {
+	upto, nextPos Pos
+	nextSeg       uint32
+	segs          []byte // count and (id, size) pairs, encoded
+	log           ckLog
+}
+
+// Upto is the last position the checkpoint covers.
+func (c *CheckpointCut) Upto() Pos { return c.upto }
+
+// BeginCheckpoint starts a checkpoint covering every record appended so
+// far. The caller, the journal's owner, must not append meanwhile; it
+// then captures its own state for that position, and on any goroutine
+// hands the cut to EncodeCheckpoint, appends its state, and calls
+// WriteCheckpoint; it must not begin another checkpoint before that.
+//
+// It holds the journal's lock for a time that grows with the number of
+// segments only.
+func (j *Journal) BeginCheckpoint() *CheckpointCut {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	upto := j.mu.nextPos - 1
-	buf = append(buf, checkpointMagic[:]...)
-	buf = binary.LittleEndian.AppendUint32(buf, checkpointVersion)
-	buf = binary.LittleEndian.AppendUint64(buf, uint64(upto))
-	buf = binary.LittleEndian.AppendUint64(buf, uint64(j.mu.nextPos))
-	buf = binary.LittleEndian.AppendUint32(buf, j.mu.nextSeg)
+	return j.beginCheckpointLocked()
+}
+
+func (j *Journal) beginCheckpointLocked() *CheckpointCut {
+	c := &CheckpointCut{upto: j.mu.nextPos - 1, nextPos: j.mu.nextPos, nextSeg: j.mu.nextSeg}
 	ids := make([]uint32, 0, len(j.mu.segs))
 	for id := range j.mu.segs {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
-	buf = binary.AppendUvarint(buf, uint64(len(ids)))
+	c.segs = binary.AppendUvarint(c.segs, uint64(len(ids)))
 	for _, id := range ids {
-		buf = binary.AppendUvarint(buf, uint64(id))
-		buf = binary.AppendUvarint(buf, uint64(j.mu.segs[id].size))
+		c.segs = binary.AppendUvarint(c.segs, uint64(id))
+		c.segs = binary.AppendUvarint(c.segs, uint64(j.mu.segs[id].size))
 	}
+	spare := j.ckSpare
+	j.ckSpare = ckLog{}
+	if !j.mu.ckLog.on {
+		c.log = j.fullIndexLocked(spare)
+	} else {
+		c.log = j.mu.ckLog
+		spare.on = true
+		spare.reset()
+		j.mu.ckLog = spare
+	}
+	j.mu.ckLog.on = true
+	return c
+}
+
+// fullIndexLocked encodes the whole index as a log that replaces the base.
+func (j *Journal) fullIndexLocked(l ckLog) ckLog {
+	l.reset()
+	l.full = true
 	x := &j.mu.index
-	buf = binary.AppendUvarint(buf, uint64(x.len()))
 	old := make([]Pos, 0, len(x.old))
 	for pos := range x.old {
 		old = append(old, pos)
 	}
 	slices.Sort(old)
-	var prev Pos
-	put := func(pos Pos, e *entry) {
-		buf = binary.AppendUvarint(buf, uint64(pos-prev))
-		prev = pos
-		buf = binary.AppendUvarint(buf, uint64(e.seg))
-		buf = binary.AppendUvarint(buf, uint64(e.off))
-		buf = binary.AppendUvarint(buf, uint64(e.size))
-		buf = append(buf, byte(e.flags))
-		if e.flags&flagRef != 0 {
-			buf = binary.AppendUvarint(buf, uint64(pos-e.ref))
-		}
-	}
 	for _, pos := range old {
-		put(pos, x.old[pos])
+		l.ins = appendCkEntry(l.ins, pos, l.insPrev, x.old[pos])
+		l.insPrev = pos
+		l.insN++
 	}
 	for i := range x.n {
 		if e := &x.ring[(x.head+i)&(len(x.ring)-1)]; e.size != 0 {
-			put(x.base+Pos(i), e)
+			pos := x.base + Pos(i)
+			l.ins = appendCkEntry(l.ins, pos, l.insPrev, e)
+			l.insPrev = pos
+			l.insN++
 		}
 	}
+	return l
+}
+
+// ckEntryMax bounds an encoded entry: a position delta and ref distance
+// of up to 10 bytes each, segment, offset and size of up to 5, flags 1.
+const ckEntryMax = 10 + 5 + 5 + 5 + 1 + 10
+
+// CheckpointBound bounds the bytes EncodeCheckpoint makes of c, so that
+// the caller can size its buffer at once (growing one of tens of MiB is
+// a copy the scheduler cannot preempt). Same goroutine as
+// EncodeCheckpoint.
+func (j *Journal) CheckpointBound(c *CheckpointCut) int {
+	return checkpointHeader + len(c.segs) + 10 + j.indexBound(c)
+}
+
+func (j *Journal) indexBound(c *CheckpointCut) int {
+	n := len(c.log.ins) + ckEntryMax*len(c.log.insX)
+	if !c.log.full {
+		n += len(j.ckBase)
+	}
+	// A moved entry may take up to 8 more bytes (segment and offset),
+	// and an entry after a dropped one a longer delta.
+	return n + 8*len(c.log.moves) + 10*(len(c.log.dels)+len(c.log.drops)) + ckEntryMax
+}
+
+// EncodeCheckpoint encodes the index part of c, the index as
+// BeginCheckpoint found it, in buf (its contents are replaced), and
+// returns it for the owner to append its state to. It does not take the
+// journal's lock; it is called one at a time, in the order of the cuts,
+// and buf must not be the buffer of the previous call (the next one
+// reads its index part from there).
+func (j *Journal) EncodeCheckpoint(c *CheckpointCut, buf []byte) []byte {
+	buf = buf[:0]
+	buf = append(buf, checkpointMagic[:]...)
+	buf = binary.LittleEndian.AppendUint32(buf, checkpointVersion)
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(c.upto))
+	buf = binary.LittleEndian.AppendUint64(buf, uint64(c.nextPos))
+	buf = binary.LittleEndian.AppendUint32(buf, c.nextSeg)
+	buf = append(buf, c.segs...)
+	l := &c.log
+	base, baseN := j.ckBase, j.ckBaseN
+	if l.full {
+		base, baseN, j.ckBaseLast = nil, 0, 0
+	}
+	out := j.ckScratch[:0]
+	if b := j.indexBound(c); cap(out) < b {
+		out = make([]byte, 0, b)
+	}
+	n := 0
+	firstIns := Pos(0)
+	if l.insN > 0 {
+		firstIns, _ = readCkEntry(&ckReader{b: l.ins}, 0)
+	}
+	if len(l.moves)+len(l.frees)+len(l.dels)+len(l.drops)+len(l.insX) == 0 && (l.insN == 0 || firstIns > j.ckBaseLast) {
+		// Only appends since the last checkpoint: the base, then them.
+		out = appendYielding(out, base)
+		n = baseN
+		if l.insN > 0 {
+			r := &ckReader{b: l.ins}
+			pos, e := readCkEntry(r, 0)
+			out = appendCkEntry(out, pos, j.ckBaseLast, &e)
+			out = appendYielding(out, r.b)
+			n += l.insN
+			j.ckBaseLast = l.insPrev
+		}
+	} else {
+		out, n = j.mergeIndexLog(out, base, baseN, l)
+	}
+	j.ckScratch = out
+	buf = binary.AppendUvarint(buf, uint64(n))
+	start := len(buf)
+	buf = appendYielding(buf, out)
+	j.ckBase, j.ckBaseN = buf[start:len(buf):len(buf)], n
 	j.ckOwnerStart = len(buf)
-	return buf, upto
+	l.full = false
+	l.reset()
+	j.ckSpare = *l
+	return buf
+}
+
+// The checkpoint writer shares two cores with the shards: a copy of tens
+// of MiB (which the scheduler cannot preempt) or a long merge kept a
+// shard waiting for a processor for 5 to 8 ms in BenchmarkCheckpointStall.
+// It copies in slices and yields between them.
+const (
+	yieldBytes = 256 << 10
+	yieldEvery = 1 << 14 // records
+)
+
+func appendYielding(dst, src []byte) []byte {
+	dst = slices.Grow(dst, len(src))
+	for len(src) > yieldBytes {
+		dst = append(dst, src[:yieldBytes]...)
+		src = src[yieldBytes:]
+		runtime.Gosched()
+	}
+	return append(dst, src...)
+}
+
+// mergeIndexLog applies the changes in l to base, both in position
+// order, and appends the result to out.
+func (j *Journal) mergeIndexLog(out, base []byte, baseN int, l *ckLog) ([]byte, int) {
+	byPos := func(a, b Pos) int { return cmp.Compare(a, b) }
+	slices.SortFunc(l.frees, byPos)
+	slices.SortFunc(l.dels, byPos)
+	slices.SortFunc(l.drops, byPos)
+	slices.SortStableFunc(l.moves, func(a, b ckMove) int { return cmp.Compare(a.pos, b.pos) })
+	ins := l.insX
+	if len(ins) > 0 {
+		r := &ckReader{b: l.ins}
+		var prev Pos
+		for range l.insN {
+			pos, e := readCkEntry(r, prev)
+			prev = pos
+			ins = append(ins, ckIns{pos, e})
+		}
+		// The later insert of a position wins (recovery may insert a
+		// record again once it finds a newer copy).
+		slices.SortStableFunc(ins, func(a, b ckIns) int { return cmp.Compare(a.pos, b.pos) })
+		l.insX = ins
+	}
+	br := &ckReader{b: base}
+	ir := &ckReader{b: l.ins}
+	bLeft, iLeft := baseN, l.insN
+	if len(ins) > 0 {
+		iLeft = len(ins)
+	}
+	var bPos, iPos, bPrev, iPrev, prev Pos
+	var bE, iE entry
+	nextBase := func() bool {
+		if bLeft == 0 {
+			return false
+		}
+		bLeft--
+		bPos, bE = readCkEntry(br, bPrev)
+		bPrev = bPos
+		return true
+	}
+	k := 0
+	nextIns := func() bool {
+		if iLeft == 0 {
+			return false
+		}
+		iLeft--
+		if len(ins) > 0 {
+			iPos, iE = ins[k].pos, ins[k].e
+			k++
+			for iLeft > 0 && ins[k].pos == iPos {
+				iPos, iE = ins[k].pos, ins[k].e
+				k++
+				iLeft--
+			}
+			return true
+		}
+		iPos, iE = readCkEntry(ir, iPrev)
+		iPrev = iPos
+		return true
+	}
+	haveB, haveI := nextBase(), nextIns()
+	var fi, di, dri, mi, n int
+	for haveB || haveI {
+		var pos Pos
+		var e entry
+		switch {
+		case haveB && (!haveI || bPos < iPos):
+			pos, e = bPos, bE
+			haveB = nextBase()
+			for dri < len(l.drops) && l.drops[dri] < pos {
+				dri++
+			}
+			if dri < len(l.drops) && l.drops[dri] == pos {
+				continue
+			}
+		case haveB && bPos == iPos:
+			pos, e = iPos, iE
+			haveB, haveI = nextBase(), nextIns()
+		default:
+			pos, e = iPos, iE
+			haveI = nextIns()
+		}
+		for mi < len(l.moves) && l.moves[mi].pos < pos {
+			mi++
+		}
+		for mi < len(l.moves) && l.moves[mi].pos == pos {
+			e.seg, e.off = l.moves[mi].seg, l.moves[mi].off
+			mi++
+		}
+		for fi < len(l.frees) && l.frees[fi] < pos {
+			fi++
+		}
+		if fi < len(l.frees) && l.frees[fi] == pos {
+			e.flags |= flagFreed
+		}
+		for di < len(l.dels) && l.dels[di] < pos {
+			di++
+		}
+		if di < len(l.dels) && l.dels[di] == pos {
+			continue
+		}
+		out = appendCkEntry(out, pos, prev, &e)
+		prev = pos
+		n++
+		if n%yieldEvery == 0 {
+			runtime.Gosched()
+		}
+	}
+	j.ckBaseLast = prev
+	return out, n
 }
 
 // WriteCheckpoint makes every record the checkpoint covers durable, then
@@ -275,8 +612,29 @@ func (j *Journal) removeCheckpoint() {
 func (j *Journal) loadCheckpointIndex(ck *ckpt, gone map[Pos]entry) error {
 	r := &ckReader{b: ck.entries}
 	n := r.uvarint()
+	body := r.b
+	var last Pos
 	if first := (&ckReader{b: r.b}).uvarint(); n > 0 && first > 0 && Pos(first) <= ck.upto {
 		j.mu.index.reserve(Pos(first), uint64(ck.upto-Pos(first)+1), int(min(n, 1<<40)))
+	}
+	// Each segment's positions are a run of entries (they come in
+	// position order): they share one array, cut with their capacity
+	// capped, rather than each growing its own (a tenth of a 10M
+	// restart). A segment whose entries come in several runs appends.
+	all := make([]Pos, 0, min(n, uint64(len(body)/5+1)))
+	var runSeg *segment
+	runStart := 0
+	endRun := func() {
+		if runSeg == nil {
+			return
+		}
+		run := all[runStart:len(all):len(all)]
+		if len(runSeg.positions) == 0 {
+			runSeg.positions = run
+		} else {
+			runSeg.positions = append(runSeg.positions, run...)
+		}
+		runSeg = nil
 	}
 	var pos Pos
 	for i := uint64(0); i < n && r.err == nil; i++ {
@@ -298,27 +656,45 @@ func (j *Journal) loadCheckpointIndex(ck *ckpt, gone map[Pos]entry) error {
 		if e.flags&flagRef != 0 {
 			e.ref = pos - Pos(back)
 		}
-		seg := j.mu.segs[e.seg]
+		last = pos
+		seg := runSeg
+		if seg == nil || seg.id != e.seg {
+			seg = j.mu.segs[e.seg]
+		}
 		if seg == nil {
 			gone[pos] = e
 			j.mu.ckSuspect = true
+			j.mu.ckLog.drops = append(j.mu.ckLog.drops, pos)
 			continue
 		}
 		if e.flags&flagRef != 0 {
 			t := j.mu.index.get(e.ref)
 			if t == nil || t.flags&flagRef != 0 {
+				j.mu.ckLog.drops = append(j.mu.ckLog.drops, pos)
 				continue // its target went with a removed segment
 			}
 			e.next = t.ref
 			t.ref = pos
 		}
 		j.mu.index.insert(pos, e)
-		seg.positions = append(seg.positions, pos)
+		if seg != runSeg {
+			endRun()
+			runSeg, runStart = seg, len(all)
+		}
+		all = append(all, pos)
 	}
+	endRun()
 	if r.err == nil && len(r.b) != 0 {
 		return fmt.Errorf("%w: %d bytes after the index", errBadCheckpoint, len(r.b))
 	}
-	return r.err
+	if r.err != nil {
+		return r.err
+	}
+	// The entries are the base of the next checkpoint, and what recovery
+	// changes from here on is logged.
+	j.ckBase, j.ckBaseN, j.ckBaseLast = body, int(n), last
+	j.mu.ckLog.on = true
+	return nil
 }
 
 // relinkLive recomputes every segment's live bytes from the index.

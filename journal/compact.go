@@ -244,6 +244,7 @@ func (j *Journal) compactOnce() (bool, error) {
 			e := j.mu.index.get(m.pos)
 			e.seg = out.id
 			e.off = uint32(m.newOff)
+			j.ckMoveLocked(m.pos, e.seg, e.off)
 		}
 	}
 	for i, m := range moves {
@@ -341,6 +342,7 @@ func (j *Journal) yieldLocked() {
 // record die with it. e is a copy: del clears the slot it came from.
 func (j *Journal) dropLocked(pos Pos, e entry) {
 	j.mu.index.del(pos)
+	j.ckDelLocked(pos)
 	if e.flags&flagRef != 0 {
 		return
 	}
@@ -351,6 +353,7 @@ func (j *Journal) dropLocked(pos Pos, e entry) {
 		}
 		re := *rp
 		j.mu.index.del(r)
+		j.ckDelLocked(r)
 		// A ref in the target's own file stopped counting at Free.
 		if rs := j.mu.segs[re.seg]; rs != nil && re.seg != e.seg {
 			rs.live -= int64(re.size)

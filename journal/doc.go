@@ -62,11 +62,13 @@
 //     is pending, then stops the journal's goroutines.
 //
 //  10. Checkpoints (checkpoint.go): the owner, between appends, calls
-//     BeginCheckpoint, which captures the index as of every record
-//     appended so far, appends its own state for that position, and
-//     hands the result to WriteCheckpoint (on any goroutine, one at a
-//     time), which syncs the journal and replaces <dir>/checkpoint
-//     atomically. Open then loads the index from it, reads only the
+//     BeginCheckpoint, which cuts the index as of every record appended
+//     so far (it swaps the log of the index's changes since the last
+//     checkpoint for an empty one), and captures its own state for that
+//     position; then, on any goroutine, one at a time, EncodeCheckpoint
+//     merges the log into the last checkpoint's index part, the owner
+//     appends its state, and WriteCheckpoint syncs the journal and
+//     replaces <dir>/checkpoint atomically. Open then loads the index from it, reads only the
 //     bytes written after it (segment tails, and whole segments it does
 //     not list, such as compaction outputs), replays only records past
 //     its position, and gives the owner its state (OnCheckpoint). A

@@ -212,6 +212,9 @@ type Journal struct {
 		// ckSuspect: recovery from a checkpoint met copies of records
 		// it covers (CheckpointSuspect).
 		ckSuspect bool
+		// ckLog: the index's changes since the last checkpoint
+		// (checkpoint.go).
+		ckLog ckLog
 
 		syncWanted bool
 		donePos    Pos // every record up to here has been completed
@@ -225,12 +228,20 @@ type Journal struct {
 
 	writerCur *segment // writer's open segment; writer goroutine only
 	// ckOwnerStart is where the owner's part of the checkpoint being
-	// made starts (BeginCheckpoint, WriteCheckpoint; the owner's only).
+	// made starts (EncodeCheckpoint, WriteCheckpoint; the owner's only).
 	ckOwnerStart int
-	kick         chan struct{}
-	stop         chan struct{}
-	writerDone   chan struct{}
-	compDone     chan struct{}
+	// The index part of the last checkpoint encoded (its entries, their
+	// number and last position), a scratch buffer and an emptied log:
+	// EncodeCheckpoint's, and BeginCheckpoint's after it (checkpoint.go).
+	ckBase     []byte
+	ckBaseN    int
+	ckBaseLast Pos
+	ckScratch  []byte
+	ckSpare    ckLog
+	kick       chan struct{}
+	stop       chan struct{}
+	writerDone chan struct{}
+	compDone   chan struct{}
 }
 
 func segmentName(id uint32) string { return fmt.Sprintf("%016x.seg", id) }
@@ -309,6 +320,7 @@ func (j *Journal) add(kind uint8, data []byte, target Pos, done Completion) Pos 
 		t.ref = pos
 	}
 	j.mu.index.insert(pos, e)
+	j.ckInsertLocked(pos, e)
 	b.comps = append(b.comps, pending{pos: pos, done: done})
 	b.bytes += size
 	j.mu.stats.Appends++
@@ -349,6 +361,7 @@ func (j *Journal) Free(pos Pos) {
 		return
 	}
 	e.flags |= flagFreed
+	j.ckFreeLocked(pos)
 	seg := j.mu.segs[e.seg]
 	before := seg.live
 	seg.live -= int64(e.size)

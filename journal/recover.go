@@ -273,6 +273,9 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 		sizes[id] = size
 	}
 	j.mu.index = newIndex()
+	// An owner that takes checkpoints has what recovery puts in the
+	// index logged for its first one (checkpoint.go).
+	j.mu.ckLog = ckLog{on: j.opts.OnCheckpoint != nil}
 
 	// A checkpoint stands for the records up to its position: only what
 	// was written after it is read.
@@ -292,6 +295,8 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 			j.removeCheckpoint()
 			ck = nil
 			j.mu.ckSuspect = false
+			j.mu.ckLog = ckLog{on: true}
+			j.ckBase, j.ckBaseN, j.ckBaseLast = nil, 0, 0
 			j.mu.index = newIndex()
 			clear(gone)
 			for _, s := range present {
@@ -361,6 +366,7 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 						copiedBy[src.id] = seg.id
 					}
 					e.seg, e.off = seg.id, uint32(r.recOff)
+					j.ckMoveLocked(rh.pos, e.seg, e.off)
 				}
 				break
 			}
@@ -377,6 +383,7 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 				t.ref = rh.pos
 			}
 			j.mu.index.insert(rh.pos, e)
+			j.ckInsertLocked(rh.pos, e)
 		case rh.pos == lastPos:
 			// A second copy means a rewrite finished (its output was
 			// renamed into place) but its sources were not all deleted:
@@ -393,13 +400,16 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 			e := entry{seg: seg.id, off: uint32(r.recOff), size: uint32(len(rec)), flags: flagRef, ref: rh.ref, next: t.ref}
 			t.ref = rh.pos // before the insert, which may move t
 			j.mu.index.insert(rh.pos, e)
+			j.ckInsertLocked(rh.pos, e)
 			seg.live += int64(len(rec))
 			if err := replay(rh.pos, rh.ref, rec[recordHeaderSize:]); err != nil {
 				return fmt.Errorf("journal: replay %d: %w", rh.pos, err)
 			}
 			replayed++
 		default:
-			j.mu.index.insert(rh.pos, entry{seg: seg.id, off: uint32(r.recOff), size: uint32(len(rec))})
+			e := entry{seg: seg.id, off: uint32(r.recOff), size: uint32(len(rec))}
+			j.mu.index.insert(rh.pos, e)
+			j.ckInsertLocked(rh.pos, e)
 			seg.live += int64(len(rec))
 			if err := replay(rh.pos, 0, rec[recordHeaderSize:]); err != nil {
 				return fmt.Errorf("journal: replay %d: %w", rh.pos, err)

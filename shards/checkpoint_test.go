@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -159,6 +160,14 @@ func ckUsed(b *Broker) (all, any bool) {
 // would: everything appended is in the files, and no checkpoint is
 // written at the stop.
 func ckWorkload(t *testing.T, dir string, seed uint64, ops int, end int) {
+	ckWorkloadAsync(t, dir, seed, ops, end, false, true)
+}
+
+// ckWorkloadAsync is ckWorkload; with async its checkpoints in the run are
+// started and left to the writer while the workload goes on (the next
+// one waits for the last), so the shard appends, dequeues and recounts
+// while the writer merges. Without drops it never deletes a queue.
+func ckWorkloadAsync(t *testing.T, dir string, seed uint64, ops int, end int, async, drops bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	rng := rand.New(rand.NewPCG(seed, 7))
@@ -185,11 +194,7 @@ func ckWorkload(t *testing.T, dir string, seed uint64, ops int, end int) {
 	}
 	checkpoint := func() {
 		for _, sh := range b.shards {
-			_ = b.Call(sh, func(s *Shard) {
-				s.waitCheckpoint()
-				buf := s.captureCheckpoint()
-				s.checkpointDone(ckDone{buf, s.journal.j.WriteCheckpoint(buf)})
-			})
+			_ = b.Call(sh, func(s *Shard) { s.checkpointNow() })
 		}
 	}
 	names := []string{"plain-a", "plain-b", "prio", "dropped"}
@@ -248,7 +253,7 @@ func ckWorkload(t *testing.T, dir string, seed uint64, ops int, end int) {
 			if _, err := b.Purge(q); err != nil {
 				t.Fatal(err)
 			}
-		case r < 78 && name == "dropped":
+		case r < 78 && name == "dropped" && drops:
 			if _, err := b.DropQueue(q); err != nil {
 				t.Fatal(err)
 			}
@@ -259,7 +264,16 @@ func ckWorkload(t *testing.T, dir string, seed uint64, ops int, end int) {
 			qs[name] = nq
 			subscribe(name)
 		case r < 82 && i < ops*9/10:
-			checkpoint()
+			if async {
+				for _, sh := range b.shards {
+					_ = b.Call(sh, func(s *Shard) {
+						s.waitCheckpoint()
+						s.startCheckpoint()
+					})
+				}
+			} else {
+				checkpoint()
+			}
 			tookCk = true
 		}
 	}
@@ -288,7 +302,10 @@ func ckWorkload(t *testing.T, dir string, seed uint64, ops int, end int) {
 		}
 	}
 	for _, sh := range b.shards {
-		_ = b.Call(sh, func(s *Shard) { s.journal.ck.noFinal = true })
+		_ = b.Call(sh, func(s *Shard) {
+			s.waitCheckpoint()
+			s.journal.ck.noFinal = true
+		})
 	}
 	b.Stop()
 }
@@ -470,21 +487,98 @@ func TestCheckpointMatchesReplay(t *testing.T) {
 	}
 }
 
-// BenchmarkCheckpointCapture measures how long taking a checkpoint holds
-// the shard: one op is one capture of a shard with 1,000,000 journaled
-// messages of 128 bytes over 100 durable queues (a journal of 4 KiB
-// segments is not used: the default 2 MiB ones).
+// TestCheckpointWhileShardWorks takes checkpoints that the writer merges
+// while the shard goes on publishing, settling (new delivery counts,
+// dequeues, dead letters), purging and deleting a queue; then starts
+// again from the checkpoint (so the next ones merge into the loaded one
+// and the tail's changes to it), or with seed 12 from a full replay, and
+// does it again, and stops as a crash would. Recovery from the last checkpoint must give exactly what a full
+// replay of the same files gives.
+func TestCheckpointWhileShardWorks(t *testing.T) {
+	for _, seed := range []uint64{11, 12} {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			src := t.TempDir()
+			ckWorkloadAsync(t, src, seed, 1500, ckEndNone, true, true)
+			if seed == 12 {
+				// The second run replays everything: its checkpoints
+				// start from what the replay restored.
+				for _, sd := range []string{"shard-000", "shard-001"} {
+					if err := os.Remove(filepath.Join(src, sd, "checkpoint")); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			// No queue is deleted in this run: the producers of a
+			// deleted queue's records that compaction has not removed yet
+			// count for the queue declared again under its name in a
+			// replay, but not in the checkpoint, which has the live
+			// table (as before this test; compareStates allows a
+			// checkpoint to know more, not less).
+			ckWorkloadAsync(t, src, seed+100, 200, ckEndNone, true, false)
+			dirs := map[string]string{}
+			for _, k := range []string{"ck", "full"} {
+				dirs[k] = filepath.Join(t.TempDir(), k)
+				copyDir(t, src, dirs[k])
+			}
+			for _, sd := range []string{"shard-000", "shard-001"} {
+				if err := os.Remove(filepath.Join(dirs["full"], sd, "checkpoint")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			full := recoverState(t, dirs["full"], ckMustNot)
+			compareStates(t, "checkpoint merged while the shard worked", recoverState(t, dirs["ck"], ckMust), full)
+		})
+	}
+}
+
+// BenchmarkCheckpointCapture measures a checkpoint of a shard with
+// 1,000,000 journaled messages of 128 bytes over 100 durable queues (a
+// journal of the default 2 MiB segments): one op is 1,000 more publishes
+// then a checkpoint taken and written. capture-µs is how long the
+// capture held the shard, encode-ms how long the writer then took to
+// merge and encode it off the shard.
 //
 //	go test ./shards -run '^$' -bench CheckpointCapture -benchtime 5x
 func BenchmarkCheckpointCapture(b *testing.B) {
 	const n, queues = 1_000_000, 100
+	br, qs := ckBenchBroker(b, n, queues)
+	defer br.Stop()
+	sh := br.shards[0]
+	ctx := context.Background()
+	payload := make([]byte, 128)
+	// The first checkpoint of a run without one walks the queues.
+	_ = br.Call(sh, func(s *Shard) { s.checkpointNow() })
+	b.ResetTimer()
+	var capture, encode time.Duration
+	var bytes int
+	for i := 0; i < b.N; i++ {
+		for k := 0; k < 1000; k++ {
+			if err := sh.Push(ctx, Command{Op: OpPublish, Queue: qs[k%queues], Body: NewBody(nil, nil, nil, payload, true), Now: time.Now().UnixNano()}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		_ = br.Call(sh, func(s *Shard) {
+			s.checkpointNow()
+			capture += s.journal.ck.lastCapture
+			encode += s.journal.ck.lastEncode
+			bytes = s.journal.ck.lastBytes
+		})
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(capture.Microseconds())/float64(b.N), "capture-µs")
+	b.ReportMetric(float64(encode.Milliseconds())/float64(b.N), "encode-ms")
+	b.ReportMetric(float64(bytes)/n, "bytes/msg")
+}
+
+// ckBenchBroker is a one-shard broker with n durable messages of 128
+// bytes over the given number of queues.
+func ckBenchBroker(b *testing.B, n, queues int) (*Broker, []*Queue) {
 	cfg := Config{Shards: 1, TickInterval: time.Hour, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Journal: &JournalConfig{Dir: b.TempDir(), Fsync: journal.FsyncNever}}
 	br := New(cfg)
 	if err := br.Start(); err != nil {
 		b.Fatal(err)
 	}
-	defer br.Stop()
 	var qs []*Queue
 	for i := 0; i < queues; i++ {
 		q, err := br.AddQueue(fmt.Sprintf("q%03d", i), QueueOptions{Durable: true}, nil)
@@ -505,18 +599,7 @@ func BenchmarkCheckpointCapture(b *testing.B) {
 		}
 	}
 	_ = br.Call(sh, func(s *Shard) { _ = s.journal.j.Sync() })
-	b.ResetTimer()
-	var bytes int
-	for i := 0; i < b.N; i++ {
-		_ = br.Call(sh, func(s *Shard) {
-			buf := s.captureCheckpoint()
-			bytes = len(buf)
-			s.journal.ck.buf = buf[:0]
-		})
-	}
-	b.StopTimer()
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/msg")
-	b.ReportMetric(float64(bytes)/n, "bytes/msg")
+	return br, qs
 }
 
 // TestCheckpointGarbage gives recovery checkpoints with random bytes
@@ -558,5 +641,196 @@ func TestCheckpointGarbage(t *testing.T) {
 			_ = b.Call(sh, func(s *Shard) { s.journal.ck.noFinal = true })
 		}
 		b.Stop()
+	}
+}
+
+// BenchmarkCheckpointStall measures how long a checkpoint holds a shard
+// with 1M or 5M journaled messages of 128 bytes over 100 queues: a probe
+// goroutine sends the shard empty calls one after another and records
+// each round trip while the shard takes a checkpoint (the second of the
+// run: the first of a run that loaded none walks the queues in any
+// case) and the writer merges, encodes and writes it. max-stall-ms is
+// the longest round trip during the checkpoint, idle-max-ms the longest
+// in as long a time without one, capture-ms how long the capture itself
+// held the shard.
+//
+//	go test ./shards -run '^$' -bench CheckpointStall -benchtime 1x
+func BenchmarkCheckpointStall(b *testing.B) {
+	for _, n := range []int{1_000_000, 5_000_000} {
+		b.Run(fmt.Sprintf("%dM", n/1_000_000), func(b *testing.B) {
+			br, qs := ckBenchBroker(b, n, 100)
+			defer br.Stop()
+			sh := br.shards[0]
+			ctx := context.Background()
+			payload := make([]byte, 128)
+			force := func(s *Shard) {
+				s.journal.ck.every = 1
+				s.journal.ck.appends = 1 << 40
+				s.maybeCheckpoint()
+			}
+			_ = br.Call(sh, force)
+			_ = br.Call(sh, func(s *Shard) { s.waitCheckpoint() })
+			// probe records the longest round trip until stop closes.
+			probe := func(stop chan struct{}) (time.Duration, int) {
+				var worst time.Duration
+				calls := 0
+				for {
+					select {
+					case <-stop:
+						return worst, calls
+					default:
+					}
+					t0 := time.Now()
+					_ = br.Call(sh, func(*Shard) {})
+					worst = max(worst, time.Since(t0))
+					calls++
+				}
+			}
+			b.ResetTimer()
+			var stall, idle, capture time.Duration
+			for i := 0; i < b.N; i++ {
+				for k := 0; k < 10_000; k++ {
+					if err := sh.Push(ctx, Command{Op: OpPublish, Queue: qs[k%len(qs)], Body: NewBody(nil, nil, nil, payload, true), Now: time.Now().UnixNano()}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				_ = br.Call(sh, func(s *Shard) { _ = s.journal.j.Sync() })
+				// The fill's garbage is collected first: a collection of a
+				// growing heap of GiBs stalls everything on its own.
+				runtime.GC()
+				stop := make(chan struct{})
+				res := make(chan time.Duration)
+				go func() {
+					w, _ := probe(stop)
+					res <- w
+				}()
+				t0 := time.Now()
+				_ = br.Call(sh, force)
+				for written := false; !written; {
+					_ = br.Call(sh, func(s *Shard) {
+						if s.journal.ck.inFlight {
+							select {
+							case d := <-s.journal.ck.done:
+								s.checkpointDone(d)
+								written = true
+							default:
+							}
+						} else {
+							written = true
+						}
+					})
+					time.Sleep(time.Millisecond)
+				}
+				took := time.Since(t0)
+				close(stop)
+				_ = br.Call(sh, func(s *Shard) { capture = max(capture, s.journal.ck.lastCapture) })
+				stall = max(stall, <-res)
+				// As long again with no checkpoint, for comparison.
+				stop = make(chan struct{})
+				go func() {
+					w, _ := probe(stop)
+					res <- w
+				}()
+				time.Sleep(took)
+				close(stop)
+				idle = max(idle, <-res)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(stall.Microseconds())/1000, "max-stall-ms")
+			b.ReportMetric(float64(idle.Microseconds())/1000, "idle-max-ms")
+			b.ReportMetric(float64(capture.Microseconds())/1000, "capture-ms")
+		})
+	}
+}
+
+// BenchmarkCheckpointLog measures what the checkpoint logs add to each
+// journal record on the shard: one op is an enqueue logged for one of 100
+// queues and a dequeue of an older message, with the logs handed over
+// and taken back (as a checkpoint does) every 262,144 ops. It allocates
+// nothing once the logs have grown.
+//
+//	go test ./shards -run '^$' -bench CheckpointLog -benchmem
+func BenchmarkCheckpointLog(b *testing.B) {
+	s := &Shard{journal: &shardJournal{}}
+	s.journal.ck.logOn = true
+	var qs []*Queue
+	for i := 0; i < 100; i++ {
+		qs = append(qs, NewQueue(fmt.Sprintf("q%03d", i), QueueOptions{Durable: true}, 0, &s.pool))
+	}
+	e := &Entry{Body: NewBody(nil, nil, nil, make([]byte, 128), true), ExpiresAt: 0}
+	cycle := func() {
+		c := &s.journal.ck
+		for q, l := range c.logs {
+			l.clear()
+			c.spareLogs = append(c.spareLogs, l)
+			delete(c.logs, q)
+		}
+		c.lastQ, c.lastLog = nil, nil
+	}
+	for i := 0; i < 1<<18; i++ {
+		q := qs[i%len(qs)]
+		s.logEnqueue(q, journal.Pos(i+1), e)
+		s.logDequeue(q, journal.Pos(i+1))
+	}
+	cycle()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if i%(1<<18) == 0 {
+			cycle()
+		}
+		q := qs[i%len(qs)]
+		s.logEnqueue(q, journal.Pos(i+1), e)
+		s.logDequeue(q, journal.Pos(i+1))
+	}
+}
+
+// TestCheckpointLogsDroppedOnJournalError: once the journal has failed no
+// checkpoint is taken again in the run, so the shard must stop logging
+// what its records change (the logs would grow for good). Fails if the
+// logs are kept.
+func TestCheckpointLogsDroppedOnJournalError(t *testing.T) {
+	ffs := journal.NewFaultFS(nil)
+	b, qs := ckBroker(t, t.TempDir(), ffs)
+	defer b.Stop()
+	q := qs["plain-a"]
+	sh := b.shards[q.shard]
+	ctx := context.Background()
+	publish := func(n int) {
+		for i := 0; i < n; i++ {
+			if err := sh.Push(ctx, Command{Op: OpPublish, Queue: q, Body: NewBody(nil, nil, nil, []byte("x"), true), Now: time.Now().UnixNano()}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_ = b.Call(sh, func(s *Shard) { _ = s.journal.j.Sync() })
+	}
+	publish(10)
+	ffs.SetRule(func(op journal.Op, _ string, _ int) error {
+		if op == journal.OpWrite {
+			return journal.ErrInjected
+		}
+		return nil
+	})
+	publish(10)
+	logged := func() (n int) {
+		_ = b.Call(sh, func(s *Shard) {
+			s.maybeCheckpoint()
+			for _, l := range s.journal.ck.logs {
+				n += l.nAdds + len(l.addsX)
+			}
+		})
+		return n
+	}
+	if err := b.Call(sh, func(s *Shard) {
+		if s.journal.j.Stats().Err == nil {
+			t.Fatal("the injected write failure did not fail the journal")
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_ = logged()
+	publish(100)
+	if n := logged(); n != 0 {
+		t.Errorf("%d enqueues logged after the journal failed", n)
 	}
 }

@@ -128,6 +128,8 @@ var errStoreText = "journal write failed"
 
 func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 	sj := &shardJournal{doneBuf: make([]jdone, 256)}
+	sj.ck.owner = &ckOwner{}
+	sj.ck.logOn = true // what recovery restores is logged for the first checkpoint
 	sj.ck.done = make(chan ckDone, 1)
 	sj.ck.last = time.Now()
 	sj.ck.every = cmp.Or(cfg.CheckpointRecords, checkpointEvery)
@@ -312,6 +314,9 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		if m.body == nil {
 			s.mem.paged++
 		}
+		if l := sj.ck.qlog(q); l != nil {
+			l.add(&ckRec{pos: uint64(pos), exp: m.exp, at: m.at, count: m.count, size: m.size, level: uint8(q.levelOf(m.prio))})
+		}
 		s.admit(q)
 		s.noteExpiry(q, m.exp)
 		if m.at != 0 {
@@ -373,21 +378,25 @@ func (s *Shard) appendEnqueue(q *Queue, e *Entry, producer, producerSeq uint64) 
 	}
 	sj.scratch = buf
 	sj.ck.appends++
-	return sj.j.Append(buf, sj.onDone)
+	pos := sj.j.Append(buf, sj.onDone)
+	s.logEnqueue(q, pos, e)
+	return pos
 }
 
 // appendDequeue journals that the message at pos is gone. The enqueue is
 // freed once the dequeue is durable.
-func (s *Shard) appendDequeue(pos journal.Pos, sess *Session, cmdID uint64) {
+func (s *Shard) appendDequeue(q *Queue, pos journal.Pos, sess *Session, cmdID uint64) {
 	sj := s.journal
+	s.logDequeue(q, pos)
 	sj.scratch = append(sj.scratch[:0], recDequeue)
 	sj.ck.appends++
 	p := sj.j.AppendRef(sj.scratch, pos, sj.onDone)
 	sj.pending.push(jctx{pos: p, sess: sess, cmdID: cmdID, free: pos})
 }
 
-func (s *Shard) appendCount(pos journal.Pos, count uint32) {
+func (s *Shard) appendCount(q *Queue, pos journal.Pos, count uint32) {
 	sj := s.journal
+	s.logCount(q, pos, count)
 	sj.scratch = append(sj.scratch[:0], recCount)
 	sj.ck.appends++
 	sj.scratch = binary.BigEndian.AppendUint32(sj.scratch, count)

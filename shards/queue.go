@@ -775,18 +775,31 @@ func (d *deque) len() int { return d.size }
 
 func (d *deque) push(e *Entry) {
 	if d.size == len(d.buf) {
-		n := len(d.buf) * 2
-		if n == 0 {
-			n = 16
-		}
-		nb := make([]*Entry, n)
-		for i := 0; i < d.size; i++ {
-			nb[i] = d.buf[(d.head+i)%len(d.buf)]
-		}
-		d.buf, d.head = nb, 0
+		d.grow(max(len(d.buf)*2, 16))
 	}
-	d.buf[(d.head+d.size)%len(d.buf)] = e
+	d.buf[(d.head+d.size)&(len(d.buf)-1)] = e
 	d.size++
+}
+
+// grow moves the entries to a ring of n slots, a power of two.
+func (d *deque) grow(n int) {
+	nb := make([]*Entry, n)
+	k := copy(nb, d.buf[d.head:min(d.head+d.size, len(d.buf))])
+	copy(nb[k:d.size], d.buf)
+	d.buf, d.head = nb, 0
+}
+
+// reserve makes room for n more entries at once (a restart knows how
+// many a queue gets: doubling up to millions cost a third of placing
+// them).
+func (d *deque) reserve(n int) {
+	c := max(len(d.buf), 16)
+	for c < d.size+n {
+		c *= 2
+	}
+	if c != len(d.buf) {
+		d.grow(c)
+	}
 }
 
 func (d *deque) front() *Entry {

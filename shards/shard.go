@@ -274,7 +274,7 @@ func (s *Shard) handle(c *Command) {
 			}
 		} else if s.journal != nil {
 			s.releaseHeld(c.CmdID)
-			s.appendDequeue(journal.Pos(c.CmdID), nil, 0)
+			s.appendDequeue(c.Queue, journal.Pos(c.CmdID), nil, 0)
 		}
 	case OpResume:
 		for key, con := range s.consumers {
@@ -570,7 +570,7 @@ func (s *Shard) release(q *Queue, seq uint64) {
 	ev := Event{Kind: EvRelease, Seq: seq}
 	_ = q.Apply(&ev, s)
 	if pos != 0 && e.JournalPos == pos && s.journal != nil {
-		s.appendCount(journal.Pos(pos), e.DeliveryCount)
+		s.appendCount(q, journal.Pos(pos), e.DeliveryCount)
 	}
 }
 
@@ -830,7 +830,7 @@ func (s *Shard) Removed(q *Queue, e *Entry) {
 		}
 	}
 	if e.JournalPos != 0 && s.journal != nil {
-		s.appendDequeue(journal.Pos(e.JournalPos), nil, 0)
+		s.appendDequeue(q, journal.Pos(e.JournalPos), nil, 0)
 	}
 	s.forget(e)
 	if e.Body != nil {

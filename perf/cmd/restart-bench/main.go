@@ -196,6 +196,29 @@ func rssKiB(pid int) int64 {
 	return -1
 }
 
+// cpuTime is the process's user and system CPU time so far (from
+// /proc/PID/stat, in clock ticks of 10 ms): unlike the time to ready, it
+// hardly depends on what else the machine runs.
+func cpuTime(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return -1
+	}
+	// The command name, in parentheses, may hold spaces: fields count
+	// from after it. utime and stime are fields 14 and 15.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return -1
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return -1
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
+}
+
 func queueName(i int) string { return fmt.Sprintf("deep-%03d", i) }
 
 func fill(ctx context.Context, o opts, b *broker) error {
@@ -355,13 +378,14 @@ func bench(ctx context.Context, o opts) error {
 		}
 		ready := time.Since(t0)
 		rss := rssKiB(b.cmd.Process.Pid)
+		cpu := cpuTime(b.cmd.Process.Pid)
 		if err := firstMessage(ctx, b); err != nil {
 			_ = b.stop(true)
 			return fmt.Errorf("first message: %w", err)
 		}
 		first := time.Since(t0)
-		fmt.Printf("restart %d: ready %v, first message %v, RSS at ready %.1f MiB, after %.1f MiB\n", r, ready.Round(time.Millisecond),
-			first.Round(time.Millisecond), float64(rss)/1024, float64(rssKiB(b.cmd.Process.Pid))/1024)
+		fmt.Printf("restart %d: ready %v, first message %v, RSS at ready %.1f MiB, after %.1f MiB, CPU at ready %v\n", r, ready.Round(time.Millisecond),
+			first.Round(time.Millisecond), float64(rss)/1024, float64(rssKiB(b.cmd.Process.Pid))/1024, cpu)
 		if profDone != nil {
 			if err := <-profDone; err != nil {
 				fmt.Println("profile:", err)
