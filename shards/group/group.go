@@ -174,7 +174,24 @@ type follower struct {
 	last    uint64 // agreeing, maybe not durable
 	lastAck int    // tick of the last accepting response in this epoch
 	acked   bool   // it accepted an Append in this epoch
+	// progress is the tick at which last last advanced or sending
+	// went back to it: a Tick resends from last only after wait ticks
+	// without progress (resendTicks, doubling up to maxResendTicks while
+	// none comes).
+	progress, wait int
 }
+
+// resendTicks is how long the master waits for a follower to acknowledge
+// what it sent before it sends it again from the follower's last
+// agreeing entry. Resending at every tick sent a follower whose acks took
+// longer than a tick (a big catch-up batch behind a busy disk) its whole
+// window again each tick, which slowed it down further. A lost batch is
+// also found sooner by the follower refusing the next Append or the
+// empty one a tick sends.
+const (
+	resendTicks    = 5
+	maxResendTicks = 40
+)
 
 // Member is one member's replication state for one group.
 type Member struct {
@@ -509,9 +526,17 @@ func (m *Member) Tick() {
 		m.alterAt = m.tick
 		m.rd.AlterSet = m.alter
 	}
-	// Resend what is not known to have arrived: messages may be lost.
+	// Resend what is not known to have arrived when it stays
+	// unacknowledged: messages may be lost.
 	for _, f := range m.peers {
-		f.next = f.last + 1
+		if f.wait == 0 {
+			f.wait = resendTicks
+		}
+		if f.next > f.last+1 && m.tick-f.progress >= f.wait {
+			f.next = f.last + 1
+			f.progress = m.tick
+			f.wait = min(2*f.wait, maxResendTicks)
+		}
 	}
 	m.broadcast()
 	m.maybeAlter()
@@ -692,15 +717,25 @@ func (m *Member) stepAppendResp(msg Message) {
 		}
 		f.next = min(max(next, 1), m.lastIndex()+1)
 		f.last = min(f.last, f.next-1)
+		f.progress = m.tick
 		m.send(msg.From, f)
 		return
 	}
 	f.lastAck, f.acked = m.tick, true
 	f.match = max(f.match, msg.Match)
-	f.last = max(f.last, msg.Last)
+	if msg.Last > f.last {
+		f.last = msg.Last
+		f.progress, f.wait = m.tick, resendTicks
+	}
 	f.next = max(f.next, f.last+1)
 	m.maybeCommit()
 	m.maybeAlter()
+	if f.next+uint64(m.cfg.MaxBatch) <= m.lastIndex()+1 && f.next-f.last <= uint64(inflightBatches*m.cfg.MaxBatch) {
+		// A batch or more behind, with room in its window (catching
+		// up): keep the pipeline full rather than wait for the next
+		// tick. New proposals go out with the next Ready as before.
+		m.send(msg.From, f)
+	}
 }
 
 // lastOfEpoch is the last index of epoch e in this member's log.
@@ -828,8 +863,11 @@ func (m *Member) send(to MemberID, f *follower) {
 		next := min(f.next, m.lastIndex()+1)
 		prev := next - 1
 		end := min(m.lastIndex(), next+uint64(m.cfg.MaxBatch)-1)
+		// A full window gets an empty Append (the commit index) until
+		// acknowledgements make room or a Tick resends.
+		full := f.next-f.last > uint64(inflightBatches*m.cfg.MaxBatch)
 		var ents []Entry
-		if next <= end {
+		if next <= end && !full {
 			ents = make([]Entry, 0, end+1-next)
 			for _, sl := range m.log[next-m.first : end+1-m.first] {
 				ents = append(ents, sl.Entry)
