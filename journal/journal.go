@@ -396,8 +396,9 @@ func (j *Journal) countedLocked(e entry) bool {
 }
 
 // Read appends the data of the record at pos to dst. The record must be in
-// the index (not freed, or a ref whose target is on disk). It may be called
-// from the owner's goroutine only.
+// the index (not freed, or a ref whose target is on disk). It is safe from
+// any goroutine; one that is not the owner may find the record freed
+// meanwhile (ErrNotFound).
 func (j *Journal) Read(pos Pos, dst []byte) ([]byte, error) {
 	for {
 		j.mu.Lock()

@@ -140,7 +140,9 @@ type member struct {
 	// master mirrors m.Role() == RoleMaster for other goroutines.
 	master atomic.Bool
 	broken error // a journal failure: the member stops
-	dirty  bool  // listed in Node.dirty
+	// loadErrs counts failed reads of paged entries (load).
+	loadErrs uint64
+	dirty    bool // listed in Node.dirty
 
 	// dur is what the journal's writer reported durable, for the node's
 	// goroutine to pass on.
@@ -252,9 +254,10 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 		if set, ok := cfg.ReplicaSets[g]; ok {
 			replicas = set
 		}
-		m := group.New(group.Config{Group: g, ID: cfg.ID, Replicas: replicas, MinSync: cfg.MinSync, LagTicks: cfg.LagTicks}, l.base, l.log, epochs[g])
-		n.members[g] = &member{id: g, m: m, epoch: epochs[g],
-			pos: l.pos, posFirst: l.base.Index + 1, baseRec: l.baseRec}
+		mb := &member{id: g, epoch: epochs[g], pos: l.pos, posFirst: l.base.Index + 1, baseRec: l.baseRec}
+		mb.m = group.New(group.Config{Group: g, ID: cfg.ID, Replicas: replicas, MinSync: cfg.MinSync, LagTicks: cfg.LagTicks,
+			Load: func(i uint64) ([]byte, error) { return n.load(mb, i) }}, l.base, l.log, epochs[g])
+		n.members[g] = mb
 		// Records freed before the restart and not reclaimed yet: free
 		// them again.
 		for _, p := range l.stale {
@@ -451,6 +454,62 @@ func (n *Node) Retire(g uint32, index uint64) {
 	if mb := n.members[g]; mb != nil {
 		mb.m.Retire(index)
 	}
+}
+
+// Page drops from memory the data of group g's applied entry at index
+// (group.Member.Page) when drop is set, and returns the journal position
+// of the entry's record if the entry is paged (now or before), 0 if not:
+// its data is then read back from there (ReadEntry) by whoever needs it.
+// It must be called from Apply, on the node's goroutine.
+func (n *Node) Page(g uint32, index uint64, drop bool) journal.Pos {
+	mb := n.members[g]
+	if mb == nil || index < mb.posFirst || index-mb.posFirst >= uint64(len(mb.pos)) {
+		return 0
+	}
+	if drop {
+		if !mb.m.Page(index) {
+			return 0
+		}
+	} else if !mb.m.Paged(index) {
+		return 0
+	}
+	return mb.pos[index-mb.posFirst]
+}
+
+// load reads back the data of mb's paged entry at index for its member,
+// on the node's goroutine. The data is a new slice: the member hands it
+// out in Messages and Apply.
+func (n *Node) load(mb *member, index uint64) ([]byte, error) {
+	if index < mb.posFirst || index-mb.posFirst >= uint64(len(mb.pos)) {
+		return nil, fmt.Errorf("groups: group %d has no journal record for entry %d", mb.id, index)
+	}
+	_, data, err := n.ReadEntry(mb.id, index, mb.pos[index-mb.posFirst], nil)
+	if err != nil {
+		mb.loadErrs++
+		if mb.loadErrs == 1 || mb.loadErrs%1000 == 0 {
+			n.log.Error("groups: reading a paged entry back failed; the send or apply waits and tries again",
+				"group", mb.id, "index", index, "err", err, "failures", mb.loadErrs)
+		}
+	}
+	return data, err
+}
+
+// ReadEntry reads the data of group g's entry at index from its journal
+// record at pos (Page), appending the record to dst (rec: dst with the
+// record; data aliases it). Safe from any goroutine: a shard reads its paged replicated
+// messages back with it. A record freed meanwhile (its entry's effect is
+// gone and the log was compacted past it) is an error.
+func (n *Node) ReadEntry(g uint32, index uint64, pos journal.Pos, dst []byte) (rec, data []byte, err error) {
+	start := len(dst)
+	rec, err = n.j.Read(pos, dst)
+	if err != nil {
+		return rec, nil, err
+	}
+	data = rec[start:]
+	if len(data) < 17 || data[0] != recEntry || binary.BigEndian.Uint32(data[1:]) != g || binary.BigEndian.Uint64(data[9:]) != index {
+		return rec, nil, fmt.Errorf("groups: journal record %d is not group %d's entry %d", pos, g, index)
+	}
+	return rec, data[17:], nil
 }
 
 // ErrBusy is returned when the node's inbox is full.

@@ -57,6 +57,10 @@ type testCluster struct {
 	// discard makes the brokers check the order of what they apply
 	// without keeping it (benchmarks).
 	discard atomic.Bool
+	// page makes the brokers page every entry they apply (Node.Page),
+	// as a shard over its memory budget has them do; paged counts them.
+	page  atomic.Bool
+	paged atomic.Int64
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -108,6 +112,12 @@ func (c *testCluster) open(id uint32) {
 				return
 			}
 			b.applied = append(b.applied, string(e.Data))
+			if c.page.Load() {
+				if b.cur.Load().Page(testGroup, e.Index, true) == 0 {
+					c.t.Errorf("broker %d could not page entry %d", id, e.Index)
+				}
+				c.paged.Add(1)
+			}
 		},
 		OnAlter: func(g uint32, a group.AlterSet) { go c.alter(id, a) },
 		// A broker that stops being master drops its applied state; the

@@ -345,6 +345,11 @@ func (m *Member) Reapply() {
 	m.rd.Reapply = true
 }
 
+// Paged reports whether the entry at index is paged (Page).
+func (m *Member) Paged(index uint64) bool {
+	return index >= m.first && index <= m.lastIndex() && m.log[index-m.first].paged
+}
+
 // Forget drops the data of the applied entry at index, keeping its epoch
 // and index: the caller knows its effect is gone for good (a message that
 // was enqueued and then removed, or the removal itself). A member that is
