@@ -57,6 +57,9 @@ type replicator struct {
 	s       *Server
 	groups  atomic.Uint32  // the cluster's group count; 0 until known
 	waiters []*shardWaiter // by shard index
+	// windows are the shards' read-ahead windows into the group journal
+	// (ReadEnqueue), by shard index: each is its shard goroutine's.
+	windows []journal.Window
 }
 
 // GroupOf is the replication group of queue name among n groups.
@@ -238,7 +241,7 @@ func (r *replicator) ReadEnqueue(q *shards.Queue, seq, logPos uint64, dst []byte
 	if n == nil {
 		return nil, dst, errGroupsStarting
 	}
-	rec, data, err := n.ReadEntry(g, seq, journal.Pos(logPos), dst)
+	rec, data, err := n.ReadEntry(g, seq, journal.Pos(logPos), &r.windows[q.Shard()], dst)
 	rec = rec[:0]
 	if err != nil {
 		return nil, rec, err
@@ -415,6 +418,7 @@ func (s *Server) initReplication() {
 	for _, sh := range s.broker.Shards() {
 		r.waiters = append(r.waiters, &shardWaiter{sh})
 	}
+	r.windows = make([]journal.Window, len(r.waiters))
 	s.replicator = r
 	s.broker.SetReplicator(r)
 	ctx, cancel := context.WithTimeout(context.Background(), wiringTimeout)

@@ -110,6 +110,9 @@ type Node struct {
 	// any Ready, so a burst of proposals or messages becomes one batch of
 	// journal writes and one Append per follower.
 	dirty []*member
+	// loadWin is the read-ahead window of the node's reads of paged
+	// entries (load).
+	loadWin journal.Window
 }
 
 // inboxBatch bounds the events taken before the Readies are carried out.
@@ -483,7 +486,7 @@ func (n *Node) load(mb *member, index uint64) ([]byte, error) {
 	if index < mb.posFirst || index-mb.posFirst >= uint64(len(mb.pos)) {
 		return nil, fmt.Errorf("groups: group %d has no journal record for entry %d", mb.id, index)
 	}
-	_, data, err := n.ReadEntry(mb.id, index, mb.pos[index-mb.posFirst], nil)
+	_, data, err := n.ReadEntry(mb.id, index, mb.pos[index-mb.posFirst], &n.loadWin, nil)
 	if err != nil {
 		mb.loadErrs++
 		if mb.loadErrs == 1 || mb.loadErrs%1000 == 0 {
@@ -496,12 +499,14 @@ func (n *Node) load(mb *member, index uint64) ([]byte, error) {
 
 // ReadEntry reads the data of group g's entry at index from its journal
 // record at pos (Page), appending the record to dst (rec: dst with the
-// record; data aliases it). Safe from any goroutine: a shard reads its paged replicated
+// record; data aliases it), through the read-ahead window w if not nil
+// (journal.ReadAhead), which must be the calling goroutine's. Safe from
+// any goroutine: a shard reads its paged replicated
 // messages back with it. A record freed meanwhile (its entry's effect is
 // gone and the log was compacted past it) is an error.
-func (n *Node) ReadEntry(g uint32, index uint64, pos journal.Pos, dst []byte) (rec, data []byte, err error) {
+func (n *Node) ReadEntry(g uint32, index uint64, pos journal.Pos, w *journal.Window, dst []byte) (rec, data []byte, err error) {
 	start := len(dst)
-	rec, err = n.j.Read(pos, dst)
+	rec, err = n.j.ReadAhead(pos, w, dst)
 	if err != nil {
 		return rec, nil, err
 	}

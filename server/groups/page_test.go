@@ -68,6 +68,7 @@ func TestGroupsPaged(t *testing.T) {
 
 	// ReadEntry from another goroutine than the node's.
 	n := c.brokers[1].n
+	var win journal.Window
 	for i := uint64(1); i <= 210; i += 7 {
 		var pos uint64
 		if err := n.do(func() { pos = uint64(n.Page(testGroup, i, false)) }); err != nil {
@@ -76,11 +77,11 @@ func TestGroupsPaged(t *testing.T) {
 		if pos == 0 {
 			t.Fatalf("entry %d is not paged", i)
 		}
-		_, data, err := n.ReadEntry(testGroup, i, journalPos(pos), nil)
+		_, data, err := n.ReadEntry(testGroup, i, journalPos(pos), nil, nil)
 		if err != nil || string(data) != want[i-1] {
 			t.Fatalf("entry %d read back as %q (%v), want %q", i, data, err, want[i-1])
 		}
-		if _, _, err := n.ReadEntry(testGroup, i+1, journalPos(pos), nil); err == nil {
+		if _, _, err := n.ReadEntry(testGroup, i+1, journalPos(pos), &win, nil); err == nil {
 			t.Fatalf("entry %d's record read back as entry %d", i, i+1)
 		}
 	}
