@@ -80,6 +80,13 @@ type NodeConfig struct {
 	// ReplicaSets is each group's replica set, as the controller placed
 	// it (MinSync's majority is of the group's own set).
 	ReplicaSets map[uint32][]uint32
+
+	// PagedReplay: the replay keeps no entry's data in memory; every
+	// entry of the log starts paged (group.Config.PagedLog) and is read
+	// back from the journal when it is applied or sent. A broker with a
+	// memory budget sets it, so that a restart does not load its whole
+	// backlog.
+	PagedReplay bool
 }
 
 // inboxMax bounds the events waiting for the node's goroutine; peer
@@ -213,7 +220,10 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 			if len(data) < 17 {
 				return errors.New("groups: short entry record")
 			}
-			e := group.Entry{Epoch: binary.BigEndian.Uint32(data[5:]), Index: binary.BigEndian.Uint64(data[9:]), Data: slices.Clone(data[17:])}
+			e := group.Entry{Epoch: binary.BigEndian.Uint32(data[5:]), Index: binary.BigEndian.Uint64(data[9:])}
+			if !cfg.PagedReplay {
+				e.Data = slices.Clone(data[17:])
+			}
 			return lg(g).entry(e, pos)
 		case recTruncate:
 			if len(data) < 13 {
@@ -259,7 +269,7 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 		}
 		mb := &member{id: g, epoch: epochs[g], pos: l.pos, posFirst: l.base.Index + 1, baseRec: l.baseRec}
 		mb.m = group.New(group.Config{Group: g, ID: cfg.ID, Replicas: replicas, MinSync: cfg.MinSync, LagTicks: cfg.LagTicks,
-			Load: func(i uint64) ([]byte, error) { return n.load(mb, i) }}, l.base, l.log, epochs[g])
+			Load: func(i uint64) ([]byte, error) { return n.load(mb, i) }, PagedLog: cfg.PagedReplay}, l.base, l.log, epochs[g])
 		n.members[g] = mb
 		// Records freed before the restart and not reclaimed yet: free
 		// them again.

@@ -61,6 +61,8 @@ type testCluster struct {
 	// as a shard over its memory budget has them do; paged counts them.
 	page  atomic.Bool
 	paged atomic.Int64
+	// pagedReplay opens the brokers with NodeConfig.PagedReplay.
+	pagedReplay atomic.Bool
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -100,7 +102,7 @@ func (c *testCluster) open(id uint32) {
 	b.applied, b.discarded = nil, 0 // the applied state is rebuilt from the log
 	b.mu.Unlock()
 	n, err := OpenNode(NodeConfig{ID: id, Dir: filepath.Join(b.dir, "journal"), Fsync: journal.FsyncAlways, Transport: b.tr,
-		Groups: []uint32{testGroup}, Replicas: c.ids, LagTicks: 10, Tick: 10 * time.Millisecond, Logger: quiet(),
+		Groups: []uint32{testGroup}, Replicas: c.ids, LagTicks: 10, Tick: 10 * time.Millisecond, Logger: quiet(), PagedReplay: c.pagedReplay.Load(),
 		Apply: func(_ uint32, e wire.GroupEntry) {
 			b.mu.Lock()
 			defer b.mu.Unlock()

@@ -66,6 +66,41 @@ func TestGroupsPaged(t *testing.T) {
 	}
 	c.converged(want, 1, 2, 3)
 
+	// A broker reopened with PagedReplay keeps no entry's data from its
+	// journal in memory and reads each back to apply it; the master it
+	// follows, reopened so too, reads them back to send them.
+	c.pagedReplay.Store(true)
+	c.page.Store(false)
+	for _, id := range []uint32{3, 2} {
+		if err := c.brokers[id].n.Close(); err != nil {
+			t.Fatal(err)
+		}
+		c.open(id)
+		st, err := c.brokers[id].n.Status(testGroup)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mb := c.brokers[id].n.members[testGroup]
+		var held int
+		if err := c.brokers[id].n.do(func() {
+			for i := st.Base + 1; i <= st.LastIndex; i++ {
+				if !mb.m.Paged(i) {
+					held++
+				}
+			}
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if held != 0 || st.LastIndex < 210 {
+			t.Fatalf("broker %d reopened with %d of its entries to %d in memory", id, held, st.LastIndex)
+		}
+	}
+	c.elect(2, c.ids)
+	c.converged(want, 1, 2, 3)
+	propose(2, 5, "c")
+	want = c.brokers[2].appliedCopy()
+	c.converged(want, 1, 2, 3)
+
 	// ReadEntry from another goroutine than the node's.
 	n := c.brokers[1].n
 	var win journal.Window

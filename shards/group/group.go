@@ -164,6 +164,9 @@ type Config struct {
 	// send or that Apply at the entry; the member tries again later (the
 	// next Tick resends, the next Ready applies). Nil: nothing is paged.
 	Load func(index uint64) ([]byte, error)
+	// PagedLog: the log given to New holds no data; every entry of it
+	// is paged (Load reads it back).
+	PagedLog bool
 }
 
 // Role is a member's role in its current epoch.
@@ -277,6 +280,7 @@ func New(cfg Config, base Base, log []Entry, epoch uint32) *Member {
 	m := &Member{cfg: cfg, epoch: epoch, first: base.Index + 1, baseEpoch: base.Epoch, log: make([]slot, len(log))}
 	for i, e := range log {
 		m.log[i].Entry = e
+		m.log[i].paged = cfg.PagedLog && cfg.Load != nil
 	}
 	if len(log) > 0 && log[0].Index != m.first {
 		panic("group: the log does not start after its base")
