@@ -24,6 +24,10 @@ import (
 //     once per queue entry that holds it (a body routed to two queues of
 //     one shard is counted twice: the count errs high).
 //
+//   - a replicated publish waiting for its event to commit and apply
+//     (replicatedPublish): its body's bytes, which the group log holds
+//     meanwhile;
+//
 //   - the bytes waiting on client connections (gnet's outbound buffers,
 //     the TLS writers' queues), which the server sums every heartbeat
 //     scan (Broker.SetOutbound) and each shard counts an equal part of,

@@ -236,11 +236,19 @@ func (s *Shard) replicatedPublish(c *Command, expiresAt int64) {
 		return
 	}
 	err := r.ProposeEnqueue(q, c.Body, expiresAt, c.Producer, c.CmdID, tag)
+	// Until it commits and is applied, the event's data is held in the
+	// group log: it counts against the budget (memory.go), so a burst
+	// of publishes that outruns the group throttles like a backlog.
+	inflight := bodyBytes(c.Body)
 	c.Body.Unref() // the proposal copied it
 	if err != nil {
 		s.replWaits.take(tag)
 		s.completeCmd(c.Sess, c.CmdID, c.Fanout, err)
 		return
+	}
+	if s.mem.limit != 0 {
+		s.replWaits.slots[uint32(tag)].bytes = inflight
+		s.charge(inflight)
 	}
 	s.stats.Published++
 }
@@ -269,6 +277,9 @@ func (s *Shard) replDone(tag uint64, err error) {
 		s.log.Error("shards: a replicated publish's outcome for no waiting publish", "tag", tag)
 		return
 	}
+	if w.bytes != 0 {
+		s.charge(-w.bytes)
+	}
 	s.completeCmd(w.sess, w.cmdID, w.fan, err)
 }
 
@@ -290,6 +301,7 @@ type replWait struct {
 	sess  *Session
 	cmdID uint64
 	fan   *Fanout
+	bytes int64  // counted against the budget while it waits
 	gen   uint32 // bumped at each use of the slot, so a stale tag is refused
 	used  bool
 }
@@ -329,7 +341,7 @@ func (w *replWaits) take(tag uint64) (replWait, bool) {
 		return replWait{}, false
 	}
 	v := *sl
-	sl.sess, sl.fan, sl.used = nil, nil, false
+	sl.sess, sl.fan, sl.used, sl.bytes = nil, nil, false, 0
 	w.free = append(w.free, i)
 	return v, true
 }

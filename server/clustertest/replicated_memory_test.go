@@ -29,7 +29,9 @@ import (
 // its budget; no broker's RSS passes rssBound (the bodies alone are
 // 80 MiB); the master delivers the first messages with the right bodies;
 // after kill -9 of the master the new one, a follower that paged them,
-// delivers the rest in order with the right bodies.
+// delivers the rest in order with the right bodies, while the killed
+// broker, restarted, replays the backlog without loading it (its peak RSS
+// stays under rssBound, and it pages the backlog again).
 func TestReplicatedQueueMemoryBudget(t *testing.T) {
 	const (
 		groups      = 3
@@ -150,6 +152,32 @@ func TestReplicatedQueueMemoryBudget(t *testing.T) {
 	// backlog too, delivers the rest in order.
 	mnode.signal(syscall.SIGKILL)
 	nm := c.nodeOf(c.waitNewMaster(g, master))
+
+	// The killed broker, restarted, replays its group journal without
+	// loading the backlog (it reads each entry back to apply it, and
+	// pages it again) and follows with the backlog paged.
+	mnode.stop(t, syscall.SIGKILL)
+	mnode.start(t)
+	mnode.waitUp(t, 30*time.Second)
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		ready, _, err := c.depth(mnode, queue)
+		if err != nil || ready != n-accepted {
+			return fmt.Errorf("the restarted broker holds %d ready of %d (%v)", ready, n-accepted, err)
+		}
+		return nil
+	})
+	var st budgetStatus
+	if err := c.getJSON(mnode, "/v1/status", &st); err != nil {
+		t.Fatal(err)
+	}
+	peak, err := procStatusBytes(mnode.proc.Pid(), "VmHWM:")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("restarted %s: %d bytes counted, %d paged, peak RSS %d MiB", mnode.name, st.Memory.UsedBytes, st.Memory.PagedMessages, peak>>20)
+	if peak > rssBound || st.Memory.PagedMessages < n/2 {
+		t.Fatalf("the restarted %s peaked at %d MiB of RSS and paged %d of %d messages", mnode.name, peak>>20, st.Memory.PagedMessages, n-accepted)
+	}
 	began := time.Now()
 	consumeBudget(t, ctx, nm, queue, accepted, n, payloadSize, false)
 	t.Logf("the new master delivered %d paged messages in %v", n-accepted, time.Since(began).Round(time.Millisecond))
@@ -216,7 +244,11 @@ func consumeBudget(t *testing.T, ctx context.Context, n *node, queue string, fro
 }
 
 // rssOf reads VmRSS of process pid.
-func rssOf(pid int) (int64, error) {
+func rssOf(pid int) (int64, error) { return procStatusBytes(pid, "VmRSS:") }
+
+// procStatusBytes reads a size in kB from /proc/<pid>/status (key with
+// its colon, as "VmHWM:").
+func procStatusBytes(pid int, key string) (int64, error) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
@@ -224,10 +256,10 @@ func rssOf(pid int) (int64, error) {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if rest, ok := bytes.CutPrefix(sc.Bytes(), []byte("VmRSS:")); ok {
+		if rest, ok := bytes.CutPrefix(sc.Bytes(), []byte(key)); ok {
 			kb, err := strconv.ParseInt(string(bytes.TrimSpace(bytes.TrimSuffix(bytes.TrimSpace(rest), []byte("kB")))), 10, 64)
 			return kb << 10, err
 		}
 	}
-	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
+	return 0, fmt.Errorf("no %s in /proc/%d/status", key, pid)
 }
