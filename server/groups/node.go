@@ -721,6 +721,9 @@ func (n *Node) ready(mb *member) {
 	if rd.AlterSet != nil {
 		n.cfg.OnAlter(g, *rd.AlterSet)
 	}
+	if rd.More {
+		n.touch(mb) // the rest of the paged entries to apply
+	}
 }
 
 // maybeCompact drops mb's dead log prefix, if it is worth a base record

@@ -126,7 +126,16 @@ type Ready struct {
 	Apply         []Entry
 	Completed     []Completion
 	AlterSet      *AlterSet
+	// More: Apply stopped short of the commit index after reading back
+	// applyLoadMax bytes of paged entries; call Ready again for the rest
+	// (so a log applied again after a Reapply is not read into memory
+	// whole).
+	More bool
 }
+
+// applyLoadMax bounds the bytes of paged entries read back for the Apply
+// of one Ready (a variable for the tests).
+var applyLoadMax = 8 << 20
 
 // Completion is the outcome of a proposal this member took as master.
 type Completion struct {
@@ -417,6 +426,7 @@ func (m *Member) Ready() Ready {
 	m.advanceApply()
 	rd := m.rd
 	clear(m.spare.Messages) // drop their entries' data
+	clear(m.spare.Apply)
 	m.rd = Ready{Persist: m.spare.Persist[:0], Messages: m.spare.Messages[:0], Apply: m.spare.Apply[:0], Completed: m.spare.Completed[:0]}
 	m.spare = rd
 	return rd
@@ -912,9 +922,14 @@ func (m *Member) send(to MemberID, f *follower) {
 // advanceApply hands committed entries to Apply, and completes this
 // master's proposals among them.
 func (m *Member) advanceApply() {
+	loaded := 0
 	for m.applied < m.commit && m.applied < m.lastIndex() {
 		e := *m.entry(m.applied + 1)
 		if m.log[e.Index-m.first].paged {
+			if loaded >= applyLoadMax {
+				m.rd.More = true
+				return
+			}
 			// Applied again after a Reapply: read back. A failure stops
 			// here; the next Ready tries again.
 			data, err := m.cfg.Load(e.Index)
@@ -922,6 +937,7 @@ func (m *Member) advanceApply() {
 				return
 			}
 			e.Data = data
+			loaded += len(data)
 		}
 		m.applied++
 		m.rd.Apply = append(m.rd.Apply, e)

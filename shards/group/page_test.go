@@ -14,6 +14,7 @@ type pageNode struct {
 	up       bool
 	failNext int // loads that fail before the next succeeds
 	loads    int
+	more     int // Readies that stopped short of the commit index (More)
 }
 
 func newPageNodes(t *testing.T) map[MemberID]*pageNode {
@@ -42,6 +43,7 @@ func newPageNodes(t *testing.T) map[MemberID]*pageNode {
 func runPage(t *testing.T, nodes map[MemberID]*pageNode, page bool) {
 	for round := 0; round < 1000; round++ {
 		var net []Message
+		more := false
 		for id := MemberID(1); id <= 3; id++ {
 			n := nodes[id]
 			if !n.up {
@@ -67,8 +69,12 @@ func runPage(t *testing.T, nodes map[MemberID]*pageNode, page bool) {
 				n.m.Persisted(rd.Persist[len(rd.Persist)-1].Index)
 			}
 			net = append(net, rd.Messages...)
+			if rd.More {
+				n.more++
+				more = true
+			}
 		}
-		moved := false
+		moved := more
 		for _, msg := range net {
 			if to := nodes[msg.To]; to.up {
 				to.m.Step(msg)
@@ -128,11 +134,17 @@ func TestPageLoad(t *testing.T) {
 			t.Fatalf("the follower that was away applied %q at %d and wrote %q, want %q", nodes[3].applied[i], i, nodes[3].disk[i], want)
 		}
 	}
-	// The master applies its paged log again.
+	// The master applies its paged log again, reading back at most
+	// about 10 entries for each Ready.
+	defer func(was int) { applyLoadMax = was }(applyLoadMax)
+	applyLoadMax = 80
 	nodes[1].failNext = 1
 	nodes[1].m.Reapply()
 	for range 3 {
 		runPage(t, nodes, false)
+	}
+	if nodes[1].more < n/11 {
+		t.Fatalf("the master applied its paged log again in %d Readies that stopped short, want at least %d", nodes[1].more, n/11)
 	}
 	for i := uint64(1); i <= n; i++ {
 		if want := fmt.Sprintf("event %d", i-1); nodes[1].applied[i] != want {
