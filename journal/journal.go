@@ -439,9 +439,7 @@ func (j *Journal) ReadAhead(pos Pos, w *Window, dst []byte) ([]byte, error) {
 		j.mu.Unlock()
 
 		if w != nil && w.data != nil && w.seg == seg.id && off >= w.off && off+int64(size) <= w.off+int64(len(w.data)) {
-			start := len(dst)
-			dst = append(dst, w.data[off-w.off:off-w.off+int64(size)]...)
-			return finishRead(dst, start, pos)
+			return readWindow(w.data[off-w.off:off-w.off+int64(size)], pos, dst)
 		}
 		j.filesMu.RLock()
 		if seg.removed {
@@ -470,8 +468,7 @@ func (j *Journal) ReadAhead(pos Pos, w *Window, dst []byte) ([]byte, error) {
 				return dst, fmt.Errorf("journal: read %d from %s: %w", pos, segmentName(seg.id), err)
 			}
 			w.seg, w.off = seg.id, off
-			dst = append(dst, w.data[:size]...)
-			return finishRead(dst, start, pos)
+			return readWindow(w.data[:size], pos, dst)
 		}
 		dst = growBytes(dst, size)
 		rec := dst[start:]
@@ -482,6 +479,22 @@ func (j *Journal) ReadAhead(pos Pos, w *Window, dst []byte) ([]byte, error) {
 		}
 		return finishRead(dst, start, pos)
 	}
+}
+
+// readWindow checks the record rec, in a read-ahead window, and appends
+// its data to dst: one copy.
+func readWindow(rec []byte, pos Pos, dst []byte) ([]byte, error) {
+	rh, err := parseHeader(rec, len(rec)-recordHeaderSize)
+	if err == nil && rh.pos != pos {
+		err = fmt.Errorf("%w: found position %d", errBadRecord, rh.pos)
+	}
+	if err == nil {
+		err = checkRecord(rec)
+	}
+	if err != nil {
+		return dst, fmt.Errorf("journal: read %d: %w", pos, err)
+	}
+	return append(dst, rec[recordHeaderSize:]...), nil
 }
 
 func finishRead(dst []byte, start int, pos Pos) ([]byte, error) {
