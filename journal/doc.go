@@ -6,8 +6,10 @@
 // # The caller's contract
 //
 //  1. One goroutine, the owner (a shard), calls Append, AppendRef, Free,
-//     Read and Sync. Stats may be called from anywhere. Close is called
-//     once, by the owner, after its last Append.
+//     Read and Sync. Stats may be called from anywhere, and so may Read
+//     (it takes the journal's locks, as the compactor does): a record the
+//     owner frees meanwhile reads as ErrNotFound. Close is called once, by
+//     the owner, after its last Append.
 //
 //  2. Open replays every record still on disk before it returns, on the
 //     caller's goroutine, in increasing position order. The data slice

@@ -409,9 +409,31 @@ func (j *Journal) countedLocked(e entry) bool {
 }
 
 // Read appends the data of the record at pos to dst. The record must be in
-// the index (not freed, or a ref whose target is on disk). It may be called
-// from the owner's goroutine only.
-func (j *Journal) Read(pos Pos, dst []byte) ([]byte, error) {
+// the index (not freed, or a ref whose target is on disk). It is safe from
+// any goroutine; one that is not the owner may find the record freed
+// meanwhile (ErrNotFound).
+func (j *Journal) Read(pos Pos, dst []byte) ([]byte, error) { return j.ReadAhead(pos, nil, dst) }
+
+// Window is a caller's read-ahead buffer for ReadAhead: one read of up
+// to WindowBytes of a segment, from which the records that follow are
+// served without another read. A Window belongs to one goroutine.
+type Window struct {
+	seg  uint32
+	off  int64
+	data []byte
+}
+
+// WindowBytes is the size of one read-ahead read.
+const WindowBytes = 256 << 10
+
+// ReadAhead is Read through w (nil: none): a record the window holds is
+// copied from it, and one it does not is read with the bytes after it,
+// up to WindowBytes, into the window. A reader going through records in
+// position order, as delivery of a backlog does, makes one read(2) per
+// window rather than one per record. Segments never change once
+// written, so a window never serves stale bytes, and each record is
+// checked as Read checks it.
+func (j *Journal) ReadAhead(pos Pos, w *Window, dst []byte) ([]byte, error) {
 	for {
 		j.mu.Lock()
 		e := j.mu.index.get(pos)
@@ -426,9 +448,12 @@ func (j *Journal) Read(pos Pos, dst []byte) ([]byte, error) {
 			j.mu.Unlock()
 			return out, err
 		}
-		file := seg.file
+		file, written := seg.file, seg.written
 		j.mu.Unlock()
 
+		if w != nil && w.data != nil && w.seg == seg.id && off >= w.off && off+int64(size) <= w.off+int64(len(w.data)) {
+			return readWindow(w.data[off-w.off:off-w.off+int64(size)], pos, dst)
+		}
 		j.filesMu.RLock()
 		if seg.removed {
 			j.filesMu.RUnlock()
@@ -443,6 +468,21 @@ func (j *Journal) Read(pos Pos, dst []byte) ([]byte, error) {
 			continue // moved by compaction meanwhile
 		}
 		start := len(dst)
+		if w != nil {
+			n := max(int64(size), min(WindowBytes, written-off))
+			if int64(cap(w.data)) < n {
+				w.data = make([]byte, max(n, WindowBytes))
+			}
+			w.data = w.data[:n]
+			_, err := file.ReadAt(w.data, off)
+			j.filesMu.RUnlock()
+			if err != nil {
+				w.data = nil
+				return dst, fmt.Errorf("journal: read %d from %s: %w", pos, segmentName(seg.id), err)
+			}
+			w.seg, w.off = seg.id, off
+			return readWindow(w.data[:size], pos, dst)
+		}
 		dst = growBytes(dst, size)
 		rec := dst[start:]
 		_, err := file.ReadAt(rec, off)
@@ -452,6 +492,22 @@ func (j *Journal) Read(pos Pos, dst []byte) ([]byte, error) {
 		}
 		return finishRead(dst, start, pos)
 	}
+}
+
+// readWindow checks the record rec, in a read-ahead window, and appends
+// its data to dst: one copy.
+func readWindow(rec []byte, pos Pos, dst []byte) ([]byte, error) {
+	rh, err := parseHeader(rec, len(rec)-recordHeaderSize)
+	if err == nil && rh.pos != pos {
+		err = fmt.Errorf("%w: found position %d", errBadRecord, rh.pos)
+	}
+	if err == nil {
+		err = checkRecord(rec)
+	}
+	if err != nil {
+		return dst, fmt.Errorf("journal: read %d: %w", pos, err)
+	}
+	return append(dst, rec[recordHeaderSize:]...), nil
 }
 
 func finishRead(dst []byte, start int, pos Pos) ([]byte, error) {

@@ -252,6 +252,9 @@ func (s *Server) startGroups() error {
 		Self: s.brokerID, PeerAddr: s.cfg.PeerAddr, Advertise: s.cfg.PeerAdvertise,
 		Dir: filepath.Join(s.cfg.DataDir, "groups"), Fsync: policy, Ctl: s.brokerClient(),
 		Auth: s.peerAuth, Logger: s.log,
+		// Under a memory budget a restart does not load the group log's
+		// data: it is read back as it is applied (and paged again).
+		PagedReplay: s.cfg.MemoryLimit > 0,
 		Apply: func(g uint32, e wire.GroupEntry) {
 			if s.replicator != nil {
 				s.replicator.apply(g, e)

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/server/groups"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/shards/group"
@@ -56,6 +57,9 @@ type replicator struct {
 	s       *Server
 	groups  atomic.Uint32  // the cluster's group count; 0 until known
 	waiters []*shardWaiter // by shard index
+	// windows are the shards' read-ahead windows into the group journal
+	// (ReadEnqueue), by shard index: each is its shard goroutine's.
+	windows []journal.Window
 }
 
 // GroupOf is the replication group of queue name among n groups.
@@ -200,8 +204,8 @@ type enqueueEvent struct {
 
 // decodeEnqueueEvent decodes the rest of a gevEnqueue event from rd,
 // which has read the kind and the queue name. The body it returns holds
-// one reference.
-func decodeEnqueueEvent(rd *wire.Reader) (enqueueEvent, bool) {
+// one reference; it aliases the event if view is set, else it is a copy.
+func decodeEnqueueEvent(rd *wire.Reader, view bool) (enqueueEvent, bool) {
 	var ev enqueueEvent
 	ev.expiresAt = int64(rd.U64())
 	persistent := rd.Bool()
@@ -218,11 +222,43 @@ func decodeEnqueueEvent(rd *wire.Reader) (enqueueEvent, bool) {
 	if rd.Err() != nil || rd.Remaining() != 0 {
 		return ev, false
 	}
-	// The body aliases the event, which the group log keeps unchanged
-	// (and the garbage collector keeps as long as the body needs it).
-	ev.body = shards.NewBodyView(ex, key, props, payload, persistent)
+	// A view aliases the event, which the group log keeps unchanged (and
+	// the garbage collector keeps as long as the body needs it).
+	if view {
+		ev.body = shards.NewBodyView(ex, key, props, payload, persistent)
+	} else {
+		ev.body = shards.NewBody(ex, key, props, payload, persistent)
+	}
 	ev.body.Priority, ev.body.DeliverAt = prio, at
 	return ev, true
+}
+
+// ReadEnqueue reads back a paged replicated message from its group's
+// journal; it runs on the queue's shard goroutine.
+func (r *replicator) ReadEnqueue(q *shards.Queue, seq, logPos uint64, dst []byte) (*shards.Body, []byte, error) {
+	g, _ := q.Replicated()
+	n := r.node()
+	if n == nil {
+		return nil, dst, errGroupsStarting
+	}
+	rec, data, err := n.ReadEntry(g, seq, journal.Pos(logPos), &r.windows[q.Shard()], dst)
+	rec = rec[:0]
+	if err != nil {
+		return nil, rec, err
+	}
+	var rd wire.Reader
+	rd.Reset(data)
+	if kind := rd.U8(); kind != gevEnqueue {
+		return nil, rec, fmt.Errorf("server: group %d entry %d is not an enqueue (kind %d)", g, seq, kind)
+	}
+	if name := rd.Str(wire.NameLenMax); string(name) != q.Name {
+		return nil, rec, fmt.Errorf("server: group %d entry %d enqueues to %q, not %q", g, seq, name, q.Name)
+	}
+	ev, ok := decodeEnqueueEvent(&rd, false)
+	if !ok {
+		return nil, rec, fmt.Errorf("server: group %d entry %d is a malformed enqueue", g, seq)
+	}
+	return ev.body, rec, nil
 }
 
 func (r *replicator) ProposeRemoves(q *shards.Queue, seqs []uint64, done func(error)) error {
@@ -288,14 +324,21 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 	var call func(*shards.Shard)
 	switch kind {
 	case gevEnqueue:
-		ev, ok := decodeEnqueueEvent(&rd)
+		ev, ok := decodeEnqueueEvent(&rd, true)
 		if !ok {
 			s.log.Error("server: malformed replicated enqueue; skipped", "group", g, "index", e.Index)
 			return
 		}
+		// Above the shard's high watermark the log drops the event's
+		// data: the body is then its only copy in memory, and the shard
+		// may page it out (shards.Shard.ApplyEnqueue).
+		var logPos uint64
+		if n := r.node(); n != nil {
+			logPos = uint64(n.Page(g, e.Index, sh.Paging()))
+		}
 		// Pushed as a command rather than a call: an enqueue, the bulk
 		// of a group's events, allocates no closure.
-		for !sh.TryApplyEnqueue(q, e.Index, ev.body, ev.expiresAt, ev.producer, ev.producerSeq) {
+		for !sh.TryApplyEnqueue(q, e.Index, ev.body, ev.expiresAt, ev.producer, ev.producerSeq, logPos) {
 			if s.regCtx.Err() != nil {
 				ev.body.Unref()
 				return
@@ -375,6 +418,7 @@ func (s *Server) initReplication() {
 	for _, sh := range s.broker.Shards() {
 		r.waiters = append(r.waiters, &shardWaiter{sh})
 	}
+	r.windows = make([]journal.Window, len(r.waiters))
 	s.replicator = r
 	s.broker.SetReplicator(r)
 	ctx, cancel := context.WithTimeout(context.Background(), wiringTimeout)

@@ -57,7 +57,7 @@ func TestEnqueueEventTrailers(t *testing.T) {
 		if rd.U8() != gevEnqueue || string(rd.Str(wire.NameLenMax)) != "q" {
 			t.Fatalf("%+v: bad head", tc)
 		}
-		ev, ok := decodeEnqueueEvent(&rd)
+		ev, ok := decodeEnqueueEvent(&rd, true)
 		if !ok {
 			t.Fatalf("%+v: refused", tc)
 		}
@@ -78,7 +78,7 @@ func TestEnqueueEventTrailers(t *testing.T) {
 		rd.Reset(append(data, 1, 2, 3, 4, 5))
 		rd.U8()
 		rd.Str(wire.NameLenMax)
-		if _, ok := decodeEnqueueEvent(&rd); ok {
+		if _, ok := decodeEnqueueEvent(&rd, true); ok {
 			t.Fatalf("%+v: an event with 5 stray bytes decoded", tc)
 		}
 	}

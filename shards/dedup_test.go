@@ -82,11 +82,11 @@ func TestApplyEnqueueSkipsRetries(t *testing.T) {
 	err = b.Call(b.shards[0], func(sh *Shard) {
 		index := uint64(1)
 		for _, seq := range []uint64{5, 5, 4, 6, 6, 7} {
-			sh.ApplyEnqueue(q, index, NewBody(nil, []byte("rq"), nil, []byte("m"), true), 0, 7, seq)
+			sh.ApplyEnqueue(q, index, NewBody(nil, []byte("rq"), nil, []byte("m"), true), 0, 7, seq, 0)
 			index++
 		}
 		// Another producer with the same numbers is its own.
-		sh.ApplyEnqueue(q, index, NewBody(nil, []byte("rq"), nil, []byte("m"), true), 0, 8, 5)
+		sh.ApplyEnqueue(q, index, NewBody(nil, []byte("rq"), nil, []byte("m"), true), 0, 8, 5, 0)
 		ready = q.Ready()
 	})
 	if err != nil {

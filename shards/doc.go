@@ -35,6 +35,9 @@
 //     ahead of delivery, and above the share raises the flag
 //     (Shard.Throttled) that event loops read before pushing a publish.
 //     Queue never sees any of it: a paged entry just has a nil Body.
+//     Replicated queues page too: the group log drops the data their
+//     body aliases, and a paged body is read back from the group journal
+//     (memory.go tells who drops what, on which goroutine).
 //   - Checkpoints (checkpoint.go): each shard writes its durable queues'
 //     messages (positions, delivery counts, priorities, deliver-at
 //     times, sizes, not bodies) and producer tables with its journal's

@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/berthmq/berth/journal"
+	"github.com/berthmq/berth/shards/group"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -16,10 +17,16 @@ import (
 // and counts, on its own goroutine, what it holds for messages:
 //
 //   - every message in its queues costs EntryBytes (the Entry and its slot
-//     in the queue's ring), paged out or not;
+//     in the queue's ring), paged out or not, and a replicated one
+//     logEntryBytes more (its slot in the group log and the node's
+//     journal position for it);
 //   - a body in memory costs its buffer's capacity plus the Body header,
 //     once per queue entry that holds it (a body routed to two queues of
 //     one shard is counted twice: the count errs high).
+//
+//   - a replicated publish waiting for its event to commit and apply
+//     (replicatedPublish): its body's bytes, which the group log holds
+//     meanwhile;
 //
 //   - the bytes waiting on client connections (gnet's outbound buffers,
 //     the TLS writers' queues), which the server sums every heartbeat
@@ -40,6 +47,38 @@ import (
 // transient one is written to the shard's paging file. Delivery reads
 // paged bodies back in batches ahead of the consumers (pageIn).
 //
+// Replicated queues page too, on the master and on the followers. A
+// replicated message's body aliases its enqueue event's data in the group
+// log (server/replicate.go), so the bytes go only when both let go:
+//
+//   - the log is the group node's (server/groups, one goroutine), the
+//     body the shard's. Neither takes a lock or waits for the other on
+//     the publish path. The shard publishes "above the high watermark"
+//     once per loop (Paging, an atomic). The node, applying a committed
+//     enqueue, reads it: if set, it drops the event's data from its log
+//     (group.Member.Page) and hands the shard the body with the event's
+//     position in the group journal (ApplyEnqueue's logPos, kept in
+//     Entry.page with pageGroupLog set). The body is then the bytes' only
+//     holder, and admit pages it out by the usual rule (not among the
+//     first residentHeadMin), uncounting it; without a logPos the log
+//     still holds the bytes and the body stays counted.
+//   - reads back go straight to the group journal, whose Read is safe
+//     from any goroutine: the shard, delivering, reads the record by
+//     position (Replicator.ReadEnqueue) in the same read-ahead batches as
+//     a durable queue's; the node, needing a paged entry's data to send
+//     it to a follower that lacks it or to apply it again after a
+//     step-down (Reapply), reads it through group.Config.Load on its own
+//     goroutine. Nothing else reads an applied entry's data.
+//   - a paged entry keeps its effect, so the log is not compacted past
+//     it and its journal record is not freed while the message is in a
+//     queue (it is freed once the message's removal is applied).
+//
+// The flag lags the shard by up to one loop, and the two decisions (the
+// node's to drop, the shard's to page out) are made at different times:
+// a body handed over with a logPos below the watermark just stays in
+// memory, counted; one handed over without a logPos above it stays
+// counted as it stays held by the log.
+//
 // Above the share itself the shard raises its throttle flag, which the
 // event loops read before they push a publish to it (server/handler.go):
 // the connection stops reading publishes, its publishes stop completing,
@@ -50,6 +89,19 @@ import (
 
 // EntryBytes is what a message costs in memory with its body paged out.
 const EntryBytes = int64(unsafe.Sizeof(Entry{})) + int64(unsafe.Sizeof((*Entry)(nil)))
+
+// logEntryBytes is what a replicated message costs in its group log
+// beyond its body: the log's slot and the node's journal position
+// (server/groups).
+const logEntryBytes = group.SlotBytes + int64(unsafe.Sizeof(journal.Pos(0)))
+
+// entryCost is what a message of q costs with its body paged out.
+func entryCost(q *Queue) int64 {
+	if q.replicated {
+		return EntryBytes + logEntryBytes
+	}
+	return EntryBytes
+}
 
 const (
 	bodyHeaderBytes      = int64(unsafe.Sizeof(Body{}))
@@ -83,6 +135,7 @@ type memory struct {
 	usedPub      atomic.Int64
 	pagedPub     atomic.Int64
 	throttledPub atomic.Bool
+	pagingPub    atomic.Bool
 }
 
 func bodyBytes(b *Body) int64 {
@@ -131,17 +184,19 @@ func (s *Shard) admit(q *Queue) {
 		return // no budget: nothing is counted, nothing is paged
 	}
 	e := q.tail
-	cost := EntryBytes
+	cost := entryCost(q)
 	if e.Body != nil {
 		cost += bodyBytes(e.Body)
 	}
 	s.charge(cost)
 	m := &s.mem
-	if m.used <= m.high || e.Body == nil || q.replicated {
+	if m.used <= m.high || e.Body == nil || q.replicated && e.page == 0 {
 		// A replicated message's body aliases its event in the group
-		// log, which keeps the bytes whatever the shard does: paging it
-		// out would write it for nothing and uncount bytes still held.
-		// It stays counted, so the budget throttles its publishers.
+		// log. Unless the log dropped the event's data (it paged the
+		// event: e.page holds its group-journal position, see
+		// replicated.go), the log keeps the bytes whatever the shard
+		// does: paging the body out would uncount bytes still held. It
+		// stays counted, so the budget throttles its publishers.
 		return
 	}
 	// A delayed message is not among the next to go out, whatever its
@@ -156,7 +211,7 @@ func (s *Shard) admit(q *Queue) {
 // unless the journal holds it.
 func (s *Shard) pageOut(e *Entry) {
 	m := &s.mem
-	if e.JournalPos == 0 {
+	if e.JournalPos == 0 && e.page == 0 {
 		if m.pages == nil {
 			m.pages = newPageFile(m.pageDir)
 		}
@@ -178,17 +233,17 @@ func (s *Shard) pageOut(e *Entry) {
 	m.pageOuts++
 }
 
-// forget uncounts e, which leaves its queue (Removed).
-func (s *Shard) forget(e *Entry) {
+// forget uncounts e, which leaves q (Removed).
+func (s *Shard) forget(q *Queue, e *Entry) {
 	if s.mem.limit == 0 {
 		return
 	}
-	cost := EntryBytes
+	cost := entryCost(q)
 	if e.Body != nil {
 		cost += bodyBytes(e.Body)
 	} else {
 		m := &s.mem
-		if e.page != 0 {
+		if e.page != 0 && e.page&pageGroupLog == 0 {
 			m.pages.release(e.page)
 			e.page = 0
 		}
@@ -197,11 +252,23 @@ func (s *Shard) forget(e *Entry) {
 	s.charge(-cost)
 }
 
-// loadBody reads e's body back from the paging file or the journal.
-func (s *Shard) loadBody(e *Entry) error {
+// loadBody reads e, q's message, back from the group journal, the paging
+// file or the shard's journal.
+func (s *Shard) loadBody(q *Queue, e *Entry) error {
 	m := &s.mem
 	var b *Body
 	switch {
+	case e.page&pageGroupLog != 0:
+		r := s.broker.loadReplicator()
+		if r == nil {
+			return fmt.Errorf("shards: queue %q has a message in a group log and no replicator", q.Name)
+		}
+		var err error
+		if b, m.jscratch, err = r.ReadEnqueue(q, e.Seq, e.page&^pageGroupLog, m.jscratch[:0]); err != nil {
+			return err
+		}
+		// e.page keeps the position: nothing pages the body out again,
+		// but forget and pageOut tell a group-log message by it.
 	case e.page != 0:
 		var err error
 		if b, err = m.pages.read(e.page); err != nil {
@@ -261,7 +328,7 @@ func (s *Shard) pageIn(q *Queue) bool {
 	if h.Body == nil {
 		// A released or promoted head (out of the ring's order) is read
 		// alone.
-		if err := s.loadBody(h); err != nil {
+		if err := s.loadBody(q, h); err != nil {
 			s.mem.pageErrors++
 			s.log.Error("shards: reading a paged message back failed; the queue waits", "shard", s.idx, "queue", q.Name, "err", err)
 			return false
@@ -275,7 +342,7 @@ func (s *Shard) pageIn(q *Queue) bool {
 		if e.Body != nil {
 			continue
 		}
-		if err := s.loadBody(e); err != nil {
+		if err := s.loadBody(q, e); err != nil {
 			s.mem.pageErrors++
 			s.log.Error("shards: reading a paged message ahead failed", "shard", s.idx, "queue", q.Name, "err", err)
 			break
@@ -286,11 +353,11 @@ func (s *Shard) pageIn(q *Queue) bool {
 }
 
 // withBody makes sure e has its body (for dead-lettering a paged message).
-func (s *Shard) withBody(e *Entry) bool {
+func (s *Shard) withBody(q *Queue, e *Entry) bool {
 	if e.Body != nil {
 		return true
 	}
-	if err := s.loadBody(e); err != nil {
+	if err := s.loadBody(q, e); err != nil {
 		s.mem.pageErrors++
 		s.log.Error("shards: reading a paged message back failed", "shard", s.idx, "err", err)
 		return false
@@ -326,7 +393,16 @@ func (s *Shard) publishMemory() {
 	if m.pagedPub.Load() != m.paged {
 		m.pagedPub.Store(m.paged)
 	}
+	if p := m.limit != 0 && m.used > m.high; m.pagingPub.Load() != p {
+		m.pagingPub.Store(p)
+	}
 }
+
+// Paging reports whether the shard is above its high watermark, where
+// it pages bodies out: the group node then drops the data of the
+// replicated enqueues it applies to the shard's queues (replicated.go).
+// Safe from any goroutine; it lags the shard by at most one loop.
+func (s *Shard) Paging() bool { return s.mem.pagingPub.Load() }
 
 func (s *Shard) closePages() {
 	if s.mem.pages != nil {

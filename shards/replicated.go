@@ -38,7 +38,17 @@ type Replicator interface {
 	// ProposeDelete proposes the deletion of q, which the master dropped:
 	// the followers drop their copy when it commits.
 	ProposeDelete(q *Queue) error
+	// ReadEnqueue reads back the body of q's message seq, whose enqueue
+	// event the group log paged out (ApplyEnqueue's logPos), from the
+	// group journal at logPos. It may use dst's array; it returns it
+	// for the next call. The body is a new one with one reference.
+	ReadEnqueue(q *Queue, seq, logPos uint64, dst []byte) (*Body, []byte, error)
 }
+
+// pageGroupLog marks an Entry.page that is a replicated message's
+// position in its group's journal rather than a paging-file location
+// (whose segment ids stay far below 1<<31).
+const pageGroupLog = 1 << 63
 
 type replicatorBox struct{ r Replicator }
 
@@ -63,12 +73,15 @@ func (q *Queue) Replicated() (group uint32, ok bool) { return q.group, q.replica
 
 // ApplyEnqueue applies a committed enqueue of a replicated queue: the
 // message gets the event's log index as its Seq, and is deliverable at
-// once. An enqueue whose (producer, producerSeq) is not newer than the
+// once. logPos, if not 0, is the event's position in the group journal:
+// the group log dropped the event's data (the shard was above its high
+// watermark, Paging), so b holds the only copy in memory and the shard
+// may page it out, to read it back from there (ReadEnqueue). An enqueue whose (producer, producerSeq) is not newer than the
 // last one applied for that producer on q is skipped (dedup.go); every
 // member skips it alike, and the master completes its command as usual.
 // It runs on q's shard goroutine (inside Broker.Call or a pushed call);
 // b's reference passes to the queue.
-func (s *Shard) ApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64, producer, producerSeq uint64) {
+func (s *Shard) ApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64, producer, producerSeq, logPos uint64) {
 	if q.deleted {
 		b.Unref()
 		return
@@ -84,6 +97,9 @@ func (s *Shard) ApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64, pro
 		// Full here though the master took it (a smaller bound, or
 		// removes not applied yet): keep it rather than diverge.
 		q.place(&ev, uint64(b.Size()))
+	}
+	if logPos != 0 {
+		q.tail.page = pageGroupLog | logPos
 	}
 	s.admit(q)
 	s.noteExpiry(q, expiresAt)
@@ -220,11 +236,19 @@ func (s *Shard) replicatedPublish(c *Command, expiresAt int64) {
 		return
 	}
 	err := r.ProposeEnqueue(q, c.Body, expiresAt, c.Producer, c.CmdID, tag)
+	// Until it commits and is applied, the event's data is held in the
+	// group log: it counts against the budget (memory.go), so a burst
+	// of publishes that outruns the group throttles like a backlog.
+	inflight := bodyBytes(c.Body)
 	c.Body.Unref() // the proposal copied it
 	if err != nil {
 		s.replWaits.take(tag)
 		s.completeCmd(c.Sess, c.CmdID, c.Fanout, err)
 		return
+	}
+	if s.mem.limit != 0 {
+		s.replWaits.slots[uint32(tag)].bytes = inflight
+		s.charge(inflight)
 	}
 	s.stats.Published++
 }
@@ -253,14 +277,19 @@ func (s *Shard) replDone(tag uint64, err error) {
 		s.log.Error("shards: a replicated publish's outcome for no waiting publish", "tag", tag)
 		return
 	}
+	if w.bytes != 0 {
+		s.charge(-w.bytes)
+	}
 	s.completeCmd(w.sess, w.cmdID, w.fan, err)
 }
 
 // TryApplyEnqueue is ApplyEnqueue pushed onto the shard's ring from
 // another goroutine, without allocating; false if the ring is full (b's
 // reference stays the caller's then).
-func (s *Shard) TryApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64, producer, producerSeq uint64) bool {
-	return s.TryPush(Command{Op: opReplEnqueue, Queue: q, CmdID: seq, Body: b, TTLNanos: expiresAt, Producer: producer, Now: int64(producerSeq)})
+func (s *Shard) TryApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64, producer, producerSeq, logPos uint64) bool {
+	c := Command{Op: opReplEnqueue, Queue: q, CmdID: seq, Body: b, TTLNanos: expiresAt, Producer: producer, Now: int64(producerSeq)}
+	c.Ranges[0].First = logPos
+	return s.TryPush(c)
 }
 
 // replWaitsMax bounds a shard's replicated publishes waiting for their
@@ -272,6 +301,7 @@ type replWait struct {
 	sess  *Session
 	cmdID uint64
 	fan   *Fanout
+	bytes int64  // counted against the budget while it waits
 	gen   uint32 // bumped at each use of the slot, so a stale tag is refused
 	used  bool
 }
@@ -311,7 +341,7 @@ func (w *replWaits) take(tag uint64) (replWait, bool) {
 		return replWait{}, false
 	}
 	v := *sl
-	sl.sess, sl.fan, sl.used = nil, nil, false
+	sl.sess, sl.fan, sl.used, sl.bytes = nil, nil, false, 0
 	w.free = append(w.free, i)
 	return v, true
 }

@@ -264,7 +264,7 @@ func (s *Shard) handle(c *Command) {
 	case opReplDone:
 		s.replDone(c.CmdID, nil)
 	case opReplEnqueue:
-		s.ApplyEnqueue(c.Queue, c.CmdID, c.Body, c.TTLNanos, c.Producer, uint64(c.Now))
+		s.ApplyEnqueue(c.Queue, c.CmdID, c.Body, c.TTLNanos, c.Producer, uint64(c.Now), c.Ranges[0].First)
 	case opAddQueue:
 		s.queues[c.Queue] = struct{}{}
 	case opDeadLettered:
@@ -729,7 +729,7 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 	if dlx == "" && q.Options.DeadLetterKey == "" {
 		return
 	}
-	if !s.withBody(e) {
+	if !s.withBody(q, e) {
 		return
 	}
 	key := e.Body.RoutingKey
@@ -832,7 +832,7 @@ func (s *Shard) Removed(q *Queue, e *Entry) {
 	if e.JournalPos != 0 && s.journal != nil {
 		s.appendDequeue(q, journal.Pos(e.JournalPos), nil, 0)
 	}
-	s.forget(e)
+	s.forget(q, e)
 	if e.Body != nil {
 		e.Body.Unref()
 	}

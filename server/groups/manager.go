@@ -39,6 +39,8 @@ type ManagerConfig struct {
 	// OnMaster is told, on the node's goroutine, that this broker became
 	// master of a group.
 	OnMaster func(group uint32)
+	// PagedReplay: see NodeConfig.PagedReplay.
+	PagedReplay bool
 	// OnStepDown: see NodeConfig.OnStepDown.
 	OnStepDown func(group uint32)
 	// OnGroupCount is told the cluster's group count once it is known,
@@ -295,7 +297,7 @@ func (m *Manager) run() {
 		m.log.Info("groups: this broker holds no group; it forwards to the groups' masters", "broker_id", m.cfg.Self, "groups", groups)
 	} else {
 		n, err := OpenNode(NodeConfig{ID: m.cfg.Self, Dir: m.cfg.Dir, Fsync: m.cfg.Fsync, Transport: m.tr, Groups: ids,
-			ReplicaSets: sets, Apply: m.cfg.Apply, OnAlter: m.alter, OnMaster: m.cfg.OnMaster, OnStepDown: m.cfg.OnStepDown, Logger: m.log})
+			ReplicaSets: sets, PagedReplay: m.cfg.PagedReplay, Apply: m.cfg.Apply, OnAlter: m.alter, OnMaster: m.cfg.OnMaster, OnStepDown: m.cfg.OnStepDown, Logger: m.log})
 		if err != nil {
 			m.log.Error("groups: open the group journal; the broker serves no group", "err", err)
 			return

@@ -80,6 +80,13 @@ type NodeConfig struct {
 	// ReplicaSets is each group's replica set, as the controller placed
 	// it (MinSync's majority is of the group's own set).
 	ReplicaSets map[uint32][]uint32
+
+	// PagedReplay: the replay keeps no entry's data in memory; every
+	// entry of the log starts paged (group.Config.PagedLog) and is read
+	// back from the journal when it is applied or sent. A broker with a
+	// memory budget sets it, so that a restart does not load its whole
+	// backlog.
+	PagedReplay bool
 }
 
 // inboxMax bounds the events waiting for the node's goroutine; peer
@@ -110,6 +117,9 @@ type Node struct {
 	// any Ready, so a burst of proposals or messages becomes one batch of
 	// journal writes and one Append per follower.
 	dirty []*member
+	// loadWin is the read-ahead window of the node's reads of paged
+	// entries (load).
+	loadWin journal.Window
 }
 
 // inboxBatch bounds the events taken before the Readies are carried out.
@@ -140,7 +150,9 @@ type member struct {
 	// master mirrors m.Role() == RoleMaster for other goroutines.
 	master atomic.Bool
 	broken error // a journal failure: the member stops
-	dirty  bool  // listed in Node.dirty
+	// loadErrs counts failed reads of paged entries (load).
+	loadErrs uint64
+	dirty    bool // listed in Node.dirty
 
 	// dur is what the journal's writer reported durable, for the node's
 	// goroutine to pass on.
@@ -208,7 +220,10 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 			if len(data) < 17 {
 				return errors.New("groups: short entry record")
 			}
-			e := group.Entry{Epoch: binary.BigEndian.Uint32(data[5:]), Index: binary.BigEndian.Uint64(data[9:]), Data: slices.Clone(data[17:])}
+			e := group.Entry{Epoch: binary.BigEndian.Uint32(data[5:]), Index: binary.BigEndian.Uint64(data[9:])}
+			if !cfg.PagedReplay {
+				e.Data = slices.Clone(data[17:])
+			}
 			return lg(g).entry(e, pos)
 		case recTruncate:
 			if len(data) < 13 {
@@ -252,9 +267,10 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 		if set, ok := cfg.ReplicaSets[g]; ok {
 			replicas = set
 		}
-		m := group.New(group.Config{Group: g, ID: cfg.ID, Replicas: replicas, MinSync: cfg.MinSync, LagTicks: cfg.LagTicks}, l.base, l.log, epochs[g])
-		n.members[g] = &member{id: g, m: m, epoch: epochs[g],
-			pos: l.pos, posFirst: l.base.Index + 1, baseRec: l.baseRec}
+		mb := &member{id: g, epoch: epochs[g], pos: l.pos, posFirst: l.base.Index + 1, baseRec: l.baseRec}
+		mb.m = group.New(group.Config{Group: g, ID: cfg.ID, Replicas: replicas, MinSync: cfg.MinSync, LagTicks: cfg.LagTicks,
+			Load: func(i uint64) ([]byte, error) { return n.load(mb, i) }, PagedLog: cfg.PagedReplay}, l.base, l.log, epochs[g])
+		n.members[g] = mb
 		// Records freed before the restart and not reclaimed yet: free
 		// them again.
 		for _, p := range l.stale {
@@ -453,6 +469,64 @@ func (n *Node) Retire(g uint32, index uint64) {
 	}
 }
 
+// Page drops from memory the data of group g's applied entry at index
+// (group.Member.Page) when drop is set, and returns the journal position
+// of the entry's record if the entry is paged (now or before), 0 if not:
+// its data is then read back from there (ReadEntry) by whoever needs it.
+// It must be called from Apply, on the node's goroutine.
+func (n *Node) Page(g uint32, index uint64, drop bool) journal.Pos {
+	mb := n.members[g]
+	if mb == nil || index < mb.posFirst || index-mb.posFirst >= uint64(len(mb.pos)) {
+		return 0
+	}
+	if drop {
+		if !mb.m.Page(index) {
+			return 0
+		}
+	} else if !mb.m.Paged(index) {
+		return 0
+	}
+	return mb.pos[index-mb.posFirst]
+}
+
+// load reads back the data of mb's paged entry at index for its member,
+// on the node's goroutine. The data is a new slice: the member hands it
+// out in Messages and Apply.
+func (n *Node) load(mb *member, index uint64) ([]byte, error) {
+	if index < mb.posFirst || index-mb.posFirst >= uint64(len(mb.pos)) {
+		return nil, fmt.Errorf("groups: group %d has no journal record for entry %d", mb.id, index)
+	}
+	_, data, err := n.ReadEntry(mb.id, index, mb.pos[index-mb.posFirst], &n.loadWin, nil)
+	if err != nil {
+		mb.loadErrs++
+		if mb.loadErrs == 1 || mb.loadErrs%1000 == 0 {
+			n.log.Error("groups: reading a paged entry back failed; the send or apply waits and tries again",
+				"group", mb.id, "index", index, "err", err, "failures", mb.loadErrs)
+		}
+	}
+	return data, err
+}
+
+// ReadEntry reads the data of group g's entry at index from its journal
+// record at pos (Page), appending the record to dst (rec: dst with the
+// record; data aliases it), through the read-ahead window w if not nil
+// (journal.ReadAhead), which must be the calling goroutine's. Safe from
+// any goroutine: a shard reads its paged replicated
+// messages back with it. A record freed meanwhile (its entry's effect is
+// gone and the log was compacted past it) is an error.
+func (n *Node) ReadEntry(g uint32, index uint64, pos journal.Pos, w *journal.Window, dst []byte) (rec, data []byte, err error) {
+	start := len(dst)
+	rec, err = n.j.ReadAhead(pos, w, dst)
+	if err != nil {
+		return rec, nil, err
+	}
+	data = rec[start:]
+	if len(data) < 17 || data[0] != recEntry || binary.BigEndian.Uint32(data[1:]) != g || binary.BigEndian.Uint64(data[9:]) != index {
+		return rec, nil, fmt.Errorf("groups: journal record %d is not group %d's entry %d", pos, g, index)
+	}
+	return rec, data[17:], nil
+}
+
 // ErrBusy is returned when the node's inbox is full.
 var ErrBusy = errors.New("groups: the group node is busy; retry")
 
@@ -646,6 +720,9 @@ func (n *Node) ready(mb *member) {
 	}
 	if rd.AlterSet != nil {
 		n.cfg.OnAlter(g, *rd.AlterSet)
+	}
+	if rd.More {
+		n.touch(mb) // the rest of the paged entries to apply
 	}
 }
 

@@ -57,6 +57,12 @@ type testCluster struct {
 	// discard makes the brokers check the order of what they apply
 	// without keeping it (benchmarks).
 	discard atomic.Bool
+	// page makes the brokers page every entry they apply (Node.Page),
+	// as a shard over its memory budget has them do; paged counts them.
+	page  atomic.Bool
+	paged atomic.Int64
+	// pagedReplay opens the brokers with NodeConfig.PagedReplay.
+	pagedReplay atomic.Bool
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -96,7 +102,7 @@ func (c *testCluster) open(id uint32) {
 	b.applied, b.discarded = nil, 0 // the applied state is rebuilt from the log
 	b.mu.Unlock()
 	n, err := OpenNode(NodeConfig{ID: id, Dir: filepath.Join(b.dir, "journal"), Fsync: journal.FsyncAlways, Transport: b.tr,
-		Groups: []uint32{testGroup}, Replicas: c.ids, LagTicks: 10, Tick: 10 * time.Millisecond, Logger: quiet(),
+		Groups: []uint32{testGroup}, Replicas: c.ids, LagTicks: 10, Tick: 10 * time.Millisecond, Logger: quiet(), PagedReplay: c.pagedReplay.Load(),
 		Apply: func(_ uint32, e wire.GroupEntry) {
 			b.mu.Lock()
 			defer b.mu.Unlock()
@@ -108,6 +114,12 @@ func (c *testCluster) open(id uint32) {
 				return
 			}
 			b.applied = append(b.applied, string(e.Data))
+			if c.page.Load() {
+				if b.cur.Load().Page(testGroup, e.Index, true) == 0 {
+					c.t.Errorf("broker %d could not page entry %d", id, e.Index)
+				}
+				c.paged.Add(1)
+			}
 		},
 		OnAlter: func(g uint32, a group.AlterSet) { go c.alter(id, a) },
 		// A broker that stops being master drops its applied state; the

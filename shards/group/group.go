@@ -44,6 +44,13 @@
 //     entries the master dropped gets an Install: the master's log starts
 //     after its base, every entry up to there has no effect left, so the
 //     follower drops its log and what it applied, and goes on from there.
+//   - A member may drop the data of an applied entry that still has an
+//     effect (Page) when its caller can read it back (Config.Load): a
+//     broker over its memory budget keeps a replicated message's bytes
+//     only in its group journal. The member reads a paged entry back,
+//     synchronously, whenever it needs the data: to send it to a follower
+//     that lacks it, and to apply it again after Reapply. Nothing else
+//     reads an applied entry's data; Compact keeps paged entries.
 //   - Every message carries the sender's epoch. A member refuses messages
 //     of an epoch older than its own, and a master that sees a newer epoch
 //     steps down: its pending proposals end with ErrNotMaster, their
@@ -53,6 +60,7 @@ package group
 import (
 	"errors"
 	"slices"
+	"unsafe"
 
 	"github.com/berthmq/berth/wire"
 )
@@ -118,7 +126,16 @@ type Ready struct {
 	Apply         []Entry
 	Completed     []Completion
 	AlterSet      *AlterSet
+	// More: Apply stopped short of the commit index after reading back
+	// applyLoadMax bytes of paged entries; call Ready again for the rest
+	// (so a log applied again after a Reapply is not read into memory
+	// whole).
+	More bool
 }
+
+// applyLoadMax bounds the bytes of paged entries read back for the Apply
+// of one Ready (a variable for the tests).
+var applyLoadMax = 8 << 20
 
 // Completion is the outcome of a proposal this member took as master.
 type Completion struct {
@@ -150,6 +167,15 @@ type Config struct {
 	// MaxUncommitted bounds the entries a master holds past its commit
 	// index; Propose refuses past it. Default 1<<16.
 	MaxUncommitted int
+	// Load reads back the data of a paged entry (Page) from where the
+	// caller keeps it, when the member needs it again: to send it to a
+	// follower, or to apply it again (Reapply). An error stops that
+	// send or that Apply at the entry; the member tries again later (the
+	// next Tick resends, the next Ready applies). Nil: nothing is paged.
+	Load func(index uint64) ([]byte, error)
+	// PagedLog: the log given to New holds no data; every entry of it
+	// is paged (Load reads it back).
+	PagedLog bool
 }
 
 // Role is a member's role in its current epoch.
@@ -162,10 +188,36 @@ const (
 )
 
 // slot is an entry of the log and whether it is retired: applied, with
-// no effect left on this member (Forget, Retire).
+// no effect left on this member (Forget, Retire), or paged: its data
+// dropped from memory and read back with Config.Load (Page).
 type slot struct {
 	Entry
-	dead bool
+	dead  bool
+	paged bool
+}
+
+// SlotBytes is what an entry of the log costs in memory without its
+// data.
+const SlotBytes = int64(unsafe.Sizeof(slot{}))
+
+// Page drops from memory the data of the applied entry at index, which
+// the caller can read back (Config.Load): unlike Forget, the entry keeps
+// its effect, and its data is read back whenever the member needs it. It
+// reports whether the entry is paged (now or already); an entry without
+// data, not applied or not in the log is not.
+func (m *Member) Page(index uint64) bool {
+	if m.cfg.Load == nil || index < m.first || index > m.lastIndex() || index > m.applied {
+		return false
+	}
+	sl := &m.log[index-m.first]
+	switch {
+	case sl.paged:
+		return true
+	case sl.dead || len(sl.Data) == 0:
+		return false
+	}
+	sl.Data, sl.paged = nil, true
+	return true
 }
 
 type follower struct {
@@ -254,6 +306,7 @@ func New(cfg Config, base Base, log []Entry, epoch uint32) *Member {
 	m := &Member{cfg: cfg, epoch: epoch, first: base.Index + 1, baseEpoch: base.Epoch, log: make([]slot, len(log))}
 	for i, e := range log {
 		m.log[i].Entry = e
+		m.log[i].paged = cfg.PagedLog && cfg.Load != nil
 	}
 	if len(log) > 0 && log[0].Index != m.first {
 		panic("group: the log does not start after its base")
@@ -285,7 +338,7 @@ func (m *Member) Base() Base { return Base{Index: m.first - 1, Epoch: m.baseEpoc
 // message is never consumed keeps everything after it.
 func (m *Member) Compact() bool {
 	k := m.first
-	for k <= m.applied && k <= m.lastIndex() && (m.log[k-m.first].dead || len(m.entry(k).Data) == 0) {
+	for k <= m.applied && k <= m.lastIndex() && (m.log[k-m.first].dead || len(m.entry(k).Data) == 0 && !m.log[k-m.first].paged) {
 		k++
 	}
 	if k == m.first {
@@ -320,6 +373,11 @@ func (m *Member) Reapply() {
 	m.applied = m.first - 1
 	m.rd.Apply = m.rd.Apply[:0]
 	m.rd.Reapply = true
+}
+
+// Paged reports whether the entry at index is paged (Page).
+func (m *Member) Paged(index uint64) bool {
+	return index >= m.first && index <= m.lastIndex() && m.log[index-m.first].paged
 }
 
 // Forget drops the data of the applied entry at index, keeping its epoch
@@ -385,6 +443,7 @@ func (m *Member) Ready() Ready {
 	m.advanceApply()
 	rd := m.rd
 	clear(m.spare.Messages) // drop their entries' data
+	clear(m.spare.Apply)
 	m.rd = Ready{Persist: m.spare.Persist[:0], Messages: m.spare.Messages[:0], Apply: m.spare.Apply[:0], Completed: m.spare.Completed[:0]}
 	m.spare = rd
 	return rd
@@ -869,9 +928,23 @@ func (m *Member) send(to MemberID, f *follower) {
 		var ents []Entry
 		if next <= end && !full {
 			ents = make([]Entry, 0, end+1-next)
-			for _, sl := range m.log[next-m.first : end+1-m.first] {
-				ents = append(ents, sl.Entry)
+			for i := next; i <= end; i++ {
+				e := *m.entry(i)
+				if m.log[i-m.first].paged {
+					data, err := m.cfg.Load(i)
+					if err != nil {
+						// Send what precedes it; a Tick resends from
+						// what the follower acknowledged.
+						break
+					}
+					e.Data = data
+				}
+				ents = append(ents, e)
 			}
+			if len(ents) == 0 {
+				return
+			}
+			end = next + uint64(len(ents)) - 1
 			f.next = end + 1
 		} else if k > 0 {
 			return
@@ -887,9 +960,24 @@ func (m *Member) send(to MemberID, f *follower) {
 // advanceApply hands committed entries to Apply, and completes this
 // master's proposals among them.
 func (m *Member) advanceApply() {
+	loaded := 0
 	for m.applied < m.commit && m.applied < m.lastIndex() {
+		e := *m.entry(m.applied + 1)
+		if m.log[e.Index-m.first].paged {
+			if loaded >= applyLoadMax {
+				m.rd.More = true
+				return
+			}
+			// Applied again after a Reapply: read back. A failure stops
+			// here; the next Ready tries again.
+			data, err := m.cfg.Load(e.Index)
+			if err != nil {
+				return
+			}
+			e.Data = data
+			loaded += len(data)
+		}
 		m.applied++
-		e := *m.entry(m.applied)
 		m.rd.Apply = append(m.rd.Apply, e)
 		if ep, ok := m.proposed[e.Index]; ok {
 			delete(m.proposed, e.Index)

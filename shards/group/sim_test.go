@@ -124,12 +124,22 @@ type sim struct {
 	trace    []string
 	installs int // followers that took an MsgInstall
 	compacts int // compactions that moved a base
+	// pageP is the chance that a member pages an entry it applied
+	// (Member.Page); Load reads it back from the member's disk, and
+	// fails with loadFailP (0 here: TestPageLoadFails covers failures).
+	pageP, loadFailP float64
+	prng             *rand.Rand
+	pages, loads     int
 }
 
 func newSim(t *testing.T, seed int64) *sim {
 	s := &sim{t: t, seed: seed, rng: rand.New(rand.NewSource(seed)), nodes: map[MemberID]*simNode{},
 		cut: map[[2]MemberID]bool{}, history: map[uint64]string{}, complete: map[string]uint64{}}
 	s.dropP = []float64{0, 0.02, 0.1}[s.rng.Intn(3)]
+	// Paging draws from a source of its own, so a schedule that pages
+	// nothing is the one the seed gave before paging existed.
+	s.prng = rand.New(rand.NewSource(seed ^ 0x5eed))
+	s.pageP = []float64{0, 0.5, 1}[s.prng.Intn(3)]
 	for i := 1; i <= simReplicas; i++ {
 		s.ids = append(s.ids, MemberID(i))
 	}
@@ -146,7 +156,24 @@ func newSim(t *testing.T, seed int64) *sim {
 }
 
 func (s *sim) cfg(id MemberID) Config {
-	return Config{ID: id, Replicas: s.ids, LagTicks: 8, MaxBatch: 8, MaxUncommitted: 512}
+	return Config{ID: id, Replicas: s.ids, LagTicks: 8, MaxBatch: 8, MaxUncommitted: 512, Load: func(i uint64) ([]byte, error) {
+		return s.load(s.nodes[id], i)
+	}}
+}
+
+// load reads a paged entry back from the member's disk, as the broker
+// reads it from its journal.
+func (s *sim) load(n *simNode, i uint64) ([]byte, error) {
+	if s.prng.Float64() < s.loadFailP {
+		return nil, fmt.Errorf("m%d: read of %d failed", n.id, i)
+	}
+	k := i - n.disk.base.Index - 1
+	if i <= n.disk.base.Index || k >= uint64(len(n.disk.written)) || n.disk.written[k].Index != i {
+		s.fail("member %d reads back paged entry %d, which its disk lacks (base %d, %d written)", n.id, i, n.disk.base.Index, len(n.disk.written))
+		return nil, fmt.Errorf("m%d: no entry %d on disk", n.id, i)
+	}
+	s.loads++
+	return n.disk.written[k].Data, nil
 }
 
 func (s *sim) fail(format string, args ...any) {
@@ -305,6 +332,9 @@ func (s *sim) process(n *simNode) {
 			n.m.Retire(e.Index)
 		} else {
 			n.state[e.Index] = id
+			if s.prng.Float64() < s.pageP && n.m.Page(e.Index) {
+				s.pages++
+			}
 		}
 	}
 	for _, c := range rd.Completed {
@@ -723,7 +753,7 @@ func TestGroupSimulation(t *testing.T) {
 		}
 		first, seeds = n, 1
 	}
-	var completed, elections, applied, reapplies, installs, compacts int
+	var completed, elections, applied, reapplies, installs, compacts, pages, loads int
 	for seed := first; seed < first+int64(seeds); seed++ {
 		s := newSim(t, seed)
 		func() {
@@ -738,14 +768,16 @@ func TestGroupSimulation(t *testing.T) {
 		elections += int(s.ctl.epoch)
 		applied += len(s.history)
 		installs += s.installs
+		pages += s.pages
+		loads += s.loads
 		compacts += s.compacts
 		for _, id := range s.ids {
 			reapplies += s.nodes[id].reapplies
 		}
 	}
-	t.Logf("%d schedules: %d proposals completed, %d entries committed, %d elections, %d step-downs that reapplied the log, %d compactions, %d installs",
-		seeds, completed, applied, elections, reapplies, compacts, installs)
-	if completed == 0 || elections <= seeds || reapplies == 0 || (seeds >= 100 && (compacts == 0 || installs == 0)) {
+	t.Logf("%d schedules: %d proposals completed, %d entries committed, %d elections, %d step-downs that reapplied the log, %d compactions, %d installs, %d entries paged, %d read back",
+		seeds, completed, applied, elections, reapplies, compacts, installs, pages, loads)
+	if completed == 0 || elections <= seeds || reapplies == 0 || (seeds >= 100 && (compacts == 0 || installs == 0 || pages == 0 || loads == 0)) {
 		t.Fatalf("the schedules exercised too little: %d completions, %d elections", completed, elections)
 	}
 }

@@ -1,0 +1,213 @@
+package shards
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"testing"
+
+	"github.com/berthmq/berth/journal"
+	"github.com/berthmq/berth/wire"
+)
+
+// journalReplicator stands for the group node in these tests: the
+// enqueue events of a replicated queue are records of a real journal
+// (the body as appendBodyRecord writes it), read back by position as
+// the server reads its group journal.
+type journalReplicator struct {
+	j   *journal.Journal
+	win journal.Window
+}
+
+func (r *journalReplicator) Group(string, QueueOptions) (uint32, bool) { return 1, true }
+func (r *journalReplicator) IsMaster(uint32) bool                      { return true }
+func (r *journalReplicator) ProposeEnqueue(*Queue, *Body, int64, uint64, uint64, uint64) error {
+	return errors.New("not in this test")
+}
+func (r *journalReplicator) ProposeRemoves(*Queue, []uint64, func(error)) error { return nil }
+func (r *journalReplicator) Barrier(_ *Queue, done func(error)) error           { done(nil); return nil }
+func (r *journalReplicator) ProposeDelete(*Queue) error                         { return nil }
+
+func (r *journalReplicator) ReadEnqueue(_ *Queue, _ uint64, pos uint64, dst []byte) (*Body, []byte, error) {
+	rec, err := r.j.ReadAhead(journal.Pos(pos), &r.win, dst[:0])
+	if err != nil {
+		return nil, rec[:0], err
+	}
+	var rd wire.Reader
+	rd.Reset(rec)
+	b, err := parseBody(&rd, len(rec), 0)
+	return b, rec[:0], err
+}
+
+// event journals b as the group log would its enqueue event, and
+// returns its position.
+func (r *journalReplicator) event(b *Body) uint64 {
+	return uint64(r.j.Append(appendBodyRecord(nil, b), func(journal.Pos, error) {}))
+}
+
+// replicatedShard is a shard (not started: the test drives it) with a
+// budget of limit bytes, a replicated queue and a journalReplicator.
+func replicatedShard(t testing.TB, limit int64) (*Shard, *Queue, *journalReplicator) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cfg := Config{Shards: 1, Logger: log}
+	if limit > 0 {
+		cfg.MemoryLimit, cfg.PagingDir = limit, t.TempDir()
+	}
+	br := New(cfg)
+	if err := br.setupPaging(); err != nil {
+		t.Fatal(err)
+	}
+	j, err := journal.Open(journal.Options{Dir: t.TempDir(), Fsync: journal.FsyncNever, Logger: log}, func(journal.Pos, journal.Pos, []byte) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { j.Close() })
+	r := &journalReplicator{j: j}
+	br.SetReplicator(r)
+	s := br.shards[0]
+	t.Cleanup(s.closePages)
+	q := NewQueue("rq", QueueOptions{Durable: true}, 0, &s.pool)
+	q.replicated, q.group = true, 1
+	s.queues[q] = struct{}{}
+	return s, q, r
+}
+
+func replicatedPayload(i int) []byte {
+	p := bytes.Repeat([]byte{byte('a' + i%26)}, 1024)
+	copy(p, strconv.Itoa(i))
+	return p
+}
+
+// TestReplicatedPaging: a replicated queue under a 1 MiB budget. Past the
+// high watermark, a message whose event the group log dropped (a logPos)
+// has its body paged out and uncounted; one whose event the log still
+// holds (no logPos) stays in memory and counted. Every message is then
+// read back in order with its body, and once they are gone nothing is
+// counted. Without paging of replicated bodies the 3,000 KiB would stay
+// counted and the shard would throttle.
+func TestReplicatedPaging(t *testing.T) {
+	const n, limit = 3000, 1 << 20
+	s, q, r := replicatedShard(t, limit)
+	held := 0
+	for i := range n {
+		b := NewBody(nil, []byte("rq"), nil, replicatedPayload(i), true)
+		var pos uint64
+		if i%50 != 0 {
+			pos = r.event(b) // the log dropped this one's data
+		} else if s.mem.used > s.mem.high {
+			held++
+		}
+		s.ApplyEnqueue(q, uint64(i+1), b, 0, 0, 0, pos)
+		s.publishMemory()
+	}
+	m := &s.mem
+	if m.throttling || m.used > m.limit {
+		t.Fatalf("%d of %d bytes counted with %d of %d messages paged; throttling %v", m.used, m.limit, m.paged, n, m.throttling)
+	}
+	if want := int64(n*49/50 - residentHeadMin - 600); m.paged < want {
+		t.Fatalf("%d messages paged, want at least %d", m.paged, want)
+	}
+	if !s.Paging() {
+		t.Fatal("the shard above its high watermark does not say so (Paging)")
+	}
+	var inMemory int
+	for d, i := &q.levels[0].ready, 0; i < d.len(); i++ {
+		if e := d.at(i); e.Body != nil && e.page == 0 && i > residentHeadMin {
+			inMemory++
+		}
+	}
+	if inMemory < held {
+		t.Fatalf("%d messages whose event the log holds are in memory past the head, want %d", inMemory, held)
+	}
+	for i := range n {
+		h := q.Head()
+		if h == nil {
+			t.Fatalf("the queue is empty after %d of %d", i, n)
+		}
+		if h.Body == nil && !s.pageIn(q) {
+			t.Fatalf("message %d was not read back", i)
+		}
+		if h.Seq != uint64(i+1) || !bytes.Equal(h.Body.Payload, replicatedPayload(i)) {
+			t.Fatalf("message %d: seq %d, payload %.8q", i, h.Seq, h.Body.Payload)
+		}
+		s.ApplyRemove(q, h.Seq)
+	}
+	s.flushRemoves()
+	if m.used != 0 || m.paged != 0 {
+		t.Fatalf("%d bytes and %d paged messages counted after every message left", m.used, m.paged)
+	}
+	if m.pageIns == 0 || m.pageErrors != 0 {
+		t.Fatalf("%d read back, %d errors", m.pageIns, m.pageErrors)
+	}
+}
+
+// BenchmarkReplicatedConsumeBacklog is BenchmarkConsumeBacklog for a
+// replicated queue: 1 KiB messages applied as the group log hands them
+// over, in memory (no budget) or paged out (a 1 MiB budget, the log's
+// copy dropped, read back from a journal by position through a
+// read-ahead window), then delivered with ack mode none.
+//
+//	go test ./shards -run '^$' -bench ReplicatedConsumeBacklog -benchmem
+func BenchmarkReplicatedConsumeBacklog(b *testing.B) {
+	for _, paged := range []bool{false, true} {
+		b.Run(fmt.Sprintf("paged=%v", paged), func(b *testing.B) {
+			const backlog, credit = 50_000, 256
+			var limit int64
+			if paged {
+				limit = 1 << 20
+			}
+			s, q, r := replicatedShard(b, limit)
+			sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{}}
+			s.handle(&Command{Op: OpSubscribe, Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, AckMode: wire.AckNone})
+			payload := make([]byte, 1024)
+			seq := uint64(0)
+			fill := func(k int) {
+				for range k {
+					seq++
+					body := NewBody(nil, []byte("rq"), nil, payload, true)
+					var pos uint64
+					if paged {
+						pos = r.event(body)
+					}
+					s.ApplyEnqueue(q, seq, body, 0, 0, 0, pos)
+					s.publishMemory()
+				}
+				if err := r.j.Sync(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			consume := func(k int) {
+				for left := k; left > 0; {
+					n := min(left, credit)
+					s.handle(&Command{Op: OpCredit, Sess: sess, ConsumerID: 1, Credit: uint32(n)})
+					s.dispatchDirty()
+					s.flush()
+					s.flushRemoves()
+					left -= n
+				}
+			}
+			b.ReportAllocs()
+			b.SetBytes(int64(len(payload)))
+			b.ResetTimer()
+			for done := 0; done < b.N; {
+				k := min(backlog, b.N-done)
+				b.StopTimer()
+				fill(k)
+				if paged && k >= 10_000 && s.mem.paged < int64(k)/2 {
+					b.Fatalf("only %d of %d messages paged", s.mem.paged, k)
+				}
+				b.StartTimer()
+				consume(k)
+				done += k
+			}
+			b.StopTimer()
+			if q.Depth() != 0 {
+				b.Fatalf("depth %d after consuming", q.Depth())
+			}
+			b.ReportMetric(float64(s.mem.pageIns)/float64(b.N), "pageins/op")
+		})
+	}
+}
