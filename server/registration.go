@@ -260,7 +260,7 @@ func (s *Server) startGroups() error {
 				s.replicator.apply(g, e)
 			}
 		},
-		OnMaster:   func(g uint32) { s.broker.GroupMastered(g) },
+		OnMaster: func(g uint32) { s.broker.GroupMastered(g) },
 		OnStepDown: func(g uint32) {
 			s.broker.ResetGroup(g)
 			go s.groupSteppedDown(g)

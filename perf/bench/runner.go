@@ -86,8 +86,8 @@ type runState struct {
 	completed atomic.Int64
 	failed    atomic.Int64
 	// pubErr is the first error a publish completed with, for the notes.
-	pubErr atomic.Pointer[string]
-	consumed  atomic.Int64
+	pubErr   atomic.Pointer[string]
+	consumed atomic.Int64
 	// all* count warm-up traffic too, for the progress line.
 	completedAll atomic.Int64
 	consumedAll  atomic.Int64
