@@ -45,6 +45,9 @@ func goldenEvents() []ctlapi.Event {
 		&ctlapi.SetPermissions{Name: "alice", Permissions: ctlapi.Permissions{Configure: "", Write: "amq\\..*|orders", Read: ".*"}},
 		&ctlapi.RemoveUser{Name: "bob"},
 		&ctlapi.SetClusterConfig{Groups: 4, Replicas: 3},
+		// Later versions write From after Set; without it the event is
+		// encoded as before (the entry above).
+		&ctlapi.AlterSyncStateSet{Group: 2, Master: 7, Epoch: 4, Set: []uint32{7, 8, 9}, From: []uint32{7, 9}},
 	}
 }
 

@@ -283,6 +283,12 @@ func (s *State) alterSyncStateSet(ev *ctlapi.AlterSyncStateSet) ctlapi.Result {
 	if g.Master != ev.Master || g.Epoch != ev.Epoch {
 		return fail(ctlapi.CodeStaleEpoch, "group %d is at master %d epoch %d, not %d/%d", ev.Group, g.Master, g.Epoch, ev.Master, ev.Epoch)
 	}
+	if ev.From != nil {
+		from := slices.Compact(slices.Sorted(slices.Values(ev.From)))
+		if !slices.Equal(from, g.SyncStateSet) {
+			return fail(ctlapi.CodeStaleEpoch, "group %d's SyncStateSet is %v, not %v as the request assumed", ev.Group, g.SyncStateSet, from)
+		}
+	}
 	set := slices.Clone(ev.Set)
 	slices.Sort(set)
 	set = slices.Compact(set)

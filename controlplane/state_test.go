@@ -204,6 +204,11 @@ func TestAlterSyncStateSet(t *testing.T) {
 		{ctlapi.AlterSyncStateSet{Group: 0, Master: 1, Epoch: 1, Set: []uint32{2}}, ctlapi.CodeInvalid, []uint32{1, 3}},
 		{ctlapi.AlterSyncStateSet{Group: 0, Master: 1, Epoch: 1, Set: []uint32{1, 8}}, ctlapi.CodeNotFound, []uint32{1, 3}},
 		{ctlapi.AlterSyncStateSet{Group: 5, Master: 1, Epoch: 1, Set: []uint32{1}}, ctlapi.CodeNotFound, []uint32{1, 3}},
+		// Made from the set the group has: granted. A late copy of an
+		// older request, made from a set changed since: refused.
+		{ctlapi.AlterSyncStateSet{Group: 0, Master: 1, Epoch: 1, Set: []uint32{1, 2, 3}, From: []uint32{3, 1}}, ctlapi.CodeOK, []uint32{1, 2, 3}},
+		{ctlapi.AlterSyncStateSet{Group: 0, Master: 1, Epoch: 1, Set: []uint32{1, 2}, From: []uint32{1, 2, 3}}, ctlapi.CodeOK, []uint32{1, 2}},
+		{ctlapi.AlterSyncStateSet{Group: 0, Master: 1, Epoch: 1, Set: []uint32{1, 2, 3}, From: []uint32{1, 3}}, ctlapi.CodeStaleEpoch, []uint32{1, 2}},
 	}
 	for i, tt := range tests {
 		if r := s.Apply(&tt.ev); r.Code != tt.code {

@@ -88,12 +88,17 @@ type ElectMaster struct {
 }
 
 // AlterSyncStateSet replaces a group's SyncStateSet. Only the current master
-// at the current epoch may do it.
+// at the current epoch may do it, and, when From is set, only while the
+// group's set is From: a request made from a set the controller has
+// changed since (a late or repeated one) is refused, so the master's
+// answer-driven view of the set cannot fall behind the controller's.
+// Encoded after Set only when not nil (events logged before it have none).
 type AlterSyncStateSet struct {
 	Group  uint32
 	Master uint32
 	Epoch  uint32
 	Set    []uint32
+	From   []uint32
 }
 
 // CleanBrokerData removes a broker and everything that points at it.
@@ -280,11 +285,21 @@ func (ev *AlterSyncStateSet) appendBody(b []byte) []byte {
 	b = wire.AppendU32(b, ev.Group)
 	b = wire.AppendU32(b, ev.Master)
 	b = wire.AppendU32(b, ev.Epoch)
-	return AppendIDs(b, ev.Set)
+	b = AppendIDs(b, ev.Set)
+	if ev.From != nil {
+		b = AppendIDs(b, ev.From)
+	}
+	return b
 }
 func (ev *AlterSyncStateSet) decodeBody(r *wire.Reader) {
 	ev.Group, ev.Master, ev.Epoch = r.U32(), r.U32(), r.U32()
 	ev.Set = ReadIDs(r)
+	if r.Remaining() > 0 {
+		ev.From = ReadIDs(r)
+		if ev.From == nil {
+			ev.From = []uint32{}
+		}
+	}
 }
 
 func (ev *CleanBrokerData) appendBody(b []byte) []byte { return wire.AppendU32(b, ev.ID) }

@@ -427,6 +427,13 @@ func (c *Client) AlterSyncStateSet(ctx context.Context, group, master, epoch uin
 	return err
 }
 
+// AlterSyncStateSetFrom is AlterSyncStateSet that the controller refuses
+// unless the group's set is still from, the set the request was made from.
+func (c *Client) AlterSyncStateSetFrom(ctx context.Context, group, master, epoch uint32, from, set []uint32) error {
+	_, err := c.Propose(ctx, &ctlapi.AlterSyncStateSet{Group: group, Master: master, Epoch: epoch, Set: set, From: from})
+	return err
+}
+
 // CleanBrokerData removes a broker.
 func (c *Client) CleanBrokerData(ctx context.Context, id uint32) error {
 	_, err := c.Propose(ctx, &ctlapi.CleanBrokerData{ID: id})

@@ -584,10 +584,10 @@ func (m *Manager) alter(g uint32, a group.AlterSet) {
 		defer m.wg.Done()
 		n := m.currentNode()
 		err := m.call(func(ctx context.Context) error {
-			return m.cfg.Ctl.AlterSyncStateSet(ctx, g, m.cfg.Self, a.Epoch, a.Set)
+			return m.cfg.Ctl.AlterSyncStateSetFrom(ctx, g, m.cfg.Self, a.Epoch, a.From, a.Set)
 		})
 		if err == nil {
-			_ = n.SetSyncStateSet(g, a.Epoch, a.Set)
+			_ = n.AlterGranted(g, a.Epoch, a.Set)
 			return
 		}
 		var re *ctlapi.ResultError

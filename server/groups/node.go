@@ -401,6 +401,9 @@ func (n *Node) BecomeFollower(g, epoch, master uint32) error {
 func (n *Node) SetSyncStateSet(g, epoch uint32, set []uint32) error {
 	return n.withMember(g, func(m *group.Member) { m.SetSyncStateSet(epoch, set) })
 }
+func (n *Node) AlterGranted(g, epoch uint32, set []uint32) error {
+	return n.withMember(g, func(m *group.Member) { m.AlterGranted(epoch, set) })
+}
 func (n *Node) AlterRefused(g, epoch uint32) error {
 	return n.withMember(g, func(m *group.Member) { m.AlterRefused(epoch) })
 }

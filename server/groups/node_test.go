@@ -148,7 +148,7 @@ func (c *testCluster) alter(from uint32, a group.AlterSet) {
 	c.mu.Unlock()
 	n := c.brokers[from].n
 	if ok {
-		_ = n.SetSyncStateSet(testGroup, a.Epoch, a.Set)
+		_ = n.AlterGranted(testGroup, a.Epoch, a.Set)
 	} else {
 		_ = n.AlterRefused(testGroup, epoch)
 	}

@@ -104,6 +104,9 @@ type Base struct {
 type AlterSet struct {
 	Epoch uint32
 	Set   []MemberID
+	// From is the set the master last heard from the controller; the
+	// controller grants the request only while its set is still From.
+	From []MemberID
 }
 
 // Ready is what a Member asks its caller to do, in this order: truncate
@@ -267,6 +270,7 @@ type Member struct {
 	// master state
 	set     []MemberID // the SyncStateSet as the controller confirmed it
 	growing []MemberID // added by a pending AlterSet: counted at once
+	ctlSet  []MemberID // the set as the controller last said it
 	alter   *AlterSet  // the pending request, if any
 	alterAt int        // tick the pending request was last sent
 	// inherited is the log end when this member became master: every
@@ -462,7 +466,8 @@ func (m *Member) BecomeMaster(epoch uint32, set []MemberID) {
 	}
 	m.stepDown()
 	m.epoch, m.role, m.master = epoch, RoleMaster, m.cfg.ID
-	m.set = slices.Clone(set)
+	m.set = slices.Sorted(slices.Values(set))
+	m.ctlSet = slices.Clone(m.set)
 	m.growing, m.alter = nil, nil
 	m.peers = map[MemberID]*follower{}
 	for _, r := range m.cfg.Replicas {
@@ -489,30 +494,62 @@ func (m *Member) BecomeFollower(epoch uint32, master MemberID) {
 	m.epoch, m.role, m.master = epoch, RoleFollower, master
 }
 
-// SetSyncStateSet is the controller's word on the set for epoch. It
-// settles a pending request only when it is that request's set: the
-// controller restating the set it had may cross the request on the way,
-// and the request may still be granted after it, so a member it grows
-// keeps counting until then.
+// The set a master commits with must always hold every member of the
+// controller's SyncStateSet, since the controller may elect any of them.
+// So within an epoch it loses a member only by AlterGranted, the answer
+// to its own request to drop it; restatements of the controller's set
+// (SetSyncStateSet), which may have been read before a change the master
+// has seen since, only add members; and a member that a refused or
+// unanswered request tried to add stays counted, since a copy of the
+// request may still be granted. A request carries the set the master
+// last heard from the controller (AlterSet.From), and the controller
+// grants it only while its set is still that, so a late copy of an old
+// request cannot undo a later change.
+
+// SetSyncStateSet is the controller's set for epoch as it last read it.
 func (m *Member) SetSyncStateSet(epoch uint32, set []MemberID) {
 	if m.role != RoleMaster || epoch != m.epoch {
 		return
 	}
-	m.set = slices.Clone(set)
-	slices.Sort(m.set)
-	if m.alter != nil && slices.Equal(m.set, m.alter.Set) {
-		m.growing = nil
-		m.alter = nil
+	m.ctlSet = slices.Sorted(slices.Values(set))
+	for _, id := range m.ctlSet {
+		if !slices.Contains(m.set, id) {
+			m.set = append(m.set, id)
+		}
 	}
+	slices.Sort(m.set)
 	m.maybeCommit()
 }
 
-// AlterRefused tells the master that the controller refused its request
-// (the epoch moved on, or the set did not match); it may ask again.
+// AlterGranted tells the master that the controller granted its request
+// for set in epoch. An answer to anything but the pending request is
+// taken as a restatement.
+func (m *Member) AlterGranted(epoch uint32, set []MemberID) {
+	if m.role != RoleMaster || epoch != m.epoch {
+		return
+	}
+	set = slices.Sorted(slices.Values(set))
+	if m.alter == nil || !slices.Equal(set, m.alter.Set) {
+		m.SetSyncStateSet(epoch, set)
+		return
+	}
+	m.set, m.ctlSet = set, slices.Clone(set)
+	m.growing, m.alter = nil, nil
+	m.maybeCommit()
+}
+
+// AlterRefused tells the master that the controller refused its request,
+// or that its outcome is unknown (the epoch moved on, the set it was made
+// from changed, no answer); it may ask again. The members it would have
+// added stay counted.
 func (m *Member) AlterRefused(epoch uint32) {
 	if epoch > m.epoch {
 		m.stepDown() // the epoch itself is learned from the controller or the new master
 		return
+	}
+	if m.role == RoleMaster {
+		m.set = m.effectiveSet()
+		slices.Sort(m.set)
 	}
 	m.alter, m.growing = nil, nil
 }
@@ -531,7 +568,7 @@ func (m *Member) stepDown() {
 		}
 		m.proposed = nil
 		m.peers = nil
-		m.set, m.growing, m.alter = nil, nil, nil
+		m.set, m.growing, m.alter, m.ctlSet = nil, nil, nil, nil
 	}
 	m.role, m.master = RoleNone, 0
 }
@@ -885,7 +922,7 @@ func (m *Member) maybeAlter() {
 		return
 	}
 	slices.Sort(next)
-	m.alter = &AlterSet{Epoch: m.epoch, Set: next}
+	m.alter = &AlterSet{Epoch: m.epoch, Set: next, From: slices.Clone(m.ctlSet)}
 	m.alterAt = m.tick
 	m.rd.AlterSet = m.alter
 }

@@ -1,6 +1,9 @@
 package group
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
 // TestSlowFollowerNotFlooded: a follower whose acknowledgements come
 // slower than the ticks (a catch-up batch behind a busy disk) gets each
@@ -67,5 +70,56 @@ func TestSlowFollowerNotFlooded(t *testing.T) {
 	}
 	if sent > n+3*window {
 		t.Errorf("%d entries sent for %d", sent, n)
+	}
+}
+
+// TestStaleSetDoesNotShrink: the controller's restatement of a set read
+// before the master's grow was granted ([1 3]) arrives after the grant
+// ([1 2 3]). The master must keep committing with member 2, which the
+// controller may elect; it used to take the stale set and commit with 1
+// and 3 only. Its own granted shrink still shrinks.
+func TestStaleSetDoesNotShrink(t *testing.T) {
+	cfg := Config{ID: 1, Replicas: []MemberID{1, 2, 3}, LagTicks: 1000}
+	m := New(cfg, Base{}, nil, 0)
+	m.BecomeMaster(1, []MemberID{1, 3})
+	m.Ready()
+	// Member 2 acknowledges everything (nothing yet): the master asks to
+	// grow the set.
+	m.Step(Message{Group: 0, Kind: MsgAppendResp, From: 2, To: 1, Epoch: 1, OK: true})
+	rd := m.Ready()
+	if rd.AlterSet == nil || !slices.Equal(rd.AlterSet.Set, []MemberID{1, 2, 3}) {
+		t.Fatalf("no request to grow the set: %+v", rd.AlterSet)
+	}
+	m.AlterGranted(1, []MemberID{1, 2, 3}) // granted
+	m.SetSyncStateSet(1, []MemberID{1, 3}) // stale restatement
+	if got := m.SyncStateSet(); !slices.Equal(got, []MemberID{1, 2, 3}) {
+		t.Fatalf("set after a stale restatement = %v, want [1 2 3]", got)
+	}
+	if _, err := m.Propose([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	m.Persisted(m.LastIndex())
+	m.Step(Message{Group: 0, Kind: MsgAppendResp, From: 3, To: 1, Epoch: 1, OK: true, Match: 1, Last: 1})
+	if m.Commit() != 0 {
+		t.Fatalf("committed %d without member 2", m.Commit())
+	}
+	// Member 2 goes silent: the master asks to drop it, and the grant
+	// shrinks the set.
+	for range cfg.LagTicks + 2 {
+		m.Tick()
+		m.Step(Message{Group: 0, Kind: MsgAppendResp, From: 3, To: 1, Epoch: 1, OK: true, Match: 1, Last: 1})
+	}
+	rd = m.Ready()
+	if rd.AlterSet == nil || !slices.Equal(rd.AlterSet.Set, []MemberID{1, 3}) || !slices.Equal(rd.AlterSet.From, []MemberID{1, 3}) {
+		t.Fatalf("no request to drop the silent member from the set last heard: %+v", rd.AlterSet)
+	}
+	// A restatement of that set does not shrink it; the grant does.
+	m.SetSyncStateSet(1, []MemberID{1, 3})
+	if got := m.SyncStateSet(); !slices.Equal(got, []MemberID{1, 2, 3}) {
+		t.Fatalf("set after a restatement = %v, want [1 2 3] until the grant", got)
+	}
+	m.AlterGranted(1, []MemberID{1, 3})
+	if got := m.SyncStateSet(); !slices.Equal(got, []MemberID{1, 3}) {
+		t.Fatalf("set after its own shrink was granted = %v, want [1 3]", got)
 	}
 }

@@ -46,6 +46,7 @@ const (
 	smBecomeFollower
 	smSetSet
 	smAlterRefused
+	smAlterGranted
 )
 
 type simMsg struct {
@@ -57,6 +58,7 @@ type simMsg struct {
 	epoch    uint32
 	master   MemberID
 	set      []MemberID
+	prior    []MemberID // smAlter: the set the request was made from
 	logEpoch uint32
 	logIndex uint64
 	inc      int // the sender's incarnation (heartbeats)
@@ -256,6 +258,8 @@ func (s *sim) deliver() {
 			n.m.SetSyncStateSet(m.epoch, m.set)
 		case smAlterRefused:
 			n.m.AlterRefused(m.epoch)
+		case smAlterGranted:
+			n.m.AlterGranted(m.epoch, m.set)
 		}
 		s.process(n)
 	}
@@ -356,7 +360,7 @@ func (s *sim) process(n *simNode) {
 		s.complete[id] = c.Index
 	}
 	if rd.AlterSet != nil {
-		s.send(simMsg{kind: smAlter, from: n.id, to: ctlID, epoch: rd.AlterSet.Epoch, set: rd.AlterSet.Set})
+		s.send(simMsg{kind: smAlter, from: n.id, to: ctlID, epoch: rd.AlterSet.Epoch, set: rd.AlterSet.Set, prior: rd.AlterSet.From})
 	}
 	// A member that stops serving as master applies the committed log
 	// again from the first entry (server/groups does the same): what it
@@ -423,6 +427,9 @@ func (s *sim) ctlReceive(m simMsg) {
 		}
 	case smAlter:
 		ok := m.epoch == c.epoch && m.from == c.master && slices.Contains(m.set, c.master)
+		// As the controller does (controlplane/state.go): a request made
+		// from a set that has changed since is refused.
+		ok = ok && (m.prior == nil || slices.Equal(slices.Sorted(slices.Values(m.prior)), c.set))
 		for _, id := range m.set {
 			ok = ok && slices.Contains(s.ids, id)
 		}
@@ -432,7 +439,7 @@ func (s *sim) ctlReceive(m simMsg) {
 		}
 		c.set = slices.Clone(m.set)
 		s.logf("ctl: set %v in epoch %d", c.set, c.epoch)
-		s.send(simMsg{kind: smSetSet, from: ctlID, to: m.from, epoch: c.epoch, set: c.set})
+		s.send(simMsg{kind: smAlterGranted, from: ctlID, to: m.from, epoch: c.epoch, set: c.set})
 	}
 }
 
@@ -593,6 +600,24 @@ func (s *sim) tick(faults bool) {
 	s.ctlTick()
 	if !s.quiet && s.rng.Intn(2) == 0 {
 		s.propose()
+	}
+	s.checkSets()
+}
+
+// checkSets: the master of the controller's epoch commits with every
+// member of the controller's SyncStateSet, since the controller may elect
+// any of them.
+func (s *sim) checkSets() {
+	c := &s.ctl
+	n := s.nodes[c.master]
+	if n == nil || !n.up || n.m.Role() != RoleMaster || n.m.Epoch() != c.epoch {
+		return
+	}
+	have := n.m.SyncStateSet()
+	for _, id := range c.set {
+		if !slices.Contains(have, id) {
+			s.fail("master m%d of epoch %d commits with %v, but the controller's set is %v", c.master, c.epoch, have, c.set)
+		}
 	}
 }
 
