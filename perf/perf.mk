@@ -24,7 +24,7 @@ SCALING_SHARDS ?= 1 2 4
 
 PERF_TOOLS := $(BIN)/berth-bench $(BIN)/bench-compare $(BIN)/bench-compare-cluster $(BIN)/failover-bench $(BIN)/pprof2cpuprofile
 
-.PHONY: perf-build bench-compare bench-compare-cluster failover-bench failover-bench-leader bench-cluster-scaling controller-compare flamegraph nats-server flamegraph-renderer perf-test
+.PHONY: perf-build bench-compare bench-compare-cluster failover-bench failover-bench-leader catchup-bench bench-cluster-scaling controller-compare flamegraph nats-server flamegraph-renderer perf-test
 
 # `make build` builds the perf tools too.
 build: perf-build
@@ -69,6 +69,14 @@ failover-bench: build
 # times, no follower kills.
 failover-bench-leader: build
 	$(BIN)/failover-bench --berthd $(BIN)/berthd --berthctl $(BIN)/berthctl --leader-master --kills 10 --follower-kills 0 $(FAILOVER_BENCH_FLAGS)
+
+# A broker whose journals were deleted rejoins a 3-broker cluster holding
+# 200,000 x 1 KiB while 5,000 msgs/s run: time until it is back in every
+# SyncStateSet, and the publishes' failures and latencies; then the same
+# load with the broker left down.
+catchup-bench: build
+	perf/catchup-bench.sh $(BIN) rejoin
+	perf/catchup-bench.sh $(BIN) base
 
 # Replicated throughput with $(SCALING_SHARDS) shards per broker, 3 queues
 # per shard count (each broker masters one queue per shard), Berth alone.
