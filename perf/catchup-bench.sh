@@ -18,9 +18,10 @@ peers="1=127.0.0.1:27602,2=127.0.0.1:27612,3=127.0.0.1:27622"
 CTL="--controller 127.0.0.1:27602,127.0.0.1:27612,127.0.0.1:27622"
 start() { # start N: broker N (1..3)
 	local i=$(($1 - 1))
-	"$B/berthd" -data "$D/berthd-$1" -listen 127.0.0.1:276${i}0 -peer 127.0.0.1:276${i}1 -admin 127.0.0.1:276${i}5 \
+	# In a subshell, so that this shell does not report its kill -9.
+	("$B/berthd" -data "$D/berthd-$1" -listen 127.0.0.1:276${i}0 -peer 127.0.0.1:276${i}1 -admin 127.0.0.1:276${i}5 \
 		-controller-id "$1" -controller-peers "$peers" >>"$D/berthd-$1.log" 2>&1 &
-	echo $! >"$D/pid-$1"
+	echo $! >"$D/pid-$1")
 }
 stop() { for n in 1 2 3; do [ -f "$D/pid-$n" ] && kill "$(cat "$D/pid-$n")" 2>/dev/null; done; sleep 1; rm -rf "$D"; }
 trap stop EXIT
