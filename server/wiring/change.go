@@ -72,13 +72,34 @@ func (r *Routing) bindingLive(b queueBinding) bool {
 	return ex != nil && ex.gen == b.gen
 }
 
-// hasBinding reports whether the binding exists.
+// hasBinding reports whether the binding exists. A queue with many
+// bindings is first looked up in the exchange's table (see coveredBy),
+// which rules most new bindings out without scanning the queue's list.
 func (r *Routing) hasBinding(exchange, queue, key string) bool {
 	ex := r.exchange(exchange)
 	if ex == nil {
 		return false
 	}
 	all, _ := r.bindings.Get(queue)
+	if q := r.queue(queue); q != nil && len(all) > 16 {
+		switch ex.kind {
+		case KindDirect:
+			if qs, _ := ex.direct.Get(key); len(qs) < len(all) {
+				return slices.Contains(qs, q)
+			}
+		case KindFanout:
+			if len(ex.fanout) < len(all) && !slices.Contains(ex.fanout, q) {
+				return false
+			}
+		case KindTopic:
+			if words, ok := topicTrieWords(key); ok {
+				n := trieFind(ex.topic, words)
+				if n == nil || (len(n.queues) < len(all) && !slices.Contains(n.queues, q)) {
+					return false
+				}
+			}
+		}
+	}
 	return slices.Contains(all, queueBinding{exchange: exchange, gen: ex.gen, key: key})
 }
 
@@ -126,7 +147,32 @@ func (r *Routing) removeQueue(q *shards.Queue) {
 // bindings (to any exchange): a fanout lists q once and a topic trie
 // holds q once per normalised pattern, however many keys lead there.
 func (ex *exchange) with(q *shards.Queue, key string, others []queueBinding) *exchange {
-	return ex.withIn(nil, q, key, ex.covered(key, others))
+	return ex.withIn(nil, q, key, ex.coveredBy(q, key, others))
+}
+
+// coveredBy is covered, answered from ex's own tables when that is less
+// work than scanning others (a queue with thousands of bindings): the
+// fanout list holds q iff q has a binding to ex, and the trie node of
+// key's normalised pattern holds q iff q has a binding of that pattern.
+func (ex *exchange) coveredBy(q *shards.Queue, key string, others []queueBinding) bool {
+	switch ex.kind {
+	case KindFanout:
+		if len(ex.fanout) < len(others) {
+			return slices.Contains(ex.fanout, q)
+		}
+	case KindTopic:
+		words, ok := topicTrieWords(key)
+		if !ok {
+			return true
+		}
+		if n := trieFind(ex.topic, words); n == nil {
+			return false
+		} else if len(n.queues) < len(others) {
+			return slices.Contains(n.queues, q)
+		}
+		return ex.boundElsewhere(others, samePattern(key, words))
+	}
+	return ex.covered(key, others)
 }
 
 // covered reports whether others bind q to ex so that a binding by key

@@ -44,6 +44,25 @@ func topicTrieWords(key string) (words []string, ok bool) {
 	return words, literal <= topicWordsMax
 }
 
+// trieFind returns the node at the end of words' path in the trie n, or
+// nil if there is none.
+func trieFind(n *tnode, words []string) *tnode {
+	for _, w := range words {
+		if n == nil {
+			return nil
+		}
+		switch w {
+		case "#":
+			n = n.hash
+		case "*":
+			n = n.star
+		default:
+			n, _ = n.words.Get(w)
+		}
+	}
+	return n
+}
+
 // trieAdd returns the trie n (nil: empty) with q added at the end of
 // words' path. q must not be there yet.
 func trieAdd(n *tnode, words []string, q *shards.Queue) *tnode { return trieAddIn(nil, n, words, q) }
