@@ -36,9 +36,14 @@ type Faults struct {
 	Delay  time.Duration
 }
 
-// peerQueueMax bounds the frames queued for one peer. Past it new frames
-// are dropped: the replication protocol resends what is not acknowledged.
-const peerQueueMax = 8192
+// peerQueueMax and peerQueueBytes bound the frames queued for one peer,
+// in count and in bytes (an Append of 64 entries of 1 MiB each is one
+// frame). Past either new frames are dropped: the replication protocol
+// resends what is not acknowledged.
+const (
+	peerQueueMax   = 8192
+	peerQueueBytes = 32 << 20
+)
 
 // dialBackoffMax bounds the wait between two dials of an unreachable peer.
 const dialBackoffMax = 500 * time.Millisecond
@@ -76,6 +81,13 @@ type Transport struct {
 type peerOut struct {
 	id    uint32
 	queue chan []byte
+	bytes atomic.Int64 // in queue
+}
+
+// take accounts for a frame taken off the queue.
+func (p *peerOut) take(frame []byte) []byte {
+	p.bytes.Add(-int64(len(frame)))
+	return frame
 }
 
 // Listen starts a transport for broker self on addr. handler is called
@@ -134,9 +146,16 @@ func (t *Transport) Send(m *wire.GroupMessage) {
 		t.Dropped.Add(1)
 		return
 	}
+	frame := wire.AppendGroupMessage(nil, m)
+	if p.bytes.Load()+int64(len(frame)) > peerQueueBytes {
+		t.Dropped.Add(1)
+		return
+	}
+	p.bytes.Add(int64(len(frame)))
 	select {
-	case p.queue <- wire.AppendGroupMessage(nil, m):
+	case p.queue <- frame:
 	default:
+		p.bytes.Add(-int64(len(frame)))
 		t.Dropped.Add(1)
 	}
 }
@@ -224,6 +243,7 @@ func (t *Transport) writeConn(conn net.Conn, p *peerOut) error {
 		var frame []byte
 		select {
 		case frame = <-p.queue:
+			p.take(frame)
 		case <-t.done:
 			return w.Flush()
 		}
@@ -235,7 +255,7 @@ func (t *Transport) writeConn(conn net.Conn, p *peerOut) error {
 		}
 		// Batch what is queued already into one write.
 		for n := len(p.queue); n > 0; n-- {
-			if _, err := w.Write(<-p.queue); err != nil {
+			if _, err := w.Write(p.take(<-p.queue)); err != nil {
 				return err
 			}
 		}

@@ -72,3 +72,47 @@ func TestTransportRefusesBadInput(t *testing.T) {
 		t.Fatal("a good message did not arrive after the bad connections")
 	}
 }
+
+// TestPeerQueueBoundedInBytes: frames for a peer that reads nothing queue
+// up to peerQueueBytes, not peerQueueMax frames of any size; the rest are
+// dropped (the protocol resends them).
+func TestPeerQueueBoundedInBytes(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	held := make(chan net.Conn, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held <- c // accepted, never read
+		}
+	}()
+	tr, err := Listen("127.0.0.1:0", 1, func(*wire.GroupMessage) {}, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	tr.SetPeer(2, ln.Addr().String())
+	data := make([]byte, 256<<10)
+	const frames = 400 // 100 MiB
+	for range frames {
+		tr.Send(&wire.GroupMessage{Kind: wire.GroupAppend, From: 1, To: 2, Epoch: 1, Entries: []wire.GroupEntry{{Epoch: 1, Index: 1, Data: data}}})
+	}
+	p := tr.peer(2)
+	if q := p.bytes.Load(); q > peerQueueBytes {
+		t.Errorf("%d bytes queued for a peer that reads nothing, bound %d", q, peerQueueBytes)
+	}
+	if d := tr.Dropped.Load(); d == 0 {
+		t.Errorf("no frame dropped of %d (%d MiB) for a peer that reads nothing", frames, frames/4)
+	}
+	select {
+	case c := <-held:
+		c.Close()
+	default:
+	}
+}
