@@ -497,21 +497,14 @@ func (j *Journal) ReadAhead(pos Pos, w *Window, dst []byte) ([]byte, error) {
 // readWindow checks the record rec, in a read-ahead window, and appends
 // its data to dst: one copy.
 func readWindow(rec []byte, pos Pos, dst []byte) ([]byte, error) {
-	rh, err := parseHeader(rec, len(rec)-recordHeaderSize)
-	if err == nil && rh.pos != pos {
-		err = fmt.Errorf("%w: found position %d", errBadRecord, rh.pos)
-	}
-	if err == nil {
-		err = checkRecord(rec)
-	}
-	if err != nil {
-		return dst, fmt.Errorf("journal: read %d: %w", pos, err)
+	if err := verifyRead(rec, pos); err != nil {
+		return dst, err
 	}
 	return append(dst, rec[recordHeaderSize:]...), nil
 }
 
-func finishRead(dst []byte, start int, pos Pos) ([]byte, error) {
-	rec := dst[start:]
+// verifyRead checks that rec, read back for pos, is that record whole.
+func verifyRead(rec []byte, pos Pos) error {
 	rh, err := parseHeader(rec, len(rec)-recordHeaderSize)
 	if err == nil && rh.pos != pos {
 		err = fmt.Errorf("%w: found position %d", errBadRecord, rh.pos)
@@ -520,7 +513,15 @@ func finishRead(dst []byte, start int, pos Pos) ([]byte, error) {
 		err = checkRecord(rec)
 	}
 	if err != nil {
-		return dst[:start], fmt.Errorf("journal: read %d: %w", pos, err)
+		return fmt.Errorf("journal: read %d: %w", pos, err)
+	}
+	return nil
+}
+
+func finishRead(dst []byte, start int, pos Pos) ([]byte, error) {
+	rec := dst[start:]
+	if err := verifyRead(rec, pos); err != nil {
+		return dst[:start], err
 	}
 	n := copy(rec, rec[recordHeaderSize:])
 	return dst[:start+n], nil
