@@ -28,7 +28,7 @@ func mapRefusal(code wire.ErrorCode, text string) error { return &refusal{code, 
 // answered).
 func masterStub(t testing.TB) (*Transport, *atomic.Int64) {
 	t.Helper()
-	tr, err := Listen(testutil.FreeAddr(t), 1, func(*wire.GroupMessage) {}, quiet())
+	tr, err := Listen("127.0.0.1:0", 1, func(*wire.GroupMessage) {}, quiet())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -64,7 +64,7 @@ func TestTransportClusterAuth(t *testing.T) {
 		t.Run(mode.name, func(t *testing.T) {
 			got := make(chan *wire.GroupMessage, 16)
 			auth := loadAuth(t, mode.server)
-			tr, err := ListenAuth(testutil.FreeAddr(t), 1, auth, func(m *wire.GroupMessage) { got <- m }, quiet())
+			tr, err := ListenAuth("127.0.0.1:0", 1, auth, func(m *wire.GroupMessage) { got <- m }, quiet())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -72,7 +72,7 @@ func TestTransportClusterAuth(t *testing.T) {
 			msg := wire.GroupMessage{Group: 3, Kind: wire.GroupAppendResp, From: 2, To: 1, Epoch: 4, OK: true, Match: 9}
 			refused := uint64(0)
 			for name, peerAuth := range mode.refusals {
-				peer, err := ListenAuth(testutil.FreeAddr(t), 2, peerAuth, func(*wire.GroupMessage) {}, quiet())
+				peer, err := ListenAuth("127.0.0.1:0", 2, peerAuth, func(*wire.GroupMessage) {}, quiet())
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -107,7 +107,7 @@ func TestTransportClusterAuth(t *testing.T) {
 			conn.Close()
 			testutil.WaitUntil(t, 5*time.Second, "garbage refused", func() bool { return auth.Refused.Load() > refused })
 
-			good, err := ListenAuth(testutil.FreeAddr(t), 2, loadAuth(t, mode.good), func(*wire.GroupMessage) {}, quiet())
+			good, err := ListenAuth("127.0.0.1:0", 2, loadAuth(t, mode.good), func(*wire.GroupMessage) {}, quiet())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -158,7 +158,7 @@ func BenchmarkTransportAuth(b *testing.B) {
 			tokens := make(chan struct{}, inflight)
 			got := make(chan struct{}, 1)
 			var received int
-			recv, err := ListenAuth(testutil.FreeAddr(b), 1, mode.recv, func(*wire.GroupMessage) {
+			recv, err := ListenAuth("127.0.0.1:0", 1, mode.recv, func(*wire.GroupMessage) {
 				<-tokens
 				received++ // the handler runs on the one inbound connection's goroutine
 				if received == b.N {
@@ -169,7 +169,7 @@ func BenchmarkTransportAuth(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer recv.Close()
-			send, err := ListenAuth(testutil.FreeAddr(b), 2, mode.send, func(*wire.GroupMessage) {}, quiet())
+			send, err := ListenAuth("127.0.0.1:0", 2, mode.send, func(*wire.GroupMessage) {}, quiet())
 			if err != nil {
 				b.Fatal(err)
 			}
