@@ -25,6 +25,10 @@ type Config struct {
 	// Heartbeat is the interval asked of the server; 0 takes the server's
 	// default. The server's answer is what both sides use.
 	Heartbeat time.Duration
+	// MaxVersion, when set, is the newest protocol version HELLO offers:
+	// to check how a broker treats older clients. Zero offers every
+	// version this client speaks.
+	MaxVersion wire.Version
 	// MaxFrameSize is the largest frame (header plus body) asked for; 0 asks
 	// for wire.FrameSizeDefault. It must lie within wire.FrameSizeMin and
 	// wire.FrameSizeMax. The server may lower it.
@@ -281,7 +285,7 @@ func dialOne(ctx context.Context, cfg Config, addr string, seeds []string) (*Con
 			return nil, err
 		}
 	}
-	c := &Conn{nc: nc, cfg: cfg, addr: addr, seeds: slices.Clone(seeds), start: time.Now(), offer: offeredVersions}
+	c := &Conn{nc: nc, cfg: cfg, addr: addr, seeds: slices.Clone(seeds), start: time.Now(), offer: offerUpTo(cfg.MaxVersion)}
 	leftover, err := c.handshake(ctx)
 	if err != nil {
 		nc.Close()

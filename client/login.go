@@ -14,6 +14,20 @@ import (
 // with CANCELLED and keep the session; an older one closes it instead.
 var offeredVersions = []wire.Version{wire.VersionCancelled, wire.VersionProducer, wire.VersionAuth, wire.Version10}
 
+// offerUpTo is offeredVersions without those newer than max (zero: all).
+func offerUpTo(max wire.Version) []wire.Version {
+	if max == 0 {
+		return offeredVersions
+	}
+	var out []wire.Version
+	for _, v := range offeredVersions {
+		if v <= max {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
 // login is the client's side of the mechanism Config names.
 type login struct {
 	mechanism string

@@ -101,8 +101,9 @@ func (s *Server) queueDropped(q *shards.Queue) {
 // delivers what they held. A 1.3 session's consumer is cancelled in its
 // shard and the session told with a CANCELLED (unavailable), after the
 // shard flushed what it had delivered; the session forgets the consumer,
-// so a later settle of it fails not-found. An older session's consumer is
-// left as it was before 1.3: it receives nothing more. It waits on the
+// so a later settle of it fails not-found. An older session, which has no
+// CANCELLED, is closed with shutdown (it used to be left receiving
+// nothing more); what it held goes back as at any close. It waits on the
 // shards: run it on a goroutine of its own.
 func (s *Server) groupSteppedDown(g uint32) {
 	type ended struct {
@@ -110,6 +111,7 @@ func (s *Server) groupSteppedDown(g uint32) {
 		ref consumerRef
 	}
 	var list []ended
+	old := map[*connState]bool{}
 	t := &s.queueConsumers
 	t.mu.Lock()
 	for q, refs := range t.byQueue {
@@ -117,8 +119,13 @@ func (s *Server) groupSteppedDown(g uint32) {
 			continue
 		}
 		for ref := range refs {
-			if ref.cs == nil || ref.cs.version < wire.VersionCancelled {
+			if ref.cs == nil {
 				continue // proxied ones end at the proxying broker (proxyViewChanged)
+			}
+			if ref.cs.version < wire.VersionCancelled {
+				old[ref.cs] = true
+				delete(refs, ref)
+				continue
 			}
 			list = append(list, ended{q, ref})
 			delete(refs, ref)
@@ -128,6 +135,10 @@ func (s *Server) groupSteppedDown(g uint32) {
 		}
 	}
 	t.mu.Unlock()
+	reason := fmt.Sprintf("broker %d is no longer the master of the consumer's queue (group %d); subscribe again", s.brokerID, g)
+	for cs := range old {
+		_ = cs.t.send(wire.AppendClose(nil, cs.version, wire.CodeShutdown, reason), true)
+	}
 	if len(list) == 0 {
 		return
 	}
@@ -148,7 +159,6 @@ func (s *Server) groupSteppedDown(g uint32) {
 	for i := range flush {
 		_ = s.broker.Call(shardList[i], func(*shards.Shard) {}) // the cancels ran and the deliveries before them went out
 	}
-	reason := fmt.Sprintf("broker %d is no longer the master of the consumer's queue (group %d); subscribe again", s.brokerID, g)
 	for _, e := range list {
 		cs, id := e.ref.cs, e.ref.id
 		_ = cs.t.runOwned(func() {

@@ -392,3 +392,58 @@ func TestDirectConsumerCancelledOnStepDown(t *testing.T) {
 	}
 	consumeOnConn(t, ctx, conn, queue, names(accepted, total))
 }
+
+// TestDirectConsumerOldClientClosedOnStepDown: a protocol 1.2 client, which
+// has no CANCELLED, consuming at a master that is frozen and then thawed
+// after a new master took its group, has its connection closed with
+// shutdown (it used to receive nothing more, silently); a new connection
+// gets every unaccepted message, in order.
+func TestDirectConsumerOldClientClosedOnStepDown(t *testing.T) {
+	const groups, total, accepted, held = 3, 40, 10, 10
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	c := startReplicated(t, ctx, groups)
+	const queue = "stepdown-old-client"
+	g, master, mnode, conn := c.declare(queue, groups)
+	c.declareEverywhere(queue)
+	c.publishAll(conn, queue, names(0, total))
+	old, err := client.DialConfig(ctx, client.Config{MaxVersion: wire.VersionProducer}, mnode.client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	con, err := old.Subscribe(ctx, queue, client.SubscribeOptions{Credit: accepted + held})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range accepted + held {
+		d, err := con.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i < accepted {
+			if err := d.Accept(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	mnode.signal(syscall.SIGSTOP)
+	thawed := false
+	defer func() {
+		if !thawed {
+			mnode.signal(syscall.SIGCONT)
+		}
+	}()
+	c.waitNewMaster(g, master)
+	mnode.signal(syscall.SIGCONT)
+	thawed = true
+	nctx, ncancel := context.WithTimeout(ctx, 30*time.Second)
+	_, err = con.Next(nctx)
+	timedOut := nctx.Err() != nil
+	ncancel()
+	if err == nil || timedOut || !errors.Is(err, client.ErrClosed) || client.Code(old.Err()) != wire.CodeShutdown {
+		t.Fatalf("a 1.2 consumer at a master that stepped down: %v (timed out: %v, connection: %v); want its connection closed with shutdown", err, timedOut, old.Err())
+	}
+	t.Logf("1.2 consumer at a master that stepped down: %v", err)
+	consumeOnConn(t, ctx, dial(t, ctx, mnode.client), queue, names(accepted, total))
+}
