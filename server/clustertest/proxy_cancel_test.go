@@ -352,30 +352,8 @@ func TestDirectConsumerCancelledOnStepDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var heldD *client.Delivery
-	for i := range accepted + held {
-		d, err := con.Next(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if i < accepted {
-			if err := d.Accept(ctx); err != nil {
-				t.Fatal(err)
-			}
-		} else if heldD == nil {
-			heldD = d
-		}
-	}
-	mnode.signal(syscall.SIGSTOP)
-	thawed := false
-	defer func() {
-		if !thawed {
-			mnode.signal(syscall.SIGCONT)
-		}
-	}()
-	c.waitNewMaster(g, master)
-	mnode.signal(syscall.SIGCONT)
-	thawed = true
+	heldD := takeAccepting(t, ctx, con, accepted+held, accepted)[0]
+	c.stepDown(g, master, mnode)
 	nctx, ncancel := context.WithTimeout(ctx, 30*time.Second)
 	_, err = con.Next(nctx)
 	timedOut := nctx.Err() != nil
@@ -416,27 +394,8 @@ func TestDirectConsumerOldClientClosedOnStepDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range accepted + held {
-		d, err := con.Next(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if i < accepted {
-			if err := d.Accept(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	mnode.signal(syscall.SIGSTOP)
-	thawed := false
-	defer func() {
-		if !thawed {
-			mnode.signal(syscall.SIGCONT)
-		}
-	}()
-	c.waitNewMaster(g, master)
-	mnode.signal(syscall.SIGCONT)
-	thawed = true
+	takeAccepting(t, ctx, con, accepted+held, accepted)
+	c.stepDown(g, master, mnode)
 	nctx, ncancel := context.WithTimeout(ctx, 30*time.Second)
 	_, err = con.Next(nctx)
 	timedOut := nctx.Err() != nil
@@ -446,4 +405,31 @@ func TestDirectConsumerOldClientClosedOnStepDown(t *testing.T) {
 	}
 	t.Logf("1.2 consumer at a master that stepped down: %v", err)
 	consumeOnConn(t, ctx, dial(t, ctx, mnode.client), queue, names(accepted, total))
+}
+
+// takeAccepting receives n deliveries on con, accepts the first accepted
+// of them, and returns the rest, held.
+func takeAccepting(t *testing.T, ctx context.Context, con *client.Consumer, n, accepted int) []*client.Delivery {
+	t.Helper()
+	var held []*client.Delivery
+	for i := range n {
+		d, err := con.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i >= accepted {
+			held = append(held, d)
+		} else if err := d.Accept(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return held
+}
+
+// stepDown freezes mnode, the master of group g, until the controller
+// names another master, then thaws it: it finds it has to step down.
+func (c *rcluster) stepDown(g, master uint32, mnode *node) {
+	mnode.signal(syscall.SIGSTOP)
+	defer mnode.signal(syscall.SIGCONT) // also if the wait fails
+	c.waitNewMaster(g, master)
 }
