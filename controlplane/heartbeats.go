@@ -288,7 +288,9 @@ func (n *Node) scanLoop() {
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
-				_, err := n.Propose(ctx, ev)
+				t0 := time.Now()
+				res, err := n.Propose(ctx, ev)
+				n.cfg.Logger.Debug("controlplane: elections for silent brokers decided", "groups", len(ev.Groups), "elected", res.Value, "took", time.Since(t0), "err", err)
 				errs <- err
 			}()
 		}

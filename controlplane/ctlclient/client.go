@@ -283,6 +283,15 @@ func (c *Client) setLeader(addr string) {
 	c.mu.Unlock()
 }
 
+// forgetLeader forgets addr as the leader, if it still is the one known.
+func (c *Client) forgetLeader(addr string) {
+	c.mu.Lock()
+	if c.leader == addr {
+		c.leader = ""
+	}
+	c.mu.Unlock()
+}
+
 // call sends one request, following redirects until it succeeds, fails for
 // good, or runs out of attempts or time. anyNode spreads follower reads.
 func (c *Client) call(ctx context.Context, op uint8, body []byte, anyNode bool) ([]byte, error) {
@@ -320,8 +329,14 @@ func (c *Client) call(ctx context.Context, op uint8, body []byte, anyNode bool) 
 					// The request may have reached the leader.
 					return nil, fmt.Errorf("%w: %w", ctlapi.ErrLeaderChanged, err)
 				}
-				c.setLeader("")
-				addr = c.pick(true)
+				// Forget addr as the leader, but not a leader learned
+				// meanwhile (SetLeader from a broker's embedded member,
+				// a redirect another call followed): a call to a frozen
+				// old leader that its caller cancelled would otherwise
+				// wipe the new leader's address, and the next call
+				// would try members at random, the frozen one included.
+				c.forgetLeader(addr)
+				addr = c.pick(anyNode)
 				continue
 			}
 		}
@@ -341,7 +356,7 @@ func (c *Client) call(ctx context.Context, op uint8, body []byte, anyNode bool) 
 					attempt-- // a fresh redirect is progress, not a failure
 				}
 			} else {
-				c.setLeader("")
+				c.forgetLeader(addr)
 				addr = c.pick(true)
 			}
 		case ctlapi.StatusLagging:

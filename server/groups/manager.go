@@ -213,10 +213,35 @@ func (m *Manager) retry() bool {
 	}
 }
 
+// callTimeout bounds one attempt of a call to the controller;
+// callMovedTries bounds the attempts a call makes when the controller
+// leader keeps moving under it.
+const (
+	callTimeout    = 5 * time.Second
+	callMovedTries = 4
+)
+
+// call runs f, a request to the controller leader, bounded by
+// callTimeout. An attempt ends early when this broker's controller
+// member sees a new leader (ControllerLeaderMoved), and f runs again at
+// once against it: a request sent to a leader that froze (SIGSTOP, a
+// hung machine) would otherwise wait out the whole timeout, and a group
+// update it was reading would reach this broker that much later (5 s
+// after a frozen master that led the controller, against about half a
+// second with this). Callers' requests are idempotent or fenced (an
+// election of a group already elected changes nothing; an
+// AlterSyncStateSet carries the set it was made from).
 func (m *Manager) call(f func(ctx context.Context) error) error {
-	ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
-	defer cancel()
-	return f(ctx)
+	for try := 1; ; try++ {
+		moved := m.leaderMoved()
+		ctx, cancel := context.WithTimeout(m.ctx, callTimeout)
+		cancelOnMove(ctx, cancel, moved)
+		err := f(ctx)
+		cancel()
+		if err == nil || !isClosed(moved) || m.ctx.Err() != nil || try == callMovedTries {
+			return err
+		}
+	}
 }
 
 func (m *Manager) run() {
@@ -347,7 +372,7 @@ func (m *Manager) follow(groups uint32) {
 		} else if !m.retry() {
 			return
 		}
-		ctx, cancel := context.WithTimeout(m.ctx, 5*time.Second)
+		ctx, cancel := context.WithTimeout(m.ctx, callTimeout)
 		cancelOnMove(ctx, cancel, m.leaderMoved())
 		idx, err := cl.WaitChange(ctx, applied)
 		cancel()
