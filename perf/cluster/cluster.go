@@ -27,6 +27,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/berthmq/berth/perf/proc"
@@ -243,6 +244,18 @@ func (c *Cluster) Kill(b *Broker) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("cluster: berthd-%d is not running", b.N)
 	}
 	return p.Kill(), nil
+}
+
+// Signal sends sig to b's process group (SIGSTOP freezes it, as a hung
+// or descheduled broker; SIGCONT thaws it) and returns when it was sent.
+func (c *Cluster) Signal(b *Broker, sig syscall.Signal) (time.Time, error) {
+	b.mu.Lock()
+	p := b.p
+	b.mu.Unlock()
+	if p == nil {
+		return time.Time{}, fmt.Errorf("cluster: berthd-%d is not running", b.N)
+	}
+	return p.Signal(sig)
 }
 
 // Restart starts b again on its data directory and ports, and waits until

@@ -148,6 +148,13 @@ func (p *Proc) Kill() (sent time.Time) {
 	return sent
 }
 
+// Signal sends sig to the process group (SIGSTOP to freeze it, SIGCONT
+// to thaw it) and returns when it was sent.
+func (p *Proc) Signal(sig syscall.Signal) (sent time.Time, err error) {
+	sent = time.Now()
+	return sent, syscall.Kill(-p.cmd.Process.Pid, sig)
+}
+
 // Tail is the end of a log file, for error messages.
 func Tail(path string) string {
 	b, _ := os.ReadFile(path)

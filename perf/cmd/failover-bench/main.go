@@ -21,6 +21,11 @@
 // each line says whether that member led the controller, which adds a
 // controller election to the failover.
 //
+// --freeze makes each master kill a freeze instead: SIGSTOP to the
+// master's process group, a silent failure that only the controller's
+// heartbeat timeout finds, and SIGCONT after the measurement (the thawed
+// broker, fenced by the new epoch, must rejoin as a follower).
+//
 // --leader-master moves the queue's group master onto the controller
 // leader before each master kill (a forced election, not measured), so
 // that every kill takes both: the case where the new controller leader
@@ -91,6 +96,13 @@ type config struct {
 	spareLeader      bool
 	leaderMaster     bool
 	restartDelay     time.Duration
+	// freeze: master "kills" are SIGSTOP, thawed by SIGCONT after the
+	// measurement instead of a restart.
+	freeze bool
+	// clientHeartbeat is the heartbeat interval the publisher asks of
+	// the brokers (0: the broker's default). A frozen broker is found by
+	// the client after three missed heartbeats.
+	clientHeartbeat time.Duration
 }
 
 func parse(args []string, stderr io.Writer) (*config, error) {
@@ -114,6 +126,8 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.logs, "logs", "", "copy the brokers' logs into this directory when the run ends")
 	fs.BoolVar(&c.spareLeader, "spare-controller-leader", false, "master kills: publish to one of three queues (each mastered by another broker) chosen so that the broker killed does not lead the controller; measures the data plane's failover without a controller election")
 	fs.BoolVar(&c.leaderMaster, "leader-master", false, "master kills: first move the queue's group master onto the broker that leads the controller (a forced election, not measured), so every kill takes the group master and the controller leader at once")
+	fs.BoolVar(&c.freeze, "freeze", false, "master kills freeze the master (SIGSTOP to its process group: a silent failure, found by the controller's heartbeat timeout) and thaw it (SIGCONT) after the measurement, instead of kill -9 and a restart")
+	fs.DurationVar(&c.clientHeartbeat, "client-heartbeat", 0, "heartbeat interval the publishing client asks of the brokers (0: the broker's default); a client finds a frozen broker after three missed heartbeats")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -146,6 +160,7 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	check(c.observe >= 100*time.Millisecond && c.observe <= time.Minute, "--observe %v not in 100ms..1m", c.observe)
 	check(c.timeout > 0, "--timeout must be positive")
 	check(!(c.spareLeader && c.leaderMaster), "--spare-controller-leader and --leader-master exclude each other")
+	check(c.clientHeartbeat >= 0 && c.clientHeartbeat <= time.Minute, "--client-heartbeat %v not in 0..1m", c.clientHeartbeat)
 	check(c.restartDelay >= 0 && c.restartDelay <= time.Minute, "--restart-delay %v not in 0..1m", c.restartDelay)
 	return c, errors.Join(errs...)
 }
@@ -212,6 +227,9 @@ type results struct {
 	notLeader []time.Duration // those whose broker did not lead the controller
 	leader    []time.Duration // those whose broker led the controller
 	stalls    []time.Duration // follower kills
+	// elected: from each counted master kill to a surviving broker
+	// reporting itself master of the group under a newer epoch.
+	elected []time.Duration
 }
 
 // summary is the closing lines: failovers of the kills whose broker did
@@ -226,6 +244,8 @@ func summary(r results) []string {
 			ms(quantile(leader, 0.50)), ms(quantile(leader, 0.99)), ms(quantile(leader, 1))),
 		fmt.Sprintf("failover master-kill n=%d p50=%s p99=%s max=%s", len(failovers),
 			ms(quantile(failovers, 0.50)), ms(quantile(failovers, 0.99)), ms(quantile(failovers, 1))),
+		fmt.Sprintf("new master named n=%d p50=%s p99=%s max=%s", len(r.elected),
+			ms(quantile(r.elected, 0.50)), ms(quantile(r.elected, 0.99)), ms(quantile(r.elected, 1))),
 		fmt.Sprintf("stall follower-kill n=%d p50=%s max=%s", len(stalls), ms(quantile(stalls, 0.50)), ms(quantile(stalls, 1))),
 	}
 }
@@ -325,8 +345,7 @@ func (p *publisher) loop(ctx context.Context) {
 			queue, switched = q, true
 		}
 		if conn == nil || broken.isSet() || switched {
-			p.cl.Router.Forget()
-			a, err := p.cl.Router.Route(ctx, queue)
+			a, err := p.route(ctx, queue)
 			if err != nil {
 				pause(ctx, retryPause)
 				continue
@@ -343,7 +362,7 @@ func (p *publisher) loop(ctx context.Context) {
 					conn = nil
 				}
 				dctx, cancel := context.WithTimeout(ctx, dialTimeout)
-				nc, err := client.DialConfig(dctx, client.Config{Name: "failover-bench", Window: max(p.c.window, client.WindowDefault)}, a)
+				nc, err := client.DialConfig(dctx, client.Config{Name: "failover-bench", Window: max(p.c.window, client.WindowDefault), Heartbeat: p.c.clientHeartbeat}, a)
 				cancel()
 				if err != nil {
 					pause(ctx, retryPause)
@@ -379,6 +398,68 @@ func (p *publisher) loop(ctx context.Context) {
 			broken.set()
 		}
 	}
+}
+
+// routeTimeout bounds the publisher's question to each broker for the
+// queue's master: a frozen broker must not hold the reroute up for the
+// admin client's whole timeout.
+const (
+	routeTimeout = 300 * time.Millisecond
+	routeSettle  = 20 * time.Millisecond
+)
+
+// route asks every broker at once which one masters queue's group, and
+// takes the answer with the highest epoch among those that came within
+// routeTimeout (or within routeSettle of the first claim).
+func (p *publisher) route(ctx context.Context, queue string) (string, error) {
+	g := cluster.GroupOf(queue, uint32(p.c.groups))
+	rctx, cancel := context.WithTimeout(ctx, routeTimeout)
+	defer cancel()
+	type answer struct {
+		addr  string
+		epoch uint32
+	}
+	answers := make(chan answer, len(p.cl.Brokers))
+	for _, b := range p.cl.Brokers {
+		go func() {
+			var gs struct {
+				Groups []cluster.GroupStatus `json:"groups"`
+			}
+			a := answer{}
+			if cluster.GetJSON(rctx, b.Admin, "/v1/groups", &gs) == nil {
+				for _, s := range gs.Groups {
+					if s.Group == g && s.Role == "master" && s.Master == b.ID {
+						a = answer{b.Client, s.Epoch}
+					}
+				}
+			}
+			answers <- a
+		}()
+	}
+	// Once some broker claims the group, the others get routeSettle more
+	// to answer with a newer epoch: a frozen broker never answers, and
+	// waiting out routeTimeout for it at each try would add to every
+	// failover measured.
+	best := answer{}
+	var settle <-chan time.Time
+wait:
+	for range p.cl.Brokers {
+		select {
+		case a := <-answers:
+			if a.addr != "" && (best.addr == "" || a.epoch > best.epoch) {
+				best = a
+				if settle == nil {
+					settle = time.After(routeSettle)
+				}
+			}
+		case <-settle:
+			break wait
+		}
+	}
+	if best.addr == "" {
+		return "", fmt.Errorf("no broker reports itself master of group %d", g)
+	}
+	return best.addr, nil
 }
 
 func connDead(c *client.Conn) bool {
@@ -515,15 +596,30 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 		}
 		leader := cl.ControllerLeader(ctx, m)
 		epoch := view.Masters[g].Epoch
-		t0, err := cl.Kill(m)
+		var t0 time.Time
+		if c.freeze {
+			t0, err = cl.Signal(m, syscall.SIGSTOP)
+		} else {
+			t0, err = cl.Kill(m)
+		}
 		if err != nil {
 			return r, err
 		}
+		named := make(chan time.Duration, 1)
+		go func() { named <- newMasterAfter(ctx, cl, m, g, epoch, t0) }()
+		how, again := "killed", "restart"
+		if c.freeze {
+			how, again = "frozen", "thaw"
+		}
 		first, by, err := firstElsewhere(ctx, p, t0, m.Client)
+		if err != nil && c.freeze {
+			cl.Signal(m, syscall.SIGCONT)
+		}
 		if err != nil {
 			return r, fmt.Errorf("master kill %d: %w", i+1, err)
 		}
 		d := first.Sub(t0)
+		elected := <-named
 		// The sample counts only if the client was publishing to the
 		// killed master: its last completion before the kill was there.
 		before := lastBefore(p.since(t0.Add(-steadyBefore), t0.Add(-steadyBefore)), t0)
@@ -532,7 +628,7 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 			r.failovers = append(r.failovers, d)
 		}
 		pause(ctx, c.restartDelay)
-		rejoin, err := restart(ctx, cl, m, g, queues, qgroups, out)
+		rejoin, err := restart(ctx, cl, m, g, queues, qgroups, out, c.freeze)
 		if err != nil {
 			return r, fmt.Errorf("master kill %d: %w", i+1, err)
 		}
@@ -551,8 +647,9 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 				byID = b.ID
 			}
 		}
-		fmt.Fprintf(out, "master kill %2d: broker %d (controller leader %v), group %d epoch %d, killed at %s: first publish completed by broker %d after %s; back in sync %s after restart\n",
-			i+1, m.ID, leader, g, epoch, t0.UTC().Format("15:04:05.000"), byID, ms(d), ms(rejoin))
+		r.elected = append(r.elected, elected)
+		fmt.Fprintf(out, "master kill %2d: broker %d (controller leader %v), group %d epoch %d, %s at %s: a new master named after %s, first publish completed by broker %d after %s; back in sync %s after %s\n",
+			i+1, m.ID, leader, g, epoch, how, t0.UTC().Format("15:04:05.000"), ms(elected), byID, ms(d), ms(rejoin), again)
 	}
 	for i := range c.followerKills {
 		if err := steady(ctx, cl, p, qgroups); err != nil {
@@ -581,7 +678,7 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 		before, around, after := gaps(cs, t0, t0.Add(c.observe))
 		r.stalls = append(r.stalls, around)
 		pause(ctx, c.restartDelay)
-		rejoin, err := restart(ctx, cl, f, g, queues, qgroups, out)
+		rejoin, err := restart(ctx, cl, f, g, queues, qgroups, out, false)
 		if err != nil {
 			return r, fmt.Errorf("follower kill %d: %w", i+1, err)
 		}
@@ -589,6 +686,32 @@ func measure(ctx context.Context, c *config, cl *cluster.Cluster, out io.Writer)
 			i+1, f.ID, leader, g, master, ms(around), ms(before), after, c.observe, ms(rejoin))
 	}
 	return r, nil
+}
+
+// newMasterAfter polls the brokers other than m until one reports itself
+// master of group g under an epoch above epoch, and returns how long after
+// t0 it first saw that (-1 if not within failoverTimeout).
+func newMasterAfter(ctx context.Context, cl *cluster.Cluster, m *cluster.Broker, g, epoch uint32, t0 time.Time) time.Duration {
+	for time.Since(t0) < failoverTimeout && ctx.Err() == nil {
+		for _, b := range cl.Brokers {
+			if b == m {
+				continue
+			}
+			var gs struct {
+				Groups []cluster.GroupStatus `json:"groups"`
+			}
+			if cluster.GetJSON(ctx, b.Admin, "/v1/groups", &gs) != nil {
+				continue
+			}
+			for _, s := range gs.Groups {
+				if s.Group == g && s.Role == "master" && s.Epoch > epoch {
+					return time.Since(t0)
+				}
+			}
+		}
+		pause(ctx, 5*time.Millisecond)
+	}
+	return -1
 }
 
 // lastBefore is the broker address of the last completion of cs at or
@@ -673,7 +796,8 @@ func firstElsewhere(ctx context.Context, p *publisher, t0 time.Time, dead string
 	return time.Time{}, "", fmt.Errorf("no publish completed by another broker within %v of the kill", failoverTimeout)
 }
 
-// restart starts b again and waits until it is in group g's SyncStateSet
+// restart starts b again (thaw: sends it SIGCONT) and waits until it is
+// in group g's SyncStateSet
 // at the group's master; it returns how long that took from the restart.
 // Then it purges the queues at their masters, so that the queues, and
 // what a restarted broker has to catch up on, stay small over the run.
@@ -681,8 +805,8 @@ func firstElsewhere(ctx context.Context, p *publisher, t0 time.Time, dead string
 // Groups other than the queues' that have no serving master a while after
 // the restart are reported on out (a broker fault this run does not
 // measure, but should not hide), not waited for.
-func restart(ctx context.Context, cl *cluster.Cluster, b *cluster.Broker, g uint32, queues []string, qgroups []uint32, out io.Writer) (time.Duration, error) {
-	d, err := rejoin(ctx, cl, b, g)
+func restart(ctx context.Context, cl *cluster.Cluster, b *cluster.Broker, g uint32, queues []string, qgroups []uint32, out io.Writer, thaw bool) (time.Duration, error) {
+	d, err := rejoin(ctx, cl, b, g, thaw)
 	if err != nil {
 		return d, err
 	}
@@ -815,9 +939,13 @@ func onLeader(ctx context.Context, cl *cluster.Cluster, g uint32) (*cluster.View
 	return nil, fmt.Errorf("group %d: its master could not be moved onto the controller leader within %v", g, rejoinTimeout)
 }
 
-func rejoin(ctx context.Context, cl *cluster.Cluster, b *cluster.Broker, g uint32) (time.Duration, error) {
+func rejoin(ctx context.Context, cl *cluster.Cluster, b *cluster.Broker, g uint32, thaw bool) (time.Duration, error) {
 	t0 := time.Now()
-	if err := cl.Restart(ctx, b); err != nil {
+	if thaw {
+		if _, err := cl.Signal(b, syscall.SIGCONT); err != nil {
+			return 0, err
+		}
+	} else if err := cl.Restart(ctx, b); err != nil {
 		return 0, err
 	}
 	for time.Since(t0) < rejoinTimeout {
