@@ -16,6 +16,19 @@ import (
 	pb "go.etcd.io/raft/v3/raftpb"
 )
 
+// BrokerTimeoutDefault is how long a broker may stay silent before the
+// controller leader counts it dead and elects new masters for its groups:
+// what a frozen (SIGSTOP) or cut-off master costs before its groups fail
+// over. Brokers heartbeat every 200 ms by default (a quarter of it), so
+// one late heartbeat is not a death. A broker whose heartbeat connection
+// closes (a crash, kill -9) is counted dead at once, whatever this is.
+// Before 0.8 s this was 3 s; a frozen master that led the controller
+// cost 5 s more through a client that forgot the new leader (see
+// ctlclient). docs/BENCHMARKS.md "Frozen masters" has the measurements,
+// and that saturating load on the 2-core test machine caused no
+// spurious election at 0.8 s.
+const BrokerTimeoutDefault = 800 * time.Millisecond
+
 // Config configures a controller node.
 type Config struct {
 	// ID is this controller's raft id, 1-based.
@@ -56,15 +69,16 @@ type Config struct {
 	// FollowerLagMax: a follower further behind the leader's commit than
 	// this redirects a follower read to the leader (default 1000).
 	FollowerLagMax uint64
-	// BrokerTimeout: a broker silent this long is dead (default 3s).
+	// BrokerTimeout: a broker silent this long is dead (default
+	// BrokerTimeoutDefault).
 	BrokerTimeout time.Duration
 	// LeaderGrace: a new leader counts a registered broker dead if the
 	// broker has not heartbeated to it within this long of taking office
-	// (default BrokerTimeout/3, which with the brokers' default heartbeat
-	// interval of BrokerTimeout/3 lets a live broker's next ordinary
-	// heartbeat arrive even if it never learns of the new leader; brokers
-	// that embed a controller member heartbeat at once when they see the
-	// leader change). Waiting out the whole BrokerTimeout instead cost a
+	// (default BrokerTimeout/2, which with the brokers' default heartbeat
+	// interval of a quarter of BrokerTimeoutDefault lets a live broker's
+	// next ordinary heartbeat arrive, and one retry, even if it never
+	// learns of the new leader; brokers that embed a controller member
+	// heartbeat at once when they see the leader change). Waiting out the whole BrokerTimeout instead cost a
 	// failover of a broker that died together with the controller leader
 	// seconds: the closed connection that would have told was on the dead
 	// leader. At most BrokerTimeout.
@@ -126,10 +140,10 @@ func (c *Config) defaults() error {
 		c.FollowerLagMax = 1000
 	}
 	if c.BrokerTimeout <= 0 {
-		c.BrokerTimeout = 3 * time.Second
+		c.BrokerTimeout = BrokerTimeoutDefault
 	}
 	if c.LeaderGrace <= 0 {
-		c.LeaderGrace = c.BrokerTimeout / 3
+		c.LeaderGrace = c.BrokerTimeout / 2
 	}
 	c.LeaderGrace = min(c.LeaderGrace, c.BrokerTimeout)
 	if c.Logger == nil {

@@ -13,7 +13,7 @@ package server
 // and protocol version (RegisterBroker). Start makes one attempt bounded by
 // wiringTimeout; if it fails the broker starts anyway, logs it, and the
 // background loop retries at every heartbeat interval. Registered, that loop
-// heartbeats every ControllerHeartbeat (default 1 s, a third of the
+// heartbeats every ControllerHeartbeat (default 200 ms, a quarter of the
 // controller's default broker timeout), each call bounded by one interval,
 // and at once when the broker's embedded controller member sees a new
 // leader: a new leader gives the brokers only a short grace
@@ -40,6 +40,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berthmq/berth/controlplane"
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/journal"
@@ -55,8 +56,13 @@ const brokerIDFile = "broker.id"
 const brokerIDFileMax = 64
 
 // ControllerHeartbeatDefault is the default interval of a broker's
-// heartbeats to the controller: a third of its default broker timeout.
-const ControllerHeartbeatDefault = time.Second
+// heartbeats to the controller: a quarter of its default broker timeout
+// (controlplane.BrokerTimeoutDefault).
+const ControllerHeartbeatDefault = 200 * time.Millisecond
+
+// ControllerBrokerTimeoutDefault is the embedded controller member's
+// default broker timeout (controlplane.BrokerTimeoutDefault).
+const ControllerBrokerTimeoutDefault = controlplane.BrokerTimeoutDefault
 
 // registersWithController reports whether this node is a broker that gets
 // an id from the controller, registers and heartbeats.

@@ -119,7 +119,7 @@ type Config struct {
 	Role string
 	// ControllerHeartbeat is the interval of a broker's heartbeats to the
 	// controller (default ControllerHeartbeatDefault); keep it well under
-	// the controller's broker timeout (3 s by default). See
+	// the controller's broker timeout (0.8 s by default). See
 	// registration.go.
 	ControllerHeartbeat time.Duration
 	// ControllerBrokerTimeout and ControllerLeaderGrace are the embedded

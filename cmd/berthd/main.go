@@ -192,12 +192,12 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.BoolVar(&f.join, "controller-join", false, "start this controller member to be added to a running group (then run 'berthctl members add ID=ADDR'); -controller-peers lists this node and the members it knows")
 	fs.BoolVar(&f.leaseRead, "controller-lease-read", false, "serve the controller's consistent reads from the leader's lease instead of a heartbeat round each; relies on bounded clock drift")
 	fs.DurationVar(&f.controllerWait, "controller-wait", server.ControllerWaitDefault, "how long a broker with a member of a 3- or 5-member controller group waits at start for the group to elect a leader before it gives up")
-	fs.DurationVar(&f.brokerTimeout, "controller-broker-timeout", 3*time.Second, "a broker silent to the controller leader this long is dead (its groups get new masters); a closed heartbeat connection counts at once")
-	fs.DurationVar(&f.leaderGrace, "controller-leader-grace", 0, "a new controller leader counts a broker dead that has not heartbeated to it within this long of its election; 0 = a third of -controller-broker-timeout")
+	fs.DurationVar(&f.brokerTimeout, "controller-broker-timeout", server.ControllerBrokerTimeoutDefault, "a broker silent to the controller leader this long is dead (its groups get new masters); a closed heartbeat connection counts at once")
+	fs.DurationVar(&f.leaderGrace, "controller-leader-grace", 0, "a new controller leader counts a broker dead that has not heartbeated to it within this long of its election; 0 = half of -controller-broker-timeout")
 	fs.StringVar(&f.advertise, "advertise", "", "client address registered with the controller for others to dial, empty = the -listen address")
 	fs.StringVar(&f.peer, "peer", "", "replication groups' peer listen address (default port 7401), empty = no groups; needs a controller")
 	fs.StringVar(&f.peerAdvertise, "peer-advertise", "", "peer address published in the controller for other brokers to dial, empty = the -peer address")
-	fs.IntVar(&f.ctlHeartbeatMs, "controller-heartbeat-ms", int(server.ControllerHeartbeatDefault/time.Millisecond), "interval of the broker's heartbeats to the controller in ms; keep it well under the controller's 3 s broker timeout")
+	fs.IntVar(&f.ctlHeartbeatMs, "controller-heartbeat-ms", int(server.ControllerHeartbeatDefault/time.Millisecond), "interval of the broker's heartbeats to the controller in ms; keep it well under -controller-broker-timeout")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log-format", "text", "log lines as text (key=value) or json")
 	fs.StringVar(&f.configPath, "config", "", "read settings from this TOML file (keys are the flag names); flags and BERTH_* variables override it")
@@ -422,6 +422,9 @@ func parseArgs(args []string) (options, error) {
 	}
 	if f.leaderGrace < 0 || f.leaderGrace > f.brokerTimeout {
 		return options{}, o.annotate(fmt.Errorf("-controller-leader-grace %v: want 0 (the default) up to -controller-broker-timeout %v", f.leaderGrace, f.brokerTimeout), "controller-leader-grace", "controller-broker-timeout")
+	}
+	if hb := time.Duration(f.ctlHeartbeatMs) * time.Millisecond; hb >= f.brokerTimeout {
+		return options{}, o.annotate(fmt.Errorf("-controller-heartbeat-ms %d is not under -controller-broker-timeout %v: every broker would be counted dead between two of its heartbeats", f.ctlHeartbeatMs, f.brokerTimeout), "controller-heartbeat-ms", "controller-broker-timeout")
 	}
 	cfg.ControllerBrokerTimeout, cfg.ControllerLeaderGrace = f.brokerTimeout, f.leaderGrace
 	if f.advertise != "" {

@@ -95,6 +95,8 @@ func TestArgs(t *testing.T) {
 		{env: map[string]string{"BERTH_ROLE": "both"}},
 		{args: []string{"-advertise", "no-port"}},
 		{args: []string{"-controller-heartbeat-ms", "0"}},
+		{args: []string{"-controller-heartbeat-ms", "800"}},
+		{args: []string{"-controller-heartbeat-ms", "1000", "-controller-broker-timeout", "1s"}},
 		{args: []string{"-controller-wait", "0s"}},
 		{env: map[string]string{"BERTH_CONTROLLER_WAIT": "-1s"}},
 	}
