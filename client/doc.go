@@ -78,7 +78,16 @@
 // rounds separated by waits that double from DelayMin up to DelayMax with
 // jitter, until one takes a session (the same login again) or the
 // policy's bound of rounds or time runs out (EventGaveUp: the Conn then
-// ends as one without Reconnect would, Err wrapping ErrGaveUp). While it
+// ends as one without Reconnect would, Err wrapping ErrGaveUp).
+//
+// A broker that stops answering without closing the connection (frozen,
+// or cut off) is noticed after three heartbeat intervals without a frame
+// from it: 15 s at a server's default of 5 s. A cluster gives a frozen
+// master's queues a new master within about 0.8 s
+// (-controller-broker-timeout), so a client that must follow it that
+// fast asks for a short interval, Config.Heartbeat of 200 ms or so (the
+// server then sends a HEARTBEAT frame of 8 bytes every 100 ms, and
+// expects one from the client as often). While it
 // dials, calls queue as usual and wait for window space; Flush waits.
 //
 // On the new connection (EventReconnected), in command-id order and under
