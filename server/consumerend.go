@@ -33,9 +33,10 @@ type consumerRef struct {
 }
 
 // queueConsumers indexes the consumers by their queue. A consumer whose
-// SUBSCRIBE failed may stay in it until its session ends; its CANCELLED,
-// if its queue is deleted meanwhile, names a consumer the client no
-// longer has, which the client ignores.
+// SUBSCRIBE failed in its shard leaves it when the shard says so
+// (consumerGone); a CANCELLED sent in between, if its queue is deleted
+// meanwhile, names a consumer the client no longer has, which the client
+// ignores.
 type queueConsumers struct {
 	mu      sync.Mutex
 	byQueue map[*shards.Queue]map[consumerRef]struct{}
@@ -54,6 +55,26 @@ func (s *Server) noteConsumer(q *shards.Queue, ref consumerRef) {
 		t.byQueue[q] = m
 	}
 	m[ref] = struct{}{}
+}
+
+// consumerGone drops the connection's record of consumer id, which its
+// shard forgot for good (shards.Session.OnConsumerGone): its SUBSCRIBE
+// failed, or it was cancelled or its queue deleted with nothing left to
+// settle. Without this a session that subscribes and cancels (a reply
+// queue per request) or retries a refused subscribe kept an entry per
+// consumer until it ended. It runs on the connection's owner.
+func (s *Server) consumerGone(cs *connState, id uint32) {
+	if cs.closing.Load() {
+		return
+	}
+	if shard, ok := cs.consumers[id]; !ok || shard == proxyShard {
+		return
+	}
+	delete(cs.consumers, id)
+	if q := cs.queueOf[id]; q != nil {
+		delete(cs.queueOf, id)
+		s.forgetConsumer(q, consumerRef{cs: cs, id: id})
+	}
 }
 
 func (s *Server) forgetConsumer(q *shards.Queue, ref consumerRef) {
@@ -83,9 +104,19 @@ func (s *Server) queueDropped(q *shards.Queue) {
 	for ref := range refs {
 		switch {
 		case ref.cs != nil:
-			if v := ref.cs.version; v >= wire.VersionCancelled && !ref.cs.closing.Load() {
-				_ = ref.cs.t.send(wire.AppendCancelled(nil, v, ref.id, wire.CodeNotFound, reason), false)
-			}
+			// The connection forgets the consumer (its shard did), and a
+			// 1.3 client is told.
+			cs, id := ref.cs, ref.id
+			_ = cs.t.runOwned(func() {
+				if cs.closing.Load() {
+					return
+				}
+				delete(cs.consumers, id)
+				delete(cs.queueOf, id)
+				if cs.version >= wire.VersionCancelled {
+					cs.t.writeOwned(wire.AppendCancelled(nil, cs.version, id, wire.CodeNotFound, reason))
+				}
+			})
 		case ref.p != nil:
 			// Through the proxying broker, which forgets the consumer as
 			// the frame passes (proxyOutput).

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"sync"
 	"time"
@@ -112,7 +113,7 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 
 // opened registers a new connection, whichever listener took it.
 func (h *handler) opened(t transport, tls bool) *connState {
-	cs := &connState{s: h.s, t: t, tls: tls, consumers: map[uint32]int{}, usedIDs: map[uint32]bool{}}
+	cs := &connState{s: h.s, t: t, tls: tls, consumers: map[uint32]int{}}
 	cs.openedAt = time.Now().UnixNano()
 	cs.lastRecv.Store(cs.openedAt)
 	cs.lastBeat = cs.lastRecv.Load()
@@ -596,8 +597,12 @@ func (h *handler) subscribe(cs *connState, body []byte) (bool, gnet.Action) {
 	if err := wire.DecodeSubscribe(body, &m); err != nil {
 		return true, cs.protocolError(wire.CodeMalformed, "SUBSCRIBE: "+err.Error())
 	}
-	if cs.usedIDs[m.ConsumerID] {
+	if cs.usedIDs.has(m.ConsumerID) {
 		cs.fail(m.CommandID, wire.CodeInvalid, "consumer id already used in this session")
+		return true, gnet.None
+	}
+	if !cs.usedIDs.canAdd(m.ConsumerID) {
+		cs.fail(m.CommandID, wire.CodeResourceLimit, fmt.Sprintf("this session used consumer ids in %d separate runs; number them upwards", idRangesMax))
 		return true, gnet.None
 	}
 	if m.AckMode > wire.AckNone {
@@ -619,7 +624,7 @@ func (h *handler) subscribe(cs *connState, body []byte) (bool, gnet.Action) {
 		// Another broker masters the queue's group: consume there
 		// through this one (proxy.go).
 		h.s.proxySubscribe(cs, g, master, addr, &m, body)
-		cs.usedIDs[m.ConsumerID] = true
+		cs.usedIDs.add(m.ConsumerID)
 		cs.consumers[m.ConsumerID] = proxyShard
 		return true, gnet.None
 	}
@@ -628,7 +633,7 @@ func (h *handler) subscribe(cs *connState, body []byte) (bool, gnet.Action) {
 	if !h.push(cs, q.Shard(), cmd) {
 		return false, gnet.None
 	}
-	cs.usedIDs[m.ConsumerID] = true
+	cs.usedIDs.add(m.ConsumerID)
 	cs.consumers[m.ConsumerID] = q.Shard()
 	if cs.queueOf == nil {
 		cs.queueOf = map[uint32]*shards.Queue{}

@@ -150,6 +150,7 @@ func (h *handler) loggedIn(cs *connState, u *authUser, final []byte) gnet.Action
 		OutMax: cfg.OutboundMax}
 	cs.sessAt.Store(cs.sess)
 	cs.sess.OnStall = func() { h.s.stalls.add(cs) }
+	cs.sess.OnConsumerGone = func(id uint32) { _ = cs.t.runOwned(func() { h.s.consumerGone(cs, id) }) }
 	if t, ok := cs.t.(*tlsConn); ok {
 		t.setGauge(&cs.sess.OutBuffered)
 	}

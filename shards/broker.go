@@ -427,6 +427,8 @@ func (s *Shard) dropQueue(q *Queue) int {
 		return 0
 	}
 	n := q.Depth()
+	// The server hears of these through the queue's deletion, which
+	// also tells their clients: not through Session.OnConsumerGone.
 	for _, con := range append([]*Consumer(nil), q.consumers...) {
 		delete(s.consumers, consumerKey{con.Session, con.ID})
 	}

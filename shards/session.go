@@ -51,6 +51,21 @@ type Session struct {
 	// not per message. It must not block (the server notes the session
 	// for a quick check of its connection).
 	OnStall func()
+	// OnConsumerGone, if set, runs on a shard goroutine when the shard
+	// forgets one of the session's consumers for good: its SUBSCRIBE
+	// failed, or it was cancelled and has nothing left to settle.
+	// Settles of it then fail not-found. It must not block (the server
+	// drops its own record of the consumer). The consumers of a deleted
+	// queue go without it: the server learns of them from the deletion.
+	OnConsumerGone func(id uint32)
+}
+
+// consumerGone tells the session's owner that the shard forgot consumer
+// id (Session.OnConsumerGone).
+func (s *Session) consumerGone(id uint32) {
+	if f := s.OnConsumerGone; f != nil {
+		f(id)
+	}
 }
 
 // OutPending is the bytes waiting to be written to the session's

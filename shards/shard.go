@@ -416,28 +416,33 @@ func (s *Shard) publish(c *Command) {
 func (s *Shard) subscribe(c *Command) {
 	q := c.Queue
 	key := consumerKey{c.Sess, c.ConsumerID}
+	if s.consumers[key] != nil {
+		// The consumer of that id stays: the session is not told it went.
+		s.completeCmd(c.Sess, c.CmdID, nil, Errorf(wire.CodeInvalid, "consumer id %d is in use", c.ConsumerID))
+		return
+	}
+	refuse := func(err error) {
+		s.completeCmd(c.Sess, c.CmdID, nil, err)
+		c.Sess.consumerGone(c.ConsumerID)
+	}
 	if q.deleted {
-		s.completeCmd(c.Sess, c.CmdID, nil, Errorf(wire.CodeNotFound, "queue %q was deleted", q.Name))
+		refuse(Errorf(wire.CodeNotFound, "queue %q was deleted", q.Name))
 		return
 	}
 	if q.replicated {
 		if r := s.broker.loadReplicator(); r == nil || !r.IsMaster(q.group) {
-			s.completeCmd(c.Sess, c.CmdID, nil, Errorf(wire.CodeNotAllowed,
+			refuse(Errorf(wire.CodeNotAllowed,
 				"queue %q is replicated in group %d, whose master is another broker: consume there", q.Name, q.group))
 			return
 		}
 	}
-	if s.consumers[key] != nil {
-		s.completeCmd(c.Sess, c.CmdID, nil, Errorf(wire.CodeInvalid, "consumer id %d is in use", c.ConsumerID))
-		return
-	}
 	if q.owner != nil && q.owner != c.Sess {
-		s.completeCmd(c.Sess, c.CmdID, nil, Errorf(wire.CodeNotAllowed, "queue %q is exclusive to another session", q.Name))
+		refuse(Errorf(wire.CodeNotAllowed, "queue %q is exclusive to another session", q.Name))
 		return
 	}
 	for _, other := range q.consumers {
 		if other.exclusive || c.Exclusive {
-			s.completeCmd(c.Sess, c.CmdID, nil, Errorf(wire.CodeNotAllowed, "queue %q has an exclusive consumer", q.Name))
+			refuse(Errorf(wire.CodeNotAllowed, "queue %q has an exclusive consumer", q.Name))
 			return
 		}
 	}
@@ -464,6 +469,11 @@ func (s *Shard) cancel(c *Command) {
 	// consumer only stops receiving.
 	con.credit = 0
 	s.detach(con)
+	if len(con.unacked) == 0 {
+		// Nothing left to settle: forget it now, not at session end.
+		delete(s.consumers, consumerKey{c.Sess, c.ConsumerID})
+		c.Sess.consumerGone(c.ConsumerID)
+	}
 	s.completeCmd(c.Sess, c.CmdID, nil, nil)
 }
 
@@ -544,6 +554,7 @@ func (s *Shard) settle(c *Command) {
 	if con.queue.deleted || (len(con.unacked) == 0 && !containsConsumer(q.consumers, con)) {
 		// A cancelled consumer with nothing left to settle is gone.
 		delete(s.consumers, consumerKey{con.Session, con.ID})
+		con.Session.consumerGone(con.ID)
 	}
 	if c.Last {
 		if q.replicated {
