@@ -51,7 +51,7 @@ type connState struct {
 	lastBeat int64 // heartbeat goroutine only
 
 	consumers map[uint32]int // consumer id -> shard
-	usedIDs   idSet // consumer ids used in the session (never reused)
+	usedIDs   idSet          // consumer ids used in the session (never reused)
 	// queueOf is the queue of each consumer served on this broker (not
 	// proxied), as noted in Server.queueConsumers.
 	queueOf map[uint32]*shards.Queue
