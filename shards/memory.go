@@ -17,9 +17,10 @@ import (
 // and counts, on its own goroutine, what it holds for messages:
 //
 //   - every message in its queues costs EntryBytes (the Entry and its slot
-//     in the queue's ring), paged out or not, and a replicated one
-//     logEntryBytes more (its slot in the group log and the node's
-//     journal position for it);
+//     in the queue's ring, 48 + 8 bytes), paged out or not, and a
+//     replicated one logEntryBytes more (its 4-byte slot in the group log
+//     and the node's 4-byte journal position for it): 64 bytes a paged
+//     replicated message;
 //   - a body in memory costs its buffer's capacity plus the Body header,
 //     once per queue entry that holds it (a body routed to two queues of
 //     one shard is counted twice: the count errs high).
@@ -92,8 +93,14 @@ const EntryBytes = int64(unsafe.Sizeof(Entry{})) + int64(unsafe.Sizeof((*Entry)(
 
 // logEntryBytes is what a replicated message costs in its group log
 // beyond its body: the log's slot and the node's journal position
-// (server/groups).
-const logEntryBytes = group.SlotBytes + int64(unsafe.Sizeof(journal.Pos(0)))
+// (server/groups.PositionBytes: an offset from its chunk's base). One
+// whose event's data the log holds (not paged) also costs the log
+// group.HeldBytes, not counted: its body is, and the two go together.
+const logEntryBytes = group.SlotBytes + positionBytes
+
+// positionBytes is server/groups.PositionBytes, which this package
+// cannot import.
+const positionBytes = 4
 
 // entryCost is what a message of q costs with its body paged out.
 func entryCost(q *Queue) int64 {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
 	"strconv"
 	"testing"
 
@@ -209,5 +210,42 @@ func BenchmarkReplicatedConsumeBacklog(b *testing.B) {
 			}
 			b.ReportMetric(float64(s.mem.pageIns)/float64(b.N), "pageins/op")
 		})
+	}
+}
+
+// TestReplicatedPagedIndexBytes: a paged replicated message costs the
+// shard its Entry and its ring slot, EntryBytes (56), and the budget
+// counts EntryBytes + logEntryBytes (64) for it, the group log's slot and
+// journal position included (measured in shards/group and server/groups:
+// TestPagedEntryBytes, TestNodePagedEntryBytes). Measured as the heap
+// after GC, with the group journal's records written beforehand, over
+// 2^17 messages (the ring's size, so it has no slack).
+func TestReplicatedPagedIndexBytes(t *testing.T) {
+	const n = 1 << 17
+	s, q, r := replicatedShard(t, 64<<10)
+	payload := make([]byte, 100)
+	pos := make([]uint64, n)
+	for i := range pos {
+		pos[i] = r.event(NewBody(nil, []byte("rq"), nil, payload, true))
+	}
+	before := int64(liveHeap())
+	for i := range n {
+		s.ApplyEnqueue(q, uint64(i+1), NewBody(nil, []byte("rq"), nil, payload, true), 0, 0, 0, pos[i])
+		s.publishMemory()
+	}
+	per := float64(int64(liveHeap())-before) / n
+	runtime.KeepAlive(pos)
+	t.Logf("%.1f bytes a paged replicated message in the shard; %d counted", per, entryCost(q))
+	if s.mem.paged < n-1000 {
+		t.Fatalf("%d of %d paged", s.mem.paged, n)
+	}
+	if per > float64(EntryBytes)+1 {
+		t.Fatalf("a paged replicated message costs the shard %.1f bytes, want at most %d", per, EntryBytes+1)
+	}
+	if got := entryCost(q); got > 64 {
+		t.Fatalf("a paged replicated message is counted as %d bytes, want at most 64", got)
+	}
+	if s.mem.used > int64(n)*entryCost(q)+s.mem.high {
+		t.Fatalf("%d bytes counted for %d messages", s.mem.used, n)
 	}
 }
