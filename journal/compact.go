@@ -261,6 +261,7 @@ func (j *Journal) compactOnce() (bool, error) {
 	out.sealed = true
 	out.compacting = false
 	j.mu.segs[out.id] = out
+	j.publishSegmentsLocked()
 	j.mu.stats.Compactions++
 	j.mu.stats.BytesRelocated += uint64(off)
 	j.mu.Unlock()
@@ -302,6 +303,7 @@ func (j *Journal) removeSegments(segs []*segment) error {
 		delete(j.mu.segs, s.id)
 		j.mu.stats.SegmentsReclaimed++
 	}
+	j.publishSegmentsLocked()
 	j.mu.Unlock()
 	return nil
 }

@@ -7,7 +7,9 @@ import (
 	"math/bits"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // Pos is the logical position of a record. Positions are assigned at append
@@ -194,6 +196,10 @@ type Journal struct {
 	recordMax    int
 	pendingMax   int
 	compactLive  int64 // live-byte threshold for rewriting a segment
+	// indexBytes is the memory of the index (index.publish) and
+	// segPosBytes that of the segments' position lists
+	// (publishSegmentsLocked), for IndexBytes.
+	indexBytes, segPosBytes atomic.Int64
 
 	mu struct {
 		sync.Mutex
@@ -309,7 +315,11 @@ func (j *Journal) add(kind uint8, data []byte, target Pos, done Completion) Pos 
 	}
 	seg.size += int64(size)
 	seg.live += int64(size)
+	c := cap(seg.positions)
 	seg.positions = append(seg.positions, pos)
+	if cap(seg.positions) != c {
+		j.publishSegmentsLocked()
+	}
 	e := entry{seg: seg.id, off: uint32(off), size: uint32(size)}
 	if kind == kindRef {
 		// t is still valid: nothing has changed the index since the
@@ -606,6 +616,25 @@ func (j *Journal) Close() error {
 		}
 	}
 	return j.mu.err
+}
+
+// IndexBytes is the memory the journal's in-memory index takes: its
+// ring of slots (32 bytes each, a power of two of them), the entries
+// that spilled to its map, and each segment's list of the positions
+// placed in it (8 bytes a record, as the lists' arrays grew). Safe from
+// any goroutine: two atomic loads. It is kept as the index and the lists
+// change size (the arrays grow by doubling, so that is seldom).
+func (j *Journal) IndexBytes() int64 { return j.indexBytes.Load() + j.segPosBytes.Load() }
+
+// publishSegmentsLocked sums the segments' position lists for
+// IndexBytes; j.mu must be held. It runs when a list's array grows and
+// when segments come or go.
+func (j *Journal) publishSegmentsLocked() {
+	var n int64
+	for _, s := range j.mu.segs {
+		n += int64(cap(s.positions)) * int64(unsafe.Sizeof(Pos(0)))
+	}
+	j.segPosBytes.Store(n)
 }
 
 // Stats returns a snapshot of the counters.

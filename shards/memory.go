@@ -35,11 +35,20 @@ import (
 //     read once per loop (chargeOutbound); each connection's part is
 //     capped by the server's -outbound-max.
 //
+//   - the shard journal's in-memory index (journal.IndexBytes: 32 bytes a
+//     slot, a power of two of them, and the entries spilled to its map),
+//     read once per loop (chargeOutbound);
+//
+//   - what the replication holds outside the group logs
+//     (Replicator.MemoryBytes: the group journal's index and the frames
+//     queued for peers, up to 32 MiB a peer), which each shard counts an
+//     equal part of, read once per loop (chargeOutbound).
+//
 // Not counted: bodies in outbound writes not yet taken by a connection
-// after their entry is gone (ack mode none), the journal's own index and
-// pending bytes, inbound connection buffers, and the runtime's slack; RSS
-// is therefore above the count, and the process test bounds RSS, not the
-// count.
+// after their entry is gone (ack mode none), the journals' pending bytes
+// and batch arrays, inbound connection buffers, and the runtime's slack;
+// RSS is therefore above the count, and the process test bounds RSS, not
+// the count.
 //
 // Above the high watermark (memoryHighFraction of the share) each newly
 // enqueued message is paged out unless it is among the first
@@ -134,6 +143,9 @@ type memory struct {
 	pageOuts, pageIns, throttles, pageErrors uint64
 
 	outCharged int64 // the share of Broker.outbound in used
+	// journalCharged and replCharged are the shard journal's index and
+	// the share of Replicator.MemoryBytes in used.
+	journalCharged, replCharged int64
 
 	pages    *pageFile // nil until the first transient page-out
 	pageDir  string
@@ -144,6 +156,10 @@ type memory struct {
 	throttledPub atomic.Bool
 	pagingPub    atomic.Bool
 }
+
+// outside is what used holds for memory outside the queues
+// (chargeOutbound).
+func (m *memory) outside() int64 { return m.outCharged + m.journalCharged + m.replCharged }
 
 func bodyBytes(b *Body) int64 {
 	n := len(b.Exchange) + len(b.RoutingKey) + len(b.Props) + len(b.Payload)
@@ -376,16 +392,34 @@ func (s *Shard) withBody(q *Queue, e *Entry) bool {
 // server calls it every heartbeat scan. Safe from any goroutine.
 func (b *Broker) SetOutbound(n int64) { b.outbound.Store(n) }
 
-// chargeOutbound counts the shard's part of the bytes waiting on client
-// connections against its share; once per loop, one plain load.
+// chargeOutbound counts against the shard's share what the broker holds
+// outside its queues: the shard's part of the bytes waiting on client
+// connections, its journal's index, and its part of what the replication
+// holds (Replicator.MemoryBytes). Once per loop: a few atomic loads.
 func (s *Shard) chargeOutbound() {
-	if s.mem.limit == 0 {
+	m := &s.mem
+	if m.limit == 0 {
 		return
 	}
-	part := s.broker.outbound.Load() / int64(len(s.broker.shards))
-	if d := part - s.mem.outCharged; d != 0 {
-		s.mem.outCharged = part
+	shards := int64(len(s.broker.shards))
+	part := s.broker.outbound.Load() / shards
+	if d := part - m.outCharged; d != 0 {
+		m.outCharged = part
 		s.charge(d)
+	}
+	if s.journal != nil {
+		if n := s.journal.j.IndexBytes(); n != m.journalCharged {
+			d := n - m.journalCharged
+			m.journalCharged = n
+			s.charge(d)
+		}
+	}
+	if r := s.broker.loadReplicator(); r != nil {
+		if n := r.MemoryBytes() / shards; n != m.replCharged {
+			d := n - m.replCharged
+			m.replCharged = n
+			s.charge(d)
+		}
 	}
 }
 
@@ -427,13 +461,25 @@ type MemoryStatus struct {
 	// OutboundBytes is what waits on client connections, counted in
 	// UsedBytes.
 	OutboundBytes int64 `json:"outbound_bytes"`
+	// JournalIndexBytes is the shard journals' in-memory indexes, and
+	// ReplicationBytes what the replication holds outside the group logs
+	// (the group journal's index, frames queued for peers); both
+	// counted in UsedBytes.
+	JournalIndexBytes int64 `json:"journal_index_bytes"`
+	ReplicationBytes  int64 `json:"replication_bytes"`
 }
 
 // Memory reads the budget's counters; safe from any goroutine.
 func (b *Broker) Memory() MemoryStatus {
 	st := MemoryStatus{LimitBytes: b.cfg.MemoryLimit, EntryBytes: EntryBytes, ThrottledShards: []int{},
 		OutboundBytes: b.outbound.Load()}
+	if r := b.loadReplicator(); r != nil {
+		st.ReplicationBytes = r.MemoryBytes()
+	}
 	for _, s := range b.shards {
+		if s.journal != nil {
+			st.JournalIndexBytes += s.journal.j.IndexBytes()
+		}
 		st.UsedBytes += s.mem.usedPub.Load()
 		st.PagedMessages += s.mem.pagedPub.Load()
 		if s.mem.throttledPub.Load() {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"runtime"
 	"strconv"
+	"sync/atomic"
 	"testing"
 
 	"github.com/berthmq/berth/journal"
@@ -21,7 +22,11 @@ import (
 type journalReplicator struct {
 	j   *journal.Journal
 	win journal.Window
+	// outside is what MemoryBytes reports.
+	outside atomic.Int64
 }
+
+func (r *journalReplicator) MemoryBytes() int64 { return r.outside.Load() }
 
 func (r *journalReplicator) Group(string, QueueOptions) (uint32, bool) { return 1, true }
 func (r *journalReplicator) IsMaster(uint32) bool                      { return true }

@@ -928,5 +928,17 @@ func (l *replayLog) check() error {
 	return nil
 }
 
+// MemoryBytes is what the node holds in memory outside its groups' logs:
+// the group journal's index (journal.IndexBytes) and the frames queued
+// for peers in its transport (Transport.QueuedBytes). Safe from any
+// goroutine; the shards count it against the memory budget.
+func (n *Node) MemoryBytes() int64 {
+	b := n.j.IndexBytes()
+	if t := n.cfg.Transport; t != nil {
+		b += t.QueuedBytes()
+	}
+	return b
+}
+
 // JournalStats reports the group journal's statistics.
 func (n *Node) JournalStats() journal.Stats { return n.j.Stats() }
