@@ -243,6 +243,7 @@ func (m *Member) Page(index uint64) bool {
 		return false
 	}
 	*sl = m.release(*sl) | slotPaged
+	m.maybeRepack()
 	return true
 }
 
@@ -285,11 +286,35 @@ func (m *Member) release(sl slot) slot {
 	}
 	m.data[r-1] = nil
 	m.free = append(m.free, uint32(r-1))
-	if len(m.free) == len(m.data) && len(m.data) > 1024 {
-		// Nothing held: let a burst's arrays go.
-		m.data, m.free = nil, nil
-	}
 	return sl &^ slotRef
+}
+
+// repackMin is the size of Member.data below which it is not repacked.
+const repackMin = 4096
+
+// maybeRepack lets go of the arrays of data and free when most of data
+// is unused (a burst held in memory and gone since): it moves the data
+// held to a new array and renumbers the slots. The slots are walked, so
+// it waits until data is at least an eighth of the log's length: the
+// walk costs at most 8 slots for each of the 3/4 of data let go since
+// the array was last packed. It runs after the changes to the slots,
+// never during a walk of them.
+func (m *Member) maybeRepack() {
+	n := len(m.data)
+	if n <= repackMin || len(m.free) < n/4*3 || n < len(m.log)/8 {
+		return
+	}
+	var data [][]byte
+	if held := n - len(m.free); held > 0 {
+		data = make([][]byte, 0, held)
+		for i, sl := range m.log {
+			if r := sl & slotRef; r != 0 {
+				data = append(data, m.data[r-1])
+				m.log[i] = sl&^slotRef | slot(len(data))
+			}
+		}
+	}
+	m.data, m.free = data, nil
 }
 
 // appendEntry adds e at the log's end. The caller has checked canHold.
@@ -472,8 +497,8 @@ func (m *Member) Compact() bool {
 	}
 	m.baseEpoch = m.epochAt(k - 1)
 	drop := int(k - m.first)
-	for _, sl := range m.log[:drop] {
-		m.release(sl)
+	for i, sl := range m.log[:drop] {
+		m.log[i] = m.release(sl)
 	}
 	if drop > len(m.log)/2 {
 		m.log = slices.Clone(m.log[drop:]) // let the old array go
@@ -488,6 +513,7 @@ func (m *Member) Compact() bool {
 		m.epochs = m.epochs[j:]
 		m.epochs[0].first = k
 	}
+	m.maybeRepack()
 	return true
 }
 
@@ -527,6 +553,7 @@ func (m *Member) Forget(index uint64) {
 	if index >= m.first && index <= m.lastIndex() && index <= m.applied {
 		sl := &m.log[index-m.first]
 		*sl = m.release(*sl)&^slotPaged | slotDead
+		m.maybeRepack()
 	}
 }
 
@@ -892,10 +919,12 @@ func (m *Member) truncateAfter(index uint64) {
 	if index < m.commit {
 		panic("group: truncating committed entries")
 	}
-	for _, sl := range m.log[index+1-m.first:] {
-		m.release(sl)
+	tail := m.log[index+1-m.first:]
+	for i, sl := range tail {
+		tail[i] = m.release(sl)
 	}
 	m.log = m.log[:index+1-m.first]
+	m.maybeRepack()
 	for n := len(m.epochs); n > 0 && m.epochs[n-1].first > index; n-- {
 		m.epochs = m.epochs[:n-1]
 	}
