@@ -134,7 +134,9 @@ func testPagingRoundTrip(t *testing.T, journaled bool) {
 	var used, paged int64
 	var throttled bool
 	var outside int64
-	if err := b.Call(sh, func(s *Shard) { used, paged, throttled, outside = s.mem.used, s.mem.paged, s.mem.throttling, s.mem.outside() }); err != nil {
+	if err := b.Call(sh, func(s *Shard) {
+		used, paged, throttled, outside = s.mem.used, s.mem.paged, s.mem.throttling, s.mem.outside()
+	}); err != nil {
 		t.Fatal(err)
 	}
 	// Bodies are 20 MiB; the share is 1 MiB.
