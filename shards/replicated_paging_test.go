@@ -22,11 +22,18 @@ import (
 type journalReplicator struct {
 	j   *journal.Journal
 	win journal.Window
-	// outside is what MemoryBytes reports.
-	outside atomic.Int64
+	// outside is what MemoryBytes reports, and the journal's index with
+	// it if countIndex.
+	outside    atomic.Int64
+	countIndex bool
 }
 
-func (r *journalReplicator) MemoryBytes() int64 { return r.outside.Load() }
+func (r *journalReplicator) MemoryBytes() int64 {
+	if r.countIndex {
+		return r.outside.Load() + r.j.IndexBytes()
+	}
+	return r.outside.Load()
+}
 
 func (r *journalReplicator) Group(string, QueueOptions) (uint32, bool) { return 1, true }
 func (r *journalReplicator) IsMaster(uint32) bool                      { return true }
@@ -252,5 +259,43 @@ func TestReplicatedPagedIndexBytes(t *testing.T) {
 	}
 	if s.mem.used > int64(n)*entryCost(q)+s.mem.high {
 		t.Fatalf("%d bytes counted for %d messages", s.mem.used, n)
+	}
+}
+
+// BenchmarkReplicatedPagedCapacity measures how many replicated messages
+// of 2 KiB a 16 MiB budget holds before the shard throttles, paged past
+// the high watermark, with the group journal's index counted as the
+// shard's loop counts it (index=true; the test's journal stands for the
+// group's) or not (index=false, as before it was). Each paged one costs
+// 64 bytes of index in the shard and the group log,
+// and about 40 in the journal's index (a 32-byte slot in a ring of a
+// power of two of them, 8 bytes in its segment's list). It writes
+// 300 MB to the journal, so it is a benchmark, run once:
+//
+//	go test ./shards -run '^$' -bench ReplicatedPagedCapacity -benchtime 1x
+func BenchmarkReplicatedPagedCapacity(b *testing.B) {
+	const limit = 16 << 20
+	for _, count := range []bool{false, true} {
+		b.Run(fmt.Sprintf("index=%v", count), func(b *testing.B) { replicatedPagedCapacity(b, limit, count) })
+	}
+}
+
+func replicatedPagedCapacity(b *testing.B, limit int64, countIndex bool) {
+	for range b.N {
+		s, q, r := replicatedShard(b, limit)
+		r.countIndex = countIndex
+		payload := make([]byte, 2048)
+		n := 0
+		for ; !s.mem.throttling && n < 1_000_000; n++ {
+			body := NewBody(nil, []byte("rq"), nil, payload, true)
+			s.ApplyEnqueue(q, uint64(n+1), body, 0, 0, 0, r.event(body))
+			if n%256 == 0 {
+				s.chargeOutbound()
+				s.publishMemory()
+			}
+		}
+		b.ReportMetric(float64(n), "msgs")
+		b.ReportMetric(float64(s.mem.paged), "paged")
+		b.ReportMetric(float64(s.mem.replCharged), "index-bytes")
 	}
 }
