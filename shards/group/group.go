@@ -547,7 +547,7 @@ func (m *Member) Paged(index uint64) bool {
 // was enqueued and then removed, or the removal itself). A member that is
 // sent the entry later, or applies it again, gets it with no data and
 // skips it; since the entry is committed, every member reaches the same
-// state. It keeps the log's memory to about 48 bytes per event once the
+// state. It keeps the log's memory to its 4-byte slot per event once the
 // events' effects are gone; the log is not compacted otherwise.
 func (m *Member) Forget(index uint64) {
 	if index >= m.first && index <= m.lastIndex() && index <= m.applied {
