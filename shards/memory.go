@@ -44,6 +44,15 @@ import (
 //     queued for peers, up to 32 MiB a peer), which each shard counts an
 //     equal part of, read once per loop (chargeOutbound).
 //
+//     These two count together up to outsideMaxFraction of the share.
+//     Throttling cannot always bring them down: a journal keeps a freed
+//     record in its index until compaction deletes its segment, which
+//     takes new writes to seal it, and the frames for a peer that is down
+//     wait for it. Counted whole, they could hold the publishers
+//     throttled for good with every queue empty; capped, the queues keep
+//     the rest of the share, and draining them always ends a throttle.
+//     /v1/status reports them whole.
+//
 // Not counted: bodies in outbound writes not yet taken by a connection
 // after their entry is gone (ack mode none), the journals' pending bytes
 // and batch arrays, inbound connection buffers, and the runtime's slack;
@@ -123,6 +132,9 @@ const (
 	bodyHeaderBytes      = int64(unsafe.Sizeof(Body{}))
 	memoryHighFraction   = 0.5
 	memoryResumeFraction = 0.9
+	// outsideMaxFraction bounds what the journal's index and the
+	// replication count of the share (chargeOutbound).
+	outsideMaxFraction = 0.5
 	// residentHeadMin: the first messages of a queue stay in memory, as
 	// they are the next to go out.
 	residentHeadMin = 64
@@ -143,9 +155,10 @@ type memory struct {
 	pageOuts, pageIns, throttles, pageErrors uint64
 
 	outCharged int64 // the share of Broker.outbound in used
-	// journalCharged and replCharged are the shard journal's index and
-	// the share of Replicator.MemoryBytes in used.
-	journalCharged, replCharged int64
+	// journalSeen and replSeen are the shard journal's index and the
+	// shard's part of Replicator.MemoryBytes as last read; used holds
+	// their sum up to outsideMax (outsideCharged).
+	journalSeen, replSeen, outsideCharged int64
 
 	pages    *pageFile // nil until the first transient page-out
 	pageDir  string
@@ -159,7 +172,7 @@ type memory struct {
 
 // outside is what used holds for memory outside the queues
 // (chargeOutbound).
-func (m *memory) outside() int64 { return m.outCharged + m.journalCharged + m.replCharged }
+func (m *memory) outside() int64 { return m.outCharged + m.outsideCharged }
 
 func bodyBytes(b *Body) int64 {
 	n := len(b.Exchange) + len(b.RoutingKey) + len(b.Props) + len(b.Payload)
@@ -408,18 +421,15 @@ func (s *Shard) chargeOutbound() {
 		s.charge(d)
 	}
 	if s.journal != nil {
-		if n := s.journal.j.IndexBytes(); n != m.journalCharged {
-			d := n - m.journalCharged
-			m.journalCharged = n
-			s.charge(d)
-		}
+		m.journalSeen = s.journal.j.IndexBytes()
 	}
 	if r := s.broker.loadReplicator(); r != nil {
-		if n := r.MemoryBytes() / shards; n != m.replCharged {
-			d := n - m.replCharged
-			m.replCharged = n
-			s.charge(d)
-		}
+		m.replSeen = r.MemoryBytes() / shards
+	}
+	n := min(m.journalSeen+m.replSeen, int64(float64(m.limit)*outsideMaxFraction))
+	if d := n - m.outsideCharged; d != 0 {
+		m.outsideCharged = n
+		s.charge(d)
 	}
 }
 

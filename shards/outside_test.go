@@ -23,7 +23,9 @@ func (r *plainReplicator) Group(string, QueueOptions) (uint32, bool) { return 0,
 // the frames queued for peers): 12 MiB of it over an 8 MiB share
 // throttles the publishers though the queues hold 5 MiB, and they carry
 // on when it drops. Without the counting the shard never throttles here and
-// counts no journal index (the test fails on both).
+// counts no journal index (the test fails on both). What the queues do
+// not hold counts up to half the share: 100 MiB of it still lets a
+// drained queue end the throttle (counted whole, it fails there).
 func TestMemoryCountsOutsideQueues(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -52,7 +54,7 @@ func TestMemoryCountsOutsideQueues(t *testing.T) {
 		// it, and the next call sees it.
 		for range 2 {
 			if err := b.Call(sh, func(s *Shard) {
-				used, journalCharged, index, throttled = s.mem.used, s.mem.journalCharged, s.journal.j.IndexBytes(), s.mem.throttling
+				used, journalCharged, index, throttled = s.mem.used, s.mem.journalSeen, s.journal.j.IndexBytes(), s.mem.throttling
 			}); err != nil {
 				t.Fatal(err)
 			}
@@ -70,7 +72,7 @@ func TestMemoryCountsOutsideQueues(t *testing.T) {
 
 	r.outside.Store(12 << 20)
 	used, _, _, throttled := state()
-	if !throttled || !sh.Throttled() || used < 12<<20 {
+	if !throttled || !sh.Throttled() || used < limit {
 		t.Fatalf("the replication holds 12 MiB over an 8 MiB share: counted %d bytes, throttled %v", used, throttled)
 	}
 	if st := b.Memory(); st.ReplicationBytes != 12<<20 {
@@ -79,5 +81,19 @@ func TestMemoryCountsOutsideQueues(t *testing.T) {
 	r.outside.Store(0)
 	if used, _, _, throttled = state(); throttled || sh.Throttled() {
 		t.Fatalf("the replication let go: counted %d bytes, still throttled", used)
+	}
+
+	// What the queues do not hold counts up to half the share: 100 MiB
+	// that throttling cannot bring down (a peer that is down) throttles,
+	// but draining the queue ends the throttle.
+	r.outside.Store(100 << 20)
+	if used, _, _, throttled = state(); !throttled || used > limit/2+6<<20 {
+		t.Fatalf("the replication holds 100 MiB: counted %d bytes, throttled %v; want throttled, at most half the share counted for it", used, throttled)
+	}
+	if _, err := b.Purge(q); err != nil {
+		t.Fatal(err)
+	}
+	if used, _, _, throttled = state(); throttled || sh.Throttled() || used > limit/2 {
+		t.Fatalf("the queue drained, the replication still at 100 MiB: counted %d bytes, throttled %v", used, throttled)
 	}
 }

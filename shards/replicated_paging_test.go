@@ -296,6 +296,6 @@ func replicatedPagedCapacity(b *testing.B, limit int64, countIndex bool) {
 		}
 		b.ReportMetric(float64(n), "msgs")
 		b.ReportMetric(float64(s.mem.paged), "paged")
-		b.ReportMetric(float64(s.mem.replCharged), "index-bytes")
+		b.ReportMetric(float64(s.mem.replSeen), "index-bytes")
 	}
 }
