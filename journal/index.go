@@ -39,6 +39,44 @@ type index struct {
 	// pub, if not nil, is told the index's bytes (bytes) whenever they
 	// change: the ring is resized, or the map gains or loses an entry.
 	pub *atomic.Int64
+	// farNext holds the next ref of the refs whose next is too far back
+	// for entry.link (a billion records or more, or out of order): rare,
+	// and not counted in bytes.
+	farNext map[Pos]Pos
+}
+
+// next is the ref after the ref at pos (e, its entry) on its target's
+// list of refs, 0 for none.
+func (x *index) next(pos Pos, e *entry) Pos {
+	switch d := e.link & linkDelta; d {
+	case 0:
+		return 0
+	case linkFar:
+		return x.farNext[pos]
+	default:
+		return pos - Pos(d)
+	}
+}
+
+// setNext makes next the ref after the ref at pos on its target's list;
+// e is its entry, in the index or about to be inserted at pos.
+func (x *index) setNext(pos Pos, e *entry, next Pos) {
+	if len(x.farNext) > 0 {
+		delete(x.farNext, pos)
+	}
+	var d uint32
+	switch {
+	case next == 0:
+	case next < pos && pos-next < linkFar:
+		d = uint32(pos - next)
+	default:
+		if x.farNext == nil {
+			x.farNext = make(map[Pos]Pos)
+		}
+		x.farNext[pos] = next
+		d = linkFar
+	}
+	e.link = e.link&^linkDelta | d
 }
 
 // indexSlotBytes is what a ring slot costs; indexOldEntryBytes what an
@@ -191,6 +229,9 @@ func (x *index) resize(c int) {
 
 // del removes pos from the index, if it is there.
 func (x *index) del(pos Pos) {
+	if len(x.farNext) > 0 {
+		delete(x.farNext, pos)
+	}
 	if pos < x.base {
 		if _, ok := x.old[pos]; ok {
 			delete(x.old, pos)

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // checkIndex compares the index with a model map, entry by entry, both
@@ -76,8 +77,12 @@ func TestIndexModel(t *testing.T) {
 			case r < 95 && len(live) > 0:
 				pos := live[rng.IntN(len(live))]
 				e := x.get(pos)
-				e.flags ^= flagFreed
-				e.next = Pos(step)
+				e.setFlags(e.flags() ^ flagFreed)
+				// Behind pos (in link) or ahead of it (in farNext).
+				x.setNext(pos, e, Pos(step))
+				if got := x.next(pos, e); got != Pos(step) || e.flags()&flagFreed != model[pos].flags()&flagFreed^flagFreed {
+					t.Fatalf("seed %d step %d: next of %d is %d, want %d", seed, step, pos, got, step)
+				}
 				model[pos] = *e
 			default:
 				// Positions never inserted, or gone, are absent.
@@ -100,6 +105,38 @@ func TestIndexModel(t *testing.T) {
 				}
 			}
 			checkIndex(t, &x, model, step)
+			for pos := range x.farNext {
+				if _, ok := model[pos]; !ok {
+					t.Fatalf("seed %d step %d: a far next kept for %d, not in the index", seed, step, pos)
+				}
+			}
+		}
+	}
+}
+
+// TestEntryLink: an entry is 24 bytes; its flags and the next ref on
+// its target's list share link, a next too far back or ahead going to
+// the index's map, and neither disturbs the other.
+func TestEntryLink(t *testing.T) {
+	if n := unsafe.Sizeof(entry{}); n != 24 {
+		t.Fatalf("an index entry is %d bytes, want 24", n)
+	}
+	x := newIndex(nil)
+	pos := Pos(3 << 30)
+	for _, next := range []Pos{0, 1, pos - 1, pos - linkFar + 1, pos - linkFar, pos + 5} {
+		for _, f := range []uint32{0, flagRef, flagFreed, flagRef | flagFreed} {
+			e := entry{size: 1}
+			e.setFlags(f)
+			x.setNext(pos, &e, next)
+			x.insert(pos, e)
+			if got := x.next(pos, x.get(pos)); got != next || x.get(pos).flags() != f {
+				t.Fatalf("next %d, flags %d: read back next %d, flags %d", next, f, got, x.get(pos).flags())
+			}
+			x.setNext(pos, x.get(pos), 0)
+			x.del(pos)
+			if len(x.farNext) != 0 {
+				t.Fatalf("next %d: %d far nexts left after the entry went", next, len(x.farNext))
+			}
 		}
 	}
 }

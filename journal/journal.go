@@ -133,16 +133,29 @@ const (
 )
 
 // entry locates a record on disk. For a plain record ref is the head of the
-// list of refs pointing at it; for a ref, ref is its target and next links
-// the target's list.
+// list of refs pointing at it; for a ref, ref is its target and the next
+// ref on the target's list is kept in link (index.next). It is 24 bytes,
+// a ring slot of the index: every record in the journal costs one.
 type entry struct {
-	seg   uint32
-	off   uint32
-	size  uint32 // header and data
-	flags uint32
-	ref   Pos
-	next  Pos
+	seg  uint32
+	off  uint32
+	size uint32 // header and data
+	// link holds the flags (its top two bits) and, for a ref, how far
+	// before it the next ref on its target's list is: pos - next, 0 for
+	// none, linkFar when that does not fit (index.farNext holds it).
+	link uint32
+	ref  Pos
 }
+
+const (
+	linkFlagShift = 30
+	linkDelta     = 1<<linkFlagShift - 1
+	linkFar       = linkDelta
+)
+
+func (e entry) flags() uint32 { return e.link >> linkFlagShift }
+
+func (e *entry) setFlags(f uint32) { e.link = e.link&linkDelta | f<<linkFlagShift }
 
 type segment struct {
 	id      uint32
@@ -289,7 +302,7 @@ func (j *Journal) add(kind uint8, data []byte, target Pos, done Completion) Pos 
 	case len(data) > j.recordMax:
 		err = fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(data), j.recordMax)
 	case kind == kindRef:
-		if t = j.mu.index.get(target); t == nil || t.flags != 0 {
+		if t = j.mu.index.get(target); t == nil || t.flags() != 0 {
 			err = fmt.Errorf("%w: %d", ErrBadTarget, target)
 		}
 	}
@@ -324,9 +337,9 @@ func (j *Journal) add(kind uint8, data []byte, target Pos, done Completion) Pos 
 	if kind == kindRef {
 		// t is still valid: nothing has changed the index since the
 		// lookup, and it is updated before the insert may move it.
-		e.flags = flagRef
+		e.setFlags(flagRef)
 		e.ref = target
-		e.next = t.ref
+		j.mu.index.setNext(pos, &e, t.ref)
 		t.ref = pos
 	}
 	j.mu.index.insert(pos, e)
@@ -366,11 +379,11 @@ func (j *Journal) rollLocked(basePos Pos) *segment {
 func (j *Journal) Free(pos Pos) {
 	j.mu.Lock()
 	e := j.mu.index.get(pos)
-	if e == nil || e.flags != 0 {
+	if e == nil || e.flags() != 0 {
 		j.mu.Unlock()
 		return
 	}
-	e.flags |= flagFreed
+	e.setFlags(e.flags() | flagFreed)
 	j.ckFreeLocked(pos)
 	seg := j.mu.segs[e.seg]
 	before := seg.live
@@ -383,7 +396,7 @@ func (j *Journal) Free(pos Pos) {
 		if re.seg == e.seg {
 			seg.live -= int64(re.size)
 		}
-		r = re.next
+		r = j.mu.index.next(r, re)
 	}
 	// Wake the compactor when this free may have made work for it: the
 	// segment emptied, turned sparse, or gathered enough dead bytes to be
@@ -411,11 +424,11 @@ func (j *Journal) kickCompactor() {
 // sits in the same file does not count: one unlink removes both, and
 // counting it would keep the file alive forever.
 func (j *Journal) countedLocked(e entry) bool {
-	if e.flags&flagRef == 0 {
-		return e.flags&flagFreed == 0
+	if e.flags()&flagRef == 0 {
+		return e.flags()&flagFreed == 0
 	}
 	t := j.mu.index.get(e.ref)
-	return t != nil && !(t.flags&flagFreed != 0 && t.seg == e.seg)
+	return t != nil && !(t.flags()&flagFreed != 0 && t.seg == e.seg)
 }
 
 // Read appends the data of the record at pos to dst. The record must be in
@@ -447,7 +460,7 @@ func (j *Journal) ReadAhead(pos Pos, w *Window, dst []byte) ([]byte, error) {
 	for {
 		j.mu.Lock()
 		e := j.mu.index.get(pos)
-		if e == nil || e.flags&flagFreed != 0 {
+		if e == nil || e.flags()&flagFreed != 0 {
 			j.mu.Unlock()
 			return dst, fmt.Errorf("%w: %d", ErrNotFound, pos)
 		}

@@ -375,14 +375,16 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 			}
 			e := entry{seg: seg.id, off: uint32(r.recOff), size: uint32(len(rec))}
 			if g, ok := gone[rh.pos]; ok {
-				e.flags = g.flags &^ flagRef
+				e.setFlags(g.flags() &^ flagRef)
 			}
 			if rh.kind == kindRef {
 				t := j.mu.index.get(rh.ref)
-				if t == nil || t.flags&flagRef != 0 {
+				if t == nil || t.flags()&flagRef != 0 {
 					break
 				}
-				e.flags, e.ref, e.next = flagRef, rh.ref, t.ref
+				e.setFlags(flagRef)
+				e.ref = rh.ref
+				j.mu.index.setNext(rh.pos, &e, t.ref)
 				t.ref = rh.pos
 			}
 			j.mu.index.insert(rh.pos, e)
@@ -396,11 +398,13 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 			copiedBy[seg.id] = lastSeg
 		case rh.kind == kindRef:
 			t := j.mu.index.get(rh.ref)
-			if t == nil || t.flags&flagRef != 0 {
+			if t == nil || t.flags()&flagRef != 0 {
 				// Its target is gone from disk; so is the ref, logically.
 				break
 			}
-			e := entry{seg: seg.id, off: uint32(r.recOff), size: uint32(len(rec)), flags: flagRef, ref: rh.ref, next: t.ref}
+			e := entry{seg: seg.id, off: uint32(r.recOff), size: uint32(len(rec)), ref: rh.ref}
+			e.setFlags(flagRef)
+			j.mu.index.setNext(rh.pos, &e, t.ref)
 			t.ref = rh.pos // before the insert, which may move t
 			j.mu.index.insert(rh.pos, e)
 			j.ckInsertLocked(rh.pos, e)
