@@ -16,7 +16,7 @@ import (
 // the window open.
 const (
 	// indexRingMin and indexRingMax bound the ring's slots; both are powers
-	// of two. At the maximum (32 bytes a slot, 128 MiB) the oldest records
+	// of two. At the maximum (24 bytes a slot, 96 MiB) the oldest records
 	// spill to the map instead of growing the ring further.
 	indexRingMin = 1 << 10
 	indexRingMax = 1 << 22

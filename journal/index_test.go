@@ -268,8 +268,8 @@ func TestIndexQueueWithSurvivors(t *testing.T) {
 }
 
 // TestIndexBytes: IndexBytes follows the index's memory as records come
-// and go: a ring of a power of two 32-byte slots for 100,000 records
-// (4 MiB) and 8 bytes a record in the segments' position lists, close to
+// and go: a ring of a power of two 24-byte slots for 100,000 records
+// (3 MiB) and 8 bytes a record in the segments' position lists, close to
 // what the heap grew by, and less once they are
 // freed and compaction deleted their segments.
 func TestIndexBytes(t *testing.T) {

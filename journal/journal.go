@@ -632,7 +632,7 @@ func (j *Journal) Close() error {
 }
 
 // IndexBytes is the memory the journal's in-memory index takes: its
-// ring of slots (32 bytes each, a power of two of them), the entries
+// ring of slots (24 bytes each, a power of two of them), the entries
 // that spilled to its map, and each segment's list of the positions
 // placed in it (8 bytes a record, as the lists' arrays grew). Safe from
 // any goroutine: two atomic loads. It is kept as the index and the lists

@@ -35,7 +35,7 @@ import (
 //     read once per loop (chargeOutbound); each connection's part is
 //     capped by the server's -outbound-max.
 //
-//   - the shard journal's in-memory index (journal.IndexBytes: 32 bytes a
+//   - the shard journal's in-memory index (journal.IndexBytes: 24 bytes a
 //     slot, a power of two of them, and the entries spilled to its map),
 //     read once per loop (chargeOutbound);
 //

@@ -268,7 +268,7 @@ func TestReplicatedPagedIndexBytes(t *testing.T) {
 // shard's loop counts it (index=true; the test's journal stands for the
 // group's) or not (index=false, as before it was). Each paged one costs
 // 64 bytes of index in the shard and the group log,
-// and about 40 in the journal's index (a 32-byte slot in a ring of a
+// and about 32 in the journal's index (a 24-byte slot in a ring of a
 // power of two of them, 8 bytes in its segment's list). It writes
 // 300 MB to the journal, so it is a benchmark, run once:
 //
