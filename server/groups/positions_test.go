@@ -83,8 +83,10 @@ func TestPositionBytes(t *testing.T) {
 	per := float64(heapAfterGC()-before) / n
 	runtime.KeepAlive(&p)
 	t.Logf("%.2f bytes a position", per)
-	if per > PositionBytes+0.1 {
-		t.Fatalf("a position costs %.2f bytes, want at most %.1f", per, PositionBytes+0.1)
+	// 0.5 bytes of slack (500 KB) for what other goroutines allocate
+	// meanwhile; 1,024-offset chunks took 4.76 bytes, a []journal.Pos 8.
+	if per > PositionBytes+0.5 {
+		t.Fatalf("a position costs %.2f bytes, want at most %.1f", per, PositionBytes+0.5)
 	}
 }
 
