@@ -131,12 +131,12 @@ func journalPos(p uint64) journal.Pos { return journal.Pos(p) }
 // TestNodePagedEntryBytes: a paged entry costs the node its group log's
 // slot (group.SlotBytes, 4) and its journal position (PositionBytes, 4),
 // beyond the journal's index (counted apart: journal.IndexBytes, here
-// subtracted): at most 12 bytes on the heap after GC with the slots'
-// array grown by appends (9.5 measured). It was 56 (a 48-byte slot and
-// an 8-byte position), 63.6-63.9 measured so. A lone broker's group of
-// one, 1,000,000 entries of 100 bytes, each paged as it is applied.
+// subtracted): at most 13 bytes on the heap after GC with the slots'
+// array grown by appends (10.5 measured). It was 56 (a 48-byte slot and
+// an 8-byte position), 65.9 measured so. A lone broker's group of one,
+// 500,000 entries of 100 bytes, each paged as it is applied.
 func TestNodePagedEntryBytes(t *testing.T) {
-	const n = 1_000_000
+	const n = 500_000
 	var node atomic.Pointer[Node]
 	nd, err := OpenNode(NodeConfig{ID: 1, Dir: t.TempDir(), Fsync: journal.FsyncNever, Groups: []uint32{testGroup}, Replicas: []uint32{1},
 		Logger: quiet(), Apply: func(g uint32, e wire.GroupEntry) {
@@ -188,7 +188,7 @@ func TestNodePagedEntryBytes(t *testing.T) {
 	grew := heapAfterGC() - before - (nd.j.IndexBytes() - index)
 	per := float64(grew) / n
 	t.Logf("%.1f bytes a paged entry beyond the journal's index (which grew by %d)", per, nd.j.IndexBytes()-index)
-	if per > 12 {
-		t.Fatalf("a paged entry costs the node %.1f bytes, want at most 12", per)
+	if per > 13 {
+		t.Fatalf("a paged entry costs the node %.1f bytes, want at most 13", per)
 	}
 }
