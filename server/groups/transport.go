@@ -77,7 +77,8 @@ type Transport struct {
 	// Dropped counts messages lost to full queues and injected faults.
 	Dropped atomic.Uint64
 
-	// queued is the bytes of frames in every peer's queue (QueuedBytes).
+	// queued is the memory of the frames in every peer's queue (their
+	// arrays' capacity; QueuedBytes).
 	queued atomic.Int64
 }
 
@@ -91,12 +92,12 @@ type peerOut struct {
 // take accounts for a frame taken off the queue.
 func (p *peerOut) take(frame []byte) []byte {
 	p.bytes.Add(-int64(len(frame)))
-	p.queued.Add(-int64(len(frame)))
+	p.queued.Add(-int64(cap(frame)))
 	return frame
 }
 
-// QueuedBytes is the bytes of the frames waiting to be written to all
-// peers: up to peerQueueBytes a peer, held in memory until a connection
+// QueuedBytes is the memory of the frames waiting to be written to all
+// peers (up to peerQueueBytes of frame a peer), held until a connection
 // takes them. Safe from any goroutine: the shards count it against the
 // memory budget (shards/memory.go).
 func (t *Transport) QueuedBytes() int64 { return t.queued.Load() }
@@ -163,12 +164,12 @@ func (t *Transport) Send(m *wire.GroupMessage) {
 		return
 	}
 	p.bytes.Add(int64(len(frame)))
-	p.queued.Add(int64(len(frame)))
+	p.queued.Add(int64(cap(frame))) // what it holds in memory
 	select {
 	case p.queue <- frame:
 	default:
 		p.bytes.Add(-int64(len(frame)))
-		p.queued.Add(-int64(len(frame)))
+		p.queued.Add(-int64(cap(frame)))
 		t.Dropped.Add(1)
 	}
 }

@@ -109,7 +109,7 @@ func TestPeerQueueBoundedInBytes(t *testing.T) {
 	}
 	// What is queued is counted against the memory budget (through
 	// Node.MemoryBytes), all peers together.
-	if q := tr.QueuedBytes(); q != p.bytes.Load() || q < peerQueueBytes/2 {
+	if q := tr.QueuedBytes(); q < p.bytes.Load() || q > 2*p.bytes.Load() || q < peerQueueBytes/2 {
 		t.Errorf("the transport reports %d bytes queued, the peer's queue holds %d", q, p.bytes.Load())
 	}
 	if d := tr.Dropped.Load(); d == 0 {
