@@ -136,8 +136,8 @@ func appendCkEntry(buf []byte, pos, prev Pos, e *entry) []byte {
 	buf = binary.AppendUvarint(buf, uint64(e.seg))
 	buf = binary.AppendUvarint(buf, uint64(e.off))
 	buf = binary.AppendUvarint(buf, uint64(e.size))
-	buf = append(buf, byte(e.flags))
-	if e.flags&flagRef != 0 {
+	buf = append(buf, byte(e.flags()))
+	if e.flags()&flagRef != 0 {
 		buf = binary.AppendUvarint(buf, uint64(pos-e.ref))
 	}
 	return buf
@@ -148,8 +148,9 @@ func appendCkEntry(buf []byte, pos, prev Pos, e *entry) []byte {
 // it was loaded).
 func readCkEntry(r *ckReader, prev Pos) (Pos, entry) {
 	pos := prev + Pos(r.uvarint())
-	e := entry{seg: uint32(r.uvarint()), off: uint32(r.uvarint()), size: uint32(r.uvarint()), flags: uint32(r.byte())}
-	if e.flags&flagRef != 0 {
+	e := entry{seg: uint32(r.uvarint()), off: uint32(r.uvarint()), size: uint32(r.uvarint())}
+	e.setFlags(uint32(r.byte()))
+	if e.flags()&flagRef != 0 {
 		e.ref = pos - Pos(r.uvarint())
 	}
 	return pos, e
@@ -421,7 +422,7 @@ func (j *Journal) mergeIndexLog(out, base []byte, baseN int, l *ckLog) ([]byte, 
 			fi++
 		}
 		if fi < len(l.frees) && l.frees[fi] == pos {
-			e.flags |= flagFreed
+			e.setFlags(e.flags() | flagFreed)
 		}
 		for di < len(l.dels) && l.dels[di] < pos {
 			di++
@@ -652,8 +653,9 @@ func (j *Journal) loadCheckpointIndex(ck *ckpt, gone map[Pos]entry) error {
 			flags&^(flagRef|flagFreed) != 0 || flags&flagRef != 0 && (back == 0 || back >= uint64(pos)) {
 			return fmt.Errorf("%w: entry at %d", errBadCheckpoint, pos)
 		}
-		e := entry{seg: uint32(segID), off: uint32(off), size: uint32(size), flags: uint32(flags)}
-		if e.flags&flagRef != 0 {
+		e := entry{seg: uint32(segID), off: uint32(off), size: uint32(size)}
+		e.setFlags(uint32(flags))
+		if e.flags()&flagRef != 0 {
 			e.ref = pos - Pos(back)
 		}
 		last = pos
@@ -667,13 +669,13 @@ func (j *Journal) loadCheckpointIndex(ck *ckpt, gone map[Pos]entry) error {
 			j.mu.ckLog.drops = append(j.mu.ckLog.drops, pos)
 			continue
 		}
-		if e.flags&flagRef != 0 {
+		if e.flags()&flagRef != 0 {
 			t := j.mu.index.get(e.ref)
-			if t == nil || t.flags&flagRef != 0 {
+			if t == nil || t.flags()&flagRef != 0 {
 				j.mu.ckLog.drops = append(j.mu.ckLog.drops, pos)
 				continue // its target went with a removed segment
 			}
-			e.next = t.ref
+			j.mu.index.setNext(pos, &e, t.ref)
 			t.ref = pos
 		}
 		j.mu.index.insert(pos, e)
@@ -725,7 +727,7 @@ func (j *Journal) Contains(pos Pos) bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	e := j.mu.index.get(pos)
-	return e != nil && e.flags == 0
+	return e != nil && e.flags() == 0
 }
 
 // CheckpointSuspect reports whether recovery from a checkpoint found some

@@ -32,7 +32,7 @@ func TestCheckpointIndexMatchesFull(t *testing.T) {
 		live = live[:0]
 		j.mu.Lock()
 		for pos, e := range j.mu.index.all() {
-			if e.flags == 0 {
+			if e.flags() == 0 {
 				live = append(live, pos)
 			}
 		}

@@ -261,6 +261,7 @@ func (j *Journal) compactOnce() (bool, error) {
 	out.sealed = true
 	out.compacting = false
 	j.mu.segs[out.id] = out
+	j.publishSegmentsLocked()
 	j.mu.stats.Compactions++
 	j.mu.stats.BytesRelocated += uint64(off)
 	j.mu.Unlock()
@@ -302,6 +303,7 @@ func (j *Journal) removeSegments(segs []*segment) error {
 		delete(j.mu.segs, s.id)
 		j.mu.stats.SegmentsReclaimed++
 	}
+	j.publishSegmentsLocked()
 	j.mu.Unlock()
 	return nil
 }
@@ -312,8 +314,8 @@ func (j *Journal) removeSegments(segs []*segment) error {
 // target may be picked live and freed before the ref is looked at, and
 // the ref must then follow it.
 func (j *Journal) mustCopyLocked(e entry) bool {
-	if e.flags&flagRef == 0 {
-		return e.flags&flagFreed == 0
+	if e.flags()&flagRef == 0 {
+		return e.flags()&flagFreed == 0
 	}
 	return j.mu.index.get(e.ref) != nil
 }
@@ -343,21 +345,21 @@ func (j *Journal) yieldLocked() {
 func (j *Journal) dropLocked(pos Pos, e entry) {
 	j.mu.index.del(pos)
 	j.ckDelLocked(pos)
-	if e.flags&flagRef != 0 {
+	if e.flags()&flagRef != 0 {
 		return
 	}
 	for r := e.ref; r != 0; {
 		rp := j.mu.index.get(r)
-		if rp == nil || rp.flags&flagRef == 0 || rp.ref != pos {
+		if rp == nil || rp.flags()&flagRef == 0 || rp.ref != pos {
 			break
 		}
-		re := *rp
+		re, next := *rp, j.mu.index.next(r, rp) // del clears both
 		j.mu.index.del(r)
 		j.ckDelLocked(r)
 		// A ref in the target's own file stopped counting at Free.
 		if rs := j.mu.segs[re.seg]; rs != nil && re.seg != e.seg {
 			rs.live -= int64(re.size)
 		}
-		r = re.next
+		r = next
 	}
 }

@@ -23,8 +23,8 @@ func checkInvariants(t testing.TB, j *Journal) {
 		if j.countedLocked(*e) {
 			live[e.seg] += int64(e.size)
 		}
-		if e.flags&flagRef == 0 {
-			for r := e.ref; r != 0; r = j.mu.index.get(r).next {
+		if e.flags()&flagRef == 0 {
+			for r := e.ref; r != 0; r = j.mu.index.next(r, j.mu.index.get(r)) {
 				re := j.mu.index.get(r)
 				if re == nil || re.ref != pos {
 					t.Fatalf("ref list of %d broken at %d", pos, r)
@@ -34,7 +34,7 @@ func checkInvariants(t testing.TB, j *Journal) {
 		}
 	}
 	for pos, e := range j.mu.index.all() {
-		if e.flags&flagRef != 0 && !onList[pos] {
+		if e.flags()&flagRef != 0 && !onList[pos] {
 			t.Fatalf("ref %d (target %d) is not on its target's list", pos, e.ref)
 		}
 	}
@@ -256,7 +256,7 @@ func TestCompactionReclaims(t *testing.T) {
 			}
 			liveSeen := 0
 			for p := range present {
-				if e := j.mu.index.get(p); !dequeued[p] && (e == nil || e.flags&flagRef == 0) {
+				if e := j.mu.index.get(p); !dequeued[p] && (e == nil || e.flags()&flagRef == 0) {
 					if _, ok := kept[p]; !ok {
 						t.Fatalf("consumed record %d resurrected", p)
 					}

@@ -1,6 +1,10 @@
 package journal
 
-import "iter"
+import (
+	"iter"
+	"sync/atomic"
+	"unsafe"
+)
 
 // The index is touched several times per message (append, ref, free, and
 // again when the segment goes), so it must not cost a hash lookup each
@@ -12,7 +16,7 @@ import "iter"
 // the window open.
 const (
 	// indexRingMin and indexRingMax bound the ring's slots; both are powers
-	// of two. At the maximum (32 bytes a slot, 128 MiB) the oldest records
+	// of two. At the maximum (24 bytes a slot, 96 MiB) the oldest records
 	// spill to the map instead of growing the ring further.
 	indexRingMin = 1 << 10
 	indexRingMax = 1 << 22
@@ -32,10 +36,72 @@ type index struct {
 	// window is mostly full.
 	ringLive int
 	old      map[Pos]*entry // entries below base
+	// pub, if not nil, is told the index's bytes (bytes) whenever they
+	// change: the ring is resized, or the map gains or loses an entry.
+	pub *atomic.Int64
+	// farNext holds the next ref of the refs whose next is too far back
+	// for entry.link (a billion records or more, or out of order): rare,
+	// and not counted in bytes.
+	farNext map[Pos]Pos
 }
 
-func newIndex() index {
-	return index{ring: make([]entry, indexRingMin), old: make(map[Pos]*entry)}
+// next is the ref after the ref at pos (e, its entry) on its target's
+// list of refs, 0 for none.
+func (x *index) next(pos Pos, e *entry) Pos {
+	switch d := e.link & linkDelta; d {
+	case 0:
+		return 0
+	case linkFar:
+		return x.farNext[pos]
+	default:
+		return pos - Pos(d)
+	}
+}
+
+// setNext makes next the ref after the ref at pos on its target's list;
+// e is its entry, in the index or about to be inserted at pos.
+func (x *index) setNext(pos Pos, e *entry, next Pos) {
+	if len(x.farNext) > 0 {
+		delete(x.farNext, pos)
+	}
+	var d uint32
+	switch {
+	case next == 0:
+	case next < pos && pos-next < linkFar:
+		d = uint32(pos - next)
+	default:
+		if x.farNext == nil {
+			x.farNext = make(map[Pos]Pos)
+		}
+		x.farNext[pos] = next
+		d = linkFar
+	}
+	e.link = e.link&^linkDelta | d
+}
+
+// indexSlotBytes is what a ring slot costs; indexOldEntryBytes what an
+// entry in the map costs: the entry on the heap and its map slot (key,
+// pointer and control byte, at the map's load factor), rounded up.
+const (
+	indexSlotBytes     = int64(unsafe.Sizeof(entry{}))
+	indexOldEntryBytes = indexSlotBytes + 24
+)
+
+func newIndex(pub *atomic.Int64) index {
+	x := index{ring: make([]entry, indexRingMin), old: make(map[Pos]*entry), pub: pub}
+	x.publish()
+	return x
+}
+
+// bytes is the memory the index takes.
+func (x *index) bytes() int64 {
+	return int64(len(x.ring))*indexSlotBytes + int64(len(x.old))*indexOldEntryBytes
+}
+
+func (x *index) publish() {
+	if x.pub != nil {
+		x.pub.Store(x.bytes())
+	}
 }
 
 func (x *index) len() int { return x.ringLive + len(x.old) }
@@ -95,6 +161,7 @@ func (x *index) reserve(base Pos, span uint64, n int) {
 		return
 	}
 	x.ring, x.head, x.base = make([]entry, c), 0, base
+	x.publish()
 }
 
 // makeRoom grows the ring while it is mostly full, and otherwise moves the
@@ -125,6 +192,7 @@ func (x *index) keepOld(pos Pos, e entry) {
 	p := new(entry)
 	*p = e
 	x.old[pos] = p
+	x.publish()
 }
 
 func (x *index) popHead() {
@@ -156,12 +224,19 @@ func (x *index) resize(c int) {
 		ring[i] = x.ring[(x.head+i)&mask]
 	}
 	x.ring, x.head = ring, 0
+	x.publish()
 }
 
 // del removes pos from the index, if it is there.
 func (x *index) del(pos Pos) {
+	if len(x.farNext) > 0 {
+		delete(x.farNext, pos)
+	}
 	if pos < x.base {
-		delete(x.old, pos)
+		if _, ok := x.old[pos]; ok {
+			delete(x.old, pos)
+			x.publish()
+		}
 		return
 	}
 	d := pos - x.base

@@ -3,7 +3,10 @@ package journal
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"testing"
+	"time"
+	"unsafe"
 )
 
 // checkIndex compares the index with a model map, entry by entry, both
@@ -41,7 +44,7 @@ func checkIndex(t *testing.T, x *index, model map[Pos]entry, step int) {
 func TestIndexModel(t *testing.T) {
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 7))
-		x := newIndex()
+		x := newIndex(nil)
 		model := map[Pos]entry{}
 		var live []Pos // insertion order
 		next := Pos(1 + rng.IntN(3))
@@ -74,8 +77,12 @@ func TestIndexModel(t *testing.T) {
 			case r < 95 && len(live) > 0:
 				pos := live[rng.IntN(len(live))]
 				e := x.get(pos)
-				e.flags ^= flagFreed
-				e.next = Pos(step)
+				e.setFlags(e.flags() ^ flagFreed)
+				// Behind pos (in link) or ahead of it (in farNext).
+				x.setNext(pos, e, Pos(step))
+				if got := x.next(pos, e); got != Pos(step) || e.flags()&flagFreed != model[pos].flags()&flagFreed^flagFreed {
+					t.Fatalf("seed %d step %d: next of %d is %d, want %d", seed, step, pos, got, step)
+				}
 				model[pos] = *e
 			default:
 				// Positions never inserted, or gone, are absent.
@@ -98,6 +105,38 @@ func TestIndexModel(t *testing.T) {
 				}
 			}
 			checkIndex(t, &x, model, step)
+			for pos := range x.farNext {
+				if _, ok := model[pos]; !ok {
+					t.Fatalf("seed %d step %d: a far next kept for %d, not in the index", seed, step, pos)
+				}
+			}
+		}
+	}
+}
+
+// TestEntryLink: an entry is 24 bytes; its flags and the next ref on
+// its target's list share link, a next too far back or ahead going to
+// the index's map, and neither disturbs the other.
+func TestEntryLink(t *testing.T) {
+	if n := unsafe.Sizeof(entry{}); n != 24 {
+		t.Fatalf("an index entry is %d bytes, want 24", n)
+	}
+	x := newIndex(nil)
+	pos := Pos(3 << 30)
+	for _, next := range []Pos{0, 1, pos - 1, pos - linkFar + 1, pos - linkFar, pos + 5} {
+		for _, f := range []uint32{0, flagRef, flagFreed, flagRef | flagFreed} {
+			e := entry{size: 1}
+			e.setFlags(f)
+			x.setNext(pos, &e, next)
+			x.insert(pos, e)
+			if got := x.next(pos, x.get(pos)); got != next || x.get(pos).flags() != f {
+				t.Fatalf("next %d, flags %d: read back next %d, flags %d", next, f, got, x.get(pos).flags())
+			}
+			x.setNext(pos, x.get(pos), 0)
+			x.del(pos)
+			if len(x.farNext) != 0 {
+				t.Fatalf("next %d: %d far nexts left after the entry went", next, len(x.farNext))
+			}
 		}
 	}
 }
@@ -111,7 +150,7 @@ func TestIndexSurvivorsDoNotPinRing(t *testing.T) {
 		total = 1_000_000
 		lag   = 1000 // records die this far behind the head
 	)
-	x := newIndex()
+	x := newIndex(nil)
 	survivors := 0
 	for pos := Pos(1); pos <= total; pos++ {
 		x.insert(pos, entry{size: 100, off: uint32(pos)})
@@ -226,4 +265,65 @@ func TestIndexQueueWithSurvivors(t *testing.T) {
 		t.Fatalf("replayed %d of %d survivors", seen, len(survivors))
 	}
 	checkInvariants(t, j)
+}
+
+// TestIndexBytes: IndexBytes follows the index's memory as records come
+// and go: a ring of a power of two 24-byte slots for 100,000 records
+// (3 MiB) and 8 bytes a record in the segments' position lists, close to
+// what the heap grew by, and less once they are
+// freed and compaction deleted their segments.
+func TestIndexBytes(t *testing.T) {
+	const n = 100_000
+	j, _ := openT(t, Options{Dir: t.TempDir(), Fsync: FsyncNever, SegmentBytes: 64 << 10})
+	defer j.Close()
+	if idle := j.IndexBytes(); idle < indexRingMin*indexSlotBytes {
+		t.Fatalf("an empty journal's index counts %d bytes, want at least %d", idle, indexRingMin*indexSlotBytes)
+	}
+	before := liveHeap()
+	pos := make([]Pos, n)
+	for i := range pos {
+		pos[i] = j.Append([]byte("r"), func(Pos, error) {})
+		if i%1000 == 999 {
+			// Small batches: a batch's arrays keep the capacity of the
+			// largest one, which is not the index.
+			if err := j.Sync(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	grew := liveHeap() - before - int64(n*8) // pos itself
+	got := j.IndexBytes()
+	if ring, want := j.indexBytes.Load(), int64(1<<17)*indexSlotBytes; ring != want {
+		t.Fatalf("%d records: the index's ring counts %d bytes, want %d", n, ring, want)
+	}
+	if lists := j.segPosBytes.Load(); lists < n*8 || lists > 2*n*8 {
+		t.Fatalf("%d records: the segments' position lists count %d bytes, want %d to %d", n, lists, n*8, 2*n*8)
+	}
+	if float64(grew) < 0.8*float64(got) || float64(grew) > 1.25*float64(got) {
+		t.Fatalf("the heap grew by %d bytes, the index counts %d", grew, got)
+	}
+	for _, p := range pos {
+		j.Free(p)
+	}
+	// Freed records stay in the index until compaction deletes their
+	// segments (all but the active one).
+	j.Append([]byte("r"), func(Pos, error) {})
+	if err := j.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for j.IndexBytes() >= got && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if after := j.IndexBytes(); after >= got {
+		t.Fatalf("every record freed and its segment deleted: the index counts %d bytes, as before", after)
+	}
+}
+
+func liveHeap() int64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
 }

@@ -7,7 +7,9 @@ import (
 	"math/bits"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
 )
 
 // Pos is the logical position of a record. Positions are assigned at append
@@ -131,16 +133,29 @@ const (
 )
 
 // entry locates a record on disk. For a plain record ref is the head of the
-// list of refs pointing at it; for a ref, ref is its target and next links
-// the target's list.
+// list of refs pointing at it; for a ref, ref is its target and the next
+// ref on the target's list is kept in link (index.next). It is 24 bytes,
+// a ring slot of the index: every record in the journal costs one.
 type entry struct {
-	seg   uint32
-	off   uint32
-	size  uint32 // header and data
-	flags uint32
-	ref   Pos
-	next  Pos
+	seg  uint32
+	off  uint32
+	size uint32 // header and data
+	// link holds the flags (its top two bits) and, for a ref, how far
+	// before it the next ref on its target's list is: pos - next, 0 for
+	// none, linkFar when that does not fit (index.farNext holds it).
+	link uint32
+	ref  Pos
 }
+
+const (
+	linkFlagShift = 30
+	linkDelta     = 1<<linkFlagShift - 1
+	linkFar       = linkDelta
+)
+
+func (e entry) flags() uint32 { return e.link >> linkFlagShift }
+
+func (e *entry) setFlags(f uint32) { e.link = e.link&linkDelta | f<<linkFlagShift }
 
 type segment struct {
 	id      uint32
@@ -194,6 +209,10 @@ type Journal struct {
 	recordMax    int
 	pendingMax   int
 	compactLive  int64 // live-byte threshold for rewriting a segment
+	// indexBytes is the memory of the index (index.publish) and
+	// segPosBytes that of the segments' position lists
+	// (publishSegmentsLocked), for IndexBytes.
+	indexBytes, segPosBytes atomic.Int64
 
 	mu struct {
 		sync.Mutex
@@ -283,7 +302,7 @@ func (j *Journal) add(kind uint8, data []byte, target Pos, done Completion) Pos 
 	case len(data) > j.recordMax:
 		err = fmt.Errorf("%w: %d bytes, limit %d", ErrTooLarge, len(data), j.recordMax)
 	case kind == kindRef:
-		if t = j.mu.index.get(target); t == nil || t.flags != 0 {
+		if t = j.mu.index.get(target); t == nil || t.flags() != 0 {
 			err = fmt.Errorf("%w: %d", ErrBadTarget, target)
 		}
 	}
@@ -309,14 +328,18 @@ func (j *Journal) add(kind uint8, data []byte, target Pos, done Completion) Pos 
 	}
 	seg.size += int64(size)
 	seg.live += int64(size)
+	c := cap(seg.positions)
 	seg.positions = append(seg.positions, pos)
+	if cap(seg.positions) != c {
+		j.publishSegmentsLocked()
+	}
 	e := entry{seg: seg.id, off: uint32(off), size: uint32(size)}
 	if kind == kindRef {
 		// t is still valid: nothing has changed the index since the
 		// lookup, and it is updated before the insert may move it.
-		e.flags = flagRef
+		e.setFlags(flagRef)
 		e.ref = target
-		e.next = t.ref
+		j.mu.index.setNext(pos, &e, t.ref)
 		t.ref = pos
 	}
 	j.mu.index.insert(pos, e)
@@ -356,11 +379,11 @@ func (j *Journal) rollLocked(basePos Pos) *segment {
 func (j *Journal) Free(pos Pos) {
 	j.mu.Lock()
 	e := j.mu.index.get(pos)
-	if e == nil || e.flags != 0 {
+	if e == nil || e.flags() != 0 {
 		j.mu.Unlock()
 		return
 	}
-	e.flags |= flagFreed
+	e.setFlags(e.flags() | flagFreed)
 	j.ckFreeLocked(pos)
 	seg := j.mu.segs[e.seg]
 	before := seg.live
@@ -373,7 +396,7 @@ func (j *Journal) Free(pos Pos) {
 		if re.seg == e.seg {
 			seg.live -= int64(re.size)
 		}
-		r = re.next
+		r = j.mu.index.next(r, re)
 	}
 	// Wake the compactor when this free may have made work for it: the
 	// segment emptied, turned sparse, or gathered enough dead bytes to be
@@ -401,11 +424,11 @@ func (j *Journal) kickCompactor() {
 // sits in the same file does not count: one unlink removes both, and
 // counting it would keep the file alive forever.
 func (j *Journal) countedLocked(e entry) bool {
-	if e.flags&flagRef == 0 {
-		return e.flags&flagFreed == 0
+	if e.flags()&flagRef == 0 {
+		return e.flags()&flagFreed == 0
 	}
 	t := j.mu.index.get(e.ref)
-	return t != nil && !(t.flags&flagFreed != 0 && t.seg == e.seg)
+	return t != nil && !(t.flags()&flagFreed != 0 && t.seg == e.seg)
 }
 
 // Read appends the data of the record at pos to dst. The record must be in
@@ -437,7 +460,7 @@ func (j *Journal) ReadAhead(pos Pos, w *Window, dst []byte) ([]byte, error) {
 	for {
 		j.mu.Lock()
 		e := j.mu.index.get(pos)
-		if e == nil || e.flags&flagFreed != 0 {
+		if e == nil || e.flags()&flagFreed != 0 {
 			j.mu.Unlock()
 			return dst, fmt.Errorf("%w: %d", ErrNotFound, pos)
 		}
@@ -606,6 +629,25 @@ func (j *Journal) Close() error {
 		}
 	}
 	return j.mu.err
+}
+
+// IndexBytes is the memory the journal's in-memory index takes: its
+// ring of slots (24 bytes each, a power of two of them), the entries
+// that spilled to its map, and each segment's list of the positions
+// placed in it (8 bytes a record, as the lists' arrays grew). Safe from
+// any goroutine: two atomic loads. It is kept as the index and the lists
+// change size (the arrays grow by doubling, so that is seldom).
+func (j *Journal) IndexBytes() int64 { return j.indexBytes.Load() + j.segPosBytes.Load() }
+
+// publishSegmentsLocked sums the segments' position lists for
+// IndexBytes; j.mu must be held. It runs when a list's array grows and
+// when segments come or go.
+func (j *Journal) publishSegmentsLocked() {
+	var n int64
+	for _, s := range j.mu.segs {
+		n += int64(cap(s.positions)) * int64(unsafe.Sizeof(Pos(0)))
+	}
+	j.segPosBytes.Store(n)
 }
 
 // Stats returns a snapshot of the counters.

@@ -82,7 +82,7 @@ func Open(opts Options, replay func(pos Pos, ref Pos, data []byte) error) (*Jour
 	}
 	j.mu.work.L = &j.mu.Mutex
 	j.mu.space.L = &j.mu.Mutex
-	j.mu.index = newIndex()
+	j.mu.index = newIndex(&j.indexBytes)
 	j.mu.segs = make(map[uint32]*segment)
 	j.mu.fill = &batch{}
 	j.mu.inflight = &batch{}
@@ -98,6 +98,9 @@ func Open(opts Options, replay func(pos Pos, ref Pos, data []byte) error) (*Jour
 		return nil, err
 	}
 	j.writerCur = j.mu.active
+	j.mu.Lock()
+	j.publishSegmentsLocked()
+	j.mu.Unlock()
 	go j.writeLoop()
 	go j.compactLoop()
 	j.kickCompactor()
@@ -272,7 +275,7 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 		present = append(present, seg)
 		sizes[id] = size
 	}
-	j.mu.index = newIndex()
+	j.mu.index = newIndex(&j.indexBytes)
 	// An owner that takes checkpoints has what recovery puts in the
 	// index logged for its first one (checkpoint.go).
 	j.mu.ckLog = ckLog{on: j.opts.OnCheckpoint != nil}
@@ -297,7 +300,7 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 			j.mu.ckSuspect = false
 			j.mu.ckLog = ckLog{on: true}
 			j.ckBase, j.ckBaseN, j.ckBaseLast = nil, 0, 0
-			j.mu.index = newIndex()
+			j.mu.index = newIndex(&j.indexBytes)
 			clear(gone)
 			for _, s := range present {
 				s.positions = nil
@@ -372,14 +375,16 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 			}
 			e := entry{seg: seg.id, off: uint32(r.recOff), size: uint32(len(rec))}
 			if g, ok := gone[rh.pos]; ok {
-				e.flags = g.flags &^ flagRef
+				e.setFlags(g.flags() &^ flagRef)
 			}
 			if rh.kind == kindRef {
 				t := j.mu.index.get(rh.ref)
-				if t == nil || t.flags&flagRef != 0 {
+				if t == nil || t.flags()&flagRef != 0 {
 					break
 				}
-				e.flags, e.ref, e.next = flagRef, rh.ref, t.ref
+				e.setFlags(flagRef)
+				e.ref = rh.ref
+				j.mu.index.setNext(rh.pos, &e, t.ref)
 				t.ref = rh.pos
 			}
 			j.mu.index.insert(rh.pos, e)
@@ -393,11 +398,13 @@ func (j *Journal) recover(replay func(pos Pos, ref Pos, data []byte) error) erro
 			copiedBy[seg.id] = lastSeg
 		case rh.kind == kindRef:
 			t := j.mu.index.get(rh.ref)
-			if t == nil || t.flags&flagRef != 0 {
+			if t == nil || t.flags()&flagRef != 0 {
 				// Its target is gone from disk; so is the ref, logically.
 				break
 			}
-			e := entry{seg: seg.id, off: uint32(r.recOff), size: uint32(len(rec)), flags: flagRef, ref: rh.ref, next: t.ref}
+			e := entry{seg: seg.id, off: uint32(r.recOff), size: uint32(len(rec)), ref: rh.ref}
+			e.setFlags(flagRef)
+			j.mu.index.setNext(rh.pos, &e, t.ref)
 			t.ref = rh.pos // before the insert, which may move t
 			j.mu.index.insert(rh.pos, e)
 			j.ckInsertLocked(rh.pos, e)

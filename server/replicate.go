@@ -233,6 +233,15 @@ func decodeEnqueueEvent(rd *wire.Reader, view bool) (enqueueEvent, bool) {
 	return ev, true
 }
 
+// MemoryBytes is what the group node holds outside its logs
+// (groups.Node.MemoryBytes); safe from any goroutine.
+func (r *replicator) MemoryBytes() int64 {
+	if n := r.node(); n != nil {
+		return n.MemoryBytes()
+	}
+	return 0
+}
+
 // ReadEnqueue reads back a paged replicated message from its group's
 // journal; it runs on the queue's shard goroutine.
 func (r *replicator) ReadEnqueue(q *shards.Queue, seq, logPos uint64, dst []byte) (*shards.Body, []byte, error) {

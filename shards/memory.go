@@ -17,9 +17,10 @@ import (
 // and counts, on its own goroutine, what it holds for messages:
 //
 //   - every message in its queues costs EntryBytes (the Entry and its slot
-//     in the queue's ring), paged out or not, and a replicated one
-//     logEntryBytes more (its slot in the group log and the node's
-//     journal position for it);
+//     in the queue's ring, 48 + 8 bytes), paged out or not, and a
+//     replicated one logEntryBytes more (its 4-byte slot in the group log
+//     and the node's 4-byte journal position for it): 64 bytes a paged
+//     replicated message;
 //   - a body in memory costs its buffer's capacity plus the Body header,
 //     once per queue entry that holds it (a body routed to two queues of
 //     one shard is counted twice: the count errs high).
@@ -34,11 +35,29 @@ import (
 //     read once per loop (chargeOutbound); each connection's part is
 //     capped by the server's -outbound-max.
 //
+//   - the shard journal's in-memory index (journal.IndexBytes: 24 bytes a
+//     slot, a power of two of them, and the entries spilled to its map),
+//     read once per loop (chargeOutbound);
+//
+//   - what the replication holds outside the group logs
+//     (Replicator.MemoryBytes: the group journal's index and the frames
+//     queued for peers, up to 32 MiB a peer), which each shard counts an
+//     equal part of, read once per loop (chargeOutbound).
+//
+//     These two count together up to outsideMaxFraction of the share.
+//     Throttling cannot always bring them down: a journal keeps a freed
+//     record in its index until compaction deletes its segment, which
+//     takes new writes to seal it, and the frames for a peer that is down
+//     wait for it. Counted whole, they could hold the publishers
+//     throttled for good with every queue empty; capped, the queues keep
+//     the rest of the share, and draining them always ends a throttle.
+//     /v1/status reports them whole.
+//
 // Not counted: bodies in outbound writes not yet taken by a connection
-// after their entry is gone (ack mode none), the journal's own index and
-// pending bytes, inbound connection buffers, and the runtime's slack; RSS
-// is therefore above the count, and the process test bounds RSS, not the
-// count.
+// after their entry is gone (ack mode none), the journals' pending bytes
+// and batch arrays, inbound connection buffers, and the runtime's slack;
+// RSS is therefore above the count, and the process test bounds RSS, not
+// the count.
 //
 // Above the high watermark (memoryHighFraction of the share) each newly
 // enqueued message is paged out unless it is among the first
@@ -92,8 +111,14 @@ const EntryBytes = int64(unsafe.Sizeof(Entry{})) + int64(unsafe.Sizeof((*Entry)(
 
 // logEntryBytes is what a replicated message costs in its group log
 // beyond its body: the log's slot and the node's journal position
-// (server/groups).
-const logEntryBytes = group.SlotBytes + int64(unsafe.Sizeof(journal.Pos(0)))
+// (server/groups.PositionBytes: an offset from its chunk's base). One
+// whose event's data the log holds (not paged) also costs the log
+// group.HeldBytes, not counted: its body is, and the two go together.
+const logEntryBytes = group.SlotBytes + positionBytes
+
+// positionBytes is server/groups.PositionBytes, which this package
+// cannot import.
+const positionBytes = 4
 
 // entryCost is what a message of q costs with its body paged out.
 func entryCost(q *Queue) int64 {
@@ -107,6 +132,9 @@ const (
 	bodyHeaderBytes      = int64(unsafe.Sizeof(Body{}))
 	memoryHighFraction   = 0.5
 	memoryResumeFraction = 0.9
+	// outsideMaxFraction bounds what the journal's index and the
+	// replication count of the share (chargeOutbound).
+	outsideMaxFraction = 0.5
 	// residentHeadMin: the first messages of a queue stay in memory, as
 	// they are the next to go out.
 	residentHeadMin = 64
@@ -127,6 +155,10 @@ type memory struct {
 	pageOuts, pageIns, throttles, pageErrors uint64
 
 	outCharged int64 // the share of Broker.outbound in used
+	// journalSeen and replSeen are the shard journal's index and the
+	// shard's part of Replicator.MemoryBytes as last read; used holds
+	// their sum up to outsideMax (outsideCharged).
+	journalSeen, replSeen, outsideCharged int64
 
 	pages    *pageFile // nil until the first transient page-out
 	pageDir  string
@@ -137,6 +169,10 @@ type memory struct {
 	throttledPub atomic.Bool
 	pagingPub    atomic.Bool
 }
+
+// outside is what used holds for memory outside the queues
+// (chargeOutbound).
+func (m *memory) outside() int64 { return m.outCharged + m.outsideCharged }
 
 func bodyBytes(b *Body) int64 {
 	n := len(b.Exchange) + len(b.RoutingKey) + len(b.Props) + len(b.Payload)
@@ -369,15 +405,30 @@ func (s *Shard) withBody(q *Queue, e *Entry) bool {
 // server calls it every heartbeat scan. Safe from any goroutine.
 func (b *Broker) SetOutbound(n int64) { b.outbound.Store(n) }
 
-// chargeOutbound counts the shard's part of the bytes waiting on client
-// connections against its share; once per loop, one plain load.
+// chargeOutbound counts against the shard's share what the broker holds
+// outside its queues: the shard's part of the bytes waiting on client
+// connections, its journal's index, and its part of what the replication
+// holds (Replicator.MemoryBytes). Once per loop: a few atomic loads.
 func (s *Shard) chargeOutbound() {
-	if s.mem.limit == 0 {
+	m := &s.mem
+	if m.limit == 0 {
 		return
 	}
-	part := s.broker.outbound.Load() / int64(len(s.broker.shards))
-	if d := part - s.mem.outCharged; d != 0 {
-		s.mem.outCharged = part
+	shards := int64(len(s.broker.shards))
+	part := s.broker.outbound.Load() / shards
+	if d := part - m.outCharged; d != 0 {
+		m.outCharged = part
+		s.charge(d)
+	}
+	if s.journal != nil {
+		m.journalSeen = s.journal.j.IndexBytes()
+	}
+	if r := s.broker.loadReplicator(); r != nil {
+		m.replSeen = r.MemoryBytes() / shards
+	}
+	n := min(m.journalSeen+m.replSeen, int64(float64(m.limit)*outsideMaxFraction))
+	if d := n - m.outsideCharged; d != 0 {
+		m.outsideCharged = n
 		s.charge(d)
 	}
 }
@@ -420,13 +471,25 @@ type MemoryStatus struct {
 	// OutboundBytes is what waits on client connections, counted in
 	// UsedBytes.
 	OutboundBytes int64 `json:"outbound_bytes"`
+	// JournalIndexBytes is the shard journals' in-memory indexes, and
+	// ReplicationBytes what the replication holds outside the group logs
+	// (the group journal's index, frames queued for peers); both
+	// counted in UsedBytes.
+	JournalIndexBytes int64 `json:"journal_index_bytes"`
+	ReplicationBytes  int64 `json:"replication_bytes"`
 }
 
 // Memory reads the budget's counters; safe from any goroutine.
 func (b *Broker) Memory() MemoryStatus {
 	st := MemoryStatus{LimitBytes: b.cfg.MemoryLimit, EntryBytes: EntryBytes, ThrottledShards: []int{},
 		OutboundBytes: b.outbound.Load()}
+	if r := b.loadReplicator(); r != nil {
+		st.ReplicationBytes = r.MemoryBytes()
+	}
 	for _, s := range b.shards {
+		if s.journal != nil {
+			st.JournalIndexBytes += s.journal.j.IndexBytes()
+		}
 		st.UsedBytes += s.mem.usedPub.Load()
 		st.PagedMessages += s.mem.pagedPub.Load()
 		if s.mem.throttledPub.Load() {

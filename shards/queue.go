@@ -876,7 +876,10 @@ const entryPoolMax = 1 << 16
 
 // entrySlab is how many entries an empty pool allocates at once: a growing
 // queue (a burst, a recovery) costs one allocation per entrySlab messages.
-const entrySlab = 256
+// 255 and not 256: a slab holds pointers, so the allocator adds an 8-byte
+// header, and 256 entries (12,288 bytes) would take a 13,568-byte block,
+// 53 bytes an entry.
+const entrySlab = 255
 
 func (p *entryPool) get() *Entry {
 	if len(p.free) == 0 {

@@ -43,6 +43,12 @@ type Replicator interface {
 	// group journal at logPos. It may use dst's array; it returns it
 	// for the next call. The body is a new one with one reference.
 	ReadEnqueue(q *Queue, seq, logPos uint64, dst []byte) (*Body, []byte, error)
+	// MemoryBytes is what the replication holds in memory outside the
+	// group logs: the group journal's index and the frames queued for
+	// peers. The shards count it against the budget (memory.go); it is
+	// called on each shard goroutine once per loop, so it must be cheap
+	// (a few atomic loads) and safe from any goroutine.
+	MemoryBytes() int64
 }
 
 // pageGroupLog marks an Entry.page that is a replicated message's

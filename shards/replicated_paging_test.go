@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
 	"strconv"
+	"sync/atomic"
 	"testing"
 
 	"github.com/berthmq/berth/journal"
@@ -20,6 +22,17 @@ import (
 type journalReplicator struct {
 	j   *journal.Journal
 	win journal.Window
+	// outside is what MemoryBytes reports, and the journal's index with
+	// it if countIndex.
+	outside    atomic.Int64
+	countIndex bool
+}
+
+func (r *journalReplicator) MemoryBytes() int64 {
+	if r.countIndex {
+		return r.outside.Load() + r.j.IndexBytes()
+	}
+	return r.outside.Load()
 }
 
 func (r *journalReplicator) Group(string, QueueOptions) (uint32, bool) { return 1, true }
@@ -209,5 +222,82 @@ func BenchmarkReplicatedConsumeBacklog(b *testing.B) {
 			}
 			b.ReportMetric(float64(s.mem.pageIns)/float64(b.N), "pageins/op")
 		})
+	}
+}
+
+// TestReplicatedPagedIndexBytes: a paged replicated message costs the
+// shard its Entry and its ring slot, EntryBytes (56), and the budget
+// counts EntryBytes + logEntryBytes (64) for it, the group log's slot and
+// journal position included (measured in shards/group and server/groups:
+// TestPagedEntryBytes, TestNodePagedEntryBytes). Measured as the heap
+// after GC, with the group journal's records written beforehand, over
+// 2^17 messages (the ring's size, so it has no slack).
+func TestReplicatedPagedIndexBytes(t *testing.T) {
+	const n = 1 << 17
+	s, q, r := replicatedShard(t, 64<<10)
+	payload := make([]byte, 100)
+	pos := make([]uint64, n)
+	for i := range pos {
+		pos[i] = r.event(NewBody(nil, []byte("rq"), nil, payload, true))
+	}
+	before := int64(liveHeap())
+	for i := range n {
+		s.ApplyEnqueue(q, uint64(i+1), NewBody(nil, []byte("rq"), nil, payload, true), 0, 0, 0, pos[i])
+		s.publishMemory()
+	}
+	per := float64(int64(liveHeap())-before) / n
+	runtime.KeepAlive(pos)
+	t.Logf("%.1f bytes a paged replicated message in the shard; %d counted", per, entryCost(q))
+	if s.mem.paged < n-1000 {
+		t.Fatalf("%d of %d paged", s.mem.paged, n)
+	}
+	// 2.5 bytes of slack (330 KB) for what other goroutines allocate
+	// meanwhile; slabs of 256 entries took 61.2 bytes.
+	if per > float64(EntryBytes)+2.5 {
+		t.Fatalf("a paged replicated message costs the shard %.1f bytes, want at most %.1f", per, float64(EntryBytes)+2.5)
+	}
+	if got := entryCost(q); got > 64 {
+		t.Fatalf("a paged replicated message is counted as %d bytes, want at most 64", got)
+	}
+	if s.mem.used > int64(n)*entryCost(q)+s.mem.high {
+		t.Fatalf("%d bytes counted for %d messages", s.mem.used, n)
+	}
+}
+
+// BenchmarkReplicatedPagedCapacity measures how many replicated messages
+// of 2 KiB a 16 MiB budget holds before the shard throttles, paged past
+// the high watermark, with the group journal's index counted as the
+// shard's loop counts it (index=true; the test's journal stands for the
+// group's) or not (index=false, as before it was). Each paged one costs
+// 64 bytes of index in the shard and the group log,
+// and about 32 in the journal's index (a 24-byte slot in a ring of a
+// power of two of them, 8 bytes in its segment's list). It writes
+// 300 MB to the journal, so it is a benchmark, run once:
+//
+//	go test ./shards -run '^$' -bench ReplicatedPagedCapacity -benchtime 1x
+func BenchmarkReplicatedPagedCapacity(b *testing.B) {
+	const limit = 16 << 20
+	for _, count := range []bool{false, true} {
+		b.Run(fmt.Sprintf("index=%v", count), func(b *testing.B) { replicatedPagedCapacity(b, limit, count) })
+	}
+}
+
+func replicatedPagedCapacity(b *testing.B, limit int64, countIndex bool) {
+	for range b.N {
+		s, q, r := replicatedShard(b, limit)
+		r.countIndex = countIndex
+		payload := make([]byte, 2048)
+		n := 0
+		for ; !s.mem.throttling && n < 1_000_000; n++ {
+			body := NewBody(nil, []byte("rq"), nil, payload, true)
+			s.ApplyEnqueue(q, uint64(n+1), body, 0, 0, 0, r.event(body))
+			if n%256 == 0 {
+				s.chargeOutbound()
+				s.publishMemory()
+			}
+		}
+		b.ReportMetric(float64(n), "msgs")
+		b.ReportMetric(float64(s.mem.paged), "paged")
+		b.ReportMetric(float64(s.mem.replSeen), "index-bytes")
 	}
 }

@@ -135,9 +135,8 @@ type member struct {
 	// member completes them).
 	waits deque[wait]
 
-	// pos[i] is the journal position of the record of entry posFirst+i.
-	pos      []journal.Pos
-	posFirst uint64
+	// pos holds the journal position of each entry's record.
+	pos positions
 	// dead lists records that become garbage once a later base record is
 	// durable: those of truncated entries, and the stale ones a replay
 	// found.
@@ -267,7 +266,11 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 		if set, ok := cfg.ReplicaSets[g]; ok {
 			replicas = set
 		}
-		mb := &member{id: g, epoch: epochs[g], pos: l.pos, posFirst: l.base.Index + 1, baseRec: l.baseRec}
+		mb := &member{id: g, epoch: epochs[g], baseRec: l.baseRec}
+		mb.pos.reset(l.base.Index + 1)
+		for _, p := range l.pos {
+			mb.pos.push(p)
+		}
 		mb.m = group.New(group.Config{Group: g, ID: cfg.ID, Replicas: replicas, MinSync: cfg.MinSync, LagTicks: cfg.LagTicks,
 			Load: func(i uint64) ([]byte, error) { return n.load(mb, i) }, PagedLog: cfg.PagedReplay}, l.base, l.log, epochs[g])
 		n.members[g] = mb
@@ -479,7 +482,11 @@ func (n *Node) Retire(g uint32, index uint64) {
 // It must be called from Apply, on the node's goroutine.
 func (n *Node) Page(g uint32, index uint64, drop bool) journal.Pos {
 	mb := n.members[g]
-	if mb == nil || index < mb.posFirst || index-mb.posFirst >= uint64(len(mb.pos)) {
+	if mb == nil {
+		return 0
+	}
+	pos, ok := mb.pos.at(index)
+	if !ok {
 		return 0
 	}
 	if drop {
@@ -489,17 +496,18 @@ func (n *Node) Page(g uint32, index uint64, drop bool) journal.Pos {
 	} else if !mb.m.Paged(index) {
 		return 0
 	}
-	return mb.pos[index-mb.posFirst]
+	return pos
 }
 
 // load reads back the data of mb's paged entry at index for its member,
 // on the node's goroutine. The data is a new slice: the member hands it
 // out in Messages and Apply.
 func (n *Node) load(mb *member, index uint64) ([]byte, error) {
-	if index < mb.posFirst || index-mb.posFirst >= uint64(len(mb.pos)) {
+	pos, ok := mb.pos.at(index)
+	if !ok {
 		return nil, fmt.Errorf("groups: group %d has no journal record for entry %d", mb.id, index)
 	}
-	_, data, err := n.ReadEntry(mb.id, index, mb.pos[index-mb.posFirst], &n.loadWin, nil)
+	_, data, err := n.ReadEntry(mb.id, index, pos, &n.loadWin, nil)
 	if err != nil {
 		mb.loadErrs++
 		if mb.loadErrs == 1 || mb.loadErrs%1000 == 0 {
@@ -647,16 +655,15 @@ func (n *Node) ready(mb *member) {
 		// garbage once the base record is durable.
 		mb.gen++
 		b := *rd.Install
-		frees := append(mb.dead, mb.pos...)
-		mb.dead, mb.pos, mb.posFirst = nil, nil, b.Index+1
+		frees := mb.pos.appendRange(mb.dead, 0, mb.pos.end())
+		mb.dead = nil
+		mb.pos.reset(b.Index + 1)
 		n.writeBase(mb, b, true, frees, n.persisted(mb, mb.gen, b.Index))
 		n.cfg.OnStepDown(g)
 	}
 	if rd.Truncate {
-		if k := rd.TruncateAfter + 1 - mb.posFirst; rd.TruncateAfter+1 >= mb.posFirst && k < uint64(len(mb.pos)) {
-			mb.dead = append(mb.dead, mb.pos[k:]...)
-			mb.pos = mb.pos[:k]
-		}
+		mb.dead = mb.pos.appendRange(mb.dead, rd.TruncateAfter+1, mb.pos.end())
+		mb.pos.truncate(rd.TruncateAfter + 1)
 		mb.gen++
 		gen, after := mb.gen, rd.TruncateAfter
 		rec := binary.BigEndian.AppendUint32([]byte{recTruncate}, g)
@@ -676,7 +683,7 @@ func (n *Node) ready(mb *member) {
 			// the batch.
 			done = n.persisted(mb, mb.gen, e.Index)
 		}
-		if want := mb.posFirst + uint64(len(mb.pos)); e.Index != want && mb.broken == nil {
+		if want := mb.pos.end(); e.Index != want && mb.broken == nil {
 			// The member hands out entries in order after its base: this
 			// is a bug, and the group stops rather than journal a hole.
 			mb.broken = fmt.Errorf("groups: group %d persists index %d, expected %d", g, e.Index, want)
@@ -685,7 +692,7 @@ func (n *Node) ready(mb *member) {
 		if mb.broken != nil {
 			break
 		}
-		mb.pos = append(mb.pos, n.j.Append(rec, done))
+		mb.pos.push(n.j.Append(rec, done))
 		n.scratch = rec[:0]
 	}
 	for i := range rd.Messages {
@@ -744,14 +751,9 @@ func (n *Node) maybeCompact(mb *member) {
 		return
 	}
 	b := mb.m.Base()
-	k := b.Index + 1 - mb.posFirst
-	frees := append(mb.dead, mb.pos[:k]...)
-	if k > uint64(len(mb.pos))/2 {
-		mb.pos = slices.Clone(mb.pos[k:])
-	} else {
-		mb.pos = mb.pos[k:]
-	}
-	mb.dead, mb.posFirst = nil, b.Index+1
+	frees := mb.pos.appendRange(mb.dead, 0, b.Index+1)
+	mb.pos.dropBefore(b.Index + 1)
+	mb.dead = nil
 	n.writeBase(mb, b, false, frees, noCompletion)
 }
 
@@ -924,6 +926,18 @@ func (l *replayLog) check() error {
 	}
 	l.log = slices.Clip(l.log)
 	return nil
+}
+
+// MemoryBytes is what the node holds in memory outside its groups' logs:
+// the group journal's index (journal.IndexBytes) and the frames queued
+// for peers in its transport (Transport.QueuedBytes). Safe from any
+// goroutine; the shards count it against the memory budget.
+func (n *Node) MemoryBytes() int64 {
+	b := n.j.IndexBytes()
+	if t := n.cfg.Transport; t != nil {
+		b += t.QueuedBytes()
+	}
+	return b
 }
 
 // JournalStats reports the group journal's statistics.

@@ -76,19 +76,31 @@ type Transport struct {
 
 	// Dropped counts messages lost to full queues and injected faults.
 	Dropped atomic.Uint64
+
+	// queued is the memory of the frames in every peer's queue (their
+	// arrays' capacity; QueuedBytes).
+	queued atomic.Int64
 }
 
 type peerOut struct {
-	id    uint32
-	queue chan []byte
-	bytes atomic.Int64 // in queue
+	id     uint32
+	queue  chan []byte
+	bytes  atomic.Int64  // in queue
+	queued *atomic.Int64 // the transport's, all peers'
 }
 
 // take accounts for a frame taken off the queue.
 func (p *peerOut) take(frame []byte) []byte {
 	p.bytes.Add(-int64(len(frame)))
+	p.queued.Add(-int64(cap(frame)))
 	return frame
 }
+
+// QueuedBytes is the memory of the frames waiting to be written to all
+// peers (up to peerQueueBytes of frame a peer), held until a connection
+// takes them. Safe from any goroutine: the shards count it against the
+// memory budget (shards/memory.go).
+func (t *Transport) QueuedBytes() int64 { return t.queued.Load() }
 
 // Listen starts a transport for broker self on addr. handler is called
 // with each message received, on the receiving connection's goroutine; it
@@ -152,10 +164,12 @@ func (t *Transport) Send(m *wire.GroupMessage) {
 		return
 	}
 	p.bytes.Add(int64(len(frame)))
+	p.queued.Add(int64(cap(frame))) // what it holds in memory
 	select {
 	case p.queue <- frame:
 	default:
 		p.bytes.Add(-int64(len(frame)))
+		p.queued.Add(-int64(cap(frame)))
 		t.Dropped.Add(1)
 	}
 }
@@ -174,7 +188,7 @@ func (t *Transport) peer(id uint32) *peerOut {
 	if _, ok := t.addrs[id]; !ok {
 		return nil
 	}
-	p := &peerOut{id: id, queue: make(chan []byte, peerQueueMax)}
+	p := &peerOut{id: id, queue: make(chan []byte, peerQueueMax), queued: &t.queued}
 	t.out[id] = p
 	t.wg.Add(1)
 	go t.write(p)

@@ -75,7 +75,7 @@ func TestTransportRefusesBadInput(t *testing.T) {
 
 // TestPeerQueueBoundedInBytes: frames for a peer that reads nothing queue
 // up to peerQueueBytes, not peerQueueMax frames of any size; the rest are
-// dropped (the protocol resends them).
+// dropped (the protocol resends them). QueuedBytes reports them.
 func TestPeerQueueBoundedInBytes(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -106,6 +106,11 @@ func TestPeerQueueBoundedInBytes(t *testing.T) {
 	p := tr.peer(2)
 	if q := p.bytes.Load(); q > peerQueueBytes {
 		t.Errorf("%d bytes queued for a peer that reads nothing, bound %d", q, peerQueueBytes)
+	}
+	// What is queued is counted against the memory budget (through
+	// Node.MemoryBytes), all peers together.
+	if q := tr.QueuedBytes(); q < p.bytes.Load() || q > 2*p.bytes.Load() || q < peerQueueBytes/2 {
+		t.Errorf("the transport reports %d bytes queued, the peer's queue holds %d", q, p.bytes.Load())
 	}
 	if d := tr.Dropped.Load(); d == 0 {
 		t.Errorf("no frame dropped of %d (%d MiB) for a peer that reads nothing", frames, frames/4)

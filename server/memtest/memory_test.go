@@ -170,8 +170,11 @@ func TestBacklogDeeperThanMemory(t *testing.T) {
 	if done >= n {
 		t.Fatalf("every publish completed before the throttle")
 	}
-	// More messages than the limit holds as bodies, most paged out.
-	if done < 8*limit/payloadSize || atThrottle.PagedMessages < done/2 {
+	// More messages than the limit holds as bodies, most paged out: six
+	// times as many. (It was eight before the journal's index, 2 to 4 MiB
+	// here, was counted against the budget: 112,029 completed at the
+	// throttle in one run, against at least 131,072 before.)
+	if done < 6*limit/payloadSize || atThrottle.PagedMessages < done/2 {
 		t.Fatalf("throttled with %d publishes completed, %d paged: no backlog deeper than memory", done, atThrottle.PagedMessages)
 	}
 

@@ -190,18 +190,41 @@ const (
 	RoleMaster
 )
 
-// slot is an entry of the log and whether it is retired: applied, with
-// no effect left on this member (Forget, Retire), or paged: its data
-// dropped from memory and read back with Config.Load (Page).
-type slot struct {
-	Entry
-	dead  bool
-	paged bool
-}
+// slot is an entry of the log, without its index (first + its place)
+// or its epoch (Member.epochs): whether it is retired (applied, with no
+// effect left on this member: Forget, Retire) or paged (its data dropped
+// from memory and read back with Config.Load: Page), and, when its data
+// is in memory, which element of Member.data holds it. A broker over its
+// memory budget keeps millions of paged entries, which cost their slot
+// alone.
+type slot uint32
+
+const (
+	slotDead  slot = 1 << 31
+	slotPaged slot = 1 << 30
+	// slotRef is 1 + the index in Member.data of the entry's data, 0
+	// when none is in memory.
+	slotRef = slotPaged - 1
+	// heldMax bounds the entries whose data is in memory (Member.data).
+	heldMax = int(slotRef) - 1
+)
 
 // SlotBytes is what an entry of the log costs in memory without its
-// data.
-const SlotBytes = int64(unsafe.Sizeof(slot{}))
+// data: its slot. Its epoch costs nothing more (an epoch's entries share
+// one run), and an entry whose data is in memory costs HeldBytes more.
+const SlotBytes = int64(unsafe.Sizeof(slot(0)))
+
+// HeldBytes is what an entry whose data is in memory costs beyond its
+// slot and its data: its element of Member.data.
+const HeldBytes = int64(unsafe.Sizeof([]byte(nil)))
+
+// epochRun says that the entries of the log from first on, up to the
+// next run's first, are of epoch: epochs only grow along a log, so a few
+// runs hold every entry's epoch.
+type epochRun struct {
+	first uint64
+	epoch uint32
+}
 
 // Page drops from memory the data of the applied entry at index, which
 // the caller can read back (Config.Load): unlike Forget, the entry keeps
@@ -214,13 +237,120 @@ func (m *Member) Page(index uint64) bool {
 	}
 	sl := &m.log[index-m.first]
 	switch {
-	case sl.paged:
+	case *sl&slotPaged != 0:
 		return true
-	case sl.dead || len(sl.Data) == 0:
+	case *sl&slotDead != 0 || *sl&slotRef == 0:
 		return false
 	}
-	sl.Data, sl.paged = nil, true
+	*sl = m.release(*sl) | slotPaged
+	m.maybeRepack()
 	return true
+}
+
+// dataOf is the data in memory of the entry whose slot is sl, nil if
+// none is.
+func (m *Member) dataOf(sl slot) []byte {
+	if r := sl & slotRef; r != 0 {
+		return m.data[r-1]
+	}
+	return nil
+}
+
+// hold keeps data in memory and returns the slot of an entry holding it
+// (0 for empty data). The caller has checked canHold.
+func (m *Member) hold(data []byte) slot {
+	if len(data) == 0 {
+		return 0
+	}
+	var k int
+	if n := len(m.free); n > 0 {
+		k = int(m.free[n-1])
+		m.free = m.free[:n-1]
+	} else {
+		m.data = append(m.data, nil)
+		k = len(m.data) - 1
+	}
+	m.data[k] = data
+	return slot(k + 1)
+}
+
+// canHold reports whether one more entry's data may be kept in memory.
+func (m *Member) canHold() bool { return len(m.free) > 0 || len(m.data) < heldMax }
+
+// release lets go of the data sl holds in memory, and returns sl without
+// it.
+func (m *Member) release(sl slot) slot {
+	r := sl & slotRef
+	if r == 0 {
+		return sl
+	}
+	m.data[r-1] = nil
+	m.free = append(m.free, uint32(r-1))
+	return sl &^ slotRef
+}
+
+// repackMin is the size of Member.data below which it is not repacked.
+const repackMin = 4096
+
+// maybeRepack lets go of the arrays of data and free when most of data
+// is unused (a burst held in memory and gone since): it moves the data
+// held to a new array and renumbers the slots. The slots are walked, so
+// it waits until data is at least an eighth of the log's length: the
+// walk costs at most 8 slots for each of the 3/4 of data let go since
+// the array was last packed. It runs after the changes to the slots,
+// never during a walk of them.
+func (m *Member) maybeRepack() {
+	n := len(m.data)
+	if n <= repackMin || len(m.free) < n/4*3 || n < len(m.log)/8 {
+		return
+	}
+	var data [][]byte
+	if held := n - len(m.free); held > 0 {
+		data = make([][]byte, 0, held)
+		for i, sl := range m.log {
+			if r := sl & slotRef; r != 0 {
+				data = append(data, m.data[r-1])
+				m.log[i] = sl&^slotRef | slot(len(data))
+			}
+		}
+	}
+	m.data, m.free = data, nil
+}
+
+// appendEntry adds e at the log's end. The caller has checked canHold.
+func (m *Member) appendEntry(e Entry) {
+	m.log = append(m.log, m.hold(e.Data))
+	if n := len(m.epochs); n == 0 || m.epochs[n-1].epoch != e.Epoch {
+		m.epochs = append(m.epochs, epochRun{first: e.Index, epoch: e.Epoch})
+	}
+}
+
+// entryAt is the log's entry at i, first <= i <= lastIndex; its data is
+// nil when it is not in memory.
+func (m *Member) entryAt(i uint64) Entry {
+	return Entry{Epoch: m.epochAt(i), Index: i, Data: m.dataOf(m.log[i-m.first])}
+}
+
+// runOf is the place in m.epochs of the run holding the log's entry at
+// i, first <= i <= lastIndex.
+func (m *Member) runOf(i uint64) int {
+	n := len(m.epochs)
+	if m.epochs[n-1].first <= i {
+		return n - 1
+	}
+	k, _ := slices.BinarySearchFunc(m.epochs, i, func(r epochRun, i uint64) int {
+		switch {
+		case r.first < i:
+			return -1
+		case r.first > i:
+			return 1
+		}
+		return 0
+	})
+	if k == n || m.epochs[k].first > i {
+		k--
+	}
+	return k
 }
 
 type follower struct {
@@ -256,8 +386,15 @@ type Member struct {
 	role   Role
 	master MemberID
 
-	log   []slot // log[i].Index == first+i
+	log   []slot // log[i] is the entry at first+i
 	first uint64 // index of log[0]; 1 while nothing is compacted
+	// epochs are the epochs of the log's entries: the first run holds
+	// the entry at first, and the runs end with the log's last entry.
+	epochs []epochRun
+	// data holds the data in memory of the entries whose slot refers to
+	// it; free lists its unused elements.
+	data [][]byte
+	free []uint32
 	// baseEpoch is the epoch of the entry at first-1, compacted away.
 	baseEpoch uint32
 	durable   uint64 // the disk holds the log up to here
@@ -307,13 +444,19 @@ func New(cfg Config, base Base, log []Entry, epoch uint32) *Member {
 	if cfg.MaxUncommitted <= 0 {
 		cfg.MaxUncommitted = 1 << 16
 	}
-	m := &Member{cfg: cfg, epoch: epoch, first: base.Index + 1, baseEpoch: base.Epoch, log: make([]slot, len(log))}
+	m := &Member{cfg: cfg, epoch: epoch, first: base.Index + 1, baseEpoch: base.Epoch, log: make([]slot, 0, len(log))}
+	paged := cfg.PagedLog && cfg.Load != nil
 	for i, e := range log {
-		m.log[i].Entry = e
-		m.log[i].paged = cfg.PagedLog && cfg.Load != nil
-	}
-	if len(log) > 0 && log[0].Index != m.first {
-		panic("group: the log does not start after its base")
+		if e.Index != m.first+uint64(i) {
+			panic("group: the log does not go on from its base one index at a time")
+		}
+		if paged {
+			e.Data = nil
+		}
+		m.appendEntry(e)
+		if paged {
+			m.log[i] |= slotPaged
+		}
 	}
 	// What the base covers is committed and has nothing to apply.
 	m.commit, m.applied = base.Index, base.Index
@@ -342,20 +485,35 @@ func (m *Member) Base() Base { return Base{Index: m.first - 1, Epoch: m.baseEpoc
 // message is never consumed keeps everything after it.
 func (m *Member) Compact() bool {
 	k := m.first
-	for k <= m.applied && k <= m.lastIndex() && (m.log[k-m.first].dead || len(m.entry(k).Data) == 0 && !m.log[k-m.first].paged) {
+	for k <= m.applied && k <= m.lastIndex() {
+		sl := m.log[k-m.first]
+		if sl&slotDead == 0 && (sl&slotRef != 0 || sl&slotPaged != 0) {
+			break
+		}
 		k++
 	}
 	if k == m.first {
 		return false
 	}
-	m.baseEpoch = m.entry(k - 1).Epoch
+	m.baseEpoch = m.epochAt(k - 1)
 	drop := int(k - m.first)
+	for i, sl := range m.log[:drop] {
+		m.log[i] = m.release(sl)
+	}
 	if drop > len(m.log)/2 {
 		m.log = slices.Clone(m.log[drop:]) // let the old array go
 	} else {
 		m.log = m.log[drop:]
 	}
 	m.first = k
+	if len(m.log) == 0 {
+		m.epochs = m.epochs[:0]
+	} else {
+		j := m.runOf(k)
+		m.epochs = m.epochs[j:]
+		m.epochs[0].first = k
+	}
+	m.maybeRepack()
 	return true
 }
 
@@ -381,7 +539,7 @@ func (m *Member) Reapply() {
 
 // Paged reports whether the entry at index is paged (Page).
 func (m *Member) Paged(index uint64) bool {
-	return index >= m.first && index <= m.lastIndex() && m.log[index-m.first].paged
+	return index >= m.first && index <= m.lastIndex() && m.log[index-m.first]&slotPaged != 0
 }
 
 // Forget drops the data of the applied entry at index, keeping its epoch
@@ -389,11 +547,13 @@ func (m *Member) Paged(index uint64) bool {
 // was enqueued and then removed, or the removal itself). A member that is
 // sent the entry later, or applies it again, gets it with no data and
 // skips it; since the entry is committed, every member reaches the same
-// state. It keeps the log's memory to about 48 bytes per event once the
+// state. It keeps the log's memory to its 4-byte slot per event once the
 // events' effects are gone; the log is not compacted otherwise.
 func (m *Member) Forget(index uint64) {
 	if index >= m.first && index <= m.lastIndex() && index <= m.applied {
-		m.log[index-m.first] = slot{Entry: Entry{Epoch: m.entry(index).Epoch, Index: index}, dead: true}
+		sl := &m.log[index-m.first]
+		*sl = m.release(*sl)&^slotPaged | slotDead
+		m.maybeRepack()
 	}
 }
 
@@ -404,7 +564,7 @@ func (m *Member) Forget(index uint64) {
 // retired entries like forgotten ones.
 func (m *Member) Retire(index uint64) {
 	if index >= m.first && index <= m.lastIndex() && index <= m.applied {
-		m.log[index-m.first].dead = true
+		m.log[index-m.first] |= slotDead
 	}
 }
 
@@ -415,15 +575,10 @@ func (m *Member) SyncStateSet() []MemberID { return m.effectiveSet() }
 // LogEnd is the epoch and index of the last durable entry, which a member
 // reports to the controller for elections.
 func (m *Member) LogEnd() (epoch uint32, index uint64) {
-	if m.durable < m.first {
-		return m.epochAt(m.durable), m.durable
-	}
-	return m.entry(m.durable).Epoch, m.durable
+	return m.epochAt(m.durable), m.durable
 }
 
 func (m *Member) lastIndex() uint64 { return m.first + uint64(len(m.log)) - 1 }
-
-func (m *Member) entry(i uint64) *Entry { return &m.log[i-m.first].Entry }
 
 // epochAt is the epoch of the entry at i, the base's included; 0 for
 // index 0, before the base or beyond the log.
@@ -434,7 +589,7 @@ func (m *Member) epochAt(i uint64) uint32 {
 	if i == 0 || i < m.first || i > m.lastIndex() {
 		return 0
 	}
-	return m.entry(i).Epoch
+	return m.epochs[m.runOf(i)].epoch
 }
 
 // Ready returns what to do since the last call and clears it. Its slices
@@ -582,11 +737,11 @@ func (m *Member) Propose(data []byte) (uint64, error) {
 	if len(m.effectiveSet()) < m.cfg.MinSync {
 		return 0, ErrNotEnoughSet
 	}
-	if m.lastIndex()-m.commit >= uint64(m.cfg.MaxUncommitted) {
+	if m.lastIndex()-m.commit >= uint64(m.cfg.MaxUncommitted) || !m.canHold() {
 		return 0, ErrBacklog
 	}
 	e := Entry{Epoch: m.epoch, Index: m.lastIndex() + 1, Data: data}
-	m.log = append(m.log, slot{Entry: e})
+	m.appendEntry(e)
 	m.matched = e.Index
 	m.rd.Persist = append(m.rd.Persist, e)
 	m.proposed[e.Index] = m.epoch
@@ -690,8 +845,8 @@ func (m *Member) stepAppend(msg Message) {
 		// whole.
 		he := m.epochAt(p)
 		hi := p
-		for hi > m.first && m.epochAt(hi-1) == he {
-			hi--
+		if p >= m.first {
+			hi = m.epochs[m.runOf(p)].first
 		}
 		m.respondHint(he, hi)
 		return
@@ -713,11 +868,14 @@ func (m *Member) stepAppend(msg Message) {
 		}
 	}
 	for ; i < len(msg.Entries); i++ {
+		if !m.canHold() {
+			break // the master sends the rest again
+		}
 		e := msg.Entries[i]
-		m.log = append(m.log, slot{Entry: e})
+		m.appendEntry(e)
 		m.rd.Persist = append(m.rd.Persist, e)
 	}
-	last := p + uint64(len(msg.Entries))
+	last := p + uint64(i)
 	if last > m.matched {
 		m.matched = last
 	}
@@ -739,7 +897,7 @@ func (m *Member) stepInstall(msg Message) {
 	}
 	// Every committed entry agrees with the master's log, so the entry at
 	// b is past this member's commit index, and so is all it applied.
-	m.log = m.log[:0:0]
+	m.log, m.epochs, m.data, m.free = m.log[:0:0], nil, nil, nil
 	m.first, m.baseEpoch = b+1, msg.PrevEpoch
 	m.durable, m.matched, m.commit, m.applied = b, b, b, b
 	m.rd.Install = &Base{Index: b, Epoch: msg.PrevEpoch}
@@ -761,7 +919,15 @@ func (m *Member) truncateAfter(index uint64) {
 	if index < m.commit {
 		panic("group: truncating committed entries")
 	}
+	tail := m.log[index+1-m.first:]
+	for i, sl := range tail {
+		tail[i] = m.release(sl)
+	}
 	m.log = m.log[:index+1-m.first]
+	m.maybeRepack()
+	for n := len(m.epochs); n > 0 && m.epochs[n-1].first > index; n-- {
+		m.epochs = m.epochs[:n-1]
+	}
 	m.durable = min(m.durable, index)
 	m.matched = min(m.matched, index)
 	if !m.rd.Truncate || index < m.rd.TruncateAfter {
@@ -836,11 +1002,14 @@ func (m *Member) stepAppendResp(msg Message) {
 
 // lastOfEpoch is the last index of epoch e in this member's log.
 func (m *Member) lastOfEpoch(e uint32) (uint64, bool) {
-	for i := m.lastIndex(); i >= m.first && i > 0; i-- {
-		switch ep := m.epochAt(i); {
-		case ep == e:
-			return i, true
-		case ep < e:
+	for k := len(m.epochs) - 1; k >= 0; k-- {
+		switch r := m.epochs[k]; {
+		case r.epoch == e:
+			if k+1 < len(m.epochs) {
+				return m.epochs[k+1].first - 1, true
+			}
+			return m.lastIndex(), true
+		case r.epoch < e:
 			return 0, false
 		}
 	}
@@ -966,8 +1135,8 @@ func (m *Member) send(to MemberID, f *follower) {
 		if next <= end && !full {
 			ents = make([]Entry, 0, end+1-next)
 			for i := next; i <= end; i++ {
-				e := *m.entry(i)
-				if m.log[i-m.first].paged {
+				e := m.entryAt(i)
+				if m.log[i-m.first]&slotPaged != 0 {
 					data, err := m.cfg.Load(i)
 					if err != nil {
 						// Send what precedes it; a Tick resends from
@@ -999,8 +1168,8 @@ func (m *Member) send(to MemberID, f *follower) {
 func (m *Member) advanceApply() {
 	loaded := 0
 	for m.applied < m.commit && m.applied < m.lastIndex() {
-		e := *m.entry(m.applied + 1)
-		if m.log[e.Index-m.first].paged {
+		e := m.entryAt(m.applied + 1)
+		if m.log[e.Index-m.first]&slotPaged != 0 {
 			if loaded >= applyLoadMax {
 				m.rd.More = true
 				return

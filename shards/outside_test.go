@@ -1,0 +1,99 @@
+package shards
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/berthmq/berth/wire"
+)
+
+// plainReplicator is a journalReplicator that replicates no queue: it
+// only reports what the replication holds outside the group logs.
+type plainReplicator struct{ journalReplicator }
+
+func (r *plainReplicator) Group(string, QueueOptions) (uint32, bool) { return 0, false }
+
+// TestMemoryCountsOutsideQueues: the budget counts what the broker holds
+// outside its queues. The shard journal's index: 30,000 persistent
+// messages grow it past 1 MiB, and the shard counts it (and Memory()
+// reports it). What the replication reports (the group journal's index,
+// the frames queued for peers): 12 MiB of it over an 8 MiB share
+// throttles the publishers though the queues hold 5 MiB, and they carry
+// on when it drops. Without the counting the shard never throttles here and
+// counts no journal index (the test fails on both). What the queues do
+// not hold counts up to half the share: 100 MiB of it still lets a
+// drained queue end the throttle (counted whole, it fails there).
+func TestMemoryCountsOutsideQueues(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const limit = 8 << 20
+	b := New(Config{Shards: 1, TickInterval: time.Hour, MemoryLimit: limit, PagingDir: t.TempDir(),
+		Journal: &JournalConfig{Dir: t.TempDir()}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	r := &plainReplicator{}
+	b.SetReplicator(r)
+	q, err := startWith(b, "deep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop()
+	sh := b.shards[0]
+	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{}}
+	const n = 30_000
+	for i := range n {
+		if err := sh.Push(ctx, Command{Op: OpPublish, Sess: sess, CmdID: uint64(i + 1), Queue: q,
+			Body: NewBody(nil, []byte("deep"), nil, make([]byte, 16), true), Now: time.Now().UnixNano()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	state := func() (used, journalCharged, index int64, throttled bool) {
+		t.Helper()
+		// A call is a loop of the shard: it counts what is outside after
+		// it, and the next call sees it.
+		for range 2 {
+			if err := b.Call(sh, func(s *Shard) {
+				used, journalCharged, index, throttled = s.mem.used, s.mem.journalSeen, s.journal.j.IndexBytes(), s.mem.throttling
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return
+	}
+	used, charged, index, _ := state()
+	if index < 1<<20 || charged != index {
+		t.Fatalf("%d messages journaled: the journal's index takes %d bytes, the shard counts %d of it", n, index, charged)
+	}
+	if st := b.Memory(); st.JournalIndexBytes != index {
+		t.Fatalf("Memory() says the journal index takes %d bytes, want %d", st.JournalIndexBytes, index)
+	}
+	t.Logf("%d messages: %d bytes counted, %d of them the journal's index", n, used, charged)
+
+	r.outside.Store(12 << 20)
+	used, _, _, throttled := state()
+	if !throttled || !sh.Throttled() || used < limit {
+		t.Fatalf("the replication holds 12 MiB over an 8 MiB share: counted %d bytes, throttled %v", used, throttled)
+	}
+	if st := b.Memory(); st.ReplicationBytes != 12<<20 {
+		t.Fatalf("Memory() says the replication holds %d bytes, want %d", st.ReplicationBytes, 12<<20)
+	}
+	r.outside.Store(0)
+	if used, _, _, throttled = state(); throttled || sh.Throttled() {
+		t.Fatalf("the replication let go: counted %d bytes, still throttled", used)
+	}
+
+	// What the queues do not hold counts up to half the share: 100 MiB
+	// that throttling cannot bring down (a peer that is down) throttles,
+	// but draining the queue ends the throttle.
+	r.outside.Store(100 << 20)
+	if used, _, _, throttled = state(); !throttled || used > limit/2+6<<20 {
+		t.Fatalf("the replication holds 100 MiB: counted %d bytes, throttled %v; want throttled, at most half the share counted for it", used, throttled)
+	}
+	if _, err := b.Purge(q); err != nil {
+		t.Fatal(err)
+	}
+	if used, _, _, throttled = state(); throttled || sh.Throttled() || used > limit/2 {
+		t.Fatalf("the queue drained, the replication still at 100 MiB: counted %d bytes, throttled %v", used, throttled)
+	}
+}
