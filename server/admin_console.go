@@ -470,6 +470,17 @@ func (s *Server) serveDeleteQueue(w http.ResponseWriter, r *http.Request) {
 	if wr == nil {
 		return
 	}
+	if done, err := s.deleteAtMaster(req.Name, req.IfUnused, req.IfEmpty); done {
+		// A replicated queue mastered by another broker: deleted there
+		// (how many messages it dropped is not known here).
+		if err != nil {
+			brokerError(w, err)
+			return
+		}
+		s.log.Info("admin: replicated queue deleted at its group's master", "queue", req.Name, "from", r.RemoteAddr)
+		writeJSON(w, map[string]any{"queue": req.Name, "deleted": true})
+		return
+	}
 	n, err := wr.DeleteQueue(req.Name, req.IfUnused, req.IfEmpty)
 	if err != nil {
 		brokerError(w, err)

@@ -13,9 +13,13 @@ package server
 // group has no master this broker knows of, publishes fail with
 // unavailable too; a full forwarding window with resource-limit.
 //
-// Only enqueues are forwarded: removes and barriers come from the
-// master's consumers, among them those other brokers proxy to it
-// (proxy.go).
+// Enqueues are forwarded, and the deletion of a replicated queue
+// (fwdDelete: a request, not a group log event): the master deletes it as
+// if its own client had, so its consumers are cancelled and its followers
+// drop their copies through the group log. A delete done at a follower
+// instead left the master serving a queue the controller had deleted.
+// Removes and barriers come from the master's consumers, among them
+// those other brokers proxy to it (proxy.go).
 
 import (
 	"errors"
@@ -67,7 +71,7 @@ func forwardOutcome(g, master uint32, err error) error {
 	case err == nil:
 		return nil
 	case errors.As(err, &lost):
-		return shards.Errorf(wire.CodeUnavailable, "forward to group %d's master, broker %d, lost (%v); the publish may or may not have taken effect; retry", g, master, lost.Err)
+		return shards.Errorf(wire.CodeUnavailable, "forward to group %d's master, broker %d, lost (%v); the publish or deletion may or may not have taken effect; retry", g, master, lost.Err)
 	case errors.Is(err, groups.ErrForwardBusy):
 		return shards.Errorf(wire.CodeResourceLimit, "too many publishes waiting for group %d's master, broker %d; retry", g, master)
 	}
@@ -84,8 +88,13 @@ func (r *replicator) serveForward(from, g uint32, event []byte, reply groups.For
 	}
 	var rd wire.Reader
 	rd.Reset(event)
-	if rd.U8() != gevEnqueue {
-		refuse(wire.CodeInvalid, "only enqueues are forwarded")
+	switch rd.U8() {
+	case gevEnqueue:
+	case fwdDelete:
+		r.serveDelete(g, &rd, reply)
+		return
+	default:
+		refuse(wire.CodeInvalid, "only enqueues and queue deletions are forwarded")
 		return
 	}
 	name := rd.Str(wire.NameLenMax)
@@ -135,6 +144,64 @@ func (r *replicator) serveForward(from, g uint32, event []byte, reply groups.For
 			return
 		}
 		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+// fwdDelete is a forwarded request to delete a replicated queue at its
+// group's master: flags u8 (bit 0 if-unused, bit 1 if-empty), name str16.
+// It is never written to a group log.
+const fwdDelete byte = 'x'
+
+// serveDelete deletes a replicated queue at another broker's request,
+// as this group's master, off the forwarding connection's goroutine (the
+// controller's commit may take a while).
+func (r *replicator) serveDelete(g uint32, rd *wire.Reader, reply groups.ForwardReply) {
+	flags := rd.U8()
+	name := string(rd.Str(wire.NameLenMax))
+	if rd.Err() != nil {
+		reply.Send(wire.CodeMalformed, "malformed forwarded queue deletion")
+		return
+	}
+	if n := r.node(); n == nil || !n.IsMaster(g) {
+		reply.Send(wire.CodeUnavailable, fmt.Sprintf("broker %d is not the master of group %d (any more); retry", r.s.brokerID, g))
+		return
+	}
+	go func() {
+		_, err := r.s.wiring.DeleteQueue(name, flags&1 != 0, flags&2 != 0)
+		sendOutcome(reply, err)
+	}()
+}
+
+// deleteAtMaster deletes the replicated queue name at its group's master
+// when another broker masters it, and waits for the answer; done is false
+// when this broker should delete it itself (not replicated, or mastered
+// here). It may block: the connection's management goroutine runs it.
+func (s *Server) deleteAtMaster(name string, ifUnused, ifEmpty bool) (done bool, err error) {
+	q := s.wiring.Routing().Queue([]byte(name))
+	if q == nil || s.replicator == nil {
+		return false, nil
+	}
+	g, ok := q.Replicated()
+	if !ok || s.replicator.IsMaster(g) {
+		return false, nil
+	}
+	var flags byte
+	if ifUnused {
+		flags |= 1
+	}
+	if ifEmpty {
+		flags |= 2
+	}
+	data := wire.AppendStr([]byte{fwdDelete, flags}, name)
+	answer := make(chan error, 1)
+	if err := s.replicator.forward(g, data, func(err error) { answer <- err }); err != nil {
+		return true, err
+	}
+	select {
+	case err := <-answer:
+		return true, err
+	case <-s.regCtx.Done():
+		return true, shards.Errorf(wire.CodeShutdown, "the broker is shutting down")
 	}
 }
 

@@ -126,6 +126,10 @@ func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Actio
 				if err := h.s.exclusiveToOther(name, sess); err != nil {
 					return err
 				}
+				// A replicated queue is deleted by its group's master.
+				if done, err := h.s.deleteAtMaster(name, ifUnused, ifEmpty); done {
+					return err
+				}
 				_, err := b.DeleteQueue(name, ifUnused, ifEmpty)
 				return err
 			}

@@ -285,7 +285,9 @@ func consumeOnConn(t *testing.T, ctx context.Context, conn *client.Conn, queue s
 // TestProxiedConsumerQueueDeleted: a consumer proxied through a follower
 // whose queue is deleted at its master ends with a CANCELLED (not-found)
 // that the master sends through the proxy; the follower forgets it (a
-// settle fails not-found) and the client's connection goes on.
+// settle fails not-found) and the client's connection goes on. A
+// consumer at the master of a queue deleted through a follower ends with
+// a CANCELLED (not-found) too.
 func TestProxiedConsumerQueueDeleted(t *testing.T) {
 	const groups = 3
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -329,6 +331,33 @@ func TestProxiedConsumerQueueDeleted(t *testing.T) {
 	}
 	if conn.Err() != nil {
 		t.Fatalf("the connection ended: %v", conn.Err())
+	}
+
+	// A consumer at the master of a queue deleted through another broker
+	// (which forwards the delete to the master) ends alike.
+	const direct = "deleted-via-follower"
+	_, _, dnode, dconn := c.declare(direct, groups)
+	c.declareEverywhere(direct)
+	c.publishAll(dconn, direct, names(0, 2))
+	dcon, err := subscribeWhenServing(t, ctx, dconn, direct, client.SubscribeOptions{Credit: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dcon.Next(ctx); err != nil {
+		t.Fatal(err)
+	}
+	via := dial(t, ctx, c.follower(dnode).client)
+	if err := via.DeleteQueue(ctx, direct, client.QueueDeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	nctx, ncancel = context.WithTimeout(ctx, 20*time.Second)
+	_, err = dcon.Next(nctx)
+	ncancel()
+	if !errors.Is(err, client.ErrConsumerEnded) || client.Code(err) != wire.CodeNotFound {
+		t.Fatalf("consumer at the master of a queue deleted through a follower: %v; want ErrConsumerEnded, not-found", err)
+	}
+	if dconn.Err() != nil {
+		t.Fatalf("the master's client connection ended: %v", dconn.Err())
 	}
 }
 
