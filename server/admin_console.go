@@ -444,6 +444,17 @@ func (s *Server) servePurgeQueue(w http.ResponseWriter, r *http.Request) {
 	if wr == nil {
 		return
 	}
+	if done, err := s.purgeAtMaster(req.Name); done {
+		// A replicated queue mastered by another broker: purged there
+		// (how many messages it dropped is not known here).
+		if err != nil {
+			brokerError(w, err)
+			return
+		}
+		s.log.Info("admin: replicated queue purged at its group's master", "queue", req.Name, "from", r.RemoteAddr)
+		writeJSON(w, map[string]any{"queue": req.Name, "purged": nil})
+		return
+	}
 	n, err := wr.Purge(req.Name)
 	if err != nil {
 		brokerError(w, err)

@@ -90,11 +90,11 @@ func (r *replicator) serveForward(from, g uint32, event []byte, reply groups.For
 	rd.Reset(event)
 	switch rd.U8() {
 	case gevEnqueue:
-	case fwdDelete:
-		r.serveDelete(g, &rd, reply)
+	case fwdDelete, fwdPurge:
+		r.serveAtMaster(g, event[0], &rd, reply)
 		return
 	default:
-		refuse(wire.CodeInvalid, "only enqueues and queue deletions are forwarded")
+		refuse(wire.CodeInvalid, "only enqueues, queue deletions and purges are forwarded")
 		return
 	}
 	name := rd.Str(wire.NameLenMax)
@@ -147,19 +147,24 @@ func (r *replicator) serveForward(from, g uint32, event []byte, reply groups.For
 	}
 }
 
-// fwdDelete is a forwarded request to delete a replicated queue at its
-// group's master: flags u8 (bit 0 if-unused, bit 1 if-empty), name str16.
-// It is never written to a group log.
-const fwdDelete byte = 'x'
+// Requests forwarded to a replicated queue's master, never written to a
+// group log: flags u8, name str16. fwdDelete deletes the queue (flags bit
+// 0 if-unused, bit 1 if-empty); fwdPurge purges it (no flags), since a
+// follower purging its own copy would only make that copy differ from
+// the master's.
+const (
+	fwdDelete byte = 'x'
+	fwdPurge  byte = 'p'
+)
 
-// serveDelete deletes a replicated queue at another broker's request,
-// as this group's master, off the forwarding connection's goroutine (the
-// controller's commit may take a while).
-func (r *replicator) serveDelete(g uint32, rd *wire.Reader, reply groups.ForwardReply) {
+// serveAtMaster deletes or purges a replicated queue at another broker's
+// request, as this group's master, off the forwarding connection's
+// goroutine (a deletion waits for the controller).
+func (r *replicator) serveAtMaster(g uint32, kind byte, rd *wire.Reader, reply groups.ForwardReply) {
 	flags := rd.U8()
 	name := string(rd.Str(wire.NameLenMax))
 	if rd.Err() != nil {
-		reply.Send(wire.CodeMalformed, "malformed forwarded queue deletion")
+		reply.Send(wire.CodeMalformed, "malformed forwarded queue command")
 		return
 	}
 	if n := r.node(); n == nil || !n.IsMaster(g) {
@@ -167,7 +172,12 @@ func (r *replicator) serveDelete(g uint32, rd *wire.Reader, reply groups.Forward
 		return
 	}
 	go func() {
-		_, err := r.s.wiring.DeleteQueue(name, flags&1 != 0, flags&2 != 0)
+		var err error
+		if kind == fwdPurge {
+			_, err = r.s.wiring.Purge(name)
+		} else {
+			_, err = r.s.wiring.DeleteQueue(name, flags&1 != 0, flags&2 != 0)
+		}
 		sendOutcome(reply, err)
 	}()
 }
@@ -177,6 +187,22 @@ func (r *replicator) serveDelete(g uint32, rd *wire.Reader, reply groups.Forward
 // when this broker should delete it itself (not replicated, or mastered
 // here). It may block: the connection's management goroutine runs it.
 func (s *Server) deleteAtMaster(name string, ifUnused, ifEmpty bool) (done bool, err error) {
+	var flags byte
+	if ifUnused {
+		flags |= 1
+	}
+	if ifEmpty {
+		flags |= 2
+	}
+	return s.atMaster(fwdDelete, flags, name)
+}
+
+// purgeAtMaster is deleteAtMaster for a purge.
+func (s *Server) purgeAtMaster(name string) (done bool, err error) {
+	return s.atMaster(fwdPurge, 0, name)
+}
+
+func (s *Server) atMaster(kind, flags byte, name string) (done bool, err error) {
 	q := s.wiring.Routing().Queue([]byte(name))
 	if q == nil || s.replicator == nil {
 		return false, nil
@@ -185,14 +211,7 @@ func (s *Server) deleteAtMaster(name string, ifUnused, ifEmpty bool) (done bool,
 	if !ok || s.replicator.IsMaster(g) {
 		return false, nil
 	}
-	var flags byte
-	if ifUnused {
-		flags |= 1
-	}
-	if ifEmpty {
-		flags |= 2
-	}
-	data := wire.AppendStr([]byte{fwdDelete, flags}, name)
+	data := wire.AppendStr([]byte{kind, flags}, name)
 	answer := make(chan error, 1)
 	if err := s.replicator.forward(g, data, func(err error) { answer <- err }); err != nil {
 		return true, err

@@ -154,6 +154,10 @@ func (h *handler) management(cs *connState, t wire.Type, body []byte) gnet.Actio
 			if err := h.s.exclusiveToOther(name, sess); err != nil {
 				return err
 			}
+			// A replicated queue is purged by its group's master.
+			if done, err := h.s.purgeAtMaster(name); done {
+				return err
+			}
 			_, err := b.Purge(name)
 			return err
 		}

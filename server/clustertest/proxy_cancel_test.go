@@ -287,7 +287,8 @@ func consumeOnConn(t *testing.T, ctx context.Context, conn *client.Conn, queue s
 // that the master sends through the proxy; the follower forgets it (a
 // settle fails not-found) and the client's connection goes on. A
 // consumer at the master of a queue deleted through a follower ends with
-// a CANCELLED (not-found) too.
+// a CANCELLED (not-found) too, and a purge through a follower empties the
+// master's queue.
 func TestProxiedConsumerQueueDeleted(t *testing.T) {
 	const groups = 3
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -358,6 +359,36 @@ func TestProxiedConsumerQueueDeleted(t *testing.T) {
 	}
 	if dconn.Err() != nil {
 		t.Fatalf("the master's client connection ended: %v", dconn.Err())
+	}
+
+	// A purge through a follower empties every copy, the master's too.
+	const purged = "purged-via-follower"
+	_, _, pnode, pconn := c.declare(purged, groups)
+	c.declareEverywhere(purged)
+	c.publishAll(pconn, purged, names(0, 3))
+	pvia := dial(t, ctx, c.follower(pnode).client)
+	if err := pvia.Purge(ctx, purged); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		for _, n := range c.nodes {
+			if ready, _, err := c.depth(n, purged); err != nil || ready != 0 {
+				return fmt.Errorf("%s holds %d of the purged queue (%v)", n.name, ready, err)
+			}
+		}
+		return nil
+	})
+	c.publishAll(pconn, purged, []string{"after-purge"})
+	pcon, err := subscribeWhenServing(t, ctx, pconn, purged, client.SubscribeOptions{Credit: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd, err := pcon.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(pd.Payload) != "after-purge" {
+		t.Fatalf("first message at the master after a purge through a follower: %q, want after-purge", pd.Payload)
 	}
 }
 
