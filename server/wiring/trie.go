@@ -17,13 +17,13 @@ import (
 // pattern that needs more words than a key may have is left out (it can
 // match nothing).
 type tnode struct {
-	words  pmap[*tnode]    // children by literal word (the empty word too)
-	star   *tnode          // child by "*"
-	hash   *tnode          // child by "#"
-	isHash bool            // this node is a "#": it also takes any word itself
-	queues queueSet        // the queues of the patterns that end here, each once
-	size   int             // queues here and below; a node of size 0 is removed
-	edit   *pmapEdit       // the batch that made this node (trieAddIn), or nil
+	words  pmap[*tnode] // children by literal word (the empty word too)
+	star   *tnode       // child by "*"
+	hash   *tnode       // child by "#"
+	isHash bool         // this node is a "#": it also takes any word itself
+	queues queueSet     // the queues of the patterns that end here, each once
+	size   int          // queues here and below; a node of size 0 is removed
+	edit   *pmapEdit    // the batch that made this node (trieAddIn), or nil
 }
 
 // topicTrieWords splits and normalises a binding key for the trie. ok is
