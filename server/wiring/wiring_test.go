@@ -573,3 +573,40 @@ func TestDeadBindingsSwept(t *testing.T) {
 		t.Fatalf("a deleted queue still routed: %d", len(qs))
 	}
 }
+
+// BenchmarkQueueSetAppend times what a route to a fanout (or one direct
+// key, or one trie node) of n queues costs to copy its queues out: as
+// one slice (how every list was held before, and small ones still are)
+// and as the pmap a list past queueSetSliceMax becomes.
+//
+//	go test ./server/wiring -run '^$' -bench QueueSetAppend -benchmem
+func BenchmarkQueueSetAppend(b *testing.B) {
+	for _, n := range []int{2_000, 10_000, 100_000} {
+		var all []*shards.Queue
+		var set queueSet
+		for i := range n {
+			q := &shards.Queue{Name: "q" + strconv.Itoa(i)}
+			all = append(all, q)
+			set = set.with(nil, q)
+		}
+		if set.big == nil {
+			b.Fatalf("%d queues held as a slice", n)
+		}
+		for _, form := range []struct {
+			name string
+			set  queueSet
+		}{{"slice", queueSet{small: all}}, {"pmap", set}} {
+			b.Run(fmt.Sprintf("queues=%d/form=%s", n, form.name), func(b *testing.B) {
+				dst := make([]*shards.Queue, 0, n)
+				b.ReportAllocs()
+				for range b.N {
+					dst = form.set.appendTo(dst[:0])
+				}
+				if len(dst) != n {
+					b.Fatalf("%d queues out of %d", len(dst), n)
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/queue")
+			})
+		}
+	}
+}
