@@ -437,6 +437,7 @@ func (s *Shard) dropQueue(q *Queue) int {
 			delete(s.consumers, key)
 		}
 	}
+	s.pool.totals.Consumers -= len(q.consumers)
 	q.consumers = nil
 	// Acquired messages go too: their settles will find nothing.
 	for seq := range q.acquired {

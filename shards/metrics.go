@@ -59,7 +59,8 @@ type ShardMetrics struct {
 	RecoveredMessages uint64
 	Memory            MemoryMetrics
 	// Queues holds the queues the selection asked for (QueueSelect),
-	// QueueCount all of them, and Totals their sums.
+	// QueueCount all of them, and Totals their sums, kept as the queues
+	// change (entryPool.totals) rather than summed at each snapshot.
 	Queues     []QueueMetrics
 	QueueCount int
 	Totals     QueueTotals
@@ -75,7 +76,9 @@ type QueueTotals struct {
 type QueueSelect struct {
 	// Max bounds the queues each shard lists: negative for all of them,
 	// 0 for none. A shard holding more matching queues lists Max+1 of
-	// them, so that the caller can tell the bound was passed.
+	// them, so that the caller can tell the bound was passed; without a
+	// Prefix, a shard holding more than Max queues lists none (its
+	// QueueCount tells), so that such a snapshot visits no queue.
 	Max int
 	// Prefix lists only the queues whose name starts with it.
 	Prefix string
@@ -146,30 +149,31 @@ func (s *Shard) metrics(sel QueueSelect) ShardMetrics {
 		m.Journal = s.journal.j.Stats()
 	}
 	m.QueueCount = len(s.queues)
+	m.Totals = s.pool.totals // kept where the queues change: no walk
 	listed := len(s.queues)
 	if sel.Max >= 0 {
 		listed = min(listed, sel.Max+1)
+		if sel.Prefix == "" && len(s.queues) > sel.Max {
+			listed = 0 // QueueCount tells the caller the bound was passed
+		}
 	}
-	if listed > 0 {
-		m.Queues = make([]QueueMetrics, 0, listed)
+	if listed == 0 {
+		return m
 	}
-	t := &m.Totals
+	m.Queues = make([]QueueMetrics, 0, listed)
 	for q := range s.queues {
-		ready, unacked, delayed := q.Ready(), q.Unacked(), q.Delayed()
-		t.Ready += ready
-		t.Unacked += unacked
-		t.Delayed += delayed
-		t.Consumers += len(q.consumers)
-		t.Bytes += q.totalBytes
-		if len(m.Queues) == listed || !strings.HasPrefix(q.Name, sel.Prefix) {
+		if !strings.HasPrefix(q.Name, sel.Prefix) {
 			continue
 		}
 		c := q.Counters()
 		m.Queues = append(m.Queues, QueueMetrics{
-			Name: q.Name, Ready: ready, Unacked: unacked, Delayed: delayed, Consumers: len(q.consumers), Bytes: q.totalBytes,
+			Name: q.Name, Ready: q.Ready(), Unacked: q.Unacked(), Delayed: q.Delayed(), Consumers: len(q.consumers), Bytes: q.totalBytes,
 			Published: c.Enqueued - c.Recovered, Delivered: c.Delivered, Accepted: c.Acked,
 			DeadLettered: c.DeadLettered, Expired: c.Expired,
 		})
+		if len(m.Queues) == listed {
+			break
+		}
 	}
 	return m
 }

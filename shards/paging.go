@@ -251,7 +251,7 @@ func (p *pageFile) record(seg *pageSeg, off int64) ([]byte, error) {
 		return checkPage(p.wbuf[off-seg.flushed:])
 	}
 	w := &p.win
-	if w.seg == seg && off >= w.off {
+	if w.seg == seg && off >= w.off && off-w.off < int64(len(w.data)) {
 		if rec, ok := wholeRecord(w.data[off-w.off:]); ok {
 			return checkPage(rec)
 		}

@@ -467,6 +467,7 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 		for len(q.delayed) > 0 {
 			var d delayedEntry
 			d, q.delayed = heapRemove(q.delayed, 0, delayedLess)
+			q.free.totals.Delayed--
 			q.remove(d.e, 0, fx)
 		}
 		return nil
@@ -474,6 +475,7 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 		for len(q.delayed) > 0 && q.delayed[0].at <= ev.Now {
 			var d delayedEntry
 			d, q.delayed = heapRemove(q.delayed, 0, delayedLess)
+			q.free.totals.Delayed--
 			q.putBack(d.e)
 		}
 		return nil
@@ -499,6 +501,7 @@ func (q *Queue) enqueue(ev *Event, fx Effects) error {
 			if e == nil && len(q.delayed) > 0 {
 				var d delayedEntry
 				d, q.delayed = heapRemove(q.delayed, 0, delayedLess)
+				q.free.totals.Delayed--
 				e = d.e
 			}
 			if e == nil {
@@ -529,14 +532,18 @@ func (q *Queue) place(ev *Event, size uint64) {
 	e.setSizeLevel(size, q.levelOf(ev.Priority))
 	q.tail = e
 	q.totalBytes += size
+	t := &q.free.totals
+	t.Bytes += size
 	levels := q.levelState() // tailDelayed looks at them for a delayed one too
 	q.counts.Enqueued++
 	if ev.DeliverAt != 0 {
 		q.delayed = heapPush(q.delayed, delayedEntry{at: ev.DeliverAt, e: e}, delayedLess)
+		t.Delayed++
 		return
 	}
 	lv := e.level()
 	levels[lv].ready.push(e)
+	t.Ready++
 	q.nonEmpty |= 1 << lv
 	q.readyBytes += size
 }
@@ -546,6 +553,7 @@ func (q *Queue) place(ev *Event, size uint64) {
 func (q *Queue) putBack(e *Entry) {
 	lv := e.level()
 	heap.Push(&q.levelState()[lv].released, e)
+	q.free.totals.Ready++
 	q.nonEmpty |= 1 << lv
 	q.readyBytes += e.size()
 }
@@ -578,6 +586,7 @@ func (q *Queue) acquire(ev *Event) error {
 		q.acquired = make(map[uint64]*Entry)
 	}
 	q.acquired[e.Seq] = e
+	q.free.totals.Unacked++
 	q.counts.Delivered++
 	return nil
 }
@@ -631,12 +640,14 @@ func (q *Queue) NextDelivery(now int64) (Event, bool) {
 
 func (q *Queue) unacquire(e *Entry) {
 	delete(q.acquired, e.Seq)
+	q.free.totals.Unacked--
 }
 
 // remove drops e from the queue's accounting, dead-lettering it for a
 // non-zero reason.
 func (q *Queue) remove(e *Entry, reason DeadLetterReason, fx Effects) {
 	q.totalBytes -= e.size()
+	q.free.totals.Bytes -= e.size()
 	if reason != 0 {
 		q.counts.DeadLettered++
 		fx.DeadLetter(q, e, reason)
@@ -674,6 +685,7 @@ func (q *Queue) pop() *Entry {
 		q.nonEmpty &^= 1 << lv
 	}
 	q.readyBytes -= e.size()
+	q.free.totals.Ready--
 	return e
 }
 
@@ -687,6 +699,7 @@ func (q *Queue) takeReady(seq uint64) *Entry {
 				q.nonEmpty &^= 1 << lv
 			}
 			q.readyBytes -= e.size()
+			q.free.totals.Ready--
 			return e
 		}
 	}
@@ -700,6 +713,7 @@ func (q *Queue) takeDelayed(seq uint64) *Entry {
 	for i, d := range q.delayed {
 		if d.e.Seq == seq {
 			q.delayed, _ = heapRemoveAt(q.delayed, i)
+			q.free.totals.Delayed--
 			return d.e
 		}
 	}
@@ -870,7 +884,17 @@ func (h *releaseHeap) Pop() any {
 }
 
 // entryPool recycles entries. It belongs to one shard goroutine.
-type entryPool struct{ free []*Entry }
+//
+// Every queue of the shard points to it (Queue.free), so it also holds
+// the shard's running totals over its queues (the counts Metrics
+// reports): each place that changes a queue's ready, acquired or delayed
+// messages, its bytes or its consumers changes them too, and a scrape
+// reads them without visiting a queue. A queue reaches them without a
+// field of its own. TestQueueTotalsMatchWalk holds them to a walk.
+type entryPool struct {
+	free   []*Entry
+	totals QueueTotals
+}
 
 const entryPoolMax = 1 << 16
 

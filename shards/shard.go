@@ -454,6 +454,7 @@ func (s *Shard) subscribe(c *Command) {
 		ackNone: c.AckMode == wire.AckNone, exclusive: c.Exclusive, unacked: map[uint64]uint64{}}
 	s.consumers[key] = con
 	q.consumers = append(q.consumers, con)
+	s.pool.totals.Consumers++
 	q.everConsumed = true
 	s.completeCmd(c.Sess, c.CmdID, nil, nil)
 	s.markDirty(q)
@@ -485,6 +486,7 @@ func (s *Shard) detach(con *Consumer) {
 			copy(q.consumers[i:], q.consumers[i+1:])
 			q.consumers[len(q.consumers)-1] = nil
 			q.consumers = q.consumers[:len(q.consumers)-1]
+			s.pool.totals.Consumers--
 			break
 		}
 	}

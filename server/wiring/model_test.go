@@ -67,14 +67,28 @@ func routeNames(t *testing.T, r *Routing, exchange, key string) []string {
 // random keys (with empty words) on every exchange. It also keeps the
 // snapshot of every 50th step and checks at the end that later changes
 // left it routing as it did: snapshots are never changed once published.
+//
+// The "many" run binds up to 160 queues by few keys, so that a fanout's,
+// a direct key's and a trie node's lists grow past queueSetSliceMax (64
+// for the run) into their pmap form and shrink back; it fails unless
+// both happened.
 func TestWiringModel(t *testing.T) {
+	t.Run("few", func(t *testing.T) { testWiringModel(t, 8, []string{"a", "b", "", "ab"}, 5) })
+	t.Run("many", func(t *testing.T) {
+		defer func(max, min int) { queueSetSliceMax, queueSetSliceMin = max, min }(queueSetSliceMax, queueSetSliceMin)
+		queueSetSliceMax, queueSetSliceMin = 64, 32
+		testWiringModel(t, 160, []string{"a", "b", ""}, 2)
+	})
+}
+
+func testWiringModel(t *testing.T, nQueues int, words []string, maxWords int) {
+	many := nQueues > queueSetSliceMax
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewSource(seed))
 	w := startWiring(t, nil)
 	ref := &refWiring{queues: map[string]bool{}, exchanges: map[string]uint8{}, bindings: map[Binding]bool{}}
-	words := []string{"a", "b", "", "ab"}
 	randWords := func(pattern bool) string {
-		ws := make([]string, 1+rng.Intn(5))
+		ws := make([]string, 1+rng.Intn(maxWords))
 		for i := range ws {
 			switch r := rng.Intn(6); {
 			case pattern && r == 0:
@@ -88,6 +102,49 @@ func TestWiringModel(t *testing.T) {
 		return strings.Join(ws, ".")
 	}
 	queueNames := []string{"q0", "q1", "q2", "q3", "q4", "q5", "a", "b"}
+	for i := len(queueNames); i < nQueues; i++ {
+		queueNames = append(queueNames, fmt.Sprintf("q%d", i))
+	}
+	queueNames = queueNames[:nQueues]
+	var grew, shrank int // a list's form changed to a pmap, back to a slice
+	big := map[string]bool{}
+	watchForms := func(r *Routing) {
+		forms := map[string]bool{}
+		r.exchanges.All(func(name string, ex *exchange) bool {
+			name = fmt.Sprint(name, ex.gen) // a new exchange's lists are new
+			forms[name+"/fanout"] = ex.fanout.big != nil
+			ex.direct.All(func(key string, qs queueSet) bool {
+				forms[name+"/direct/"+key] = qs.big != nil
+				return true
+			})
+			var walk func(n *tnode, path string)
+			walk = func(n *tnode, path string) {
+				if n == nil {
+					return
+				}
+				forms[name+"/topic/"+path] = n.queues.big != nil
+				n.words.All(func(w string, c *tnode) bool { walk(c, path+"."+w); return true })
+				walk(n.star, path+".*")
+				walk(n.hash, path+".#")
+			}
+			walk(ex.topic, "")
+			return true
+		})
+		for k, isBig := range forms {
+			if isBig && !big[k] {
+				grew++
+			}
+			if !isBig && big[k] {
+				shrank++
+			}
+		}
+		big = map[string]bool{}
+		for k, isBig := range forms {
+			if isBig {
+				big[k] = true
+			}
+		}
+	}
 	exchanges := []struct {
 		name string
 		kind uint8
@@ -97,14 +154,41 @@ func TestWiringModel(t *testing.T) {
 		routes map[string][]string
 	}
 	var keptSnaps []kept
+	if many {
+		for _, q := range queueNames {
+			if _, err := w.DeclareQueue(q, shards.QueueOptions{}, false, nil); err != nil {
+				t.Fatal(err)
+			}
+			ref.queues[q] = true
+		}
+		for _, x := range exchanges {
+			if err := w.DeclareExchange(x.name, x.kind, ExchangeOptions{}, false); err != nil {
+				t.Fatal(err)
+			}
+			ref.exchanges[x.name] = x.kind
+		}
+	}
 	steps := 3000
 	if testing.Short() {
 		steps = 600
 	}
+	if many {
+		steps = 4800
+	}
 	routed := 0
 	for step := range steps {
 		var op string
-		switch rng.Intn(10) {
+		kind := rng.Intn(10)
+		if many {
+			// Phases of mostly binds and mostly unbinds, so that lists
+			// cross queueSetSliceMax up and queueSetSliceMin down.
+			if r := rng.Intn(100); r < 85 && (step/600)%2 == 0 {
+				kind = 5
+			} else if r < 85 {
+				kind = 9
+			}
+		}
+		switch kind {
 		case 0, 1:
 			q := queueNames[rng.Intn(len(queueNames))]
 			op = "declare queue " + q
@@ -133,7 +217,7 @@ func TestWiringModel(t *testing.T) {
 			}
 			ref.exchanges[x.name] = x.kind
 		case 4:
-			if rng.Intn(4) != 0 {
+			if rng.Intn(4) != 0 || (many && rng.Intn(10) != 0) {
 				continue // exchanges go rarely, so bindings pile up
 			}
 			x := exchanges[rng.Intn(len(exchanges))]
@@ -151,6 +235,9 @@ func TestWiringModel(t *testing.T) {
 		case 5, 6, 7:
 			x := exchanges[rng.Intn(len(exchanges))]
 			b := Binding{Exchange: x.name, Queue: queueNames[rng.Intn(len(queueNames))], Key: randWords(true)}
+			if many && rng.Intn(2) == 0 {
+				b.Key = "a" // long lists on a direct key and a trie node
+			}
 			op = fmt.Sprintf("bind %+v", b)
 			err := w.Bind(b.Exchange, b.Queue, b.Key)
 			_, exOK := ref.exchanges[b.Exchange]
@@ -178,8 +265,15 @@ func TestWiringModel(t *testing.T) {
 			delete(ref.bindings, b)
 		}
 		r := w.Routing()
+		if nQueues > queueSetSliceMax {
+			watchForms(r)
+		}
 		routes := map[string][]string{}
-		for range 8 {
+		keys := 8
+		if many {
+			keys = 2
+		}
+		for range keys {
 			key := randWords(false)
 			for _, x := range append(exchanges, struct {
 				name string
@@ -202,6 +296,10 @@ func TestWiringModel(t *testing.T) {
 	if routed < steps {
 		t.Fatalf("seed %d: only %d non-empty routes in %d steps: the comparison says little", seed, routed, steps)
 	}
+	if nQueues > queueSetSliceMax && (grew == 0 || shrank == 0) {
+		t.Fatalf("seed %d: lists grew to a pmap %d times and shrank to a slice %d times: the comparison says little", seed, grew, shrank)
+	}
+	t.Logf("seed %d: lists grew to a pmap %d times, shrank to a slice %d times", seed, grew, shrank)
 	for i, k := range keptSnaps {
 		for xk, want := range k.routes {
 			x, key, _ := strings.Cut(xk, "\x00")
@@ -302,6 +400,9 @@ func TestRouteDuringChanges(t *testing.T) {
 // the routes again, and checks that the snapshot Restore published still
 // routes as it did: the batch's nodes are never changed after it.
 func TestRestoreModel(t *testing.T) {
+	// Long lists take their pmap form in the batch too.
+	defer func(max, min int) { queueSetSliceMax, queueSetSliceMin = max, min }(queueSetSliceMax, queueSetSliceMin)
+	queueSetSliceMax, queueSetSliceMin = 64, 32
 	seed := time.Now().UnixNano()
 	rng := rand.New(rand.NewSource(seed))
 	words := []string{"a", "b", "c", "", "ab"}

@@ -40,8 +40,8 @@ type exchange struct {
 	// current exchange's died with the exchange (deleting an exchange does
 	// not visit its queues).
 	gen    uint64
-	direct pmap[[]*shards.Queue] // by routing key
-	fanout []*shards.Queue       // each queue once
+	direct pmap[queueSet] // by routing key
+	fanout queueSet       // each queue once
 	topic  *tnode
 	count  int       // bindings
 	edit   *pmapEdit // the batch that made this copy (withIn), or nil
@@ -68,7 +68,7 @@ type Routing struct {
 	// bindings holds each queue's bindings, by queue name, so that a
 	// queue's deletion removes its bindings without a scan, and a bind
 	// finds a duplicate among its queue's bindings only.
-	bindings pmap[[]queueBinding]
+	bindings pmap[queueBindings]
 	gen      uint64 // the last exchange generation handed out
 }
 
@@ -112,9 +112,9 @@ func (r *Routing) Route(exchangeName, key []byte, dst []*shards.Queue) ([]*shard
 	switch ex.kind {
 	case KindDirect:
 		qs, _ := ex.direct.GetBytes(key)
-		dst = append(dst, qs...)
+		dst = qs.appendTo(dst)
 	case KindFanout:
-		dst = append(dst, ex.fanout...)
+		dst = ex.fanout.appendTo(dst)
 	case KindTopic:
 		var buf [topicWordsMax][]byte
 		words, ok := splitTopicKey(key, &buf)

@@ -17,13 +17,13 @@ import (
 // pattern that needs more words than a key may have is left out (it can
 // match nothing).
 type tnode struct {
-	words  pmap[*tnode]    // children by literal word (the empty word too)
-	star   *tnode          // child by "*"
-	hash   *tnode          // child by "#"
-	isHash bool            // this node is a "#": it also takes any word itself
-	queues []*shards.Queue // the queues of the patterns that end here, each once
-	size   int             // queues here and below; a node of size 0 is removed
-	edit   *pmapEdit       // the batch that made this node (trieAddIn), or nil
+	words  pmap[*tnode] // children by literal word (the empty word too)
+	star   *tnode       // child by "*"
+	hash   *tnode       // child by "#"
+	isHash bool         // this node is a "#": it also takes any word itself
+	queues queueSet     // the queues of the patterns that end here, each once
+	size   int          // queues here and below; a node of size 0 is removed
+	edit   *pmapEdit    // the batch that made this node (trieAddIn), or nil
 }
 
 // topicTrieWords splits and normalises a binding key for the trie. ok is
@@ -82,7 +82,7 @@ func trieAddIn(ed *pmapEdit, n *tnode, words []string, q *shards.Queue) *tnode {
 	}
 	c.size++
 	if len(words) == 0 {
-		c.queues = append(c.queues, q)
+		c.queues = c.queues.with(ed, q)
 		return c
 	}
 	switch w := words[0]; w {
@@ -111,11 +111,7 @@ func trieRemove(n *tnode, words []string, q *shards.Queue) *tnode {
 	c.edit = nil
 	c.size--
 	if len(words) == 0 {
-		i := slices.Index(c.queues, q)
-		if i < 0 {
-			panic("wiring: removing a queue that is not in the topic trie")
-		}
-		c.queues = slices.Delete(slices.Clone(c.queues), i, i+1)
+		c.queues = c.queues.without(q)
 		return &c
 	}
 	switch w := words[0]; w {
@@ -178,21 +174,26 @@ func (n *tnode) route(words [][]byte, dst []*shards.Queue, start int) []*shards.
 	}
 	first := true
 	for _, s := range cur {
-		if len(s.queues) == 0 {
+		if s.queues.len() == 0 {
 			continue
 		}
+		mark := len(dst)
+		dst = s.queues.appendTo(dst)
 		if first {
 			// One node's queues are distinct: only later nodes can repeat
 			// them.
-			dst = append(dst, s.queues...)
 			first = false
 			continue
 		}
-		for _, q := range s.queues {
-			if !containsQueue(dst[start:], q) {
-				dst = append(dst, q)
+		kept := mark
+		for _, q := range dst[mark:] {
+			if !containsQueue(dst[start:mark], q) {
+				dst[kept] = q
+				kept++
 			}
 		}
+		clear(dst[kept:])
+		dst = dst[:kept]
 	}
 	return dst
 }

@@ -300,7 +300,7 @@ func (w *Wiring) restoreState(st *wiringState) error {
 		lists[q.Name] = append(qb, nb)
 	}
 	for name, qb := range lists {
-		n.bindings = n.bindings.SetIn(ed, name, qb)
+		n.bindings = n.bindings.SetIn(ed, name, queueBindings{list: qb, swept: len(qb)})
 	}
 	if w.cfg.Log == nil {
 		if err := w.saveLocked(&n); err != nil {

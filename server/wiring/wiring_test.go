@@ -469,3 +469,144 @@ func BenchmarkLiveBind(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkLiveUnbind times unbinds made one at a time on a running
+// wiring (Wiring.Unbind, each its own snapshot) from lists of n: n queues
+// bound to one fanout exchange, n queues bound by one key to a direct
+// exchange, and n queues bound by one pattern to a topic exchange (one
+// trie node's list). Each op binds the n untimed, then unbinds
+// unbindsPerOp of them, spread over the list.
+//
+//	go test ./server/wiring -run '^$' -bench LiveUnbind -benchtime 1x
+func BenchmarkLiveUnbind(b *testing.B) {
+	const unbindsPerOp = 1000
+	for _, n := range []int{10_000, 100_000} {
+		for _, shape := range []string{"fanout", "direct-one-key", "topic-one-pattern"} {
+			b.Run(fmt.Sprintf("%s/queues=%d", shape, n), func(b *testing.B) {
+				key := map[string]string{"fanout": "", "direct-one-key": "k", "topic-one-pattern": "a.*.c"}[shape]
+				for range b.N {
+					b.StopTimer()
+					w := startWiring(b, nil)
+					kind := map[string]uint8{"fanout": KindFanout, "direct-one-key": KindDirect, "topic-one-pattern": KindTopic}[shape]
+					if err := w.DeclareExchange("x", kind, ExchangeOptions{}, false); err != nil {
+						b.Fatal(err)
+					}
+					for i := range n {
+						q := "q" + strconv.Itoa(i)
+						if _, err := w.DeclareQueue(q, shards.QueueOptions{}, false, nil); err != nil {
+							b.Fatal(err)
+						}
+						if err := w.Bind("x", q, key); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.StartTimer()
+					for i := range unbindsPerOp {
+						if err := w.Unbind("x", "q"+strconv.Itoa(i*(n/unbindsPerOp)), key); err != nil {
+							b.Fatal(err)
+						}
+					}
+					b.StopTimer()
+					if qs, _ := w.Route([]byte("x"), []byte("a.b.c"), nil); kind != KindDirect && len(qs) != n-unbindsPerOp {
+						b.Fatalf("%d queues routed after the unbinds, want %d", len(qs), n-unbindsPerOp)
+					}
+					b.StartTimer()
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*unbindsPerOp), "ns/unbind")
+			})
+		}
+	}
+}
+
+// TestDeadBindingsSwept: a bind no longer drops the bindings of deleted
+// exchanges from its queue's list on every call (that cost O(the queue's
+// bindings) a bind); sweeps do, once the list has doubled. A queue bound
+// again and again to exchanges that are then deleted keeps a bounded
+// list, and what it keeps live still routes.
+func TestDeadBindingsSwept(t *testing.T) {
+	w := startWiring(t, nil)
+	if _, err := w.DeclareQueue("q", shards.QueueOptions{}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.DeclareExchange("keep", KindDirect, ExchangeOptions{}, false); err != nil {
+		t.Fatal(err)
+	}
+	const live = 20
+	for i := range live {
+		if err := w.Bind("keep", "q", fmt.Sprint("k", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	maxLen := 0
+	for i := range 1000 {
+		name := fmt.Sprint("gone", i%3)
+		if err := w.DeclareExchange(name, KindTopic, ExchangeOptions{}, false); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Bind(name, "q", fmt.Sprint("a.", i)); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.DeleteExchange(name, false); err != nil {
+			t.Fatal(err)
+		}
+		qb, _ := w.Routing().bindings.Get("q")
+		maxLen = max(maxLen, len(qb.list))
+	}
+	// The list never holds more than twice its length at the last sweep,
+	// at most the live bindings and one dead one then.
+	if bound := 2 * (live + 1); maxLen > bound {
+		t.Fatalf("the queue's binding list reached %d entries with %d live: dead bindings are not swept (bound %d)", maxLen, live, bound)
+	}
+	r := w.Routing()
+	if got := r.liveBindings("q"); len(got) != live {
+		t.Fatalf("%d live bindings, want %d", len(got), live)
+	}
+	for i := range live {
+		if qs, _ := r.Route([]byte("keep"), []byte(fmt.Sprint("k", i)), nil); len(qs) != 1 {
+			t.Fatalf("key k%d routes to %d queues", i, len(qs))
+		}
+	}
+	if _, err := w.DeleteQueue("q", false, false); err != nil {
+		t.Fatal(err)
+	}
+	if qs, _ := w.Routing().Route([]byte("keep"), []byte("k0"), nil); len(qs) != 0 {
+		t.Fatalf("a deleted queue still routed: %d", len(qs))
+	}
+}
+
+// BenchmarkQueueSetAppend times what a route to a fanout (or one direct
+// key, or one trie node) of n queues costs to copy its queues out: as
+// one slice (how every list was held before, and small ones still are)
+// and as the pmap a list past queueSetSliceMax becomes.
+//
+//	go test ./server/wiring -run '^$' -bench QueueSetAppend -benchmem
+func BenchmarkQueueSetAppend(b *testing.B) {
+	for _, n := range []int{2_000, 10_000, 100_000} {
+		var all []*shards.Queue
+		var set queueSet
+		for i := range n {
+			q := &shards.Queue{Name: "q" + strconv.Itoa(i)}
+			all = append(all, q)
+			set = set.with(nil, q)
+		}
+		if set.big == nil {
+			b.Fatalf("%d queues held as a slice", n)
+		}
+		for _, form := range []struct {
+			name string
+			set  queueSet
+		}{{"slice", queueSet{small: all}}, {"pmap", set}} {
+			b.Run(fmt.Sprintf("queues=%d/form=%s", n, form.name), func(b *testing.B) {
+				dst := make([]*shards.Queue, 0, n)
+				b.ReportAllocs()
+				for range b.N {
+					dst = form.set.appendTo(dst[:0])
+				}
+				if len(dst) != n {
+					b.Fatalf("%d queues out of %d", len(dst), n)
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/queue")
+			})
+		}
+	}
+}
