@@ -51,11 +51,13 @@ func TestQuantileAndSummary(t *testing.T) {
 	if q := quantile(nil, 0.5); q != -1 {
 		t.Errorf("p50 of none %v", q)
 	}
-	got := summary(results{failovers: ds, notLeader: ds[:10], leader: ds[10:], stalls: []time.Duration{120 * time.Millisecond, 90 * time.Millisecond}})
+	got := summary(results{failovers: ds, notLeader: ds[:10], leader: ds[10:], stalls: []time.Duration{120 * time.Millisecond, 90 * time.Millisecond},
+		elected: ds[:4]})
 	want := []string{
 		"failover master-kill, controller leader spared n=10 p50=500ms p99=1000ms max=1000ms",
 		"failover master-kill, master led the controller n=10 p50=1500ms p99=2000ms max=2000ms",
 		"failover master-kill n=20 p50=1000ms p99=2000ms max=2000ms",
+		"new master named n=4 p50=200ms p99=400ms max=400ms",
 		"stall follower-kill n=2 p50=90ms max=120ms",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
