@@ -918,7 +918,7 @@ func (s *Shard) applyCheckpoint(ck *ckLoaded, byName map[string]*Queue, refs map
 			if r.at != 0 {
 				s.schedule(q, r.at)
 			}
-			q.counts.Recovered++
+			q.busy.Recovered++
 			live++
 		}
 	}

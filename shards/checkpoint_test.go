@@ -105,7 +105,7 @@ func ckCollect(t *testing.T, b *Broker, qs map[string]*Queue, maxPos uint64) ckS
 				}
 				qst.Ready = append(qst.Ready, ms)
 			}
-			ds := slices.Clone(q.delayed)
+			ds := slices.Clone(q.delayedHeap())
 			slices.SortFunc(ds, func(a, b delayedEntry) int {
 				if a.at != b.at {
 					return int(a.at - b.at)

@@ -322,7 +322,7 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		if m.at != 0 {
 			s.schedule(q, m.at)
 		}
-		q.counts.Recovered++
+		q.busy.Recovered++
 		live++
 	}
 	// The records replayed count towards the next checkpoint, so a long

@@ -11,15 +11,15 @@ import (
 )
 
 // idleQueueStructMax is what a Queue struct may take: one allocation of
-// the 208-byte size class.
-const idleQueueStructMax = 208
+// the 176-byte size class.
+const idleQueueStructMax = 176
 
 // idleQueueBytesMax bounds the heap a shard holds per idle queue: the
 // Queue and its entry in its shard's set of queues (the name is the
 // caller's).
 const idleQueueBytesMax = 272
 
-// TestIdleQueueSize keeps the Queue struct within one 208-byte
+// TestIdleQueueSize keeps the Queue struct within one 176-byte
 // allocation; a field added to it belongs in queueRare or behind another
 // pointer made at first use unless every queue needs it.
 func TestIdleQueueSize(t *testing.T) {

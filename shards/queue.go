@@ -191,9 +191,10 @@ func (l *level) peek() *Entry {
 // else reads or writes it.
 //
 // A broker may hold a million queues that sit idle, so an idle queue is
-// one 208-byte allocation and nothing else (TestIdleQueueSize and
-// TestIdleQueueBytes hold it there): its priority levels and counters
-// are made by the first message and its map of acquired messages by the
+// one 176-byte allocation and nothing else (TestIdleQueueSize and
+// TestIdleQueueBytes hold it there): its priority levels, counters and
+// delayed messages are made by the first message (busy), its map of
+// acquired messages by the
 // first delivery, its options are shared with every queue declared alike
 // (internOptions), and what only replicated, deduplicating or delaying
 // queues use sits behind a pointer (rare).
@@ -230,14 +231,9 @@ type Queue struct {
 	unsafe  int32
 	safeSeq uint64
 
-	// delayed holds the messages whose deliver-at time is still to come,
-	// earliest first; EvPromote moves the due ones to their levels.
-	delayed delayHeap
 	// acquired holds the messages handed to consumers; nil until the first.
 	acquired map[uint64]*Entry
 	nextSeq  uint64
-	// tail is the entry the last enqueue added (for the memory budget).
-	tail *Entry
 	// expireAt is the time under which the shard's expiry index holds
 	// this queue, 0 when it does not (Shard.watchHead).
 	expireAt int64
@@ -251,9 +247,32 @@ type Queue struct {
 	// rare holds what few queues use: nil until the first use.
 	rare *queueRare
 
-	// counts is made by the first enqueue, with the levels: an idle
-	// queue has counted nothing (Counters).
-	counts *QueueCounters
+	// busy is made by the first enqueue, with the levels: an idle queue
+	// has counted nothing (Counters) and holds no delayed message.
+	busy *queueBusy
+}
+
+// queueBusy is the part of a queue that only a queue that has held a
+// message needs. Keeping it out of Queue keeps an idle queue, of which a
+// broker may hold millions, within one 176-byte allocation
+// (TestIdleQueueSize); a queue that holds messages pays the same as when
+// these fields were Queue's.
+type queueBusy struct {
+	QueueCounters
+	// tail is the entry the last enqueue added (for the memory budget).
+	tail *Entry
+	// delayed holds the messages whose deliver-at time is still to come,
+	// earliest first; EvPromote moves the due ones to their levels.
+	delayed delayHeap
+}
+
+// delayedHeap returns q's delayed messages (nil for a queue that never
+// held a message). Writers go through q.busy, which place makes.
+func (q *Queue) delayedHeap() delayHeap {
+	if q.busy == nil {
+		return nil
+	}
+	return q.busy.delayed
 }
 
 // QueueCounters count what happened to a queue's messages.
@@ -267,10 +286,10 @@ type QueueCounters struct {
 // Counters returns q's counters. Read them on q's shard (or inside a
 // Broker.Call), as every other part of q's state.
 func (q *Queue) Counters() QueueCounters {
-	if q.counts == nil {
+	if q.busy == nil {
 		return QueueCounters{}
 	}
-	return *q.counts
+	return q.busy.QueueCounters
 }
 
 // queueRare is the part of a queue that most queues never use.
@@ -333,7 +352,7 @@ func internOptions(opts QueueOptions) *QueueOptions {
 func (q *Queue) levelState() []level {
 	if q.levels == nil {
 		q.levels = make([]level, int(min(q.Options.MaxPriority, PriorityMax))+1)
-		q.counts = &QueueCounters{}
+		q.busy = &queueBusy{}
 	}
 	return q.levels
 }
@@ -360,15 +379,16 @@ func (q *Queue) Ready() int {
 func (q *Queue) Unacked() int { return len(q.acquired) }
 
 // Delayed is the number of messages whose deliver-at time is to come.
-func (q *Queue) Delayed() int { return len(q.delayed) }
+func (q *Queue) Delayed() int { return len(q.delayedHeap()) }
 
 // NextDeliverAt is the earliest deliver-at time of a delayed message, or
 // 0 when there is none.
 func (q *Queue) NextDeliverAt() int64 {
-	if len(q.delayed) == 0 {
+	d := q.delayedHeap()
+	if len(d) == 0 {
 		return 0
 	}
-	return q.delayed[0].at
+	return d[0].at
 }
 
 // Depth is every message the queue holds.
@@ -435,7 +455,7 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 			return ErrNoSuchMessage
 		}
 		q.unacquire(e)
-		q.counts.Acked++
+		q.busy.Acked++
 		q.remove(e, 0, fx)
 		return nil
 	case EvExpire:
@@ -445,7 +465,7 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 				return nil
 			}
 			q.pop()
-			q.counts.Expired++
+			q.busy.Expired++
 			q.remove(e, ReasonExpired, fx)
 		}
 	case EvRemove:
@@ -464,16 +484,16 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 		for e := q.pop(); e != nil; e = q.pop() {
 			q.remove(e, 0, fx)
 		}
-		for len(q.delayed) > 0 {
+		for len(q.delayedHeap()) > 0 {
 			var d delayedEntry
-			d, q.delayed = heapRemove(q.delayed, 0, delayedLess)
+			d, q.busy.delayed = heapRemove(q.busy.delayed, 0, delayedLess)
 			q.remove(d.e, 0, fx)
 		}
 		return nil
 	case EvPromote:
-		for len(q.delayed) > 0 && q.delayed[0].at <= ev.Now {
+		for h := q.delayedHeap(); len(h) > 0 && h[0].at <= ev.Now; h = q.busy.delayed {
 			var d delayedEntry
-			d, q.delayed = heapRemove(q.delayed, 0, delayedLess)
+			d, q.busy.delayed = heapRemove(h, 0, delayedLess)
 			q.putBack(d.e)
 		}
 		return nil
@@ -496,9 +516,9 @@ func (q *Queue) enqueue(ev *Event, fx Effects) error {
 		// past its bound.
 		for q.full(1, size) {
 			e := q.pop()
-			if e == nil && len(q.delayed) > 0 {
+			if e == nil && len(q.delayedHeap()) > 0 {
 				var d delayedEntry
-				d, q.delayed = heapRemove(q.delayed, 0, delayedLess)
+				d, q.busy.delayed = heapRemove(q.busy.delayed, 0, delayedLess)
 				e = d.e
 			}
 			if e == nil {
@@ -527,12 +547,12 @@ func (q *Queue) place(ev *Event, size uint64) {
 	e.DeliveryCount = ev.DeliveryCount
 	e.JournalPos = ev.JournalPos
 	e.setSizeLevel(size, q.levelOf(ev.Priority))
-	q.tail = e
 	q.totalBytes += size
 	levels := q.levelState() // tailDelayed looks at them for a delayed one too
-	q.counts.Enqueued++
+	q.busy.tail = e
+	q.busy.Enqueued++
 	if ev.DeliverAt != 0 {
-		q.delayed = heapPush(q.delayed, delayedEntry{at: ev.DeliverAt, e: e}, delayedLess)
+		q.busy.delayed = heapPush(q.busy.delayed, delayedEntry{at: ev.DeliverAt, e: e}, delayedLess)
 		return
 	}
 	lv := e.level()
@@ -553,7 +573,7 @@ func (q *Queue) putBack(e *Entry) {
 // tailDelayed reports whether the last enqueue went to the delayed
 // messages.
 func (q *Queue) tailDelayed() bool {
-	e := q.tail
+	e := q.busy.tail
 	l := &q.levels[e.level()]
 	return l.ready.back() != e
 }
@@ -578,7 +598,7 @@ func (q *Queue) acquire(ev *Event) error {
 		q.acquired = make(map[uint64]*Entry)
 	}
 	q.acquired[e.Seq] = e
-	q.counts.Delivered++
+	q.busy.Delivered++
 	return nil
 }
 
@@ -606,7 +626,7 @@ func (q *Queue) NextDelivery(now int64) (Event, bool) {
 	if q.deleted {
 		return Event{}, false
 	}
-	if len(q.delayed) > 0 && q.delayed[0].at <= now {
+	if d := q.delayedHeap(); len(d) > 0 && d[0].at <= now {
 		return Event{Kind: EvPromote, Now: now}, true
 	}
 	h := q.peek()
@@ -638,7 +658,7 @@ func (q *Queue) unacquire(e *Entry) {
 func (q *Queue) remove(e *Entry, reason DeadLetterReason, fx Effects) {
 	q.totalBytes -= e.size()
 	if reason != 0 {
-		q.counts.DeadLettered++
+		q.busy.DeadLettered++
 		fx.DeadLetter(q, e, reason)
 	}
 	fx.Removed(q, e)
@@ -697,9 +717,9 @@ func (q *Queue) takeReady(seq uint64) *Entry {
 // nil. It scans: a replicated remove rarely finds a message still delayed
 // here (the master removes it after delivering it).
 func (q *Queue) takeDelayed(seq uint64) *Entry {
-	for i, d := range q.delayed {
+	for i, d := range q.delayedHeap() {
 		if d.e.Seq == seq {
-			q.delayed, _ = heapRemoveAt(q.delayed, i)
+			q.busy.delayed, _ = heapRemoveAt(q.busy.delayed, i)
 			return d.e
 		}
 	}

@@ -99,7 +99,7 @@ func (s *Shard) ApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64, pro
 		q.place(&ev, uint64(b.Size()))
 	}
 	if logPos != 0 {
-		q.tail.page = pageGroupLog | logPos
+		q.busy.tail.page = pageGroupLog | logPos
 	}
 	s.admit(q)
 	s.noteExpiry(q, expiresAt)
