@@ -299,7 +299,7 @@ func (s *Shard) captureCheckpoint() *ckCut {
 	sj := s.journal
 	start := time.Now()
 	c := &ckCut{j: sj.j.BeginCheckpoint(), lastBytes: sj.ck.lastBytes}
-	for q := range s.queues {
+	for q := range s.queues.all() {
 		if !s.checkpointable(q) {
 			continue
 		}

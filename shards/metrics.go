@@ -145,8 +145,8 @@ func (s *Shard) metrics(sel QueueSelect) ShardMetrics {
 		m.Journaled = true
 		m.Journal = s.journal.j.Stats()
 	}
-	m.QueueCount = len(s.queues)
-	listed := len(s.queues)
+	m.QueueCount = s.queues.len()
+	listed := s.queues.len()
 	if sel.Max >= 0 {
 		listed = min(listed, sel.Max+1)
 	}
@@ -154,7 +154,7 @@ func (s *Shard) metrics(sel QueueSelect) ShardMetrics {
 		m.Queues = make([]QueueMetrics, 0, listed)
 	}
 	t := &m.Totals
-	for q := range s.queues {
+	for q := range s.queues.all() {
 		ready, unacked, delayed := q.Ready(), q.Unacked(), q.Delayed()
 		t.Ready += ready
 		t.Unacked += unacked

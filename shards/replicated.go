@@ -188,7 +188,7 @@ func (s *Shard) TryCall(f func(*Shard)) bool {
 func (b *Broker) GroupMastered(g uint32) {
 	for _, s := range b.shards {
 		s.TryCall(func(sh *Shard) {
-			for q := range sh.queues {
+			for q := range sh.queues.all() {
 				if q.replicated && q.group == g {
 					sh.markDirty(q)
 				}
@@ -204,7 +204,7 @@ func (b *Broker) GroupMastered(g uint32) {
 func (b *Broker) ResetGroup(g uint32) {
 	for _, s := range b.shards {
 		_ = b.Call(s, func(sh *Shard) {
-			for q := range sh.queues {
+			for q := range sh.queues.all() {
 				if !q.replicated || q.group != g {
 					continue
 				}

@@ -126,7 +126,7 @@ type Shard struct {
 	in   *ring.MPSC[Command]
 	cmds []Command
 
-	queues    map[*Queue]struct{}
+	queues    queueSet
 	consumers map[consumerKey]*Consumer
 	outs      map[*Session]*sessOut
 	dirtyOuts []*sessOut
@@ -168,7 +168,6 @@ func newShard(idx int, b *Broker, cfg ShardConfig) *Shard {
 		sig:       sig,
 		in:        ring.NewMPSCSignal[Command](cfg.RingSize, sig),
 		cmds:      make([]Command, 256),
-		queues:    map[*Queue]struct{}{},
 		consumers: map[consumerKey]*Consumer{},
 		outs:      map[*Session]*sessOut{},
 		qDirty:    map[*Queue]bool{},
@@ -266,7 +265,7 @@ func (s *Shard) handle(c *Command) {
 	case opReplEnqueue:
 		s.ApplyEnqueue(c.Queue, c.CmdID, c.Body, c.TTLNanos, c.Producer, uint64(c.Now), c.Ranges[0].First)
 	case opAddQueue:
-		s.queues[c.Queue] = struct{}{}
+		s.queues.add(c.Queue)
 	case opDeadLettered:
 		if q := c.Queue; q.replicated {
 			if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
