@@ -63,7 +63,7 @@ type queueBinding struct {
 // declare, bind, unbind or delete costs O(log n) in the number of queues
 // and bindings, plus the bindings of the one queue or key it touches.
 type Routing struct {
-	queues    pmap[*shards.Queue]
+	queues    queueTable
 	exchanges pmap[*exchange]
 	// bindings holds each queue's bindings, by queue name, so that a
 	// queue's deletion removes its bindings without a scan, and a bind
