@@ -437,7 +437,7 @@ func (s *Shard) dropQueue(q *Queue) int {
 	}
 	q.consumers = nil
 	// Acquired messages go too: their settles will find nothing.
-	for seq := range q.acquired {
+	for seq := range q.acquiredMap() {
 		ev := Event{Kind: EvDequeue, Seq: seq}
 		_ = q.Apply(&ev, nopEffects{s})
 	}
@@ -445,7 +445,9 @@ func (s *Shard) dropQueue(q *Queue) int {
 	_ = q.Apply(&ev, nopEffects{s})
 	q.deleted = true
 	s.queues.remove(q)
-	q.expireAt = 0 // its entry in the expiry index, if any, is stale
+	if q.busy != nil {
+		q.busy.expireAt = 0 // its entry in the expiry index, if any, is stale
+	}
 	if q.replicated {
 		if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
 			_ = s.proposeRemoves(q, nil)

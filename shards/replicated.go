@@ -208,7 +208,7 @@ func (b *Broker) ResetGroup(g uint32) {
 				if !q.replicated || q.group != g {
 					continue
 				}
-				for seq := range q.acquired {
+				for seq := range q.acquiredMap() {
 					ev := Event{Kind: EvRemove, Seq: seq}
 					_ = q.Apply(&ev, sh)
 				}

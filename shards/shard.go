@@ -134,7 +134,7 @@ type Shard struct {
 	qDirty    map[*Queue]bool
 	// expiry is the expiry index: a heap of (time, queue) holding every
 	// queue whose head has a TTL under that head's expiry time or earlier
-	// (Queue.expireAt; watchHead keeps it so). The tick takes the entries
+	// (queueBusy.expireAt; watchHead keeps it so). The tick takes the entries
 	// that came due, so it costs O(due), not O(queues): a shard may hold a
 	// million idle queues.
 	expiry   timerHeap
@@ -628,10 +628,10 @@ func (s *Shard) noteExpiry(q *Queue, expiresAt int64) { s.watchHead(q) }
 // head (EvExpire), and whatever makes it the head calls watchHead.
 func (s *Shard) watchHead(q *Queue) {
 	h := q.peek()
-	if h == nil || h.ExpiresAt == 0 || (q.expireAt != 0 && q.expireAt <= h.ExpiresAt) {
-		return
+	if h == nil || h.ExpiresAt == 0 || (q.busy.expireAt != 0 && q.busy.expireAt <= h.ExpiresAt) {
+		return // (a queue with a head has its busy part)
 	}
-	q.expireAt = h.ExpiresAt
+	q.busy.expireAt = h.ExpiresAt
 	s.expiry = heapPush(s.expiry, timerEntry{at: h.ExpiresAt, q: q}, timerLess)
 }
 
@@ -651,10 +651,10 @@ func (s *Shard) expireDue() {
 		var te timerEntry
 		te, s.expiry = heapRemove(s.expiry, 0, timerLess)
 		q := te.q
-		if q.deleted || te.at != q.expireAt {
+		if q.deleted || te.at != q.busy.expireAt {
 			continue
 		}
-		q.expireAt = 0
+		q.busy.expireAt = 0
 		ev := Event{Kind: EvExpire, Now: s.now}
 		_ = q.Apply(&ev, s)
 		s.watchHead(q)
