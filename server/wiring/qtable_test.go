@@ -196,3 +196,37 @@ func TestQueueTableGetBytes(t *testing.T) {
 		t.Fatalf("GetBytes allocates %v times", n)
 	}
 }
+
+// BenchmarkQueueLookup looks queues up by a []byte name, as a publish to
+// the default exchange does, in a queueTable and, for comparison, in the
+// pmap it replaced.
+func BenchmarkQueueLookup(b *testing.B) {
+	for _, n := range []int{1_000, 100_000, 1_000_000} {
+		qs := make([]*shards.Queue, n)
+		keys := make([]string, n)
+		names := make([][]byte, n)
+		for i := range qs {
+			qs[i] = &shards.Queue{Name: fmt.Sprintf("device-%07d", i)}
+			keys[i] = qs[i].Name
+			names[i] = []byte(qs[i].Name)
+		}
+		tbl := buildQueueTable(qs)
+		pm := buildPmap(keys, qs)
+		b.Run(fmt.Sprintf("table=queueTable/queues=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if q, _ := tbl.GetBytes(names[i%n]); q == nil {
+					b.Fatal("missing")
+				}
+			}
+		})
+		b.Run(fmt.Sprintf("table=pmap/queues=%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				if q, _ := pm.GetBytes(names[i%n]); q == nil {
+					b.Fatal("missing")
+				}
+			}
+		})
+	}
+}
