@@ -363,13 +363,13 @@ func (b *Broker) AddQueues(specs []QueueSpec) ([]*Queue, error) {
 			for len(list) > 0 {
 				batch := list[:min(len(list), addQueuesBatch)]
 				err := b.Call(b.shards[si], func(sh *Shard) {
-					if len(sh.queues) == 0 && total > addQueuesBatch {
+					if sh.queues.len() == 0 && total > addQueuesBatch {
 						// A start-up's restore: size the set once rather
 						// than growing it through every doubling.
-						sh.queues = make(map[*Queue]struct{}, total)
+						sh.queues.reserve(total)
 					}
 					for _, i := range batch {
-						sh.queues[qs[i]] = struct{}{}
+						sh.queues.add(qs[i])
 					}
 				})
 				if err != nil {
@@ -440,15 +440,17 @@ func (s *Shard) dropQueue(q *Queue) int {
 	s.pool.totals.Consumers -= len(q.consumers)
 	q.consumers = nil
 	// Acquired messages go too: their settles will find nothing.
-	for seq := range q.acquired {
+	for seq := range q.acquiredMap() {
 		ev := Event{Kind: EvDequeue, Seq: seq}
 		_ = q.Apply(&ev, nopEffects{s})
 	}
 	ev := Event{Kind: EvPurge}
 	_ = q.Apply(&ev, nopEffects{s})
 	q.deleted = true
-	delete(s.queues, q)
-	q.expireAt = 0 // its entry in the expiry index, if any, is stale
+	s.queues.remove(q)
+	if q.busy != nil {
+		q.busy.expireAt = 0 // its entry in the expiry index, if any, is stale
+	}
 	if q.replicated {
 		if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
 			_ = s.proposeRemoves(q, nil)
@@ -528,7 +530,7 @@ func (b *Broker) Queues() []QueueInfo {
 		_ = b.Call(s, func(sh *Shard) {
 			mu.Lock()
 			defer mu.Unlock()
-			for q := range sh.queues {
+			for q := range sh.queues.all() {
 				out = append(out, q.info())
 			}
 		})
@@ -548,7 +550,7 @@ func (b *Broker) QueueInfos(qs []*Queue) []QueueInfo {
 				if q.Shard() != si {
 					continue
 				}
-				if _, ok := sh.queues[q]; !ok {
+				if !sh.queues.has(q) {
 					continue
 				}
 				live[i] = true

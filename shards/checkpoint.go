@@ -299,7 +299,7 @@ func (s *Shard) captureCheckpoint() *ckCut {
 	sj := s.journal
 	start := time.Now()
 	c := &ckCut{j: sj.j.BeginCheckpoint(), lastBytes: sj.ck.lastBytes}
-	for q := range s.queues {
+	for q := range s.queues.all() {
 		if !s.checkpointable(q) {
 			continue
 		}
@@ -918,7 +918,7 @@ func (s *Shard) applyCheckpoint(ck *ckLoaded, byName map[string]*Queue, refs map
 			if r.at != 0 {
 				s.schedule(q, r.at)
 			}
-			q.counts.Recovered++
+			q.busy.Recovered++
 			live++
 		}
 	}

@@ -105,7 +105,7 @@ func ckCollect(t *testing.T, b *Broker, qs map[string]*Queue, maxPos uint64) ckS
 				}
 				qst.Ready = append(qst.Ready, ms)
 			}
-			ds := slices.Clone(q.delayed)
+			ds := slices.Clone(q.delayedHeap())
 			slices.SortFunc(ds, func(a, b delayedEntry) int {
 				if a.at != b.at {
 					return int(a.at - b.at)
@@ -116,7 +116,7 @@ func ckCollect(t *testing.T, b *Broker, qs map[string]*Queue, maxPos uint64) ckS
 				e := d.e
 				qst.Delayed = append(qst.Delayed, ckMsg{Pos: e.JournalPos, Count: e.DeliveryCount, Exp: e.ExpiresAt, Level: e.level(), At: d.at, Size: e.size()})
 			}
-			qst.Unacked = len(q.acquired)
+			qst.Unacked = len(q.acquiredMap())
 			qst.Producers = map[uint64]uint64{}
 			if q.rare != nil {
 				for id, p := range q.rare.producers.m {

@@ -17,7 +17,7 @@ func TestConsumerGone(t *testing.T) {
 	br := New(Config{Shards: 1})
 	s := br.shards[0]
 	q := NewQueue("q", QueueOptions{}, 0, &s.pool)
-	s.queues[q] = struct{}{}
+	s.queues.add(q)
 	var gone []uint32
 	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{},
 		OnConsumerGone: func(id uint32) { gone = append(gone, id) }}
@@ -65,7 +65,7 @@ func TestConsumerGone(t *testing.T) {
 	expect("refusal of an id in use (another session's)", 1, 2, 3)
 
 	r := NewQueue("r", QueueOptions{}, 0, &s.pool)
-	s.queues[r] = struct{}{}
+	s.queues.add(r)
 	s.handle(&Command{Op: OpSubscribe, Sess: sess, CmdID: 7, Queue: r, ConsumerID: 4, Credit: 10})
 	s.handle(&Command{Op: OpSubscribe, Sess: sess, CmdID: 8, Queue: r, ConsumerID: 4, Credit: 10})
 	if !has(4) {

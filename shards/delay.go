@@ -3,7 +3,7 @@ package shards
 import "time"
 
 // Delayed delivery on a shard. A queue holds its delayed messages itself
-// (Queue.delayed, ordered by deliver-at time) and makes them ready only
+// (queueBusy.delayed, ordered by deliver-at time) and makes them ready only
 // when an EvPromote says their time came; the shard decides when that is.
 // It keeps one timer structure for all its queues:
 //

@@ -51,7 +51,8 @@
 //     whose head has a TTL, by that head's expiry time; the 100 ms tick
 //     expires what came due. Nothing in the shard walks all its queues
 //     on a timer, so a million idle queues cost no CPU, and an idle
-//     queue is one small allocation (Queue, queueRare).
+//     queue is one 160-byte allocation (Queue; queueBusy and queueRare come
+//     with messages and rare features) plus a slot in its shard's queueSet.
 //   - Body, Session, Fanout (message.go, session.go, broker.go): a
 //     message's bytes, shared by reference count; a client session as the
 //     shards see it; one publish's progress over several queues. A

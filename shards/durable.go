@@ -275,8 +275,8 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 	}
 	sj.j = j
 	s.journal = sj
-	byName := make(map[string]*Queue, len(s.queues))
-	for q := range s.queues {
+	byName := make(map[string]*Queue, s.queues.len())
+	for q := range s.queues.all() {
 		byName[q.Name] = q
 	}
 	live, dropped := 0, 0
@@ -322,7 +322,7 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 		if m.at != 0 {
 			s.schedule(q, m.at)
 		}
-		q.counts.Recovered++
+		q.busy.Recovered++
 		live++
 	}
 	// The records replayed count towards the next checkpoint, so a long

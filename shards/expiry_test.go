@@ -119,7 +119,7 @@ func TestExpiryIndex(t *testing.T) {
 		t.Helper()
 		if err := b.Call(sh, func(s *Shard) {
 			for _, te := range s.expiry {
-				if te.at == te.q.expireAt {
+				if te.at == te.q.busy.expireAt {
 					n++ // not stale
 				}
 			}

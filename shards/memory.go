@@ -219,7 +219,7 @@ func (s *Shard) admit(q *Queue) {
 	if s.mem.limit == 0 {
 		return // no budget: nothing is counted, nothing is paged
 	}
-	e := q.tail
+	e := q.busy.tail
 	cost := entryCost(q)
 	if e.Body != nil {
 		cost += bodyBytes(e.Body)

@@ -148,12 +148,12 @@ func (s *Shard) metrics(sel QueueSelect) ShardMetrics {
 		m.Journaled = true
 		m.Journal = s.journal.j.Stats()
 	}
-	m.QueueCount = len(s.queues)
+	m.QueueCount = s.queues.len()
 	m.Totals = s.pool.totals // kept where the queues change: no walk
-	listed := len(s.queues)
+	listed := s.queues.len()
 	if sel.Max >= 0 {
 		listed = min(listed, sel.Max+1)
-		if sel.Prefix == "" && len(s.queues) > sel.Max {
+		if sel.Prefix == "" && s.queues.len() > sel.Max {
 			listed = 0 // QueueCount tells the caller the bound was passed
 		}
 	}
@@ -161,7 +161,7 @@ func (s *Shard) metrics(sel QueueSelect) ShardMetrics {
 		return m
 	}
 	m.Queues = make([]QueueMetrics, 0, listed)
-	for q := range s.queues {
+	for q := range s.queues.all() {
 		if !strings.HasPrefix(q.Name, sel.Prefix) {
 			continue
 		}

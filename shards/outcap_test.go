@@ -15,7 +15,7 @@ func TestOutMaxHoldsBackAndResumes(t *testing.T) {
 	br := New(Config{Shards: 1})
 	s := br.shards[0]
 	q := NewQueue("q", QueueOptions{}, 0, &s.pool)
-	s.queues[q] = struct{}{}
+	s.queues.add(q)
 	slowW, fastW := &discardWriter{}, &discardWriter{}
 	stalls := 0
 	slow := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: slowW, OutMax: 4096,

@@ -52,7 +52,7 @@ func benchConsumeBacklog(b *testing.B, persistent, paged bool) {
 		defer s.closeJournal()
 	}
 	q := NewQueue("q", QueueOptions{Durable: true}, 0, &s.pool)
-	s.queues[q] = struct{}{}
+	s.queues.add(q)
 	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{}}
 	s.handle(&Command{Op: OpSubscribe, Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1})
 	payload := make([]byte, 1024)

@@ -33,7 +33,7 @@ func benchQueueKind(b *testing.B, kind string, batch int) {
 		opts.MaxPriority = PriorityMax
 	}
 	q := NewQueue("q", opts, 0, &s.pool)
-	s.queues[q] = struct{}{}
+	s.queues.add(q)
 	w := &discardWriter{}
 	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: w}
 	s.handle(&Command{Op: OpSubscribe, Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 1 << 16})

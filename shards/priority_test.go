@@ -67,8 +67,8 @@ func TestPriorityOrderAndRelease(t *testing.T) {
 	}
 	// Release the level-3 ones: they go back ahead of everything below
 	// their level, in their old order.
-	for seq := range q.acquired {
-		if q.acquired[seq].Level() == 3 {
+	for seq := range q.acquiredMap() {
+		if q.acquiredMap()[seq].Level() == 3 {
 			if err := q.Apply(&Event{Kind: EvRelease, Seq: seq}, fx); err != nil {
 				t.Fatal(err)
 			}

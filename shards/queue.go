@@ -191,12 +191,13 @@ func (l *level) peek() *Entry {
 // else reads or writes it.
 //
 // A broker may hold a million queues that sit idle, so an idle queue is
-// one 208-byte allocation and nothing else (TestIdleQueueSize and
-// TestIdleQueueBytes hold it there): its priority levels and counters
-// are made by the first message and its map of acquired messages by the
-// first delivery, its options are shared with every queue declared alike
-// (internOptions), and what only replicated, deduplicating or delaying
-// queues use sits behind a pointer (rare).
+// one 160-byte allocation and nothing else (TestIdleQueueSize and
+// TestIdleQueueBytes hold it there): its priority levels, counters,
+// delayed messages, expiry time and map of acquired messages are made by
+// the first message (busy; the map by the first delivery), its options
+// are shared with every queue declared alike (internOptions), and what
+// only replicated, deduplicating or delaying queues use sits behind a
+// pointer (rare).
 type Queue struct {
 	Name string
 	// Options point to the queue's options, which never change: shared by
@@ -230,17 +231,7 @@ type Queue struct {
 	unsafe  int32
 	safeSeq uint64
 
-	// delayed holds the messages whose deliver-at time is still to come,
-	// earliest first; EvPromote moves the due ones to their levels.
-	delayed delayHeap
-	// acquired holds the messages handed to consumers; nil until the first.
-	acquired map[uint64]*Entry
-	nextSeq  uint64
-	// tail is the entry the last enqueue added (for the memory budget).
-	tail *Entry
-	// expireAt is the time under which the shard's expiry index holds
-	// this queue, 0 when it does not (Shard.watchHead).
-	expireAt int64
+	nextSeq uint64
 
 	readyBytes uint64
 	totalBytes uint64
@@ -251,9 +242,47 @@ type Queue struct {
 	// rare holds what few queues use: nil until the first use.
 	rare *queueRare
 
-	// counts is made by the first enqueue, with the levels: an idle
-	// queue has counted nothing (Counters).
-	counts *QueueCounters
+	// busy is made by the first enqueue, with the levels: an idle queue
+	// has counted nothing (Counters) and holds no delayed message.
+	busy *queueBusy
+}
+
+// queueBusy is the part of a queue that only a queue that has held a
+// message needs. Keeping it out of Queue keeps an idle queue, of which a
+// broker may hold millions, within one 160-byte allocation
+// (TestIdleQueueSize); a queue that holds messages pays what it paid when
+// these fields were Queue's (160 + 96 bytes against 208 + 48).
+type queueBusy struct {
+	QueueCounters
+	// tail is the entry the last enqueue added (for the memory budget).
+	tail *Entry
+	// delayed holds the messages whose deliver-at time is still to come,
+	// earliest first; EvPromote moves the due ones to their levels.
+	delayed delayHeap
+	// acquired holds the messages handed to consumers; nil until the first.
+	acquired map[uint64]*Entry
+	// expireAt is the time under which the shard's expiry index holds
+	// the queue, 0 when it does not (Shard.watchHead): only a queue with
+	// a message has a head with a TTL.
+	expireAt int64
+}
+
+// acquiredMap returns q's acquired messages (nil for a queue that never
+// held a message). Writers go through q.busy: a message was placed.
+func (q *Queue) acquiredMap() map[uint64]*Entry {
+	if q.busy == nil {
+		return nil
+	}
+	return q.busy.acquired
+}
+
+// delayedHeap returns q's delayed messages (nil for a queue that never
+// held a message). Writers go through q.busy, which place makes.
+func (q *Queue) delayedHeap() delayHeap {
+	if q.busy == nil {
+		return nil
+	}
+	return q.busy.delayed
 }
 
 // QueueCounters count what happened to a queue's messages.
@@ -267,10 +296,10 @@ type QueueCounters struct {
 // Counters returns q's counters. Read them on q's shard (or inside a
 // Broker.Call), as every other part of q's state.
 func (q *Queue) Counters() QueueCounters {
-	if q.counts == nil {
+	if q.busy == nil {
 		return QueueCounters{}
 	}
-	return *q.counts
+	return q.busy.QueueCounters
 }
 
 // queueRare is the part of a queue that most queues never use.
@@ -333,7 +362,7 @@ func internOptions(opts QueueOptions) *QueueOptions {
 func (q *Queue) levelState() []level {
 	if q.levels == nil {
 		q.levels = make([]level, int(min(q.Options.MaxPriority, PriorityMax))+1)
-		q.counts = &QueueCounters{}
+		q.busy = &queueBusy{}
 	}
 	return q.levels
 }
@@ -357,18 +386,19 @@ func (q *Queue) Ready() int {
 }
 
 // Unacked is the number of acquired messages.
-func (q *Queue) Unacked() int { return len(q.acquired) }
+func (q *Queue) Unacked() int { return len(q.acquiredMap()) }
 
 // Delayed is the number of messages whose deliver-at time is to come.
-func (q *Queue) Delayed() int { return len(q.delayed) }
+func (q *Queue) Delayed() int { return len(q.delayedHeap()) }
 
 // NextDeliverAt is the earliest deliver-at time of a delayed message, or
 // 0 when there is none.
 func (q *Queue) NextDeliverAt() int64 {
-	if len(q.delayed) == 0 {
+	d := q.delayedHeap()
+	if len(d) == 0 {
 		return 0
 	}
-	return q.delayed[0].at
+	return d[0].at
 }
 
 // Depth is every message the queue holds.
@@ -409,7 +439,7 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 	case EvAcquire:
 		return q.acquire(ev)
 	case EvRelease:
-		e, ok := q.acquired[ev.Seq]
+		e, ok := q.acquiredMap()[ev.Seq]
 		if !ok {
 			return ErrNoSuchMessage
 		}
@@ -422,7 +452,7 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 		q.putBack(e)
 		return nil
 	case EvReject:
-		e, ok := q.acquired[ev.Seq]
+		e, ok := q.acquiredMap()[ev.Seq]
 		if !ok {
 			return ErrNoSuchMessage
 		}
@@ -430,12 +460,12 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 		q.remove(e, ReasonRejected, fx)
 		return nil
 	case EvDequeue:
-		e, ok := q.acquired[ev.Seq]
+		e, ok := q.acquiredMap()[ev.Seq]
 		if !ok {
 			return ErrNoSuchMessage
 		}
 		q.unacquire(e)
-		q.counts.Acked++
+		q.busy.Acked++
 		q.remove(e, 0, fx)
 		return nil
 	case EvExpire:
@@ -445,11 +475,11 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 				return nil
 			}
 			q.pop()
-			q.counts.Expired++
+			q.busy.Expired++
 			q.remove(e, ReasonExpired, fx)
 		}
 	case EvRemove:
-		if e, ok := q.acquired[ev.Seq]; ok {
+		if e, ok := q.acquiredMap()[ev.Seq]; ok {
 			q.unacquire(e)
 			q.remove(e, 0, fx)
 			return nil
@@ -464,17 +494,17 @@ func (q *Queue) Apply(ev *Event, fx Effects) error {
 		for e := q.pop(); e != nil; e = q.pop() {
 			q.remove(e, 0, fx)
 		}
-		for len(q.delayed) > 0 {
+		for len(q.delayedHeap()) > 0 {
 			var d delayedEntry
-			d, q.delayed = heapRemove(q.delayed, 0, delayedLess)
+			d, q.busy.delayed = heapRemove(q.busy.delayed, 0, delayedLess)
 			q.free.totals.Delayed--
 			q.remove(d.e, 0, fx)
 		}
 		return nil
 	case EvPromote:
-		for len(q.delayed) > 0 && q.delayed[0].at <= ev.Now {
+		for h := q.delayedHeap(); len(h) > 0 && h[0].at <= ev.Now; h = q.busy.delayed {
 			var d delayedEntry
-			d, q.delayed = heapRemove(q.delayed, 0, delayedLess)
+			d, q.busy.delayed = heapRemove(h, 0, delayedLess)
 			q.free.totals.Delayed--
 			q.putBack(d.e)
 		}
@@ -498,9 +528,9 @@ func (q *Queue) enqueue(ev *Event, fx Effects) error {
 		// past its bound.
 		for q.full(1, size) {
 			e := q.pop()
-			if e == nil && len(q.delayed) > 0 {
+			if e == nil && len(q.delayedHeap()) > 0 {
 				var d delayedEntry
-				d, q.delayed = heapRemove(q.delayed, 0, delayedLess)
+				d, q.busy.delayed = heapRemove(q.busy.delayed, 0, delayedLess)
 				q.free.totals.Delayed--
 				e = d.e
 			}
@@ -530,14 +560,14 @@ func (q *Queue) place(ev *Event, size uint64) {
 	e.DeliveryCount = ev.DeliveryCount
 	e.JournalPos = ev.JournalPos
 	e.setSizeLevel(size, q.levelOf(ev.Priority))
-	q.tail = e
 	q.totalBytes += size
 	t := &q.free.totals
 	t.Bytes += size
 	levels := q.levelState() // tailDelayed looks at them for a delayed one too
-	q.counts.Enqueued++
+	q.busy.tail = e
+	q.busy.Enqueued++
 	if ev.DeliverAt != 0 {
-		q.delayed = heapPush(q.delayed, delayedEntry{at: ev.DeliverAt, e: e}, delayedLess)
+		q.busy.delayed = heapPush(q.busy.delayed, delayedEntry{at: ev.DeliverAt, e: e}, delayedLess)
 		t.Delayed++
 		return
 	}
@@ -561,7 +591,7 @@ func (q *Queue) putBack(e *Entry) {
 // tailDelayed reports whether the last enqueue went to the delayed
 // messages.
 func (q *Queue) tailDelayed() bool {
-	e := q.tail
+	e := q.busy.tail
 	l := &q.levels[e.level()]
 	return l.ready.back() != e
 }
@@ -582,12 +612,12 @@ func (q *Queue) acquire(ev *Event) error {
 		q.rr = int32(ev.Cursor)
 	}
 	q.pop()
-	if q.acquired == nil {
-		q.acquired = make(map[uint64]*Entry)
+	if q.busy.acquired == nil {
+		q.busy.acquired = make(map[uint64]*Entry)
 	}
-	q.acquired[e.Seq] = e
+	q.busy.acquired[e.Seq] = e
 	q.free.totals.Unacked++
-	q.counts.Delivered++
+	q.busy.Delivered++
 	return nil
 }
 
@@ -615,7 +645,7 @@ func (q *Queue) NextDelivery(now int64) (Event, bool) {
 	if q.deleted {
 		return Event{}, false
 	}
-	if len(q.delayed) > 0 && q.delayed[0].at <= now {
+	if d := q.delayedHeap(); len(d) > 0 && d[0].at <= now {
 		return Event{Kind: EvPromote, Now: now}, true
 	}
 	h := q.peek()
@@ -639,7 +669,7 @@ func (q *Queue) NextDelivery(now int64) (Event, bool) {
 }
 
 func (q *Queue) unacquire(e *Entry) {
-	delete(q.acquired, e.Seq)
+	delete(q.busy.acquired, e.Seq)
 	q.free.totals.Unacked--
 }
 
@@ -649,7 +679,7 @@ func (q *Queue) remove(e *Entry, reason DeadLetterReason, fx Effects) {
 	q.totalBytes -= e.size()
 	q.free.totals.Bytes -= e.size()
 	if reason != 0 {
-		q.counts.DeadLettered++
+		q.busy.DeadLettered++
 		fx.DeadLetter(q, e, reason)
 	}
 	fx.Removed(q, e)
@@ -710,9 +740,9 @@ func (q *Queue) takeReady(seq uint64) *Entry {
 // nil. It scans: a replicated remove rarely finds a message still delayed
 // here (the master removes it after delivering it).
 func (q *Queue) takeDelayed(seq uint64) *Entry {
-	for i, d := range q.delayed {
+	for i, d := range q.delayedHeap() {
 		if d.e.Seq == seq {
-			q.delayed, _ = heapRemoveAt(q.delayed, i)
+			q.busy.delayed, _ = heapRemoveAt(q.busy.delayed, i)
 			q.free.totals.Delayed--
 			return d.e
 		}
@@ -777,7 +807,7 @@ func (q *Queue) enqueueSafe(seq uint64) {
 func (q *Queue) Head() *Entry { return q.peek() }
 
 // Acquired returns the acquired entry Seq, or nil.
-func (q *Queue) Acquired(seq uint64) *Entry { return q.acquired[seq] }
+func (q *Queue) Acquired(seq uint64) *Entry { return q.acquiredMap()[seq] }
 
 // deque is a growable ring of entries.
 type deque struct {

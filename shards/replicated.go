@@ -105,7 +105,7 @@ func (s *Shard) ApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64, pro
 		q.place(&ev, uint64(b.Size()))
 	}
 	if logPos != 0 {
-		q.tail.page = pageGroupLog | logPos
+		q.busy.tail.page = pageGroupLog | logPos
 	}
 	s.admit(q)
 	s.noteExpiry(q, expiresAt)
@@ -194,7 +194,7 @@ func (s *Shard) TryCall(f func(*Shard)) bool {
 func (b *Broker) GroupMastered(g uint32) {
 	for _, s := range b.shards {
 		s.TryCall(func(sh *Shard) {
-			for q := range sh.queues {
+			for q := range sh.queues.all() {
 				if q.replicated && q.group == g {
 					sh.markDirty(q)
 				}
@@ -210,11 +210,11 @@ func (b *Broker) GroupMastered(g uint32) {
 func (b *Broker) ResetGroup(g uint32) {
 	for _, s := range b.shards {
 		_ = b.Call(s, func(sh *Shard) {
-			for q := range sh.queues {
+			for q := range sh.queues.all() {
 				if !q.replicated || q.group != g {
 					continue
 				}
-				for seq := range q.acquired {
+				for seq := range q.acquiredMap() {
 					ev := Event{Kind: EvRemove, Seq: seq}
 					_ = q.Apply(&ev, sh)
 				}

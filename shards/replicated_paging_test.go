@@ -84,7 +84,7 @@ func replicatedShard(t testing.TB, limit int64) (*Shard, *Queue, *journalReplica
 	t.Cleanup(s.closePages)
 	q := NewQueue("rq", QueueOptions{Durable: true}, 0, &s.pool)
 	q.replicated, q.group = true, 1
-	s.queues[q] = struct{}{}
+	s.queues.add(q)
 	return s, q, r
 }
 

@@ -126,7 +126,7 @@ type Shard struct {
 	in   *ring.MPSC[Command]
 	cmds []Command
 
-	queues    map[*Queue]struct{}
+	queues    queueSet
 	consumers map[consumerKey]*Consumer
 	outs      map[*Session]*sessOut
 	dirtyOuts []*sessOut
@@ -134,7 +134,7 @@ type Shard struct {
 	qDirty    map[*Queue]bool
 	// expiry is the expiry index: a heap of (time, queue) holding every
 	// queue whose head has a TTL under that head's expiry time or earlier
-	// (Queue.expireAt; watchHead keeps it so). The tick takes the entries
+	// (queueBusy.expireAt; watchHead keeps it so). The tick takes the entries
 	// that came due, so it costs O(due), not O(queues): a shard may hold a
 	// million idle queues.
 	expiry   timerHeap
@@ -168,7 +168,6 @@ func newShard(idx int, b *Broker, cfg ShardConfig) *Shard {
 		sig:       sig,
 		in:        ring.NewMPSCSignal[Command](cfg.RingSize, sig),
 		cmds:      make([]Command, 256),
-		queues:    map[*Queue]struct{}{},
 		consumers: map[consumerKey]*Consumer{},
 		outs:      map[*Session]*sessOut{},
 		qDirty:    map[*Queue]bool{},
@@ -266,7 +265,7 @@ func (s *Shard) handle(c *Command) {
 	case opReplEnqueue:
 		s.ApplyEnqueue(c.Queue, c.CmdID, c.Body, c.TTLNanos, c.Producer, uint64(c.Now), c.Ranges[0].First)
 	case opAddQueue:
-		s.queues[c.Queue] = struct{}{}
+		s.queues.add(c.Queue)
 	case opDeadLettered:
 		if q := c.Queue; q.replicated {
 			if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
@@ -642,10 +641,10 @@ func (s *Shard) noteExpiry(q *Queue, expiresAt int64) { s.watchHead(q) }
 // head (EvExpire), and whatever makes it the head calls watchHead.
 func (s *Shard) watchHead(q *Queue) {
 	h := q.peek()
-	if h == nil || h.ExpiresAt == 0 || (q.expireAt != 0 && q.expireAt <= h.ExpiresAt) {
-		return
+	if h == nil || h.ExpiresAt == 0 || (q.busy.expireAt != 0 && q.busy.expireAt <= h.ExpiresAt) {
+		return // (a queue with a head has its busy part)
 	}
-	q.expireAt = h.ExpiresAt
+	q.busy.expireAt = h.ExpiresAt
 	s.expiry = heapPush(s.expiry, timerEntry{at: h.ExpiresAt, q: q}, timerLess)
 }
 
@@ -665,10 +664,10 @@ func (s *Shard) expireDue() {
 		var te timerEntry
 		te, s.expiry = heapRemove(s.expiry, 0, timerLess)
 		q := te.q
-		if q.deleted || te.at != q.expireAt {
+		if q.deleted || te.at != q.busy.expireAt {
 			continue
 		}
-		q.expireAt = 0
+		q.busy.expireAt = 0
 		ev := Event{Kind: EvExpire, Now: s.now}
 		_ = q.Apply(&ev, s)
 		s.watchHead(q)

@@ -39,7 +39,7 @@ func BenchmarkShardPublishDeliverAccept(b *testing.B) {
 			br := New(Config{Shards: 1})
 			s := br.shards[0]
 			q := NewQueue("q", QueueOptions{}, 0, &s.pool)
-			s.queues[q] = struct{}{}
+			s.queues.add(q)
 			w := &discardWriter{}
 			// OutMax as the server sets it by default: the cap is checked on
 			// every delivery.

@@ -17,7 +17,7 @@ import (
 // Metrics did before the running totals. Run it on the shard goroutine.
 func walkTotals(s *Shard) QueueTotals {
 	var t QueueTotals
-	for q := range s.queues {
+	for q := range s.queues.all() {
 		t.Ready += q.Ready()
 		t.Unacked += q.Unacked()
 		t.Delayed += q.Delayed()
@@ -232,12 +232,12 @@ func TestQueueTotalsMatchWalk(t *testing.T) {
 			rq := queues["rq"]
 			var seq uint64
 			call(func(s *Shard) {
-				if len(rq.delayed) > 0 && rng.Intn(2) == 0 {
-					seq = rq.delayed[rng.Intn(len(rq.delayed))].e.Seq
+				if h := rq.delayedHeap(); len(h) > 0 && rng.Intn(2) == 0 {
+					seq = h[rng.Intn(len(h))].e.Seq
 				} else if e := rq.Head(); e != nil && rng.Intn(2) == 0 {
 					seq = e.Seq
 				} else {
-					for s := range rq.acquired {
+					for s := range rq.acquiredMap() {
 						seq = s
 						break
 					}

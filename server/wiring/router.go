@@ -58,12 +58,12 @@ type queueBinding struct {
 // binding. Event loops route through it without locks; a change builds a
 // new snapshot and swaps an atomic pointer (copy on write).
 //
-// Every table is persistent (pmap, tnode): a new snapshot copies the
+// Every table is persistent (queueTable, pmap, tnode): a new snapshot copies the
 // Routing struct and the few nodes on the paths to what changed, so a
 // declare, bind, unbind or delete costs O(log n) in the number of queues
 // and bindings, plus the bindings of the one queue or key it touches.
 type Routing struct {
-	queues    pmap[*shards.Queue]
+	queues    queueTable
 	exchanges pmap[*exchange]
 	// bindings holds each queue's bindings, by queue name, so that a
 	// queue's deletion removes its bindings without a scan, and a bind

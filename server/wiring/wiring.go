@@ -225,21 +225,20 @@ func (w *Wiring) restoreState(st *wiringState) error {
 	if addErr != nil {
 		addErr = shards.Errorf(shards.CodeOf(addErr), "wiring: restore queues: %v", addErr)
 	}
-	var keys []string
 	var vals []*shards.Queue
 	for _, q := range added {
 		if q == nil {
 			continue // its shard failed: addErr says why
 		}
 		if n.queues.Len() == 0 {
-			keys, vals = append(keys, q.Name), append(vals, q)
+			vals = append(vals, q)
 		} else {
 			n.addQueue(q)
 		}
 	}
-	if len(keys) > 0 {
-		// Built at once rather than a path copy per queue (buildPmap).
-		n.queues = buildPmap(keys, vals)
+	if len(vals) > 0 {
+		// Built at once rather than a path copy per queue.
+		n.queues = buildQueueTable(vals)
 	}
 	if addErr != nil {
 		return addErr
