@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/berthmq/berth/journal"
 )
@@ -95,7 +97,12 @@ type ckShard struct {
 	lastLog   *ckQLog
 	spareLogs []*ckQLog
 	owner     *ckOwner // nil while a checkpoint is in flight
-	held      map[uint64]ckHeld
+	// ownerBytes is what owner held when the shard last had it (the last
+	// checkpoint, kept to merge the next into, and its scratch space),
+	// counted against the memory budget; ownerPub is it for Memory().
+	ownerBytes int64
+	ownerPub   atomic.Int64
+	held       map[uint64]ckHeld
 	// loaded: this shard recovered from a checkpoint. noFinal: a test
 	// stops the shard as a crash would, with no checkpoint at the stop.
 	loaded, noFinal bool
@@ -276,6 +283,18 @@ type ckOwner struct {
 	scratch []byte
 	tmp     []byte
 	recs    []ckRec
+}
+
+// ckBaseEntryBytes is about what one queue's entry in ckOwner.bases
+// costs beyond its records (which alias the checkpoint buffer): the map
+// slot's key and value and its share of the map's overhead.
+const ckBaseEntryBytes = 96
+
+// heldBytes is the memory the owner holds: its two checkpoint buffers,
+// scratch space and the bases' map.
+func (o *ckOwner) heldBytes() int64 {
+	return int64(cap(o.bufs[0]) + cap(o.bufs[1]) + cap(o.scratch) + cap(o.tmp) +
+		cap(o.recs)*int(unsafe.Sizeof(ckRec{})) + len(o.bases)*ckBaseEntryBytes)
 }
 
 // ckCut is a capture handed to the writer.

@@ -42,9 +42,13 @@ import (
 //   - what the replication holds outside the group logs
 //     (Replicator.MemoryBytes: the group journal's index and the frames
 //     queued for peers, up to 32 MiB a peer), which each shard counts an
-//     equal part of, read once per loop (chargeOutbound).
+//     equal part of, read once per loop (chargeOutbound);
 //
-//     These two count together up to outsideMaxFraction of the share.
+//   - what the shard's checkpoint writer keeps between checkpoints: the
+//     last checkpoint, which the next merges its changes into (about 13
+//     bytes a message), read once per loop while the shard holds it.
+//
+//     These three count together up to outsideMaxFraction of the share.
 //     Throttling cannot always bring them down: a journal keeps a freed
 //     record in its index until compaction deletes its segment, which
 //     takes new writes to seal it, and the frames for a peer that is down
@@ -155,10 +159,11 @@ type memory struct {
 	pageOuts, pageIns, throttles, pageErrors uint64
 
 	outCharged int64 // the share of Broker.outbound in used
-	// journalSeen and replSeen are the shard journal's index and the
-	// shard's part of Replicator.MemoryBytes as last read; used holds
-	// their sum up to outsideMax (outsideCharged).
-	journalSeen, replSeen, outsideCharged int64
+	// journalSeen, replSeen and ckSeen are the shard journal's index,
+	// the shard's part of Replicator.MemoryBytes and what its checkpoint
+	// writer keeps (the last checkpoint, to merge the next into), as last
+	// read; used holds their sum up to outsideMax (outsideCharged).
+	journalSeen, replSeen, ckSeen, outsideCharged int64
 
 	pages    *pageFile // nil until the first transient page-out
 	pageDir  string
@@ -422,11 +427,20 @@ func (s *Shard) chargeOutbound() {
 	}
 	if s.journal != nil {
 		m.journalSeen = s.journal.j.IndexBytes()
+		if ck := &s.journal.ck; ck.owner != nil {
+			// While a checkpoint is in flight the writer has it: the
+			// last figure stands.
+			if n := ck.owner.heldBytes(); n != ck.ownerBytes {
+				ck.ownerBytes = n
+				ck.ownerPub.Store(n)
+			}
+		}
+		m.ckSeen = s.journal.ck.ownerBytes
 	}
 	if r := s.broker.loadReplicator(); r != nil {
 		m.replSeen = r.MemoryBytes() / shards
 	}
-	n := min(m.journalSeen+m.replSeen, int64(float64(m.limit)*outsideMaxFraction))
+	n := min(m.journalSeen+m.replSeen+m.ckSeen, int64(float64(m.limit)*outsideMaxFraction))
 	if d := n - m.outsideCharged; d != 0 {
 		m.outsideCharged = n
 		s.charge(d)
@@ -477,6 +491,10 @@ type MemoryStatus struct {
 	// counted in UsedBytes.
 	JournalIndexBytes int64 `json:"journal_index_bytes"`
 	ReplicationBytes  int64 `json:"replication_bytes"`
+	// CheckpointBytes is what the shards' checkpoint writers keep between
+	// checkpoints (the last one, merged into the next), counted in
+	// UsedBytes with the two above.
+	CheckpointBytes int64 `json:"checkpoint_bytes"`
 }
 
 // Memory reads the budget's counters; safe from any goroutine.
@@ -489,6 +507,7 @@ func (b *Broker) Memory() MemoryStatus {
 	for _, s := range b.shards {
 		if s.journal != nil {
 			st.JournalIndexBytes += s.journal.j.IndexBytes()
+			st.CheckpointBytes += s.journal.ck.ownerPub.Load()
 		}
 		st.UsedBytes += s.mem.usedPub.Load()
 		st.PagedMessages += s.mem.pagedPub.Load()

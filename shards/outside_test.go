@@ -97,3 +97,49 @@ func TestMemoryCountsOutsideQueues(t *testing.T) {
 		t.Fatalf("the queue drained, the replication still at 100 MiB: counted %d bytes, throttled %v", used, throttled)
 	}
 }
+
+// TestMemoryCountsCheckpoint: what a shard's checkpoint writer keeps
+// between checkpoints (the last checkpoint, which the next is merged
+// into) counts against the budget and shows in Memory(). Without the
+// counting the shard counts none of it and the test fails.
+func TestMemoryCountsCheckpoint(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	b := New(Config{Shards: 1, TickInterval: time.Hour, MemoryLimit: 256 << 20, PagingDir: t.TempDir(),
+		Journal: &JournalConfig{Dir: t.TempDir()}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	q, err := startWith(b, "kept")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop()
+	sh := b.shards[0]
+	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{}}
+	const n = 20_000
+	for i := range n {
+		if err := sh.Push(ctx, Command{Op: OpPublish, Sess: sess, CmdID: uint64(i + 1), Queue: q,
+			Body: NewBody(nil, []byte("kept"), nil, make([]byte, 16), true), Now: time.Now().UnixNano()}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Call(sh, func(s *Shard) { s.checkpointNow() }); err != nil {
+		t.Fatal(err)
+	}
+	var held, seen, outside int64
+	for range 2 { // a call is a loop of the shard: the next one sees what it counted
+		if err := b.Call(sh, func(s *Shard) {
+			held, seen, outside = s.journal.ck.owner.heldBytes(), s.mem.ckSeen, s.mem.outsideCharged
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if held < n*4 {
+		t.Fatalf("a checkpoint of %d messages leaves its writer %d bytes: too few to hold it", n, held)
+	}
+	if seen != held || outside < held {
+		t.Fatalf("the checkpoint writer holds %d bytes; the shard counts %d of it (%d outside the queues in all)", held, seen, outside)
+	}
+	if st := b.Memory(); st.CheckpointBytes != held {
+		t.Fatalf("Memory() says the checkpoint writer holds %d bytes, want %d", st.CheckpointBytes, held)
+	}
+	t.Logf("%d messages checkpointed: the writer keeps %d bytes (%.1f a message)", n, held, float64(held)/n)
+}
