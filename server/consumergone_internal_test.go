@@ -2,7 +2,6 @@ package server
 
 import (
 	"fmt"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -69,14 +68,7 @@ func records(t *testing.T, s *Server, cs *connState) string {
 // consumers-by-queue index and the used ids (one run for upward ids) stay
 // small. Before, every one stayed until the session ended.
 func TestConsumerRecordsForgotten(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir, cfg.Shards, cfg.Loops = "127.0.0.1:0", "", t.TempDir(), 1, 1
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	s, err := Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := startOneShard(t)
 	owner := rawDial(t, s, wire.Current)
 	cmd := uint64(0)
 	next := func() uint64 { cmd++; return cmd }

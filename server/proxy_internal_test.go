@@ -11,6 +11,21 @@ import (
 	"github.com/berthmq/berth/wire"
 )
 
+// startOneShard runs a broker of one shard and one loop on a random
+// loopback port, without admin endpoint, for one test.
+func startOneShard(t *testing.T) *Server {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir, cfg.Shards, cfg.Loops = "127.0.0.1:0", "", t.TempDir(), 1, 1
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	s, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
 // rawSession is a client connection spoken frame by frame.
 type rawSession struct {
 	t  *testing.T
@@ -122,14 +137,7 @@ func proxyFake(s *Server, cs *connState, master uint32, group uint32, consumers 
 // the session: a command after it completes. A 1.2 client's connection is
 // closed with shutdown, as before 1.3.
 func TestProxyEndCancelsConsumersKeepsSession(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir, cfg.Shards, cfg.Loops = "127.0.0.1:0", "", t.TempDir(), 1, 1
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	s, err := Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := startOneShard(t)
 	newer := rawDial(t, s, wire.VersionCancelled)
 	older := rawDial(t, s, wire.VersionProducer)
 	csNew, csOld := connOf(t, s, wire.VersionCancelled), connOf(t, s, wire.VersionProducer)
