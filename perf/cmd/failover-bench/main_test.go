@@ -13,8 +13,16 @@ func TestArgs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.kills != 3 || c.followerKills != 0 || c.rate != 5000 || c.size != 1024 || strings.Join(c.berthdFlags, " ") != "-controller-heartbeat-ms 200" {
+	if c.kills != 3 || c.followerKills != 0 || c.rate != 5000 || c.size != 1024 || strings.Join(c.berthdFlags, " ") != "-controller-heartbeat-ms 200" ||
+		c.freeze || c.clientHeartbeat != 0 {
 		t.Fatalf("parsed %+v", c)
+	}
+	c, err = parse([]string{"--freeze", "--client-heartbeat", "200ms"}, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.freeze || c.clientHeartbeat != 200*time.Millisecond {
+		t.Fatalf("--freeze --client-heartbeat 200ms parsed as freeze %v, client heartbeat %v", c.freeze, c.clientHeartbeat)
 	}
 	for _, bad := range [][]string{
 		{"--kills", "0", "--follower-kills", "0"},
@@ -25,6 +33,8 @@ func TestArgs(t *testing.T) {
 		{"--observe", "1ms"},
 		{"--queue", "a b"},
 		{"--spare-controller-leader", "--leader-master"},
+		{"--client-heartbeat", "-1s"},
+		{"--client-heartbeat", "2m"},
 		{"stray"},
 	} {
 		var stderr bytes.Buffer
