@@ -158,6 +158,17 @@ type memory struct {
 
 	pageOuts, pageIns, throttles, pageErrors uint64
 
+	// The sweep (sweepResident). residentBehind: admit kept a body in
+	// memory, under the watermark, that is not among its level's first
+	// sweepSkip. sweeping: a pass is under way, at queue slot sweepSlot
+	// (modulo the set's size), priority level sweepLevel, ready
+	// position sweepPos.
+	residentBehind                  bool
+	sweeping                        bool
+	sweepSlot, sweepLevel, sweepPos int
+	sweepLeft                       int // slots this pass has still to visit
+	sweeps                          uint64
+
 	outCharged int64 // the share of Broker.outbound in used
 	// journalSeen, replSeen and ckSeen are the shard journal's index,
 	// the shard's part of Replicator.MemoryBytes and what its checkpoint
@@ -231,6 +242,11 @@ func (s *Shard) admit(q *Queue) {
 	}
 	s.charge(cost)
 	m := &s.mem
+	if m.used <= m.high && e.Body != nil {
+		// Resident for now; once the count passes the watermark the
+		// sweep pages it out, unless it is at the head by then.
+		m.residentBehind = true
+	}
 	if m.used <= m.high || e.Body == nil || q.replicated && e.page == 0 {
 		// A replicated message's body aliases its event in the group
 		// log. Unless the log dropped the event's data (it paged the
@@ -246,6 +262,92 @@ func (s *Shard) admit(q *Queue) {
 		return
 	}
 	s.pageOut(e)
+}
+
+// The sweep. admit pages out the messages that arrive above the
+// watermark; those that arrived below it stayed in memory, and nothing
+// paged them out when the count rose past it later. A backlog filled
+// from an empty shard thus kept its first half-share of bodies resident
+// for good, and as the entries and the journal's index of the paged
+// messages behind them grew, the count reached the share with no
+// consumer to bring it down: the publishers stayed throttled, with 4.5
+// million 1 KiB messages of a 2 GiB budget's shard, 40% of the backlog
+// the budget is meant to hold.
+//
+// So, above the watermark and after such an admit, the shard walks its
+// queues and pages out the bodies of ready messages that are not among
+// their level's first sweepSkip (the read-ahead's reach: a consumer's
+// next batch is read back there, and must not be paged out again), a
+// slice of sweepVisitMax entries
+// or sweepBytesMax bytes paged per loop, so that commands keep their
+// turn. A pass stops when the count is back under the watermark (the
+// rest stays resident and flagged, and the next pass goes on from
+// there) or when it has visited every queue.
+// Positions count from each level's head, so consumers taking messages
+// meanwhile may make it skip some; those stay resident until an admit
+// flags the shard again.
+const (
+	sweepSkip     = readAheadMax
+	sweepVisitMax = 4096
+	sweepBytesMax = 8 << 20
+)
+
+// sweepDue reports whether the loop should run the sweep, starting a
+// pass if one is due.
+func (s *Shard) sweepDue() bool {
+	m := &s.mem
+	if m.limit == 0 || m.used <= m.high {
+		m.sweeping = false
+		return false
+	}
+	if !m.sweeping && m.residentBehind {
+		m.sweeping, m.residentBehind = true, false
+		m.sweepLeft = len(s.queues.slots)
+		m.sweeps++
+	}
+	return m.sweeping
+}
+
+// sweepResident runs one slice of the sweep's pass. A pass visits every
+// slot of the shard's queue set once, from where the last one stopped.
+func (s *Shard) sweepResident() {
+	m := &s.mem
+	visited, freed := 0, int64(0)
+	slots := s.queues.slots
+	for ; m.sweepLeft > 0 && len(slots) > 0; m.sweepLeft, m.sweepSlot, m.sweepLevel, m.sweepPos = m.sweepLeft-1, m.sweepSlot+1, 0, sweepSkip {
+		visited++ // an empty slot costs a visit too: a shard may hold a million queues
+		q := slots[m.sweepSlot&(len(slots)-1)]
+		if q == nil {
+			continue
+		}
+		for ; m.sweepLevel < len(q.levels); m.sweepLevel, m.sweepPos = m.sweepLevel+1, sweepSkip {
+			d := &q.levels[m.sweepLevel].ready
+			for ; m.sweepPos < d.len(); m.sweepPos++ {
+				if visited >= sweepVisitMax || freed >= sweepBytesMax {
+					return
+				}
+				if m.used <= m.high {
+					m.sweeping, m.residentBehind = false, true
+					return
+				}
+				visited++
+				e := d.at(m.sweepPos)
+				if e.Body == nil || q.replicated && e.page == 0 {
+					continue // paged already, or held by its group log too
+				}
+				n := bodyBytes(e.Body)
+				s.pageOut(e)
+				if e.Body == nil {
+					freed += n
+				}
+			}
+		}
+		if visited >= sweepVisitMax {
+			m.sweepLeft, m.sweepSlot, m.sweepLevel, m.sweepPos = m.sweepLeft-1, m.sweepSlot+1, 0, sweepSkip
+			return
+		}
+	}
+	m.sweeping = false
 }
 
 // pageOut drops e's body from memory, writing it to the paging file

@@ -218,11 +218,22 @@ func (s *Shard) run(ctx context.Context) {
 			s.flushRemoves()
 			s.flush()
 			s.chargeOutbound()
+			if s.sweepDue() {
+				s.sweepResident()
+			}
 			s.publishMemory()
 			continue
 		}
 		if len(s.deferred) > 0 {
 			s.retryDeferred()
+		}
+		if s.sweepDue() {
+			// A slice at a time, between batches of commands
+			// (memory.go); the loop comes back here while a pass lasts.
+			s.sweepResident()
+			s.chargeOutbound()
+			s.publishMemory()
+			continue
 		}
 		if err := s.sig.Wait(ctx, ready); err != nil {
 			return
