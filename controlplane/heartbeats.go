@@ -362,3 +362,47 @@ func (n *Node) ElectNow(ctx context.Context, groups []uint32, preferred uint32) 
 	}
 	return total, nil
 }
+
+// Handover elects h.To master of h.Group in place of h.From, its live
+// master, which asks for it (groups rebalance). It refuses, with a
+// Result code and nothing proposed, unless From still masters the group
+// in h.Epoch and To is a live member of its SyncStateSet. From's and To's
+// log ends in the election are h.LogEnd, which From vouches for: it
+// stopped taking proposals and saw To hold, durably, its whole log. Any
+// member of the set holds every committed entry, so electing To loses
+// nothing committed even if From were wrong about the rest. The other
+// candidates' log ends come from the heartbeats, as in ElectNow. The
+// reply's Value is 1 when the master moved.
+func (n *Node) Handover(ctx context.Context, h ctlapi.Handover) (ctlapi.Result, error) {
+	if !n.isLdr.Load() {
+		return ctlapi.Result{}, &ctlapi.NotLeaderError{Leader: n.leaderAddr()}
+	}
+	now := time.Now()
+	n.mu.RLock()
+	g, ok := n.state.Group(h.Group)
+	brokers := n.state.Brokers()
+	n.mu.RUnlock()
+	switch {
+	case !ok:
+		return fail(ctlapi.CodeNotFound, "group %d does not exist", h.Group), nil
+	case g.Master != h.From || g.Epoch != h.Epoch:
+		return fail(ctlapi.CodeStaleEpoch, "group %d is at master %d epoch %d, not %d/%d", h.Group, g.Master, g.Epoch, h.From, h.Epoch), nil
+	case h.To == h.From || !slices.Contains(g.SyncStateSet, h.To) || !inReplicas(&g, h.To):
+		return fail(ctlapi.CodeInvalid, "broker %d is not another member of group %d's SyncStateSet %v", h.To, h.Group, g.SyncStateSet), nil
+	case !n.hb.candidate(h.To, h.Group, now).Alive:
+		return fail(ctlapi.CodeInvalid, "broker %d is not alive", h.To), nil
+	}
+	eg := ctlapi.ElectGroup{Group: h.Group, Epoch: g.Epoch, Preferred: h.To}
+	for _, b := range brokers {
+		if len(eg.Candidates) >= ctlapi.CandidatesMax || !inReplicas(&g, b.ID) {
+			continue
+		}
+		c := n.hb.candidate(b.ID, h.Group, now)
+		if b.ID == h.From || b.ID == h.To {
+			c.LogEnd = h.LogEnd
+			c.Alive = true // From is asking; To was checked above
+		}
+		eg.Candidates = append(eg.Candidates, c)
+	}
+	return n.Propose(ctx, &ctlapi.ElectMaster{Unclean: n.cfg.UncleanElection, Groups: []ctlapi.ElectGroup{eg}})
+}

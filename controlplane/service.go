@@ -302,6 +302,16 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 		if err == nil {
 			out = ctlapi.AppendResult(out, res)
 		}
+	case ctlapi.OpHandover:
+		h, derr := ctlapi.DecodeHandover(body)
+		if derr != nil {
+			err = ctlapi.ErrBadRequest
+			break
+		}
+		var res ctlapi.Result
+		if res, err = n.Handover(ctx, h); err == nil {
+			out = ctlapi.AppendResult(out, res)
+		}
 	case ctlapi.OpPrimary:
 		r := wire.NewReader(body)
 		preferred := r.U32()
@@ -361,7 +371,7 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 		return ctlapi.StatusBadRequest, "", []byte("controlplane: unknown operation")
 	}
 	if err != nil {
-		if op == ctlapi.OpPropose || op == ctlapi.OpElect || op == ctlapi.OpPrimary || op == ctlapi.OpChangeMembers {
+		if op == ctlapi.OpPropose || op == ctlapi.OpElect || op == ctlapi.OpPrimary || op == ctlapi.OpChangeMembers || op == ctlapi.OpHandover {
 			return proposeErrorStatus(err)
 		}
 		return errorStatus(err)

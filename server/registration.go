@@ -245,6 +245,18 @@ func (s *Server) refreshWelcomeAddrs(ctx context.Context) {
 	s.welcomeAddrs.Store(&addrs)
 }
 
+// groupRebalance is the groups' rebalance interval, 0 for none.
+func (s *Server) groupRebalance() time.Duration {
+	switch r := s.cfg.GroupRebalance; {
+	case r < 0:
+		return 0
+	case r == 0:
+		return groups.RebalanceDefault
+	default:
+		return r
+	}
+}
+
 // startGroups starts the replication groups' manager: the peer
 // transport, and the goroutine that follows the controller's group
 // decisions. Entries are not applied to queues yet: the replicated data
@@ -257,7 +269,7 @@ func (s *Server) startGroups() error {
 	m, err := groups.StartManager(groups.ManagerConfig{
 		Self: s.brokerID, PeerAddr: s.cfg.PeerAddr, Advertise: s.cfg.PeerAdvertise,
 		Dir: filepath.Join(s.cfg.DataDir, "groups"), Fsync: policy, Ctl: s.brokerClient(),
-		Auth: s.peerAuth, Logger: s.log,
+		Auth: s.peerAuth, Logger: s.log, Rebalance: s.groupRebalance(),
 		// Under a memory budget a restart does not load the group log's
 		// data: it is read back as it is applied (and paged again).
 		PagedReplay: s.cfg.MemoryLimit > 0,

@@ -157,6 +157,8 @@ func groupError(err error) error {
 		return shards.Errorf(wire.CodeUnavailable, "fewer replicas of the queue's group are in sync than min-sync-replicas; retry")
 	case errors.Is(err, group.ErrNotMaster):
 		return shards.Errorf(wire.CodeUnavailable, "the queue's group changed master while the command was in flight; its outcome is unknown")
+	case errors.Is(err, group.ErrHandover):
+		return shards.Errorf(wire.CodeUnavailable, "the queue's group is moving its master to another broker; the command was not taken; retry")
 	case errors.Is(err, group.ErrBacklog):
 		return shards.Errorf(wire.CodeResourceLimit, "the queue's group has too many events waiting to commit; retry")
 	}

@@ -127,6 +127,11 @@ type Config struct {
 	// LeaderGrace (0: their defaults, 3 s and a third of the timeout).
 	ControllerBrokerTimeout time.Duration
 	ControllerLeaderGrace   time.Duration
+	// GroupRebalance is how often a group's master looks for a
+	// preferred master back in sync to hand the group over to
+	// (server/groups/rebalance.go): 0 means groups.RebalanceDefault, a
+	// negative value turns it off.
+	GroupRebalance time.Duration
 	// MemoryLimit is the memory budget for messages in bytes, split
 	// evenly across the shards; 0 means none. Above half of a shard's
 	// share its new message bodies are paged out to disk, above the share

@@ -31,6 +31,7 @@ import (
 
 	"github.com/berthmq/berth/internal/version"
 	"github.com/berthmq/berth/server"
+	"github.com/berthmq/berth/server/groups"
 )
 
 func main() {
@@ -146,6 +147,7 @@ type flags struct {
 	join, leaseRead                                    bool
 	controllerWait                                     time.Duration
 	brokerTimeout, leaderGrace                         time.Duration
+	rebalance                                          time.Duration
 	outboundMax                                        int64
 	metricsQueueLimit                                  int
 	outboundTimeout, handshakeTimeout                  time.Duration
@@ -192,6 +194,7 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.BoolVar(&f.join, "controller-join", false, "start this controller member to be added to a running group (then run 'berthctl members add ID=ADDR'); -controller-peers lists this node and the members it knows")
 	fs.BoolVar(&f.leaseRead, "controller-lease-read", false, "serve the controller's consistent reads from the leader's lease instead of a heartbeat round each; relies on bounded clock drift")
 	fs.DurationVar(&f.controllerWait, "controller-wait", server.ControllerWaitDefault, "how long a broker with a member of a 3- or 5-member controller group waits at start for the group to elect a leader before it gives up")
+	fs.DurationVar(&f.rebalance, "group-rebalance", groups.RebalanceDefault, "how often a group's master hands the group back to its preferred master once that broker is in sync again; 0 = never")
 	fs.DurationVar(&f.brokerTimeout, "controller-broker-timeout", server.ControllerBrokerTimeoutDefault, "a broker silent to the controller leader this long is dead (its groups get new masters); a closed heartbeat connection counts at once")
 	fs.DurationVar(&f.leaderGrace, "controller-leader-grace", 0, "a new controller leader counts a broker dead that has not heartbeated to it within this long of its election; 0 = half of -controller-broker-timeout")
 	fs.StringVar(&f.advertise, "advertise", "", "client address registered with the controller for others to dial, empty = the -listen address")
@@ -427,6 +430,14 @@ func parseArgs(args []string) (options, error) {
 		return options{}, o.annotate(fmt.Errorf("-controller-heartbeat-ms %d is not under -controller-broker-timeout %v: every broker would be counted dead between two of its heartbeats", f.ctlHeartbeatMs, f.brokerTimeout), "controller-heartbeat-ms", "controller-broker-timeout")
 	}
 	cfg.ControllerBrokerTimeout, cfg.ControllerLeaderGrace = f.brokerTimeout, f.leaderGrace
+	switch {
+	case f.rebalance < 0:
+		return options{}, o.annotate(fmt.Errorf("-group-rebalance %v: want a positive interval, or 0 for none", f.rebalance), "group-rebalance")
+	case f.rebalance == 0:
+		cfg.GroupRebalance = -1
+	default:
+		cfg.GroupRebalance = f.rebalance
+	}
 	if f.advertise != "" {
 		if _, _, err := net.SplitHostPort(f.advertise); err != nil {
 			return options{}, o.annotate(fmt.Errorf("-advertise %q: want host:port", f.advertise), "advertise")

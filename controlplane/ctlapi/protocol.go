@@ -37,6 +37,10 @@ const (
 	// configuration is left. A write: a stopping leader's answer is
 	// ambiguous. Repeating a change that took effect succeeds.
 	OpChangeMembers uint8 = 9
+	// OpHandover: body: a Handover; reply: a Result (1 when the master
+	// moved). The group's master hands it to a member of its
+	// SyncStateSet that holds its whole log (groups rebalance).
+	OpHandover uint8 = 10
 )
 
 // MembersChangeMax bounds the adds and the removes in one OpChangeMembers
@@ -114,6 +118,32 @@ func DecodeElect(body []byte) (preferred uint32, groups []uint32, err error) {
 	preferred = r.U32()
 	groups = ReadIDs(r)
 	return preferred, groups, r.Done()
+}
+
+// Handover is an OpHandover body: broker From, master of Group in Epoch,
+// asks that To become master. From has stopped taking proposals, every
+// entry up to LogEnd (its log end) is committed, and To holds them all:
+// the leader elects from these log ends for From and To rather than from
+// its heartbeats, which may be a beat older.
+type Handover struct {
+	Group, Epoch, From, To uint32
+	LogEnd                 LogEnd
+}
+
+// AppendHandover appends an OpHandover body.
+func AppendHandover(b []byte, h *Handover) []byte {
+	for _, v := range []uint32{h.Group, h.Epoch, h.From, h.To, h.LogEnd.Epoch} {
+		b = wire.AppendU32(b, v)
+	}
+	return wire.AppendU64(b, h.LogEnd.Index)
+}
+
+// DecodeHandover reads an OpHandover body.
+func DecodeHandover(body []byte) (Handover, error) {
+	r := wire.NewReader(body)
+	h := Handover{Group: r.U32(), Epoch: r.U32(), From: r.U32(), To: r.U32()}
+	h.LogEnd = LogEnd{Epoch: r.U32(), Index: r.U64()}
+	return h, r.Done()
 }
 
 // AppendMembersChange appends an OpChangeMembers body.

@@ -435,6 +435,22 @@ func (c *Client) ElectMaster(ctx context.Context, groups []uint32, preferred uin
 	return r.Value, err
 }
 
+// Handover asks the leader to make h.To master of h.Group in place of
+// h.From, which must master it in h.Epoch (Node.Handover states the
+// rule). It reports whether the master moved; a refusal is a
+// *ctlapi.ResultError.
+func (c *Client) Handover(ctx context.Context, h ctlapi.Handover) (bool, error) {
+	out, err := c.call(ctx, ctlapi.OpHandover, ctlapi.AppendHandover(nil, &h), false)
+	if err != nil {
+		return false, err
+	}
+	r, err := ctlapi.DecodeResult(out)
+	if err != nil {
+		return false, err
+	}
+	return r.Value > 0, r.Err()
+}
+
 // AlterSyncStateSet replaces a group's SyncStateSet; master and epoch must
 // be current.
 func (c *Client) AlterSyncStateSet(ctx context.Context, group, master, epoch uint32, set []uint32) error {
@@ -752,7 +768,7 @@ func (c *Client) ChangeMembership(ctx context.Context, add map[uint64]string, re
 // elsewhere but reported as ambiguous.
 func isWrite(op uint8) bool {
 	switch op {
-	case ctlapi.OpPropose, ctlapi.OpElect, ctlapi.OpPrimary, ctlapi.OpChangeMembers:
+	case ctlapi.OpPropose, ctlapi.OpElect, ctlapi.OpPrimary, ctlapi.OpChangeMembers, ctlapi.OpHandover:
 		return true
 	}
 	return false

@@ -53,7 +53,10 @@ func startReplicatedWith(t testing.TB, ctx context.Context, groups uint32, broke
 	}
 	c.nodes = startGroupEach(t, func(_ int, n *node) []string {
 		c.admins[n] = testutil.FreeAddr(t)
-		return append([]string{"-peer", testutil.FreeAddr(t), "-controller-heartbeat-ms", "200", "-admin", c.admins[n]}, extra...)
+		// No rebalancing unless a test asks for it: these tests follow
+		// masters through the failures they cause, and a handover of
+		// their own would move one more (rebalance_test.go covers it).
+		return append([]string{"-peer", testutil.FreeAddr(t), "-controller-heartbeat-ms", "200", "-admin", c.admins[n], "-group-rebalance", "0"}, extra...)
 	}, roles...)
 	var ctlAddrs []string
 	for _, n := range c.nodes {

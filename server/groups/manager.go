@@ -58,6 +58,11 @@ type ManagerConfig struct {
 	// OnProxy runs the sessions other brokers proxy to this one as a
 	// group's master (forward.go); zero refuses them.
 	OnProxy ProxyHandler
+	// Rebalance is how often the manager looks for groups it masters
+	// whose preferred master (the placement's first replica) is back in
+	// their SyncStateSet, and hands them over to it (rebalance.go); 0
+	// turns rebalancing off.
+	Rebalance time.Duration
 	// ForwardError builds the error of a forward the master refused;
 	// default a plain error with the master's text.
 	ForwardError func(code wire.ErrorCode, text string) error
@@ -329,6 +334,10 @@ func (m *Manager) run() {
 		}
 		m.node.Store(n)
 		m.log.Info("groups: replicating", "groups", groups, "held", len(ids), "peer", m.cfg.Advertise)
+		if m.cfg.Rebalance > 0 {
+			m.wg.Add(1)
+			go m.rebalance(n, m.cfg.Rebalance)
+		}
 	}
 	m.follow(groups)
 }

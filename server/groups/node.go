@@ -411,6 +411,29 @@ func (n *Node) AlterRefused(g, epoch uint32) error {
 	return n.withMember(g, func(m *group.Member) { m.AlterRefused(epoch) })
 }
 
+// BeginHandover, HandoverReady and EndHandover drive a handover of group
+// g, which this node masters, to member to (group.Member.BeginHandover):
+// the pause lasts at most d. HandoverReady also reports the epoch the
+// node masters g in and its log end.
+func (n *Node) BeginHandover(g, to uint32, d time.Duration) error {
+	ticks := max(1, int(d/n.cfg.Tick))
+	var err error
+	if werr := n.withMember(g, func(m *group.Member) { err = m.BeginHandover(to, ticks) }); werr != nil {
+		return werr
+	}
+	return err
+}
+func (n *Node) HandoverReady(g uint32) (ok bool, epoch uint32, end ctlapi.LogEnd, err error) {
+	err = n.withMember(g, func(m *group.Member) {
+		epoch = m.Epoch()
+		ok, end.Epoch, end.Index = m.HandoverReady()
+	})
+	return ok, epoch, end, err
+}
+func (n *Node) EndHandover(g uint32) {
+	_ = n.withMember(g, func(m *group.Member) { m.EndHandover() })
+}
+
 // Groups lists the groups this node runs.
 func (n *Node) Groups() []uint32 {
 	var out []uint32

@@ -59,6 +59,7 @@ package group
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"unsafe"
 
@@ -152,6 +153,10 @@ var (
 	ErrNotMaster    = errors.New("group: not the master of the group")
 	ErrNotEnoughSet = errors.New("group: fewer members in sync than min-sync-replicas")
 	ErrBacklog      = errors.New("group: too many uncommitted entries")
+	// ErrHandover: the master takes no proposals while it hands the
+	// group over to another member (BeginHandover). Nothing was
+	// proposed.
+	ErrHandover = errors.New("group: the master is handing the group over to another member")
 )
 
 // inflightBatches bounds the Append batches sent to a follower ahead of
@@ -416,6 +421,10 @@ type Member struct {
 	peers     map[MemberID]*follower
 	tick      int
 	proposed  map[uint64]uint32 // index -> epoch of proposals awaiting commit
+	// handoverTo is the member a handover goes to (0: none); until the
+	// tick handoverEnd the master refuses proposals with ErrHandover.
+	handoverTo  MemberID
+	handoverEnd int
 	// sendPending: proposals or a commit advance wait to go to the
 	// followers; Ready sends them, so a burst of proposals travels in
 	// full batches rather than one message per proposal.
@@ -725,14 +734,56 @@ func (m *Member) stepDown() {
 		m.peers = nil
 		m.set, m.growing, m.alter, m.ctlSet = nil, nil, nil, nil
 	}
+	m.handoverTo = 0
 	m.role, m.master = RoleNone, 0
 }
+
+// BeginHandover starts handing the group over to member to, which must
+// be in the SyncStateSet the controller confirmed: for at most ticks
+// ticks (or until EndHandover, or a step-down) the master refuses new
+// proposals with ErrHandover, so that to can catch up with a log that
+// stops growing. The controller is then asked to elect to
+// (HandoverReady says when); its new epoch ends the pause here.
+func (m *Member) BeginHandover(to MemberID, ticks int) error {
+	switch {
+	case m.role != RoleMaster:
+		return ErrNotMaster
+	case to == m.cfg.ID || m.peers[to] == nil || !slices.Contains(m.set, to):
+		return fmt.Errorf("group: member %d is not another member of the SyncStateSet %v", to, m.set)
+	case ticks <= 0:
+		return fmt.Errorf("group: a handover needs a positive bound, not %d ticks", ticks)
+	}
+	m.handoverTo, m.handoverEnd = to, m.tick+ticks
+	return nil
+}
+
+// HandoverReady reports, during a handover, whether everything in the
+// log is committed and the target holds it durably, with the log end:
+// what the controller elects the target from.
+func (m *Member) HandoverReady() (ok bool, epoch uint32, index uint64) {
+	if m.role != RoleMaster || m.handoverTo == 0 {
+		return false, 0, 0
+	}
+	last := m.lastIndex()
+	f := m.peers[m.handoverTo]
+	return f != nil && f.match >= last && m.commit >= last, m.epochAt(last), last
+}
+
+// EndHandover ends a handover that did not happen: proposals are taken
+// again.
+func (m *Member) EndHandover() { m.handoverTo = 0 }
+
+// HandingOver reports whether a handover pauses the master's proposals.
+func (m *Member) HandingOver() bool { return m.handoverTo != 0 }
 
 // Propose appends data as the next entry of the master's epoch and returns
 // its index. Its completion comes in a later Ready.
 func (m *Member) Propose(data []byte) (uint64, error) {
 	if m.role != RoleMaster {
 		return 0, ErrNotMaster
+	}
+	if m.handoverTo != 0 {
+		return 0, ErrHandover
 	}
 	if len(m.effectiveSet()) < m.cfg.MinSync {
 		return 0, ErrNotEnoughSet
@@ -770,6 +821,9 @@ func (m *Member) Tick() {
 	m.tick++
 	if m.role != RoleMaster {
 		return
+	}
+	if m.handoverTo != 0 && m.tick >= m.handoverEnd {
+		m.handoverTo = 0 // the controller did not move the group in time
 	}
 	if m.alter != nil && m.tick-m.alterAt > m.cfg.LagTicks {
 		// Unanswered: the request or its answer may be lost. Asking

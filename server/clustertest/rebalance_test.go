@@ -1,0 +1,219 @@
+package clustertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/berthmq/berth/client"
+	"github.com/berthmq/berth/internal/testutil"
+	"github.com/berthmq/berth/wire"
+)
+
+// TestRebalanceAfterRestart: three real brokers rebalancing every
+// second. A queue's group is mastered by its preferred broker P (the
+// placement's first replica); a client on another broker X publishes
+// through X and accepts the first 50 messages. kill -9 of P moves the
+// group to another broker; P restarts, catches up, and after a second in
+// sync gets the group handed back while X keeps publishing. Then every
+// completed publish is delivered once, in order, none of the accepted
+// ones comes back, and no publish refused during the handover ("not
+// taken") is delivered at all.
+func TestRebalanceAfterRestart(t *testing.T) {
+	const groups = 3
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	defer cancel()
+	c := startReplicatedWith(t, ctx, groups, 3, 0, "-group-rebalance", "1s")
+	const queue = "rebalance"
+	g, master, pnode, _ := c.declare(queue, groups)
+	if pref := c.group(g).Replicas[0]; pref != master {
+		t.Fatalf("group %d: first master %d, not its preferred %d", g, master, pref)
+	}
+	x := c.follower(pnode)
+	conn := dial(t, ctx, x.client)
+	if err := conn.DeclareQueue(ctx, queue, client.QueueOptions{Durable: true}); err != nil { // as X's clients would
+		t.Fatal(err)
+	}
+
+	var (
+		mu                       sync.Mutex
+		done, ambiguous, refused []string
+		seq                      int
+		lastDone                 time.Time
+		gaps                     []time.Duration // between completed publishes, in order
+	)
+	publishOne := func() {
+		mu.Lock()
+		seq++
+		m := fmt.Sprintf("m%05d", seq)
+		mu.Unlock()
+		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+		err := conn.Publish(pctx, "", queue, []byte(m), client.PublishOptions{Persistent: true})
+		pcancel()
+		mu.Lock()
+		defer mu.Unlock()
+		var se *client.Error
+		switch {
+		case err == nil:
+			now := time.Now()
+			if !lastDone.IsZero() {
+				gaps = append(gaps, now.Sub(lastDone))
+			}
+			lastDone = now
+			done = append(done, m)
+		case errors.As(err, &se) && se.Code == wire.CodeUnavailable && strings.Contains(se.Text, "not taken"):
+			refused = append(refused, m)
+		default:
+			ambiguous = append(ambiguous, m)
+		}
+		if err != nil {
+			if len(refused)+len(ambiguous) <= 3 {
+				t.Logf("publish %s: %v", m, err)
+			}
+			if ctx.Err() != nil {
+				t.Errorf("publish %s: %v", m, err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	completed := func() int { mu.Lock(); defer mu.Unlock(); return len(done) }
+	publishN := func(n int) {
+		t.Helper()
+		for want := completed() + n; completed() < want; {
+			if ctx.Err() != nil {
+				t.Fatalf("%d of %d publishes completed before the deadline", completed(), want)
+			}
+			publishOne()
+		}
+	}
+
+	publishN(100)
+	mu.Lock()
+	accepted := slices.Clone(done[:50])
+	mu.Unlock()
+	consumeRedialing(t, ctx, x, queue, accepted, true)
+
+	// kill -9 of P: another broker takes the group.
+	pnode.signal(syscall.SIGKILL)
+	c.waitNewMaster(g, master)
+	publishN(100)
+	pnode.stop(t, syscall.SIGKILL)
+	pnode.start(t)
+	pnode.waitUp(t, 20*time.Second)
+
+	// X publishes all along while P catches up and gets the group back.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			publishOne()
+		}
+	}()
+	mu.Lock()
+	before := len(gaps)
+	mu.Unlock()
+	start := time.Now()
+	testutil.WaitFor(t, 60*time.Second, func() error {
+		gr := c.group(g)
+		if gr.Master != master {
+			return fmt.Errorf("group %d: master %d, set %v; preferred %d", g, gr.Master, gr.SyncStateSet, master)
+		}
+		role, _, err := c.role(pnode, g)
+		if err != nil {
+			return err
+		}
+		if role != "master" {
+			return fmt.Errorf("%s does not serve group %d yet (%q)", pnode.name, g, role)
+		}
+		return nil
+	})
+	t.Logf("the preferred master had group %d back %v after its restart", g, time.Since(start).Round(time.Millisecond))
+	publishN(100)
+	close(stop)
+	wg.Wait()
+	mu.Lock()
+	var longest time.Duration
+	for _, d := range gaps[before:] {
+		longest = max(longest, d)
+	}
+	t.Logf("while the group was handed back: %d publishes completed, %d refused as not taken, %d of unknown outcome; longest gap between completions %v",
+		len(gaps)-before, len(refused), len(ambiguous), longest.Round(time.Millisecond))
+	mu.Unlock()
+
+	// Every member holds the rest; consume it from X.
+	want := len(done) - len(accepted)
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		for _, n := range c.nodes {
+			ready, _, err := c.depth(n, queue)
+			if err != nil {
+				return err
+			}
+			if ready < want {
+				return fmt.Errorf("%s holds %d ready, %d completed publishes not accepted", n.name, ready, want)
+			}
+		}
+		return nil
+	})
+	ready, _, err := c.depth(pnode, queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := dial(t, ctx, x.client)
+	con, err := cc.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 500, AutoCredit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for range ready {
+		nctx, ncancel := context.WithTimeout(ctx, 10*time.Second)
+		d, err := con.Next(nctx)
+		ncancel()
+		if err != nil {
+			t.Fatalf("after %d of %d deliveries: %v", len(got), ready, err)
+		}
+		if err := d.Accept(ctx); err != nil { // AutoCredit gives credit back as deliveries settle
+			t.Fatalf("accept after %d deliveries: %v", len(got), err)
+		}
+		got = append(got, string(d.Payload))
+	}
+	seen := map[string]int{}
+	for _, m := range got {
+		seen[m]++
+	}
+	for _, m := range accepted {
+		if seen[m] != 0 {
+			t.Fatalf("accepted message %s delivered again", m)
+		}
+	}
+	for _, m := range done[len(accepted):] {
+		if seen[m] != 1 {
+			t.Fatalf("completed publish %s delivered %d times", m, seen[m])
+		}
+	}
+	for _, m := range refused {
+		if seen[m] != 0 {
+			t.Fatalf("publish %s, refused as not taken during the handover, was delivered", m)
+		}
+	}
+	for _, m := range ambiguous {
+		if seen[m] > 1 {
+			t.Fatalf("publish %s of unknown outcome delivered %d times", m, seen[m])
+		}
+	}
+	if !slices.IsSorted(got) {
+		t.Fatalf("deliveries out of publish order")
+	}
+}
