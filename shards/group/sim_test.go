@@ -47,6 +47,7 @@ const (
 	smSetSet
 	smAlterRefused
 	smAlterGranted
+	smHandover // a master asks the controller to elect master (its handover target)
 )
 
 type simMsg struct {
@@ -95,6 +96,9 @@ type simNode struct {
 	took map[uint64]string
 	// reapplies counts the Readies that started the log again.
 	reapplies int
+	// handoverTo is the target of the handover this member began as
+	// master (0: none); asked: the controller was asked already.
+	handoverTo MemberID
 }
 
 type simCtl struct {
@@ -132,6 +136,12 @@ type sim struct {
 	pageP, loadFailP float64
 	prng             *rand.Rand
 	pages, loads     int
+	// Handovers (groups rebalance) draw from a source of their own too:
+	// now and then the controller's master begins handing the group to
+	// another member of the set, and asks the controller to elect it
+	// once HandoverReady.
+	hrng                *rand.Rand
+	handovers, handedTo int // begun; elections they won
 }
 
 func newSim(t *testing.T, seed int64) *sim {
@@ -142,6 +152,7 @@ func newSim(t *testing.T, seed int64) *sim {
 	// nothing is the one the seed gave before paging existed.
 	s.prng = rand.New(rand.NewSource(seed ^ 0x5eed))
 	s.pageP = []float64{0, 0.5, 1}[s.prng.Intn(3)]
+	s.hrng = rand.New(rand.NewSource(seed ^ 0x4a4d))
 	for i := 1; i <= simReplicas; i++ {
 		s.ids = append(s.ids, MemberID(i))
 	}
@@ -440,6 +451,57 @@ func (s *sim) ctlReceive(m simMsg) {
 		c.set = slices.Clone(m.set)
 		s.logf("ctl: set %v in epoch %d", c.set, c.epoch)
 		s.send(simMsg{kind: smAlterGranted, from: ctlID, to: m.from, epoch: c.epoch, set: c.set})
+	case smHandover:
+		// As controlplane.Node.Handover: only the master of the current
+		// epoch may hand over, to a live member of the set; the target
+		// is elected under a new epoch whatever the heartbeats say, and
+		// the set is its live members as in any election.
+		if m.epoch != c.epoch || m.from != c.master || m.master == m.from || !slices.Contains(c.set, m.master) || !c.alive[m.master] {
+			s.logf("ctl: handover of epoch %d from m%d to m%d refused", m.epoch, m.from, m.master)
+			return
+		}
+		var set []MemberID
+		for _, id := range c.set {
+			if c.alive[id] {
+				set = append(set, id)
+			}
+		}
+		c.epoch++
+		c.master, c.set = m.master, set
+		s.handedTo++
+		s.logf("ctl: handover: m%d master of epoch %d, set %v", c.master, c.epoch, c.set)
+	}
+}
+
+// handover: now and then the master of the controller's epoch begins a
+// handover to another member of its set; a member handing over asks the
+// controller once it is ready.
+func (s *sim) handover() {
+	c := &s.ctl
+	if n := s.nodes[c.master]; n != nil && n.up && !n.frozen && n.m.Role() == RoleMaster && !n.m.HandingOver() && s.hrng.Intn(60) == 0 {
+		others := slices.DeleteFunc(slices.Clone(n.m.set), func(id MemberID) bool { return id == n.id })
+		if len(others) > 0 {
+			to := others[s.hrng.Intn(len(others))]
+			if err := n.m.BeginHandover(to, 20); err == nil {
+				n.handoverTo = to
+				s.handovers++
+				s.logf("m%d: handing over to m%d", n.id, to)
+			}
+		}
+	}
+	for _, id := range s.ids {
+		n := s.nodes[id]
+		if !n.up || n.frozen || n.handoverTo == 0 {
+			continue
+		}
+		if !n.m.HandingOver() {
+			n.handoverTo = 0 // ended: stepped down, or its bound passed
+			continue
+		}
+		if ok, e, i := n.m.HandoverReady(); ok {
+			s.send(simMsg{kind: smHandover, from: n.id, to: ctlID, epoch: n.m.Epoch(), master: n.handoverTo, logEpoch: e, logIndex: i})
+			n.handoverTo = 0 // asked once; the pause ends with the new epoch or its bound
+		}
 	}
 }
 
@@ -597,6 +659,7 @@ func (s *sim) tick(faults bool) {
 		e, i := n.m.LogEnd()
 		s.send(simMsg{kind: smHeartbeat, from: id, to: ctlID, logEpoch: e, logIndex: i, inc: n.inc})
 	}
+	s.handover()
 	s.ctlTick()
 	if !s.quiet && s.rng.Intn(2) == 0 {
 		s.propose()
@@ -778,7 +841,7 @@ func TestGroupSimulation(t *testing.T) {
 		}
 		first, seeds = n, 1
 	}
-	var completed, elections, applied, reapplies, installs, compacts, pages, loads int
+	var completed, elections, applied, reapplies, installs, compacts, pages, loads, handovers, handedTo int
 	for seed := first; seed < first+int64(seeds); seed++ {
 		s := newSim(t, seed)
 		func() {
@@ -795,14 +858,16 @@ func TestGroupSimulation(t *testing.T) {
 		installs += s.installs
 		pages += s.pages
 		loads += s.loads
+		handovers += s.handovers
+		handedTo += s.handedTo
 		compacts += s.compacts
 		for _, id := range s.ids {
 			reapplies += s.nodes[id].reapplies
 		}
 	}
-	t.Logf("%d schedules: %d proposals completed, %d entries committed, %d elections, %d step-downs that reapplied the log, %d compactions, %d installs, %d entries paged, %d read back",
-		seeds, completed, applied, elections, reapplies, compacts, installs, pages, loads)
-	if completed == 0 || elections <= seeds || reapplies == 0 || (seeds >= 100 && (compacts == 0 || installs == 0 || pages == 0 || loads == 0)) {
+	t.Logf("%d schedules: %d proposals completed, %d entries committed, %d elections, %d step-downs that reapplied the log, %d compactions, %d installs, %d entries paged, %d read back, %d handovers begun, %d done",
+		seeds, completed, applied, elections, reapplies, compacts, installs, pages, loads, handovers, handedTo)
+	if completed == 0 || elections <= seeds || reapplies == 0 || (seeds >= 100 && (compacts == 0 || installs == 0 || pages == 0 || loads == 0 || handedTo == 0)) {
 		t.Fatalf("the schedules exercised too little: %d completions, %d elections", completed, elections)
 	}
 }
