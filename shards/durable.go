@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/berthmq/berth/journal"
@@ -27,10 +28,11 @@ const (
 	recEnqueueAt uint8 = 4
 )
 
-// jdoneRingSize bounds journal completions waiting for the shard. The
-// journal holds at most twice its pending-byte bound in records, which is
-// far below this; an overflow list catches the rest rather than block the
-// journal's writer.
+// jdoneRingSize bounds journal completions waiting for the shard in its
+// ring; an overflow list catches the rest rather than block the
+// journal's writer. (The journal's pending-byte bound does not bound its
+// records: 5 million 1 KiB messages consumed in ack mode none write a
+// dequeue record of a few bytes each, and filled the ring.)
 const jdoneRingSize = 1 << 18
 
 // journalSegmentBytesDefault is the shard journals' segment size. Freed
@@ -109,7 +111,49 @@ type shardJournal struct {
 	overflow struct {
 		sync.Mutex // only taken when the done ring is full
 		list       []jdone
+		// on: the list holds completions; until the shard takes them,
+		// later ones join the list rather than the ring, whose
+		// completions the shard handles first. Completions arrive in
+		// position order, and the shard handles them in that order.
+		on atomic.Bool
 	}
+}
+
+// complete hands the shard a journal completion (the journal's
+// Completion, from its writer: one goroutine, in position order).
+func (sj *shardJournal) complete(d jdone, sig *ring.Signal) {
+	if !sj.overflow.on.Load() && sj.done.TryPush(d) {
+		return
+	}
+	sj.overflow.Lock()
+	sj.overflow.list = append(sj.overflow.list, d)
+	sj.overflow.on.Store(true)
+	sj.overflow.Unlock()
+	sig.Notify()
+}
+
+// drain passes the waiting completions to f in the order they came: the
+// ring's first, then, once it is empty, the overflow list's (each of
+// which came after everything in the ring, and before anything the ring
+// takes once the list is taken). It reports whether there were any.
+func (sj *shardJournal) drain(f func(jdone)) bool {
+	n := sj.done.PopBatch(sj.doneBuf)
+	for i := 0; i < n; i++ {
+		f(sj.doneBuf[i])
+		sj.doneBuf[i] = jdone{}
+	}
+	if n > 0 || !sj.overflow.on.Load() {
+		return n > 0
+	}
+	sj.overflow.Lock()
+	list := sj.overflow.list
+	sj.overflow.list = nil
+	sj.overflow.on.Store(false)
+	sj.overflow.Unlock()
+	for _, d := range list {
+		f(d)
+	}
+	return len(list) > 0
 }
 
 // JournalConfig configures the shards' journals.
@@ -134,15 +178,7 @@ func (s *Shard) openJournal(cfg JournalConfig, log *slog.Logger) error {
 	sj.ck.last = time.Now()
 	sj.ck.every = cmp.Or(cfg.CheckpointRecords, checkpointEvery)
 	sj.done = ring.NewSPSCSignal[jdone](jdoneRingSize, s.sig)
-	sj.onDone = func(pos journal.Pos, err error) {
-		if sj.done.TryPush(jdone{pos, err}) {
-			return
-		}
-		sj.overflow.Lock()
-		sj.overflow.list = append(sj.overflow.list, jdone{pos, err})
-		sj.overflow.Unlock()
-		s.sig.Notify()
-	}
+	sj.onDone = func(pos journal.Pos, err error) { sj.complete(jdone{pos, err}, s.sig) }
 	// Recovered messages, in position order (the order of replay), found by
 	// binary search when a dequeue or count record refers to one; queue
 	// names are interned. A map by position cost a third of recovery in
@@ -421,23 +457,7 @@ func (s *Shard) drainJournal() bool {
 	if sj == nil {
 		return false
 	}
-	n := sj.done.PopBatch(sj.doneBuf)
-	got := n > 0
-	for i := 0; i < n; i++ {
-		s.journalDone(sj.doneBuf[i])
-		sj.doneBuf[i] = jdone{}
-	}
-	if n == 0 {
-		sj.overflow.Lock()
-		list := sj.overflow.list
-		sj.overflow.list = nil
-		sj.overflow.Unlock()
-		for _, d := range list {
-			got = true
-			s.journalDone(d)
-		}
-	}
-	return got
+	return sj.drain(s.journalDone)
 }
 
 func (s *Shard) journalDone(d jdone) {
@@ -477,11 +497,7 @@ func (s *Shard) journalDone(d jdone) {
 	}
 }
 
-func (sj *shardJournal) overflowed() bool {
-	sj.overflow.Lock()
-	defer sj.overflow.Unlock()
-	return len(sj.overflow.list) > 0
-}
+func (sj *shardJournal) overflowed() bool { return sj.overflow.on.Load() }
 
 // JournalStats returns the shard journal's counters, or false.
 func (s *Shard) JournalStats() (journal.Stats, bool) {
