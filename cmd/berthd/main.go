@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -63,6 +64,10 @@ func run(args []string) int {
 	if cfg.JournalFS, err = faultJournalFS(log); err != nil {
 		fmt.Fprintln(os.Stderr, "berthd:", err)
 		return 2
+	}
+	if l := goMemoryLimit(cfg.MemoryLimit, os.Getenv("GOMEMLIMIT")); l > 0 {
+		debug.SetMemoryLimit(l)
+		log.Info("berthd: the Go runtime's soft memory limit follows -memory-limit (GOMEMLIMIT overrides it)", "go_memory_limit_bytes", l)
 	}
 	srv, err := server.Start(cfg)
 	if err != nil {

@@ -29,3 +29,20 @@ func TestParseMemoryLimit(t *testing.T) {
 		t.Errorf("-memory-limit 256MiB: %d, %v", o.cfg.MemoryLimit, err)
 	}
 }
+
+func TestGoMemoryLimit(t *testing.T) {
+	for _, c := range []struct {
+		limit int64
+		env   string
+		want  int64
+	}{
+		{0, "", 0},                    // no budget: the runtime's default
+		{2 << 30, "", 2 << 30},        // the budget
+		{16 << 20, "", goMemoryFloor}, // a tiny budget gets the floor
+		{2 << 30, "3GiB", 0},          // the operator's GOMEMLIMIT stands
+	} {
+		if got := goMemoryLimit(c.limit, c.env); got != c.want {
+			t.Errorf("goMemoryLimit(%d, %q) = %d, want %d", c.limit, c.env, got, c.want)
+		}
+	}
+}
