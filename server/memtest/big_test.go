@@ -51,7 +51,7 @@ func TestBacklogTenGiB(t *testing.T) {
 	var phase atomic.Value
 	phase.Store("start")
 	var samples strings.Builder
-	samples.WriteString("seconds,phase,rss_mib,counted_mib,paged\n")
+	samples.WriteString("seconds,phase,rss_mib,counted_mib,paged,published,delivered\n")
 	t0 := time.Now()
 	stopSampling := make(chan struct{})
 	var sampled sync.WaitGroup
@@ -66,8 +66,9 @@ func TestBacklogTenGiB(t *testing.T) {
 				return
 			case <-tick.C:
 			}
-			st, _ := tryStatus(admin) // a miss leaves zeros in the sample
-			fmt.Fprintf(&samples, "%.0f,%s,%d,%d,%d\n", time.Since(t0).Seconds(), phase.Load(), rssOf(p.Pid())>>20, st.UsedBytes>>20, st.PagedMessages)
+			st, stats, _ := tryStatus(admin) // a miss leaves zeros in the sample
+			fmt.Fprintf(&samples, "%.0f,%s,%d,%d,%d,%d,%d\n", time.Since(t0).Seconds(), phase.Load(), rssOf(p.Pid())>>20, st.UsedBytes>>20, st.PagedMessages,
+				stats.Published, stats.Delivered)
 		}
 	}()
 
@@ -118,7 +119,7 @@ func TestBacklogTenGiB(t *testing.T) {
 		cctx, stop := context.WithCancel(ctx)
 		got := 0
 		start := time.Now()
-		_ = sub.Consume(cctx, func(d *client.Delivery) error {
+		cerr := sub.Consume(cctx, func(d *client.Delivery) error {
 			if got < n && binary.BigEndian.Uint64(d.Payload) != uint64(got) {
 				t.Errorf("%s: delivery %d carries %d", q.name, got, binary.BigEndian.Uint64(d.Payload))
 				stop()
@@ -132,7 +133,7 @@ func TestBacklogTenGiB(t *testing.T) {
 		stop()
 		d := time.Since(start)
 		if got != n+1 {
-			t.Fatalf("%s: consumed %d of %d", q.name, got, n+1)
+			t.Fatalf("%s: consumed %d of %d: %v\n%s", q.name, got, n+1, cerr, p.LogTail())
 		}
 		t.Logf("consumed %d from %s in %v: %.0f msgs/s; RSS %d MiB", got, q.name, d.Round(time.Millisecond), float64(got)/d.Seconds(), rssOf(p.Pid())>>20)
 	}
@@ -153,26 +154,30 @@ func TestBacklogTenGiB(t *testing.T) {
 		}
 	}
 	for i := 0; i < len(lines); i += max(1, len(lines)/20) {
-		t.Logf("sample s,phase,rss_mib,counted_mib,paged: %s", lines[i])
+		t.Logf("sample s,phase,rss_mib,counted_mib,paged,published,delivered: %s", lines[i])
 	}
 	t.Logf("peak RSS %d MiB at %s", peak, peakAt)
 }
 
-// tryStatus reads the memory section of /v1/status (status, without
-// failing the test: the sampler runs on its own goroutine).
-func tryStatus(admin string) (memoryStatus, error) {
+// brokerStats are the counters of /v1/status that the samples keep.
+type brokerStats struct{ Published, Delivered int64 }
+
+// tryStatus reads the memory and stats sections of /v1/status (status,
+// without failing the test: the sampler runs on its own goroutine).
+func tryStatus(admin string) (memoryStatus, brokerStats, error) {
 	resp, err := http.Get("http://" + admin + "/v1/status")
 	if err != nil {
-		return memoryStatus{}, err
+		return memoryStatus{}, brokerStats{}, err
 	}
 	defer resp.Body.Close()
 	var st struct {
 		Memory *memoryStatus `json:"memory"`
+		Stats  brokerStats   `json:"stats"`
 	}
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || st.Memory == nil {
-		return memoryStatus{}, fmt.Errorf("no memory section: %v", err)
+		return memoryStatus{}, brokerStats{}, fmt.Errorf("no memory section: %v", err)
 	}
-	return *st.Memory, nil
+	return *st.Memory, st.Stats, nil
 }
 
 // rssOf is a process's resident set in bytes, or 0.
