@@ -132,18 +132,22 @@ func (sj *shardJournal) complete(d jdone, sig *ring.Signal) {
 	sig.Notify()
 }
 
-// drain passes the waiting completions to f in the order they came: the
-// ring's first, then, once it is empty, the overflow list's (each of
-// which came after everything in the ring, and before anything the ring
-// takes once the list is taken). It reports whether there were any.
+// drain passes the waiting completions to f in the order they came. It
+// reports whether there were any.
+//
+// The ring's come first. Once the overflow list is in use (on), the
+// writer pushes nothing more to the ring until the shard takes the
+// list, so everything in the ring came before the list's first. But a
+// ring found empty here may only look empty: the writer may have filled
+// it, and started the list, since. So with on seen set, the ring is
+// drained again (on's store made those pushes visible) before the list
+// is taken.
 func (sj *shardJournal) drain(f func(jdone)) bool {
-	n := sj.done.PopBatch(sj.doneBuf)
-	for i := 0; i < n; i++ {
-		f(sj.doneBuf[i])
-		sj.doneBuf[i] = jdone{}
+	got := sj.popRing(f)
+	if got || !sj.overflow.on.Load() {
+		return got
 	}
-	if n > 0 || !sj.overflow.on.Load() {
-		return n > 0
+	for sj.popRing(f) {
 	}
 	sj.overflow.Lock()
 	list := sj.overflow.list
@@ -153,7 +157,18 @@ func (sj *shardJournal) drain(f func(jdone)) bool {
 	for _, d := range list {
 		f(d)
 	}
-	return len(list) > 0
+	return true
+}
+
+// popRing passes one batch from the ring to f, reporting whether there
+// was any.
+func (sj *shardJournal) popRing(f func(jdone)) bool {
+	n := sj.done.PopBatch(sj.doneBuf)
+	for i := 0; i < n; i++ {
+		f(sj.doneBuf[i])
+		sj.doneBuf[i] = jdone{}
+	}
+	return n > 0
 }
 
 // JournalConfig configures the shards' journals.
