@@ -54,9 +54,12 @@ const (
 
 // replicator is the server's shards.Replicator.
 type replicator struct {
-	s       *Server
-	groups  atomic.Uint32  // the cluster's group count; 0 until known
-	waiters []*shardWaiter // by shard index
+	s      *Server
+	groups atomic.Uint32 // the cluster's group count; 0 until known
+	local  *localQueues  // durable queues kept out of the groups (localqueues.go)
+	// restoring: the wiring is being restored at start (keepLocal).
+	restoring atomic.Bool
+	waiters   []*shardWaiter // by shard index
 	// windows are the shards' read-ahead windows into the group journal
 	// (ReadEnqueue), by shard index: each is its shard goroutine's.
 	windows []journal.Window
@@ -81,7 +84,7 @@ func (r *replicator) node() *groups.Node {
 // the controller: a queue declared just after "berthctl cluster init" must
 // not stay local by a race. It runs off the hot paths (declares, restore).
 func (r *replicator) Group(name string, opts shards.QueueOptions) (uint32, bool) {
-	if !opts.Durable || opts.Exclusive {
+	if !opts.Durable || opts.Exclusive || r.local.has(name) {
 		return 0, false
 	}
 	n := r.groups.Load()
@@ -89,13 +92,30 @@ func (r *replicator) Group(name string, opts shards.QueueOptions) (uint32, bool)
 		ctx, cancel := context.WithTimeout(context.Background(), wiringTimeout)
 		info, err := r.s.brokerClient().GetClusterInfo(ctx, ctlapi.ReadConsistent)
 		cancel()
-		if err != nil || info.Config.Groups == 0 {
+		if err != nil {
+			return 0, false // not known: decided again at the next start
+		}
+		if info.Config.Groups == 0 {
+			r.keepLocal(name)
 			return 0, false
 		}
 		r.groups.CompareAndSwap(0, info.Config.Groups)
 		n = r.groups.Load()
 	}
 	return GroupOf(name, n), true
+}
+
+// keepLocal writes down a durable queue created while the cluster has
+// no groups (localqueues.go): at once, unless the wiring is being
+// restored at start, whose queues are written in one batch after it.
+func (r *replicator) keepLocal(name string) {
+	r.local.add(name)
+	if r.restoring.Load() {
+		return
+	}
+	if err := r.local.flush(); err != nil {
+		r.s.log.Error("server: writing down a local queue failed; it may become replicated after a restart", "queue", name, "err", err)
+	}
 }
 
 func (r *replicator) IsMaster(g uint32) bool {
@@ -419,13 +439,25 @@ func (r *replicator) forget(g uint32, index uint64) {
 	}
 }
 
+// restoreDone ends the wiring's restore: the local queues it found are
+// written down in one batch.
+func (r *replicator) restoreDone() error {
+	r.restoring.Store(false)
+	return r.local.flush()
+}
+
 // initReplication connects the shards to the replication groups before
 // the wiring is restored, so restored durable queues are replicated: it
 // reads the cluster's group count (0 if the cluster is not initialised
 // yet; queues declared before "berthctl cluster init" stay on their
 // broker).
-func (s *Server) initReplication() {
-	r := &replicator{s: s}
+func (s *Server) initReplication() error {
+	local, err := loadLocalQueues(s.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	r := &replicator{s: s, local: local}
+	r.restoring.Store(true) // until restoreDone
 	for _, sh := range s.broker.Shards() {
 		r.waiters = append(r.waiters, &shardWaiter{sh})
 	}
@@ -437,12 +469,17 @@ func (s *Server) initReplication() {
 	for {
 		info, err := s.brokerClient().GetClusterInfo(ctx, ctlapi.ReadFollower)
 		if err == nil {
+			// Known at start: the queues on the list (if any) stay
+			// local; the rest are restored into their groups.
 			r.groups.Store(info.Config.Groups)
-			return
+			if n := local.len(); n > 0 {
+				s.log.Info("server: durable queues declared before the cluster had groups stay on this broker", "queues", n)
+			}
+			return nil
 		}
 		if ctx.Err() != nil {
 			s.log.Warn("server: cluster group count unknown at start; durable queues restored now are not replicated", "err", err)
-			return
+			return nil
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

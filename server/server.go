@@ -460,9 +460,15 @@ func Start(cfg Config) (*Server, error) {
 	// then the journals replay into those queues.
 	if err := s.broker.Start(); err == nil {
 		if cfg.PeerAddr != "" && s.brokerID != 0 {
-			s.initReplication()
+			err = s.initReplication()
 		}
-		if err = s.wiring.Restore(); err == nil {
+		if err == nil {
+			err = s.wiring.Restore()
+		}
+		if err == nil && s.replicator != nil {
+			err = s.replicator.restoreDone()
+		}
+		if err == nil {
 			err = s.broker.Recover()
 		}
 		if err != nil {
@@ -584,6 +590,9 @@ func (s *Server) Close() error {
 		// the shards and the controller.
 		s.mgmtWG.Wait()
 		s.broker.Stop()
+		if s.replicator != nil {
+			s.replicator.local.close()
+		}
 		s.conns.Lock()
 		for cs := range s.conns.set {
 			v := wire.Version(cs.helloVer.Load())
