@@ -160,34 +160,7 @@ func testPagingRoundTrip(t *testing.T, journaled bool) {
 	}
 	t.Logf("%d messages: %d paged, %d bytes counted (share %d)", n, paged, used, limit)
 
-	push(Command{Op: OpSubscribe, Sess: sess, CmdID: n + 1, Queue: q, ConsumerID: 1, Credit: 500, AckMode: wire.AckExplicit})
-	got := 0
-	cmdID := uint64(n + 2)
-	for deadline := time.Now().Add(50 * time.Second); got < n; {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d delivered", got, n)
-		}
-		ms := w.take(t)
-		if len(ms) == 0 {
-			time.Sleep(time.Millisecond)
-			continue
-		}
-		for _, m := range ms {
-			want := fmt.Sprintf("message %08d", got)
-			if string(m.Payload[:len(want)]) != want || len(m.Payload) != len(payload) || string(m.Props) != "props" {
-				t.Fatalf("delivery %d: %q... (%d bytes), want %q", got, m.Payload[:16], len(m.Payload), want)
-			}
-			if persistent := m.Flags&wire.MsgPersistent != 0; persistent != (got%2 == 0) {
-				t.Fatalf("delivery %d: persistent %v", got, persistent)
-			}
-			got++
-		}
-		settle := Command{Op: OpSettle, Settle: SettleAccept, Sess: sess, CmdID: cmdID, ConsumerID: 1, NRanges: 1, Last: true}
-		settle.Ranges[0] = wire.Range{First: ms[0].Tag, Last: ms[len(ms)-1].Tag}
-		cmdID++
-		push(settle)
-		push(Command{Op: OpCredit, Sess: sess, ConsumerID: 1, Credit: uint32(len(ms))})
-	}
+	consumeNumbered(t, push, w, sess, q, n, len(payload), n+1, 50*time.Second)
 	var pageIns uint64
 	var depth int
 	if err := b.Call(sh, func(s *Shard) {
@@ -203,5 +176,41 @@ func testPagingRoundTrip(t *testing.T, journaled bool) {
 	files, _ := filepath.Glob(filepath.Join(pageDir, "shard-000", "*.page"))
 	if len(files) != 0 {
 		t.Fatalf("paging files left after the queue drained: %v", files)
+	}
+}
+
+// consumeNumbered subscribes consumer 1 of sess to q (command id
+// firstCmd) and takes n messages, "message %08d" in order, each of
+// payloadLen bytes with props "props" and persistent when its number is
+// even, accepting each batch and giving its credit back, within d.
+func consumeNumbered(t *testing.T, push func(Command), w *captureWriter, sess *Session, q *Queue, n, payloadLen int, firstCmd uint64, d time.Duration) {
+	t.Helper()
+	push(Command{Op: OpSubscribe, Sess: sess, CmdID: firstCmd, Queue: q, ConsumerID: 1, Credit: 500, AckMode: wire.AckExplicit})
+	got := 0
+	cmdID := firstCmd + 1
+	for deadline := time.Now().Add(d); got < n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d delivered", got, n)
+		}
+		ms := w.take(t)
+		if len(ms) == 0 {
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		for _, m := range ms {
+			want := fmt.Sprintf("message %08d", got)
+			if string(m.Payload[:len(want)]) != want || len(m.Payload) != payloadLen || string(m.Props) != "props" {
+				t.Fatalf("delivery %d: %q... (%d bytes), want %q", got, m.Payload[:16], len(m.Payload), want)
+			}
+			if persistent := m.Flags&wire.MsgPersistent != 0; persistent != (got%2 == 0) {
+				t.Fatalf("delivery %d: persistent %v", got, persistent)
+			}
+			got++
+		}
+		settle := Command{Op: OpSettle, Settle: SettleAccept, Sess: sess, CmdID: cmdID, ConsumerID: 1, NRanges: 1, Last: true}
+		settle.Ranges[0] = wire.Range{First: ms[0].Tag, Last: ms[len(ms)-1].Tag}
+		cmdID++
+		push(settle)
+		push(Command{Op: OpCredit, Sess: sess, ConsumerID: 1, Credit: uint32(len(ms))})
 	}
 }

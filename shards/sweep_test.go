@@ -90,29 +90,5 @@ func testSweep(t *testing.T, journaled bool) {
 	}
 	t.Logf("%d messages: %d bodies in memory, %d paged, %d bytes counted (%d outside the queues), %d sweeps", n, resident, paged, used, outside, sweeps)
 
-	push(Command{Op: OpSubscribe, Sess: sess, CmdID: n + 1, Queue: q, ConsumerID: 1, Credit: 500, AckMode: wire.AckExplicit})
-	got := 0
-	cmdID := uint64(n + 2)
-	for deadline := time.Now().Add(40 * time.Second); got < n; {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d delivered", got, n)
-		}
-		ms := w.take(t)
-		if len(ms) == 0 {
-			time.Sleep(time.Millisecond)
-			continue
-		}
-		for _, m := range ms {
-			want := fmt.Sprintf("message %08d", got)
-			if string(m.Payload[:len(want)]) != want || len(m.Payload) != len(payload) || string(m.Props) != "props" {
-				t.Fatalf("delivery %d: %q... (%d bytes), want %q", got, m.Payload[:16], len(m.Payload), want)
-			}
-			got++
-		}
-		settle := Command{Op: OpSettle, Settle: SettleAccept, Sess: sess, CmdID: cmdID, ConsumerID: 1, NRanges: 1, Last: true}
-		settle.Ranges[0] = wire.Range{First: ms[0].Tag, Last: ms[len(ms)-1].Tag}
-		cmdID++
-		push(settle)
-		push(Command{Op: OpCredit, Sess: sess, ConsumerID: 1, Credit: uint32(len(ms))})
-	}
+	consumeNumbered(t, push, w, sess, q, n, len(payload), n+1, 40*time.Second)
 }
