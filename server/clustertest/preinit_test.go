@@ -9,7 +9,6 @@ import (
 
 	"github.com/berthmq/berth/client"
 	"github.com/berthmq/berth/controlplane/ctlapi"
-	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/internal/testutil"
 )
 
@@ -20,26 +19,9 @@ import (
 func TestQueueBeforeInitSurvivesRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	nodes := startGroupEach(t, func(int, *node) []string {
-		return []string{"-peer", testutil.FreeAddr(t), "-controller-heartbeat-ms", "200", "-group-rebalance", "0"}
-	}, "broker", "broker", "broker")
-	var ctlAddrs []string
-	for _, n := range nodes {
-		ctlAddrs = append(ctlAddrs, n.ctl)
-	}
-	cl := ctlclient.NewClient(ctlAddrs)
-	defer cl.Close()
-	testutil.WaitFor(t, 20*time.Second, func() error {
-		bs, err := cl.GetBrokers(ctx, ctlapi.ReadConsistent)
-		if err != nil {
-			return err
-		}
-		if len(bs) != 3 {
-			return fmt.Errorf("%d brokers registered", len(bs))
-		}
-		return nil
-	})
-	n := nodes[0]
+	c := startBrokers(t, ctx, 3)
+	cl := c.cl
+	n := c.nodes[0]
 	conn := dial(t, ctx, n.client)
 	const queue = "before-init"
 	if err := conn.DeclareQueue(ctx, queue, client.QueueOptions{Durable: true}); err != nil {

@@ -42,9 +42,10 @@ func startReplicatedN(t testing.TB, ctx context.Context, groups uint32, brokers 
 	return startReplicatedWith(t, ctx, groups, brokers, replicas)
 }
 
-// startReplicatedWith is startReplicatedN with more berthd flags for every
-// broker (a later flag overrides an earlier one).
-func startReplicatedWith(t testing.TB, ctx context.Context, groups uint32, brokers int, replicas uint32, extra ...string) *rcluster {
+// startBrokers starts brokers berthd brokers with replication groups'
+// peer ports (each embedding a controller member) and waits until all are
+// registered; the cluster has no groups until "cluster init".
+func startBrokers(t testing.TB, ctx context.Context, brokers int, extra ...string) *rcluster {
 	t.Helper()
 	c := &rcluster{t: t, ctx: ctx, admins: map[*node]string{}}
 	roles := make([]string, brokers)
@@ -74,6 +75,14 @@ func startReplicatedWith(t testing.TB, ctx context.Context, groups uint32, broke
 		}
 		return nil
 	})
+	return c
+}
+
+// startReplicatedWith is startReplicatedN with more berthd flags for every
+// broker (a later flag overrides an earlier one).
+func startReplicatedWith(t testing.TB, ctx context.Context, groups uint32, brokers int, replicas uint32, extra ...string) *rcluster {
+	t.Helper()
+	c := startBrokers(t, ctx, brokers, extra...)
 	info, err := c.cl.GetClusterInfo(ctx, ctlapi.ReadConsistent)
 	if err != nil {
 		t.Fatal(err)
