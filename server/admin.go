@@ -64,6 +64,9 @@ func newMetrics(s *Server) *metrics {
 		m.reg.MustRegister(m.connections, m.protocolErrors, m.heartbeatTimeouts, m.handshakeTimeouts, m.outboundTimeouts, m.outboundStalls, m.unroutable, m.ringFull)
 		m.shards = newShardCollector(s)
 		m.reg.MustRegister(m.shards)
+		if s.cfg.PeerAddr != "" {
+			m.reg.MustRegister(newGroupCollector(s))
+		}
 	}
 	if s.cfg.controllerEmbedded() {
 		m.reg.MustRegister(newControllerCollector(s))

@@ -368,3 +368,67 @@ func proposalsPerEntryHistogram(d *prometheus.Desc, m *controlplane.Metrics) pro
 	return powerOfTwoHistogram(d, m.EntryBatchHistogram[:], float64(m.Proposals),
 		func(i int) float64 { return float64(uint64(1)<<(i+1) - 1) })
 }
+
+// groupCollector exports this broker's replication groups, as its node
+// sees them (groups.Node.Status, one round trip to the node's goroutine
+// per group and scrape), and the handovers it made (rebalance).
+type groupCollector struct {
+	s                                    *Server
+	master, epoch, last, commit, applied *prometheus.Desc
+	setSize, handovers                   *prometheus.Desc
+}
+
+func newGroupCollector(s *Server) *groupCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, labels, nil)
+	}
+	g := "group"
+	return &groupCollector{
+		s:         s,
+		master:    d("berth_group_master", "1 while this broker serves as the group's master, else 0.", g),
+		epoch:     d("berth_group_epoch", "The group's epoch as this broker knows it.", g),
+		last:      d("berth_group_last_index", "Index of the last entry in this broker's copy of the group log.", g),
+		commit:    d("berth_group_commit_index", "Index up to which this broker knows the group log committed.", g),
+		applied:   d("berth_group_applied_index", "Index up to which this broker applied the group log to its queues.", g),
+		setSize:   d("berth_group_sync_state_set_members", "Members of the group's SyncStateSet, as its master counts them (exported by the master only).", g),
+		handovers: d("berth_group_handovers_total", "Groups this broker handed to their preferred master (-group-rebalance)."),
+	}
+}
+
+func (c *groupCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.master, c.epoch, c.last, c.commit, c.applied, c.setSize, c.handovers} {
+		ch <- d
+	}
+}
+
+func (c *groupCollector) Collect(ch chan<- prometheus.Metric) {
+	m := c.s.groups.Load()
+	if m == nil {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.handovers, prometheus.CounterValue, float64(m.Handovers()))
+	n := m.Node()
+	if n == nil {
+		return
+	}
+	gauge := func(d *prometheus.Desc, v float64, g string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, g)
+	}
+	for _, g := range n.Groups() {
+		st, err := n.Status(g)
+		if err != nil {
+			continue
+		}
+		id := strconv.FormatUint(uint64(g), 10)
+		master := 0.0
+		if n.IsMaster(g) {
+			master = 1
+			gauge(c.setSize, float64(len(st.Set)), id)
+		}
+		gauge(c.master, master, id)
+		gauge(c.epoch, float64(st.Epoch), id)
+		gauge(c.last, float64(st.LastIndex), id)
+		gauge(c.commit, float64(st.Commit), id)
+		gauge(c.applied, float64(st.Applied), id)
+	}
+}

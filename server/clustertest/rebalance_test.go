@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"slices"
 	"strings"
 	"sync"
@@ -101,7 +103,7 @@ func TestRebalanceAfterRestart(t *testing.T) {
 
 	// kill -9 of P: another broker takes the group.
 	pnode.signal(syscall.SIGKILL)
-	c.waitNewMaster(g, master)
+	interim := c.nodeOf(c.waitNewMaster(g, master))
 	publishN(100)
 	pnode.stop(t, syscall.SIGKILL)
 	pnode.start(t)
@@ -141,6 +143,28 @@ func TestRebalanceAfterRestart(t *testing.T) {
 		return nil
 	})
 	t.Logf("the preferred master had group %d back %v after its restart", g, time.Since(start).Round(time.Millisecond))
+	// The metrics say so: the interim master made a handover, and P
+	// serves the group.
+	for _, want := range []struct {
+		n    *node
+		line string
+	}{{interim, "berth_group_handovers_total 1"}, {pnode, fmt.Sprintf("berth_group_master{group=%q} 1", fmt.Sprint(g))}} {
+		testutil.WaitFor(t, 10*time.Second, func() error {
+			resp, err := http.Get("http://" + c.admins[want.n] + "/metrics")
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if err != nil {
+				return err
+			}
+			if !strings.Contains(string(body), "\n"+want.line+"\n") {
+				return fmt.Errorf("%s's /metrics lacks %q", want.n.name, want.line)
+			}
+			return nil
+		})
+	}
 	// One publisher at a time: publishes in flight together may land in
 	// either order.
 	close(stop)

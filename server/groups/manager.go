@@ -105,6 +105,8 @@ type Manager struct {
 
 	view atomic.Pointer[View]
 
+	handovers atomic.Uint64 // groups this broker handed to their preferred master
+
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup

@@ -148,5 +148,10 @@ func (m *Manager) handover(n *Node, g, to uint32) error {
 	// The pause holds until the new epoch reaches the node: proposals
 	// taken meanwhile would only be truncated.
 	ended = true
+	m.handovers.Add(1)
 	return nil
 }
+
+// Handovers is how many groups this broker has handed to their preferred
+// masters.
+func (m *Manager) Handovers() uint64 { return m.handovers.Load() }
