@@ -7,7 +7,7 @@ PKGS      := ./...
 # Packages with concurrency run under the race detector in `make test`.
 RACE_PKGS := ./ring/... ./shards/... ./server/... ./client/... ./journal/... ./controlplane/... ./perf/... ./tools/... ./internal/...
 
-.PHONY: cluster certs all build run test test-race test-plain bench bench-forward bench-delayed bench-restart fuzz hostile vet crash soak clean release deb
+.PHONY: cluster certs all build run test test-race test-plain bench bench-forward bench-delayed bench-backlog bench-restart fuzz hostile vet crash soak clean release deb
 
 # Version stamping (internal/version). VERSION is the latest vX.Y.Z tag as
 # git describe gives it, without the v (1.2.0; 1.2.0-3-gabc1234 three
@@ -95,6 +95,15 @@ hostile:
 bench-delayed:
 	BERTH_DELAY_BENCH=1 $(GO) test -count=1 -v -timeout 10m -run DelayedLateness ./server/memtest
 	$(GO) test -run '^$$' -bench QueueKinds -benchmem -count 5 ./shards
+
+# A backlog deeper than memory (issue 12): BACKLOG_MIB MiB of 1 KiB
+# messages, half persistent and half transient, published to a real
+# berthd under -memory-limit 2GiB with no consumer, then consumed in
+# order; RSS, the budget's count and the rates every second, in
+# BACKLOG_CSV when set.
+BACKLOG_MIB ?= 10240
+bench-backlog:
+	BERTH_BIG_BENCH=1 BERTH_BIG_MIB=$(BACKLOG_MIB) BERTH_BIG_CSV=$(BACKLOG_CSV) $(GO) test -count=1 -v -timeout 60m -run TenGiB ./server/memtest
 
 # Restart of deep queues (issue 12): a real berthd filled with
 # RESTART_COUNT persistent 128-byte messages over 100 durable queues, stopped
