@@ -98,6 +98,17 @@ func TestHandover(t *testing.T) {
 	if moved, err := cl.Handover(ctxT(t, 5*time.Second), h); moved || err == nil {
 		t.Fatalf("the same handover again: moved %v, err %v; want a stale-epoch refusal", moved, err)
 	}
+	// The leader reports the replicas' log ends from its heartbeats
+	// (berthctl groups shows the lag from them); no group 7, no ends.
+	ends, err := cl.LogEnds(ctxT(t, 5*time.Second), []uint32{0, 7})
+	if err != nil || len(ends) != 2 || len(ends[0]) != 3 || len(ends[1]) != 0 {
+		t.Fatalf("log ends of groups 0 and 7: %+v, %v; want 3 and none", ends, err)
+	}
+	for _, c := range ends[0] {
+		if want := map[uint32]uint64{1: 10, 2: 0, 3: 0}[c.Broker]; !c.Alive || c.LogEnd.Index != want {
+			t.Fatalf("broker %d in group 0: %+v, want alive at index %d", c.Broker, c, want)
+		}
+	}
 	// A dead target is refused: broker 1 stops heartbeating.
 	hbs[0].halt()
 	hbs[0] = nil

@@ -406,3 +406,34 @@ func (n *Node) Handover(ctx context.Context, h ctlapi.Handover) (ctlapi.Result, 
 	}
 	return n.Propose(ctx, &ctlapi.ElectMaster{Unclean: n.cfg.UncleanElection, Groups: []ctlapi.ElectGroup{eg}})
 }
+
+// LogEnds reports, for each of groups, the brokers of its replica set as
+// this leader's heartbeats last reported them: alive or not, and the
+// group's log end (berthctl groups shows the lag from them). A group
+// that does not exist gets no candidates.
+func (n *Node) LogEnds(groups []uint32) ([][]ctlapi.Candidate, error) {
+	if !n.isLdr.Load() {
+		return nil, &ctlapi.NotLeaderError{Leader: n.leaderAddr()}
+	}
+	now := time.Now()
+	n.mu.RLock()
+	brokers := n.state.Brokers()
+	gs := make([]ctlapi.Group, len(groups))
+	found := make([]bool, len(groups))
+	for i, id := range groups {
+		gs[i], found[i] = n.state.Group(id)
+	}
+	n.mu.RUnlock()
+	out := make([][]ctlapi.Candidate, len(groups))
+	for i := range groups {
+		if !found[i] {
+			continue
+		}
+		for _, b := range brokers {
+			if len(out[i]) < ctlapi.CandidatesMax && inReplicas(&gs[i], b.ID) {
+				out[i] = append(out[i], n.hb.candidate(b.ID, groups[i], now))
+			}
+		}
+	}
+	return out, nil
+}

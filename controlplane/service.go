@@ -312,6 +312,17 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 		if res, err = n.Handover(ctx, h); err == nil {
 			out = ctlapi.AppendResult(out, res)
 		}
+	case ctlapi.OpLogEnds:
+		r := wire.NewReader(body)
+		groups := ctlapi.ReadIDs(r)
+		if err = r.Done(); err != nil || len(groups) > ctlapi.LogEndsGroupsMax {
+			err = ctlapi.ErrBadRequest
+			break
+		}
+		var ends [][]ctlapi.Candidate
+		if ends, err = n.LogEnds(groups); err == nil {
+			out = ctlapi.AppendLogEnds(out, ends)
+		}
 	case ctlapi.OpPrimary:
 		r := wire.NewReader(body)
 		preferred := r.U32()

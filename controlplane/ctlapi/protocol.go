@@ -41,7 +41,16 @@ const (
 	// moved). The group's master hands it to a member of its
 	// SyncStateSet that holds its whole log (groups rebalance).
 	OpHandover uint8 = 10
+	// OpLogEnds: body: group ids, at most LogEndsGroupsMax; reply: for
+	// each group in order, the brokers of its replica set as the
+	// leader's heartbeats last reported them (AppendLogEnds). A read of
+	// the leader's memory, not of the state machine: served by the
+	// leader only, up to a heartbeat interval old.
+	OpLogEnds uint8 = 11
 )
+
+// LogEndsGroupsMax bounds the groups of one OpLogEnds request.
+const LogEndsGroupsMax = 1024
 
 // MembersChangeMax bounds the adds and the removes in one OpChangeMembers
 // request: no change leaves more than VotersMax voters, and replacing a
@@ -144,6 +153,35 @@ func DecodeHandover(body []byte) (Handover, error) {
 	h := Handover{Group: r.U32(), Epoch: r.U32(), From: r.U32(), To: r.U32()}
 	h.LogEnd = LogEnd{Epoch: r.U32(), Index: r.U64()}
 	return h, r.Done()
+}
+
+// AppendLogEnds appends an OpLogEnds reply: per group, a count and the
+// candidates (broker, alive, log end).
+func AppendLogEnds(b []byte, groups [][]Candidate) []byte {
+	for _, cs := range groups {
+		b = wire.AppendU32(b, uint32(len(cs)))
+		for _, c := range cs {
+			b = wire.AppendU32(b, c.Broker)
+			b = wire.AppendBool(b, c.Alive)
+			b = wire.AppendU32(b, c.LogEnd.Epoch)
+			b = wire.AppendU64(b, c.LogEnd.Index)
+		}
+	}
+	return b
+}
+
+// DecodeLogEnds reads an OpLogEnds reply for n groups.
+func DecodeLogEnds(body []byte, n int) ([][]Candidate, error) {
+	r := wire.NewReader(body)
+	out := make([][]Candidate, n)
+	for i := range out {
+		cs := make([]Candidate, r.Count(17))
+		for j := range cs {
+			cs[j] = Candidate{Broker: r.U32(), Alive: r.Bool(), LogEnd: LogEnd{Epoch: r.U32(), Index: r.U64()}}
+		}
+		out[i] = cs
+	}
+	return out, r.Done()
 }
 
 // AppendMembersChange appends an OpChangeMembers body.

@@ -451,6 +451,26 @@ func (c *Client) Handover(ctx context.Context, h ctlapi.Handover) (bool, error) 
 	return r.Value > 0, r.Err()
 }
 
+// LogEnds reads, from the leader's heartbeats, each group's replicas
+// alive or not and their log ends (Node.LogEnds), in the order of groups.
+func (c *Client) LogEnds(ctx context.Context, groups []uint32) ([][]ctlapi.Candidate, error) {
+	out := make([][]ctlapi.Candidate, 0, len(groups))
+	for len(groups) > 0 {
+		chunk := groups[:min(len(groups), ctlapi.LogEndsGroupsMax)]
+		groups = groups[len(chunk):]
+		body, err := c.call(ctx, ctlapi.OpLogEnds, ctlapi.AppendIDs(nil, chunk), false)
+		if err != nil {
+			return nil, err
+		}
+		ends, err := ctlapi.DecodeLogEnds(body, len(chunk))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ends...)
+	}
+	return out, nil
+}
+
 // AlterSyncStateSet replaces a group's SyncStateSet; master and epoch must
 // be current.
 func (c *Client) AlterSyncStateSet(ctx context.Context, group, master, epoch uint32, set []uint32) error {

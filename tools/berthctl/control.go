@@ -371,6 +371,56 @@ type groupJSON struct {
 	Replicas     []uint32 `json:"replicas"` // the first is the first master the controller placed
 	ElectedEpoch uint32   `json:"elected_log_end_epoch"`
 	ElectedIndex uint64   `json:"elected_log_end_index"`
+	// Lag: each replica other than the master, from the controller
+	// leader's last heartbeats (withLag); absent when not read.
+	Lag []replicaLag `json:"lag,omitempty"`
+}
+
+// replicaLag is how many entries of the group log a replica lacks that
+// its master holds, as their last heartbeats (every 200 ms by default)
+// reported their durable log ends.
+type replicaLag struct {
+	Broker  uint32 `json:"broker"`
+	Alive   bool   `json:"alive"`
+	Entries uint64 `json:"entries"`
+}
+
+// withLag fills in the groups' lag from the controller leader's
+// heartbeats. A controller that cannot tell (an older version, no
+// leader) leaves it out, with a note on stderr.
+func withLag(ctx context.Context, e *env, c *ctlclient.Client, gs []groupJSON) {
+	ids := make([]uint32, len(gs))
+	for i, g := range gs {
+		ids[i] = g.ID
+	}
+	ends, err := c.LogEnds(ctx, ids)
+	if err != nil {
+		fmt.Fprintf(e.stderr, "lag not shown: %v\n", err)
+		return
+	}
+	for i := range gs {
+		g := &gs[i]
+		var master *ctlapi.Candidate
+		for j := range ends[i] {
+			if ends[i][j].Broker == g.Master {
+				master = &ends[i][j]
+			}
+		}
+		if master == nil {
+			continue
+		}
+		g.Lag = []replicaLag{}
+		for _, r := range ends[i] {
+			if r.Broker == g.Master {
+				continue
+			}
+			var behind uint64
+			if r.LogEnd.Index < master.LogEnd.Index {
+				behind = master.LogEnd.Index - r.LogEnd.Index
+			}
+			g.Lag = append(g.Lag, replicaLag{Broker: r.Broker, Alive: r.Alive, Entries: behind})
+		}
+	}
 }
 
 func toGroupJSON(g ctlapi.Group) groupJSON {
@@ -391,7 +441,7 @@ func printGroups(e *env, total uint32, gs []groupJSON) error {
 		return writeJSON(e.stdout, map[string]any{"total": total, "groups": gs})
 	}
 	tw := newTable(e.stdout)
-	fmt.Fprintln(tw, "GROUP\tMASTER\tEPOCH\tSYNC-STATE-SET\tREPLICAS\tELECTED-LOG-END")
+	fmt.Fprintln(tw, "GROUP\tMASTER\tEPOCH\tSYNC-STATE-SET\tREPLICAS\tELECTED-LOG-END\tLAG")
 	for _, g := range gs {
 		master := "-"
 		if g.Master != 0 {
@@ -404,7 +454,19 @@ func printGroups(e *env, total uint32, gs []groupJSON) error {
 			}
 			return "[" + strings.Join(out, " ") + "]"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%d/%d\n", g.ID, master, g.Epoch, list(g.SyncStateSet), list(g.Replicas), g.ElectedEpoch, g.ElectedIndex)
+		lag := "-"
+		if g.Lag != nil {
+			parts := make([]string, len(g.Lag))
+			for i, l := range g.Lag {
+				if l.Alive {
+					parts[i] = fmt.Sprintf("%d:%d", l.Broker, l.Entries)
+				} else {
+					parts[i] = fmt.Sprintf("%d:dead", l.Broker)
+				}
+			}
+			lag = "[" + strings.Join(parts, " ") + "]"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%d/%d\t%s\n", g.ID, master, g.Epoch, list(g.SyncStateSet), list(g.Replicas), g.ElectedEpoch, g.ElectedIndex, lag)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -449,6 +511,7 @@ func groupsCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 				}
 				gs = append(gs, toGroupJSON(g))
 			}
+			withLag(ctx, e, c, gs)
 			return printGroups(e, uint32(len(gs)), gs)
 		}
 		gs := []groupJSON{}
@@ -472,6 +535,7 @@ func groupsCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 				break
 			}
 		}
+		withLag(ctx, e, c, gs)
 		return printGroups(e, total, gs)
 	}
 }

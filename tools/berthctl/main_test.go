@@ -275,6 +275,27 @@ func TestGroupsAndElect(t *testing.T) {
 	if !strings.Contains(text, "1 of 1 groups shown") {
 		t.Fatalf("groups 1 table:\n%s", text)
 	}
+	// Lag, from the heartbeats: the master reports 7 entries in group 0,
+	// the other replica (the test's broker, which runs no groups) none.
+	ends[0].LogEnd = ctlapi.LogEnd{Epoch: elected.Groups[0].Epoch, Index: 7}
+	if err := c.Heartbeat(ctx, id, ends); err != nil {
+		t.Fatalf("heartbeat: %v", err)
+	}
+	out = mustCtl(t, s, "--json", "groups", "0")
+	if err := json.Unmarshal([]byte(out), &page); err != nil {
+		t.Fatalf("groups 0 --json: %v\n%s", err, out)
+	}
+	if lag := page.Groups[0].Lag; len(lag) != 1 || lag[0].Broker == id || lag[0].Entries != 7 {
+		t.Fatalf("group 0's lag %+v, want one replica other than %d, 7 entries behind: %s", lag, id, out)
+	}
+	text = mustCtl(t, s, "groups", "0")
+	want := fmt.Sprintf("[%d:7]", page.Groups[0].Lag[0].Broker)
+	if !page.Groups[0].Lag[0].Alive { // the test's broker does not heartbeat its groups
+		want = fmt.Sprintf("[%d:dead]", page.Groups[0].Lag[0].Broker)
+	}
+	if !strings.Contains(text, "LAG") || !strings.Contains(text, want) {
+		t.Fatalf("groups 0 table lacks the LAG column or %s:\n%s", want, text)
+	}
 
 	mustCtl(t, s, "clean-broker", strconv.FormatUint(uint64(id), 10))
 	brokers, err := c.GetBrokers(ctx, ctlapi.ReadConsistent)
