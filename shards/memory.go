@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -158,16 +159,15 @@ type memory struct {
 
 	pageOuts, pageIns, throttles, pageErrors uint64
 
-	// The sweep (sweepResident). residentBehind: admit kept a body in
-	// memory, under the watermark, that is not among its level's first
-	// sweepSkip. sweeping: a pass is under way, at queue slot sweepSlot
-	// (modulo the set's size), priority level sweepLevel, ready
-	// position sweepPos.
-	residentBehind                  bool
-	sweeping                        bool
-	sweepSlot, sweepLevel, sweepPos int
-	sweepLeft                       int // slots this pass has still to visit
-	sweeps                          uint64
+	// sweepList: the queues whose sweepFrom is set (sweepResident), in
+	// the order they were flagged; sweeps counts the queues swept. The
+	// sweep of the first (sweepQ) is at priority level sweepLevel, from
+	// Seq sweepSeq on.
+	sweepList  []*Queue
+	sweepQ     *Queue
+	sweepLevel int
+	sweepSeq   uint64
+	sweeps     uint64
 
 	outCharged int64 // the share of Broker.outbound in used
 	// journalSeen, replSeen and ckSeen are the shard journal's index,
@@ -242,10 +242,13 @@ func (s *Shard) admit(q *Queue) {
 	}
 	s.charge(cost)
 	m := &s.mem
-	if m.used <= m.high && e.Body != nil {
+	if m.used <= m.high && e.Body != nil && q.busy.sweepFrom == 0 && q.levels[e.level()].ready.len() > sweepSkip {
 		// Resident for now; once the count passes the watermark the
-		// sweep pages it out, unless it is at the head by then.
-		m.residentBehind = true
+		// sweep pages it out, and what came after it. (An entry's place
+		// from its level's head only ever drops, so one admitted within
+		// sweepSkip never qualifies.)
+		q.busy.sweepFrom = e.Seq
+		m.sweepList = append(m.sweepList, q)
 	}
 	if m.used <= m.high || e.Body == nil || q.replicated && e.page == 0 {
 		// A replicated message's body aliases its event in the group
@@ -274,80 +277,82 @@ func (s *Shard) admit(q *Queue) {
 // million 1 KiB messages of a 2 GiB budget's shard, 40% of the backlog
 // the budget is meant to hold.
 //
-// So, above the watermark and after such an admit, the shard walks its
-// queues and pages out the bodies of ready messages that are not among
-// their level's first sweepSkip (the read-ahead's reach: a consumer's
-// next batch is read back there, and must not be paged out again), a
-// slice of sweepVisitMax entries
-// or sweepBytesMax bytes paged per loop, so that commands keep their
-// turn. A pass stops when the count is back under the watermark (the
-// rest stays resident and flagged, and the next pass goes on from
-// there) or when it has visited every queue.
-// Positions count from each level's head, so consumers taking messages
-// meanwhile may make it skip some; those stay resident until an admit
-// flags the shard again.
+// So admit notes, per queue, the first message it keeps in memory past
+// the sweep's reach while under the watermark (Queue.busy.sweepFrom; the
+// queue joins the shard's sweep list), and above the watermark the shard
+// pages out the bodies of that queue's ready messages from there to its
+// tail, skipping each level's first sweepSkip (the read-ahead's reach: a
+// consumer's next batch is read back there, and must not be paged out
+// again). It works a slice at a time, sweepVisitMax entries or
+// sweepBytesMax bytes paged per loop, so that commands keep their turn,
+// and stops as soon as the count is back under the watermark; it goes on
+// from where it stopped (the first Seq not yet swept) next time. Ready
+// messages are in Seq order in each level, so the place to go on from
+// is a binary search away, and a sweep visits each message at most once
+// for each time the queue is flagged. The first version walked every
+// queue from its head at each pass, so a queue hovering at the
+// watermark with a long paged backlog was walked again and again.
 const (
 	sweepSkip     = readAheadMax
 	sweepVisitMax = 4096
 	sweepBytesMax = 8 << 20
 )
 
-// sweepDue reports whether the loop should run the sweep, starting a
-// pass if one is due.
+// sweepDue reports whether the loop should run a slice of the sweep.
 func (s *Shard) sweepDue() bool {
 	m := &s.mem
-	if m.limit == 0 || m.used <= m.high {
-		m.sweeping = false
-		return false
-	}
-	if !m.sweeping && m.residentBehind {
-		m.sweeping, m.residentBehind = true, false
-		m.sweepLeft = len(s.queues.slots)
-		m.sweeps++
-	}
-	return m.sweeping
+	return len(m.sweepList) > 0 && m.limit != 0 && m.used > m.high
 }
 
-// sweepResident runs one slice of the sweep's pass. A pass visits every
-// slot of the shard's queue set once, from where the last one stopped.
+// sweepResident runs one slice of the sweep.
 func (s *Shard) sweepResident() {
 	m := &s.mem
 	visited, freed := 0, int64(0)
-	slots := s.queues.slots
-	for ; m.sweepLeft > 0 && len(slots) > 0; m.sweepLeft, m.sweepSlot, m.sweepLevel, m.sweepPos = m.sweepLeft-1, m.sweepSlot+1, 0, sweepSkip {
-		visited++ // an empty slot costs a visit too: a shard may hold a million queues
-		q := slots[m.sweepSlot&(len(slots)-1)]
-		if q == nil {
+	for len(m.sweepList) > 0 {
+		q := m.sweepList[0]
+		if q.busy == nil || q.busy.sweepFrom == 0 || !s.queues.has(q) {
+			// Deleted, or swept already.
+			m.popSweep()
 			continue
 		}
-		for ; m.sweepLevel < len(q.levels); m.sweepLevel, m.sweepPos = m.sweepLevel+1, sweepSkip {
+		if m.sweepQ != q {
+			m.sweepQ, m.sweepLevel, m.sweepSeq = q, 0, q.busy.sweepFrom
+		}
+		for ; m.sweepLevel < len(q.levels); m.sweepLevel, m.sweepSeq = m.sweepLevel+1, q.busy.sweepFrom {
 			d := &q.levels[m.sweepLevel].ready
-			for ; m.sweepPos < d.len(); m.sweepPos++ {
-				if visited >= sweepVisitMax || freed >= sweepBytesMax {
-					return
-				}
-				if m.used <= m.high {
-					m.sweeping, m.residentBehind = false, true
+			n := d.len()
+			from := m.sweepSeq
+			for i := max(sweepSkip, sort.Search(n, func(i int) bool { return d.at(i).Seq >= from })); i < n; i++ {
+				e := d.at(i)
+				if visited >= sweepVisitMax || freed >= sweepBytesMax || m.used <= m.high {
+					m.sweepSeq = e.Seq // go on from here next time
 					return
 				}
 				visited++
-				e := d.at(m.sweepPos)
 				if e.Body == nil || q.replicated && e.page == 0 {
 					continue // paged already, or held by its group log too
 				}
-				n := bodyBytes(e.Body)
+				b := bodyBytes(e.Body)
 				s.pageOut(e)
 				if e.Body == nil {
-					freed += n
+					freed += b
 				}
 			}
 		}
-		if visited >= sweepVisitMax {
-			m.sweepLeft, m.sweepSlot, m.sweepLevel, m.sweepPos = m.sweepLeft-1, m.sweepSlot+1, 0, sweepSkip
-			return
-		}
+		q.busy.sweepFrom = 0
+		m.popSweep()
+		m.sweeps++
 	}
-	m.sweeping = false
+}
+
+// popSweep takes the first queue off the sweep list.
+func (m *memory) popSweep() {
+	m.sweepList[0] = nil
+	m.sweepList = m.sweepList[1:]
+	m.sweepQ = nil
+	if len(m.sweepList) == 0 {
+		m.sweepList = nil // let a long list's array go
+	}
 }
 
 // pageOut drops e's body from memory, writing it to the paging file

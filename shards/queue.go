@@ -265,6 +265,10 @@ type queueBusy struct {
 	// the queue, 0 when it does not (Shard.watchHead): only a queue with
 	// a message has a head with a TTL.
 	expireAt int64
+	// sweepFrom is the lowest Seq of the bodies admitted in memory past
+	// the sweep's reach (memory.go), not yet swept; 0 for none. While it
+	// is set the queue is on its shard's sweep list.
+	sweepFrom uint64
 }
 
 // acquiredMap returns q's acquired messages (nil for a queue that never
