@@ -275,6 +275,8 @@ func (s *Server) startGroups() error {
 		Self: s.brokerID, PeerAddr: s.cfg.PeerAddr, Advertise: s.cfg.PeerAdvertise,
 		Dir: filepath.Join(s.cfg.DataDir, "groups"), Fsync: policy, Ctl: s.brokerClient(),
 		Auth: s.peerAuth, Logger: s.log, Rebalance: s.groupRebalance(),
+		// A handover holds back publishes only (replicate.go's events).
+		HandoverHolds: func(data []byte) bool { return len(data) > 0 && data[0] == gevEnqueue },
 		// Under a memory budget a restart does not load the group log's
 		// data: it is read back as it is applied (and paged again).
 		PagedReplay: s.cfg.MemoryLimit > 0,

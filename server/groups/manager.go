@@ -58,6 +58,8 @@ type ManagerConfig struct {
 	// OnProxy runs the sessions other brokers proxy to this one as a
 	// group's master (forward.go); zero refuses them.
 	OnProxy ProxyHandler
+	// HandoverHolds: see group.Config.HandoverHolds.
+	HandoverHolds func(data []byte) bool
 	// Rebalance is how often the manager looks for groups it masters
 	// whose preferred master (the placement's first replica) is back in
 	// their SyncStateSet, and hands them over to it (rebalance.go); 0
@@ -329,7 +331,7 @@ func (m *Manager) run() {
 		m.log.Info("groups: this broker holds no group; it forwards to the groups' masters", "broker_id", m.cfg.Self, "groups", groups)
 	} else {
 		n, err := OpenNode(NodeConfig{ID: m.cfg.Self, Dir: m.cfg.Dir, Fsync: m.cfg.Fsync, Transport: m.tr, Groups: ids,
-			ReplicaSets: sets, PagedReplay: m.cfg.PagedReplay, Apply: m.cfg.Apply, OnAlter: m.alter, OnMaster: m.cfg.OnMaster, OnStepDown: m.cfg.OnStepDown, Logger: m.log})
+			ReplicaSets: sets, PagedReplay: m.cfg.PagedReplay, HandoverHolds: m.cfg.HandoverHolds, Apply: m.cfg.Apply, OnAlter: m.alter, OnMaster: m.cfg.OnMaster, OnStepDown: m.cfg.OnStepDown, Logger: m.log})
 		if err != nil {
 			m.log.Error("groups: open the group journal; the broker serves no group", "err", err)
 			return

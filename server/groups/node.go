@@ -54,6 +54,8 @@ type NodeConfig struct {
 	MinSync   int      // default a majority of Replicas
 	LagTicks  int
 	Tick      time.Duration // default 20ms
+	// HandoverHolds: see group.Config.HandoverHolds.
+	HandoverHolds func(data []byte) bool
 	// CompactEvery is how many applied entries past a group's base make
 	// it try to compact on a tick; default 4096 (it tries every 50 ticks
 	// anyway). SegmentBytes is the journal's segment size (default the
@@ -272,7 +274,7 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 			mb.pos.push(p)
 		}
 		mb.m = group.New(group.Config{Group: g, ID: cfg.ID, Replicas: replicas, MinSync: cfg.MinSync, LagTicks: cfg.LagTicks,
-			Load: func(i uint64) ([]byte, error) { return n.load(mb, i) }, PagedLog: cfg.PagedReplay}, l.base, l.log, epochs[g])
+			Load: func(i uint64) ([]byte, error) { return n.load(mb, i) }, PagedLog: cfg.PagedReplay, HandoverHolds: cfg.HandoverHolds}, l.base, l.log, epochs[g])
 		n.members[g] = mb
 		// Records freed before the restart and not reclaimed yet: free
 		// them again.

@@ -22,17 +22,20 @@ import (
 //     whose preferred broker is in their SyncStateSet, and was at the
 //     previous look too, in the same epoch: a broker that just rejoined
 //     has to stay in sync for a whole interval first.
-//  2. For each in turn it stops taking proposals for the group (they
+//  2. For each in turn it stops taking publishes for the group (they
 //     fail with group.ErrHandover, a retryable error with nothing
-//     proposed), waits until everything in its log is committed, which
-//     means every member of the set, the preferred one included, holds
-//     it durably, and asks the controller for a handover
-//     (ctlclient.Handover) with its log end.
+//     proposed; ManagerConfig.HandoverHolds says which proposals are
+//     publishes, and consumers' settles go on), waits until everything
+//     in its log is committed, which means every member of the set, the
+//     preferred one included, holds it durably, and asks the controller
+//     for a handover (ctlclient.Handover) with its log end. A settle
+//     proposed after that and not committed before the new epoch ends
+//     as in a failover: its outcome unknown, its message delivered again.
 //  3. The controller elects the preferred broker under a new epoch; this
-//     broker learns it as any election and becomes a follower. Commands
-//     in flight at the master end as in a failover: none is lost, since
-//     nothing was proposed during the pause, and what its consumers held
-//     unaccepted is delivered again by the new master (guarantee 6).
+//     broker learns it as any election and becomes a follower. No
+//     publish is lost, since none was proposed during the pause, and
+//     what its consumers held unaccepted is delivered again by the new
+//     master (guarantee 6).
 //
 // A pause that does not end in a handover (the preferred broker does not
 // catch up within handoverCatchUp, or the controller refuses) ends at

@@ -175,6 +175,11 @@ type Config struct {
 	// MaxUncommitted bounds the entries a master holds past its commit
 	// index; Propose refuses past it. Default 1<<16.
 	MaxUncommitted int
+	// HandoverHolds reports whether a handover's pause (BeginHandover)
+	// refuses a proposal of data; nil: it refuses every one. The broker
+	// holds back only enqueues, whose publishers retry: consumers'
+	// settles go on committing through a rebalance.
+	HandoverHolds func(data []byte) bool
 	// Load reads back the data of a paged entry (Page) from where the
 	// caller keeps it, when the member needs it again: to send it to a
 	// follower, or to apply it again (Reapply). An error stops that
@@ -782,7 +787,7 @@ func (m *Member) Propose(data []byte) (uint64, error) {
 	if m.role != RoleMaster {
 		return 0, ErrNotMaster
 	}
-	if m.handoverTo != 0 {
+	if m.handoverTo != 0 && (m.cfg.HandoverHolds == nil || m.cfg.HandoverHolds(data)) {
 		return 0, ErrHandover
 	}
 	if len(m.effectiveSet()) < m.cfg.MinSync {

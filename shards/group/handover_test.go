@@ -100,6 +100,19 @@ func TestHandoverPause(t *testing.T) {
 	if _, err := m.Propose([]byte("z")); err != nil {
 		t.Fatalf("a proposal after the pause's bound: %v", err)
 	}
+	// With HandoverHolds, only what it names is held back.
+	m.cfg.HandoverHolds = func(data []byte) bool { return len(data) > 0 && data[0] == 'e' }
+	if err := m.BeginHandover(2, 100); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Propose([]byte("e1")); !errors.Is(err, ErrHandover) {
+		t.Fatalf("an enqueue during the handover: %v, want ErrHandover", err)
+	}
+	if _, err := m.Propose([]byte("r1")); err != nil {
+		t.Fatalf("a removal during the handover: %v, want it taken", err)
+	}
+	m.EndHandover()
+	m.cfg.HandoverHolds = nil
 	// A step-down ends it too, and a later mastership starts unpaused.
 	if err := m.BeginHandover(2, 100); err != nil {
 		t.Fatal(err)

@@ -171,7 +171,7 @@ func newSim(t *testing.T, seed int64) *sim {
 func (s *sim) cfg(id MemberID) Config {
 	return Config{ID: id, Replicas: s.ids, LagTicks: 8, MaxBatch: 8, MaxUncommitted: 512, Load: func(i uint64) ([]byte, error) {
 		return s.load(s.nodes[id], i)
-	}}
+	}, HandoverHolds: func(data []byte) bool { return !strings.HasPrefix(string(data), "r:") }} // as the broker: removals go on
 }
 
 // load reads a paged entry back from the member's disk, as the broker
