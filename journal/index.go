@@ -35,6 +35,9 @@ type index struct {
 	// ringLive counts the occupied slots; growing only pays while the
 	// window is mostly full.
 	ringLive int
+	// idleTrims counts the trims since the window last exceeded an
+	// eighth of the ring (trim).
+	idleTrims int
 	old      map[Pos]*entry // entries below base
 	// pub, if not nil, is told the index's bytes (bytes) whenever they
 	// change: the ring is resized, or the map gains or loses an entry.
@@ -203,18 +206,29 @@ func (x *index) popHead() {
 }
 
 // trim drops empty slots from the front of the window, and shrinks a ring
-// left mostly idle so a burst does not hold its memory for good.
+// left mostly idle so a burst does not hold its memory for good: at once
+// when the window is empty, else once it has stayed at an eighth of the
+// ring or less over as many trims as the ring has slots. A load whose
+// window swings between bursts and lulls then keeps its ring instead of
+// reallocating it at every swing, and a shrink's copy is paid for by the
+// trims it waited out.
 func (x *index) trim() {
 	for x.n > 0 && x.ring[x.head].size == 0 {
 		x.popHead()
 	}
 	c := len(x.ring)
+	if c <= indexRingMin || x.n > c/8 {
+		x.idleTrims = 0
+		return
+	}
+	if x.idleTrims++; x.n > 0 && x.idleTrims < c {
+		return
+	}
+	x.idleTrims = 0
 	for c > indexRingMin && x.n <= c/8 {
 		c /= 2
 	}
-	if c != len(x.ring) {
-		x.resize(c)
-	}
+	x.resize(c)
 }
 
 func (x *index) resize(c int) {

@@ -327,3 +327,39 @@ func liveHeap() int64 {
 	runtime.ReadMemStats(&ms)
 	return int64(ms.HeapAlloc)
 }
+
+// TestIndexSteadyWindowDoesNotResize: records that live a while and die
+// roughly in order, with the number alive swinging between a few hundred
+// and a couple of thousand as bursts come and go (a broker under steady
+// load), must not make the ring grow and shrink again and again: every
+// resize allocates and copies the ring.
+func TestIndexSteadyWindowDoesNotResize(t *testing.T) {
+	x := newIndex(nil)
+	resizes := 0
+	last := len(x.ring)
+	pos, dead := Pos(1), Pos(1)
+	for round := range 2000 {
+		// A burst raises the window to ~2,000 records, then consumers
+		// bring it down to ~100.
+		hi, lo := 1500+round%7*100, 100+round%5*20
+		for ; pos-dead < Pos(hi); pos++ {
+			x.insert(pos, entry{size: 100, off: uint32(pos)})
+			if len(x.ring) != last {
+				resizes++
+				last = len(x.ring)
+			}
+		}
+		for ; pos-dead > Pos(lo); dead++ {
+			x.del(dead)
+			if len(x.ring) != last {
+				resizes++
+				last = len(x.ring)
+			}
+		}
+	}
+	// Growing to fit the burst takes a couple of resizes; shrinking back
+	// every round would take thousands.
+	if resizes > 10 {
+		t.Fatalf("the ring was resized %d times in 2000 rounds (now %d slots)", resizes, len(x.ring))
+	}
+}
