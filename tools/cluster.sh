@@ -14,11 +14,15 @@
 #   peer and controller ports: mutual TLS with the cluster CA, and the
 #            cluster secret;
 #   admin    HTTPS, the admin token needed.
+#
+# CLUSTER_ARGS: more berthd flags, given to each of the three, e.g.
+# CLUSTER_ARGS="-shards 1 -loops 1" when the three share a small machine.
 set -euo pipefail
 BIN=${BIN:-bin}
 DIR=${CLUSTER_DIR:-cluster}
 GROUPS_N=${CLUSTER_GROUPS:-12}
 TLS=${CLUSTER_TLS:-}
+read -r -a extra <<<"${CLUSTER_ARGS:-}"
 CERTS=${CERTS_DIR:-certs}
 mkdir -p "$DIR"
 peers="1=127.0.0.1:7402,2=127.0.0.1:7412,3=127.0.0.1:7422"
@@ -56,7 +60,7 @@ for n in 1 2 3; do
 	fi
 	"$BIN/berthd" -data "$DIR/berthd-$n" \
 		-listen "127.0.0.1:74${i}0" -peer "127.0.0.1:74${i}1" -admin "127.0.0.1:748$i" \
-		-controller-id "$n" -controller-peers "$peers" "${sec[@]}" \
+		-controller-id "$n" -controller-peers "$peers" "${sec[@]}" "${extra[@]}" \
 		>"$DIR/berthd-$n.log" 2>&1 &
 	pids+=($!)
 done
@@ -77,7 +81,10 @@ echo
 echo "Berth cluster of 3 brokers (logs and data in $DIR/):"
 for n in 1 2 3; do
 	i=$((n - 1))
-	line="  berthd-$n  clients 127.0.0.1:74${i}0"
+	# The broker id the controller gave it (berthctl groups and queues
+	# name brokers by it), which need not be n.
+	id=$(curl -sf "${curl_tls[@]}" "$scheme://127.0.0.1:748$i/v1/status" 2>/dev/null | sed -n 's/^ *"broker_id": *\([0-9]*\).*/\1/p')
+	line="  berthd-$n  broker ${id:-?}  clients 127.0.0.1:74${i}0"
 	if [ -n "$TLS" ]; then line+="  tls 127.0.0.1:74${i}3"; fi
 	echo "$line  peer 127.0.0.1:74${i}1  controller 127.0.0.1:74${i}2  admin $scheme://127.0.0.1:748$i/ui/"
 done
