@@ -38,7 +38,7 @@ type index struct {
 	// idleTrims counts the trims since the window last exceeded an
 	// eighth of the ring (trim).
 	idleTrims int
-	old      map[Pos]*entry // entries below base
+	old       map[Pos]*entry // entries below base
 	// pub, if not nil, is told the index's bytes (bytes) whenever they
 	// change: the ring is resized, or the map gains or loses an entry.
 	pub *atomic.Int64
