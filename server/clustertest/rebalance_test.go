@@ -119,10 +119,12 @@ func TestRebalanceAfterRestart(t *testing.T) {
 	pnode.start(t)
 	pnode.waitUp(t, 20*time.Second)
 
-	// X publishes all along while P catches up and gets the group back.
+	// X publishes all along while P catches up and gets the group back,
+	// and a consumer on X takes and accepts messages all along too: its
+	// settles keep committing through the handover's pause.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		for {
@@ -133,6 +135,12 @@ func TestRebalanceAfterRestart(t *testing.T) {
 			}
 			publishOne()
 		}
+	}()
+	stopConsumer := make(chan struct{})
+	live := liveConsumer{}
+	go func() {
+		defer wg.Done()
+		live.run(ctx, x.client, queue, stopConsumer)
 	}()
 	mu.Lock()
 	before := len(gaps)
@@ -184,6 +192,7 @@ func TestRebalanceAfterRestart(t *testing.T) {
 	// One publisher at a time: publishes in flight together may land in
 	// either order.
 	close(stop)
+	close(stopConsumer)
 	wg.Wait()
 	publishN(100)
 	mu.Lock()
@@ -195,8 +204,32 @@ func TestRebalanceAfterRestart(t *testing.T) {
 		len(gaps)-before, len(refused), len(ambiguous), longest.Round(time.Millisecond))
 	mu.Unlock()
 
+	// The live consumer's accepts: at least one must have committed while
+	// the group was handed back.
+	live.mu.Lock()
+	liveOK, liveFailed := slices.Clone(live.accepted), slices.Clone(live.failed)
+	again := slices.Clone(live.again)
+	live.mu.Unlock()
+	t.Logf("the consumer on %s accepted %d messages meanwhile (%d accepts failed, %d subscriptions)",
+		x.name, len(liveOK), len(liveFailed), live.subscribes)
+	if len(again) > 0 {
+		t.Fatalf("delivered again to the consumer on %s after their accepts were answered OK: %v", x.name, again[:min(5, len(again))])
+	}
+	if len(liveOK) == 0 {
+		t.Fatal("the consumer accepted nothing while the group was handed back")
+	}
 	// Every member holds the rest; consume it from X.
-	want := len(done) - len(accepted)
+	taken := map[string]bool{}
+	for _, m := range append(slices.Clone(liveOK), liveFailed...) {
+		taken[m] = true
+	}
+	var once []string
+	for _, m := range done[len(accepted):] {
+		if !taken[m] {
+			once = append(once, m)
+		}
+	}
+	want := len(once)
 	testutil.WaitFor(t, 30*time.Second, func() error {
 		for _, n := range c.nodes {
 			ready, _, err := c.depth(n, queue)
@@ -214,6 +247,90 @@ func TestRebalanceAfterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := takeAll(t, ctx, x, queue, ready)
-	// Never: the accepted ones, and those refused as not taken.
-	checkDeliveries(t, got, done[len(accepted):], append(slices.Clone(accepted), refused...), ambiguous)
+	// Never: the accepted ones (before, and by the live consumer), and
+	// those refused as not taken. Maybe: those whose accept failed.
+	never := append(append(slices.Clone(accepted), refused...), liveOK...)
+	checkDeliveries(t, got, once, never, append(slices.Clone(ambiguous), liveFailed...))
+	for _, m := range refused {
+		if slices.Contains(liveOK, m) || slices.Contains(liveFailed, m) {
+			t.Fatalf("%s, refused as not taken, was delivered to the live consumer", m)
+		}
+	}
+}
+
+// liveConsumer takes and accepts messages of a queue through one broker
+// until told to stop, subscribing again whenever its consumer or
+// connection ends (a master moving ends the consumers it served).
+type liveConsumer struct {
+	mu       sync.Mutex
+	accepted []string // accepted, the accept answered OK
+	failed   []string // delivered, the accept failed: may come back
+	again    []string // delivered again after an accept answered OK
+	// subscribes counts the subscriptions.
+	subscribes int
+}
+
+func (l *liveConsumer) run(ctx context.Context, addr, queue string, stop <-chan struct{}) {
+	okSet := map[string]bool{}
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		default:
+		}
+		conn, err := client.Dial(ctx, addr)
+		if err != nil {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		con, err := conn.Subscribe(sctx, queue, client.SubscribeOptions{Credit: 50, AutoCredit: true})
+		cancel()
+		if err != nil {
+			conn.Close()
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		l.mu.Lock()
+		l.subscribes++
+		l.mu.Unlock()
+		for err == nil {
+			select {
+			case <-stop:
+				conn.Close()
+				return
+			default:
+			}
+			nctx, ncancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			var d *client.Delivery
+			d, err = con.Next(nctx)
+			ncancel()
+			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+				err = nil // nothing ready yet
+				continue
+			}
+			if err != nil {
+				break
+			}
+			m := string(d.Payload)
+			actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+			aerr := d.Accept(actx)
+			acancel()
+			l.mu.Lock()
+			switch {
+			case okSet[m]:
+				l.again = append(l.again, m)
+			case aerr == nil:
+				okSet[m] = true
+				l.accepted = append(l.accepted, m)
+			default:
+				l.failed = append(l.failed, m)
+			}
+			l.mu.Unlock()
+		}
+		conn.Close()
+		time.Sleep(20 * time.Millisecond)
+	}
 }
