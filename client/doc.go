@@ -82,10 +82,12 @@
 //
 // A broker that stops answering without closing the connection (frozen,
 // or cut off) is noticed after three heartbeat intervals without a frame
-// from it: 15 s at a server's default of 5 s. A cluster gives a frozen
-// master's queues a new master within about 0.8 s
+// from it: 3 s at the 1 s a reconnecting Conn asks for unless
+// Config.Heartbeat says otherwise (ReconnectHeartbeatDefault; a Conn
+// without Reconnect takes the server's default, 5 s). A cluster gives a
+// frozen master's queues a new master within about 0.8 s
 // (-controller-broker-timeout), so a client that must follow it that
-// fast asks for a short interval, Config.Heartbeat of 200 ms or so (the
+// fast asks for a shorter interval, Config.Heartbeat of 200 ms or so (the
 // server then sends a HEARTBEAT frame of 8 bytes every 100 ms, and
 // expects one from the client as often). While it
 // dials, calls queue as usual and wait for window space; Flush waits.

@@ -303,3 +303,45 @@ func TestReconnectGivesUp(t *testing.T) {
 		t.Fatal("Close waited for the reconnect's hour")
 	}
 }
+
+// TestReconnectingConnNoticesFrozenBroker: a reconnecting Conn that asks
+// for no interval gets ReconnectHeartbeatDefault rather than the server's
+// 5 s, so a broker that stops answering without closing the connection
+// (the proxy holds everything it sends) is given up on and dialled again
+// after 3 s, where the server's interval would take 15 s.
+func TestReconnectingConnNoticesFrozenBroker(t *testing.T) {
+	s := startServer(t) // heartbeat 5 s, the default
+	if plain := dialTest(t, s.ClientAddr()); plain.Heartbeat() != 5*time.Second {
+		t.Fatalf("a Conn without Reconnect: heartbeat %v, want the server's 5s", plain.Heartbeat())
+	}
+	if asked := dialTest(t, s.ClientAddr(), Config{Heartbeat: 300 * time.Millisecond, Reconnect: &ReconnectPolicy{}}); asked.Heartbeat() != 300*time.Millisecond {
+		t.Fatalf("a reconnecting Conn that asked for 300ms: heartbeat %v", asked.Heartbeat())
+	}
+	p := startProxy(t, s.ClientAddr())
+	events := make(chan Event, 16)
+	c := dialTest(t, p.addr(), Config{Reconnect: &ReconnectPolicy{DelayMin: time.Millisecond, DelayMax: 5 * time.Millisecond,
+		OnEvent: func(e Event) { events <- e }}})
+	if c.Heartbeat() != ReconnectHeartbeatDefault {
+		t.Fatalf("a reconnecting Conn: heartbeat %v, want %v", c.Heartbeat(), ReconnectHeartbeatDefault)
+	}
+	p.pause()
+	start := time.Now()
+	// Bounded well below the 15 s the server's interval would take, and
+	// well above the 3 s this one takes.
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case e := <-events:
+			if e.Kind != EventDisconnected {
+				continue
+			}
+			if !errors.Is(e.Err, ErrHeartbeatTimeout) {
+				t.Fatalf("disconnected by %v, want ErrHeartbeatTimeout", e.Err)
+			}
+			t.Logf("frozen broker noticed after %v", time.Since(start).Round(time.Millisecond))
+			return
+		case <-deadline:
+			t.Fatal("the frozen broker was not noticed within 10 s")
+		}
+	}
+}
