@@ -41,8 +41,10 @@ type Config struct {
 	Brokers  int    // default 3
 	Groups   int    // replication groups, default 12
 	Shards   int    // berthd -shards; 0 leaves berthd's default (one per core)
-	// Args are more berthd flags for every broker.
+	// Args are more berthd flags for every broker, Env more environment
+	// variables (NAME=value) for each.
 	Args []string
+	Env  []string
 	// StartTimeout bounds each broker's start and the cluster's settling;
 	// default 30 s.
 	StartTimeout time.Duration
@@ -182,7 +184,7 @@ func (c *Cluster) start(ctx context.Context, b *Broker) error {
 	if err := os.MkdirAll(b.Dir, 0o755); err != nil {
 		return fmt.Errorf("cluster: %w", err)
 	}
-	p, err := proc.Start(ctx, "berthd", b.Dir, b.Admin, c.cfg.StartTimeout, nil, c.cfg.Berthd, b.args...)
+	p, err := proc.Start(ctx, "berthd", b.Dir, b.Admin, c.cfg.StartTimeout, c.cfg.Env, c.cfg.Berthd, b.args...)
 	if err != nil {
 		return fmt.Errorf("cluster: berthd-%d: %w", b.N, err)
 	}

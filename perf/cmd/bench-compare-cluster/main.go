@@ -84,6 +84,7 @@ type config struct {
 	shards     int
 	keepLogs   string
 	single     bool
+	colocated  bool
 }
 
 func parse(args []string, stderr io.Writer) (*config, error) {
@@ -104,6 +105,7 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.groups, "groups", 12, "Berth replication groups (berthctl cluster init --groups)")
 	fs.IntVar(&c.shards, "shards", 0, "berthd -shards on every broker; 0 leaves berthd's default (one per core)")
 	fs.StringVar(&c.keepLogs, "logs", "", "copy the servers' logs into this directory when the run ends")
+	fs.BoolVar(&c.colocated, "colocated", false, "the three clustered servers share this machine: each clustered berthd runs -shards 1 -loops 1, and every clustered server (berthd and nats-server) GOMAXPROCS=1; the single berthd keeps its defaults")
 	fs.BoolVar(&c.single, "single", true, "also run the workload on one berthd (fsync always, no groups), for the replicated/single ratio")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -219,6 +221,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "bench-compare-cluster: workload %s, warm-up %v, duration %v; Berth: 3 brokers, %d groups, shards %s, fsync always; %s\n",
 		strings.Replace(c.w.String(), fmt.Sprintf("size=%d", c.w.Size), "size="+sizesText(c.sizes), 1), c.w.Warmup, c.w.Duration, c.groups, shardsText(c.shards), peers)
+	if c.colocated {
+		fmt.Fprintf(stdout, "bench-compare-cluster: colocated: each clustered server runs with %s, each clustered berthd with -shards 1 -loops 1; the single berthd has its defaults\n", strings.Join(colocatedEnv, " "))
+	}
 	var runs []sizeRun
 	failed := false
 	for _, size := range c.sizes {
@@ -367,10 +372,19 @@ func copyLogs(dir, to string) {
 	})
 }
 
+// colocatedEnv is the environment of each clustered server with
+// --colocated: one Go scheduler thread each, since the three share the
+// machine's cores.
+var colocatedEnv = []string{"GOMAXPROCS=1"}
+
 // runBerth starts a fresh 3-broker cluster, picks queue names that spread
 // over its masters (and their shards), runs w and stops the cluster.
 func runBerth(ctx context.Context, c *config, w *bench.Workload, dir string, stdout io.Writer) (*bench.Result, error) {
-	cl, err := cluster.Start(ctx, cluster.Config{Berthd: c.berthd, Berthctl: c.berthctl, Dir: dir, Groups: c.groups, Shards: c.shards, StartTimeout: startTimeout})
+	cfg := cluster.Config{Berthd: c.berthd, Berthctl: c.berthctl, Dir: dir, Groups: c.groups, Shards: c.shards, StartTimeout: startTimeout}
+	if c.colocated {
+		cfg.Shards, cfg.Args, cfg.Env = 1, []string{"-loops", "1"}, colocatedEnv
+	}
+	cl, err := cluster.Start(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -469,7 +483,11 @@ func runNATS(ctx context.Context, c *config, w bench.Workload, dir string, durab
 			return nil, err
 		}
 		addr := fmt.Sprintf("127.0.0.1:%d", ports[i])
-		s, err := proc.Start(ctx, "nats-server", sdir, addr, startTimeout, nil, c.natsServer, "-c", conf)
+		var env []string
+		if c.colocated {
+			env = colocatedEnv
+		}
+		s, err := proc.Start(ctx, "nats-server", sdir, addr, startTimeout, env, c.natsServer, "-c", conf)
 		if err != nil {
 			return nil, err
 		}
