@@ -42,23 +42,26 @@ func (j *Journal) compactLoop() {
 // leaves alone.
 var compactSkipNewest = 2 // a variable so tests can rewrite the newest segments too
 
-// newestSealedLocked returns the id of the n-th newest sealed segment, or
-// 0 when there are fewer. j.mu must be held.
-func (j *Journal) newestSealedLocked(n int) uint32 {
+// recentFromLocked returns the lowest id of the n newest segments: those
+// made (by the writer or by a rewrite, which draw ids from one counter)
+// at most n segments before the active one. Counted by id, not by rank
+// among the sealed segments still there: once the newer segments had
+// died and gone, an old segment kept by a few live records (a group log's
+// epoch records) ranked among the newest for good, and was never
+// rewritten; its bytes stayed on disk and its records in the index. j.mu
+// must be held.
+func (j *Journal) recentFromLocked(n int) uint32 {
 	if n <= 0 {
 		return ^uint32(0)
 	}
-	var ids []uint32
-	for _, s := range j.mu.segs {
-		if s.sealed {
-			ids = append(ids, s.id)
-		}
+	a := j.mu.nextSeg
+	if j.mu.active != nil {
+		a = j.mu.active.id
 	}
-	if len(ids) < n {
+	if a < uint32(n) {
 		return 0
 	}
-	slices.Sort(ids)
-	return ids[len(ids)-n]
+	return a - uint32(n)
 }
 
 func (j *Journal) fail(err error) {
@@ -96,10 +99,10 @@ func (j *Journal) compactOnce() (bool, error) {
 	// only copy records (mostly dequeue refs waiting for older segments to
 	// go) again and again.
 	slices.SortFunc(sparse, func(a, b *segment) int { return cmp.Compare(a.id, b.id) })
-	if newest := j.newestSealedLocked(compactSkipNewest); len(sparse) > 0 {
+	if recent := j.recentFromLocked(compactSkipNewest); len(sparse) > 0 {
 		keep := sparse[:0]
 		for _, s := range sparse {
-			if s.id < newest {
+			if s.id < recent {
 				keep = append(keep, s)
 			}
 		}

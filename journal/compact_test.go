@@ -270,3 +270,51 @@ func TestCompactionReclaims(t *testing.T) {
 		})
 	}
 }
+
+// TestOldSegmentWithFewLiveRecordsIsRewritten: a record written first
+// and never freed (a group log's epoch record) shares its segment with
+// thousands that die soon after. Once the writer has moved a few
+// segments on and every later segment has died and gone, that segment
+// must still be rewritten: the compactor used to rank "the newest sealed
+// segments", which it leaves alone, among the segments left, so the old
+// one stayed newest for good, its bytes on disk and its records in the
+// index.
+func TestOldSegmentWithFewLiveRecordsIsRewritten(t *testing.T) {
+	const segBytes = 1 << 20
+	opts := Options{Dir: t.TempDir(), SegmentBytes: segBytes, Fsync: FsyncNever}
+	j, _ := openT(t, opts)
+	defer j.Close()
+	rec := newRecorder(t)
+	keep := j.Append([]byte("epoch record"), rec.done)
+	data := make([]byte, 200)
+	completions := 1
+	// Ten segments' worth, each batch freed once durable.
+	for written := 0; written < 10*segBytes; {
+		var ps []Pos
+		for range 1000 {
+			ps = append(ps, j.Append(data, rec.done))
+			written += recordHeaderSize + len(data)
+		}
+		completions += len(ps)
+		rec.wait(completions)
+		for _, p := range ps {
+			j.Free(p)
+		}
+	}
+	if err := j.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	first := j.path(0)
+	waitFor(t, func() error {
+		if _, err := os.Stat(first); err == nil {
+			st := j.Stats()
+			return fmt.Errorf("the first segment is still there: %d segments (live %d bytes, compactions %d)", st.Segments, st.LiveBytes, st.Compactions)
+		}
+		return nil
+	})
+	st := j.Stats()
+	t.Logf("segments %d, compactions %d, reclaimed %d", st.Segments, st.Compactions, st.SegmentsReclaimed)
+	if b, err := j.Read(keep, nil); err != nil || string(b) != "epoch record" {
+		t.Fatalf("the kept record after its segment's rewrite: %q, %v", b, err)
+	}
+}

@@ -35,10 +35,10 @@ type index struct {
 	// ringLive counts the occupied slots; growing only pays while the
 	// window is mostly full.
 	ringLive int
-	// idleTrims counts the trims since the window last exceeded an
+	// smallInserts counts the inserts since the window last exceeded an
 	// eighth of the ring (trim).
-	idleTrims int
-	old       map[Pos]*entry // entries below base
+	smallInserts int
+	old          map[Pos]*entry // entries below base
 	// pub, if not nil, is told the index's bytes (bytes) whenever they
 	// change: the ring is resized, or the map gains or loses an entry.
 	pub *atomic.Int64
@@ -143,6 +143,11 @@ func (x *index) insert(pos Pos, e entry) {
 	x.n = max(x.n, d+1)
 	x.ring[(x.head+d)&(len(x.ring)-1)] = e
 	x.ringLive++
+	if x.n > len(x.ring)/8 {
+		x.smallInserts = 0
+	} else {
+		x.smallInserts++
+	}
 }
 
 // indexRingReserveMax bounds the ring reserve sizes at once.
@@ -206,25 +211,23 @@ func (x *index) popHead() {
 }
 
 // trim drops empty slots from the front of the window, and shrinks a ring
-// left mostly idle so a burst does not hold its memory for good: at once
-// when the window is empty, else once it has stayed at an eighth of the
-// ring or less over as many trims as the ring has slots. A load whose
-// window swings between bursts and lulls then keeps its ring instead of
-// reallocating it at every swing, and a shrink's copy is paid for by the
-// trims it waited out.
+// left mostly idle so a burst does not hold its memory for good: once the
+// window has stayed at an eighth of the ring or less over as many inserts
+// as the ring has slots. Counted in inserts, not in deletions: a journal
+// whose records die in bulk (a group log's compaction frees thousands at
+// once) or whose window swings between bursts and lulls keeps its ring
+// instead of reallocating it, and spilling its records to the map, at
+// every swing; and a shrink's copy is paid for by the inserts it waited
+// out.
 func (x *index) trim() {
 	for x.n > 0 && x.ring[x.head].size == 0 {
 		x.popHead()
 	}
 	c := len(x.ring)
-	if c <= indexRingMin || x.n > c/8 {
-		x.idleTrims = 0
+	if c <= indexRingMin || x.n > c/8 || x.smallInserts < c {
 		return
 	}
-	if x.idleTrims++; x.n > 0 && x.idleTrims < c {
-		return
-	}
-	x.idleTrims = 0
+	x.smallInserts = 0
 	for c > indexRingMin && x.n <= c/8 {
 		c /= 2
 	}

@@ -177,12 +177,48 @@ func TestIndexSurvivorsDoNotPinRing(t *testing.T) {
 			t.Fatalf("survivor %d: %v", pos, e)
 		}
 	}
-	// Once the survivors go too, the map empties and the ring shrinks.
+	// Once the survivors go too, the map empties; and once a trickle of
+	// records has gone through a window that small for as many records as
+	// the ring has slots, the ring shrinks back.
 	for pos := Pos(1); pos <= total; pos++ {
 		x.del(pos)
 	}
-	if x.len() != 0 || len(x.old) != 0 || len(x.ring) != indexRingMin {
-		t.Fatalf("after deleting all: len %d, map %d, ring %d slots", x.len(), len(x.old), len(x.ring))
+	if x.len() != 0 || len(x.old) != 0 {
+		t.Fatalf("after deleting all: len %d, map %d", x.len(), len(x.old))
+	}
+	for pos := Pos(total + 1); pos <= total+8*lag; pos++ {
+		x.insert(pos, entry{size: 100})
+		x.del(pos)
+	}
+	if len(x.ring) != indexRingMin {
+		t.Fatalf("after a trickle: ring %d slots, want %d", len(x.ring), indexRingMin)
+	}
+}
+
+// TestIndexBulkFreesKeepRing: a group log's records are all live until a
+// compaction frees its prefix at once, every few thousand records. The
+// ring must grow to span that once, and then neither be reallocated at
+// each compaction nor spill the live records to the map.
+func TestIndexBulkFreesKeepRing(t *testing.T) {
+	const every = 4096
+	x := newIndex(nil)
+	resizes, last := 0, len(x.ring)
+	dead := Pos(1)
+	for pos := Pos(1); pos <= 200*every; pos++ {
+		x.insert(pos, entry{size: 100})
+		if pos%every == 0 {
+			// Compaction: everything but the last 300 records goes.
+			for ; dead <= pos-300; dead++ {
+				x.del(dead)
+			}
+		}
+		if len(x.ring) != last {
+			resizes++
+			last = len(x.ring)
+		}
+	}
+	if resizes > 10 || len(x.old) != 0 {
+		t.Fatalf("ring resized %d times (now %d slots), %d records spilled to the map", resizes, len(x.ring), len(x.old))
 	}
 }
 
