@@ -274,7 +274,7 @@ func (s *Server) startGroups() error {
 	m, err := groups.StartManager(groups.ManagerConfig{
 		Self: s.brokerID, PeerAddr: s.cfg.PeerAddr, Advertise: s.cfg.PeerAdvertise,
 		Dir: filepath.Join(s.cfg.DataDir, "groups"), Fsync: policy, Ctl: s.brokerClient(),
-		Auth: s.peerAuth, Logger: s.log, Rebalance: s.groupRebalance(),
+		Auth: s.peerAuth, Logger: s.log, Rebalance: s.groupRebalance(), Lag: s.cfg.GroupLag,
 		// A handover holds back publishes only (replicate.go's events).
 		HandoverHolds: func(data []byte) bool { return len(data) > 0 && data[0] == gevEnqueue },
 		// Under a memory budget a restart does not load the group log's

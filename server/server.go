@@ -132,6 +132,10 @@ type Config struct {
 	// (server/groups/rebalance.go): 0 means groups.RebalanceDefault, a
 	// negative value turns it off.
 	GroupRebalance time.Duration
+	// GroupLag is how long a group's follower may go without
+	// acknowledging before its master takes it out of the SyncStateSet;
+	// 0 means groups.LagDefault (500 ms).
+	GroupLag time.Duration
 	// MemoryLimit is the memory budget for messages in bytes, split
 	// evenly across the shards; 0 means none. Above half of a shard's
 	// share its new message bodies are paged out to disk, above the share

@@ -99,6 +99,8 @@ func TestArgs(t *testing.T) {
 		{args: []string{"-controller-heartbeat-ms", "1000", "-controller-broker-timeout", "1s"}},
 		{args: []string{"-controller-wait", "0s"}},
 		{env: map[string]string{"BERTH_CONTROLLER_WAIT": "-1s"}},
+		{args: []string{"-group-lag", "10ms"}},
+		{env: map[string]string{"BERTH_GROUP_LAG": "2h"}},
 	}
 	for _, c := range cases {
 		for k, v := range c.env {
@@ -150,6 +152,12 @@ func TestArgsGood(t *testing.T) {
 	}
 	if o.cfg.AdvertiseAddr != "broker1.example:7400" || o.cfg.ControllerHeartbeat != 500*time.Millisecond || !o.cfg.ControllerLeaseRead {
 		t.Fatalf("advertise/heartbeat config %+v", o.cfg)
+	}
+	if o.cfg.GroupLag != 500*time.Millisecond {
+		t.Fatalf("default -group-lag %v, want 500ms", o.cfg.GroupLag)
+	}
+	if o, err = parseArgs([]string{"-group-lag", "200ms"}); err != nil || o.cfg.GroupLag != 200*time.Millisecond {
+		t.Fatalf("-group-lag 200ms: %v, %v", o.cfg.GroupLag, err)
 	}
 }
 

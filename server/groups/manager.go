@@ -65,6 +65,9 @@ type ManagerConfig struct {
 	// their SyncStateSet, and hands them over to it (rebalance.go); 0
 	// turns rebalancing off.
 	Rebalance time.Duration
+	// Lag is how long a follower may go without acknowledging before its
+	// master takes it out of the group's SyncStateSet; 0 means LagDefault.
+	Lag time.Duration
 	// ForwardError builds the error of a forward the master refused;
 	// default a plain error with the master's text.
 	ForwardError func(code wire.ErrorCode, text string) error
@@ -330,7 +333,7 @@ func (m *Manager) run() {
 	if len(ids) == 0 {
 		m.log.Info("groups: this broker holds no group; it forwards to the groups' masters", "broker_id", m.cfg.Self, "groups", groups)
 	} else {
-		n, err := OpenNode(NodeConfig{ID: m.cfg.Self, Dir: m.cfg.Dir, Fsync: m.cfg.Fsync, Transport: m.tr, Groups: ids,
+		n, err := OpenNode(NodeConfig{ID: m.cfg.Self, Dir: m.cfg.Dir, Fsync: m.cfg.Fsync, Transport: m.tr, Groups: ids, LagTicks: lagTicks(m.cfg.Lag),
 			ReplicaSets: sets, PagedReplay: m.cfg.PagedReplay, HandoverHolds: m.cfg.HandoverHolds, Apply: m.cfg.Apply, OnAlter: m.alter, OnMaster: m.cfg.OnMaster, OnStepDown: m.cfg.OnStepDown, Logger: m.log})
 		if err != nil {
 			m.log.Error("groups: open the group journal; the broker serves no group", "err", err)
@@ -685,4 +688,18 @@ func (m *Manager) refreshView(ctx context.Context, gs []ctlapi.Group) error {
 		m.cfg.OnView(old, v)
 	}
 	return nil
+}
+
+// LagDefault is ManagerConfig.Lag's default: a follower that has not
+// acknowledged for 500 ms leaves its group's SyncStateSet, so that a
+// follower frozen or cut off without its connection closing stalls
+// commits for about that long.
+const LagDefault = 500 * time.Millisecond
+
+// lagTicks is lag in node ticks (20 ms), at least one.
+func lagTicks(lag time.Duration) int {
+	if lag <= 0 {
+		lag = LagDefault
+	}
+	return max(1, int(lag/nodeTick))
 }

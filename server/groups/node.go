@@ -35,6 +35,9 @@ const (
 	recBase     byte = 4 // group u32, index u64, epoch u32, reset u8 (an install: what came before is gone)
 )
 
+// nodeTick is NodeConfig.Tick's default.
+const nodeTick = 20 * time.Millisecond
+
 // compactEveryDefault is NodeConfig.CompactEvery's default; a group
 // tries to compact at least every compactTicks ticks anyway.
 const (
@@ -181,7 +184,7 @@ var ErrClosed = errors.New("groups: node closed")
 // OpenNode replays the journal in cfg.Dir and starts the node.
 func OpenNode(cfg NodeConfig) (*Node, error) {
 	if cfg.Tick <= 0 {
-		cfg.Tick = 20 * time.Millisecond
+		cfg.Tick = nodeTick
 	}
 	if cfg.CompactEvery <= 0 {
 		cfg.CompactEvery = compactEveryDefault

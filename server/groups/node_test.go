@@ -330,3 +330,14 @@ func TestGroupsOverRealSockets(t *testing.T) {
 		t.Fatal("a follower took a proposal")
 	}
 }
+
+func TestLagTicks(t *testing.T) {
+	for _, c := range []struct {
+		lag  time.Duration
+		want int
+	}{{0, 25}, {LagDefault, 25}, {100 * time.Millisecond, 5}, {time.Millisecond, 1}, {time.Second, 50}} {
+		if got := lagTicks(c.lag); got != c.want {
+			t.Errorf("lagTicks(%v) = %d, want %d", c.lag, got, c.want)
+		}
+	}
+}

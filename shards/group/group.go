@@ -374,6 +374,10 @@ type follower struct {
 	// without progress (resendTicks, doubling up to maxResendTicks while
 	// none comes).
 	progress, wait int
+	// sentAt is the tick of the last message sent to it, sentCommit the
+	// commit index that message carried (heartbeat).
+	sentAt     int
+	sentCommit uint64
 }
 
 // resendTicks is how long the master waits for a follower to acknowledge
@@ -848,8 +852,32 @@ func (m *Member) Tick() {
 			f.wait = min(2*f.wait, maxResendTicks)
 		}
 	}
-	m.broadcast()
+	m.heartbeat()
 	m.maybeAlter()
+}
+
+// heartbeat is a Tick's broadcast: a follower that has been sent every
+// entry and the current commit index gets an empty Append only every
+// LagTicks/5 ticks (100 ms by default), not every tick. That is still five
+// acknowledgements within the lag that would take it out of the
+// SyncStateSet, and an idle group no longer costs each follower fifty
+// messages and answers a second.
+func (m *Member) heartbeat() {
+	if m.role != RoleMaster {
+		return
+	}
+	every := max(1, m.cfg.LagTicks/5)
+	ids := make([]MemberID, 0, len(m.peers))
+	for id, f := range m.peers {
+		if f.next > m.lastIndex() && f.sentCommit == m.commit && m.tick-f.sentAt < every {
+			continue
+		}
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		m.send(id, m.peers[id])
+	}
 }
 
 // Step takes one peer message.
@@ -1175,6 +1203,7 @@ func (m *Member) send(to MemberID, f *follower) {
 	if f.next < m.first {
 		// It lacks entries compacted away here: their effects are all
 		// gone, so it only needs to know the log starts after them.
+		f.sentAt, f.sentCommit = m.tick, m.commit
 		m.rd.Messages = append(m.rd.Messages, Message{Group: m.cfg.Group, Kind: MsgInstall, From: m.cfg.ID, To: to, Epoch: m.epoch,
 			PrevIndex: m.first - 1, PrevEpoch: m.baseEpoch, Commit: m.commit})
 		f.next = m.first
@@ -1214,6 +1243,7 @@ func (m *Member) send(to MemberID, f *follower) {
 		} else if k > 0 {
 			return
 		}
+		f.sentAt, f.sentCommit = m.tick, m.commit
 		m.rd.Messages = append(m.rd.Messages, Message{Group: m.cfg.Group, Kind: MsgAppend, From: m.cfg.ID, To: to, Epoch: m.epoch,
 			PrevIndex: prev, PrevEpoch: m.epochAt(prev), Entries: ents, Commit: m.commit})
 		if f.next > m.lastIndex() || f.next-f.last > uint64(inflightBatches*m.cfg.MaxBatch) {
