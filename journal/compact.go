@@ -42,26 +42,44 @@ func (j *Journal) compactLoop() {
 // leaves alone.
 var compactSkipNewest = 2 // a variable so tests can rewrite the newest segments too
 
-// recentFromLocked returns the lowest id of the n newest segments: those
-// made (by the writer or by a rewrite, which draw ids from one counter)
-// at most n segments before the active one. Counted by id, not by rank
-// among the sealed segments still there: once the newer segments had
-// died and gone, an old segment kept by a few live records (a group log's
-// epoch records) ranked among the newest for good, and was never
-// rewritten; its bytes stayed on disk and its records in the index. j.mu
-// must be held.
-func (j *Journal) recentFromLocked(n int) uint32 {
+// newestSealedLocked returns the id of the n-th newest sealed segment, or
+// 0 when there are fewer. j.mu must be held.
+func (j *Journal) newestSealedLocked(n int) uint32 {
 	if n <= 0 {
 		return ^uint32(0)
+	}
+	var ids []uint32
+	for _, s := range j.mu.segs {
+		if s.sealed {
+			ids = append(ids, s.id)
+		}
+	}
+	if len(ids) < n {
+		return 0
+	}
+	slices.Sort(ids)
+	return ids[len(ids)-n]
+}
+
+// recentLocked reports whether segment id counts among the n newest,
+// which a rewrite leaves alone: it is among the n newest sealed segments
+// still there, and was made at most 2n segments before the active one
+// (ids grow with each segment the writer or a rewrite makes). The rank
+// alone does not do: once the newer segments had died and gone, an old
+// segment kept by a few live records (a group log's epoch records)
+// ranked among the newest for good and was never rewritten, its bytes
+// staying on disk and its records in the index. The age alone does not
+// either: once writing stops, the last segments the writer sealed would
+// stay unrewritten for good. j.mu must be held.
+func (j *Journal) recentLocked(id uint32, newest uint32, n int) bool {
+	if n <= 0 || id < newest {
+		return false
 	}
 	a := j.mu.nextSeg
 	if j.mu.active != nil {
 		a = j.mu.active.id
 	}
-	if a < uint32(n) {
-		return 0
-	}
-	return a - uint32(n)
+	return uint64(id)+2*uint64(n) >= uint64(a)
 }
 
 func (j *Journal) fail(err error) {
@@ -99,10 +117,10 @@ func (j *Journal) compactOnce() (bool, error) {
 	// only copy records (mostly dequeue refs waiting for older segments to
 	// go) again and again.
 	slices.SortFunc(sparse, func(a, b *segment) int { return cmp.Compare(a.id, b.id) })
-	if recent := j.recentFromLocked(compactSkipNewest); len(sparse) > 0 {
+	if newest := j.newestSealedLocked(compactSkipNewest); len(sparse) > 0 {
 		keep := sparse[:0]
 		for _, s := range sparse {
-			if s.id < recent {
+			if !j.recentLocked(s.id, newest, compactSkipNewest) {
 				keep = append(keep, s)
 			}
 		}
