@@ -5,7 +5,12 @@ GO        ?= go
 BIN       := bin
 PKGS      := ./...
 # Packages with concurrency run under the race detector in `make test`.
-RACE_PKGS := ./ring/... ./shards/... ./server/... ./client/... ./journal/... ./controlplane/... ./perf/... ./tools/... ./internal/...
+# Not server/memtest and server/crashtest: they only drive berthd
+# processes, built without -race, so the detector would see nothing but
+# their client code (which client's own tests cover) while they held two
+# cores for a minute; they run once, in test-plain.
+RACE_PKGS := ./ring/... ./shards/... ./server ./server/clustertest ./server/console ./server/groups ./server/hostiletest ./server/wiring \
+	./client/... ./journal/... ./controlplane/... ./perf/... ./tools/... ./internal/...
 
 .PHONY: cluster certs all build run test test-race test-plain bench bench-forward bench-delayed bench-backlog bench-restart fuzz hostile vet crash soak clean release deb
 
