@@ -36,6 +36,9 @@ run: build
 # loopback; data under ./cluster (CLUSTER_DIR), Ctrl-C stops them.
 # CLUSTER_TLS=1 runs TLS on every port, with the credentials of
 # CERTS_DIR (made by `make certs` if missing; docs/SECURITY.md).
+# CLUSTER_ARGS gives each berthd more flags ("-shards 1 -loops 1" when
+# the three share a small machine). It prints each berthd's broker id,
+# which berthctl's tables name brokers by.
 cluster: build
 	BIN=$(BIN) CERTS_DIR=$(CERTS_DIR) bash tools/cluster.sh
 
