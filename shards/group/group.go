@@ -867,17 +867,9 @@ func (m *Member) heartbeat() {
 		return
 	}
 	every := max(1, m.cfg.LagTicks/5)
-	ids := make([]MemberID, 0, len(m.peers))
-	for id, f := range m.peers {
-		if f.next > m.lastIndex() && f.sentCommit == m.commit && m.tick-f.sentAt < every {
-			continue
-		}
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		m.send(id, m.peers[id])
-	}
+	m.sendEach(func(f *follower) bool {
+		return f.next <= m.lastIndex() || f.sentCommit != m.commit || m.tick-f.sentAt >= every
+	})
 }
 
 // Step takes one peer message.
@@ -1189,9 +1181,17 @@ func (m *Member) broadcast() {
 	if m.role != RoleMaster {
 		return
 	}
+	m.sendEach(func(*follower) bool { return true })
+}
+
+// sendEach sends the followers that want says want something, in member
+// order.
+func (m *Member) sendEach(want func(*follower) bool) {
 	ids := make([]MemberID, 0, len(m.peers))
-	for id := range m.peers {
-		ids = append(ids, id)
+	for id, f := range m.peers {
+		if want(f) {
+			ids = append(ids, id)
+		}
 	}
 	slices.Sort(ids)
 	for _, id := range ids {
