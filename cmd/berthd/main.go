@@ -69,13 +69,18 @@ func run(args []string) int {
 		debug.SetMemoryLimit(l)
 		log.Info("berthd: the Go runtime's soft memory limit follows -memory-limit (GOMEMLIMIT overrides it)", "go_memory_limit_bytes", l)
 	}
+	// Signals are caught before the start: the client port opens inside
+	// Start, and a SIGTERM or SIGINT that came between that and
+	// signal.Notify killed the process without its graceful stop
+	// (TestProcessConfig saw "signal: interrupt"). One that comes during
+	// the start now stops the broker as soon as it is up.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	srv, err := server.Start(cfg)
 	if err != nil {
 		log.Error("berthd: start failed", "err", err)
 		return 1
 	}
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	sig := <-sigs
 	for ; sig == syscall.SIGHUP; sig = <-sigs {
 		// SIGHUP rereads the TLS files; open connections stay.
