@@ -376,6 +376,9 @@ type groupCollector struct {
 	s                                    *Server
 	master, epoch, last, commit, applied *prometheus.Desc
 	setSize, handovers                   *prometheus.Desc
+	// The group journal (one per broker, shared by its groups).
+	jFsyncs, jRecordsPerFsync, jFsyncSeconds, jAppends *prometheus.Desc
+	jSegments, jDiskBytes, jLiveBytes, jFailed         *prometheus.Desc
 }
 
 func newGroupCollector(s *Server) *groupCollector {
@@ -392,11 +395,21 @@ func newGroupCollector(s *Server) *groupCollector {
 		applied:   d("berth_group_applied_index", "Index up to which this broker applied the group log to its queues.", g),
 		setSize:   d("berth_group_sync_state_set_members", "Members of the group's SyncStateSet, as its master counts them (exported by the master only).", g),
 		handovers: d("berth_group_handovers_total", "Groups this broker handed to their preferred master (-group-rebalance)."),
+
+		jFsyncs:          d("berth_group_journal_fsyncs_total", "Group journal fsyncs that made records durable (the group logs of all of this broker's groups share the journal)."),
+		jRecordsPerFsync: d("berth_group_journal_records_per_fsync", "Records made durable by each group journal fsync (group commit)."),
+		jFsyncSeconds:    d("berth_group_journal_fsync_seconds", "Time of each group journal fsync that made records durable, measured on the journal's writer goroutine."),
+		jAppends:         d("berth_group_journal_appends_total", "Records appended to the group journal."),
+		jSegments:        d("berth_group_journal_segments", "Segment files of the group journal."),
+		jDiskBytes:       d("berth_group_journal_disk_bytes", "Bytes in the group journal's segments."),
+		jLiveBytes:       d("berth_group_journal_live_bytes", "Bytes of group journal records that must stay on disk."),
+		jFailed:          d("berth_group_journal_failed", "1 once the group journal has failed on an I/O error and refuses records."),
 	}
 }
 
 func (c *groupCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.master, c.epoch, c.last, c.commit, c.applied, c.setSize, c.handovers} {
+	for _, d := range []*prometheus.Desc{c.master, c.epoch, c.last, c.commit, c.applied, c.setSize, c.handovers,
+		c.jFsyncs, c.jRecordsPerFsync, c.jFsyncSeconds, c.jAppends, c.jSegments, c.jDiskBytes, c.jLiveBytes, c.jFailed} {
 		ch <- d
 	}
 }
@@ -410,6 +423,19 @@ func (c *groupCollector) Collect(ch chan<- prometheus.Metric) {
 	n := m.Node()
 	if n == nil {
 		return
+	}
+	j := n.JournalStats()
+	ch <- prometheus.MustNewConstMetric(c.jFsyncs, prometheus.CounterValue, float64(j.Fsyncs))
+	ch <- recordsPerFsyncHistogram(c.jRecordsPerFsync, &j)
+	ch <- fsyncSecondsHistogram(c.jFsyncSeconds, &j)
+	ch <- prometheus.MustNewConstMetric(c.jAppends, prometheus.CounterValue, float64(j.Appends))
+	failed := 0.0
+	if j.Err != nil {
+		failed = 1
+	}
+	for d, v := range map[*prometheus.Desc]float64{c.jSegments: float64(j.Segments), c.jDiskBytes: float64(j.DiskBytes),
+		c.jLiveBytes: float64(j.LiveBytes), c.jFailed: failed} {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
 	}
 	gauge := func(d *prometheus.Desc, v float64, g string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, g)

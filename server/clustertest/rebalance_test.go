@@ -167,7 +167,8 @@ func TestRebalanceAfterRestart(t *testing.T) {
 		n      *node
 		series string
 		least  float64
-	}{{interim, "berth_group_handovers_total", 1}, {pnode, fmt.Sprintf("berth_group_master{group=%q}", fmt.Sprint(g)), 1}} {
+	}{{interim, "berth_group_handovers_total", 1}, {pnode, fmt.Sprintf("berth_group_master{group=%q}", fmt.Sprint(g)), 1},
+		{pnode, "berth_group_journal_fsyncs_total", 1}, {pnode, "berth_group_journal_fsync_seconds_count", 1}} {
 		testutil.WaitFor(t, 10*time.Second, func() error {
 			resp, err := http.Get("http://" + c.admins[want.n] + "/metrics")
 			if err != nil {
