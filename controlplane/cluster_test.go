@@ -277,3 +277,37 @@ func TestFatalErrorStopsNode(t *testing.T) {
 		t.Fatalf("Err() after Stop = %v", m.Err())
 	}
 }
+
+// TestLeaderChanged: a member's LeaderChanged channel closes when the
+// leader it knows changes, and not before.
+func TestLeaderChanged(t *testing.T) {
+	c := newTestCluster(t, 3, nil)
+	l := c.leader()
+	var f *Node
+	for _, n := range c.nodes {
+		if n != l {
+			f = n
+			break
+		}
+	}
+	moved := f.LeaderChanged()
+	select {
+	case <-moved:
+		t.Fatalf("closed while node %d still follows %d", f.ID(), f.Leader())
+	case <-time.After(100 * time.Millisecond):
+	}
+	old := l.ID()
+	c.stop(old)
+	select {
+	case <-moved:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("not closed 10s after leader %d stopped; node %d sees %d", old, f.ID(), f.Leader())
+	}
+	if f.Leader() == old {
+		t.Fatalf("closed, but node %d still names %d", f.ID(), old)
+	}
+	nl := c.leader()
+	if f.Leader() != nl.ID() {
+		t.Fatalf("node %d follows %d, the leader is %d", f.ID(), f.Leader(), nl.ID())
+	}
+}

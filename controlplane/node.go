@@ -194,8 +194,11 @@ type Node struct {
 	compactPast atomic.Uint64
 	lostLogSeen map[uint64]time.Time // raft goroutine only: last detection per follower
 
-	lead  atomic.Uint64
-	term  atomic.Uint64
+	lead atomic.Uint64
+	// leadMoved is closed, and replaced, when lead changes
+	// (LeaderChanged).
+	leadMoved atomic.Pointer[chan struct{}]
+	term      atomic.Uint64
 	isLdr atomic.Bool
 
 	propMu     sync.Mutex
@@ -307,6 +310,8 @@ func Start(cfg Config) (*Node, error) {
 		nextSeq: uint64(time.Now().UnixNano()),
 	}
 	n.hb = newHeartbeats(cfg.BrokerTimeout, cfg.LeaderGrace)
+	moved := make(chan struct{})
+	n.leadMoved.Store(&moved)
 	ro := raft.ReadOnlySafe
 	rn, err := raft.NewRawNode(&raft.Config{
 		ID:              cfg.ID,
@@ -384,6 +389,20 @@ func (n *Node) Addr() string { return n.listener.Addr().String() }
 
 // Leader returns the current leader's id, 0 if unknown.
 func (n *Node) Leader() uint64 { return n.lead.Load() }
+
+// LeaderChanged returns a channel that is closed once Leader's answer
+// changes after this call. Take it before reading Leader, so no change
+// falls between the two.
+func (n *Node) LeaderChanged() <-chan struct{} { return *n.leadMoved.Load() }
+
+// setLeader records the leader raft reports; raft goroutine only.
+func (n *Node) setLeader(lead uint64) {
+	if n.lead.Swap(lead) == lead {
+		return
+	}
+	ch := make(chan struct{})
+	close(*n.leadMoved.Swap(&ch))
+}
 
 // LeaderAddr returns the current leader's address, "" if unknown.
 func (n *Node) LeaderAddr() string { return n.leaderAddr() }

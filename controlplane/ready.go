@@ -150,7 +150,7 @@ func (n *Node) checkLostLog(m *pb.Message) {
 func (n *Node) softState(rd raft.Ready) {
 	if rd.SoftState != nil {
 		wasLeader := n.isLdr.Load()
-		n.lead.Store(rd.SoftState.Lead)
+		n.setLeader(rd.SoftState.Lead)
 		isLeader := rd.SoftState.RaftState == raft.StateLeader
 		n.isLdr.Store(isLeader)
 		if wasLeader && !isLeader {

@@ -120,6 +120,10 @@ func (h *handler) opened(t transport, tls bool) *connState {
 	h.s.conns.Lock()
 	h.s.conns.set[cs] = struct{}{}
 	h.s.conns.Unlock()
+	select {
+	case h.s.conns.opened <- struct{}{}:
+	default:
+	}
 	h.s.metrics.connections.Inc()
 	return cs
 }

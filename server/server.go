@@ -318,6 +318,9 @@ type Server struct {
 	conns struct {
 		sync.Mutex // guards set; taken on open, close and heartbeat scans
 		set        map[*connState]struct{}
+		// opened wakes the heartbeat scan, which sleeps while there
+		// is no connection; capacity 1.
+		opened chan struct{}
 	}
 	nextSession atomic.Uint64
 	stalls      stallWatch // connections over their outbound cap (outbound.go)
@@ -377,6 +380,7 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s.regCtx, s.regCancel = context.WithCancel(context.Background())
 	s.conns.set = map[*connState]struct{}{}
+	s.conns.opened = make(chan struct{}, 1)
 	s.stalls.kick = make(chan struct{}, 1)
 	s.metrics = newMetrics(s)
 	s.sec = newSecurityMetrics(s.metrics.reg, cfg.Role != RoleController)
@@ -666,6 +670,19 @@ func (s *Server) heartbeats() {
 			list = append(list, cs)
 		}
 		s.conns.Unlock()
+		if len(list) == 0 {
+			// Nothing to scan until a client connects: an idle broker
+			// is not woken 40 times a second for nothing.
+			s.broker.SetOutbound(0)
+			t.Stop()
+			select {
+			case <-s.stopHB:
+				return
+			case <-s.conns.opened:
+			}
+			t.Reset(interval)
+			continue
+		}
 		var outbound int64
 		for _, cs := range list {
 			if cs.handshakeExpired(now) {
