@@ -199,7 +199,7 @@ type Node struct {
 	// (LeaderChanged).
 	leadMoved atomic.Pointer[chan struct{}]
 	term      atomic.Uint64
-	isLdr atomic.Bool
+	isLdr     atomic.Bool
 
 	propMu     sync.Mutex
 	propQ      []*proposal
