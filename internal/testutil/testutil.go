@@ -80,23 +80,78 @@ func WaitReady(t testing.TB, admin string, within time.Duration) {
 	})
 }
 
-// handedOut holds every address FreeAddr returned in this process.
+// handedOut holds every address FreeAddr returned in this process, and
+// where its walk through the ports stands.
 var handedOut struct {
 	sync.Mutex
 	addrs map[string]bool
+	next  int // 0 until the first call
+}
+
+// Ports FreeAddr picks from: below the kernel's ephemeral range, which
+// outgoing connections and listeners on port 0 take their ports from.
+// A port handed out from that range could be taken by any process's next
+// connect before the caller listened on it: make test once failed with a
+// berthd's peer port "already in use" that way.
+const (
+	freePortLow     = 10000
+	freePortSpanMin = 1024
+)
+
+// freePortRange is [low, high): from freePortLow up to the ephemeral
+// range's start, or nothing (0, 0) when that leaves too few ports.
+func freePortRange() (low, high int) {
+	high = 32768 // Linux's default ephemeral start
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		var lo, hi int
+		if n, _ := fmt.Sscan(string(b), &lo, &hi); n == 2 {
+			high = lo
+		}
+	}
+	if high-freePortLow < freePortSpanMin {
+		return 0, 0
+	}
+	return freePortLow, high
 }
 
 // FreeAddr returns a 127.0.0.1 host:port that nothing listened on when it
-// was picked. It never returns the same address twice within a process:
-// the kernel may give a just-closed port to the next listener on port 0,
-// and two members of one test must not get the same port. Another process
-// may still take the port before the caller listens on it.
+// was picked. It never returns the same address twice within a process
+// (two members of one test must not share a port). Ports come from below
+// the ephemeral range (freePortRange), walked from a point that depends on
+// the process id, so test binaries running at once mostly walk apart;
+// another process may still take the port before the caller listens on
+// it, but no outgoing connection does.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
 	handedOut.Lock()
 	defer handedOut.Unlock()
 	if handedOut.addrs == nil {
 		handedOut.addrs = map[string]bool{}
+	}
+	low, high := freePortRange()
+	if high > low {
+		span := high - low
+		if handedOut.next == 0 {
+			handedOut.next = low + os.Getpid()*7919%span
+		}
+		for range span {
+			port := handedOut.next
+			handedOut.next++
+			if handedOut.next >= high {
+				handedOut.next = low
+			}
+			addr := fmt.Sprintf("127.0.0.1:%d", port)
+			if handedOut.addrs[addr] {
+				continue
+			}
+			ln, err := net.Listen("tcp", addr)
+			if err != nil {
+				continue // someone has it
+			}
+			ln.Close()
+			handedOut.addrs[addr] = true
+			return addr
+		}
 	}
 	for {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")

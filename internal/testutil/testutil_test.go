@@ -6,6 +6,7 @@ import (
 	"net"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -88,11 +89,20 @@ func TestFreeAddrNeverRepeats(t *testing.T) {
 		}
 		seen[addr] = true
 	}
-	ln, err := net.Listen("tcp", FreeAddr(t))
+	addr := FreeAddr(t)
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatalf("listen on a free address: %v", err)
 	}
 	ln.Close()
+	// Below the ephemeral range, where no outgoing connection takes it.
+	if low, high := freePortRange(); high > low {
+		_, p, _ := net.SplitHostPort(addr)
+		port, _ := strconv.Atoi(p)
+		if port < low || port >= high {
+			t.Fatalf("FreeAddr gave port %d, outside [%d, %d)", port, low, high)
+		}
+	}
 }
 
 func TestProc(t *testing.T) {
