@@ -254,3 +254,86 @@ func BenchmarkStorageCompare(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkGroupLogStores weighs the two ways to keep the replication
+// groups' logs (server/groups) for a broker with 12 groups that each get
+// a batch of 16 records of 128 bytes per round, every record durable at
+// the round's end: one tidwall/wal log per group (consecutive indexes,
+// truncation at both ends: the model the card names for a group's log),
+// written by one goroutine per group so their fsyncs overlap, or the one
+// journal all groups share, which covers the round with one fsync. One op
+// is one round.
+func BenchmarkGroupLogStores(b *testing.B) {
+	const groups, batch = 12, 16
+	data := make([]byte, 128)
+	b.Run("store=tidwall-wal-per-group", func(b *testing.B) {
+		dir := b.TempDir()
+		logs := make([]*wal.Log, groups)
+		for g := range logs {
+			l, err := wal.Open(filepath.Join(dir, fmt.Sprint(g)), &wal.Options{LogFormat: wal.Binary, NoCopy: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			logs[g] = l
+		}
+		index := make([]uint64, groups)
+		batches := make([]wal.Batch, groups)
+		var wg sync.WaitGroup
+		errs := make([]error, groups)
+		b.ResetTimer()
+		for b.Loop() {
+			for g := range logs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					wb := &batches[g]
+					for range batch {
+						index[g]++
+						wb.Write(index[g], data)
+					}
+					errs[g] = logs[g].WriteBatch(wb)
+					wb.Clear()
+				}()
+			}
+			wg.Wait()
+			for _, err := range errs {
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		b.ReportMetric(float64(b.N*groups*batch)/b.Elapsed().Seconds(), "records/s")
+	})
+	b.Run("store=shared-journal", func(b *testing.B) {
+		j, err := Open(Options{Dir: b.TempDir(), Logger: quietLogger()}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer j.Close()
+		complete := make(chan error, 1)
+		var remaining atomic.Int64
+		done := func(_ Pos, err error) {
+			if remaining.Add(-1) == 0 || err != nil {
+				complete <- err
+			}
+		}
+		b.ResetTimer()
+		for b.Loop() {
+			remaining.Store(groups * batch)
+			var last Pos
+			for range groups * batch {
+				last = j.Append(data, done)
+			}
+			if err := <-complete; err != nil {
+				b.Fatal(err)
+			}
+			if last > benchLiveMax {
+				for p := last - groups*batch + 1; p <= last; p++ {
+					j.Free(p - benchLiveMax)
+				}
+			}
+		}
+		b.ReportMetric(float64(b.N*groups*batch)/b.Elapsed().Seconds(), "records/s")
+	})
+}
