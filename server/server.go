@@ -327,6 +327,7 @@ type Server struct {
 	metrics     *metrics
 	boot        boot               // what Start brought up, for the admin HTTP (ready.go)
 	ctl         *controlplane.Node // in-process controller, or nil
+	wiringLog   wiring.Log         // the controller's wiring, or nil (wiringsync.go)
 	// ctlClient reaches the controller group's leader from this member
 	// (3 or 5 members only), or nil.
 	ctlClient *ctlclient.Client
@@ -448,6 +449,7 @@ func Start(cfg Config) (*Server, error) {
 				return nil, err
 			}
 			wcfg.Log = wl
+			s.wiringLog = wl
 			if cfg.registersWithController() {
 				if err := s.loadBrokerID(); err != nil {
 					s.stopController()
@@ -461,6 +463,7 @@ func Start(cfg Config) (*Server, error) {
 	if bcfg.Journal != nil {
 		wcfg.Dir = cfg.DataDir
 	}
+	wcfg.Syncable = s.syncable
 	s.wiring = wiring.New(wcfg)
 	s.boot.wiring.Store(s.wiring)
 	s.boot.broker.Store(s.broker)
@@ -532,6 +535,11 @@ func Start(cfg Config) (*Server, error) {
 	if s.ctl != nil {
 		s.regWG.Add(1)
 		go s.watchUsers(usersApplied)
+	}
+	if s.wiringLog != nil && s.ctlClient != nil {
+		// A controller of 3 or 5 members, which other brokers share.
+		s.regWG.Add(1)
+		go s.watchWiring()
 	}
 	if s.brokerID != 0 {
 		s.registerAtStart()

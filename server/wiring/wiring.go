@@ -63,6 +63,10 @@ type Config struct {
 	// Dropped, if set, is told of a queue deleted by DeleteQueue or
 	// DropReplica, once its shard dropped it (and its consumers).
 	Dropped func(q *shards.Queue)
+	// Syncable, if set, says whether a queue the controller holds and
+	// this broker lacks is to be added here by Sync (sync.go); a queue it
+	// refuses stays on the brokers that have it.
+	Syncable func(name string, opts shards.QueueOptions) bool
 }
 
 // nameStripes is how many locks serialise changes by name; two names that
@@ -85,6 +89,9 @@ type Wiring struct {
 
 	restoring bool // Restore is replaying the wiring: do not log it again
 	restored  atomic.Bool
+	// committed counts the changes this broker committed to the log,
+	// each bumped under its name's lock before it is applied (sync.go).
+	committed atomic.Uint64
 
 	// exclusive lists each session's exclusive queues, so that a session's
 	// end finds them without scanning every queue.
@@ -403,6 +410,7 @@ func (w *Wiring) DeclareQueue(name string, opts shards.QueueOptions, passive boo
 		if err := w.cfg.Log.DeclareQueue(name, opts); err != nil {
 			return nil, logError(err)
 		}
+		w.committed.Add(1)
 	}
 	// The shard learns of the queue before any event loop can route to it.
 	q, err := w.b.AddQueue(name, opts, owner)
@@ -447,6 +455,7 @@ func (w *Wiring) DeclareExchange(name string, kind uint8, opts ExchangeOptions, 
 		if err := w.cfg.Log.DeclareExchange(name, kind, opts); err != nil {
 			return logError(err)
 		}
+		w.committed.Add(1)
 	}
 	return w.apply(opts.Durable, func(n *Routing) { n.addExchange(name, kind, opts) })
 }
@@ -477,6 +486,7 @@ func (w *Wiring) Bind(exchangeName, queue, key string) error {
 		if err := w.cfg.Log.Bind(exchangeName, queue, key); err != nil {
 			return logError(err)
 		}
+		w.committed.Add(1)
 	}
 	return w.apply(durable, func(n *Routing) { n.bind(exchangeName, q, key) })
 }
@@ -494,6 +504,7 @@ func (w *Wiring) Unbind(exchangeName, queue, key string) error {
 		if err := w.cfg.Log.Unbind(exchangeName, queue, key); err != nil {
 			return logError(err)
 		}
+		w.committed.Add(1)
 	}
 	return w.apply(true, func(n *Routing) { n.unbind(exchangeName, q, key) })
 }
@@ -517,6 +528,7 @@ func (w *Wiring) DeleteQueue(name string, ifUnused, ifEmpty bool) (int, error) {
 		if err := w.cfg.Log.DeleteQueue(name); err != nil {
 			return 0, logError(err)
 		}
+		w.committed.Add(1)
 	}
 	dropped, err := w.b.DropQueue(q)
 	if err != nil {
@@ -581,6 +593,8 @@ func (w *Wiring) autoDeleted(q *shards.Queue) {
 		// leaves it to come back empty on restart.
 		if err := w.cfg.Log.DeleteQueue(q.Name); err != nil {
 			w.log.Error("wiring: record an auto-deleted queue", "queue", q.Name, "err", err)
+		} else {
+			w.committed.Add(1)
 		}
 	}
 	w.unpublish(q)
@@ -600,6 +614,7 @@ func (w *Wiring) DeleteExchange(name string, ifUnused bool) error {
 		if err := w.cfg.Log.DeleteExchange(name); err != nil {
 			return logError(err)
 		}
+		w.committed.Add(1)
 	}
 	return w.apply(ex.options.Durable, func(n *Routing) { n.removeExchange(name) })
 }

@@ -1,0 +1,105 @@
+package wiring
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/berthmq/berth/shards"
+)
+
+// TestSyncBringsInAndDrops: Sync adds the exchanges, queues and bindings
+// of the controller's wiring this broker lacks, drops the durable ones it
+// has that the controller no longer holds, and leaves its transient and
+// exclusive queues alone.
+func TestSyncBringsInAndDrops(t *testing.T) {
+	w := startWiring(t, newGateLog())
+	if _, err := w.DeclareQueue("mine", shards.QueueOptions{Durable: true}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.DeclareQueue("transient", shards.QueueOptions{}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	owner := &shards.Session{}
+	if _, err := w.DeclareQueue("excl", shards.QueueOptions{Durable: true, Exclusive: true}, false, owner); err != nil {
+		t.Fatal(err)
+	}
+	durable := ExchangeOptions{Durable: true}
+	snap := &Snapshot{
+		Exchanges: []WiringExchange{{Name: "x", Kind: KindDirect, Options: durable}},
+		Queues:    []WiringQueue{{Name: "mine", Options: shards.QueueOptions{Durable: true}}, {Name: "other", Options: shards.QueueOptions{Durable: true}}},
+		Bindings:  []Binding{{Exchange: "x", Queue: "other", Key: "k"}},
+	}
+	st, err := w.Sync(w.SyncToken(), snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.ExchangesAdded != 1 || st.QueuesAdded != 1 || st.BindingsAdded != 1 || st.Changed() != 3 {
+		t.Fatalf("first sync: %+v", st)
+	}
+	got, err := w.Routing().Route([]byte("x"), []byte("k"), nil)
+	if err != nil || len(got) != 1 || got[0].Name != "other" {
+		t.Fatalf("x/k routes to %v (%v), want the queue other", got, err)
+	}
+	// Again: nothing to do.
+	if st, err := w.Sync(w.SyncToken(), snap); err != nil || st.Changed() != 0 {
+		t.Fatalf("second sync: %+v, %v", st, err)
+	}
+	// The controller dropped the binding.
+	snap.Bindings = nil
+	st, err = w.Sync(w.SyncToken(), snap)
+	if err != nil || st.BindingsRemoved != 1 || st.Changed() != 1 {
+		t.Fatalf("unbind sync: %+v, %v", st, err)
+	}
+	if got, _ := w.Routing().Route([]byte("x"), []byte("k"), nil); len(got) != 0 {
+		t.Fatalf("x/k still routes to %v", got)
+	}
+	// Then the queue other and x.
+	snap = &Snapshot{Queues: []WiringQueue{{Name: "mine", Options: shards.QueueOptions{Durable: true}}}}
+	st, err = w.Sync(w.SyncToken(), snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.QueuesRemoved != 1 || st.ExchangesRemoved != 1 || st.Changed() != 2 {
+		t.Fatalf("delete sync: %+v", st)
+	}
+	r := w.Routing()
+	if r.queue("other") != nil || r.exchange("x") != nil {
+		t.Fatal("other or x survived the sync")
+	}
+	for _, name := range []string{"mine", "transient", "excl"} {
+		if r.queue(name) == nil {
+			t.Fatalf("queue %s dropped", name)
+		}
+	}
+	// A queue of the same name with other options: the controller's.
+	snap = &Snapshot{Queues: []WiringQueue{{Name: "mine", Options: shards.QueueOptions{Durable: true, MaxLength: 7}}}}
+	st, err = w.Sync(w.SyncToken(), snap)
+	if err != nil || st.QueuesRemoved != 1 || st.QueuesAdded != 1 {
+		t.Fatalf("options sync: %+v, %v", st, err)
+	}
+	if q := w.Routing().queue("mine"); q == nil || q.Options.MaxLength != 7 {
+		t.Fatalf("mine has options %+v", q.Options)
+	}
+}
+
+// TestSyncRacedByLocalChange: a snapshot read before this broker
+// committed a change of its own is stale; Sync must not undo the change.
+func TestSyncRacedByLocalChange(t *testing.T) {
+	w := startWiring(t, newGateLog())
+	token := w.SyncToken()
+	stale := &Snapshot{} // read before the declare below committed
+	if _, err := w.DeclareQueue("late", shards.QueueOptions{Durable: true}, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Sync(token, stale); !errors.Is(err, ErrSyncRaced) {
+		t.Fatalf("sync with a stale snapshot: %v, want ErrSyncRaced", err)
+	}
+	if w.Routing().queue("late") == nil {
+		t.Fatal("a stale snapshot dropped a queue this broker had just declared")
+	}
+	// Read again after the change: it is there, and stays.
+	fresh := &Snapshot{Queues: []WiringQueue{{Name: "late", Options: shards.QueueOptions{Durable: true}}}}
+	if st, err := w.Sync(w.SyncToken(), fresh); err != nil || st.Changed() != 0 {
+		t.Fatalf("fresh sync: %+v, %v", st, err)
+	}
+}

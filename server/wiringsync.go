@@ -1,0 +1,104 @@
+package server
+
+import (
+	"errors"
+	"time"
+
+	"github.com/berthmq/berth/server/wiring"
+	"github.com/berthmq/berth/shards"
+)
+
+// Wiring made through other brokers. Every durable declare, bind, unbind
+// and delete is committed in the controller by the broker that took it;
+// the other brokers learn of it here: watchWiring long-polls the
+// controller's applied index (WaitChange) and, when it moves, reads the
+// controller's wiring (a follower read as fresh as the leader's commit)
+// and brings this broker's in step (wiring.Sync). Before it, a queue
+// declared at one broker was unknown to the others until they restarted:
+// a publish there to it was refused with not-found.
+//
+// A pass reads the whole wiring, so passes are spaced by ten times the
+// last one's duration, at least wiringSyncMin: with a few thousand
+// queues a change elsewhere shows within about that, and a broker with a
+// million queues (a pass of about a second) spends about a tenth of a
+// core on it while the wiring keeps changing, and nothing once it stops.
+const (
+	wiringSyncMin   = 50 * time.Millisecond
+	wiringSyncMax   = 30 * time.Second
+	wiringSyncRetry = 500 * time.Millisecond
+)
+
+func (s *Server) watchWiring() {
+	defer s.regWG.Done()
+	cl := s.brokerClient()
+	wl := s.wiringLog
+	pause := func(d time.Duration) bool {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-s.regCtx.Done():
+			return false
+		case <-t.C:
+			return true
+		}
+	}
+	var applied uint64
+	var last time.Time
+	spacing := wiringSyncMin
+	for {
+		idx, err := cl.WaitChange(s.regCtx, applied)
+		if s.regCtx.Err() != nil {
+			return
+		}
+		if err != nil {
+			if !pause(wiringSyncRetry) {
+				return
+			}
+			continue
+		}
+		if idx == applied {
+			continue
+		}
+		if wait := spacing - time.Since(last); wait > 0 && !pause(wait) {
+			return
+		}
+		start := time.Now()
+		token := s.wiring.SyncToken()
+		snap, err := wl.Load()
+		if err == nil {
+			_, err = s.wiring.Sync(token, snap)
+		}
+		last = time.Now()
+		spacing = min(max(10*last.Sub(start), wiringSyncMin), wiringSyncMax)
+		switch {
+		case s.regCtx.Err() != nil:
+			return
+		case errors.Is(err, wiring.ErrSyncRaced):
+			continue // read again at once: this broker's own change moved the index anyway
+		case err != nil:
+			s.log.Warn("server: bringing in wiring changes from the controller failed; retrying", "err", err)
+			if !pause(wiringSyncRetry) {
+				return
+			}
+			continue
+		}
+		applied = idx
+	}
+}
+
+// syncable says whether a durable queue declared through another broker
+// is to be added here: a replicated one is, since every broker routes to
+// it (its group's members apply its events, the others forward to its
+// master). One the cluster keeps local stays on the broker that declared
+// it (OPERATIONS.md): a queue seen here while the cluster has no groups
+// yet was declared before "berthctl cluster init", and replicator.Group
+// writes its name down as local here too, so that this broker never
+// makes it a replicated queue of its own.
+func (s *Server) syncable(name string, opts shards.QueueOptions) bool {
+	r := s.replicator
+	if r == nil {
+		return false
+	}
+	_, ok := r.Group(name, opts)
+	return ok
+}
