@@ -65,10 +65,18 @@ func (s *Server) watchWiring() {
 		start := time.Now()
 		token := s.wiring.SyncToken()
 		snap, err := wl.Load()
+		var st wiring.SyncStats
 		if err == nil {
-			_, err = s.wiring.Sync(token, snap)
+			st, err = s.wiring.Sync(token, snap)
 		}
 		last = time.Now()
+		if st.Changed() > 0 {
+			s.log.Info("wiring: brought in changes made through other brokers",
+				"exchanges_added", st.ExchangesAdded, "exchanges_removed", st.ExchangesRemoved,
+				"queues_added", st.QueuesAdded, "queues_removed", st.QueuesRemoved,
+				"bindings_added", st.BindingsAdded, "bindings_removed", st.BindingsRemoved,
+				"queues", len(snap.Queues), "took", last.Sub(start).Round(time.Microsecond))
+		}
 		spacing = min(max(10*last.Sub(start), wiringSyncMin), wiringSyncMax)
 		switch {
 		case s.regCtx.Err() != nil:

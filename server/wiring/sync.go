@@ -205,12 +205,6 @@ func (w *Wiring) Sync(token uint64, snap *Snapshot) (SyncStats, error) {
 		}
 		unlock()
 	}
-	if st.Changed() > 0 {
-		w.log.Info("wiring: brought in changes made through other brokers",
-			"exchanges_added", st.ExchangesAdded, "exchanges_removed", st.ExchangesRemoved,
-			"queues_added", st.QueuesAdded, "queues_removed", st.QueuesRemoved,
-			"bindings_added", st.BindingsAdded, "bindings_removed", st.BindingsRemoved)
-	}
 	return st, nil
 }
 
