@@ -84,10 +84,11 @@ func (s *Server) watchWiring() {
 		case errors.Is(err, wiring.ErrSyncRaced):
 			continue // read again at once: this broker's own change moved the index anyway
 		case err != nil:
-			s.log.Warn("server: bringing in wiring changes from the controller failed; retrying", "err", err)
-			if !pause(wiringSyncRetry) {
-				return
-			}
+			// Backing off: a wiring too large to read (a controller
+			// answer is at most 64 MiB) would otherwise be read again
+			// and again.
+			spacing = min(max(2*spacing, wiringSyncRetry), wiringSyncMax)
+			s.log.Warn("server: bringing in wiring changes from the controller failed; retrying", "err", err, "in", spacing)
 			continue
 		}
 		applied = idx
