@@ -17,15 +17,19 @@ import (
 // declared at one broker was unknown to the others until they restarted:
 // a publish there to it was refused with not-found.
 //
-// A pass reads the whole wiring, so passes are spaced by ten times the
-// last one's duration, at least wiringSyncMin: with a few thousand
-// queues a change elsewhere shows within about that, and a broker with a
-// million queues (a pass of about a second) spends about a tenth of a
-// core on it while the wiring keeps changing, and nothing once it stops.
+// A pass reads the whole wiring, so once it holds wiringSyncSmall queues
+// and bindings or more, passes are spaced by ten times the last one's
+// duration (at least wiringSyncMin): a broker with a million queues (a
+// pass of about a second) spends about a tenth of a core on it while the
+// wiring keeps changing, and nothing once it stops. A smaller wiring is
+// read again wiringSyncMin after the last pass.
 const (
 	wiringSyncMin   = 50 * time.Millisecond
 	wiringSyncMax   = 30 * time.Second
 	wiringSyncRetry = 500 * time.Millisecond
+	// wiringSyncSmall: below this many queues and bindings a pass is
+	// spaced by wiringSyncMin alone.
+	wiringSyncSmall = 10000
 )
 
 func (s *Server) watchWiring() {
@@ -70,6 +74,14 @@ func (s *Server) watchWiring() {
 			st, err = s.wiring.Sync(token, snap)
 		}
 		last = time.Now()
+		if err == nil && len(snap.Queues)+len(snap.Bindings) < wiringSyncSmall {
+			// A pass over a small wiring costs little; its time is
+			// mostly the read's round trips, which spacing would only
+			// add to how late changes show here.
+			spacing = wiringSyncMin
+		} else {
+			spacing = min(max(10*last.Sub(start), wiringSyncMin), wiringSyncMax)
+		}
 		if st.Changed() > 0 {
 			s.log.Info("wiring: brought in changes made through other brokers",
 				"exchanges_added", st.ExchangesAdded, "exchanges_removed", st.ExchangesRemoved,
@@ -77,7 +89,6 @@ func (s *Server) watchWiring() {
 				"bindings_added", st.BindingsAdded, "bindings_removed", st.BindingsRemoved,
 				"queues", len(snap.Queues), "took", last.Sub(start).Round(time.Microsecond))
 		}
-		spacing = min(max(10*last.Sub(start), wiringSyncMin), wiringSyncMax)
 		switch {
 		case s.regCtx.Err() != nil:
 			return
