@@ -32,20 +32,31 @@ import (
 // no list.
 const localQueuesFile = "local-queues"
 
+// foreignQueuesFile lists, in the same format, the queues other brokers
+// keep local: queues this broker saw in the controller's wiring while
+// the cluster had no groups (wiringsync.go). It restores none of them,
+// brings none in, and refuses to declare one, so each stays on the
+// broker that declared it. A name leaves the list when the controller no
+// longer holds it.
+const foreignQueuesFile = "foreign-queues"
+
 type localQueues struct {
-	dir string // "" keeps the list in memory only
+	dir  string // "" keeps the list in memory only
+	file string // localQueuesFile or foreignQueuesFile
 	mu  sync.Mutex
 	set map[string]struct{}
 	f   *os.File // the log, open for appends; nil until the first
 	buf []byte   // records not written yet
 }
 
-func loadLocalQueues(dir string) (*localQueues, error) {
-	l := &localQueues{dir: dir, set: map[string]struct{}{}}
+func loadLocalQueues(dir string) (*localQueues, error) { return loadQueueList(dir, localQueuesFile) }
+
+func loadQueueList(dir, file string) (*localQueues, error) {
+	l := &localQueues{dir: dir, file: file, set: map[string]struct{}{}}
 	if dir == "" {
 		return l, nil
 	}
-	path := filepath.Join(dir, localQueuesFile)
+	path := filepath.Join(dir, file)
 	data, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return l, nil
@@ -82,7 +93,7 @@ func loadLocalQueues(dir string) (*localQueues, error) {
 		}) {
 			l.buf = appendLocalRecord(l.buf, '+', name)
 		}
-		if err := writeFileDurable(dir, localQueuesFile, l.buf); err != nil {
+		if err := writeFileDurable(dir, file, l.buf); err != nil {
 			return nil, fmt.Errorf("server: rewrite %s: %w", path, err)
 		}
 		l.buf = l.buf[:0]
@@ -105,6 +116,28 @@ func (l *localQueues) has(name string) bool {
 	defer l.mu.Unlock()
 	_, ok := l.set[name]
 	return ok
+}
+
+// removeMissing takes off the list, durably, every name keep says is
+// gone.
+func (l *localQueues) removeMissing(keep func(name string) bool) error {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for name := range l.set {
+		if !keep(name) {
+			delete(l.set, name)
+			if l.dir != "" {
+				l.buf = appendLocalRecord(l.buf, '-', name)
+			}
+		}
+	}
+	if l.dir == "" {
+		return nil
+	}
+	return l.flushLocked()
 }
 
 func (l *localQueues) len() int {
@@ -168,7 +201,7 @@ func (l *localQueues) flushLocked() error {
 		if err := os.MkdirAll(l.dir, 0o755); err != nil {
 			return err
 		}
-		path := filepath.Join(l.dir, localQueuesFile)
+		path := filepath.Join(l.dir, l.file)
 		_, statErr := os.Stat(path)
 		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 		if err != nil {

@@ -57,6 +57,9 @@ type replicator struct {
 	s      *Server
 	groups atomic.Uint32 // the cluster's group count; 0 until known
 	local  *localQueues  // durable queues kept out of the groups (localqueues.go)
+	// foreign: durable queues other brokers keep out of the groups, on
+	// themselves (localqueues.go, wiringsync.go).
+	foreign *localQueues
 	// restoring: the wiring is being restored at start (keepLocal).
 	restoring atomic.Bool
 	waiters   []*shardWaiter // by shard index
@@ -456,7 +459,12 @@ func (s *Server) initReplication() error {
 	if err != nil {
 		return err
 	}
-	r := &replicator{s: s, local: local}
+	foreign, err := loadQueueList(s.cfg.DataDir, foreignQueuesFile)
+	if err != nil {
+		local.close()
+		return err
+	}
+	r := &replicator{s: s, local: local, foreign: foreign}
 	r.restoring.Store(true) // until restoreDone
 	for _, sh := range s.broker.Shards() {
 		r.waiters = append(r.waiters, &shardWaiter{sh})

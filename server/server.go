@@ -464,6 +464,7 @@ func Start(cfg Config) (*Server, error) {
 		wcfg.Dir = cfg.DataDir
 	}
 	wcfg.Syncable = s.syncable
+	wcfg.Foreign = s.foreignQueue
 	s.wiring = wiring.New(wcfg)
 	s.boot.wiring.Store(s.wiring)
 	s.boot.broker.Store(s.broker)
@@ -608,6 +609,7 @@ func (s *Server) Close() error {
 		s.broker.Stop()
 		if s.replicator != nil {
 			s.replicator.local.close()
+			s.replicator.foreign.close()
 		}
 		s.conns.Lock()
 		for cs := range s.conns.set {

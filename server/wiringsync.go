@@ -1,9 +1,11 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"time"
 
+	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/server/wiring"
 	"github.com/berthmq/berth/shards"
 )
@@ -94,6 +96,17 @@ func (s *Server) watchWiring() {
 			continue
 		}
 		applied = idx
+		if r := s.replicator; r != nil && r.foreign.len() > 0 {
+			// Another broker's local queue that the controller no
+			// longer holds is no longer kept off this broker.
+			held := make(map[string]bool, len(snap.Queues))
+			for _, q := range snap.Queues {
+				held[q.Name] = true
+			}
+			if err := r.foreign.removeMissing(func(name string) bool { return held[name] }); err != nil {
+				s.log.Error("server: updating the list of other brokers' local queues failed", "err", err)
+			}
+		}
 	}
 }
 
@@ -102,14 +115,34 @@ func (s *Server) watchWiring() {
 // it (its group's members apply its events, the others forward to its
 // master). One the cluster keeps local stays on the broker that declared
 // it (OPERATIONS.md): a queue seen here while the cluster has no groups
-// yet was declared before "berthctl cluster init", and replicator.Group
-// writes its name down as local here too, so that this broker never
-// makes it a replicated queue of its own.
+// was declared before "berthctl cluster init", and goes on this broker's
+// list of foreign queues, which it never restores or declares.
 func (s *Server) syncable(name string, opts shards.QueueOptions) bool {
 	r := s.replicator
-	if r == nil {
+	if r == nil || !opts.Durable || opts.Exclusive || r.local.has(name) || r.foreign.has(name) {
 		return false
 	}
-	_, ok := r.Group(name, opts)
-	return ok
+	if r.groups.Load() == 0 {
+		ctx, cancel := context.WithTimeout(s.regCtx, wiringTimeout)
+		info, err := s.brokerClient().GetClusterInfo(ctx, ctlapi.ReadConsistent)
+		cancel()
+		if err != nil {
+			return false // not known: the next pass decides
+		}
+		if info.Config.Groups == 0 {
+			r.foreign.add(name)
+			if err := r.foreign.flush(); err != nil {
+				s.log.Error("server: writing down another broker's local queue failed", "queue", name, "err", err)
+			}
+			return false
+		}
+		r.groups.CompareAndSwap(0, info.Config.Groups)
+	}
+	return true
+}
+
+// foreignQueue reports whether name is another broker's local queue
+// (foreignQueuesFile): not restored here, not declared here.
+func (s *Server) foreignQueue(name string) bool {
+	return s.replicator != nil && s.replicator.foreign.has(name)
 }

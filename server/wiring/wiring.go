@@ -67,6 +67,9 @@ type Config struct {
 	// this broker lacks is to be added here by Sync (sync.go); a queue it
 	// refuses stays on the brokers that have it.
 	Syncable func(name string, opts shards.QueueOptions) bool
+	// Foreign, if set, names the queues another broker keeps to itself:
+	// Restore skips them and DeclareQueue refuses them.
+	Foreign func(name string) bool
 }
 
 // nameStripes is how many locks serialise changes by name; two names that
@@ -224,6 +227,9 @@ func (w *Wiring) restoreState(st *wiringState) error {
 		if _, dup := seen[q.Name]; dup || n.queue(q.Name) != nil {
 			continue // listed twice: keep the first
 		}
+		if w.cfg.Foreign != nil && w.cfg.Foreign(q.Name) {
+			continue // another broker's own queue (its bindings find no queue here)
+		}
 		seen[q.Name] = struct{}{}
 		specs = append(specs, shards.QueueSpec{Name: q.Name, Options: q.Options})
 	}
@@ -271,6 +277,9 @@ func (w *Wiring) restoreState(st *wiringState) error {
 		// leaves out what can match nothing.
 		q := n.queue(bd.Queue)
 		ex := n.exchange(bd.Exchange)
+		if q == nil && w.cfg.Foreign != nil && w.cfg.Foreign(bd.Queue) {
+			continue // to another broker's own queue, not restored here
+		}
 		if ex == nil || q == nil {
 			return shards.Errorf(wire.CodeNotFound, "wiring: restore binding %s -> %s (%q): no such exchange or queue", bd.Exchange, bd.Queue, bd.Key)
 		}
@@ -397,6 +406,10 @@ func (w *Wiring) DeclareQueue(name string, opts shards.QueueOptions, passive boo
 	}
 	if passive {
 		return nil, shards.Errorf(wire.CodeNotFound, "no queue %q", name)
+	}
+	if w.cfg.Foreign != nil && w.cfg.Foreign(name) {
+		return nil, shards.Errorf(wire.CodePreconditionFailed,
+			"queue %q lives on another broker of the cluster, which declared it before the cluster's replication was set up; use it there", name)
 	}
 	defer w.lockNames(name)()
 	r := w.Routing()
