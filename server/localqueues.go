@@ -43,10 +43,10 @@ const foreignQueuesFile = "foreign-queues"
 type localQueues struct {
 	dir  string // "" keeps the list in memory only
 	file string // localQueuesFile or foreignQueuesFile
-	mu  sync.Mutex
-	set map[string]struct{}
-	f   *os.File // the log, open for appends; nil until the first
-	buf []byte   // records not written yet
+	mu   sync.Mutex
+	set  map[string]struct{}
+	f    *os.File // the log, open for appends; nil until the first
+	buf  []byte   // records not written yet
 }
 
 func loadLocalQueues(dir string) (*localQueues, error) { return loadQueueList(dir, localQueuesFile) }
