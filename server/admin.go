@@ -34,7 +34,12 @@ type metrics struct {
 	outboundStalls    prometheus.Counter
 	unroutable        prometheus.Counter
 	ringFull          prometheus.Counter
-	shards            *shardCollector // nil on a controller-only node
+	// The wiring sync (wiringsync.go): passes that changed something
+	// or not, failed passes, and each pass's duration.
+	wiringSyncs        prometheus.Counter
+	wiringSyncFailures prometheus.Counter
+	wiringSyncSeconds  prometheus.Histogram
+	shards             *shardCollector // nil on a controller-only node
 }
 
 // newMetrics builds the registry /metrics serves. A broker exports its
@@ -53,6 +58,10 @@ func newMetrics(s *Server) *metrics {
 	m.outboundStalls = prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_outbound_stalls_total", Help: "Times a connection went over its cap of unwritten bytes and deliveries to it were held back."})
 	m.unroutable = prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_unroutable_total", Help: "Published messages that matched no queue."})
 	m.ringFull = prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_ring_full_total", Help: "Times an event loop found a shard ring full and backed off."})
+	m.wiringSyncs = prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_wiring_sync_passes_total", Help: "Passes that read the controller's wiring and brought this broker's in step with it."})
+	m.wiringSyncFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "berth_wiring_sync_failures_total", Help: "Wiring sync passes that failed (the read or a shard); retried with a growing pause."})
+	m.wiringSyncSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "berth_wiring_sync_seconds", Help: "Duration of each wiring sync pass, the read of the controller's wiring included.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 8)})
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "berth_ready", Help: "1 when /readyz answers 200, else 0."}, func() float64 {
 			if s.Ready() {
@@ -61,7 +70,8 @@ func newMetrics(s *Server) *metrics {
 			return 0
 		}))
 	if s.cfg.Role != RoleController {
-		m.reg.MustRegister(m.connections, m.protocolErrors, m.heartbeatTimeouts, m.handshakeTimeouts, m.outboundTimeouts, m.outboundStalls, m.unroutable, m.ringFull)
+		m.reg.MustRegister(m.connections, m.protocolErrors, m.heartbeatTimeouts, m.handshakeTimeouts, m.outboundTimeouts, m.outboundStalls, m.unroutable, m.ringFull,
+			m.wiringSyncs, m.wiringSyncFailures, m.wiringSyncSeconds)
 		m.shards = newShardCollector(s)
 		m.reg.MustRegister(m.shards)
 		if s.cfg.PeerAddr != "" {

@@ -75,6 +75,7 @@ func (s *Server) watchWiring() {
 		}
 		last = time.Now()
 		spacing = min(max(10*last.Sub(start), wiringSyncMin), wiringSyncMax)
+		s.metrics.wiringSyncSeconds.Observe(last.Sub(start).Seconds())
 		if st.Changed() > 0 {
 			s.log.Info("wiring: brought in changes made through other brokers",
 				"exchanges_added", st.ExchangesAdded, "exchanges_removed", st.ExchangesRemoved,
@@ -88,6 +89,7 @@ func (s *Server) watchWiring() {
 		case errors.Is(err, wiring.ErrSyncRaced):
 			continue // read again at once: this broker's own change moved the index anyway
 		case err != nil:
+			s.metrics.wiringSyncFailures.Inc()
 			// Backing off: a wiring too large to read (a controller
 			// answer is at most 64 MiB) would otherwise be read again
 			// and again.
@@ -95,6 +97,7 @@ func (s *Server) watchWiring() {
 			s.log.Warn("server: bringing in wiring changes from the controller failed; retrying", "err", err, "in", spacing)
 			continue
 		}
+		s.metrics.wiringSyncs.Inc()
 		applied = idx
 		if r := s.replicator; r != nil && r.foreign.len() > 0 {
 			// Another broker's local queue that the controller no

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -52,6 +55,13 @@ func TestWiringMadeElsewhere(t *testing.T) {
 	t.Logf("a queue declared at broker 1 was known at broker 2 after %v and took publishes there after %v",
 		known.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 	consumeRedialing(t, ctx, c.nodes[2], queue, want, true)
+	// Broker 2's passes show in its metrics.
+	if v := scrapeMetric(t, c.admins[c.nodes[1]], "berth_wiring_sync_passes_total"); v < 1 {
+		t.Fatalf("broker 2 counts %v wiring sync passes", v)
+	}
+	if v := scrapeMetric(t, c.admins[c.nodes[1]], "berth_wiring_sync_seconds_count"); v < 1 {
+		t.Fatalf("broker 2 timed %v wiring sync passes", v)
+	}
 
 	if err := a.DeclareExchange(ctx, exch, client.Direct, client.ExchangeOptions{Durable: true}); err != nil {
 		t.Fatal(err)
@@ -135,4 +145,29 @@ func TestWiringMadeElsewhere(t *testing.T) {
 			return nil
 		})
 	}
+}
+
+// scrapeMetric reads the value of series (name and labels, as /metrics
+// writes it) from the broker whose admin address is admin; -1 if absent.
+func scrapeMetric(t *testing.T, admin, series string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %q", series, line)
+			}
+			return f
+		}
+	}
+	return -1
 }
