@@ -171,3 +171,32 @@ func scrapeMetric(t *testing.T, admin, series string) float64 {
 	}
 	return -1
 }
+
+// TestWiringMadeElsewhereFiveBrokers: with 5 brokers and groups of 3, a
+// queue's group leaves out two brokers, which get none of its events and
+// so never adopted it: a queue declared at broker 1 is taken by a publish
+// through every other broker, and the messages are all delivered.
+func TestWiringMadeElsewhereFiveBrokers(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	c := startReplicatedN(t, ctx, 5, 5, 3)
+	a := dial(t, ctx, c.nodes[0].client)
+	const queue = "made-at-1-of-5"
+	if err := a.DeclareQueue(ctx, queue, client.QueueOptions{Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for i, n := range c.nodes[1:] {
+		conn := dial(t, ctx, n.client)
+		testutil.WaitFor(t, 15*time.Second, func() error {
+			m := fmt.Sprintf("through-%d-%d", i+2, len(want))
+			if err := conn.Publish(ctx, "", queue, []byte(m), client.PublishOptions{Persistent: true}); err != nil {
+				return fmt.Errorf("publish through %s: %w", n.name, err)
+			}
+			want = append(want, m)
+			return nil
+		})
+		conn.Close()
+	}
+	consumeRedialing(t, ctx, c.nodes[4], queue, want, true)
+}
