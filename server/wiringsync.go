@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/berthmq/berth/controlplane/ctlapi"
@@ -148,4 +149,26 @@ func (s *Server) syncable(name string, opts shards.QueueOptions) bool {
 // (foreignQueuesFile): not restored here, not declared here.
 func (s *Server) foreignQueue(name string) bool {
 	return s.replicator != nil && s.replicator.foreign.has(name)
+}
+
+// syncDroppable says whether a pass may drop q, a durable queue the
+// controller no longer holds: only a replicated queue's copy at a broker
+// outside its group's replica set, which forwards to the master and holds
+// no message. A member's copy goes when its group's log applies the
+// deletion (DropReplica), and a queue this broker keeps to itself is
+// never dropped by a pass.
+func (s *Server) syncDroppable(q *shards.Queue) bool {
+	g, ok := q.Replicated()
+	if !ok {
+		return false
+	}
+	m := s.groups.Load()
+	if m == nil {
+		return false
+	}
+	v := m.View()
+	if v == nil || int(g) >= len(v.Groups) || len(v.Groups[g].Replicas) == 0 {
+		return false
+	}
+	return !slices.Contains(v.Groups[g].Replicas, s.brokerID)
 }

@@ -175,7 +175,8 @@ func scrapeMetric(t *testing.T, admin, series string) float64 {
 // TestWiringMadeElsewhereFiveBrokers: with 5 brokers and groups of 3, a
 // queue's group leaves out two brokers, which get none of its events and
 // so never adopted it: a queue declared at broker 1 is taken by a publish
-// through every other broker, and the messages are all delivered.
+// through every other broker, the messages are all delivered, and once
+// it is deleted at broker 1 no broker has it.
 func TestWiringMadeElsewhereFiveBrokers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
@@ -199,4 +200,19 @@ func TestWiringMadeElsewhereFiveBrokers(t *testing.T) {
 		conn.Close()
 	}
 	consumeRedialing(t, ctx, c.nodes[4], queue, want, true)
+	// Deleted at broker 1: gone everywhere, from the group's members
+	// through its log and from the two others through the sync.
+	if err := a.DeleteQueue(ctx, queue, client.QueueDeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.nodes[1:] {
+		conn := dial(t, ctx, n.client)
+		testutil.WaitFor(t, 15*time.Second, func() error {
+			if err := conn.DeclareQueue(ctx, queue, client.QueueOptions{Durable: true, Passive: true}); err == nil {
+				return fmt.Errorf("%s still has %s", n.name, queue)
+			}
+			return nil
+		})
+		conn.Close()
+	}
 }

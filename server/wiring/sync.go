@@ -16,7 +16,10 @@ import (
 // durable wiring (exchanges marked durable; queues durable and not
 // exclusive; bindings between those) and makes this broker's match: it
 // adds what is missing here and drops what the controller no longer
-// holds. Nothing is recorded in the log: the controller has it already.
+// holds, but only the queues Config.Droppable allows (the server lets it
+// drop only copies that hold no messages: a group member's copy goes
+// through its group's log). Nothing is recorded in the log: the
+// controller has it already.
 //
 // A snapshot read while this broker made a change of its own may be
 // older than that change, and acting on it would undo the change. So
@@ -149,7 +152,9 @@ func (w *Wiring) Sync(token uint64, snap *Snapshot) (SyncStats, error) {
 			return true
 		}
 		if _, ok := wantQ[name]; !ok {
-			staleQ = append(staleQ, name)
+			if w.cfg.Droppable == nil || w.cfg.Droppable(q) {
+				staleQ = append(staleQ, name)
+			}
 			return true
 		}
 		for _, bd := range r.liveBindings(name) {
@@ -208,25 +213,28 @@ func (w *Wiring) Sync(token uint64, snap *Snapshot) (SyncStats, error) {
 	return st, nil
 }
 
-// syncQueueLocked makes the queue wq.Name here the controller's: added
-// if missing, replaced if it has other options. Its name lock is held.
+// syncQueueLocked adds the queue wq.Name here if it is missing. Its name
+// lock is held.
 func (w *Wiring) syncQueueLocked(wq WiringQueue, st *SyncStats) error {
 	q := w.Routing().queue(wq.Name)
 	if q != nil && *q.Options == wq.Options {
 		return nil
 	}
 	if q != nil {
-		if q.Options.Exclusive || !q.Options.Durable {
-			// This broker's own queue of that name: left alone, and
-			// the cluster's is not served here while it exists.
-			w.log.Warn("wiring: a local queue hides the cluster's queue of the same name", "queue", wq.Name)
-			return nil
+		// A queue of that name with other options: this broker's own
+		// transient or exclusive one, or the cluster's deleted and
+		// declared again elsewhere, whose old copy its group's log
+		// drops here (DropReplica), after which a pass adds the new
+		// one. A pass never drops a queue for its options: a copy
+		// with messages is not the place to guess.
+		if _, seen := w.syncWarned[wq.Name]; !seen {
+			if w.syncWarned == nil {
+				w.syncWarned = map[string]struct{}{}
+			}
+			w.syncWarned[wq.Name] = struct{}{}
+			w.log.Warn("wiring: a queue here differs from the cluster's queue of the same name; left as it is", "queue", wq.Name)
 		}
-		// Deleted and declared again elsewhere with other options.
-		if !w.dropLocked(q) {
-			return nil
-		}
-		st.QueuesRemoved++
+		return nil
 	}
 	nq, err := w.b.AddQueue(wq.Name, wq.Options, nil)
 	if err != nil {

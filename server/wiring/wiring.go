@@ -70,6 +70,9 @@ type Config struct {
 	// Foreign, if set, names the queues another broker keeps to itself:
 	// Restore skips them and DeclareQueue refuses them.
 	Foreign func(name string) bool
+	// Droppable, if set, says whether Sync may drop q, a durable queue
+	// the controller no longer holds.
+	Droppable func(q *shards.Queue) bool
 }
 
 // nameStripes is how many locks serialise changes by name; two names that
@@ -95,6 +98,9 @@ type Wiring struct {
 	// committed counts the changes this broker committed to the log,
 	// each bumped under its name's lock before it is applied (sync.go).
 	committed atomic.Uint64
+	// syncWarned: queues Sync has warned differ from the controller's
+	// (Sync's caller only).
+	syncWarned map[string]struct{}
 
 	// exclusive lists each session's exclusive queues, so that a session's
 	// end finds them without scanning every queue.
