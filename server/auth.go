@@ -420,51 +420,20 @@ func (s *Server) startAuth() (applied uint64, err error) {
 func (s *Server) watchUsers(applied uint64) {
 	defer s.regWG.Done()
 	cl := s.brokerClient()
-	var last time.Time
-	pause := func(d time.Duration) bool {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-s.regCtx.Done():
-			return false
-		case <-t.C:
-			return true
-		}
-	}
-	for {
-		idx, err := cl.WaitChange(s.regCtx, applied)
-		if s.regCtx.Err() != nil {
-			return
-		}
-		if err != nil {
-			if !pause(authUsersRetry) {
-				return
-			}
-			continue
-		}
-		if idx == applied {
-			continue
-		}
-		if wait := authUsersRefreshMin - time.Since(last); wait > 0 && !pause(wait) {
-			return
-		}
+	s.followApplied(applied, authUsersRetry, func() time.Duration { return authUsersRefreshMin }, func() bool {
 		ctx, cancel := context.WithTimeout(s.regCtx, wiringTimeout)
 		users, err := cl.GetUsers(ctx, ctlapi.ReadFollower)
 		cancel()
-		last = time.Now()
 		if err != nil {
-			if s.regCtx.Err() != nil {
-				return
+			if s.regCtx.Err() == nil {
+				s.log.Warn("server: reading the users from the controller failed; keeping the ones known", "err", err)
+				s.pauseReg(authUsersRetry)
 			}
-			s.log.Warn("server: reading the users from the controller failed; keeping the ones known", "err", err)
-			if !pause(authUsersRetry) {
-				return
-			}
-			continue
+			return false
 		}
-		applied = idx
 		if s.auth.setUsers(users) {
 			s.log.Info("server: users changed", "users", len(users))
 		}
-	}
+		return true
+	})
 }

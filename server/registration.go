@@ -458,3 +458,52 @@ func (s *Server) controllerLoop() {
 		}
 	}
 }
+
+// followApplied long-polls the controller's applied index (WaitChange)
+// from applied on, and calls pass each time the index has moved past the
+// one the last successful pass saw, no sooner than gap() after the last
+// call of pass ended. pass reports whether it succeeded; a failed one is
+// called again for the same change. It returns when the broker closes
+// (regCtx). The users' and the wiring's watches run on it.
+func (s *Server) followApplied(applied uint64, retry time.Duration, gap func() time.Duration, pass func() bool) {
+	cl := s.brokerClient()
+	var last time.Time
+	for {
+		idx, err := cl.WaitChange(s.regCtx, applied)
+		if s.regCtx.Err() != nil {
+			return
+		}
+		if err != nil {
+			if !s.pauseReg(retry) {
+				return
+			}
+			continue
+		}
+		if idx == applied {
+			continue
+		}
+		if wait := gap() - time.Since(last); wait > 0 && !s.pauseReg(wait) {
+			return
+		}
+		ok := pass()
+		last = time.Now()
+		if s.regCtx.Err() != nil {
+			return
+		}
+		if ok {
+			applied = idx
+		}
+	}
+}
+
+// pauseReg waits d, or less if the broker closes; false then.
+func (s *Server) pauseReg(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-s.regCtx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -35,38 +35,9 @@ const (
 
 func (s *Server) watchWiring() {
 	defer s.regWG.Done()
-	cl := s.brokerClient()
 	wl := s.wiringLog
-	pause := func(d time.Duration) bool {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		select {
-		case <-s.regCtx.Done():
-			return false
-		case <-t.C:
-			return true
-		}
-	}
-	var applied uint64
-	var last time.Time
 	spacing := wiringSyncMin
-	for {
-		idx, err := cl.WaitChange(s.regCtx, applied)
-		if s.regCtx.Err() != nil {
-			return
-		}
-		if err != nil {
-			if !pause(wiringSyncRetry) {
-				return
-			}
-			continue
-		}
-		if idx == applied {
-			continue
-		}
-		if wait := spacing - time.Since(last); wait > 0 && !pause(wait) {
-			return
-		}
+	s.followApplied(0, wiringSyncRetry, func() time.Duration { return spacing }, func() bool {
 		start := time.Now()
 		token := s.wiring.SyncToken()
 		snap, err := wl.Load()
@@ -74,21 +45,21 @@ func (s *Server) watchWiring() {
 		if err == nil {
 			st, err = s.wiring.Sync(token, snap)
 		}
-		last = time.Now()
-		spacing = min(max(10*last.Sub(start), wiringSyncMin), wiringSyncMax)
-		s.metrics.wiringSyncSeconds.Observe(last.Sub(start).Seconds())
+		took := time.Since(start)
+		spacing = min(max(10*took, wiringSyncMin), wiringSyncMax)
+		s.metrics.wiringSyncSeconds.Observe(took.Seconds())
 		if st.Changed() > 0 {
 			s.log.Info("wiring: brought in changes made through other brokers",
 				"exchanges_added", st.ExchangesAdded, "exchanges_removed", st.ExchangesRemoved,
 				"queues_added", st.QueuesAdded, "queues_removed", st.QueuesRemoved,
 				"bindings_added", st.BindingsAdded, "bindings_removed", st.BindingsRemoved,
-				"queues", len(snap.Queues), "took", last.Sub(start).Round(time.Microsecond))
+				"queues", len(snap.Queues), "took", took.Round(time.Microsecond))
 		}
 		switch {
 		case s.regCtx.Err() != nil:
-			return
+			return false
 		case errors.Is(err, wiring.ErrSyncRaced):
-			continue // read again at once: this broker's own change moved the index anyway
+			return false // read again: this broker's own change moved the index anyway
 		case err != nil:
 			s.metrics.wiringSyncFailures.Inc()
 			// Backing off: a wiring too large to read (a controller
@@ -96,10 +67,9 @@ func (s *Server) watchWiring() {
 			// and again.
 			spacing = min(max(2*spacing, wiringSyncRetry), wiringSyncMax)
 			s.log.Warn("server: bringing in wiring changes from the controller failed; retrying", "err", err, "in", spacing)
-			continue
+			return false
 		}
 		s.metrics.wiringSyncs.Inc()
-		applied = idx
 		if r := s.replicator; r != nil && r.foreign.len() > 0 {
 			// Another broker's local queue that the controller no
 			// longer holds is no longer kept off this broker.
@@ -111,7 +81,8 @@ func (s *Server) watchWiring() {
 				s.log.Error("server: updating the list of other brokers' local queues failed", "err", err)
 			}
 		}
-	}
+		return true
+	})
 }
 
 // syncable says whether a durable queue declared through another broker

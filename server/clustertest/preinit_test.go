@@ -25,7 +25,6 @@ func TestQueueBeforeInitSurvivesRestart(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	c := startBrokers(t, ctx, 3)
-	cl := c.cl
 	n := c.nodes[0]
 	conn := dial(t, ctx, n.client)
 	const queue = "before-init"
@@ -41,27 +40,7 @@ func TestQueueBeforeInitSurvivesRestart(t *testing.T) {
 		want = append(want, m)
 	}
 	conn.Close()
-	info, err := cl.GetClusterInfo(ctx, ctlapi.ReadConsistent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := info.Config
-	cfg.Groups = 3
-	if err := cl.SetClusterConfig(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	testutil.WaitFor(t, 30*time.Second, func() error {
-		gs, _, err := cl.GetGroups(ctx, ctlapi.ReadConsistent, 0, 3)
-		if err != nil {
-			return err
-		}
-		for _, g := range gs {
-			if g.Master == 0 {
-				return fmt.Errorf("group %d has no master", g.ID)
-			}
-		}
-		return nil
-	})
+	initGroups(t, ctx, c, 3)
 	n.stop(t, syscall.SIGTERM)
 	n.start(t)
 	n.waitUp(t, 20*time.Second)
@@ -78,7 +57,6 @@ func TestQueueBeforeInitStaysOnItsBroker(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	c := startBrokers(t, ctx, 3)
-	cl := c.cl
 	a := dial(t, ctx, c.nodes[0].client)
 	const queue = "stays-on-1"
 	if err := a.DeclareQueue(ctx, queue, client.QueueOptions{Durable: true}); err != nil {
@@ -108,15 +86,7 @@ func TestQueueBeforeInitStaysOnItsBroker(t *testing.T) {
 		return nil
 	})
 	notFound("before the init")
-	info, err := cl.GetClusterInfo(ctx, ctlapi.ReadConsistent)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := info.Config
-	cfg.Groups = 3
-	if err := cl.SetClusterConfig(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	initGroups(t, ctx, c, 3)
 	notFound("after the init")
 	b.Close()
 	c.nodes[1].stop(t, syscall.SIGTERM)
@@ -124,7 +94,7 @@ func TestQueueBeforeInitStaysOnItsBroker(t *testing.T) {
 	c.nodes[1].waitUp(t, 20*time.Second)
 	b = dial(t, ctx, c.nodes[1].client)
 	notFound("after broker 2 restarted")
-	err = b.DeclareQueue(ctx, queue, client.QueueOptions{Durable: true})
+	err := b.DeclareQueue(ctx, queue, client.QueueOptions{Durable: true})
 	if client.Code(err) != wire.CodePreconditionFailed || !strings.Contains(err.Error(), "another broker") {
 		t.Fatalf("declare at broker 2: %v, want precondition-failed naming another broker", err)
 	}
@@ -144,4 +114,31 @@ func dataDir(n *node) string {
 		return n.args[i+1]
 	}
 	return ""
+}
+
+// initGroups does what "berthctl cluster init --groups n" does and waits
+// until every group has a master.
+func initGroups(t *testing.T, ctx context.Context, c *rcluster, n uint32) {
+	t.Helper()
+	info, err := c.cl.GetClusterInfo(ctx, ctlapi.ReadConsistent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := info.Config
+	cfg.Groups = n
+	if err := c.cl.SetClusterConfig(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		gs, _, err := c.cl.GetGroups(ctx, ctlapi.ReadConsistent, 0, n)
+		if err != nil {
+			return err
+		}
+		for _, g := range gs {
+			if g.Master == 0 {
+				return fmt.Errorf("group %d has no master", g.ID)
+			}
+		}
+		return nil
+	})
 }
