@@ -90,22 +90,33 @@ func (r *replicator) Group(name string, opts shards.QueueOptions) (uint32, bool)
 	if !opts.Durable || opts.Exclusive || r.local.has(name) {
 		return 0, false
 	}
-	n := r.groups.Load()
+	n, known := r.groupCount(context.Background())
+	if !known {
+		return 0, false // decided again at the next start
+	}
 	if n == 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), wiringTimeout)
-		info, err := r.s.brokerClient().GetClusterInfo(ctx, ctlapi.ReadConsistent)
-		cancel()
-		if err != nil {
-			return 0, false // not known: decided again at the next start
-		}
-		if info.Config.Groups == 0 {
-			r.keepLocal(name)
-			return 0, false
-		}
-		r.groups.CompareAndSwap(0, info.Config.Groups)
-		n = r.groups.Load()
+		r.keepLocal(name)
+		return 0, false
 	}
 	return GroupOf(name, n), true
+}
+
+// groupCount is the cluster's group count, read from the controller
+// while it is 0 here; known is false when that read failed.
+func (r *replicator) groupCount(ctx context.Context) (n uint32, known bool) {
+	if n := r.groups.Load(); n > 0 {
+		return n, true
+	}
+	ctx, cancel := context.WithTimeout(ctx, wiringTimeout)
+	info, err := r.s.brokerClient().GetClusterInfo(ctx, ctlapi.ReadConsistent)
+	cancel()
+	if err != nil {
+		return 0, false
+	}
+	if info.Config.Groups > 0 {
+		r.groups.CompareAndSwap(0, info.Config.Groups)
+	}
+	return r.groups.Load(), true
 }
 
 // keepLocal writes down a durable queue created while the cluster has

@@ -1,12 +1,10 @@
 package server
 
 import (
-	"context"
 	"errors"
 	"slices"
 	"time"
 
-	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/server/wiring"
 	"github.com/berthmq/berth/shards"
 )
@@ -97,21 +95,16 @@ func (s *Server) syncable(name string, opts shards.QueueOptions) bool {
 	if r == nil || !opts.Durable || opts.Exclusive || r.local.has(name) || r.foreign.has(name) {
 		return false
 	}
-	if r.groups.Load() == 0 {
-		ctx, cancel := context.WithTimeout(s.regCtx, wiringTimeout)
-		info, err := s.brokerClient().GetClusterInfo(ctx, ctlapi.ReadConsistent)
-		cancel()
-		if err != nil {
-			return false // not known: the next pass decides
+	n, known := r.groupCount(s.regCtx)
+	if !known {
+		return false // the next pass decides
+	}
+	if n == 0 {
+		r.foreign.add(name)
+		if err := r.foreign.flush(); err != nil {
+			s.log.Error("server: writing down another broker's local queue failed", "queue", name, "err", err)
 		}
-		if info.Config.Groups == 0 {
-			r.foreign.add(name)
-			if err := r.foreign.flush(); err != nil {
-				s.log.Error("server: writing down another broker's local queue failed", "queue", name, "err", err)
-			}
-			return false
-		}
-		r.groups.CompareAndSwap(0, info.Config.Groups)
+		return false
 	}
 	return true
 }
