@@ -98,7 +98,8 @@ type Consumer struct {
 		creditGen              uint64
 		// retrying: a SUBSCRIBE sent again was refused as unavailable
 		// (its group has no master yet, or this broker does not know it
-		// yet), and a timer sends it again; a reconnect meanwhile leaves
+		// yet) or not-found (this broker has not learned the queue yet),
+		// and a timer sends it again; a reconnect meanwhile leaves
 		// it to the timer. retries counts those refusals in a row since
 		// retryStart.
 		retrying   bool
@@ -232,18 +233,25 @@ func (s *Consumer) resubscribed(err error) {
 // retryWaitLocked is how long to wait before subscribing again after a
 // SUBSCRIBE sent again was refused with err, or 0 not to: only a
 // reconnecting Conn tries again, only after unavailable (the broker
-// reconnected to does not know the group's new master yet), and within
-// the policy's bounds. s.mu is held.
+// reconnected to does not know the group's new master yet) or, for
+// ResubscribeNotFound, not-found (it has not learned the queue yet), and
+// within the policy's bounds. s.mu is held.
 func (s *Consumer) retryWaitLocked(err error) time.Duration {
 	p := s.c.cfg.Reconnect
-	if p == nil || Code(err) != wire.CodeUnavailable {
+	if p == nil {
+		return 0
+	}
+	code := Code(err)
+	if code != wire.CodeUnavailable && (code != wire.CodeNotFound || p.ResubscribeNotFound < 0) {
 		return 0
 	}
 	if s.mu.retries == 0 {
 		s.mu.retryStart = time.Now()
 	}
 	s.mu.retries++
-	if (p.MaxAttempts > 0 && s.mu.retries > p.MaxAttempts) || (p.MaxTime > 0 && time.Since(s.mu.retryStart) > p.MaxTime) {
+	since := time.Since(s.mu.retryStart)
+	if (p.MaxAttempts > 0 && s.mu.retries > p.MaxAttempts) || (p.MaxTime > 0 && since > p.MaxTime) ||
+		(code == wire.CodeNotFound && since > p.ResubscribeNotFound) {
 		return 0
 	}
 	s.mu.retrying = true

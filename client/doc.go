@@ -107,7 +107,11 @@
 //     queue whose group is still electing its master, or a broker that
 //     has not learned the new master yet) is sent again after a wait
 //     that grows as between reconnect rounds, until the policy's bounds
-//     run out; then the consumer ends with that error.
+//     run out; then the consumer ends with that error. So is one refused
+//     as not-found, for ResubscribeNotFound (5 s by default): a cluster
+//     broker may not have learned a queue declared through another one
+//     yet. A queue deleted for good ends the consumer with not-found
+//     after that time.
 //   - a Cancel that had no answer is done (the consumer is not
 //     subscribed again); a Purge or Delete fails with ErrConnectionLost
 //     (with ErrOutcomeUnknown if it was sent).

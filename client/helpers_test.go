@@ -88,7 +88,10 @@ func (p *proxy) serve() {
 		if err != nil {
 			return
 		}
-		sc, err := net.Dial("tcp", p.target)
+		p.mu.Lock()
+		target := p.target
+		p.mu.Unlock()
+		sc, err := net.Dial("tcp", target)
 		if err != nil {
 			cc.Close()
 			continue
@@ -131,6 +134,13 @@ func (p *proxy) relay(from, to net.Conn, held *bool) {
 func (p *proxy) pauseUp() {
 	p.mu.Lock()
 	p.upPaused = true
+	p.mu.Unlock()
+}
+
+// retarget sends the connections accepted from now on to addr.
+func (p *proxy) retarget(addr string) {
+	p.mu.Lock()
+	p.target = addr
 	p.mu.Unlock()
 }
 

@@ -41,12 +41,21 @@ type ReconnectPolicy struct {
 	// publishes may then be enqueued twice (at-least-once), as with a
 	// broker that speaks protocol 1.1 or older.
 	NoProducerID bool
+	// ResubscribeNotFound is how long a consumer subscribed again after a
+	// reconnect keeps trying when the new broker answers not-found: a
+	// cluster broker learns a queue declared through another broker
+	// within one pass of its wiring sync (tens of milliseconds on a small
+	// cluster), so a client that fails over just after a declare can ask
+	// before it knows. Default 5 s, and never past MaxTime; negative: the
+	// consumer ends at the first not-found.
+	ResubscribeNotFound time.Duration
 }
 
 const (
-	reconnectDelayMinDefault = 50 * time.Millisecond
-	reconnectDelayMaxDefault = 2 * time.Second
-	reconnectTimeDefault     = 30 * time.Second
+	reconnectDelayMinDefault   = 50 * time.Millisecond
+	reconnectDelayMaxDefault   = 2 * time.Second
+	reconnectTimeDefault       = 30 * time.Second
+	resubscribeNotFoundDefault = 5 * time.Second
 )
 
 func (p *ReconnectPolicy) withDefaults() (ReconnectPolicy, error) {
@@ -65,6 +74,9 @@ func (p *ReconnectPolicy) withDefaults() (ReconnectPolicy, error) {
 	}
 	if q.MaxAttempts == 0 && q.MaxTime == 0 {
 		q.MaxTime = reconnectTimeDefault
+	}
+	if q.ResubscribeNotFound == 0 {
+		q.ResubscribeNotFound = resubscribeNotFoundDefault
 	}
 	return q, nil
 }

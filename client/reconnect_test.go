@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/server"
+	"github.com/berthmq/berth/wire"
 )
 
 func TestBackoffBounds(t *testing.T) {
@@ -343,5 +344,91 @@ func TestReconnectingConnNoticesFrozenBroker(t *testing.T) {
 		case <-deadline:
 			t.Fatal("the frozen broker was not noticed within 10 s")
 		}
+	}
+}
+
+// TestResubscribeWaitsForQueue: after a reconnect to a broker that does
+// not know a consumer's queue yet (a cluster broker that has not synced
+// a declare made through another one), the SUBSCRIBE sent again is
+// refused as not-found and tried again until the queue appears, and the
+// consumer then gets what is published to it. A queue that never
+// appears ends its consumer with not-found once ResubscribeNotFound has
+// passed.
+func TestResubscribeWaitsForQueue(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		window time.Duration
+	}{{"default", 0}, {"off", -1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := startServer(t), startServer(t)
+			p := startProxy(t, a.ClientAddr())
+			window := tc.window
+			if window == 0 {
+				window = 2 * time.Second // the test's own, shorter than the 5 s default
+			}
+			cfg := Config{Reconnect: &ReconnectPolicy{DelayMin: 5 * time.Millisecond, DelayMax: 20 * time.Millisecond, ResubscribeNotFound: window}}
+			c, err := DialConfig(testCtx(t), cfg, p.addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.mu.Lock()
+			c.mu.addrs = nil // only the proxy
+			c.mu.Unlock()
+			ctx := testCtx(t)
+			for _, q := range []string{"late", "never"} {
+				if err := c.DeclareQueue(ctx, q, QueueOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			late, err := c.Subscribe(ctx, "late", SubscribeOptions{Credit: 8, AckMode: AckNone})
+			if err != nil {
+				t.Fatal(err)
+			}
+			never, err := c.Subscribe(ctx, "never", SubscribeOptions{Credit: 8, AckMode: AckNone})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p.retarget(b.ClientAddr())
+			p.kill()
+
+			if tc.window < 0 {
+				// Off: the first not-found ends each consumer.
+				if _, err := late.Next(ctx); Code(err) != wire.CodeNotFound {
+					t.Fatalf("late consumer: %v, want not-found", err)
+				}
+				return
+			}
+			waitFor(t, "a not-found refusal of the SUBSCRIBE sent again", func() bool {
+				late.mu.Lock()
+				defer late.mu.Unlock()
+				return late.mu.retries > 0
+			})
+			if err := late.Err(); err != nil {
+				t.Fatalf("late consumer ended at the first refusal: %v", err)
+			}
+			d := dialTest(t, b.ClientAddr())
+			if err := d.DeclareQueue(ctx, "late", QueueOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Publish(ctx, "", "late", []byte("after"), PublishOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			got, err := late.Next(ctx)
+			if err != nil {
+				t.Fatalf("late consumer: %v", err)
+			}
+			if string(got.Payload) != "after" {
+				t.Fatalf("late consumer got %q", got.Payload)
+			}
+			start := time.Now()
+			_, err = never.Next(ctx)
+			if Code(err) != wire.CodeNotFound {
+				t.Fatalf("consumer of a queue that never appears: %v, want not-found", err)
+			}
+			if waited := time.Since(start); waited > window+5*time.Second {
+				t.Fatalf("gave up after %v, window %v", waited, window)
+			}
+		})
 	}
 }
