@@ -1152,17 +1152,24 @@ func (m *Member) maybeAlter() {
 			continue
 		}
 		in := slices.Contains(next, id)
+		// It holds durably all that this epoch committed and all that an
+		// earlier one may have: the commit index itself is not durable,
+		// so a master after a restart knows less of it than was
+		// committed.
+		caughtUp := f.acked && f.match >= max(m.commit, m.inherited) && m.tick-f.lastAck <= m.cfg.LagTicks
 		switch {
 		case in && m.tick-f.lastAck > m.cfg.LagTicks:
 			next = slices.DeleteFunc(next, func(x MemberID) bool { return x == id })
 			changed = true
-		case !in && f.acked && f.match >= max(m.commit, m.inherited) && m.tick-f.lastAck <= m.cfg.LagTicks:
-			// It holds durably all that this epoch committed and all that
-			// an earlier one may have: the commit index itself is not
-			// durable, so a master after a restart knows less of it than
-			// was committed.
+		case !in && caughtUp:
 			next = append(next, id)
 			m.growing = append(m.growing, id)
+			changed = true
+		case in && caughtUp && !slices.Contains(m.ctlSet, id) && m.tick-m.alterAt > m.cfg.LagTicks:
+			// Counted since a grow that the controller refused or never
+			// answered (AlterRefused): the controller must learn it, or
+			// it could never elect this member. Asked again once per
+			// LagTicks at most.
 			changed = true
 		}
 	}

@@ -774,6 +774,15 @@ func (s *sim) run() {
 	if _, ok := s.complete[final]; !ok {
 		s.fail("no proposal made after healing completed (master %d, epoch %d, set %v)", s.ctl.master, s.ctl.epoch, s.ctl.set)
 	}
+	// Healed, every member up and caught up: the master commits with
+	// every member, and the controller knows it, so any of them can be
+	// elected. A grow the controller refused or never answered must be
+	// asked for again.
+	if mn := s.nodes[s.ctl.master]; mn != nil && mn.m.Role() == RoleMaster {
+		if set := slices.Sorted(slices.Values(mn.m.SyncStateSet())); !slices.Equal(set, s.ctl.set) || len(set) != len(s.ids) {
+			s.fail("after healing the master m%d commits with %v, the controller's set is %v", s.ctl.master, set, s.ctl.set)
+		}
+	}
 	s.check()
 }
 
