@@ -103,7 +103,8 @@ func (r *replicator) serveForward(from, g uint32, event []byte, reply groups.For
 	rd.Str(wire.NameLenMax)
 	rd.Str(wire.RoutingKeyLenMax)
 	props, payload := rd.Bytes(wire.FrameSizeMax), rd.Bytes(wire.FrameSizeMax)
-	if rd.Err() != nil {
+	_, _, producer, producerSeq := readEnqueueTrailers(&rd)
+	if rd.Err() != nil || rd.Remaining() != 0 {
 		refuse(wire.CodeMalformed, "malformed forwarded enqueue")
 		return
 	}
@@ -128,6 +129,12 @@ func (r *replicator) serveForward(from, g uint32, event []byte, reply groups.For
 	data := slices.Clone(event)
 	size := len(props) + len(payload)
 	call := func(sh *shards.Shard) {
+		if q.Duplicate(producer, producerSeq) {
+			// A resend of an applied publish stays out of the log, as
+			// at the master's own clients (Shard.replicatedPublish).
+			sendOutcome(reply, nil)
+			return
+		}
 		if err := q.CheckEnqueue(size); err != nil {
 			reply.Send(wire.CodeResourceLimit, fmt.Sprintf("queue %q is full", q.Name))
 			return

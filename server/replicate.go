@@ -249,12 +249,7 @@ func decodeEnqueueEvent(rd *wire.Reader, view bool) (enqueueEvent, bool) {
 	props, payload := rd.Bytes(wire.FrameSizeMax), rd.Bytes(wire.FrameSizeMax)
 	var prio uint8
 	var at int64
-	if n := rd.Remaining(); n == 9 || n == 25 {
-		prio, at = rd.U8(), int64(rd.U64())
-	}
-	if rd.Remaining() == 16 {
-		ev.producer, ev.producerSeq = rd.U64(), rd.U64()
-	}
+	prio, at, ev.producer, ev.producerSeq = readEnqueueTrailers(rd)
 	if rd.Err() != nil || rd.Remaining() != 0 {
 		return ev, false
 	}
@@ -267,6 +262,20 @@ func decodeEnqueueEvent(rd *wire.Reader, view bool) (enqueueEvent, bool) {
 	}
 	ev.body.Priority, ev.body.DeliverAt = prio, at
 	return ev, true
+}
+
+// readEnqueueTrailers reads what may follow a gevEnqueue event's payload:
+// the priority and deliver-at time, then the producer id and sequence
+// number, each pair only when it was written (zeros otherwise). The
+// caller checks that nothing is left.
+func readEnqueueTrailers(rd *wire.Reader) (prio uint8, at int64, producer, producerSeq uint64) {
+	if n := rd.Remaining(); n == 9 || n == 25 {
+		prio, at = rd.U8(), int64(rd.U64())
+	}
+	if rd.Remaining() == 16 {
+		producer, producerSeq = rd.U64(), rd.U64()
+	}
+	return prio, at, producer, producerSeq
 }
 
 // MemoryBytes is what the group node holds outside its logs

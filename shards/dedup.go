@@ -22,6 +22,16 @@ package shards
 // A member that applied the events live, as the follower that becomes the
 // new master after a failover did, keeps all of it.
 //
+// A replicated queue's master (and a broker forwarding to it) checks the
+// table before it proposes, so the resend of a publish it applied already
+// completes without entering the group log. Otherwise the resend would
+// stay in the log as an entry that members applying live skip, but that a
+// member applying the compacted log again, with the first copy compacted
+// away, would enqueue. Only a resend that reaches the master while its
+// first copy is still uncommitted is written to the log; the members
+// skip it, and forget why only if the log is compacted past the first
+// copy but not past the resend and then applied again.
+//
 // The window: a queue remembers at most ProducersPerQueueMax producers.
 // When a new one arrives at a full table, the producer whose last enqueue
 // on this queue is the oldest is forgotten (least recently used, counted in
@@ -109,6 +119,10 @@ func (q *Queue) Producers() int {
 
 // duplicate reports whether q applied the enqueue of (producer, seq)
 // already.
+// Duplicate is duplicate for callers outside the package; it runs on
+// q's shard goroutine.
+func (q *Queue) Duplicate(producer, seq uint64) bool { return q.duplicate(producer, seq) }
+
 func (q *Queue) duplicate(producer, seq uint64) bool {
 	return producer != 0 && q.rare != nil && q.rare.producers.duplicate(producer, seq)
 }

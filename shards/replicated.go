@@ -230,6 +230,20 @@ func (b *Broker) ResetGroup(g uint32) {
 func (s *Shard) replicatedPublish(c *Command, expiresAt int64) {
 	q := c.Queue
 	r := s.broker.loadReplicator()
+	if q.duplicate(c.Producer, c.CmdID) {
+		// A resend of a publish this queue applied already: the first
+		// copy is committed, so this one completes as it did, and stays
+		// out of the group log. Members skip a duplicate entry when they
+		// apply it live, but one that applies a compacted log again
+		// (after a step-down, a restart or an install) starts from an
+		// empty table and would enqueue it: only this check keeps such
+		// entries out of the log, except for a resend that arrives while
+		// its first copy is still uncommitted.
+		c.Body.Unref()
+		s.stats.Duplicates++
+		s.completeCmd(c.Sess, c.CmdID, c.Fanout, nil)
+		return
+	}
 	if err := q.CheckEnqueue(c.Body.Size()); err != nil {
 		c.Body.Unref()
 		s.completeCmd(c.Sess, c.CmdID, c.Fanout, Errorf(wire.CodeResourceLimit, "queue %q is full", q.Name))
