@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
+
+	"github.com/berthmq/berth/wire"
 )
 
 // ErrReject, returned by a Consume handler (alone or wrapped), dead-letters
@@ -15,6 +18,23 @@ var ErrReject = errors.New("client: reject the delivery")
 // fits over 200 ranges), so a batch is always one command with one answer:
 // the answer OnSettled reports is that message's own.
 const consumeSettleBatch = 64
+
+// consumeUnavailableGrace is how long Consume waits, after a settle
+// refused as unavailable on a reconnecting Conn, for the CANCELLED that
+// says the consumer's master was lost (protocol 6.8: the broker answers
+// the consumer's open commands first, then ends it). If it comes, the
+// refusal is stale: the Conn subscribes the consumer again and its
+// messages are delivered again unless the settle took effect. If not,
+// the refusal ends Consume as any other.
+const consumeUnavailableGrace = time.Second
+
+// unavailableSettle is a settle batch refused as unavailable, up to
+// tag, that Consume has not yet judged.
+type unavailableSettle struct {
+	tag uint64
+	err error
+	at  time.Time
+}
 
 // Settle is how Consume settled a message.
 type Settle uint8
@@ -85,8 +105,14 @@ type settleBatch struct {
 // gathered while messages are buffered, so a handler does not wait a round
 // trip per message; a settle that fails (refused by the server, or lost
 // with the connection) ends Consume with its error, and OnSettled tells
-// which settles the server confirmed. Before it returns, Consume sends
-// what it gathered and waits for the server's answers.
+// which settles the server confirmed. Two exceptions on a reconnecting
+// Conn, where the consumer goes on: a settle made stale by a reconnect
+// (ErrStaleDelivery), and one refused as unavailable because the broker
+// lost the consumer's master (the CANCELLED that follows within
+// consumeUnavailableGrace, 1 s, makes the Conn subscribe again; the
+// settle's outcome is unknown, and its message comes back if it did not
+// take effect). Before it returns, Consume sends what it gathered and
+// waits for the server's answers.
 func (s *Consumer) Consume(ctx context.Context, handler func(*Delivery) error, opts ...ConsumeOption) error {
 	var o consumeOptions
 	for _, opt := range opts {
@@ -95,8 +121,35 @@ func (s *Consumer) Consume(ctx context.Context, handler func(*Delivery) error, o
 	var (
 		mu       sync.Mutex
 		settleEr error
+		unavail  []unavailableSettle // see consumeUnavailableGrace
 		inflight sync.WaitGroup
 	)
+	reconnecting := s.c.cfg.Reconnect != nil
+	// judge drops the unavailable refusals of a subscription that ended
+	// since, and makes one older than the grace (or any, if final) the
+	// error that ends Consume. mu is held.
+	judge := func(final bool) {
+		if len(unavail) == 0 {
+			return
+		}
+		s.mu.Lock()
+		base := s.mu.tagBase
+		s.mu.Unlock()
+		keep := unavail[:0]
+		for _, u := range unavail {
+			switch {
+			case u.tag <= base:
+				// Stale: CANCELLED came, and the consumer subscribes again.
+			case final || time.Since(u.at) > consumeUnavailableGrace:
+				if settleEr == nil {
+					settleEr = u.err
+				}
+			default:
+				keep = append(keep, u)
+			}
+		}
+		unavail = keep
+	}
 	explicit := s.ackMode != AckNone
 	batches := [3]settleBatch{
 		{how: SettleAccept, fn: s.AcceptAsync},
@@ -111,6 +164,7 @@ func (s *Consumer) Consume(ctx context.Context, handler func(*Delivery) error, o
 				continue
 			}
 			ds, how := b.ds, b.how
+			last := b.tags[len(b.tags)-1] // tags grow in delivery order
 			inflight.Add(1)
 			err := b.fn(ctx, b.tags, func(err error) {
 				// A stale settle (the connection broke, a reconnecting
@@ -118,7 +172,9 @@ func (s *Consumer) Consume(ctx context.Context, handler func(*Delivery) error, o
 				// those messages.
 				if err != nil && !errors.Is(err, ErrStaleDelivery) {
 					mu.Lock()
-					if settleEr == nil {
+					if reconnecting && Code(err) == wire.CodeUnavailable {
+						unavail = append(unavail, unavailableSettle{tag: last, err: err, at: time.Now()})
+					} else if settleEr == nil {
 						settleEr = err
 					}
 					mu.Unlock()
@@ -177,6 +233,7 @@ func (s *Consumer) Consume(ctx context.Context, handler func(*Delivery) error, o
 		}
 		mu.Lock()
 		defer mu.Unlock()
+		judge(true)
 		if settleEr != nil {
 			return settleEr
 		}
@@ -184,7 +241,9 @@ func (s *Consumer) Consume(ctx context.Context, handler func(*Delivery) error, o
 	}
 	for {
 		mu.Lock()
+		judge(false)
 		err := settleEr
+		waiting := len(unavail) > 0
 		mu.Unlock()
 		if err != nil {
 			return finish(nil)
@@ -195,7 +254,18 @@ func (s *Consumer) Consume(ctx context.Context, handler func(*Delivery) error, o
 				return finish(err)
 			}
 		}
-		d, err := s.Next(ctx)
+		nctx, ncancel := ctx, context.CancelFunc(nil)
+		if waiting {
+			// Wake to judge the refusals even if nothing comes.
+			nctx, ncancel = context.WithTimeout(ctx, consumeUnavailableGrace/4)
+		}
+		d, err := s.Next(nctx)
+		if ncancel != nil {
+			ncancel()
+			if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+				continue
+			}
+		}
 		if err != nil {
 			return finish(err)
 		}

@@ -1,0 +1,342 @@
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/berthmq/berth/client"
+	"github.com/berthmq/berth/internal/testutil"
+	"github.com/berthmq/berth/server"
+)
+
+// chaosDefault is TestClusterChaos's run of faults in make test;
+// BERTH_CHAOS (a duration, e.g. 5m) runs it longer, BERTH_CHAOS_SEED
+// picks the fault schedule (the processes' timing is not replayable).
+const chaosDefault = 12 * time.Second
+
+// chaosQueue is one replicated queue's workload and what became of it.
+type chaosQueue struct {
+	name string
+	mu   sync.Mutex
+	// Publishes: completed must be delivered; failed (refused, or of
+	// unknown outcome) may be, once.
+	completed, failed map[int]bool
+	// The live consumer's accepts: accepted must not come back;
+	// acceptUnknown may.
+	accepted, acceptUnknown map[int]bool
+	delivered               int
+	lastFirst               int // highest number delivered not marked redelivered
+	unflagged               int // deliveries below lastFirst, seen before, not marked redelivered
+	published               int
+}
+
+// TestClusterChaos: three real brokers (R3), one replicated queue per
+// group, a reconnecting producer and a reconnecting accepting consumer
+// per queue, each on any broker (the brokers forward and proxy), and
+// a schedule of faults: kill -9 of a broker and its restart, or SIGSTOP
+// past the controller's broker timeout and SIGCONT, one broker at a time,
+// with group rebalancing on. After the faults the cluster must heal on
+// its own: every group with a master and all its replicas in the
+// SyncStateSet as the controller records it, and every broker's copy of
+// each queue equal. Then each queue is drained and checked: no completed
+// publish lost, no accepted message back, nothing enqueued twice, and
+// publish order kept.
+func TestClusterChaos(t *testing.T) {
+	run := chaosDefault
+	if v := os.Getenv("BERTH_CHAOS"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("BERTH_CHAOS=%q: %v", v, err)
+		}
+		run = d
+	}
+	seed := uint64(time.Now().UnixNano())
+	if v := os.Getenv("BERTH_CHAOS_SEED"); v != "" {
+		s, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("BERTH_CHAOS_SEED=%q: %v", v, err)
+		}
+		seed = s
+	}
+	t.Logf("faults for %v, seed %d (BERTH_CHAOS_SEED=%d)", run, seed, seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
+
+	const groups = 3
+	ctx, cancel := context.WithTimeout(context.Background(), run+4*time.Minute)
+	defer cancel()
+	c := startReplicatedWith(t, ctx, groups, 3, 3, "-group-rebalance", "2s")
+	var seeds []string
+	for _, n := range c.nodes {
+		seeds = append(seeds, n.client)
+	}
+
+	// One queue per group.
+	var queues []*chaosQueue
+	taken := map[uint32]bool{}
+	for i := 0; len(queues) < groups; i++ {
+		name := fmt.Sprintf("chaos-%d", i)
+		if g := server.GroupOf(name, groups); !taken[g] {
+			taken[g] = true
+			queues = append(queues, &chaosQueue{name: name, completed: map[int]bool{}, failed: map[int]bool{},
+				accepted: map[int]bool{}, acceptUnknown: map[int]bool{}, lastFirst: -1})
+		}
+	}
+	for _, q := range queues {
+		g := server.GroupOf(q.name, groups)
+		_, mnode := c.waitServing(g)
+		conn := dial(t, ctx, mnode.client)
+		if err := conn.DeclareQueue(ctx, q.name, client.QueueOptions{Durable: true}); err != nil {
+			t.Fatal(err)
+		}
+		conn.Close()
+	}
+	// Every broker knows every queue before the clients come: a broker
+	// learns a queue declared elsewhere within a pass of its wiring sync.
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		for _, q := range queues {
+			for _, n := range c.nodes {
+				if ready, _, err := c.depth(n, q.name); err != nil || ready < 0 {
+					return fmt.Errorf("%s does not know %s yet (%v)", n.name, q.name, err)
+				}
+			}
+		}
+		return nil
+	})
+
+	policy := func() *client.ReconnectPolicy {
+		return &client.ReconnectPolicy{DelayMin: 20 * time.Millisecond, DelayMax: 300 * time.Millisecond, MaxTime: run + time.Minute}
+	}
+	wctx, stopWork := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for qi, q := range queues {
+		// The producer: up to 64 publishes in flight, numbered in order.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			order := append([]string(nil), seeds[qi%len(seeds):]...)
+			order = append(order, seeds[:qi%len(seeds)]...)
+			conn, err := client.DialConfig(ctx, client.Config{Reconnect: policy(), Heartbeat: 200 * time.Millisecond}, order...)
+			if err != nil {
+				t.Errorf("%s producer: %v", q.name, err)
+				return
+			}
+			defer conn.Close()
+			sem := make(chan struct{}, 64)
+			var inflight sync.WaitGroup
+			for i := 0; wctx.Err() == nil; i++ {
+				select {
+				case sem <- struct{}{}:
+				case <-wctx.Done():
+				}
+				if wctx.Err() != nil {
+					break
+				}
+				inflight.Add(1)
+				err := conn.PublishAsync(ctx, "", q.name, []byte(fmt.Sprintf("%08d", i)), client.PublishOptions{Persistent: true}, func(err error) {
+					defer inflight.Done()
+					<-sem
+					q.mu.Lock()
+					defer q.mu.Unlock()
+					if err == nil {
+						q.completed[i] = true
+					} else {
+						q.failed[i] = true
+					}
+				})
+				if err != nil {
+					inflight.Done()
+					<-sem
+					q.mu.Lock()
+					q.failed[i] = true
+					q.mu.Unlock()
+					if conn.Err() != nil {
+						t.Errorf("%s producer's connection ended: %v", q.name, conn.Err())
+						break
+					}
+				}
+				q.mu.Lock()
+				q.published = i + 1
+				q.mu.Unlock()
+			}
+			inflight.Wait()
+		}()
+		// The consumer: accepts what it gets.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			order := append([]string(nil), seeds[(qi+1)%len(seeds):]...)
+			order = append(order, seeds[:(qi+1)%len(seeds)]...)
+			conn, err := client.DialConfig(ctx, client.Config{Reconnect: policy(), Heartbeat: 200 * time.Millisecond}, order...)
+			if err != nil {
+				t.Errorf("%s consumer: %v", q.name, err)
+				return
+			}
+			defer conn.Close()
+			con, err := conn.Subscribe(ctx, q.name, client.SubscribeOptions{Credit: 200, AutoCredit: true})
+			if err != nil {
+				t.Errorf("%s subscribe: %v", q.name, err)
+				return
+			}
+			err = con.Consume(wctx, func(d *client.Delivery) error {
+				i, _ := strconv.Atoi(string(d.Payload))
+				q.mu.Lock()
+				defer q.mu.Unlock()
+				q.delivered++
+				if !d.Redelivered {
+					if i > q.lastFirst {
+						q.lastFirst = i
+					} else {
+						q.unflagged++ // its acquire had not committed when its master died
+					}
+				}
+				return nil
+			}, client.OnSettled(func(d *client.Delivery, _ client.Settle, err error) {
+				i, _ := strconv.Atoi(string(d.Payload))
+				q.mu.Lock()
+				defer q.mu.Unlock()
+				if err == nil {
+					q.accepted[i] = true
+				} else {
+					// Lost with the connection or the consumer's master
+					// (unavailable): it may have taken effect.
+					q.acceptUnknown[i] = true
+				}
+			}))
+			if err != nil && wctx.Err() == nil {
+				t.Errorf("%s consumer ended: %v", q.name, err)
+			}
+		}()
+	}
+
+	// The faults: one broker at a time.
+	faults := map[string]int{}
+	end := time.Now().Add(run)
+	for time.Now().Before(end) && !t.Failed() {
+		time.Sleep(time.Duration(500+rng.IntN(1500)) * time.Millisecond)
+		n := c.nodes[rng.IntN(len(c.nodes))]
+		switch rng.IntN(3) {
+		case 0:
+			down := time.Duration(200+rng.IntN(1800)) * time.Millisecond
+			t.Logf("%v: kill -9 %s, restart after %v", time.Until(end).Round(time.Millisecond), n.name, down)
+			n.kill()
+			time.Sleep(down)
+			n.start(t)
+			n.waitUp(t, 30*time.Second)
+			faults["kill"]++
+		default:
+			frozen := time.Duration(300+rng.IntN(2200)) * time.Millisecond
+			t.Logf("%v: SIGSTOP %s for %v", time.Until(end).Round(time.Millisecond), n.name, frozen)
+			n.signal(syscall.SIGSTOP)
+			time.Sleep(frozen)
+			n.signal(syscall.SIGCONT)
+			faults["freeze"]++
+		}
+	}
+
+	// Heal: every group whole again, as the controller records it.
+	for g := range uint32(groups) {
+		c.waitServing(g)
+	}
+	// Let the producers run past the last failover, then stop the work.
+	time.Sleep(time.Second)
+	stopWork()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(90 * time.Second):
+		t.Fatal("the producers and consumers did not stop within 90 s")
+	}
+	for g := range uint32(groups) {
+		c.waitServing(g)
+	}
+
+	for _, q := range queues {
+		// Every broker's copy agrees with the master's.
+		g := server.GroupOf(q.name, groups)
+		_, mnode := c.waitServing(g)
+		var want int
+		testutil.WaitFor(t, 20*time.Second, func() error {
+			ready, unacked, err := c.depth(mnode, q.name)
+			if err != nil {
+				return err
+			}
+			if unacked != 0 {
+				return fmt.Errorf("%s: %d unacked at the master", q.name, unacked)
+			}
+			want = ready
+			for _, n := range c.nodes {
+				got, _, err := c.depth(n, q.name)
+				if err != nil {
+					return err
+				}
+				if got != want {
+					return fmt.Errorf("%s: %s holds %d ready, the master %s %d", q.name, n.name, got, mnode.name, want)
+				}
+			}
+			return nil
+		})
+		// Drain it at the master.
+		rc := dial(t, ctx, mnode.client)
+		con, err := rc.Subscribe(ctx, q.name, client.SubscribeOptions{Credit: 1000, AutoCredit: true, AckMode: client.AckNone})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var drained []int
+		for len(drained) < want {
+			nctx, ncancel := context.WithTimeout(ctx, 10*time.Second)
+			d, err := con.Next(nctx)
+			ncancel()
+			if err != nil {
+				t.Fatalf("%s: drained %d of %d: %v", q.name, len(drained), want, err)
+			}
+			i, _ := strconv.Atoi(string(d.Payload))
+			drained = append(drained, i)
+		}
+		rc.Close()
+
+		q.mu.Lock()
+		seen := map[int]int{}
+		for k, i := range drained {
+			seen[i]++
+			if seen[i] == 2 {
+				t.Errorf("%s: message %d enqueued twice", q.name, i)
+			}
+			if k > 0 && i < drained[k-1] {
+				t.Errorf("%s: %d after %d: publish order lost", q.name, i, drained[k-1])
+			}
+			if q.accepted[i] {
+				t.Errorf("%s: message %d came back after its accept completed", q.name, i)
+			}
+		}
+		lost := 0
+		for i := range q.completed {
+			if seen[i] == 0 && !q.accepted[i] && !q.acceptUnknown[i] {
+				lost++
+				if lost <= 10 {
+					t.Errorf("%s: completed publish %d lost", q.name, i)
+				}
+			}
+		}
+		failedDelivered := 0
+		for i := range q.failed {
+			if seen[i] > 0 || q.accepted[i] {
+				failedDelivered++
+			}
+		}
+		t.Logf("%s: %d published, %d completed, %d failed (%d of them delivered all the same), %d deliveries (%d not marked redelivered though seen before), %d accepted (%d more unknown), %d drained, %d lost",
+			q.name, q.published, len(q.completed), len(q.failed), failedDelivered, q.delivered, q.unflagged, len(q.accepted), len(q.acceptUnknown), len(drained), lost)
+		if len(q.completed) == 0 {
+			t.Errorf("%s: no publish completed", q.name)
+		}
+		q.mu.Unlock()
+	}
+	t.Logf("faults: %v", faults)
+}
