@@ -448,6 +448,21 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 	}
 }
 
+// Skipped drops the data of an enqueue the shard skipped as a producer's
+// duplicate, as a removal does for its message's enqueue (forget): a
+// member that applies the log again after a step-down then passes over
+// it rather than enqueue it with a reset producer table, and compaction
+// may drop it. It runs on the shard goroutine: the node does it later,
+// and not at all if its inbox is full (the entry then stays as it was).
+func (r *replicator) Skipped(q *shards.Queue, seq uint64) {
+	g, ok := q.Replicated()
+	n := r.node()
+	if !ok || n == nil {
+		return
+	}
+	n.ForgetLater(g, seq)
+}
+
 // retire marks an applied group entry whose effect here is gone.
 func (r *replicator) retire(g uint32, index uint64) {
 	if n := r.node(); n != nil {

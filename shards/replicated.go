@@ -43,6 +43,13 @@ type Replicator interface {
 	// group journal at logPos. It may use dst's array; it returns it
 	// for the next call. The body is a new one with one reference.
 	ReadEnqueue(q *Queue, seq, logPos uint64, dst []byte) (*Body, []byte, error)
+	// Skipped tells that ApplyEnqueue skipped q's enqueue at seq as a
+	// producer's duplicate: the entry has no effect here, like that of a
+	// message removed since, so applying the log again must not enqueue
+	// it (with the producer table reset, it could not tell it is a
+	// duplicate) and compaction may pass it. Called on the shard
+	// goroutine; it must not block.
+	Skipped(q *Queue, seq uint64)
 	// MemoryBytes is what the replication holds in memory outside the
 	// group logs: the group journal's index and the frames queued for
 	// peers. The shards count it against the budget (memory.go); it is
@@ -95,6 +102,9 @@ func (s *Shard) ApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64, pro
 	if q.duplicate(producer, producerSeq) {
 		b.Unref()
 		s.stats.Duplicates++
+		if r := s.broker.loadReplicator(); r != nil {
+			r.Skipped(q, seq)
+		}
 		return
 	}
 	q.noteProducer(producer, producerSeq)

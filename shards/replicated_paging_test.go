@@ -43,6 +43,7 @@ func (r *journalReplicator) ProposeEnqueue(*Queue, *Body, int64, uint64, uint64,
 func (r *journalReplicator) ProposeRemoves(*Queue, []uint64, func(error)) error { return nil }
 func (r *journalReplicator) Barrier(_ *Queue, done func(error)) error           { done(nil); return nil }
 func (r *journalReplicator) ProposeDelete(*Queue) error                         { return nil }
+func (r *journalReplicator) Skipped(*Queue, uint64)                             {}
 
 func (r *journalReplicator) ReadEnqueue(_ *Queue, _ uint64, pos uint64, dst []byte) (*Body, []byte, error) {
 	rec, err := r.j.ReadAhead(journal.Pos(pos), &r.win, dst[:0])

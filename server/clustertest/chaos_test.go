@@ -263,6 +263,16 @@ func TestClusterChaos(t *testing.T) {
 		g := server.GroupOf(q.name, groups)
 		_, mnode := c.waitServing(g)
 		var want int
+		defer func() {
+			if t.Failed() {
+				for _, n := range c.nodes {
+					var gv, qv any
+					_ = c.getJSON(n, "/v1/groups", &gv)
+					_ = c.getJSON(n, "/v1/queues", &qv)
+					t.Logf("%s groups %v queues %v", n.name, gv, qv)
+				}
+			}
+		}()
 		testutil.WaitFor(t, 20*time.Second, func() error {
 			ready, unacked, err := c.depth(mnode, q.name)
 			if err != nil {

@@ -504,6 +504,17 @@ func (n *Node) Forget(g uint32, index uint64) {
 	}
 }
 
+// ForgetLater is Forget from any goroutine: the node forgets the entry
+// when it next runs its inbox, unless the member applied its log again
+// from before index meanwhile (Forget ignores an entry not applied).
+// It never blocks: with the inbox full it does nothing.
+func (n *Node) ForgetLater(g uint32, index uint64) {
+	select {
+	case n.inbox <- func() { n.Forget(g, index) }:
+	default:
+	}
+}
+
 // Retire marks group g's applied entry at index as having no effect left
 // here while keeping its data for members that lack it
 // (group.Member.Retire). It must be called from Apply.
