@@ -309,8 +309,12 @@ func (q *Queue) Counters() QueueCounters {
 // queueRare is the part of a queue that most queues never use.
 type queueRare struct {
 	// removing holds the seqs of messages removed on this master and not
-	// yet proposed to the group (Shard.noteRemoved).
+	// yet proposed to the group (Shard.noteRemoved), or not taken by it
+	// yet (Shard.proposeRemoves).
 	removing []uint64
+	// removeRefused: the group refused the last proposal of removing
+	// (logged once until one is taken).
+	removeRefused bool
 	// producers is the deduplication state of producer ids (dedup.go).
 	producers producerTable
 	// timerAt is the deliver-at time under which the shard's timers hold

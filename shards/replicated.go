@@ -149,14 +149,22 @@ func (s *Shard) noteRemoved(q *Queue, seq uint64) {
 		s.removing = append(s.removing, q)
 	}
 	rs.removing = append(rs.removing, seq)
-	if len(rs.removing) >= RemovesMax {
+	if len(rs.removing) == RemovesMax {
 		_ = s.proposeRemoves(q, nil)
 	}
 }
 
 // proposeRemoves proposes q's pending removals, done (if not nil) told
 // when they committed; without any, done waits for a barrier instead. An
-// error means nothing was proposed and done will not be called.
+// error means not all were proposed and done will not be called.
+//
+// Removals the group did not take for now (too few replicas in sync, a
+// busy node or backlog) stay pending, and the shard proposes them again
+// after its next batch of commands or tick: the messages are gone here,
+// and until the removal commits the followers still hold them (a master
+// after a failover would deliver them again). Removals refused because
+// this broker is not the group's master are dropped: it applies the log
+// again when it steps down, which puts the messages back.
 func (s *Shard) proposeRemoves(q *Queue, done func(error)) error {
 	r := s.broker.loadReplicator()
 	if q.rare == nil || len(q.rare.removing) == 0 {
@@ -166,25 +174,59 @@ func (s *Shard) proposeRemoves(q *Queue, done func(error)) error {
 		return r.Barrier(q, done)
 	}
 	rs := q.rare
-	err := r.ProposeRemoves(q, rs.removing, done)
-	if err != nil {
+	for i := 0; i < len(rs.removing); {
+		n := min(len(rs.removing)-i, RemovesMax)
+		var d func(error)
+		if i+n == len(rs.removing) {
+			d = done
+		}
+		err := r.ProposeRemoves(q, rs.removing[i:i+n], d)
+		if err == nil {
+			i += n
+			continue
+		}
+		if code := CodeOf(err); code == wire.CodeUnavailable || code == wire.CodeResourceLimit {
+			if !rs.removeRefused {
+				rs.removeRefused = true
+				s.log.Warn("shards: the group did not take the removal of replicated messages; proposing it again", "queue", q.Name, "messages", len(rs.removing)-i, "err", err)
+			}
+			rs.removing = append(rs.removing[:0], rs.removing[i:]...)
+			return err
+		}
 		// The messages are gone here and the log still has them: a
 		// master that steps down applies the log again, and a later
 		// master delivers them again.
-		s.log.Warn("shards: the removal of replicated messages was not proposed", "queue", q.Name, "messages", len(rs.removing), "err", err)
+		s.log.Warn("shards: the removal of replicated messages was not proposed", "queue", q.Name, "messages", len(rs.removing)-i, "err", err)
+		rs.removing = rs.removing[:0]
+		return err
+	}
+	if rs.removeRefused {
+		rs.removeRefused = false
+		s.log.Info("shards: the group took the removals it had refused", "queue", q.Name)
 	}
 	rs.removing = rs.removing[:0]
-	return err
+	return nil
 }
 
 // flushRemoves proposes every queue's pending removals; the shard calls
-// it at the end of each batch of commands.
+// it at the end of each batch of commands. Queues whose removals the
+// group did not take stay on the list.
 func (s *Shard) flushRemoves() {
+	keep := s.removing[:0]
 	for _, q := range s.removing {
+		if q.deleted {
+			if q.rare != nil {
+				q.rare.removing = q.rare.removing[:0]
+			}
+			continue
+		}
 		_ = s.proposeRemoves(q, nil)
+		if q.rare != nil && len(q.rare.removing) > 0 {
+			keep = append(keep, q)
+		}
 	}
-	clear(s.removing)
-	s.removing = s.removing[:0]
+	clear(s.removing[len(keep):])
+	s.removing = keep
 }
 
 // Complete completes a client's command from a pushed call (a replicated
@@ -231,6 +273,12 @@ func (b *Broker) ResetGroup(g uint32) {
 				ev := Event{Kind: EvPurge}
 				_ = q.Apply(&ev, sh)
 				q.resetProducers() // the log applied again rebuilds it
+				if q.rare != nil {
+					// Removals not taken: the log applied again puts
+					// their messages back.
+					q.rare.removing = q.rare.removing[:0]
+					q.rare.removeRefused = false
+				}
 			}
 		})
 	}
