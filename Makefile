@@ -12,7 +12,7 @@ PKGS      := ./...
 RACE_PKGS := ./ring/... ./shards/... ./server ./server/clustertest ./server/console ./server/groups ./server/hostiletest ./server/wiring \
 	./client/... ./journal/... ./controlplane/... ./perf/... ./tools/... ./internal/...
 
-.PHONY: cluster certs all build run test test-race test-plain bench bench-forward bench-delayed bench-backlog bench-restart fuzz hostile vet crash soak clean release deb
+.PHONY: cluster certs all build run test test-race test-plain bench bench-forward bench-delayed bench-backlog bench-restart fuzz hostile vet crash soak chaos clean release deb
 
 # Version stamping (internal/version). VERSION is the latest vX.Y.Z tag as
 # git describe gives it, without the v (1.2.0; 1.2.0-3-gabc1234 three
@@ -91,6 +91,17 @@ soak: crash
 	BERTH_JOURNAL_LONG=1 $(GO) test -count=1 -timeout 30m ./journal
 	CONTROLPLANE_SOAK=$(SOAK) $(GO) test -count=1 -timeout 30m -run Linearizable ./controlplane
 	BERTH_CLUSTER_SOAK=$(SOAK) $(GO) test -count=1 -timeout 30m -run LinearizableWithProcessKills ./server/clustertest
+
+# Faults on a replicated cluster (in make test for 8 s): three berthd,
+# a reconnecting producer and consumer per queue, kill -9 and SIGSTOP of
+# one broker at a time for CHAOS, then the checks (nothing completed
+# lost, nothing accepted back, nothing twice, order kept, the copies
+# and the controller's SyncStateSets agree). CHAOS_SEED replays a fault
+# schedule.
+CHAOS ?= 5m
+CHAOS_SEED ?=
+chaos:
+	BERTH_CHAOS=$(CHAOS) BERTH_CHAOS_SEED=$(CHAOS_SEED) $(GO) test -count=1 -v -timeout 60m -run TestClusterChaos ./server/clustertest
 
 # The hostile-client suite (in make test too) and its long form: RSS with
 # 20 consumers that never read, with and without -outbound-max.

@@ -19,7 +19,7 @@ import (
 // chaosDefault is TestClusterChaos's run of faults in make test;
 // BERTH_CHAOS (a duration, e.g. 5m) runs it longer, BERTH_CHAOS_SEED
 // picks the fault schedule (the processes' timing is not replayable).
-const chaosDefault = 12 * time.Second
+const chaosDefault = 8 * time.Second
 
 // chaosQueue is one replicated queue's workload and what became of it.
 type chaosQueue struct {
@@ -35,6 +35,7 @@ type chaosQueue struct {
 	lastFirst               int // highest number delivered not marked redelivered
 	unflagged               int // deliveries below lastFirst, seen before, not marked redelivered
 	published               int
+	restarts                int // the consumer subscribed again after Consume ended
 }
 
 // TestClusterChaos: three real brokers (R3), one replicated queue per
@@ -179,38 +180,53 @@ func TestClusterChaos(t *testing.T) {
 				return
 			}
 			defer conn.Close()
-			con, err := conn.Subscribe(ctx, q.name, client.SubscribeOptions{Credit: 200, AutoCredit: true})
-			if err != nil {
-				t.Errorf("%s subscribe: %v", q.name, err)
-				return
-			}
-			err = con.Consume(wctx, func(d *client.Delivery) error {
-				i, _ := strconv.Atoi(string(d.Payload))
-				q.mu.Lock()
-				defer q.mu.Unlock()
-				q.delivered++
-				if !d.Redelivered {
-					if i > q.lastFirst {
-						q.lastFirst = i
-					} else {
-						q.unflagged++ // its acquire had not committed when its master died
+			// Consume ends when a settle is refused for good (an accept
+			// refused because the group has too few replicas in sync):
+			// the application then cancels the consumer, which gives
+			// back what it held, and subscribes again.
+			for wctx.Err() == nil {
+				con, err := conn.Subscribe(ctx, q.name, client.SubscribeOptions{Credit: 200, AutoCredit: true})
+				if err != nil {
+					if wctx.Err() == nil {
+						time.Sleep(100 * time.Millisecond)
 					}
+					continue
 				}
-				return nil
-			}, client.OnSettled(func(d *client.Delivery, _ client.Settle, err error) {
-				i, _ := strconv.Atoi(string(d.Payload))
+				err = con.Consume(wctx, func(d *client.Delivery) error {
+					i, _ := strconv.Atoi(string(d.Payload))
+					q.mu.Lock()
+					defer q.mu.Unlock()
+					q.delivered++
+					if !d.Redelivered {
+						if i > q.lastFirst {
+							q.lastFirst = i
+						} else {
+							q.unflagged++ // its acquire had not committed when its master died
+						}
+					}
+					return nil
+				}, client.OnSettled(func(d *client.Delivery, _ client.Settle, err error) {
+					i, _ := strconv.Atoi(string(d.Payload))
+					q.mu.Lock()
+					defer q.mu.Unlock()
+					if err == nil {
+						q.accepted[i] = true
+					} else {
+						// Lost with the connection or the consumer's master,
+						// or refused: it may have taken effect.
+						q.acceptUnknown[i] = true
+					}
+				}))
+				if wctx.Err() != nil {
+					break
+				}
 				q.mu.Lock()
-				defer q.mu.Unlock()
-				if err == nil {
-					q.accepted[i] = true
-				} else {
-					// Lost with the connection or the consumer's master
-					// (unavailable): it may have taken effect.
-					q.acceptUnknown[i] = true
-				}
-			}))
-			if err != nil && wctx.Err() == nil {
-				t.Errorf("%s consumer ended: %v", q.name, err)
+				q.restarts++
+				q.mu.Unlock()
+				t.Logf("%s consumer ended (%v); subscribing again", q.name, err)
+				cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+				_ = con.Cancel(cctx)
+				ccancel()
 			}
 		}()
 	}
@@ -341,8 +357,8 @@ func TestClusterChaos(t *testing.T) {
 				failedDelivered++
 			}
 		}
-		t.Logf("%s: %d published, %d completed, %d failed (%d of them delivered all the same), %d deliveries (%d not marked redelivered though seen before), %d accepted (%d more unknown), %d drained, %d lost",
-			q.name, q.published, len(q.completed), len(q.failed), failedDelivered, q.delivered, q.unflagged, len(q.accepted), len(q.acceptUnknown), len(drained), lost)
+		t.Logf("%s: %d published, %d completed, %d failed (%d of them delivered all the same), %d deliveries (%d not marked redelivered though seen before), %d accepted (%d more unknown), %d consumer restarts, %d drained, %d lost",
+			q.name, q.published, len(q.completed), len(q.failed), failedDelivered, q.delivered, q.unflagged, len(q.accepted), len(q.acceptUnknown), q.restarts, len(drained), lost)
 		if len(q.completed) == 0 {
 			t.Errorf("%s: no publish completed", q.name)
 		}
