@@ -2,10 +2,12 @@ package clustertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -28,6 +30,10 @@ type chaosQueue struct {
 	// Publishes: completed must be delivered; failed (refused, or of
 	// unknown outcome) may be, once.
 	completed, failed map[int]bool
+	// refused: failed publishes the broker said it did not take; they
+	// must never be delivered.
+	refused map[int]bool
+	errs    map[string]int // failed publishes by error
 	// The live consumer's accepts: accepted must not come back;
 	// acceptUnknown may.
 	accepted, acceptUnknown map[int]bool
@@ -85,7 +91,7 @@ func TestClusterChaos(t *testing.T) {
 		name := fmt.Sprintf("chaos-%d", i)
 		if g := server.GroupOf(name, groups); !taken[g] {
 			taken[g] = true
-			queues = append(queues, &chaosQueue{name: name, completed: map[int]bool{}, failed: map[int]bool{},
+			queues = append(queues, &chaosQueue{name: name, completed: map[int]bool{}, failed: map[int]bool{}, refused: map[int]bool{}, errs: map[string]int{},
 				accepted: map[int]bool{}, acceptUnknown: map[int]bool{}, lastFirst: -1})
 		}
 	}
@@ -149,6 +155,14 @@ func TestClusterChaos(t *testing.T) {
 						q.completed[i] = true
 					} else {
 						q.failed[i] = true
+						if refusedForSure(err) {
+							q.refused[i] = true
+						}
+						k := err.Error()
+						if len(k) > 90 {
+							k = k[:90]
+						}
+						q.errs[k]++
 					}
 				})
 				if err != nil {
@@ -353,9 +367,15 @@ func TestClusterChaos(t *testing.T) {
 		}
 		failedDelivered := 0
 		for i := range q.failed {
-			if seen[i] > 0 || q.accepted[i] {
+			if seen[i] > 0 || q.accepted[i] || q.acceptUnknown[i] {
 				failedDelivered++
+				if q.refused[i] {
+					t.Errorf("%s: publish %d was refused as not taken, and delivered", q.name, i)
+				}
 			}
+		}
+		for e, n := range q.errs {
+			t.Logf("%s: %d publishes failed with %q", q.name, n, e)
 		}
 		t.Logf("%s: %d published, %d completed, %d failed (%d of them delivered all the same), %d deliveries (%d not marked redelivered though seen before), %d accepted (%d more unknown), %d consumer restarts, %d drained, %d lost",
 			q.name, q.published, len(q.completed), len(q.failed), failedDelivered, q.delivered, q.unflagged, len(q.accepted), len(q.acceptUnknown), q.restarts, len(drained), lost)
@@ -365,4 +385,15 @@ func TestClusterChaos(t *testing.T) {
 		q.mu.Unlock()
 	}
 	t.Logf("faults: %v", faults)
+}
+
+// refusedForSure reports whether a publish's error says the broker did
+// not take it (so it must never be delivered), rather than that its
+// outcome is unknown.
+func refusedForSure(err error) bool {
+	var se *client.Error
+	if errors.Is(err, client.ErrOutcomeUnknown) || !errors.As(err, &se) {
+		return false
+	}
+	return !strings.Contains(se.Text, "unknown") && !strings.Contains(se.Text, "may or may not")
 }
