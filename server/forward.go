@@ -60,16 +60,20 @@ func (r *replicator) forward(g uint32, data []byte, done func(error)) error {
 	if addr == "" {
 		return shards.Errorf(wire.CodeUnavailable, "the peer address of group %d's master, broker %d, is not known yet; retry", g, master)
 	}
-	err := m.Forwarder().Forward(master, addr, g, data, func(err error) { done(forwardOutcome(g, master, err)) })
-	return forwardOutcome(g, master, err)
+	err := m.Forwarder().Forward(master, addr, g, data, func(err error) { done(forwardOutcome(g, master, err, true)) })
+	return forwardOutcome(g, master, err, false)
 }
 
-// forwardOutcome gives a forward's failure a wire code.
-func forwardOutcome(g, master uint32, err error) error {
+// forwardOutcome gives a forward's failure a wire code; sent says whether
+// the event may have reached the master (Forward's own error means it
+// was not sent).
+func forwardOutcome(g, master uint32, err error, sent bool) error {
 	var lost *groups.ForwardLostError
 	switch {
 	case err == nil:
 		return nil
+	case errors.As(err, &lost) && !sent:
+		return shards.Errorf(wire.CodeUnavailable, "group %d's master, broker %d, cannot be reached (%v); the command was not taken; retry", g, master, lost.Err)
 	case errors.As(err, &lost):
 		return shards.Errorf(wire.CodeUnavailable, "forward to group %d's master, broker %d, lost (%v); the publish or deletion may or may not have taken effect; retry", g, master, lost.Err)
 	case errors.Is(err, groups.ErrForwardBusy):
