@@ -66,13 +66,13 @@ func (r *replicator) forward(g uint32, data []byte, done func(error)) error {
 
 // forwardOutcome gives a forward's failure a wire code; sent says whether
 // the event may have reached the master (Forward's own error means it
-// was not sent).
+// was not sent, and so does a forward failed by a dial).
 func forwardOutcome(g, master uint32, err error, sent bool) error {
 	var lost *groups.ForwardLostError
 	switch {
 	case err == nil:
 		return nil
-	case errors.As(err, &lost) && !sent:
+	case errors.As(err, &lost) && (!sent || lost.NotSent):
 		return shards.Errorf(wire.CodeUnavailable, "group %d's master, broker %d, cannot be reached (%v); the command was not taken; retry", g, master, lost.Err)
 	case errors.As(err, &lost):
 		return shards.Errorf(wire.CodeUnavailable, "forward to group %d's master, broker %d, lost (%v); the publish or deletion may or may not have taken effect; retry", g, master, lost.Err)

@@ -63,6 +63,9 @@ var ErrForwardBusy = errors.New("groups: too many forwards waiting for the group
 type ForwardLostError struct {
 	Master uint32
 	Err    error
+	// NotSent: the forward was never written to a connection (the dial
+	// failed), so the master never saw it.
+	NotSent bool
 }
 
 func (e *ForwardLostError) Error() string {
@@ -137,7 +140,7 @@ type forwardLink struct {
 func (f *Forwarder) Forward(master uint32, addr string, g uint32, event []byte, done func(error)) error {
 	l := f.link(master)
 	if l == nil {
-		return &ForwardLostError{Master: master, Err: ErrClosed}
+		return &ForwardLostError{Master: master, Err: ErrClosed, NotSent: true}
 	}
 	size := wire.ForwardSize(len(event))
 	l.mu.Lock()
@@ -148,7 +151,7 @@ func (f *Forwarder) Forward(master uint32, addr string, g uint32, event []byte, 
 	if time.Now().Before(l.mu.refuseUntil) {
 		err := l.mu.refuseErr
 		l.mu.Unlock()
-		return &ForwardLostError{Master: master, Err: err}
+		return &ForwardLostError{Master: master, Err: err, NotSent: true}
 	}
 	if l.mu.inflight == forwardWindowMax || len(l.mu.out)+size > forwardBufMax {
 		l.mu.Unlock()
@@ -183,7 +186,7 @@ func (f *Forwarder) SetProxy(output func(master uint32, session uint64, frames [
 func (f *Forwarder) SendProxy(master uint32, addr string, frame []byte) error {
 	l := f.link(master)
 	if l == nil {
-		return &ForwardLostError{Master: master, Err: ErrClosed}
+		return &ForwardLostError{Master: master, Err: ErrClosed, NotSent: true}
 	}
 	l.mu.Lock()
 	if l.mu.addr != addr {
@@ -193,7 +196,7 @@ func (f *Forwarder) SendProxy(master uint32, addr string, frame []byte) error {
 	if time.Now().Before(l.mu.refuseUntil) {
 		err := l.mu.refuseErr
 		l.mu.Unlock()
-		return &ForwardLostError{Master: master, Err: err}
+		return &ForwardLostError{Master: master, Err: err, NotSent: true}
 	}
 	if len(l.mu.out)+len(frame) > forwardBufMax {
 		l.mu.Unlock()
@@ -252,8 +255,9 @@ func (f *Forwarder) Close() {
 	f.wg.Wait()
 }
 
-// failAll ends every forward waiting on l with err.
-func (l *forwardLink) failAll(err error) {
+// failAll ends every forward waiting on l with err; notSent says none
+// of them was written to a connection.
+func (l *forwardLink) failAll(err error, notSent bool) {
 	var dones []func(error)
 	l.mu.Lock()
 	for i := range l.mu.slots {
@@ -265,7 +269,7 @@ func (l *forwardLink) failAll(err error) {
 	l.mu.inflight = 0
 	l.mu.out = l.mu.out[:0]
 	l.mu.Unlock()
-	lost := &ForwardLostError{Master: l.to, Err: err}
+	lost := &ForwardLostError{Master: l.to, Err: err, NotSent: notSent}
 	for _, d := range dones {
 		d(lost)
 	}
@@ -306,7 +310,7 @@ func (l *forwardLink) run() {
 	for {
 		select {
 		case <-l.f.done:
-			l.failAll(ErrClosed)
+			l.failAll(ErrClosed, false)
 			return
 		case <-l.wake:
 		}
@@ -328,13 +332,15 @@ func (l *forwardLink) run() {
 			l.mu.Lock()
 			l.mu.refuseUntil, l.mu.refuseErr = time.Now().Add(forwardRedialMin), fmt.Errorf("dial %s: %w", addr, err)
 			l.mu.Unlock()
-			l.failAll(err)
+			// What waits now was queued after the last connection
+			// failed its own forwards: none of it was written.
+			l.failAll(err, true)
 			l.lost()
 			continue
 		}
 		err = l.serve(conn)
 		l.f.log.Debug("groups: forwarding connection ended", "master", l.to, "err", err)
-		l.failAll(err)
+		l.failAll(err, false)
 		l.lost()
 	}
 }

@@ -108,8 +108,8 @@ func TestForwarderOutcomes(t *testing.T) {
 		select {
 		case err := <-lost:
 			var fl *ForwardLostError
-			if !errors.As(err, &fl) || fl.Master != 1 {
-				t.Fatalf("held forward ended with %v, want lost", err)
+			if !errors.As(err, &fl) || fl.Master != 1 || fl.NotSent {
+				t.Fatalf("held forward ended with %v (not sent: %v), want lost after it was sent", err, fl != nil && fl.NotSent)
 			}
 		case <-time.After(10 * time.Second):
 			t.Fatal("a held forward was left waiting after its master closed")
@@ -117,15 +117,15 @@ func TestForwarderOutcomes(t *testing.T) {
 	}
 
 	// Nobody listens there any more: the forward fails as lost (at once
-	// or through done), it does not hang.
+	// or through done), it does not hang, and it says it was never sent.
 	done := make(chan error, 1)
-	if err := f.Forward(1, tr.Addr(), 3, []byte{'E'}, func(err error) { done <- err }); err != nil {
-		var fl *ForwardLostError
-		if !errors.As(err, &fl) {
-			t.Fatalf("forward to a closed master: %v", err)
-		}
-	} else if err := <-done; err == nil {
-		t.Fatal("a forward to a closed master committed")
+	err := f.Forward(1, tr.Addr(), 3, []byte{'E'}, func(err error) { done <- err })
+	if err == nil {
+		err = <-done
+	}
+	var fl *ForwardLostError
+	if !errors.As(err, &fl) || !fl.NotSent {
+		t.Fatalf("forward to a closed master: %v, want lost and not sent", err)
 	}
 }
 
