@@ -92,7 +92,7 @@ soak: crash
 	CONTROLPLANE_SOAK=$(SOAK) $(GO) test -count=1 -timeout 30m -run Linearizable ./controlplane
 	BERTH_CLUSTER_SOAK=$(SOAK) $(GO) test -count=1 -timeout 30m -run LinearizableWithProcessKills ./server/clustertest
 
-# Faults on a replicated cluster (in make test for 8 s): three berthd,
+# Faults on a replicated cluster (in make test for 6 s): three berthd,
 # a reconnecting producer and consumer per queue, kill -9 and SIGSTOP of
 # one broker at a time for CHAOS, then the checks (nothing completed
 # lost, nothing accepted back, nothing twice, order kept, the copies

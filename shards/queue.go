@@ -315,6 +315,11 @@ type queueRare struct {
 	// removeRefused: the group refused the last proposal of removing
 	// (logged once until one is taken).
 	removeRefused bool
+	// inheritedTo: this broker became master of the queue's group when
+	// the queue's messages went up to this seq; an earlier master may
+	// have delivered them (acquires are not in the group log), so their
+	// first delivery here is flagged redelivered.
+	inheritedTo uint64
 	// producers is the deduplication state of producer ids (dedup.go).
 	producers producerTable
 	// timerAt is the deliver-at time under which the shard's timers hold

@@ -242,16 +242,32 @@ func (s *Shard) TryCall(f func(*Shard)) bool {
 }
 
 // GroupMastered tells the shards that this broker became master of group
-// g: its replicated queues are dispatched again. It does not wait.
+// g: its replicated queues are dispatched again, and the messages they
+// hold now (every committed enqueue applied before this call, which
+// follows them on the shard's ring) are flagged redelivered when first
+// delivered here, since an earlier master may have delivered them: the
+// group log does not carry acquires. That over-flags messages no one
+// saw, which the flag's meaning ("may have been delivered before")
+// allows; not flagging one that was delivered would break it. It does
+// not wait, except for room in a full ring.
 func (b *Broker) GroupMastered(g uint32) {
 	for _, s := range b.shards {
-		s.TryCall(func(sh *Shard) {
+		call := func(sh *Shard) {
 			for q := range sh.queues.all() {
 				if q.replicated && q.group == g {
+					if q.Depth() > 0 {
+						q.rareState().inheritedTo = q.nextSeq - 1
+					}
 					sh.markDirty(q)
 				}
 			}
-		})
+		}
+		for !s.TryCall(call) {
+			if b.ctx.Err() != nil {
+				return
+			}
+			time.Sleep(20 * time.Microsecond)
+		}
 	}
 }
 

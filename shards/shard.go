@@ -718,7 +718,7 @@ func (s *Shard) dispatch(q *Queue) {
 		}
 		con := ev.Consumer
 		flags := uint8(0)
-		if h.DeliveryCount > 0 {
+		if h.DeliveryCount > 0 || (q.rare != nil && h.Seq <= q.rare.inheritedTo) {
 			flags |= wire.MsgRedelivered
 		}
 		if h.Body.Persistent {
