@@ -105,6 +105,11 @@ type Consumer struct {
 		retrying   bool
 		retries    int
 		retryStart time.Time
+		// queueGone: the broker ended the consumer because its queue
+		// was deleted (CANCELLED not-found); a not-found answer to the
+		// SUBSCRIBE sent again is then final, not a broker that has not
+		// learned the queue yet.
+		queueGone bool
 	}
 }
 
@@ -213,7 +218,7 @@ func (s *Consumer) resubscribed(err error) {
 	again := s.mu.subscribed
 	if err == nil {
 		s.mu.subscribed = true
-		s.mu.retrying, s.mu.retries = false, 0
+		s.mu.retrying, s.mu.retries, s.mu.queueGone = false, 0, false
 	}
 	var wait time.Duration
 	if err != nil && again && !s.mu.cancelling {
@@ -242,7 +247,7 @@ func (s *Consumer) retryWaitLocked(err error) time.Duration {
 		return 0
 	}
 	code := Code(err)
-	if code != wire.CodeUnavailable && (code != wire.CodeNotFound || p.ResubscribeNotFound < 0) {
+	if code != wire.CodeUnavailable && (code != wire.CodeNotFound || p.ResubscribeNotFound < 0 || s.mu.queueGone) {
 		return 0
 	}
 	if s.mu.retries == 0 {
@@ -379,6 +384,9 @@ func (c *Conn) consumerEnded(id uint32, se *Error) {
 	again := live && c.cfg.Reconnect != nil
 	if again {
 		s.mu.retrying, s.mu.retries = true, 0
+		// Deleted: the SUBSCRIBE sent again finds out whether the
+		// queue is back, and a not-found then ends the consumer at once.
+		s.mu.queueGone = se.Code == wire.CodeNotFound
 	}
 	if s.mu.cancelling && !s.mu.cancelled && s.mu.ended == nil {
 		// The CANCEL crossed it: that CANCEL fails, and Cancel reports
