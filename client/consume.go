@@ -25,7 +25,9 @@ const consumeSettleBatch = 64
 // the consumer's open commands first, then ends it). If it comes, the
 // refusal is stale: the Conn subscribes the consumer again and its
 // messages are delivered again unless the settle took effect. If not,
-// the refusal ends Consume as any other.
+// the refusal ends Consume as any other. A not-found refusal is judged
+// the same way: a settle that crossed the CANCELLED names a consumer
+// the broker has forgotten.
 const consumeUnavailableGrace = time.Second
 
 // unavailableSettle is a settle batch refused as unavailable, up to
@@ -111,8 +113,9 @@ type settleBatch struct {
 // lost the consumer's master (the CANCELLED that follows within
 // consumeUnavailableGrace, 1 s, makes the Conn subscribe again; the
 // settle's outcome is unknown, and its message comes back if it did not
-// take effect). Before it returns, Consume sends what it gathered and
-// waits for the server's answers.
+// take effect), or as not-found because it crossed that CANCELLED.
+// Before it returns, Consume sends what it gathered and waits for the
+// server's answers.
 func (s *Consumer) Consume(ctx context.Context, handler func(*Delivery) error, opts ...ConsumeOption) error {
 	var o consumeOptions
 	for _, opt := range opts {
@@ -172,7 +175,7 @@ func (s *Consumer) Consume(ctx context.Context, handler func(*Delivery) error, o
 				// those messages.
 				if err != nil && !errors.Is(err, ErrStaleDelivery) {
 					mu.Lock()
-					if reconnecting && Code(err) == wire.CodeUnavailable {
+					if code := Code(err); reconnecting && (code == wire.CodeUnavailable || code == wire.CodeNotFound) {
 						unavail = append(unavail, unavailableSettle{tag: last, err: err, at: time.Now()})
 					} else if settleEr == nil {
 						settleEr = err

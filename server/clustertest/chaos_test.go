@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -73,7 +74,10 @@ func TestClusterChaos(t *testing.T) {
 		}
 		seed = s
 	}
-	t.Logf("faults for %v, seed %d (BERTH_CHAOS_SEED=%d)", run, seed, seed)
+	// BERTH_CHAOS_DOUBLE=1 makes a quarter of the faults hit two brokers
+	// at once.
+	double := os.Getenv("BERTH_CHAOS_DOUBLE") != ""
+	t.Logf("faults for %v, seed %d (BERTH_CHAOS_SEED=%d), two brokers at once: %v", run, seed, seed, double)
 	rng := rand.New(rand.NewPCG(seed, 1))
 
 	const groups = 3
@@ -252,6 +256,32 @@ func TestClusterChaos(t *testing.T) {
 	for time.Now().Before(end) && !t.Failed() {
 		time.Sleep(time.Duration(500+rng.IntN(1500)) * time.Millisecond)
 		n := c.nodes[rng.IntN(len(c.nodes))]
+		if double && rng.IntN(4) == 0 {
+			// Two brokers at once: the groups and the controller lose
+			// their majority, and must come back on their own.
+			m := c.nodes[(slices.Index(c.nodes, n)+1+rng.IntN(len(c.nodes)-1))%len(c.nodes)]
+			d := time.Duration(300+rng.IntN(1700)) * time.Millisecond
+			if rng.IntN(2) == 0 {
+				t.Logf("%v: kill -9 %s and %s, restart after %v", time.Until(end).Round(time.Millisecond), n.name, m.name, d)
+				n.kill()
+				m.kill()
+				time.Sleep(d)
+				n.start(t)
+				m.start(t)
+				n.waitUp(t, 30*time.Second)
+				m.waitUp(t, 30*time.Second)
+				faults["kill two"]++
+			} else {
+				t.Logf("%v: SIGSTOP %s and %s for %v", time.Until(end).Round(time.Millisecond), n.name, m.name, d)
+				n.signal(syscall.SIGSTOP)
+				m.signal(syscall.SIGSTOP)
+				time.Sleep(d)
+				n.signal(syscall.SIGCONT)
+				m.signal(syscall.SIGCONT)
+				faults["freeze two"]++
+			}
+			continue
+		}
 		switch rng.IntN(3) {
 		case 0:
 			down := time.Duration(200+rng.IntN(1800)) * time.Millisecond
