@@ -97,11 +97,13 @@ soak: crash
 # one broker at a time for CHAOS, then the checks (nothing completed
 # lost, nothing accepted back, nothing twice, order kept, the copies
 # and the controller's SyncStateSets agree). CHAOS_SEED replays a fault
-# schedule.
+# schedule; CHAOS_DOUBLE=1 makes a quarter of the faults hit two brokers
+# at once.
 CHAOS ?= 5m
 CHAOS_SEED ?=
+CHAOS_DOUBLE ?=
 chaos:
-	BERTH_CHAOS=$(CHAOS) BERTH_CHAOS_SEED=$(CHAOS_SEED) $(GO) test -count=1 -v -timeout 60m -run TestClusterChaos ./server/clustertest
+	BERTH_CHAOS=$(CHAOS) BERTH_CHAOS_SEED=$(CHAOS_SEED) BERTH_CHAOS_DOUBLE=$(CHAOS_DOUBLE) $(GO) test -count=1 -v -timeout 60m -run TestClusterChaos ./server/clustertest
 
 # The hostile-client suite (in make test too) and its long form: RSS with
 # 20 consumers that never read, with and without -outbound-max.
