@@ -41,20 +41,26 @@ type chaosQueue struct {
 	delivered               int
 	seenLive                map[int]bool // delivered to the live consumer
 	unflagged               int          // delivered again without the redelivered flag
-	published               int
-	restarts                int // the consumer subscribed again after Consume ended
+	// acceptedBack counts deliveries of a message whose accept had
+	// completed already (guarantee 3), seen live rather than in the
+	// final drain.
+	acceptedBack int
+	published    int
+	restarts     int // the consumer subscribed again after Consume ended
 }
 
 // TestClusterChaos: three real brokers (R3), one replicated queue per
-// group, a reconnecting producer and a reconnecting accepting consumer
-// per queue, each on any broker (the brokers forward and proxy), and
+// group, a reconnecting producer and three reconnecting accepting
+// consumers per queue, each on any broker (the brokers forward and
+// proxy; one consumer starts on each), and
 // a schedule of faults: kill -9 of a broker and its restart, or SIGSTOP
 // past the controller's broker timeout and SIGCONT, one broker at a time,
 // with group rebalancing on. After the faults the cluster must heal on
 // its own: every group with a master and all its replicas in the
 // SyncStateSet as the controller records it, and every broker's copy of
 // each queue equal. Then each queue is drained and checked: no completed
-// publish lost, no accepted message back, nothing enqueued twice,
+// publish lost, no accepted message back (checked at every delivery
+// too, not only in the final drain), nothing enqueued twice,
 // publish order kept, nothing refused as not taken delivered, and
 // nothing delivered again without the redelivered flag.
 func TestClusterChaos(t *testing.T) {
@@ -187,67 +193,79 @@ func TestClusterChaos(t *testing.T) {
 			}
 			inflight.Wait()
 		}()
-		// The consumer: accepts what it gets.
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			order := append([]string(nil), seeds[(qi+1)%len(seeds):]...)
-			order = append(order, seeds[:(qi+1)%len(seeds)]...)
-			conn, err := client.DialConfig(ctx, client.Config{Reconnect: policy(), Heartbeat: 200 * time.Millisecond}, order...)
-			if err != nil {
-				t.Errorf("%s consumer: %v", q.name, err)
-				return
-			}
-			defer conn.Close()
-			// Consume ends when a settle is refused for good (an accept
-			// refused because the group has too few replicas in sync):
-			// the application then cancels the consumer, which gives
-			// back what it held, and subscribes again.
-			for wctx.Err() == nil {
-				con, err := conn.Subscribe(ctx, q.name, client.SubscribeOptions{Credit: 200, AutoCredit: true})
+		// The consumers, one starting on each broker, so that whichever
+		// broker is the group's master has one of them local (not
+		// proxied): a master that delivers after it was replaced
+		// reaches it, where a proxied consumer's session ends with the
+		// master's link. Each accepts what it gets.
+		for ci := range len(seeds) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				order := append([]string(nil), seeds[(qi+1+ci)%len(seeds):]...)
+				order = append(order, seeds[:(qi+1+ci)%len(seeds)]...)
+				conn, err := client.DialConfig(ctx, client.Config{Reconnect: policy(), Heartbeat: 200 * time.Millisecond}, order...)
 				if err != nil {
-					if wctx.Err() == nil {
-						time.Sleep(100 * time.Millisecond)
-					}
-					continue
+					t.Errorf("%s consumer: %v", q.name, err)
+					return
 				}
-				err = con.Consume(wctx, func(d *client.Delivery) error {
-					i, _ := strconv.Atoi(string(d.Payload))
-					q.mu.Lock()
-					defer q.mu.Unlock()
-					q.delivered++
-					if q.seenLive[i] && !d.Redelivered {
-						q.unflagged++
-						if q.unflagged <= 5 {
-							t.Errorf("%s: message %d delivered again without the redelivered flag", q.name, i)
+				defer conn.Close()
+				// Consume ends when a settle is refused for good (an accept
+				// refused because the group has too few replicas in sync):
+				// the application then cancels the consumer, which gives
+				// back what it held, and subscribes again.
+				for wctx.Err() == nil {
+					con, err := conn.Subscribe(ctx, q.name, client.SubscribeOptions{Credit: 200, AutoCredit: true})
+					if err != nil {
+						if wctx.Err() == nil {
+							time.Sleep(100 * time.Millisecond)
 						}
+						continue
 					}
-					q.seenLive[i] = true
-					return nil
-				}, client.OnSettled(func(d *client.Delivery, _ client.Settle, err error) {
-					i, _ := strconv.Atoi(string(d.Payload))
+					err = con.Consume(wctx, func(d *client.Delivery) error {
+						i, _ := strconv.Atoi(string(d.Payload))
+						q.mu.Lock()
+						defer q.mu.Unlock()
+						q.delivered++
+						if q.accepted[i] {
+							q.acceptedBack++
+							if q.acceptedBack <= 5 {
+								t.Errorf("%s: message %d delivered again after its accept completed", q.name, i)
+							}
+						}
+						if q.seenLive[i] && !d.Redelivered {
+							q.unflagged++
+							if q.unflagged <= 5 {
+								t.Errorf("%s: message %d delivered again without the redelivered flag", q.name, i)
+							}
+						}
+						q.seenLive[i] = true
+						return nil
+					}, client.OnSettled(func(d *client.Delivery, _ client.Settle, err error) {
+						i, _ := strconv.Atoi(string(d.Payload))
+						q.mu.Lock()
+						defer q.mu.Unlock()
+						if err == nil {
+							q.accepted[i] = true
+						} else {
+							// Lost with the connection or the consumer's master,
+							// or refused: it may have taken effect.
+							q.acceptUnknown[i] = true
+						}
+					}))
+					if wctx.Err() != nil {
+						break
+					}
 					q.mu.Lock()
-					defer q.mu.Unlock()
-					if err == nil {
-						q.accepted[i] = true
-					} else {
-						// Lost with the connection or the consumer's master,
-						// or refused: it may have taken effect.
-						q.acceptUnknown[i] = true
-					}
-				}))
-				if wctx.Err() != nil {
-					break
+					q.restarts++
+					q.mu.Unlock()
+					t.Logf("%s consumer ended (%v); subscribing again", q.name, err)
+					cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
+					_ = con.Cancel(cctx)
+					ccancel()
 				}
-				q.mu.Lock()
-				q.restarts++
-				q.mu.Unlock()
-				t.Logf("%s consumer ended (%v); subscribing again", q.name, err)
-				cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
-				_ = con.Cancel(cctx)
-				ccancel()
-			}
-		}()
+			}()
+		}
 	}
 
 	// The faults: one broker at a time.
@@ -408,8 +426,8 @@ func TestClusterChaos(t *testing.T) {
 		for e, n := range q.errs {
 			t.Logf("%s: %d publishes failed with %q", q.name, n, e)
 		}
-		t.Logf("%s: %d published, %d completed, %d failed (%d of them delivered all the same), %d deliveries (%d again without the redelivered flag), %d accepted (%d more unknown), %d consumer restarts, %d drained, %d lost",
-			q.name, q.published, len(q.completed), len(q.failed), failedDelivered, q.delivered, q.unflagged, len(q.accepted), len(q.acceptUnknown), q.restarts, len(drained), lost)
+		t.Logf("%s: %d published, %d completed, %d failed (%d of them delivered all the same), %d deliveries (%d again without the redelivered flag, %d after their accept completed), %d accepted (%d more unknown), %d consumer restarts, %d drained, %d lost",
+			q.name, q.published, len(q.completed), len(q.failed), failedDelivered, q.delivered, q.unflagged, q.acceptedBack, len(q.accepted), len(q.acceptUnknown), q.restarts, len(drained), lost)
 		if len(q.completed) == 0 {
 			t.Errorf("%s: no publish completed", q.name)
 		}
