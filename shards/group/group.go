@@ -55,11 +55,26 @@
 //     of an epoch older than its own, and a master that sees a newer epoch
 //     steps down: its pending proposals end with ErrNotMaster, their
 //     outcome unknown to the client.
+//   - Epochs fence commits, not what a master does with its applied
+//     state: a master the controller replaced keeps believing it is
+//     master until it hears of the new epoch, and would go on handing
+//     out messages that its successor hands out too (an accepted message
+//     delivered again). So a master delivers only while it holds a lease
+//     (Delivering): the controller confirms, in answer to a request sent
+//     at time t, that the member masters the group in its epoch
+//     (Granted), and the lease runs until t + Config.Lease; the
+//     controller never confirms an epoch it has replaced. A new master
+//     waits out one lease after it learns of its election before it
+//     delivers (the fence): whatever its predecessor was confirmed in was
+//     asked before the election, so that lease has ended by then. The
+//     caller tells the member the time (SetTime); the member never reads
+//     a clock.
 package group
 
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"unsafe"
 
@@ -189,6 +204,11 @@ type Config struct {
 	// PagedLog: the log given to New holds no data; every entry of it
 	// is paged (Load reads it back).
 	PagedLog bool
+	// Lease is how long, in the units of SetTime, a confirmation of
+	// mastership (Granted) lets a master deliver, and how long a new
+	// master waits before it delivers (the fence). 0: no lease, a master
+	// delivers whenever it is Serving.
+	Lease int64
 }
 
 // Role is a member's role in its current epoch.
@@ -439,6 +459,15 @@ type Member struct {
 	// full batches rather than one message per proposal.
 	sendPending bool
 
+	// The lease (Delivering), in the caller's time units: now is the
+	// time SetTime last gave; a master delivers from fenceUntil on
+	// (its election plus a lease) until grantUntil, while the
+	// controller's last confirmation was of its epoch (grantEpoch).
+	now        int64
+	fenceUntil int64
+	grantEpoch uint32
+	grantUntil int64
+
 	rd Ready
 	// spare holds the arrays of the Ready handed out before the last:
 	// the caller is done with them, and the next Ready reuses them.
@@ -542,6 +571,55 @@ func (m *Member) Compact() bool {
 // act on that state: deliver, or answer from it.
 func (m *Member) Serving() bool {
 	return m.role == RoleMaster && m.applied >= m.inherited
+}
+
+// SetTime tells the member the time, in the units of Config.Lease, from
+// a clock that never goes back; earlier times are ignored. The caller
+// sets it before each input that a lease depends on (BecomeMaster, and
+// before asking Delivering).
+func (m *Member) SetTime(now int64) { m.now = max(m.now, now) }
+
+// Granted tells the member that the controller, answering a request sent
+// at sentAt, confirmed it as the master of epoch: the member may deliver
+// until sentAt + Config.Lease, if it masters that epoch. A confirmation
+// of a newer epoch than the member knows waits for its BecomeMaster.
+func (m *Member) Granted(epoch uint32, sentAt int64) {
+	until := sentAt + m.cfg.Lease
+	switch {
+	case epoch > m.grantEpoch:
+		m.grantEpoch, m.grantUntil = epoch, until
+	case epoch == m.grantEpoch:
+		m.grantUntil = max(m.grantUntil, until)
+	}
+}
+
+// Revoked tells the member that the controller's answer did not confirm
+// it as the group's master: whatever lease it held ends now.
+func (m *Member) Revoked() { m.grantUntil = 0 }
+
+// Delivering reports whether the member may hand out messages from its
+// applied state now: it is Serving, the fence after its election has
+// passed, and it holds a lease of its epoch (always Serving without a
+// Config.Lease).
+func (m *Member) Delivering() bool {
+	from, until := m.DeliverWindow()
+	return m.now >= from && m.now < until
+}
+
+// DeliverWindow is the span of time in which the member delivers, as
+// things stand: from <= now < until (empty when it does not). A caller
+// on another goroutine compares its own clock with it, so that a lease
+// ends on time even when the member's goroutine is late.
+func (m *Member) DeliverWindow() (from, until int64) {
+	switch {
+	case !m.Serving():
+		return 0, 0
+	case m.cfg.Lease == 0:
+		return math.MinInt64, math.MaxInt64
+	case m.grantEpoch != m.epoch:
+		return 0, 0
+	}
+	return m.fenceUntil, m.grantUntil
 }
 
 // Reapply makes the member hand out every committed entry again, from
@@ -651,6 +729,9 @@ func (m *Member) BecomeMaster(epoch uint32, set []MemberID) {
 	m.matched = m.lastIndex()
 	m.inherited = m.lastIndex()
 	m.proposed = map[uint64]uint32{}
+	// An earlier master may hold a lease it was confirmed in before this
+	// election; it has run out one lease from now.
+	m.fenceUntil = m.now + m.cfg.Lease
 	m.broadcast()
 }
 

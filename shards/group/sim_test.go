@@ -22,7 +22,9 @@ import (
 // the group must converge.
 //
 // Checked at every step: no two members apply different entries at one
-// index; a completion names the entry the member applied there. At the
+// index; a completion names the entry the member applied there; at most
+// one member delivers (Member.Delivering) at any tick, and never one of
+// an older epoch than a member that delivered before it. At the
 // end: every member applied the same log, every completed proposal is in
 // it once, nothing is in it twice, and a proposal made after healing
 // completes.
@@ -34,6 +36,10 @@ const (
 	faultTicks           = 400
 	healTicks            = 300
 	simReplicas          = 3
+	// simLease is the members' lease in ticks (Config.Lease): a member
+	// heartbeats every tick, and the controller's answer confirms the
+	// master of its epoch.
+	simLease = 10
 )
 
 type simMsgKind uint8
@@ -48,6 +54,7 @@ const (
 	smAlterRefused
 	smAlterGranted
 	smHandover // a master asks the controller to elect master (its handover target)
+	smGrant    // the controller's answer to a heartbeat: the epoch it confirms the member master of (0: none)
 )
 
 type simMsg struct {
@@ -63,6 +70,7 @@ type simMsg struct {
 	logEpoch uint32
 	logIndex uint64
 	inc      int // the sender's incarnation (heartbeats)
+	sent     int // the tick a heartbeat was sent, and its answer's
 }
 
 // simDisk is a member's journal: a base (where a compaction or an install
@@ -128,8 +136,12 @@ type sim struct {
 	nextProp int
 	quiet    bool // no new proposals: the last ticks let everyone catch up
 	trace    []string
-	installs int // followers that took an MsgInstall
-	compacts int // compactions that moved a base
+	// deliverEpoch is the newest epoch a member delivered in;
+	// deliveries counts the ticks a member delivered.
+	deliverEpoch uint32
+	deliveries   int
+	installs     int // followers that took an MsgInstall
+	compacts     int // compactions that moved a base
 	// pageP is the chance that a member pages an entry it applied
 	// (Member.Page); Load reads it back from the member's disk, and
 	// fails with loadFailP (0 here: TestPageLoadFails covers failures).
@@ -171,7 +183,8 @@ func newSim(t *testing.T, seed int64) *sim {
 func (s *sim) cfg(id MemberID) Config {
 	return Config{ID: id, Replicas: s.ids, LagTicks: 25, MaxBatch: 8, MaxUncommitted: 512, Load: func(i uint64) ([]byte, error) {
 		return s.load(s.nodes[id], i)
-	}, HandoverHolds: func(data []byte) bool { return !strings.HasPrefix(string(data), "r:") }} // as the broker: removals go on
+	}, HandoverHolds: func(data []byte) bool { return !strings.HasPrefix(string(data), "r:") }, // as the broker: removals go on
+		Lease: simLease}
 }
 
 // load reads a paged entry back from the member's disk, as the broker
@@ -254,6 +267,7 @@ func (s *sim) deliver() {
 		if !n.up {
 			continue
 		}
+		n.m.SetTime(int64(s.now))
 		switch m.kind {
 		case smPeer:
 			if simDebug {
@@ -271,6 +285,12 @@ func (s *sim) deliver() {
 			n.m.AlterRefused(m.epoch)
 		case smAlterGranted:
 			n.m.AlterGranted(m.epoch, m.set)
+		case smGrant:
+			if m.epoch != 0 {
+				n.m.Granted(m.epoch, int64(m.sent))
+			} else {
+				n.m.Revoked()
+			}
 		}
 		s.process(n)
 	}
@@ -417,6 +437,17 @@ func (s *sim) compact(n *simNode) {
 
 func (s *sim) ctlReceive(m simMsg) {
 	c := &s.ctl
+	if m.kind == smHeartbeat {
+		// Answered after it is taken: with the controller's master of
+		// the epoch as it stands then (the broker's heartbeat reply).
+		defer func() {
+			var e uint32
+			if c.master == m.from {
+				e = c.epoch
+			}
+			s.send(simMsg{kind: smGrant, from: ctlID, to: m.from, epoch: e, sent: m.sent})
+		}()
+	}
 	switch m.kind {
 	case smHeartbeat:
 		c.lastHB[m.from] = s.now
@@ -653,13 +684,14 @@ func (s *sim) tick(faults bool) {
 			n.disk.synced = len(n.disk.written)
 			n.m.Persisted(n.disk.base.Index + uint64(n.disk.synced))
 		}
+		n.m.SetTime(int64(s.now))
 		n.m.Tick()
 		if s.rng.Intn(8) == 0 {
 			s.compact(n)
 		}
 		s.process(n)
 		e, i := n.m.LogEnd()
-		s.send(simMsg{kind: smHeartbeat, from: id, to: ctlID, logEpoch: e, logIndex: i, inc: n.inc})
+		s.send(simMsg{kind: smHeartbeat, from: id, to: ctlID, logEpoch: e, logIndex: i, inc: n.inc, sent: s.now})
 	}
 	s.handover()
 	s.ctlTick()
@@ -667,6 +699,37 @@ func (s *sim) tick(faults bool) {
 		s.propose()
 	}
 	s.checkSets()
+	s.checkDelivery()
+}
+
+// checkDelivery: at most one member delivers now, and none of an epoch
+// older than one that delivered before: a master the controller replaced
+// must not hand out what its successor hands out too. A frozen member
+// does nothing, so it delivers nothing until it runs again.
+func (s *sim) checkDelivery() {
+	var who []MemberID
+	for _, id := range s.ids {
+		n := s.nodes[id]
+		if !n.up || n.frozen {
+			continue
+		}
+		n.m.SetTime(int64(s.now))
+		if !n.m.Delivering() {
+			continue
+		}
+		who = append(who, id)
+		if e := n.m.Epoch(); e < s.deliverEpoch {
+			s.fail("member %d delivers as master of epoch %d after a master of epoch %d delivered", id, e, s.deliverEpoch)
+		} else {
+			s.deliverEpoch = e
+		}
+	}
+	if len(who) > 1 {
+		s.fail("members %v deliver at once", who)
+	}
+	if len(who) == 1 {
+		s.deliveries++
+	}
 }
 
 // checkSets: the master of the controller's epoch commits with every
@@ -774,6 +837,9 @@ func (s *sim) run() {
 	if _, ok := s.complete[final]; !ok {
 		s.fail("no proposal made after healing completed (master %d, epoch %d, set %v)", s.ctl.master, s.ctl.epoch, s.ctl.set)
 	}
+	if mn := s.nodes[s.ctl.master]; mn == nil || !mn.m.Delivering() {
+		s.fail("after healing the controller's master m%d does not deliver", s.ctl.master)
+	}
 	// Healed, every member up and caught up: the master commits with
 	// every member, and the controller knows it, so any of them can be
 	// elected. A grow the controller refused or never answered must be
@@ -854,7 +920,7 @@ func TestGroupSimulation(t *testing.T) {
 		}
 		first, seeds = n, 1
 	}
-	var completed, elections, applied, reapplies, installs, compacts, pages, loads, handovers, handedTo int
+	var completed, elections, applied, reapplies, installs, compacts, pages, loads, handovers, handedTo, deliveries int
 	for seed := first; seed < first+int64(seeds); seed++ {
 		s := newSim(t, seed)
 		func() {
@@ -873,14 +939,15 @@ func TestGroupSimulation(t *testing.T) {
 		loads += s.loads
 		handovers += s.handovers
 		handedTo += s.handedTo
+		deliveries += s.deliveries
 		compacts += s.compacts
 		for _, id := range s.ids {
 			reapplies += s.nodes[id].reapplies
 		}
 	}
-	t.Logf("%d schedules: %d proposals completed, %d entries committed, %d elections, %d step-downs that reapplied the log, %d compactions, %d installs, %d entries paged, %d read back, %d handovers begun, %d done",
-		seeds, completed, applied, elections, reapplies, compacts, installs, pages, loads, handovers, handedTo)
-	if completed == 0 || elections <= seeds || reapplies == 0 || (seeds >= 100 && (compacts == 0 || installs == 0 || pages == 0 || loads == 0 || handedTo == 0)) {
+	t.Logf("%d schedules: %d proposals completed, %d entries committed, %d elections, %d step-downs that reapplied the log, %d compactions, %d installs, %d entries paged, %d read back, %d handovers begun, %d done, %d ticks with a master delivering",
+		seeds, completed, applied, elections, reapplies, compacts, installs, pages, loads, handovers, handedTo, deliveries)
+	if completed == 0 || deliveries == 0 || elections <= seeds || reapplies == 0 || (seeds >= 100 && (compacts == 0 || installs == 0 || pages == 0 || loads == 0 || handedTo == 0)) {
 		t.Fatalf("the schedules exercised too little: %d completions, %d elections", completed, elections)
 	}
 }
