@@ -311,15 +311,31 @@ func (n *Node) scanLoop() {
 
 // Heartbeat records a broker heartbeat. Only the leader takes heartbeats.
 func (n *Node) Heartbeat(broker uint32, logEnds []ctlapi.GroupLogEnd) error {
-	return n.heartbeatOn(broker, logEnds, 0)
+	_, err := n.heartbeatOn(context.Background(), broker, logEnds, 0)
+	return err
 }
 
-func (n *Node) heartbeatOn(broker uint32, logEnds []ctlapi.GroupLogEnd, conn uint64) error {
+// heartbeatOn records a broker heartbeat and answers with the groups the
+// broker masters (ctlapi.HeartbeatReply), read through a consistent read:
+// a leader that was deposed, or was frozen and has not heard yet that it
+// was, cannot confirm a master its successor replaced, and a new leader
+// answers only once it applied what earlier leaders committed (their
+// elections among it). A broker masters a group's deliveries only while
+// such confirmations keep coming (group.Member.Granted).
+func (n *Node) heartbeatOn(ctx context.Context, broker uint32, logEnds []ctlapi.GroupLogEnd, conn uint64) ([]ctlapi.MasterGrant, error) {
 	if !n.isLdr.Load() {
-		return &ctlapi.NotLeaderError{Leader: n.leaderAddr()}
+		return nil, &ctlapi.NotLeaderError{Leader: n.leaderAddr()}
 	}
 	n.hb.beatOn(broker, logEnds, time.Now(), conn)
-	return nil
+	var grants []ctlapi.MasterGrant
+	err := n.Read(ctx, ctlapi.ReadConsistent, func(s *State) {
+		for _, gid := range s.GroupsMasteredBy(broker) {
+			if g, ok := s.Group(gid); ok {
+				grants = append(grants, ctlapi.MasterGrant{Group: gid, Epoch: g.Epoch})
+			}
+		}
+	})
+	return grants, err
 }
 
 // ElectNow proposes elections for the given groups from the current

@@ -285,8 +285,12 @@ func (n *Node) handleOn(ctx context.Context, sc *serverConn, op uint8, body []by
 			if sc != nil {
 				conn = sc.id
 			}
-			if err = n.heartbeatOn(broker, logEnds, conn); err == nil && sc != nil {
-				sc.sawBroker(broker)
+			var grants []ctlapi.MasterGrant
+			if grants, err = n.heartbeatOn(ctx, broker, logEnds, conn); err == nil {
+				out = ctlapi.AppendHeartbeatReply(out, grants)
+				if sc != nil {
+					sc.sawBroker(broker)
+				}
 			}
 		} else {
 			err = ctlapi.ErrBadRequest

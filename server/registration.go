@@ -262,6 +262,14 @@ func (s *Server) groupRebalance() time.Duration {
 	}
 }
 
+// groupLease is the masters' lease (Config.GroupLease).
+func (s *Server) groupLease() time.Duration {
+	if s.cfg.GroupLease > 0 {
+		return s.cfg.GroupLease
+	}
+	return 2 * s.cfg.ControllerHeartbeat
+}
+
 // startGroups starts the replication groups' manager: the peer
 // transport, and the goroutine that follows the controller's group
 // decisions. Entries are not applied to queues yet: the replicated data
@@ -285,7 +293,9 @@ func (s *Server) startGroups() error {
 				s.replicator.apply(g, e)
 			}
 		},
-		OnMaster: func(g uint32) { s.broker.GroupMastered(g) },
+		OnMaster:  func(g uint32) { s.broker.GroupMastered(g) },
+		Lease:     s.groupLease(),
+		OnDeliver: func(g uint32) { s.broker.GroupDelivering(g) },
 		OnStepDown: func(g uint32) {
 			s.broker.ResetGroup(g)
 			go s.groupSteppedDown(g)
@@ -431,8 +441,13 @@ func (s *Server) controllerLoop() {
 			if g := s.groups.Load(); g != nil {
 				ends = g.LogEnds()
 			}
-			err = s.brokerClient().Heartbeat(ctx, s.brokerID, ends)
+			// The answer renews the leases of the groups this broker
+			// masters, from the time the heartbeat was sent.
+			sent := time.Now()
+			var reply ctlapi.HeartbeatReply
+			reply, err = s.brokerClient().HeartbeatGrants(ctx, s.brokerID, ends)
 			if g := s.groups.Load(); g != nil && err == nil {
+				g.Granted(sent, reply)
 				g.Heartbeated()
 			}
 			if err == nil && beats%10 == 0 {

@@ -137,6 +137,11 @@ func (r *replicator) IsMaster(g uint32) bool {
 	return n != nil && n.IsMaster(g)
 }
 
+func (r *replicator) Delivering(g uint32) bool {
+	n := r.node()
+	return n != nil && n.Delivering(g)
+}
+
 var errGroupsStarting = shards.Errorf(wire.CodeResourceLimit, "the replication groups are starting; retry")
 
 // propose proposes data, an event of q's group, reporting its outcome to

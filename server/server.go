@@ -136,6 +136,11 @@ type Config struct {
 	// acknowledging before its master takes it out of the SyncStateSet;
 	// 0 means groups.LagDefault (500 ms).
 	GroupLag time.Duration
+	// GroupLease is how long the controller's answer to a heartbeat lets
+	// a group's master deliver, and how long a new master waits after its
+	// election before it delivers (group.Config.Lease); 0 means twice
+	// ControllerHeartbeat.
+	GroupLease time.Duration
 	// MemoryLimit is the memory budget for messages in bytes, split
 	// evenly across the shards; 0 means none. Above half of a shard's
 	// share its new message bodies are paged out to disk, above the share

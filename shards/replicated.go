@@ -22,6 +22,12 @@ type Replicator interface {
 	Group(name string, opts QueueOptions) (group uint32, ok bool)
 	// IsMaster reports whether this broker is the master of group g.
 	IsMaster(g uint32) bool
+	// Delivering reports whether this broker, as g's master, may hand
+	// out g's messages now: it holds the controller's lease, and the
+	// fence after its election has passed, so no master it replaced
+	// delivers any more (group.Member.Delivering). It is asked at each
+	// dispatch, so it must be cheap (atomic loads and a clock read).
+	Delivering(g uint32) bool
 	// ProposeEnqueue proposes the enqueue of b on q, and reports the
 	// outcome to q's shard, Shard.Committed(tag, err), once the event is
 	// committed and applied here. An error means it was not proposed (and
@@ -258,6 +264,29 @@ func (b *Broker) GroupMastered(g uint32) {
 					if q.Depth() > 0 {
 						q.rareState().inheritedTo = q.nextSeq - 1
 					}
+					sh.markDirty(q)
+				}
+			}
+		}
+		for !s.TryCall(call) {
+			if b.ctx.Err() != nil {
+				return
+			}
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+}
+
+// GroupDelivering tells the shards that this broker may deliver from
+// group g's replicated queues again (Replicator.Delivering turned true:
+// the fence after its election passed, or a lapsed lease was renewed):
+// they are dispatched again. It does not wait, except for room in a full
+// ring.
+func (b *Broker) GroupDelivering(g uint32) {
+	for _, s := range b.shards {
+		call := func(sh *Shard) {
+			for q := range sh.queues.all() {
+				if q.replicated && q.group == g {
 					sh.markDirty(q)
 				}
 			}

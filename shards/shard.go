@@ -697,9 +697,10 @@ func (s *Shard) dispatchDirty() {
 
 func (s *Shard) dispatch(q *Queue) {
 	if q.replicated {
-		// Only the group's master delivers; a follower holds the messages
-		// for when it becomes master.
-		if r := s.broker.loadReplicator(); r == nil || !r.IsMaster(q.group) {
+		// Only the group's master delivers, and only under its lease
+		// (a master the controller replaced may not know it yet); a
+		// follower holds the messages for when it becomes master.
+		if r := s.broker.loadReplicator(); r == nil || !r.Delivering(q.group) {
 			return
 		}
 	}

@@ -157,7 +157,7 @@ type flags struct {
 	join, leaseRead                                    bool
 	controllerWait                                     time.Duration
 	brokerTimeout, leaderGrace                         time.Duration
-	rebalance, groupLag                                time.Duration
+	rebalance, groupLag, groupLease                    time.Duration
 	outboundMax                                        int64
 	metricsQueueLimit                                  int
 	outboundTimeout, handshakeTimeout                  time.Duration
@@ -205,6 +205,7 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.BoolVar(&f.leaseRead, "controller-lease-read", false, "serve the controller's consistent reads from the leader's lease instead of a heartbeat round each; relies on bounded clock drift")
 	fs.DurationVar(&f.controllerWait, "controller-wait", server.ControllerWaitDefault, "how long a broker with a member of a 3- or 5-member controller group waits at start for the group to elect a leader before it gives up")
 	fs.DurationVar(&f.groupLag, "group-lag", groups.LagDefault, "how long a group's follower may go without acknowledging before its master takes it out of the group's SyncStateSet (at least 20ms)")
+	fs.DurationVar(&f.groupLease, "group-lease", 0, "how long the controller's answer to a heartbeat lets a group's master deliver, and how long a new master waits after its election before it delivers (so that a master it replaced has stopped); 0 = twice the heartbeat interval")
 	fs.DurationVar(&f.rebalance, "group-rebalance", groups.RebalanceDefault, "how often a group's master hands the group back to its preferred master once that broker is in sync again; 0 = never")
 	fs.DurationVar(&f.brokerTimeout, "controller-broker-timeout", server.ControllerBrokerTimeoutDefault, "a broker silent to the controller leader this long is dead (its groups get new masters); a closed heartbeat connection counts at once")
 	fs.DurationVar(&f.leaderGrace, "controller-leader-grace", 0, "a new controller leader counts a broker dead that has not heartbeated to it within this long of its election; 0 = half of -controller-broker-timeout")
@@ -445,6 +446,10 @@ func parseArgs(args []string) (options, error) {
 		return options{}, o.annotate(fmt.Errorf("-group-lag %v: want 20ms to 1h", f.groupLag), "group-lag")
 	}
 	cfg.GroupLag = f.groupLag
+	if hb := time.Duration(f.ctlHeartbeatMs) * time.Millisecond; f.groupLease < 0 || f.groupLease != 0 && f.groupLease <= hb || f.groupLease > time.Minute {
+		return options{}, o.annotate(fmt.Errorf("-group-lease %v: want 0 (twice the heartbeat interval) or more than -controller-heartbeat-ms (%v) up to 1m: a lease no longer than the interval between heartbeats lapses between two of them", f.groupLease, hb), "group-lease", "controller-heartbeat-ms")
+	}
+	cfg.GroupLease = f.groupLease
 	switch {
 	case f.rebalance < 0:
 		return options{}, o.annotate(fmt.Errorf("-group-rebalance %v: want a positive interval, or 0 for none", f.rebalance), "group-rebalance")

@@ -115,6 +115,61 @@ func DecodeHeartbeat(body []byte) (broker uint32, logEnds []GroupLogEnd, err err
 	return broker, logEnds, r.Done()
 }
 
+// MasterGrant is one group a heartbeat's reply confirms the broker as the
+// master of, in Epoch (group.Member.Granted).
+type MasterGrant struct {
+	Group, Epoch uint32
+}
+
+// HeartbeatReply is what the leader answers a heartbeat with: the groups
+// the broker masters in the controller's state, read after the leader
+// confirmed its leadership, so a deposed leader never confirms a master
+// its successor replaced. Known is false for the empty reply of a
+// controller that predates it: nothing is confirmed or denied.
+type HeartbeatReply struct {
+	Known  bool
+	Grants []MasterGrant // by group
+}
+
+// heartbeatReplyV1 tags the reply's layout: u8 1, u32 n, n x (group u32,
+// epoch u32). An empty body is an older controller's.
+const heartbeatReplyV1 = 1
+
+// AppendHeartbeatReply appends an OpHeartbeat reply body.
+func AppendHeartbeatReply(b []byte, grants []MasterGrant) []byte {
+	b = append(b, heartbeatReplyV1)
+	b = wire.AppendU32(b, uint32(len(grants)))
+	for _, g := range grants {
+		b = wire.AppendU32(b, g.Group)
+		b = wire.AppendU32(b, g.Epoch)
+	}
+	return b
+}
+
+// DecodeHeartbeatReply reads an OpHeartbeat reply body. A later layout
+// (a higher tag) keeps this one as its prefix.
+func DecodeHeartbeatReply(body []byte) (HeartbeatReply, error) {
+	if len(body) == 0 {
+		return HeartbeatReply{}, nil
+	}
+	r := wire.NewReader(body[1:])
+	if body[0] < heartbeatReplyV1 {
+		return HeartbeatReply{}, fmt.Errorf("%w: heartbeat reply of layout %d", ErrBadRequest, body[0])
+	}
+	grants := make([]MasterGrant, r.Count(8))
+	for i := range grants {
+		grants[i] = MasterGrant{Group: r.U32(), Epoch: r.U32()}
+	}
+	if body[0] == heartbeatReplyV1 {
+		if err := r.Done(); err != nil {
+			return HeartbeatReply{}, err
+		}
+	} else if r.Err() != nil {
+		return HeartbeatReply{}, r.Err()
+	}
+	return HeartbeatReply{Known: true, Grants: grants}, nil
+}
+
 // AppendElect appends an OpElect body: the preferred broker, then the
 // groups.
 func AppendElect(b []byte, preferred uint32, groups []uint32) []byte {

@@ -412,12 +412,22 @@ func (c *Client) RegisterBroker(ctx context.Context, id uint32, addrs []string, 
 
 // Heartbeat reports a broker alive with each group's log end.
 func (c *Client) Heartbeat(ctx context.Context, broker uint32, logEnds []ctlapi.GroupLogEnd) error {
+	_, err := c.HeartbeatGrants(ctx, broker, logEnds)
+	return err
+}
+
+// HeartbeatGrants is Heartbeat that returns the leader's answer: the
+// groups it confirms broker as the master of.
+func (c *Client) HeartbeatGrants(ctx context.Context, broker uint32, logEnds []ctlapi.GroupLogEnd) (ctlapi.HeartbeatReply, error) {
 	body := ctlapi.AppendHeartbeat(nil, broker, logEnds)
 	if len(body) > ctlapi.RequestFrameMax-64 {
-		return fmt.Errorf("controlplane: heartbeat with %d groups is too large", len(logEnds))
+		return ctlapi.HeartbeatReply{}, fmt.Errorf("controlplane: heartbeat with %d groups is too large", len(logEnds))
 	}
-	_, err := c.call(ctx, ctlapi.OpHeartbeat, body, false)
-	return err
+	out, err := c.call(ctx, ctlapi.OpHeartbeat, body, false)
+	if err != nil {
+		return ctlapi.HeartbeatReply{}, err
+	}
+	return ctlapi.DecodeHeartbeatReply(out)
 }
 
 // ElectMaster asks the leader to elect masters for groups from its heartbeat

@@ -43,6 +43,10 @@ type ManagerConfig struct {
 	PagedReplay bool
 	// OnStepDown: see NodeConfig.OnStepDown.
 	OnStepDown func(group uint32)
+	// Lease and OnDeliver: see NodeConfig.Lease and NodeConfig.OnDeliver.
+	// The broker's heartbeats renew the lease (Granted).
+	Lease     time.Duration
+	OnDeliver func(group uint32)
 	// OnGroupCount is told the cluster's group count once it is known,
 	// before the node opens.
 	OnGroupCount func(groups uint32)
@@ -172,6 +176,15 @@ func (m *Manager) leaderMoved() <-chan struct{} {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.moved
+}
+
+// Granted passes the controller's answer to a heartbeat sent at sent to
+// the node (Node.Granted): it renews the leases of the groups this broker
+// masters.
+func (m *Manager) Granted(sent time.Time, r ctlapi.HeartbeatReply) {
+	if n := m.node.Load(); n != nil {
+		n.Granted(sent, r)
+	}
 }
 
 // Heartbeated tells the manager that the controller took a heartbeat of
@@ -334,7 +347,8 @@ func (m *Manager) run() {
 		m.log.Info("groups: this broker holds no group; it forwards to the groups' masters", "broker_id", m.cfg.Self, "groups", groups)
 	} else {
 		n, err := OpenNode(NodeConfig{ID: m.cfg.Self, Dir: m.cfg.Dir, Fsync: m.cfg.Fsync, Transport: m.tr, Groups: ids, LagTicks: lagTicks(m.cfg.Lag),
-			ReplicaSets: sets, PagedReplay: m.cfg.PagedReplay, HandoverHolds: m.cfg.HandoverHolds, Apply: m.cfg.Apply, OnAlter: m.alter, OnMaster: m.cfg.OnMaster, OnStepDown: m.cfg.OnStepDown, Logger: m.log})
+			ReplicaSets: sets, PagedReplay: m.cfg.PagedReplay, HandoverHolds: m.cfg.HandoverHolds, Apply: m.cfg.Apply, OnAlter: m.alter, OnMaster: m.cfg.OnMaster, OnStepDown: m.cfg.OnStepDown,
+			Lease: m.cfg.Lease, OnDeliver: m.cfg.OnDeliver, Logger: m.log})
 		if err != nil {
 			m.log.Error("groups: open the group journal; the broker serves no group", "err", err)
 			return

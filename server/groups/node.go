@@ -1,6 +1,7 @@
 package groups
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -90,7 +91,17 @@ type NodeConfig struct {
 	// is replaced by the master's base (an install): the applied state of
 	// the group is to be dropped.
 	OnStepDown func(group uint32)
-	Logger     *slog.Logger
+	// Lease is how long the controller's confirmation of a mastership
+	// (Granted) lets this broker deliver from a group, and how long a
+	// new master waits after its election before it delivers
+	// (group.Config.Lease); 0: no lease, a master delivers whenever it
+	// serves.
+	Lease time.Duration
+	// OnDeliver is called, on the node's goroutine, when this broker
+	// starts delivering from a group it masters again (Delivering turns
+	// true): a fence passed, or a lease that lapsed was renewed.
+	OnDeliver func(group uint32)
+	Logger    *slog.Logger
 
 	// ReplicaSets is each group's replica set, as the controller placed
 	// it (MinSync's majority is of the group's own set).
@@ -135,7 +146,13 @@ type Node struct {
 	// loadWin is the read-ahead window of the node's reads of paged
 	// entries (load).
 	loadWin journal.Window
+	// start is the origin of the members' clock (now): monotonic.
+	start time.Time
 }
+
+// now is the time the members' leases are counted in: nanoseconds since
+// the node started, on the monotonic clock.
+func (n *Node) now() int64 { return int64(time.Since(n.start)) }
 
 // inboxBatch bounds the events taken before the Readies are carried out.
 const inboxBatch = 1024
@@ -161,9 +178,16 @@ type member struct {
 	baseRec     journal.Pos
 	base        *pendingBase
 	compactTick int
-	// master mirrors m.Role() == RoleMaster for other goroutines.
+	// master mirrors m.Serving() for other goroutines.
 	master atomic.Bool
-	broken error // a journal failure: the member stops
+	// deliverFrom and deliverUntil mirror m.DeliverWindow() for the
+	// shards (Delivering), which compare their own clock with it: a
+	// lease ends on time even when the node's goroutine runs late.
+	// delivering is what m.Delivering() said last, on the node's
+	// goroutine (OnDeliver).
+	deliverFrom, deliverUntil atomic.Int64
+	delivering                bool
+	broken                    error // a journal failure: the member stops
 	// loadErrs counts failed reads of paged entries (load).
 	loadErrs uint64
 	dirty    bool // listed in Node.dirty
@@ -214,6 +238,9 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 	if cfg.OnStepDown == nil {
 		cfg.OnStepDown = func(uint32) {}
 	}
+	if cfg.OnDeliver == nil {
+		cfg.OnDeliver = func(uint32) {}
+	}
 	logs := map[uint32]*replayLog{}
 	lg := func(g uint32) *replayLog {
 		l := logs[g]
@@ -263,7 +290,7 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger, j: j, members: map[uint32]*member{},
+	n := &Node{cfg: cfg, log: cfg.Logger, j: j, members: map[uint32]*member{}, start: time.Now(),
 		inbox: make(chan func(), inboxMax), props: make(chan proposal, inboxMax), durable: make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{})}
 	for g, l := range logs {
 		if err := l.check(); err != nil {
@@ -287,7 +314,8 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 			mb.pos.push(p)
 		}
 		mb.m = group.New(group.Config{Group: g, ID: cfg.ID, Replicas: replicas, MinSync: cfg.MinSync, LagTicks: cfg.LagTicks,
-			Load: func(i uint64) ([]byte, error) { return n.load(mb, i) }, PagedLog: cfg.PagedReplay, HandoverHolds: cfg.HandoverHolds}, l.base, l.log, epochs[g])
+			Load: func(i uint64) ([]byte, error) { return n.load(mb, i) }, PagedLog: cfg.PagedReplay, HandoverHolds: cfg.HandoverHolds,
+			Lease: int64(cfg.Lease)}, l.base, l.log, epochs[g])
 		n.members[g] = mb
 		// Records freed before the restart and not reclaimed yet: free
 		// them again.
@@ -324,6 +352,7 @@ func (n *Node) run() {
 			for _, g := range n.groupIDs {
 				mb := n.members[g]
 				if mb.broken == nil {
+					mb.m.SetTime(n.now())
 					mb.m.Tick()
 					n.maybeCompact(mb)
 					n.touch(mb)
@@ -383,6 +412,7 @@ func (n *Node) step(msg *wire.GroupMessage) {
 	if mb == nil || mb.broken != nil {
 		return
 	}
+	mb.m.SetTime(n.now())
 	mb.m.Step(*msg)
 	n.touch(mb)
 }
@@ -400,6 +430,7 @@ func (n *Node) withMember(g uint32, f func(*group.Member)) error {
 			err = mb.broken
 			return
 		}
+		mb.m.SetTime(n.now())
 		f(mb.m)
 		n.touch(mb)
 	}); derr != nil {
@@ -469,6 +500,10 @@ type Status struct {
 	Applied   uint64     `json:"applied"`
 	Dur       uint64     `json:"durable"`
 	Set       []uint32   `json:"sync_state_set,omitempty"` // a master's
+	// Delivering: this broker masters the group, its fence after the
+	// election has passed and it holds the controller's lease, so it
+	// hands out messages (group.Member.Delivering).
+	Delivering bool `json:"delivering"`
 }
 
 // Status reports group g's state.
@@ -477,7 +512,7 @@ func (n *Node) Status(g uint32) (Status, error) {
 	err := n.withMember(g, func(m *group.Member) {
 		st = Status{Group: g, Role: m.Role(), RoleName: [...]string{"none", "follower", "master"}[m.Role()], Epoch: m.Epoch(),
 			Master: m.Master(), Base: m.Base().Index, LastIndex: m.LastIndex(), Commit: m.Commit(), Applied: m.Applied(), Dur: m.Durable(),
-			Set: slices.Clone(m.SyncStateSet())}
+			Set: slices.Clone(m.SyncStateSet()), Delivering: m.Delivering()}
 	})
 	return st, err
 }
@@ -598,6 +633,50 @@ func (n *Node) IsMaster(g uint32) bool {
 	return mb != nil && mb.master.Load()
 }
 
+// Delivering reports whether this node may hand out group g's messages
+// now: it is the group's master (IsMaster), the fence after its election
+// has passed, and it holds a lease the controller confirmed
+// (group.Member.Delivering). Safe from any goroutine; it reads the clock.
+func (n *Node) Delivering(g uint32) bool {
+	mb := n.members[g]
+	if mb == nil || !mb.master.Load() {
+		return false
+	}
+	now := n.now()
+	return now >= mb.deliverFrom.Load() && now < mb.deliverUntil.Load()
+}
+
+// Granted passes on the controller's answer to a heartbeat sent at sent
+// (ctlapi.HeartbeatReply): each group it names is confirmed as mastered
+// here in the epoch it gives, until sent plus the lease; any other group
+// loses its lease. An answer of a controller that predates the grants
+// (not Known) confirms every group in its current epoch, as before the
+// lease. It never blocks: with the inbox full the answer is dropped, and
+// leases lapse rather than last longer.
+func (n *Node) Granted(sent time.Time, r ctlapi.HeartbeatReply) {
+	at := int64(sent.Sub(n.start))
+	select {
+	case n.inbox <- func() {
+		for _, g := range n.groupIDs {
+			mb := n.members[g]
+			if mb.broken != nil {
+				continue
+			}
+			mb.m.SetTime(n.now())
+			if !r.Known {
+				mb.m.Granted(mb.m.Epoch(), at)
+			} else if i, ok := slices.BinarySearchFunc(r.Grants, g, func(x ctlapi.MasterGrant, g uint32) int { return cmp.Compare(x.Group, g) }); ok {
+				mb.m.Granted(r.Grants[i].Epoch, at)
+			} else {
+				mb.m.Revoked()
+			}
+			n.touch(mb)
+		}
+	}:
+	default:
+	}
+}
+
 // A Waiter is told the outcome of a proposal: Committed(tag, err) runs on
 // the node's goroutine and must not block. A pointer type implements it
 // without allocating; FuncWaiter adapts a function.
@@ -692,6 +771,7 @@ func (n *Node) touch(mb *member) {
 
 // ready carries out what a member asks for.
 func (n *Node) ready(mb *member) {
+	mb.m.SetTime(n.now())
 	rd := mb.m.Ready()
 	g := mb.id
 	if e := mb.m.Epoch(); e > mb.epoch {
@@ -777,12 +857,28 @@ func (n *Node) ready(mb *member) {
 			n.touch(mb)
 		}
 	}
+	n.publishLease(mb)
 	if rd.AlterSet != nil {
 		n.cfg.OnAlter(g, *rd.AlterSet)
 	}
 	if rd.More {
 		n.touch(mb) // the rest of the paged entries to apply
 	}
+}
+
+// publishLease mirrors mb's delivery window for the shards, and tells
+// OnDeliver when the member starts delivering. Every tick readies every
+// member, so a fence or a lease passing is seen within a tick here; the
+// shards compare the window with their own clock meanwhile.
+func (n *Node) publishLease(mb *member) {
+	from, until := mb.m.DeliverWindow()
+	mb.deliverFrom.Store(from)
+	mb.deliverUntil.Store(until)
+	d := mb.m.Delivering()
+	if d && !mb.delivering {
+		n.cfg.OnDeliver(mb.id)
+	}
+	mb.delivering = d
 }
 
 // maybeCompact drops mb's dead log prefix, if it is worth a base record
