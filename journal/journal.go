@@ -651,6 +651,14 @@ func (j *Journal) publishSegmentsLocked() {
 }
 
 // Stats returns a snapshot of the counters.
+// Err is the I/O error the journal failed on (then it refuses records),
+// or nil.
+func (j *Journal) Err() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.mu.err
+}
+
 func (j *Journal) Stats() Stats {
 	j.mu.Lock()
 	defer j.mu.Unlock()

@@ -3,6 +3,7 @@ package server
 import (
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"sync/atomic"
 
 	"github.com/berthmq/berth/controlplane"
@@ -26,6 +27,11 @@ import (
 //     controller or the local wiring file.
 //   - journal (brokers): every shard has replayed its journal.
 //   - clients (brokers): the client listener is bound.
+//   - journal failed (brokers): no shard journal has failed on an I/O
+//     error (it refuses persistent messages of its durable queues
+//     since), and the group journal has not (the broker left its
+//     replication groups, Node.fail). Checked live: a failure turns a
+//     ready broker unready, until it is restarted with a writable disk.
 //
 // Start restores the wiring before it replays the journals, so an
 // unrestored wiring always comes with an unfinished recovery.
@@ -75,6 +81,20 @@ func (s *Server) unready() []string {
 	}
 	if !s.boot.serving.Load() {
 		out = append(out, "clients: listener not started")
+	}
+	if b != nil && b.Recovered() {
+		for i, sh := range b.Shards() {
+			if err := sh.JournalErr(); err != nil {
+				out = append(out, fmt.Sprintf("journal: shard %d's journal failed (%v): its durable queues refuse persistent messages; restart the broker once %s is writable", i, err, s.cfg.DataDir))
+			}
+		}
+	}
+	if g := s.groups.Load(); g != nil {
+		if n := g.Node(); n != nil {
+			if err := n.Failed(); err != nil {
+				out = append(out, fmt.Sprintf("groups: the group journal failed (%v): this broker left its replication groups and serves none of them; restart it once %s is writable", err, filepath.Join(s.cfg.DataDir, "groups")))
+			}
+		}
 	}
 	return out
 }

@@ -38,6 +38,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/berthmq/berth/controlplane"
@@ -262,6 +263,38 @@ func (s *Server) groupRebalance() time.Duration {
 	}
 }
 
+// GroupJournalFaultEnv names, for process tests, a file under the data
+// directory whose presence makes every write and fsync of the group
+// journal fail with ENOSPC, as a full disk does: a fault-injecting layer
+// over the real file system (journal.FaultFS), since a test cannot make
+// a real disk full. Unset, the journal writes to the OS directly.
+const GroupJournalFaultEnv = "BERTH_TEST_GROUP_JOURNAL_FAULT"
+
+// groupJournalFS is the group journal's file system: Config.GroupJournalFS,
+// or the fault layer GroupJournalFaultEnv asks for, or nil (the OS's).
+func (s *Server) groupJournalFS() journal.FS {
+	if s.cfg.GroupJournalFS != nil {
+		return s.cfg.GroupJournalFS
+	}
+	name := os.Getenv(GroupJournalFaultEnv)
+	if name == "" {
+		return nil
+	}
+	flag := filepath.Join(s.cfg.DataDir, filepath.Base(name))
+	s.log.Warn("server: the group journal fails while a test's fault file exists", "file", flag)
+	ffs := journal.NewFaultFS(nil)
+	ffs.SetRule(func(op journal.Op, _ string, _ int) error {
+		if op != journal.OpWrite && op != journal.OpSync {
+			return nil
+		}
+		if _, err := os.Stat(flag); err == nil {
+			return syscall.ENOSPC
+		}
+		return nil
+	})
+	return ffs
+}
+
 // groupLease is the masters' lease (Config.GroupLease).
 func (s *Server) groupLease() time.Duration {
 	if s.cfg.GroupLease > 0 {
@@ -281,7 +314,7 @@ func (s *Server) startGroups() error {
 	}
 	m, err := groups.StartManager(groups.ManagerConfig{
 		Self: s.brokerID, PeerAddr: s.cfg.PeerAddr, Advertise: s.cfg.PeerAdvertise,
-		Dir: filepath.Join(s.cfg.DataDir, "groups"), Fsync: policy, Ctl: s.brokerClient(),
+		Dir: filepath.Join(s.cfg.DataDir, "groups"), Fsync: policy, FS: s.groupJournalFS(), Ctl: s.brokerClient(),
 		Auth: s.peerAuth, Logger: s.log, Rebalance: s.groupRebalance(), Lag: s.cfg.GroupLag,
 		// A handover holds back publishes only (replicate.go's events).
 		HandoverHolds: func(data []byte) bool { return len(data) > 0 && data[0] == gevEnqueue },
@@ -439,6 +472,18 @@ func (s *Server) controllerLoop() {
 			ctx, cancel = watch.heartbeatContext(s.regCtx, interval)
 			var ends []ctlapi.GroupLogEnd
 			if g := s.groups.Load(); g != nil {
+				if n := g.Node(); n != nil && n.Failed() != nil {
+					// The group journal failed: this broker left its
+					// groups (Node.fail). Silent, it is counted dead
+					// by the controller, which elects other masters
+					// for its groups and none here.
+					cancel()
+					if !failing {
+						failing = true
+						s.log.Error("server: no heartbeats to the controller: the group journal failed and this broker left its replication groups; restart it once the journal's directory is writable", "err", n.Failed())
+					}
+					continue
+				}
 				ends = g.LogEnds()
 			}
 			// The answer renews the leases of the groups this broker

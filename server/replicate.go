@@ -192,6 +192,10 @@ func groupError(err error) error {
 		return nil
 	case errors.Is(err, groups.ErrClosed):
 		return shards.Errorf(wire.CodeShutdown, "the broker is shutting down")
+	case errors.Is(err, groups.ErrJournalFailed) && errors.Is(err, group.ErrNotMaster):
+		return shards.Errorf(wire.CodeUnavailable, "this broker's group journal failed with the command in flight (%v); its outcome is unknown; another broker takes the group over", err)
+	case errors.Is(err, groups.ErrJournalFailed):
+		return shards.Errorf(wire.CodeUnavailable, "this broker's group journal failed (%v); the command was not taken; retry: another broker takes the group over", err)
 	case errors.Is(err, group.ErrNotEnoughSet):
 		return shards.Errorf(wire.CodeUnavailable, "fewer replicas of the queue's group are in sync than min-sync-replicas; retry")
 	case errors.Is(err, group.ErrNotMaster):

@@ -69,6 +69,9 @@ type Config struct {
 	// JournalFS, if set, replaces the real file system under the journal
 	// (tests inject faults with it).
 	JournalFS journal.FS
+	// GroupJournalFS, if set, replaces the real file system under the
+	// group journal (tests inject faults with journal.FaultFS).
+	GroupJournalFS journal.FS
 	// JournalSegmentBytes overrides the journal segment size.
 	JournalSegmentBytes int64
 	// JournalCheckpointRecords overrides the journal records per shard

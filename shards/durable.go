@@ -522,6 +522,15 @@ func (s *Shard) JournalStats() (journal.Stats, bool) {
 	return s.journal.j.Stats(), true
 }
 
+// JournalErr is the I/O error the shard's journal failed on (it refuses
+// records since), or nil; safe from any goroutine.
+func (s *Shard) JournalErr() error {
+	if s.journal == nil {
+		return nil
+	}
+	return s.journal.j.Err()
+}
+
 func (s *Shard) closeJournal() error {
 	if s.journal == nil {
 		return nil

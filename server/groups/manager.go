@@ -34,6 +34,7 @@ type ManagerConfig struct {
 	Advertise string
 	Dir       string // the group journal's directory
 	Fsync     journal.FsyncPolicy
+	FS        journal.FS // the group journal's file system; nil: the OS's
 	Ctl       *ctlclient.Client
 	Apply     func(group uint32, e wire.GroupEntry)
 	// OnMaster is told, on the node's goroutine, that this broker became
@@ -346,7 +347,7 @@ func (m *Manager) run() {
 	if len(ids) == 0 {
 		m.log.Info("groups: this broker holds no group; it forwards to the groups' masters", "broker_id", m.cfg.Self, "groups", groups)
 	} else {
-		n, err := OpenNode(NodeConfig{ID: m.cfg.Self, Dir: m.cfg.Dir, Fsync: m.cfg.Fsync, Transport: m.tr, Groups: ids, LagTicks: lagTicks(m.cfg.Lag),
+		n, err := OpenNode(NodeConfig{ID: m.cfg.Self, Dir: m.cfg.Dir, Fsync: m.cfg.Fsync, FS: m.cfg.FS, Transport: m.tr, Groups: ids, LagTicks: lagTicks(m.cfg.Lag),
 			ReplicaSets: sets, PagedReplay: m.cfg.PagedReplay, HandoverHolds: m.cfg.HandoverHolds, Apply: m.cfg.Apply, OnAlter: m.alter, OnMaster: m.cfg.OnMaster, OnStepDown: m.cfg.OnStepDown,
 			Lease: m.cfg.Lease, OnDeliver: m.cfg.OnDeliver, Logger: m.log})
 		if err != nil {
@@ -584,6 +585,9 @@ func (m *Manager) askElection(n *Node, lost uint32, gs []uint32) {
 			ctx, cancel := context.WithCancel(ctx)
 			defer cancel()
 			cancelOnMove(ctx, cancel, moved)
+			if err := n.Failed(); err != nil {
+				return err // this broker left its groups: it does not heartbeat them
+			}
 			if err := m.cfg.Ctl.Heartbeat(ctx, m.cfg.Self, n.LogEnds()); err != nil {
 				return err
 			}

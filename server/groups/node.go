@@ -148,6 +148,54 @@ type Node struct {
 	loadWin journal.Window
 	// start is the origin of the members' clock (now): monotonic.
 	start time.Time
+	// failed is the journal failure the node stopped on (fail); nil
+	// while it works. Read from any goroutine.
+	failed atomic.Pointer[error]
+}
+
+// Failed reports the group journal's failure (wrapping ErrJournalFailed)
+// once the node has stopped on it, or nil. Safe from any goroutine.
+func (n *Node) Failed() error {
+	if p := n.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// fail stops every group of the node on the journal's failure: the
+// journal is shared, so none of them can write any more. A master steps
+// down at once (OnStepDown: what it applied is dropped, nothing is
+// served from it), the proposals waiting end with an unknown outcome,
+// and the members stop. The broker then leaves its groups: it stops
+// heartbeating them to the controller (the server checks Failed), which
+// elects other masters and elects none here. It runs on the node's
+// goroutine.
+func (n *Node) fail(err error) {
+	if n.failed.Load() != nil {
+		return
+	}
+	ferr := fmt.Errorf("%w: %w", ErrJournalFailed, err)
+	n.failed.Store(&ferr)
+	n.log.Error("groups: the group journal failed; this broker leaves its replication groups and serves none of them: the controller elects other masters. Restart the broker once the group journal's directory is writable again; it then catches up and rejoins",
+		"dir", n.cfg.Dir, "err", err)
+	unknown := fmt.Errorf("%w (%w)", ferr, group.ErrNotMaster)
+	for _, g := range n.groupIDs {
+		mb := n.members[g]
+		if mb.broken == nil {
+			mb.broken = ferr
+		}
+		for mb.waits.len() > 0 {
+			w := mb.waits.pop()
+			w.w.Committed(w.tag, unknown)
+		}
+		mb.deliverFrom.Store(0)
+		mb.deliverUntil.Store(0)
+		mb.delivering = false
+		if mb.master.Load() {
+			mb.master.Store(false)
+			n.cfg.OnStepDown(g)
+		}
+	}
 }
 
 // now is the time the members' leases are counted in: nanoseconds since
@@ -214,6 +262,13 @@ var noCompletion journal.Completion = func(journal.Pos, error) {}
 
 // ErrClosed is returned by calls on a closed node.
 var ErrClosed = errors.New("groups: node closed")
+
+// ErrJournalFailed: the broker's group journal failed on an I/O error
+// (Node.Failed); the broker has left its groups and takes no proposal.
+// A proposal waiting when it failed ends with it wrapped together with
+// group.ErrNotMaster: it may have reached the followers, and a new
+// master may commit it, so its outcome is unknown.
+var ErrJournalFailed = errors.New("groups: the group journal failed")
 
 // OpenNode replays the journal in cfg.Dir and starts the node.
 func OpenNode(cfg NodeConfig) (*Node, error) {
@@ -504,16 +559,33 @@ type Status struct {
 	// election has passed and it holds the controller's lease, so it
 	// hands out messages (group.Member.Delivering).
 	Delivering bool `json:"delivering"`
+	// Failed: the member stopped on this error (the group journal
+	// failed): it takes no part in the group any more.
+	Failed string `json:"failed,omitempty"`
 }
 
-// Status reports group g's state.
+// Status reports group g's state; that of a member stopped on a journal
+// failure too.
 func (n *Node) Status(g uint32) (Status, error) {
 	var st Status
-	err := n.withMember(g, func(m *group.Member) {
+	var err error
+	if derr := n.do(func() {
+		mb := n.members[g]
+		if mb == nil {
+			err = fmt.Errorf("groups: no group %d on this node", g)
+			return
+		}
+		m := mb.m
 		st = Status{Group: g, Role: m.Role(), RoleName: [...]string{"none", "follower", "master"}[m.Role()], Epoch: m.Epoch(),
 			Master: m.Master(), Base: m.Base().Index, LastIndex: m.LastIndex(), Commit: m.Commit(), Applied: m.Applied(), Dur: m.Durable(),
 			Set: slices.Clone(m.SyncStateSet()), Delivering: m.Delivering()}
-	})
+		if mb.broken != nil {
+			st.Failed = mb.broken.Error()
+			st.RoleName, st.Delivering, st.Set = "failed", false, nil
+		}
+	}); derr != nil {
+		return st, derr
+	}
 	return st, err
 }
 
@@ -769,8 +841,12 @@ func (n *Node) touch(mb *member) {
 	}
 }
 
-// ready carries out what a member asks for.
+// ready carries out what a member asks for; a stopped member (broken)
+// does nothing more.
 func (n *Node) ready(mb *member) {
+	if mb.broken != nil {
+		return
+	}
 	mb.m.SetTime(n.now())
 	rd := mb.m.Ready()
 	g := mb.id
@@ -973,13 +1049,8 @@ func (n *Node) takeDurable(mb *member) {
 		mb.baseRec = mb.base.rec
 		mb.base = nil
 	}
-	if err != nil && mb.broken == nil {
-		mb.broken = fmt.Errorf("groups: journal write failed: %w", err)
-		n.log.Error("groups: group stopped on a journal failure", "group", mb.id, "err", err)
-		for mb.waits.len() > 0 {
-			w := mb.waits.pop()
-			w.w.Committed(w.tag, mb.broken)
-		}
+	if err != nil {
+		n.fail(err)
 	}
 	if set && gen == mb.gen && mb.broken == nil {
 		mb.m.Persisted(index)
