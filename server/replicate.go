@@ -12,12 +12,15 @@ package server
 //
 // A publish taken by a broker that is not the group's master is forwarded
 // to the master (forward.go), and a consumer is proxied to it (proxy.go).
-// What this version leaves out: dead letters of replicated queues; deletes and purges are
-// replicated as the removes of each message, the queue object itself stays
-// on the followers until they restart. The group log is compacted up to
-// its oldest message still in a queue (server/groups): a message never
-// consumed keeps the log after it, on disk and at about 48 bytes an
-// event in memory.
+// Only the master expires and dead-letters a replicated queue's
+// messages; it proposes their removal once the dead letters are stored.
+// A purge is replicated as the removes of its messages, a delete as those
+// removes and a gevDelete, at which the followers drop their copy. The
+// group log is compacted up to its oldest message still in a queue
+// (server/groups): every member forgets the enqueue of a message when
+// its removal commits, or when a follower drops it with its queue; a
+// message never consumed keeps the log after it, on disk and at about 48
+// bytes an event in memory.
 
 import (
 	"context"
@@ -365,70 +368,39 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 	s := r.s
 	if kind == gevDelete {
 		name := string(nameB)
-		// The master dropped the queue when it proposed this. A master
-		// applying it may hold a queue declared again since under the
-		// name: it keeps it (one that became master after the proposal
-		// keeps an empty copy until it restarts).
+		// The master dropped the queue when it proposed this, and its
+		// messages' enqueues are forgotten as their removals, proposed
+		// with it, commit. A master applying it may hold a queue declared
+		// again since under the name: it keeps it (one that became master
+		// after the proposal keeps an empty copy until it restarts). A
+		// follower drops its copy, and forgets the enqueues of what the
+		// copy still held (those committed after the master dropped it,
+		// or whose removals the group did not take): their entries have
+		// no effect left, and compaction passes them.
 		r.forget(g, e.Index)
 		if !r.IsMaster(g) {
-			s.wiring.DropReplica(name)
-		}
-		return
-	}
-	q := s.wiring.Routing().Queue(nameB)
-	if q == nil {
-		var err error
-		if q, err = s.wiring.Adopt(string(nameB)); err != nil {
-			s.log.Warn("server: a replicated event for a queue this broker cannot find; skipped", "group", g, "index", e.Index, "queue", string(nameB), "err", err)
-			return
-		}
-	}
-	sh := s.broker.Shards()[q.Shard()]
-	var call func(*shards.Shard)
-	switch kind {
-	case gevEnqueue:
-		ev, ok := decodeEnqueueEvent(&rd, true)
-		if !ok {
-			s.log.Error("server: malformed replicated enqueue; skipped", "group", g, "index", e.Index)
-			return
-		}
-		// Above the shard's high watermark the log drops the event's
-		// data: the body is then its only copy in memory, and the shard
-		// may page it out (shards.Shard.ApplyEnqueue).
-		var logPos uint64
-		if n := r.node(); n != nil {
-			logPos = uint64(n.Page(g, e.Index, sh.Paging()))
-		}
-		// Pushed as a command rather than a call: an enqueue, the bulk
-		// of a group's events, allocates no closure.
-		for !sh.TryApplyEnqueue(q, e.Index, ev.body, ev.expiresAt, ev.producer, ev.producerSeq, logPos) {
-			if s.regCtx.Err() != nil {
-				ev.body.Unref()
-				return
+			for _, seq := range s.wiring.DropReplica(name) {
+				r.forget(g, seq)
 			}
-			time.Sleep(20 * time.Microsecond)
 		}
 		return
+	}
+	var seqs []uint64 // a removal's messages
+	switch kind {
 	case gevRemove:
 		seq := rd.U64()
 		if rd.Err() != nil {
 			s.log.Error("server: malformed replicated remove; skipped", "group", g, "index", e.Index)
 			return
 		}
-		call = func(sh *shards.Shard) { sh.ApplyRemove(q, seq) }
-		// The message's enqueue (its Seq is the enqueue's index) has no
-		// effect left: a member that lacks it need not get its data. This
-		// removal still has one on a member that holds the message, so it
-		// keeps its data until the log is compacted past it.
-		r.forget(g, seq)
-		r.retire(g, e.Index)
+		seqs = []uint64{seq}
 	case gevRemoves:
 		n := rd.Count(8)
 		if n > shards.RemovesMax {
 			s.log.Error("server: replicated removes over the bound; skipped", "group", g, "index", e.Index, "count", n)
 			return
 		}
-		seqs := make([]uint64, 0, n)
+		seqs = make([]uint64, 0, n)
 		for range n {
 			seqs = append(seqs, rd.U64())
 		}
@@ -436,21 +408,75 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 			s.log.Error("server: malformed replicated removes; skipped", "group", g, "index", e.Index)
 			return
 		}
-		call = func(sh *shards.Shard) {
-			for _, seq := range seqs {
-				sh.ApplyRemove(q, seq)
-			}
-		}
-		for _, seq := range seqs {
-			r.forget(g, seq)
-		}
-		r.retire(g, e.Index)
+	case gevEnqueue:
 	default:
 		s.log.Error("server: replicated event of unknown kind; skipped", "group", g, "index", e.Index, "kind", kind)
 		return
 	}
-	for !sh.TryCall(call) {
+	removal := kind != gevEnqueue
+	if removal {
+		// The messages' enqueues (their Seq is the enqueue's index) have
+		// no effect left: a member that lacks them need not get their
+		// data. This removal still has one on a member that holds the
+		// messages, so it keeps its data until the log is compacted past
+		// it. That holds whether or not the queue is here: the master
+		// applies the removals of a queue it deleted to no queue.
+		for _, seq := range seqs {
+			r.forget(g, seq)
+		}
+		r.retire(g, e.Index)
+	}
+	q := s.wiring.Routing().Queue(nameB)
+	if q == nil && removal {
+		return // no copy of the queue here, so none of its messages
+	}
+	if q == nil {
+		var err error
+		if q, err = s.wiring.Adopt(string(nameB)); err != nil {
+			if shards.CodeOf(err) == wire.CodeNotFound {
+				// The controller has no such queue: it was deleted after
+				// this enqueue was proposed, and the enqueue has no
+				// effect.
+				r.forget(g, e.Index)
+				s.log.Debug("server: a replicated enqueue for a deleted queue; skipped", "group", g, "index", e.Index, "queue", string(nameB))
+				return
+			}
+			s.log.Warn("server: a replicated event for a queue this broker cannot find; skipped", "group", g, "index", e.Index, "queue", string(nameB), "err", err)
+			return
+		}
+	}
+	sh := s.broker.Shards()[q.Shard()]
+	if removal {
+		call := func(sh *shards.Shard) {
+			for _, seq := range seqs {
+				sh.ApplyRemove(q, seq)
+			}
+		}
+		for !sh.TryCall(call) {
+			if s.regCtx.Err() != nil {
+				return
+			}
+			time.Sleep(20 * time.Microsecond)
+		}
+		return
+	}
+	ev, ok := decodeEnqueueEvent(&rd, true)
+	if !ok {
+		s.log.Error("server: malformed replicated enqueue; skipped", "group", g, "index", e.Index)
+		return
+	}
+	// Above the shard's high watermark the log drops the event's data:
+	// the body is then its only copy in memory, and the shard may page it
+	// out (shards.Shard.ApplyEnqueue).
+	var logPos uint64
+	if n := r.node(); n != nil {
+		logPos = uint64(n.Page(g, e.Index, sh.Paging()))
+	}
+	// Pushed as a command rather than a call: an enqueue, the bulk of a
+	// group's events, allocates no closure.
+	for !sh.TryApplyEnqueue(q, e.Index, ev.body, ev.expiresAt, ev.producer, ev.producerSeq, logPos) {
 		if s.regCtx.Err() != nil {
+			ev.body.Unref()
 			return
 		}
 		time.Sleep(20 * time.Microsecond)

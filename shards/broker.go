@@ -422,7 +422,11 @@ func (b *Broker) autoDelete(q *Queue) {
 
 // dropQueue marks q deleted and drops its messages and consumers. It runs
 // on q's shard goroutine.
-func (s *Shard) dropQueue(q *Queue) int {
+func (s *Shard) dropQueue(q *Queue) int { return s.dropQueueSeqs(q, nil) }
+
+// dropQueueSeqs is dropQueue that appends to seqs, if not nil, the Seq of
+// every message it drops.
+func (s *Shard) dropQueueSeqs(q *Queue, seqs *[]uint64) int {
 	if q.deleted {
 		return 0
 	}
@@ -440,12 +444,13 @@ func (s *Shard) dropQueue(q *Queue) int {
 	s.pool.totals.Consumers -= len(q.consumers)
 	q.consumers = nil
 	// Acquired messages go too: their settles will find nothing.
+	fx := nopEffects{s, seqs}
 	for seq := range q.acquiredMap() {
 		ev := Event{Kind: EvDequeue, Seq: seq}
-		_ = q.Apply(&ev, nopEffects{s})
+		_ = q.Apply(&ev, fx)
 	}
 	ev := Event{Kind: EvPurge}
-	_ = q.Apply(&ev, nopEffects{s})
+	_ = q.Apply(&ev, fx)
 	q.deleted = true
 	s.queues.remove(q)
 	if q.busy != nil {
@@ -453,6 +458,10 @@ func (s *Shard) dropQueue(q *Queue) int {
 	}
 	if q.replicated {
 		if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
+			// The removals release the group log: each member forgets
+			// the enqueues of the messages they remove when they commit.
+			// Those the group does not take now stay pending, and are
+			// proposed again (flushRemoves), deleted queue or not.
 			_ = s.proposeRemoves(q, nil)
 			if err := r.ProposeDelete(q); err != nil {
 				s.log.Warn("shards: the deletion of a replicated queue was not proposed; its followers keep an empty copy until they restart", "queue", q.Name, "err", err)
@@ -462,11 +471,20 @@ func (s *Shard) dropQueue(q *Queue) int {
 	return n
 }
 
-// nopEffects drops messages without dead-lettering them.
-type nopEffects struct{ s *Shard }
+// nopEffects drops messages without dead-lettering them, appending their
+// Seqs to seqs if it is not nil.
+type nopEffects struct {
+	s    *Shard
+	seqs *[]uint64
+}
 
 func (nopEffects) DeadLetter(*Queue, *Entry, DeadLetterReason) {}
-func (n nopEffects) Removed(q *Queue, e *Entry)                { n.s.Removed(q, e) }
+func (n nopEffects) Removed(q *Queue, e *Entry) {
+	if n.seqs != nil {
+		*n.seqs = append(*n.seqs, e.Seq)
+	}
+	n.s.Removed(q, e)
+}
 
 // Purge drops every ready and delayed message of q and returns how many.
 func (b *Broker) Purge(q *Queue) (int, error) {
@@ -474,7 +492,7 @@ func (b *Broker) Purge(q *Queue) (int, error) {
 	if err := b.Call(b.shards[q.shard], func(s *Shard) {
 		n = q.Ready() + q.Delayed()
 		ev := Event{Kind: EvPurge}
-		_ = q.Apply(&ev, nopEffects{s})
+		_ = q.Apply(&ev, nopEffects{s: s})
 	}); err != nil {
 		return 0, Errorf(wire.CodeInternal, "purge %q: %v", q.Name, err)
 	}

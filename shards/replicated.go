@@ -102,7 +102,12 @@ func (q *Queue) Replicated() (group uint32, ok bool) { return q.group, q.replica
 // b's reference passes to the queue.
 func (s *Shard) ApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64, producer, producerSeq, logPos uint64) {
 	if q.deleted {
+		// Committed after the master dropped the queue: the entry has no
+		// effect, and compaction may pass it.
 		b.Unref()
+		if r := s.broker.loadReplicator(); r != nil {
+			r.Skipped(q, seq)
+		}
 		return
 	}
 	if q.duplicate(producer, producerSeq) {
@@ -216,16 +221,13 @@ func (s *Shard) proposeRemoves(q *Queue, done func(error)) error {
 
 // flushRemoves proposes every queue's pending removals; the shard calls
 // it at the end of each batch of commands. Queues whose removals the
-// group did not take stay on the list.
+// group did not take stay on the list, deleted ones too: the removals
+// of a deleted queue's messages are what releases their entries in the
+// master's group log (the master drops its queue at once, and applies
+// them to no queue).
 func (s *Shard) flushRemoves() {
 	keep := s.removing[:0]
 	for _, q := range s.removing {
-		if q.deleted {
-			if q.rare != nil {
-				q.rare.removing = q.rare.removing[:0]
-			}
-			continue
-		}
 		_ = s.proposeRemoves(q, nil)
 		if q.rare != nil && len(q.rare.removing) > 0 {
 			keep = append(keep, q)
@@ -233,6 +235,20 @@ func (s *Shard) flushRemoves() {
 	}
 	clear(s.removing[len(keep):])
 	s.removing = keep
+}
+
+// DropReplica drops q, a replicated queue whose deletion its group's log
+// committed on this broker, which is not the group's master, as
+// DropQueue does. It returns the Seqs of the messages q still held, the
+// log indexes of their enqueues: dropped with the queue, those entries
+// have no effect left, and the caller forgets them (its removals went
+// before, and forgot theirs).
+func (b *Broker) DropReplica(q *Queue) ([]uint64, error) {
+	var seqs []uint64
+	if err := b.Call(b.shards[q.shard], func(s *Shard) { s.dropQueueSeqs(q, &seqs) }); err != nil {
+		return nil, Errorf(wire.CodeInternal, "delete %q: %v", q.Name, err)
+	}
+	return seqs, nil
 }
 
 // Complete completes a client's command from a pushed call (a replicated

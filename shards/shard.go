@@ -679,10 +679,31 @@ func (s *Shard) expireDue() {
 			continue
 		}
 		q.busy.expireAt = 0
+		if !s.masters(q) {
+			// A follower's copy of a replicated queue: only the group's
+			// master expires it, dead-letters what expired and proposes
+			// the removal, which drops the copy here when it commits.
+			// Expired here too, each member would dead-letter it. The
+			// next change of the head indexes the queue again (watchHead),
+			// and a broker that becomes master dispatches the queue
+			// (GroupMastered), which expires its head.
+			continue
+		}
 		ev := Event{Kind: EvExpire, Now: s.now}
 		_ = q.Apply(&ev, s)
 		s.watchHead(q)
 	}
+}
+
+// masters reports whether this broker decides for q: q is not
+// replicated, or this broker is its group's master. Only that broker
+// expires and dead-letters q's messages.
+func (s *Shard) masters(q *Queue) bool {
+	if !q.replicated {
+		return true
+	}
+	r := s.broker.loadReplicator()
+	return r != nil && r.IsMaster(q.group)
 }
 
 // dispatchDirty hands ready messages to consumers with credit, round robin.
@@ -748,6 +769,12 @@ func (s *Shard) dispatch(q *Queue) {
 // DeadLetter implements Effects: route the message to the queue's
 // dead-letter exchange.
 func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
+	if !s.masters(q) {
+		// A follower drops a replicated message for the same reason as
+		// its master (a drop-head applied from the log): the master
+		// dead-letters it, once for the group.
+		return
+	}
 	s.stats.DeadLettered++
 	dlx := q.Options.DeadLetterExchange
 	if dlx == "" && q.Options.DeadLetterKey == "" {
@@ -845,8 +872,9 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 func (s *Shard) Removed(q *Queue, e *Entry) {
 	if q.replicated {
 		// On the master the removal goes to the group log; a follower's
-		// own removals (its expiry tick) are not proposed, and its copy
-		// is made right by the master's remove when it commits.
+		// own removals (a drop-head applied from the log) are not
+		// proposed, and its copy is made right by the master's remove
+		// when it commits.
 		if s.dlHeld == e {
 			s.dlHeld = nil // its dead letter is on the way (DeadLetter)
 		} else if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {

@@ -560,19 +560,22 @@ func (w *Wiring) DeleteQueue(name string, ifUnused, ifEmpty bool) (int, error) {
 
 // DropReplica drops this broker's copy of the replicated queue name,
 // which its group's master deleted (the controller has it deleted
-// already). Nothing is recorded.
-func (w *Wiring) DropReplica(name string) {
+// already), and returns the Seqs of the messages the copy held
+// (shards.Broker.DropReplica). Nothing is recorded.
+func (w *Wiring) DropReplica(name string) []uint64 {
 	defer w.lockNames(name)()
 	q := w.Routing().queue(name)
 	if q == nil {
-		return
+		return nil
 	}
-	if _, err := w.b.DropQueue(q); err != nil {
+	seqs, err := w.b.DropReplica(q)
+	if err != nil {
 		w.log.Warn("wiring: drop the copy of a deleted replicated queue", "queue", name, "err", err)
-		return
+		return nil
 	}
 	w.unpublish(q)
 	w.dropped(q)
+	return seqs
 }
 
 func (w *Wiring) dropped(q *shards.Queue) {
