@@ -18,6 +18,9 @@ type roleReplicator struct {
 
 func (r *roleReplicator) IsMaster(uint32) bool { return r.master }
 
+// Delivering: the master holds its lease throughout.
+func (r *roleReplicator) Delivering(uint32) bool { return r.master }
+
 func (r *roleReplicator) ProposeRemoves(_ *Queue, seqs []uint64, done func(error)) error {
 	r.removes = append(r.removes, slices.Clone(seqs))
 	if done != nil {

@@ -679,14 +679,19 @@ func (s *Shard) expireDue() {
 			continue
 		}
 		q.busy.expireAt = 0
-		if !s.masters(q) {
+		if !s.delivers(q) {
 			// A follower's copy of a replicated queue: only the group's
 			// master expires it, dead-letters what expired and proposes
 			// the removal, which drops the copy here when it commits.
 			// Expired here too, each member would dead-letter it. The
 			// next change of the head indexes the queue again (watchHead),
 			// and a broker that becomes master dispatches the queue
-			// (GroupMastered), which expires its head.
+			// (GroupMastered), which expires its head. A master that
+			// does not hold its lease (Replicator.Delivering) waits the
+			// same way, as it does with deliveries: one the controller
+			// replaced must not dead-letter what its successor expires
+			// too; it dispatches the queue again when its lease comes
+			// back (GroupDelivering).
 			continue
 		}
 		ev := Event{Kind: EvExpire, Now: s.now}
@@ -704,6 +709,17 @@ func (s *Shard) masters(q *Queue) bool {
 	}
 	r := s.broker.loadReplicator()
 	return r != nil && r.IsMaster(q.group)
+}
+
+// delivers reports whether this broker hands out q's messages now: q is
+// not replicated, or this broker is its group's master and holds its
+// lease (Replicator.Delivering). Expiry waits for it like delivery.
+func (s *Shard) delivers(q *Queue) bool {
+	if !q.replicated {
+		return true
+	}
+	r := s.broker.loadReplicator()
+	return r != nil && r.Delivering(q.group)
 }
 
 // dispatchDirty hands ready messages to consumers with credit, round robin.
