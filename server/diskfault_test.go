@@ -36,9 +36,12 @@ func TestDiskErrorFailsOnlyAffectedCommands(t *testing.T) {
 		}
 		return nil
 	})
-	s := startServer(t, func(c *server.Config) { c.JournalFS = ffs })
+	s := startServer(t, func(c *server.Config) { c.JournalFS = ffs; c.AdminAddr = "127.0.0.1:0" })
 	c := dial(t, s)
 	ctx := ctxT(t)
+	if code, body := readyz(t, s.AdminAddr()); code != 200 {
+		t.Fatalf("/readyz before the fault: %d %q", code, body)
+	}
 	bad := queueOnShard(s, "bad", 0)
 	good := queueOnShard(s, "good", 1)
 	for _, q := range []string{bad, good} {
@@ -90,6 +93,11 @@ func TestDiskErrorFailsOnlyAffectedCommands(t *testing.T) {
 	}
 	if storeErrs != 20 {
 		t.Fatalf("store errors %d", storeErrs)
+	}
+	// /readyz names the failed journal (issue 25, item 2): the broker
+	// serves, but not all it should.
+	if code, body := readyz(t, s.AdminAddr()); code != 503 || !strings.Contains(body, "shard 0's journal failed") || strings.Contains(body, "shard 1") {
+		t.Fatalf("/readyz with shard 0's journal failed: %d %q", code, body)
 	}
 	_ = context.Background
 }
