@@ -121,8 +121,8 @@ func TestBrokerOutcomeUnknown(t *testing.T) {
 	versions := make(chan wire.Version, 1)
 	addr := scriptedServer(t, wire.VersionOutcome, versions, publishAnswers)
 	c := dialTest(t, addr)
-	if v := <-versions; v != wire.VersionOutcome || c.version != wire.VersionOutcome {
-		t.Fatalf("negotiated %v (client %v), want %v", v, c.version, wire.VersionOutcome)
+	if v := <-versions; v != wire.VersionOutcome || c.Version() != wire.VersionOutcome {
+		t.Fatalf("negotiated %v (client %v), want %v", v, c.Version(), wire.VersionOutcome)
 	}
 	ctx := testCtx(t)
 	for _, tc := range []struct {
@@ -169,8 +169,8 @@ func TestBrokerOutcomeUnknownOlderServer(t *testing.T) {
 	versions := make(chan wire.Version, 1)
 	addr := scriptedServer(t, wire.VersionCancelled, versions, publishAnswers)
 	c := dialTest(t, addr)
-	if v := <-versions; v != wire.VersionCancelled || c.version != wire.VersionCancelled {
-		t.Fatalf("negotiated %v (client %v)", v, c.version)
+	if v := <-versions; v != wire.VersionCancelled || c.Version() != wire.VersionCancelled {
+		t.Fatalf("negotiated %v (client %v)", v, c.Version())
 	}
 	if err := c.Publish(testCtx(t), "", "q", []byte("ok"), PublishOptions{}); err != nil {
 		t.Fatal(err)
