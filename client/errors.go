@@ -97,11 +97,11 @@ var (
 // not carried out, unless its code says that the outcome is unknown
 // (outcome-unknown, store, internal: see ErrOutcomeUnknown, which such an
 // *Error matches with errors.Is; docs/PROTOCOL.md 1.4 says what each code
-// means for its command). CommandID 0 is the broker's word about the connection,
-// not about a command: Dial returns it when the server refuses the session,
-// Config.ErrorHandler receives it, and Conn.Err wraps it when the server
-// closed the connection with an error code. A command's error never holds
-// one with CommandID 0. Use errors.As to get at it.
+// means for its command). CommandID 0 is the broker's word about the
+// connection, not about a command: Dial returns it when the server refuses
+// the session, Config.ErrorHandler receives it, and Conn.Err wraps it when
+// the server closed the connection with an error code. A command's error
+// never holds one with CommandID 0. Use errors.As to get at it.
 type Error struct {
 	Code      wire.ErrorCode
 	Text      string
