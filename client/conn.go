@@ -507,6 +507,12 @@ func (c *Conn) ServerAddrs() []string {
 // MaxFrameSize is the negotiated maximum frame size.
 func (c *Conn) MaxFrameSize() uint32 { return c.frameMax }
 
+// Version is the protocol version the session negotiated (a reconnect
+// keeps it). Below wire.VersionOutcome (1.4) the server answers
+// unavailable also for a command whose outcome is unknown, which only
+// the error's text tells apart.
+func (c *Conn) Version() wire.Version { return c.version }
+
 // Heartbeat is the negotiated heartbeat interval; 0 means none.
 func (c *Conn) Heartbeat() time.Duration {
 	c.mu.Lock()

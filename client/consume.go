@@ -20,18 +20,21 @@ var ErrReject = errors.New("client: reject the delivery")
 const consumeSettleBatch = 64
 
 // consumeUnavailableGrace is how long Consume waits, after a settle
-// refused as unavailable on a reconnecting Conn, for the CANCELLED that
+// answered outcome-unknown (or, from a server before protocol 1.4,
+// unavailable) on a reconnecting Conn, for the CANCELLED that
 // says the consumer's master was lost (protocol 6.8: the broker answers
 // the consumer's open commands first, then ends it). If it comes, the
 // refusal is stale: the Conn subscribes the consumer again and its
 // messages are delivered again unless the settle took effect. If not,
 // the refusal ends Consume as any other. A not-found refusal is judged
 // the same way: a settle that crossed the CANCELLED names a consumer
-// the broker has forgotten.
+// the broker has forgotten, and so is an unavailable one from a server
+// of 1.4 (not taken: a proxying broker that could not reach the lost
+// master), as before 1.4.
 const consumeUnavailableGrace = time.Second
 
-// unavailableSettle is a settle batch refused as unavailable, up to
-// tag, that Consume has not yet judged.
+// unavailableSettle is a settle batch answered outcome-unknown,
+// unavailable or not-found, up to tag, that Consume has not yet judged.
 type unavailableSettle struct {
 	tag uint64
 	err error
@@ -72,11 +75,13 @@ type consumeOptions struct {
 // outcome of that message's settle:
 //   - nil: the server confirmed it (for an accept: the message is gone for
 //     good, durably if it was journalled).
-//   - an *Error: the server refused it; the message stays acquired and is
-//     requeued when the session ends.
-//   - an error wrapping ErrOutcomeUnknown: the settle was sent but the
-//     connection ended before the answer; it may or may not have taken
-//     effect. If it did not, the message is requeued.
+//   - an error matching ErrOutcomeUnknown: the settle was sent but the
+//     connection ended before the answer, or the server answered that it
+//     does not know (an *Error, outcome-unknown: the consumer's master was
+//     lost with it in flight); it may or may not have taken effect. If it
+//     did not, the message is requeued.
+//   - another *Error: the server refused it; the message stays acquired
+//     and is requeued when the session ends.
 //   - another error (wrapping ErrClosed, or a context's error): the settle
 //     was never sent; the message is requeued when the session ends.
 //
@@ -109,7 +114,8 @@ type settleBatch struct {
 // with the connection) ends Consume with its error, and OnSettled tells
 // which settles the server confirmed. Two exceptions on a reconnecting
 // Conn, where the consumer goes on: a settle made stale by a reconnect
-// (ErrStaleDelivery), and one refused as unavailable because the broker
+// (ErrStaleDelivery), and one answered outcome-unknown (unavailable, from
+// a server before protocol 1.4) because the broker
 // lost the consumer's master (the CANCELLED that follows within
 // consumeUnavailableGrace, 1 s, makes the Conn subscribe again; the
 // settle's outcome is unknown, and its message comes back if it did not
@@ -175,7 +181,7 @@ func (s *Consumer) Consume(ctx context.Context, handler func(*Delivery) error, o
 				// those messages.
 				if err != nil && !errors.Is(err, ErrStaleDelivery) {
 					mu.Lock()
-					if code := Code(err); reconnecting && (code == wire.CodeUnavailable || code == wire.CodeNotFound) {
+					if code := Code(err); reconnecting && (code == wire.CodeOutcomeUnknown || code == wire.CodeUnavailable || code == wire.CodeNotFound) {
 						unavail = append(unavail, unavailableSettle{tag: last, err: err, at: time.Now()})
 					} else if settleEr == nil {
 						settleEr = err

@@ -25,13 +25,19 @@
 // The result of a command (returned, or given to its done callback) says
 // what became of it:
 //   - nil: the server carried it out.
-//   - an *Error (errors.As): the server refused it; it was not carried
-//     out. Code tells why. Only a refusal is an *Error.
-//   - an error wrapping ErrOutcomeUnknown: it was sent, but its answer was
-//     not heard: the connection ended first (the error also wraps
-//     ErrClosed), or the context of a call that waits for the answer ended
-//     first (it also wraps ctx.Err()). The server may or may not have
-//     carried it out.
+//   - an error matching ErrOutcomeUnknown (errors.Is): the server may or
+//     may not have carried it out. Either its answer was not heard: the
+//     connection ended first (the error also wraps ErrClosed), or the
+//     context of a call that waits for the answer ended first (it also
+//     wraps ctx.Err()); or the server answered that it does not know: an
+//     *Error with code outcome-unknown (protocol 1.4: the replicated
+//     queue's master was lost with the command in flight), store or
+//     internal, which errors.As gives with the broker's text.
+//   - any other *Error (errors.As): the server refused it; it was not
+//     carried out. Code tells why (docs/PROTOCOL.md 1.4 says, for each
+//     code, whether the command was carried out). With a server of 1.3
+//     or older, unavailable may also mean that the outcome is unknown:
+//     only its text tells.
 //   - an error wrapping ErrClosed but not ErrOutcomeUnknown: the
 //     connection had ended (or Close was called) before the command was
 //     sent; it was not carried out.
@@ -133,6 +139,10 @@
 // at-least-once. The server keeps this state for at most 1024 producers
 // per queue. A server that answers a publish with shutdown (it is going
 // away) did not take it: a reconnecting Conn sends it again elsewhere.
+// One answered outcome-unknown (its queue's master was lost with it in
+// flight) is not sent again: its result is that *Error, which matches
+// ErrOutcomeUnknown, and the program decides (a new Publish of it may
+// enqueue it twice: the producer id covers only the Conn's own resends).
 //
 // A reconnect offers only the protocol version negotiated first and asks
 // for the same frame size; a server that offers less (a smaller window or

@@ -15,15 +15,29 @@ var (
 	// for commands that were sent and not yet answered wrap it too, together
 	// with ErrOutcomeUnknown.
 	ErrClosed = errors.New("client: connection closed")
-	// ErrOutcomeUnknown means a command was sent but the connection ended
-	// before the server answered it: the server may or may not have carried
-	// it out (a publish may be enqueued, a settle may have taken effect).
-	// Such an error also wraps ErrClosed and never holds an *Error; the
-	// reason the connection ended is Conn.Err. A program that must not lose
-	// a message publishes it again on a new connection (and so may publish
-	// it twice); a settle with an unknown outcome needs nothing: an
-	// unsettled message is requeued when its session ends.
-	ErrOutcomeUnknown = errors.New("client: connection ended before the server answered; outcome unknown")
+	// ErrOutcomeUnknown means a command was sent and the server may or may
+	// not have carried it out (a publish may be enqueued, a settle may have
+	// taken effect). Two kinds of error match it (errors.Is):
+	//   - the connection ended before the server answered (or the context
+	//     of a call that waited for the answer ended): the error also wraps
+	//     ErrClosed (or ctx.Err()) and holds no *Error; the reason the
+	//     connection ended is Conn.Err;
+	//   - the server answered that it does not know: an *Error (errors.As
+	//     gives its code and the broker's reason text) whose code says so
+	//     (wire.ErrorCode.Outcome): outcome-unknown (protocol 1.4: the
+	//     command's replicated queue lost its master with the command in
+	//     flight; a server of 1.3 or older says unavailable instead, with
+	//     a text saying the outcome is unknown), store (the journal failed:
+	//     a publish is enqueued in memory but may be gone after a restart),
+	//     internal, or a code this client does not know.
+	//
+	// A program that must not lose a message publishes it again, and so may
+	// publish it twice: a new Publish is a new command, which the broker's
+	// producer-id check does not take for a copy (only a reconnecting
+	// Conn's own resends keep their sequence numbers). A settle with an
+	// unknown outcome needs nothing: a message not settled is requeued when
+	// its session ends or its consumer is ended.
+	ErrOutcomeUnknown = errors.New("client: the command may or may not have been carried out; outcome unknown")
 	// ErrCalledFromCallback is returned by a call that would have to wait
 	// (for window space, for a completion, for a delivery) when it is made
 	// from a callback run by a Conn's reader goroutine (a done function or
@@ -80,15 +94,24 @@ var (
 
 // Error is an ERROR or CLOSE frame from the server. Returned by a command
 // (CommandID is its id) it means the broker refused that command: it was
-// not carried out. CommandID 0 is the broker's word about the connection,
-// not about a command: Dial returns it when the server refuses the session,
-// Config.ErrorHandler receives it, and Conn.Err wraps it when the server
-// closed the connection with an error code. A command's error never holds
-// one with CommandID 0. Use errors.As to get at it.
+// not carried out, unless its code says that the outcome is unknown
+// (outcome-unknown, store, internal: see ErrOutcomeUnknown, which such an
+// *Error matches with errors.Is; docs/PROTOCOL.md 1.4 says what each code
+// means for its command). CommandID 0 is the broker's word about the
+// connection, not about a command: Dial returns it when the server refuses
+// the session, Config.ErrorHandler receives it, and Conn.Err wraps it when
+// the server closed the connection with an error code. A command's error
+// never holds one with CommandID 0. Use errors.As to get at it.
 type Error struct {
 	Code      wire.ErrorCode
 	Text      string
 	CommandID uint64 // 0 for errors that concern the connection
+}
+
+// Is reports whether target is ErrOutcomeUnknown and e answers a command
+// whose outcome its code leaves unknown (wire.OutcomeUnknown).
+func (e *Error) Is(target error) bool {
+	return target == ErrOutcomeUnknown && e.CommandID != 0 && e.Code.Outcome() == wire.OutcomeUnknown
 }
 
 func (e *Error) Error() string {

@@ -11,8 +11,10 @@ import (
 // offeredVersions are the protocol versions HELLO offers, newest first: a
 // 1.0 server (which has no AUTH frame) still serves this client, except
 // for SCRAM-SHA-256, which needs 1.1. A server of 1.3 may end a consumer
-// with CANCELLED and keep the session; an older one closes it instead.
-var offeredVersions = []wire.Version{wire.VersionCancelled, wire.VersionProducer, wire.VersionAuth, wire.Version10}
+// with CANCELLED and keep the session; an older one closes it instead. A
+// server of 1.4 answers outcome-unknown for a command it lost track of;
+// an older one unavailable, which only its text tells apart.
+var offeredVersions = []wire.Version{wire.VersionOutcome, wire.VersionCancelled, wire.VersionProducer, wire.VersionAuth, wire.Version10}
 
 // offerUpTo is offeredVersions without those newer than max (zero: all).
 func offerUpTo(max wire.Version) []wire.Version {

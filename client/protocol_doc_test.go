@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -100,7 +102,14 @@ func decodeAny(t wire.Type, v wire.Version, body []byte) error {
 		_, err := wire.DecodeComplete(body)
 		return err
 	case wire.TypeError:
-		return wire.DecodeError(body, &wire.Error{})
+		var e wire.Error
+		if err := wire.DecodeError(body, &e); err != nil {
+			return err
+		}
+		if e.Code != e.Code.For(v) {
+			return fmt.Errorf("an ERROR example with code %v in version %v, which gets %v instead", e.Code, v, e.Code.For(v))
+		}
+		return nil
 	case wire.TypeAuth:
 		return wire.DecodeAuth(body, &wire.Auth{})
 	case wire.TypeDeclareQueue:
@@ -190,4 +199,68 @@ func decodeAny(t wire.Type, v wire.Version, body []byte) error {
 		return err
 	}
 	return wire.ErrUnknownType
+}
+
+// TestProtocolDocErrorCodes checks the error code table of
+// docs/PROTOCOL.md (section 1.4) against wire: one row for every code
+// wire knows and none other, each with wire's name and a "carried out?"
+// column that says what wire.ErrorCode.Outcome says; and the document's
+// version is wire's.
+func TestProtocolDocErrorCodes(t *testing.T) {
+	raw, err := os.ReadFile("../docs/PROTOCOL.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(raw)
+	if want := fmt.Sprintf("# Berth client protocol, version %v\n", wire.Current); !strings.HasPrefix(doc, want) {
+		t.Errorf("the document does not start with %q", want)
+	}
+	if want := fmt.Sprintf("This server speaks %v.", wire.Current); !strings.Contains(doc, want) {
+		t.Errorf("the document does not say %q", want)
+	}
+	start := strings.Index(doc, "### 1.4 Error codes")
+	end := strings.Index(doc, "## 2. Session")
+	if start < 0 || end < start {
+		t.Fatal("no section 1.4 Error codes")
+	}
+	row := regexp.MustCompile(`^\|\s*(\d+)\s*\|\s*([a-z-]+)\s*\|\s*([^|]*?)\s*\|\s*(.*)\|\s*$`)
+	outcomes := map[string]wire.Outcome{"—": wire.OutcomeNone, "no": wire.OutcomeNotCarriedOut, "unknown": wire.OutcomeUnknown}
+	rows := map[wire.ErrorCode]bool{}
+	header := false
+	for _, line := range strings.Split(doc[start:end], "\n") {
+		if strings.HasPrefix(line, "| code | name | carried out? | meaning |") {
+			header = true
+		}
+		m := row.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		n, _ := strconv.Atoi(m[1])
+		c := wire.ErrorCode(n)
+		if rows[c] {
+			t.Errorf("code %d: two rows", n)
+		}
+		rows[c] = true
+		if m[2] != c.String() {
+			t.Errorf("code %d: named %q, wire calls it %q", n, m[2], c)
+		}
+		o, ok := outcomes[m[3]]
+		switch {
+		case !ok:
+			t.Errorf("code %d (%s): carried out? %q, want one of no, unknown, —", n, m[2], m[3])
+		case o != c.Outcome():
+			t.Errorf("code %d (%s): carried out? %q, wire.ErrorCode.Outcome says %v", n, m[2], m[3], c.Outcome())
+		}
+		if strings.TrimSpace(m[4]) == "" {
+			t.Errorf("code %d (%s): no meaning", n, m[2])
+		}
+	}
+	if !header {
+		t.Error("the error code table has no carried out? column")
+	}
+	for c := wire.ErrorCode(0); c < 1024; c++ {
+		if known := !strings.HasPrefix(c.String(), "code-"); known != rows[c] {
+			t.Errorf("code %d (%v): known to wire %v, in the table %v", c, c, known, rows[c])
+		}
+	}
 }

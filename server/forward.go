@@ -8,8 +8,9 @@ package server
 // on the master, or with its refusal (queue full, fewer in sync than
 // min-sync-replicas, no longer master). A forward whose outcome is unknown
 // (the master died or stopped answering with it in flight) fails with
-// unavailable and a text saying its outcome is unknown; the event may have
-// committed, so a retry without a producer id may duplicate it. While the
+// outcome-unknown (unavailable, with a text saying so, in a session before
+// 1.4); the event may have committed, so a retry without a producer id may
+// duplicate it. While the
 // group has no master this broker knows of, publishes fail with
 // unavailable too; a full forwarding window with resource-limit.
 //
@@ -75,7 +76,7 @@ func forwardOutcome(g, master uint32, err error, sent bool) error {
 	case errors.As(err, &lost) && (!sent || lost.NotSent):
 		return shards.Errorf(wire.CodeUnavailable, "group %d's master, broker %d, cannot be reached (%v); the command was not taken; retry", g, master, lost.Err)
 	case errors.As(err, &lost):
-		return shards.Errorf(wire.CodeUnavailable, "forward to group %d's master, broker %d, lost (%v); the publish or deletion may or may not have taken effect; retry", g, master, lost.Err)
+		return shards.Errorf(wire.CodeOutcomeUnknown, "forward to group %d's master, broker %d, lost (%v); the command may or may not have taken effect (a retry without a producer id may do it twice)", g, master, lost.Err)
 	case errors.Is(err, groups.ErrForwardBusy):
 		return shards.Errorf(wire.CodeResourceLimit, "too many publishes waiting for group %d's master, broker %d; retry", g, master)
 	}
@@ -231,7 +232,8 @@ func (s *Server) atMaster(kind, flags byte, name string) (done bool, err error) 
 	case err := <-answer:
 		return true, err
 	case <-s.regCtx.Done():
-		return true, shards.Errorf(wire.CodeShutdown, "the broker is shutting down")
+		// Sent, not answered: not a shutdown's "not taken".
+		return true, shards.Errorf(wire.CodeOutcomeUnknown, "the broker is shutting down with the command at group %d's master; its outcome is unknown", g)
 	}
 }
 

@@ -16,8 +16,9 @@ package server
 // alive, delivers no more), the proxied consumers end (what they held is
 // released, and the new master delivers it again). A client of protocol
 // 1.3 or later keeps its session: the commands it sent for them and the
-// master did not answer fail with unavailable (their outcome is
-// unknown), then a CANCELLED for each consumer says it ended, and the
+// master did not answer fail with outcome-unknown (unavailable before
+// 1.4; a SUBSCRIBE with unavailable, its consumer undone at the master),
+// then a CANCELLED for each consumer says it ended, and the
 // client subscribes again if it wants to. An older client's connection is
 // closed with a CLOSE saying so, as its only way to learn of it.
 //
@@ -128,25 +129,7 @@ func (s *Server) proxySubscribe(cs *connState, g, master uint32, addr string, m 
 	t.consumers[proxyConsumer{cs, m.ConsumerID}] = ps
 	t.groupOf[proxyConsumer{cs, m.ConsumerID}] = g
 	t.mu.Unlock()
-	if s.proxySend(cs, ps, m.CommandID, wire.TypeSubscribe, body) {
-		ps.mu.Lock()
-		if _, out := ps.mu.pending[m.CommandID]; out {
-			if ps.mu.subscribes == nil {
-				ps.mu.subscribes = map[uint32]uint64{}
-			}
-			ps.mu.subscribes[m.ConsumerID] = m.CommandID
-			if len(ps.mu.subscribes) > 2*len(ps.mu.pending)+16 {
-				// Answered SUBSCRIBEs need no entry: drop them, so the map
-				// stays within twice the commands in flight.
-				for id, cmd := range ps.mu.subscribes {
-					if _, out := ps.mu.pending[cmd]; !out {
-						delete(ps.mu.subscribes, id)
-					}
-				}
-			}
-		}
-		ps.mu.Unlock()
-	}
+	s.proxySend(cs, ps, m.CommandID, wire.TypeSubscribe, body, m.ConsumerID)
 }
 
 // proxyConsumerCommand passes a consumer command of a proxied consumer to
@@ -161,13 +144,13 @@ func (s *Server) proxyConsumerCommand(cs *connState, consumer uint32, cmdID uint
 		}
 		return
 	}
-	s.proxySend(cs, ps, cmdID, typ, body)
+	s.proxySend(cs, ps, cmdID, typ, body, consumer)
 }
 
-// proxySend passes one client frame to the master and reports whether it
-// went; a command that did not is answered here. It runs on the
-// connection's owner.
-func (s *Server) proxySend(cs *connState, ps *proxySession, cmdID uint64, typ wire.Type, body []byte) bool {
+// proxySend passes one client frame, of consumer, to the master and
+// reports whether it went; a command that did not is answered here. It
+// runs on the connection's owner.
+func (s *Server) proxySend(cs *connState, ps *proxySession, cmdID uint64, typ wire.Type, body []byte, consumer uint32) bool {
 	if cmdID != 0 {
 		ps.mu.Lock()
 		switch {
@@ -191,6 +174,23 @@ func (s *Server) proxySend(cs *connState, ps *proxySession, cmdID uint64, typ wi
 			ps.mu.pending = map[uint64]struct{}{}
 		}
 		ps.mu.pending[cmdID] = struct{}{}
+		if typ == wire.TypeSubscribe {
+			// Noted with its id, so that the session's end, even one
+			// that comes before the frame goes, knows it for a SUBSCRIBE.
+			if ps.mu.subscribes == nil {
+				ps.mu.subscribes = map[uint32]uint64{}
+			}
+			ps.mu.subscribes[consumer] = cmdID
+			if len(ps.mu.subscribes) > 2*len(ps.mu.pending)+16 {
+				// Answered SUBSCRIBEs need no entry: drop them, so the map
+				// stays within twice the commands in flight.
+				for id, cmd := range ps.mu.subscribes {
+					if _, out := ps.mu.pending[cmd]; !out {
+						delete(ps.mu.subscribes, id)
+					}
+				}
+			}
+		}
 		ps.mu.Unlock()
 	}
 	frame := wire.AppendHeader(make([]byte, 0, wire.HeaderSize+len(body)), wire.Header{Version: cs.version, Type: typ, Length: uint32(len(body))})
@@ -360,7 +360,8 @@ func (s *Server) proxyViewChanged(old, cur *groups.View) {
 
 // proxyEnd ends the sessions with a consumer that match, and tells their
 // masters if tell. A client of protocol 1.3 or later keeps its session:
-// its commands the master did not answer fail with unavailable, and each
+// its commands the master did not answer fail with outcome-unknown
+// (unavailable for a SUBSCRIBE, and before 1.4), and each
 // consumer of the session gets a CANCELLED with reason. An older client's
 // connection is closed with reason.
 func (s *Server) proxyEnd(match func(ps *proxySession, g uint32) bool, tell bool, reason string) {
@@ -398,16 +399,27 @@ func (s *Server) proxyEnd(match func(ps *proxySession, g uint32) bool, tell bool
 			continue
 		}
 		var out []byte
+		subscribing := map[uint64]bool{} // the pending SUBSCRIBEs' ids
+		for _, sub := range ps.mu.subscribes {
+			if _, out := ps.mu.pending[sub]; out {
+				subscribing[sub] = true
+			}
+		}
 		for id := range ps.mu.pending {
-			out = wire.AppendError(out, cs.version, id, wire.CodeUnavailable,
+			if subscribing[id] {
+				// Undone if the master made it: its session there ends.
+				out = wire.AppendError(out, cs.version, id, wire.CodeUnavailable,
+					"the consumer's master was lost before it answered; no consumer is left (its session at the master ends); subscribe again")
+				continue
+			}
+			// An older session gets unavailable, with this text.
+			out = wire.AppendError(out, cs.version, id, wire.CodeOutcomeUnknown,
 				"the consumer's master was lost before it answered; the outcome is unknown")
 		}
 		slices.Sort(cons)
 		for _, id := range cons {
-			if sub, ok := ps.mu.subscribes[id]; ok {
-				if _, out := ps.mu.pending[sub]; out {
-					continue // its SUBSCRIBE failed just above
-				}
+			if sub, ok := ps.mu.subscribes[id]; ok && subscribing[sub] {
+				continue // its SUBSCRIBE failed just above
 			}
 			out = wire.AppendCancelled(out, cs.version, id, wire.CodeUnavailable, reason)
 		}

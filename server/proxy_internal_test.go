@@ -131,16 +131,24 @@ func proxyFake(s *Server, cs *connState, master uint32, group uint32, consumers 
 
 // TestProxyEndCancelsConsumersKeepsSession: a broker whose connection to
 // a master ends (proxyLost, as the forwarding connection's reader calls
-// it) answers a 1.3 client's commands the master had not answered with
-// unavailable, sends a CANCELLED for each proxied consumer but one whose
-// SUBSCRIBE was among them, drops what the master sends later, and keeps
-// the session: a command after it completes. A 1.2 client's connection is
-// closed with shutdown, as before 1.3.
+// it) answers a 1.4 client's commands the master had not answered with
+// outcome-unknown, but a SUBSCRIBE with unavailable (no consumer is left
+// of it), and a 1.3 client's all with unavailable; it sends a CANCELLED
+// for each proxied consumer but one whose SUBSCRIBE was among them, drops
+// what the master sends later, and keeps the session: a command after it
+// completes. A 1.2 client's connection is closed with shutdown, as before
+// 1.3.
 func TestProxyEndCancelsConsumersKeepsSession(t *testing.T) {
+	for _, v := range []wire.Version{wire.VersionOutcome, wire.VersionCancelled} {
+		t.Run(v.String(), func(t *testing.T) { testProxyEnd(t, v) })
+	}
+}
+
+func testProxyEnd(t *testing.T, v wire.Version) {
 	s := startOneShard(t)
-	newer := rawDial(t, s, wire.VersionCancelled)
+	newer := rawDial(t, s, v)
 	older := rawDial(t, s, wire.VersionProducer)
-	csNew, csOld := connOf(t, s, wire.VersionCancelled), connOf(t, s, wire.VersionProducer)
+	csNew, csOld := connOf(t, s, v), connOf(t, s, wire.VersionProducer)
 	const master = 3
 	// Consumers 1 and 2 are served; 3's SUBSCRIBE (id 12) is out; an
 	// ACCEPT (10) and a RELEASE (11) are out.
@@ -154,11 +162,11 @@ func TestProxyEndCancelsConsumersKeepsSession(t *testing.T) {
 
 	// The master answers the ACCEPT and delivers to consumer 1: the
 	// frames reach the client and 10 is no longer in flight.
-	db, ds := wire.AppendDeliverStart(nil, wire.VersionCancelled, 1, 1)
+	db, ds := wire.AppendDeliverStart(nil, v, 1, 1)
 	db = wire.AppendDeliverMessageHead(db, 1, 0, 0, nil, []byte("q"), nil, 2)
 	db = append(db, "hi"...)
 	wire.EndFrame(db, ds, 0)
-	s.proxyOutput(master, ps.id, append(wire.AppendComplete(nil, wire.VersionCancelled, []wire.Range{{First: 10, Last: 10}}), db...))
+	s.proxyOutput(master, ps.id, append(wire.AppendComplete(nil, v, []wire.Range{{First: 10, Last: 10}}), db...))
 	if h, _ := newer.read(); h.Type != wire.TypeComplete {
 		t.Fatalf("first frame of the master's output: %v", h.Type)
 	}
@@ -184,7 +192,7 @@ func TestProxyEndCancelsConsumersKeepsSession(t *testing.T) {
 			}
 			failed[e.CommandID] = e.Code
 		case wire.TypeCancelled:
-			if h.Version != wire.VersionCancelled {
+			if h.Version != v {
 				t.Fatalf("CANCELLED in version %v", h.Version)
 			}
 			var c wire.Cancelled
@@ -196,16 +204,21 @@ func TestProxyEndCancelsConsumersKeepsSession(t *testing.T) {
 			t.Fatalf("after the master was lost: %v", h.Type)
 		}
 	}
-	if len(failed) != 2 || failed[11] != wire.CodeUnavailable || failed[12] != wire.CodeUnavailable {
-		t.Fatalf("commands failed: %v; want 11 and 12 unavailable (10 was answered)", failed)
+	// The RELEASE's outcome is unknown; the SUBSCRIBE made no consumer.
+	wantRelease := wire.CodeOutcomeUnknown
+	if v < wire.VersionOutcome {
+		wantRelease = wire.CodeUnavailable
+	}
+	if len(failed) != 2 || failed[11] != wantRelease || failed[12] != wire.CodeUnavailable {
+		t.Fatalf("commands failed: %v; want 11 %v and 12 unavailable (10 was answered)", failed, wantRelease)
 	}
 	if len(cancelled) != 2 || cancelled[1] != wire.CodeUnavailable || cancelled[2] != wire.CodeUnavailable {
 		t.Fatalf("consumers cancelled: %v; want 1 and 2, unavailable (3's SUBSCRIBE failed)", cancelled)
 	}
 	// The session goes on: a settle of the ended consumer fails, a
 	// declare completes, and nothing of the master came in between.
-	newer.write(wire.AppendSettle(nil, wire.VersionCancelled, wire.TypeAccept, 20, 1, []wire.Range{{First: 1, Last: 1}}))
-	newer.write(wire.AppendDeclareQueue(nil, wire.VersionCancelled, &wire.DeclareQueue{CommandID: 21, Name: []byte("after")}))
+	newer.write(wire.AppendSettle(nil, v, wire.TypeAccept, 20, 1, []wire.Range{{First: 1, Last: 1}}))
+	newer.write(wire.AppendDeclareQueue(nil, v, &wire.DeclareQueue{CommandID: 21, Name: []byte("after")}))
 	var settled, declared bool
 	for !settled || !declared {
 		h, body := newer.read()

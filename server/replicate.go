@@ -196,13 +196,15 @@ func groupError(err error) error {
 	case errors.Is(err, groups.ErrClosed):
 		return shards.Errorf(wire.CodeShutdown, "the broker is shutting down")
 	case errors.Is(err, groups.ErrJournalFailed) && errors.Is(err, group.ErrNotMaster):
-		return shards.Errorf(wire.CodeUnavailable, "this broker's group journal failed with the command in flight (%v); its outcome is unknown; another broker takes the group over", err)
+		return shards.Errorf(wire.CodeOutcomeUnknown, "this broker's group journal failed with the command in flight (%v); its outcome is unknown; another broker takes the group over", err)
 	case errors.Is(err, groups.ErrJournalFailed):
 		return shards.Errorf(wire.CodeUnavailable, "this broker's group journal failed (%v); the command was not taken; retry: another broker takes the group over", err)
 	case errors.Is(err, group.ErrNotEnoughSet):
 		return shards.Errorf(wire.CodeUnavailable, "fewer replicas of the queue's group are in sync than min-sync-replicas; retry")
+	case errors.Is(err, group.ErrNotMaster) && errors.Is(err, groups.ErrNotProposed):
+		return shards.Errorf(wire.CodeUnavailable, "this broker stopped being the master of the queue's group before it proposed the command; the command was not taken; retry")
 	case errors.Is(err, group.ErrNotMaster):
-		return shards.Errorf(wire.CodeUnavailable, "the queue's group changed master while the command was in flight; its outcome is unknown")
+		return shards.Errorf(wire.CodeOutcomeUnknown, "the queue's group changed master while the command was in flight; its outcome is unknown")
 	case errors.Is(err, group.ErrHandover):
 		return shards.Errorf(wire.CodeUnavailable, "the queue's group is moving its master to another broker; the command was not taken; retry")
 	case errors.Is(err, group.ErrBacklog):

@@ -12,7 +12,9 @@ import (
 )
 
 // TestGroupErrorCodes: a client learns why its command on a replicated
-// queue failed from the code, wrapped or not.
+// queue failed from the code, wrapped or not: a proposal whose master
+// stepped down with it in the log has an unknown outcome; one the member
+// refused (groups.ErrNotProposed) was not taken.
 func TestGroupErrorCodes(t *testing.T) {
 	for _, tc := range []struct {
 		err  error
@@ -20,8 +22,11 @@ func TestGroupErrorCodes(t *testing.T) {
 	}{
 		{nil, wire.CodeOK},
 		{group.ErrNotEnoughSet, wire.CodeUnavailable},
-		{group.ErrNotMaster, wire.CodeUnavailable},
-		{fmt.Errorf("propose: %w", group.ErrNotMaster), wire.CodeUnavailable},
+		{fmt.Errorf("%w: %w", groups.ErrNotProposed, group.ErrNotEnoughSet), wire.CodeUnavailable},
+		{group.ErrNotMaster, wire.CodeOutcomeUnknown},
+		{fmt.Errorf("propose: %w", group.ErrNotMaster), wire.CodeOutcomeUnknown},
+		{fmt.Errorf("%w: %w", groups.ErrNotProposed, group.ErrNotMaster), wire.CodeUnavailable},
+		{fmt.Errorf("%w: %w", groups.ErrNotProposed, group.ErrHandover), wire.CodeUnavailable},
 		{group.ErrBacklog, wire.CodeResourceLimit},
 		{groups.ErrClosed, wire.CodeShutdown},
 		{errors.New("disk on fire"), wire.CodeInternal},

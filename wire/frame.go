@@ -39,9 +39,10 @@ const (
 	// the producer id of PUBLISH (PublishProducer), a message's priority
 	// and deliver-at time in PUBLISH and a queue's max_priority in
 	// DECLARE_QUEUE; 1.3 the CANCELLED frame (the broker ends a consumer
-	// and keeps the session).
+	// and keeps the session); 1.4 the error code outcome-unknown
+	// (CodeOutcomeUnknown), where older sessions get unavailable.
 	VersionMajor = 1
-	VersionMinor = 3
+	VersionMinor = 4
 
 	// FrameSizeMin is the smallest maximum frame size a peer may negotiate.
 	FrameSizeMin = 4 << 10
@@ -91,6 +92,12 @@ var (
 	// master was lost, for a proxied consumer) and keeps the session. A
 	// session of an older version has its connection closed instead.
 	VersionCancelled = MakeVersion(1, 3)
+	// VersionOutcome (1.4) is the first version with the error code
+	// outcome-unknown (CodeOutcomeUnknown): a command the broker lost
+	// track of (its queue's master was lost with it in flight) may or may
+	// not have been carried out. An older session gets unavailable for it,
+	// with the same text (ErrorCode.For).
+	VersionOutcome = MakeVersion(1, 4)
 )
 
 // Header is a decoded frame header.

@@ -67,8 +67,71 @@ const (
 	CodeInternal           ErrorCode = 12
 	CodeUnexpected         ErrorCode = 13 // frame not valid in this state (e.g. before HELLO)
 	CodeAuthFailed         ErrorCode = 14 // login refused: bad credentials, unknown user or refused mechanism
-	CodeUnavailable        ErrorCode = 15 // a replicated queue's group cannot take the command now; retry
+	CodeUnavailable        ErrorCode = 15 // a replicated queue's group cannot take the command now: not taken; retry
+	// CodeOutcomeUnknown (1.4): the broker lost track of the command
+	// (its queue's master was lost with it in flight): it may or may not
+	// have been carried out. Sessions before 1.4 get CodeUnavailable.
+	CodeOutcomeUnknown ErrorCode = 16
 )
+
+// For is the code a session of version v is sent for c: a code v does
+// not know is replaced by the older code that stood for it, so
+// outcome-unknown is unavailable before 1.4 (whose text says that the
+// outcome is unknown). AppendError, AppendClose and AppendCancelled apply
+// it to the code they are given.
+func (c ErrorCode) For(v Version) ErrorCode {
+	if c == CodeOutcomeUnknown && v < VersionOutcome {
+		return CodeUnavailable
+	}
+	return c
+}
+
+// Outcome is what an error code says of the command an ERROR with it
+// answers: whether the broker carried it out (docs/PROTOCOL.md 1.4).
+type Outcome uint8
+
+const (
+	// OutcomeNone: the code never answers a command (ok, heartbeat-timeout:
+	// CLOSE only).
+	OutcomeNone Outcome = iota
+	// OutcomeNotCarriedOut: nothing of the command took effect; sending
+	// it again does it once.
+	OutcomeNotCarriedOut
+	// OutcomeUnknown: the command may or may not have taken effect (or,
+	// for store, may or may not hold after a restart); sending it again
+	// may do it twice.
+	OutcomeUnknown
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case OutcomeNone:
+		return "none"
+	case OutcomeNotCarriedOut:
+		return "not carried out"
+	case OutcomeUnknown:
+		return "unknown"
+	}
+	return "outcome(" + itoa(int(o)) + ")"
+}
+
+// Outcome says whether a command answered by an ERROR with code c was
+// carried out, in a session of 1.4 or later (before 1.4, unavailable
+// also stood for outcome-unknown, which only its text told apart). A code
+// this build does not know is OutcomeUnknown: a newer peer's code for a
+// command that was not carried out is sent to older sessions as an older
+// code (For).
+func (c ErrorCode) Outcome() Outcome {
+	switch c {
+	case CodeOK, CodeHeartbeatTimeout:
+		return OutcomeNone
+	case CodeMalformed, CodeVersion, CodeFrameTooLarge, CodeNotFound, CodePreconditionFailed,
+		CodeResourceLimit, CodeNotAllowed, CodeInvalid, CodeShutdown, CodeUnexpected,
+		CodeAuthFailed, CodeUnavailable:
+		return OutcomeNotCarriedOut
+	}
+	return OutcomeUnknown // store, internal, outcome-unknown, and codes this build does not know
+}
 
 var codeNames = map[ErrorCode]string{
 	CodeOK: "ok", CodeMalformed: "malformed", CodeVersion: "version",
@@ -77,7 +140,7 @@ var codeNames = map[ErrorCode]string{
 	CodeNotAllowed: "not-allowed", CodeStore: "store", CodeInvalid: "invalid",
 	CodeHeartbeatTimeout: "heartbeat-timeout", CodeShutdown: "shutdown",
 	CodeInternal: "internal", CodeUnexpected: "unexpected", CodeAuthFailed: "auth-failed",
-	CodeUnavailable: "unavailable",
+	CodeUnavailable: "unavailable", CodeOutcomeUnknown: "outcome-unknown",
 }
 
 func (c ErrorCode) String() string {
@@ -278,9 +341,10 @@ type Close struct {
 	Reason []byte
 }
 
+// AppendClose appends a CLOSE frame; code is sent as code.For(v).
 func AppendClose(b []byte, v Version, code ErrorCode, reason string) []byte {
 	b, s := StartFrame(b, v, TypeClose, 0)
-	b = AppendU16(b, uint16(code))
+	b = AppendU16(b, uint16(code.For(v)))
 	b = AppendStr(b, truncate(reason, TextLenMax))
 	EndFrame(b, s, 0)
 	return b
@@ -302,10 +366,12 @@ type Error struct {
 	Text      []byte
 }
 
+// AppendError appends an ERROR frame; code is sent as code.For(v), so
+// that a session never gets a code of a later version.
 func AppendError(b []byte, v Version, id uint64, code ErrorCode, text string) []byte {
 	b, s := StartFrame(b, v, TypeError, 0)
 	b = AppendU64(b, id)
-	b = AppendU16(b, uint16(code))
+	b = AppendU16(b, uint16(code.For(v)))
 	b = AppendStr(b, truncate(text, TextLenMax))
 	EndFrame(b, s, 0)
 	return b
@@ -949,11 +1015,12 @@ type Cancelled struct {
 	Reason     []byte
 }
 
-// AppendCancelled appends a CANCELLED frame; reason is cut to TextLenMax.
+// AppendCancelled appends a CANCELLED frame; reason is cut to TextLenMax,
+// code is sent as code.For(v).
 func AppendCancelled(b []byte, v Version, consumer uint32, code ErrorCode, reason string) []byte {
 	b, s := StartFrame(b, v, TypeCancelled, 0)
 	b = AppendU32(b, consumer)
-	b = AppendU16(b, uint16(code))
+	b = AppendU16(b, uint16(code.For(v)))
 	b = AppendStr(b, truncate(reason, TextLenMax))
 	EndFrame(b, s, 0)
 	return b

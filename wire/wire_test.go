@@ -458,3 +458,59 @@ func TestCancelledRoundTrip(t *testing.T) {
 		t.Fatal("CANCELLED is not a client type")
 	}
 }
+
+// TestOutcomeUnknownCode: outcome-unknown (16) is sent as it is in a
+// session of 1.4 or later, and as unavailable (15), with the same text,
+// to an older one, by every frame that carries a code; no other code is
+// changed for any version.
+func TestOutcomeUnknownCode(t *testing.T) {
+	if CodeOutcomeUnknown != 16 || CodeOutcomeUnknown.String() != "outcome-unknown" || VersionOutcome != MakeVersion(1, 4) || Current < VersionOutcome {
+		t.Fatalf("code %d %q, version %v, current %v", CodeOutcomeUnknown, CodeOutcomeUnknown, VersionOutcome, Current)
+	}
+	const text = "forward lost; the publish may or may not have taken effect"
+	for _, tc := range []struct {
+		v    Version
+		want ErrorCode
+	}{{Current, CodeOutcomeUnknown}, {VersionOutcome, CodeOutcomeUnknown}, {VersionCancelled, CodeUnavailable}, {VersionProducer, CodeUnavailable}, {Version10, CodeUnavailable}} {
+		var e Error
+		h, body := mustNext(t, AppendError(nil, tc.v, 9, CodeOutcomeUnknown, text))
+		if err := DecodeError(body, &e); err != nil || h.Version != tc.v || e.CommandID != 9 || e.Code != tc.want || string(e.Text) != text {
+			t.Errorf("ERROR in %v: %+v %v, want code %v", tc.v, e, err, tc.want)
+		}
+		var c Close
+		_, body = mustNext(t, AppendClose(nil, tc.v, CodeOutcomeUnknown, text))
+		if err := DecodeClose(body, &c); err != nil || c.Code != tc.want || string(c.Reason) != text {
+			t.Errorf("CLOSE in %v: %+v %v, want code %v", tc.v, c, err, tc.want)
+		}
+		var cc Cancelled
+		_, body = mustNext(t, AppendCancelled(nil, tc.v, 3, CodeOutcomeUnknown, text))
+		if err := DecodeCancelled(body, &cc); err != nil || cc.Code != tc.want || string(cc.Reason) != text {
+			t.Errorf("CANCELLED in %v: %+v %v, want code %v", tc.v, cc, err, tc.want)
+		}
+		for c := CodeOK; c < 64; c++ {
+			if c != CodeOutcomeUnknown && c.For(tc.v) != c {
+				t.Errorf("%v sent as %v in %v", c, c.For(tc.v), tc.v)
+			}
+		}
+	}
+}
+
+// TestErrorCodeOutcome: what each code says of the command it answers,
+// as docs/PROTOCOL.md 1.4 has it (client/protocol_doc_test.go checks the
+// document against Outcome).
+func TestErrorCodeOutcome(t *testing.T) {
+	want := map[ErrorCode]Outcome{
+		CodeOK: OutcomeNone, CodeHeartbeatTimeout: OutcomeNone,
+		CodeMalformed: OutcomeNotCarriedOut, CodeVersion: OutcomeNotCarriedOut, CodeFrameTooLarge: OutcomeNotCarriedOut,
+		CodeNotFound: OutcomeNotCarriedOut, CodePreconditionFailed: OutcomeNotCarriedOut, CodeResourceLimit: OutcomeNotCarriedOut,
+		CodeNotAllowed: OutcomeNotCarriedOut, CodeInvalid: OutcomeNotCarriedOut, CodeShutdown: OutcomeNotCarriedOut,
+		CodeUnexpected: OutcomeNotCarriedOut, CodeAuthFailed: OutcomeNotCarriedOut, CodeUnavailable: OutcomeNotCarriedOut,
+		CodeStore: OutcomeUnknown, CodeInternal: OutcomeUnknown, CodeOutcomeUnknown: OutcomeUnknown,
+		CodeOutcomeUnknown + 1: OutcomeUnknown, 999: OutcomeUnknown, // codes this build does not know
+	}
+	for c, o := range want {
+		if c.Outcome() != o {
+			t.Errorf("%v: %v, want %v", c, c.Outcome(), o)
+		}
+	}
+}

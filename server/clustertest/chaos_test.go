@@ -17,6 +17,7 @@ import (
 	"github.com/berthmq/berth/client"
 	"github.com/berthmq/berth/internal/testutil"
 	"github.com/berthmq/berth/server"
+	"github.com/berthmq/berth/wire"
 )
 
 // chaosDefault is TestClusterChaos's run of faults in make test;
@@ -168,6 +169,9 @@ func TestClusterChaos(t *testing.T) {
 						q.failed[i] = true
 						if refusedForSure(err) {
 							q.refused[i] = true
+						}
+						if why := chaosErrorCheck(err); why != "" {
+							t.Errorf("%s: publish %d: %v: %s", q.name, i, err, why)
 						}
 						k := err.Error()
 						if len(k) > 90 {
@@ -438,11 +442,25 @@ func TestClusterChaos(t *testing.T) {
 
 // refusedForSure reports whether a publish's error says the broker did
 // not take it (so it must never be delivered), rather than that its
-// outcome is unknown.
+// outcome is unknown: by its code (protocol 1.4), not its text.
 func refusedForSure(err error) bool {
 	var se *client.Error
-	if errors.Is(err, client.ErrOutcomeUnknown) || !errors.As(err, &se) {
-		return false
+	return errors.As(err, &se) && !errors.Is(err, client.ErrOutcomeUnknown) && se.Code.Outcome() == wire.OutcomeNotCarriedOut
+}
+
+// chaosErrorCheck says what is wrong with a publish's error, if anything:
+// a refusal whose text says that the outcome is unknown (the code should
+// say so), or a code the chaos never causes (store, internal).
+func chaosErrorCheck(err error) string {
+	var se *client.Error
+	if !errors.As(err, &se) {
+		return ""
 	}
-	return !strings.Contains(se.Text, "unknown") && !strings.Contains(se.Text, "may or may not")
+	switch {
+	case refusedForSure(err) && (strings.Contains(se.Text, "unknown") || strings.Contains(se.Text, "may or may not")):
+		return "refused as not taken, with a text saying its outcome is unknown"
+	case se.Code == wire.CodeStore || se.Code == wire.CodeInternal:
+		return "a code no fault of the chaos should cause"
+	}
+	return ""
 }

@@ -246,9 +246,10 @@ func consumeUntil(t *testing.T, ctx context.Context, n *node, queue string, want
 // TestForwardMasterKilled: publishes pipelined through a follower, which
 // forwards them, while the group's master is killed (kill -9). Every
 // publish completes or fails; every one that completed is delivered by
-// the new master exactly once; a failed one is delivered at most once
-// (its outcome was unknown); order per producer holds; and the follower
-// forwards to the new master once it serves.
+// the new master exactly once; one that failed with outcome-unknown (in
+// flight at the kill) is delivered at most once, one refused as not taken
+// (unavailable, resource-limit) never; order per producer holds; and the
+// follower forwards to the new master once it serves.
 func TestForwardMasterKilled(t *testing.T) {
 	const groups, total, killAt = 3, 3000, 300
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
@@ -328,18 +329,30 @@ func TestForwardMasterKilled(t *testing.T) {
 		mu.Unlock()
 		t.Fatalf("publishes without an outcome 60 s after the kill (completed or waiting: %d)", outstanding)
 	}
-	ok, failed := 0, 0
+	ok, failed, unknown := 0, 0, 0
 	for k, err := range outcome {
 		if err == nil {
 			ok++
 			continue
 		}
 		failed++
-		if code := client.Code(err); code != wire.CodeUnavailable && code != wire.CodeResourceLimit {
-			t.Errorf("publish %d failed with %v; want a retryable unavailable or resource-limit", k, err)
+		switch code := client.Code(err); code {
+		case wire.CodeOutcomeUnknown:
+			// In flight when the master died.
+			unknown++
+			if !errors.Is(err, client.ErrOutcomeUnknown) {
+				t.Errorf("publish %d failed with %v, which does not match ErrOutcomeUnknown", k, err)
+			}
+		case wire.CodeUnavailable, wire.CodeResourceLimit:
+			// Not taken: checked below never to be delivered.
+			if errors.Is(err, client.ErrOutcomeUnknown) {
+				t.Errorf("publish %d failed with %v, which matches ErrOutcomeUnknown", k, err)
+			}
+		default:
+			t.Errorf("publish %d failed with %v; want outcome-unknown, or unavailable or resource-limit (not taken)", k, err)
 		}
 	}
-	t.Logf("kill -9 of the master with forwards in flight: %d completed, %d failed", ok, failed)
+	t.Logf("kill -9 of the master with forwards in flight: %d completed, %d failed (%d of unknown outcome)", ok, failed, unknown)
 	if ok < killAt {
 		t.Fatalf("only %d publishes completed", ok)
 	}
@@ -365,7 +378,7 @@ func TestForwardMasterKilled(t *testing.T) {
 		last = k
 		seen[k]++
 	}
-	lost, dup := 0, 0
+	lost, dup, refusedDelivered := 0, 0, 0
 	for k := range total {
 		if outcome[k] == nil && seen[k] != 1 {
 			lost++
@@ -373,9 +386,15 @@ func TestForwardMasterKilled(t *testing.T) {
 		if seen[k] > 1 {
 			dup++
 		}
+		if outcome[k] != nil && !errors.Is(outcome[k], client.ErrOutcomeUnknown) && seen[k] > 0 {
+			refusedDelivered++
+			if refusedDelivered <= 3 {
+				t.Errorf("publish %d, refused as not taken (%v), was delivered", k, outcome[k])
+			}
+		}
 	}
-	if lost > 0 || dup > 0 {
-		t.Fatalf("%d completed publishes not delivered exactly once, %d delivered twice", lost, dup)
+	if lost > 0 || dup > 0 || refusedDelivered > 0 {
+		t.Fatalf("%d completed publishes not delivered exactly once, %d delivered twice, %d refused as not taken delivered", lost, dup, refusedDelivered)
 	}
 }
 

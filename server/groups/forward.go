@@ -454,7 +454,10 @@ type ForwardHandler func(from, g uint32, event []byte, reply ForwardReply)
 type forwardConn struct {
 	conn net.Conn
 	wake chan struct{}
-	mu   struct {
+	// version is the forwarding broker's highest version (its hello):
+	// results carry codes it knows (wire.ErrorCode.For).
+	version wire.Version
+	mu      struct {
 		sync.Mutex
 		out    []byte
 		closed bool
@@ -467,7 +470,7 @@ func (c *forwardConn) send(id uint64, code wire.ErrorCode, text string) {
 		c.mu.Unlock()
 		return
 	}
-	c.mu.out = wire.AppendForwardResult(c.mu.out, id, code, text)
+	c.mu.out = wire.AppendForwardResult(c.mu.out, id, code.For(c.version), text)
 	c.mu.Unlock()
 	select {
 	case c.wake <- struct{}{}:
@@ -543,9 +546,10 @@ func (t *Transport) SetProxyHandler(h ProxyHandler) { t.proxy.Store(&h) }
 // and pass their forwards to h.
 func (t *Transport) SetForwardHandler(h ForwardHandler) { t.forward.Store(&h) }
 
-// serveForwards reads the forwards of one connection from broker from
-// until it ends. r holds what was read past the hello.
-func (t *Transport) serveForwards(conn net.Conn, r *bufio.Reader, from uint32) {
+// serveForwards reads the forwards of one connection from broker from,
+// which speaks version at most, until it ends. r holds what was read past
+// the hello.
+func (t *Transport) serveForwards(conn net.Conn, r *bufio.Reader, from uint32, version wire.Version) {
 	hp := t.forward.Load()
 	if hp == nil {
 		t.log.Warn("groups: a forwarding connection, but this broker takes no forwards", "peer", from)
@@ -556,7 +560,7 @@ func (t *Transport) serveForwards(conn net.Conn, r *bufio.Reader, from uint32) {
 	if p := t.proxy.Load(); p != nil {
 		ph = *p
 	}
-	c := &forwardConn{conn: conn, wake: make(chan struct{}, 1)}
+	c := &forwardConn{conn: conn, wake: make(chan struct{}, 1), version: version}
 	stop := make(chan struct{})
 	wrote := make(chan struct{})
 	go func() { c.write(stop); close(wrote) }()

@@ -3,6 +3,8 @@ package groups
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -190,5 +192,63 @@ func BenchmarkForward(b *testing.B) {
 	b.StopTimer()
 	if failed.Load() > 0 {
 		b.Fatalf("%d forwards failed", failed.Load())
+	}
+}
+
+// TestForwardResultCodeForVersion: a master's outcome-unknown answer
+// reaches a forwarding broker of 1.4 or later as it is, and one whose
+// hello said 1.3 as unavailable (it does not know the code), with the
+// same text.
+func TestForwardResultCodeForVersion(t *testing.T) {
+	tr, err := Listen("127.0.0.1:0", 1, func(*wire.GroupMessage) {}, quiet())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	const text = "the queue's group changed master while the command was in flight; its outcome is unknown"
+	tr.SetForwardHandler(func(_, _ uint32, _ []byte, reply ForwardReply) { reply.Send(wire.CodeOutcomeUnknown, text) })
+
+	// A forwarder of this build.
+	f := NewForwarder(2, nil, mapRefusal, quiet())
+	defer f.Close()
+	done := make(chan error, 1)
+	if err := f.Forward(1, tr.Addr(), 0, []byte{'E'}, func(err error) { done <- err }); err != nil {
+		t.Fatal(err)
+	}
+	var r *refusal
+	if err := <-done; !errors.As(err, &r) || r.code != wire.CodeOutcomeUnknown || r.text != text {
+		t.Fatalf("1.4 forwarder: %v, want outcome-unknown", err)
+	}
+
+	// A 1.3 forwarder, on a raw connection.
+	for _, v := range []wire.Version{wire.VersionCancelled, wire.Current} {
+		conn, err := net.Dial("tcp", tr.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := wire.AppendForwardHello(nil, 3, v)
+		out = wire.AppendForward(out, 7, 0, []byte{'E'})
+		if _, err := conn.Write(out); err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		hdr := make([]byte, wire.HeaderSize)
+		if _, err := io.ReadFull(conn, hdr); err != nil {
+			t.Fatal(err)
+		}
+		h, err := wire.ReadHeader(hdr, wire.FrameSizeMax)
+		if err != nil || h.Type != wire.TypeForwardResult {
+			t.Fatalf("%+v %v", h, err)
+		}
+		body := make([]byte, h.Length)
+		if _, err := io.ReadFull(conn, body); err != nil {
+			t.Fatal(err)
+		}
+		conn.Close()
+		id, code, got, err := wire.DecodeForwardResult(body)
+		want := wire.CodeOutcomeUnknown.For(v)
+		if err != nil || id != 7 || code != want || string(got) != text {
+			t.Fatalf("forwarder of %v: id %d, code %v %q, %v; want %v", v, id, code, got, err, want)
+		}
 	}
 }

@@ -270,6 +270,13 @@ var ErrClosed = errors.New("groups: node closed")
 // master may commit it, so its outcome is unknown.
 var ErrJournalFailed = errors.New("groups: the group journal failed")
 
+// ErrNotProposed is wrapped, with the member's reason (group.ErrNotMaster,
+// ErrNotEnoughSet, ...), by the outcome of a proposal the group's member
+// refused: nothing entered the log. group.ErrNotMaster without it means
+// the node stepped down with the proposal in the log, uncommitted: its
+// outcome is unknown.
+var ErrNotProposed = errors.New("groups: not proposed")
+
 // OpenNode replays the journal in cfg.Dir and starts the node.
 func OpenNode(cfg NodeConfig) (*Node, error) {
 	if cfg.Tick <= 0 {
@@ -779,7 +786,8 @@ type wait struct {
 // be the group's master, without waiting: w.Committed(tag, err) is called
 // on the node's goroutine with nil once the entry is committed and applied
 // here, with group.ErrNotMaster when the node stops being master first
-// (the outcome is unknown), or with why it was not proposed. ErrBusy
+// (the outcome is unknown), or with why it was not proposed (wrapped with
+// ErrNotProposed when the member refused it). ErrBusy
 // (inbox full) and ErrClosed are returned at once and w is not called. It
 // allocates nothing.
 func (n *Node) ProposeAsync(g uint32, data []byte, w Waiter, tag uint64) error {
@@ -809,7 +817,7 @@ func (n *Node) propose(p proposal) {
 	}
 	idx, err := mb.m.Propose(p.data)
 	if err != nil {
-		p.w.Committed(p.tag, err)
+		p.w.Committed(p.tag, fmt.Errorf("%w: %w", ErrNotProposed, err))
 		return
 	}
 	mb.waits.push(wait{index: idx, w: p.w, tag: p.tag})

@@ -381,12 +381,12 @@ func (t *Transport) read(raw net.Conn) {
 			}
 			from = id
 		case from == 0 && h.Type == wire.TypeForwardHello:
-			id, _, err := wire.DecodeForwardHello(body)
+			id, version, err := wire.DecodeForwardHello(body)
 			if err != nil || id == 0 {
 				t.log.Warn("groups: bad forwarding hello from peer", "remote", conn.RemoteAddr().String())
 				return
 			}
-			t.serveForwards(conn, r, id)
+			t.serveForwards(conn, r, id, version)
 			return
 		case from != 0 && h.Type == wire.TypeGroupMessage:
 			var m wire.GroupMessage

@@ -2,7 +2,9 @@
 
 from .client import AckMode, Connection, Consumer, ExchangeKind, Message, Overflow, connect
 from .errors import (
+    AuthFailedError,
     BerthError,
+    ClosedOutcomeUnknownError,
     ConnectError,
     ConnectionClosedError,
     FrameTooLargeError,
@@ -18,17 +20,20 @@ from .errors import (
     ResourceLimitError,
     ShutdownError,
     StoreError,
+    UnavailableError,
     UnexpectedError,
     VersionError,
+    carried_out,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AckMode", "Connection", "Consumer", "ExchangeKind", "Message", "Overflow", "connect",
-    "BerthError", "ConnectError", "ConnectionClosedError", "FrameTooLargeError",
+    "AuthFailedError", "BerthError", "ClosedOutcomeUnknownError", "ConnectError",
+    "ConnectionClosedError", "FrameTooLargeError",
     "HeartbeatTimeoutError", "InternalError", "InvalidError", "MalformedError",
     "NotAllowedError", "NotFoundError", "OutcomeUnknownError", "PreconditionFailedError",
-    "ProtocolError", "ResourceLimitError", "ShutdownError", "StoreError", "UnexpectedError",
-    "VersionError",
+    "ProtocolError", "ResourceLimitError", "ShutdownError", "StoreError", "UnavailableError",
+    "UnexpectedError", "VersionError", "carried_out",
 ]

@@ -355,7 +355,7 @@ class Connection:
         pending, self._pending = self._pending, {}
         for cid, f in pending.items():
             if not f.done():
-                f.set_exception(E.OutcomeUnknownError(exc.code, f"session ended before command {cid} was answered: {exc.text}", cid))
+                f.set_exception(E.ClosedOutcomeUnknownError(exc.code, f"session ended before command {cid} was answered: {exc.text}", cid))
                 f.exception()  # a fire-and-forget publish is not "never retrieved"
         waiters, self._window_waiters = self._window_waiters, collections.deque()
         for f in waiters:

@@ -16,6 +16,9 @@ HEARTBEAT_TIMEOUT = 10
 SHUTDOWN = 11
 INTERNAL = 12
 UNEXPECTED = 13
+AUTH_FAILED = 14
+UNAVAILABLE = 15
+OUTCOME_UNKNOWN = 16  # protocol 1.4: a 1.0 session gets UNAVAILABLE instead
 
 CODE_NAMES = {
     OK: "ok",
@@ -32,7 +35,39 @@ CODE_NAMES = {
     SHUTDOWN: "shutdown",
     INTERNAL: "internal",
     UNEXPECTED: "unexpected",
+    AUTH_FAILED: "auth-failed",
+    UNAVAILABLE: "unavailable",
+    OUTCOME_UNKNOWN: "outcome-unknown",
 }
+
+# What an ERROR with each code says of the command it answers
+# (PROTOCOL.md 1.4, "carried out?"): "no" (nothing of it took effect),
+# "unknown" (it may or may not have), or None (the code never answers a
+# command). A code not listed is "unknown".
+CARRIED_OUT = {
+    OK: None,
+    MALFORMED: "no",
+    VERSION: "no",
+    FRAME_TOO_LARGE: "no",
+    NOT_FOUND: "no",
+    PRECONDITION_FAILED: "no",
+    RESOURCE_LIMIT: "no",
+    NOT_ALLOWED: "no",
+    STORE: "unknown",
+    INVALID: "no",
+    HEARTBEAT_TIMEOUT: None,
+    SHUTDOWN: "no",
+    INTERNAL: "unknown",
+    UNEXPECTED: "no",
+    AUTH_FAILED: "no",
+    UNAVAILABLE: "no",  # in a session of 1.4; before, it may also mean "unknown"
+    OUTCOME_UNKNOWN: "unknown",
+}
+
+
+def carried_out(code: int) -> str | None:
+    """"no", "unknown" or None for ``code`` (see CARRIED_OUT)."""
+    return CARRIED_OUT.get(code, "unknown")
 
 
 def code_name(code: int | None) -> str:
@@ -61,6 +96,20 @@ class BerthError(Exception):
         return code_name(self.code)
 
 
+class OutcomeUnknownError(BerthError):
+    """The command may or may not have taken effect: sent again, it may be
+    carried out twice (PROTOCOL.md 1.4). Raised as it is for the code
+    outcome-unknown (16, protocol 1.4: the broker lost track of the command,
+    its replicated queue's master was lost with it in flight) and for codes
+    this client does not know; its subclasses are StoreError, InternalError
+    and ClosedOutcomeUnknownError (the session ended before the answer).
+
+    This client speaks protocol 1.0, in which the broker answers
+    ``unavailable`` (UnavailableError) where a 1.4 session gets
+    outcome-unknown, with the same text: only the text ("outcome is
+    unknown", "may or may not") tells them apart."""
+
+
 class MalformedError(BerthError): ...
 class VersionError(BerthError): ...
 class FrameTooLargeError(BerthError): ...
@@ -68,12 +117,20 @@ class NotFoundError(BerthError): ...
 class PreconditionFailedError(BerthError): ...
 class ResourceLimitError(BerthError): ...
 class NotAllowedError(BerthError): ...
-class StoreError(BerthError): ...
+class StoreError(OutcomeUnknownError):
+    """The journal failed: a publish's message is enqueued in memory and
+    delivered, but may be gone after a restart."""
 class InvalidError(BerthError): ...
 class HeartbeatTimeoutError(BerthError): ...
 class ShutdownError(BerthError): ...
-class InternalError(BerthError): ...
+class InternalError(OutcomeUnknownError): ...
 class UnexpectedError(BerthError): ...
+class AuthFailedError(BerthError): ...
+class UnavailableError(BerthError):
+    """Not taken now (a replicated queue's group has no master, too few
+    replicas in sync, ...): retry. In a session before 1.4 (this client's)
+    it may also mean that the outcome is unknown, which its text then
+    says."""
 
 
 _BY_CODE = {
@@ -90,12 +147,17 @@ _BY_CODE = {
     SHUTDOWN: ShutdownError,
     INTERNAL: InternalError,
     UNEXPECTED: UnexpectedError,
+    AUTH_FAILED: AuthFailedError,
+    UNAVAILABLE: UnavailableError,
+    OUTCOME_UNKNOWN: OutcomeUnknownError,
 }
 
 
 def error_for(code: int, text: str = "", command_id: int = 0) -> BerthError:
-    """The exception for an ERROR frame; unknown codes give a plain BerthError."""
-    return _BY_CODE.get(code, BerthError)(code, text, command_id)
+    """The exception for an ERROR frame; a code this client does not know
+    gives an OutcomeUnknownError (PROTOCOL.md 1.4: treat it as a failure of
+    unknown outcome)."""
+    return _BY_CODE.get(code, OutcomeUnknownError)(code, text, command_id)
 
 
 class ProtocolError(BerthError):
@@ -108,9 +170,10 @@ class ConnectionClosedError(BerthError):
     the socket closed without one."""
 
 
-class OutcomeUnknownError(ConnectionClosedError):
+class ClosedOutcomeUnknownError(OutcomeUnknownError, ConnectionClosedError):
     """The session ended before this command was answered: it may or may
-    not have taken effect (PROTOCOL.md 2.6)."""
+    not have taken effect (PROTOCOL.md 2.6). Both an OutcomeUnknownError
+    and a ConnectionClosedError."""
 
 
 class ConnectError(BerthError):
