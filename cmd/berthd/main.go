@@ -79,6 +79,9 @@ func run(args []string) int {
 	srv, err := server.Start(cfg)
 	if err != nil {
 		log.Error("berthd: start failed", "err", err)
+		if errors.Is(err, server.ErrPeerRequired) {
+			return 2 // a configuration error: a restart would only repeat it
+		}
 		return 1
 	}
 	sig := <-sigs
