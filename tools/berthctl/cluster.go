@@ -16,7 +16,7 @@ import (
 // "cluster" alone shows them.
 func clusterCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 	groups := fs.Uint("groups", 0, "replication groups (init: required; fixed once set, queues hash onto them)")
-	mode := fs.String("mode", "active-active", "active-active, or active-passive (one primary takes every client)")
+	mode := fs.String("mode", "active-active", "active-active, or active-passive: the controller also elects one primary broker (berthctl primary) and moves it when it dies; brokers do not act on it yet, every broker still takes clients and none redirects them")
 	replicas := fs.Uint("replicas", 0, "init: brokers holding each group (default 3, or every broker registered when fewer); the controller places the groups over the brokers registered then")
 	unclean := fs.Bool("unclean-election", false, "allow a master from outside a group's SyncStateSet when none in it is alive (may lose committed events)")
 	return func(ctx context.Context, e *env, args []string) error {
