@@ -511,7 +511,7 @@ func (s *Server) pauseReg(d time.Duration) bool {
 // ErrPeerRequired is wrapped by Start's error when the cluster has
 // replication groups and this broker runs no peer transport (PeerAddr);
 // berthd exits with status 2 on it, a configuration error.
-var ErrPeerRequired = errors.New("server: the cluster has replication groups and this broker runs no peer transport (-peer)")
+var ErrPeerRequired = errors.New("server: this broker runs no peer transport (-peer), which a cluster with replication groups needs")
 
 // checkPeerNotNeeded refuses the start of a broker without a peer
 // transport in a cluster that has replication groups. Such a broker
@@ -532,8 +532,8 @@ func (s *Server) checkPeerNotNeeded() error {
 		info, err := cl.GetClusterInfo(ctx, ctlapi.ReadFollower)
 		if err == nil {
 			if n := info.Config.Groups; n > 0 {
-				return fmt.Errorf("%w: it has %d groups, and a broker without one holds none of them, keeps its durable queues "+
-					"to itself and answers not-found for the replicated queues; start broker %d with -peer HOST:PORT (BERTH_PEER)",
+				return fmt.Errorf("%w: the cluster has %d groups, and a broker without one would hold none of them, keep its "+
+					"durable queues to itself and answer not-found for the replicated ones; start broker %d with -peer HOST:PORT (BERTH_PEER)",
 					ErrPeerRequired, n, s.brokerID)
 			}
 			return nil

@@ -109,7 +109,7 @@ func TestPeerlessClusterRefused(t *testing.T) {
 		t.Fatalf("berthd without -peer in a cluster with groups ended with %v, want exit status 2", err)
 	}
 	logText, _ := os.ReadFile(b.log)
-	for _, want := range []string{"runs no peer transport (-peer)", "it has 8 groups", "start broker"} {
+	for _, want := range []string{"runs no peer transport (-peer)", "the cluster has 8 groups", "start broker"} {
 		if !bytes.Contains(logText, []byte(want)) {
 			t.Errorf("its log does not say %q:\n%s", want, testutil.FileTail(b.log, 2000))
 		}
