@@ -37,8 +37,10 @@ run: build
 # CLUSTER_TLS=1 runs TLS on every port, with the credentials of
 # CERTS_DIR (made by `make certs` if missing; docs/SECURITY.md).
 # CLUSTER_ARGS gives each berthd more flags ("-shards 1 -loops 1" when
-# the three share a small machine). It prints each berthd's broker id,
-# which berthctl's tables name brokers by.
+# the three share a small machine). CLUSTER_PORT_BASE (default 7400)
+# moves every port: broker i (0..2) listens on BASE+10i (clients),
+# +1 (peer), +2 (controller), +3 (TLS), admin BASE+80+i. It prints each
+# berthd's broker id, which berthctl's tables name brokers by.
 cluster: build
 	BIN=$(BIN) CERTS_DIR=$(CERTS_DIR) bash tools/cluster.sh
 

@@ -23,11 +23,14 @@ const (
 // QueueOptions are the options of DeclareQueue. Zero values mean "none" or
 // "unlimited".
 type QueueOptions struct {
-	Durable     bool // survives a broker restart
-	Exclusive   bool // only this session may use it; deleted when it ends
-	AutoDelete  bool // deleted when its last consumer cancels
-	Passive     bool // only check that it exists (not-found otherwise)
-	NoReplicate bool // cluster: keep the queue on one broker
+	Durable    bool // survives a broker restart
+	Exclusive  bool // only this session may use it; deleted when it ends
+	AutoDelete bool // deleted when its last consumer cancels
+	Passive    bool // only check that it exists (not-found otherwise)
+	// NoReplicate keeps the queue on one broker. A broker running
+	// replication groups refuses it (invalid) for a durable queue, which
+	// it would replicate all the same (docs/PROTOCOL.md 4.1).
+	NoReplicate bool
 
 	MaxDeliveries      uint32        // dead-letter a message delivered this often
 	MessageTTL         time.Duration // per-queue message TTL, whole milliseconds

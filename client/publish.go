@@ -152,8 +152,8 @@ func (c *Conn) publish(ctx context.Context, exchange, key string, payload []byte
 		}
 		msgLen += wire.PublishExtensionBytes
 	}
-	if wire.HeaderSize+8+wire.PublishProducerOverhead+2+len(exchange)+2+msgLen > int(c.frameMax) {
-		return ErrTooLarge
+	if need := wire.HeaderSize + 8 + wire.PublishProducerOverhead + 2 + len(exchange) + 2 + msgLen; need > int(c.frameMax) {
+		return c.tooLarge(need, len(payload))
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -192,4 +192,17 @@ func (c *Conn) publish(ctx context.Context, exchange, key string, payload []byte
 	c.kickLocked()
 	c.mu.Unlock()
 	return nil
+}
+
+// tooLarge is ErrTooLarge for a message of payload bytes whose PUBLISH
+// needs a frame of need bytes, naming both sizes and what set the limit:
+// the server, when it lowered what this client asked for, else this
+// client's Config.MaxFrameSize.
+func (c *Conn) tooLarge(need, payload int) error {
+	limit := fmt.Sprintf("this client's Config.MaxFrameSize (the server allows %d or more)", c.frameMax)
+	if asked := c.cfg.MaxFrameSize; c.frameMax < asked {
+		limit = fmt.Sprintf("the server's limit (berthd -frame-size-max; this client asked for %d)", asked)
+	}
+	return fmt.Errorf("%w: the message (payload %d bytes) needs a frame of %d bytes; the negotiated maximum is %d bytes, %s",
+		ErrTooLarge, payload, need, c.frameMax, limit)
 }

@@ -345,6 +345,9 @@ func (n *Node) ElectNow(ctx context.Context, groups []uint32, preferred uint32) 
 	if !n.isLdr.Load() {
 		return ctlapi.Result{}, &ctlapi.NotLeaderError{Leader: n.leaderAddr()}
 	}
+	if res, ok := n.checkElect(groups, preferred); !ok {
+		return res, nil // elect.go
+	}
 	const electChunk = 2048
 	now := time.Now()
 	var events []*ctlapi.ElectMaster

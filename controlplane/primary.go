@@ -4,11 +4,14 @@ package controlplane
 //
 // In active-active mode (the default) every broker takes clients. In
 // active-passive mode (SetClusterConfig Mode ModeActivePassive) the
-// controller elects one primary broker, which takes all clients; the others
-// refuse clients with a redirect to it. The state holds the primary's broker
+// controller also elects one primary broker and moves the role when that
+// broker dies (berthctl primary shows it, "primary elect" hands it over).
+// Brokers do not act on the role yet: every broker still takes clients,
+// and nothing refuses or redirects them to the primary (GetPrimary serves
+// whoever would). The state holds the primary's broker
 // id (0: none) and the primary epoch, which every change of primary bumps,
-// clearing it included, and which never goes back, across mode switches too.
-// A broker acting as primary fences itself with that epoch.
+// clearing it included, and which never goes back, across mode switches too,
+// so that a broker acting as primary could fence itself with it.
 //
 // The ElectPrimary event carries the heartbeat snapshot it is decided from,
 // as ElectMaster does for groups: for each candidate, whether it is alive

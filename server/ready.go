@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 
 	"github.com/berthmq/berth/controlplane"
@@ -59,7 +60,11 @@ func (s *Server) unready() []string {
 			out = append(out, "controller: member not started")
 		case n.Leader() == 0:
 			msg := "controller: no leader known"
-			if s.cfg.ControllerJoin {
+			if s.cfg.ControllerJoin && !slices.Contains(n.Members(), n.ID()) {
+				// Only until the group has added it: a member started
+				// with -controller-join keeps the flag for good, and
+				// once added it lacks a leader for the reasons any
+				// member does.
 				msg += " (this member is joining: it learns the leader once the group adds it)"
 			}
 			out = append(out, msg)

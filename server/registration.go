@@ -567,3 +567,41 @@ func (s *Server) pauseReg(d time.Duration) bool {
 		return true
 	}
 }
+
+// ErrPeerRequired is wrapped by Start's error when the cluster has
+// replication groups and this broker runs no peer transport (PeerAddr);
+// berthd exits with status 2 on it, a configuration error.
+var ErrPeerRequired = errors.New("server: this broker runs no peer transport (-peer), which a cluster with replication groups needs")
+
+// checkPeerNotNeeded refuses the start of a broker without a peer
+// transport in a cluster that has replication groups. Such a broker
+// would run no group: its durable queues would stay its own (a queue of
+// the same name at the other brokers being a replicated one), it would
+// never learn the replicated queues declared through the others (its
+// clients would get not-found for them), and the groups placed on it
+// would stay a replica short. "berthctl cluster init" refuses to create
+// the groups while a registered broker has no peer address; this covers
+// a broker started without -peer after that. A controller that cannot be
+// read here is not a refusal: the restore of the wiring that follows
+// needs it and reports it.
+func (s *Server) checkPeerNotNeeded() error {
+	ctx, cancel := context.WithTimeout(s.regCtx, wiringTimeout)
+	defer cancel()
+	cl := s.brokerClient()
+	for {
+		info, err := cl.GetClusterInfo(ctx, ctlapi.ReadFollower)
+		if err == nil {
+			if n := info.Config.Groups; n > 0 {
+				return fmt.Errorf("%w: the cluster has %d groups, and a broker without one would hold none of them, keep its "+
+					"durable queues to itself and answer not-found for the replicated ones; start broker %d with -peer HOST:PORT (BERTH_PEER)",
+					ErrPeerRequired, n, s.brokerID)
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			s.log.Warn("server: could not read the cluster's group count to check that this broker needs no -peer", "err", err)
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

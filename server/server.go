@@ -459,7 +459,11 @@ func Start(cfg Config) (*Server, error) {
 			wcfg.Log = wl
 			s.wiringLog = wl
 			if cfg.registersWithController() {
-				if err := s.loadBrokerID(); err != nil {
+				err := s.loadBrokerID()
+				if err == nil && cfg.PeerAddr == "" {
+					err = s.checkPeerNotNeeded()
+				}
+				if err != nil {
 					s.stopController()
 					return nil, err
 				}

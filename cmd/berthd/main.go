@@ -79,6 +79,9 @@ func run(args []string) int {
 	srv, err := server.Start(cfg)
 	if err != nil {
 		log.Error("berthd: start failed", "err", err)
+		if errors.Is(err, server.ErrPeerRequired) {
+			return 2 // a configuration error: a restart would only repeat it
+		}
 		return 1
 	}
 	sig := <-sigs
@@ -144,7 +147,7 @@ func envName(flagName string) string {
 type flags struct {
 	listen, admin, dataDir, controller, fsync, role    string
 	controllerID, controllerPeers, advertise, logLevel string
-	logFormat, configPath, memoryLimit                 string
+	logFormat, configPath, memoryLimit, frameSize      string
 	listenTLS, tlsCert, tlsKey, tlsClientCA            string
 	allowPlain                                         bool
 	clusterCA, clusterCert, clusterKey, clusterSecret  string
@@ -190,6 +193,7 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.Int64Var(&f.outboundMax, "outbound-max", d.OutboundMax, "bytes written to one connection and not yet read by its client; past it the connection gets no deliveries and no frames are taken from it until it drains, -1 = no cap")
 	fs.DurationVar(&f.outboundTimeout, "outbound-timeout", d.OutboundTimeout, "close a connection that stays over -outbound-max this long")
 	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", d.HandshakeTimeout, "close a connection that has not logged in this long after it was accepted")
+	fs.StringVar(&f.frameSize, "frame-size-max", frameSizeDefault, "largest frame (header and body) a client may negotiate, so the largest message it may publish: 4KiB to 64MiB; a client that asks for less gets what it asked")
 	fs.StringVar(&f.controller, "controller", "127.0.0.1:7402", "in-process controller address; durable wiring goes through it; empty to keep wiring in a local file")
 	fs.StringVar(&f.fsync, "fsync", d.Fsync, "journal fsync policy: always, or never (unsafe)")
 	fs.Int64Var(&f.segmentBytes, "journal-segment-bytes", 0, "journal segment size in bytes, 0 = default 2 MiB")
@@ -386,6 +390,9 @@ func parseArgs(args []string) (options, error) {
 		}
 	}
 	cfg.OutboundMax, cfg.OutboundTimeout, cfg.HandshakeTimeout = f.outboundMax, f.outboundTimeout, f.handshakeTimeout
+	if cfg.FrameSizeMax, err = parseFrameSize(f.frameSize); err != nil {
+		return options{}, o.annotate(err, "frame-size-max")
+	}
 	if f.metricsQueueLimit == 0 || f.metricsQueueLimit < -1 {
 		return options{}, o.annotate(fmt.Errorf("-metrics-queue-limit %d: want a positive queue count, or -1 for no limit", f.metricsQueueLimit), "metrics-queue-limit")
 	}

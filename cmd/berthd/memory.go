@@ -8,6 +8,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/berthmq/berth/wire"
 )
 
 // memoryLimitDefault is -memory-limit's default: a share of the machine's
@@ -33,6 +35,17 @@ func parseMemoryLimit(text string) (int64, error) {
 		}
 		return int64(float64(ram) * p / 100), nil
 	}
+	v, ok := parseBytes(text)
+	if !ok {
+		return 0, bad
+	}
+	return v, nil
+}
+
+// parseBytes reads a byte count with an optional unit (KiB, MiB, GiB,
+// TiB, or KB, MB, GB, TB, or B): "16MiB", "1048576".
+func parseBytes(text string) (int64, bool) {
+	text = strings.TrimSpace(text)
 	units := []struct {
 		suffix string
 		mult   float64
@@ -49,9 +62,23 @@ func parseMemoryLimit(text string) (int64, error) {
 	}
 	v, err := strconv.ParseFloat(text, 64)
 	if err != nil || v < 0 || math.IsInf(v, 0) || v*mult > math.MaxInt64/2 {
-		return 0, bad
+		return 0, false
 	}
-	return int64(v * mult), nil
+	return int64(v * mult), true
+}
+
+// frameSizeDefault is -frame-size-max's default, wire.FrameSizeDefault.
+const frameSizeDefault = "1MiB"
+
+// parseFrameSize turns -frame-size-max into bytes: a byte count with an
+// optional unit, from wire.FrameSizeMin to wire.FrameSizeMax.
+func parseFrameSize(text string) (uint32, error) {
+	v, ok := parseBytes(text)
+	if !ok || v < wire.FrameSizeMin || v > wire.FrameSizeMax {
+		return 0, fmt.Errorf("-frame-size-max %q: want bytes from 4KiB (%d) to 64MiB (%d), such as 1MiB or 16MiB",
+			text, wire.FrameSizeMin, wire.FrameSizeMax)
+	}
+	return uint32(v), nil
 }
 
 // machineMemory is the RAM berthd may use: MemTotal, or the cgroup v2

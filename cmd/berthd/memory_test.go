@@ -1,6 +1,9 @@
 package main
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestParseMemoryLimit(t *testing.T) {
 	for text, want := range map[string]int64{
@@ -44,5 +47,29 @@ func TestGoMemoryLimit(t *testing.T) {
 		if got := goMemoryLimit(c.limit, c.env); got != c.want {
 			t.Errorf("goMemoryLimit(%d, %q) = %d, want %d", c.limit, c.env, got, c.want)
 		}
+	}
+}
+
+// TestFrameSizeMax: -frame-size-max (BERTH_FRAME_SIZE_MAX, key
+// frame-size-max) sets the server's frame limit, 1 MiB by default, 4 KiB
+// to 64 MiB; anything else stops the start naming the flag.
+func TestFrameSizeMax(t *testing.T) {
+	o, err := parseArgs(nil)
+	if err != nil || o.cfg.FrameSizeMax != 1<<20 {
+		t.Fatalf("default: %d, %v; want 1 MiB", o.cfg.FrameSizeMax, err)
+	}
+	for text, want := range map[string]uint32{"16MiB": 16 << 20, "4096": 4096, "64MiB": 64 << 20, "2 MiB": 2 << 20} {
+		if o, err := parseArgs([]string{"-frame-size-max", text}); err != nil || o.cfg.FrameSizeMax != want {
+			t.Errorf("-frame-size-max %q: %d, %v; want %d", text, o.cfg.FrameSizeMax, err, want)
+		}
+	}
+	for _, text := range []string{"4095", "65MiB", "big", "-1", ""} {
+		if _, err := parseArgs([]string{"-frame-size-max", text}); err == nil || !strings.Contains(err.Error(), "-frame-size-max") {
+			t.Errorf("-frame-size-max %q: %v, want an error naming the flag", text, err)
+		}
+	}
+	t.Setenv("BERTH_FRAME_SIZE_MAX", "8MiB")
+	if o, err := parseArgs(nil); err != nil || o.cfg.FrameSizeMax != 8<<20 {
+		t.Errorf("BERTH_FRAME_SIZE_MAX=8MiB: %d, %v", o.cfg.FrameSizeMax, err)
 	}
 }

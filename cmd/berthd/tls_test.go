@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -66,5 +67,35 @@ func TestSIGHUPReloadsTLS(t *testing.T) {
 	p.Stop(t, syscall.SIGTERM, 20*time.Second)
 	if err := p.Wait(t, time.Second); err != nil {
 		t.Fatalf("exit after SIGTERM: %v\n%s", err, p.LogTail())
+	}
+}
+
+// TestSIGHUPWithoutTLSIsIgnored: berthd with no certificates logs a
+// SIGHUP, keeps serving (OPERATIONS.md said Go would end the process on
+// it) and still stops cleanly on SIGTERM.
+func TestSIGHUPWithoutTLSIsIgnored(t *testing.T) {
+	dir := t.TempDir()
+	addr := testutil.FreeAddr(t)
+	p := testutil.StartBerthd(t, filepath.Join(dir, "berthd.log"), "-listen", addr, "-admin", "", "-data", "", "-shards", "1", "-loops", "1")
+	p.WaitPort(t, addr, 20*time.Second)
+	if err := p.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitUntil(t, 10*time.Second, "the SIGHUP logged", func() bool {
+		return strings.Contains(p.LogTail(), "SIGHUP ignored: no TLS certificates in use")
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, addr)
+	if err != nil {
+		t.Fatalf("after SIGHUP: %v\n%s", err, p.LogTail())
+	}
+	if err := c.DeclareQueue(ctx, "q", client.QueueOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	p.Stop(t, syscall.SIGTERM, 20*time.Second)
+	if err := p.Wait(t, time.Second); err != nil {
+		t.Fatalf("exit after SIGHUP and SIGTERM: %v\n%s", err, p.LogTail())
 	}
 }

@@ -431,8 +431,11 @@ func (c *Client) HeartbeatGrants(ctx context.Context, broker uint32, logEnds []c
 }
 
 // ElectMaster asks the leader to elect masters for groups from its heartbeat
-// data; preferred, if not 0, wins ties. It returns how many groups got a
-// new master.
+// data; preferred, if not 0, wins ties. It returns how many groups were
+// elected under a new epoch (a live master may win again). The leader
+// refuses, electing nothing, a group that does not exist and a preferred
+// broker that is not registered or not in a group's replica set: a
+// *ctlapi.ResultError.
 func (c *Client) ElectMaster(ctx context.Context, groups []uint32, preferred uint32) (uint64, error) {
 	if len(groups) > ctlapi.GroupsPerReplyMax {
 		return 0, fmt.Errorf("controlplane: at most %d groups per election call", ctlapi.GroupsPerReplyMax)
@@ -442,7 +445,10 @@ func (c *Client) ElectMaster(ctx context.Context, groups []uint32, preferred uin
 		return 0, err
 	}
 	r, err := ctlapi.DecodeResult(out)
-	return r.Value, err
+	if err != nil {
+		return 0, err
+	}
+	return r.Value, r.Err()
 }
 
 // Handover asks the leader to make h.To master of h.Group in place of

@@ -10,7 +10,12 @@
 // A binary built without them (go build, go install, go test) falls back to
 // what the toolchain recorded: the module version when it was installed as
 // module@version, and the VCS revision when it was built inside a work tree
-// with VCS stamping on.
+// with VCS stamping on (vcs.revision, with -dirty when vcs.modified), and
+// the pseudo-version Go derives from it. The go command stamps these only
+// when it finds a .git directory above the package and -buildvcs is not
+// false: a build in a git worktree (whose .git is a file) or with
+// GOFLAGS=-buildvcs=false records no commit, and the commit reads
+// "unknown" (TestVCSStampFromPlainBuild builds in a clone).
 package version
 
 import (

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
+	"net/http"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -42,7 +44,8 @@ func TestControllerMembershipChange(t *testing.T) {
 	// of the three members.
 	dir := t.TempDir()
 	j := &node{name: "berthd-4-join", ctl: testutil.FreeAddr(t), client: testutil.FreeAddr(t), logPath: filepath.Join(dir, "berthd-4.log")}
-	j.args = []string{"-role", "broker", "-data", filepath.Join(dir, "data"), "-admin", "", "-listen", j.client,
+	jadmin := testutil.FreeAddr(t)
+	j.args = []string{"-role", "broker", "-data", filepath.Join(dir, "data"), "-admin", jadmin, "-listen", j.client,
 		"-controller-join", "-controller-id", "4",
 		"-controller-peers", fmt.Sprintf("1=%s,2=%s,4=%s", addrs[1], addrs[2], j.ctl),
 		"-shards", "1", "-loops", "1", "-log-level", "info"}
@@ -62,6 +65,9 @@ func TestControllerMembershipChange(t *testing.T) {
 	}
 	if m, err := cl.Members(ctx); err != nil || len(m) != 3 {
 		t.Fatalf("members before the add: %v %v", m, err)
+	}
+	if code, body := readyz(t, jadmin); code != 503 || !strings.Contains(body, "this member is joining") {
+		t.Fatalf("/readyz of the member before it is added: %d %q, want 503 saying it is joining", code, body)
 	}
 
 	if err := cl.ChangeMembership(ctx, map[uint64]string{4: j.ctl}, nil); err != nil {
@@ -136,4 +142,31 @@ func TestControllerMembershipChange(t *testing.T) {
 	if !strings.Contains(j.logTail(), "joining controller member") {
 		t.Errorf("joining broker did not log that it waits to be added:\n%s", j.logTail())
 	}
+
+	// The last original member killed, member 4 has no leader: its
+	// /readyz says so, and no longer that it is joining (it said so for
+	// good, having been started with -controller-join).
+	nodes[kept-1].stop(t, syscall.SIGKILL)
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		code, body := readyz(t, jadmin)
+		if code != 503 || !strings.Contains(body, "no leader known") {
+			return fmt.Errorf("/readyz %d %q, want 503 with no leader", code, body)
+		}
+		if strings.Contains(body, "joining") {
+			t.Fatalf("/readyz of a member added long ago still says it is joining: %q", body)
+		}
+		return nil
+	})
+}
+
+// readyz is the status and body of /readyz at admin.
+func readyz(t *testing.T, admin string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	return resp.StatusCode, string(b)
 }

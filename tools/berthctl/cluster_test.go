@@ -3,13 +3,17 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/berthmq/berth/server"
 )
 
 // TestClusterInit: cluster shows an uninitialised cluster, init sets the
 // group count and mode, a second init with the same count is harmless, a
-// different count or bad input is refused.
+// different count or bad input is refused. The broker runs the groups'
+// peer transport: cluster init refuses brokers without one
+// (TestPeerlessClusterRefused).
 func TestClusterInit(t *testing.T) {
-	s := startBroker(t)
+	s := startBrokerWith(t, func(c *server.Config) { c.PeerAddr = "127.0.0.1:0" })
 	if code, out, errOut := ctl(t, s, "cluster"); code != exitOK || !strings.Contains(out, "groups 0,") {
 		t.Fatalf("cluster: %d %q %q", code, out, errOut)
 	}

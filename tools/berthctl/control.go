@@ -567,24 +567,42 @@ func electCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return err
 		}
 		defer c.Close()
-		changed, err := c.ElectMaster(ctx, groups, pref)
+		// The masters before, to tell a new master from the same one
+		// elected again under a new epoch: the controller counts both.
+		before := make(map[uint32]uint32, len(groups))
+		for _, id := range groups {
+			if g, err := c.GetReplicaInfo(ctx, ctlapi.ReadConsistent, id); err == nil {
+				before[id] = g.Master
+			}
+		}
+		epochs, err := c.ElectMaster(ctx, groups, pref)
 		if err != nil {
+			// A refusal (no such group, a preferred broker that is not
+			// registered or not a replica) elected nothing.
 			return fmt.Errorf("controller: elect: %w", err)
 		}
 		// Show the outcome: an election that moved nothing is worth seeing
 		// next to the masters that stayed.
 		after := make([]groupJSON, 0, len(groups))
+		var moved uint64
 		for _, id := range groups {
 			g, err := c.GetReplicaInfo(ctx, ctlapi.ReadConsistent, id)
 			if err != nil {
-				return fmt.Errorf("controller: elected %d groups, then reading group %d: %w", changed, id, err)
+				return fmt.Errorf("controller: elected %d groups, then reading group %d: %w", epochs, id, err)
+			}
+			if m, ok := before[id]; ok && g.Master != m {
+				moved++
 			}
 			after = append(after, toGroupJSON(g))
 		}
 		if e.json {
-			return writeJSON(e.stdout, map[string]any{"new_masters": changed, "groups": after})
+			return writeJSON(e.stdout, map[string]any{"new_masters": moved, "new_epochs": epochs, "groups": after})
 		}
-		fmt.Fprintf(e.stdout, "%d of %d groups got a new master\n", changed, len(groups))
+		fmt.Fprintf(e.stdout, "%d of %d groups got a new master", moved, len(groups))
+		if epochs > moved {
+			fmt.Fprintf(e.stdout, "; %d kept theirs under a new epoch", epochs-moved)
+		}
+		fmt.Fprintln(e.stdout)
 		return printGroups(e, uint32(len(after)), after)
 	}
 }

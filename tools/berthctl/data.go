@@ -52,7 +52,7 @@ func declareQueueCmd(fs *flag.FlagSet) func(context.Context, *env, []string) err
 	durable := fs.Bool("durable", false, "survive a broker restart (recorded in the controller)")
 	autoDelete := fs.Bool("auto-delete", false, "delete when the last consumer cancels")
 	passive := fs.Bool("passive", false, "only check that the queue exists")
-	noReplicate := fs.Bool("no-replicate", false, "cluster: keep the queue on one broker")
+	noReplicate := fs.Bool("no-replicate", false, "keep the queue on one broker; refused (invalid) for a durable queue in a cluster with replication groups, which replicates it")
 	maxLength := fs.Uint64("max-length", 0, "most messages held; 0 = unlimited")
 	maxLengthBytes := fs.Uint64("max-length-bytes", 0, "most payload bytes held; 0 = unlimited")
 	overflow := fs.String("overflow", "reject-publish", "policy at the max length: reject-publish or drop-head")

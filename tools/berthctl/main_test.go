@@ -29,6 +29,12 @@ import (
 // loopback ports picked by the kernel.
 func startBroker(t *testing.T) *server.Server {
 	t.Helper()
+	return startBrokerWith(t, nil)
+}
+
+// startBrokerWith is startBroker with the configuration changed by set.
+func startBrokerWith(t *testing.T, set func(*server.Config)) *server.Server {
+	t.Helper()
 	cfg := server.DefaultConfig()
 	cfg.ClientAddr = "127.0.0.1:0"
 	cfg.AdminAddr = "127.0.0.1:0"
@@ -36,6 +42,9 @@ func startBroker(t *testing.T) *server.Server {
 	cfg.DataDir = t.TempDir()
 	cfg.Fsync = "never" // the test is about the CLI, not durability
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	if set != nil {
+		set(&cfg)
+	}
 	s, err := server.Start(cfg)
 	if err != nil {
 		t.Fatalf("start broker: %v", err)

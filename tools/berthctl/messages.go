@@ -180,6 +180,10 @@ func (t *pubTally) report(sent int64, target string, timeout time.Duration, flus
 	if t.firstErr == nil && missing == 0 && flushErr == nil && stopErr == nil {
 		return nil
 	}
+	if sent == 0 && t.firstErr == nil && flushErr == nil {
+		// Nothing went out: say why alone, not "0 of 0 messages".
+		return fmt.Errorf("nothing published to %s: %w", target, stopErr)
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d of %d messages sent to %s published", t.ok, sent, target)
 	if t.refused > 0 {

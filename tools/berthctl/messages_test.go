@@ -24,12 +24,14 @@ type berthd struct {
 	proc          *testutil.Proc
 	client, admin string
 	data, log     string
+	extra         []string // more flags
 }
 
-func startBerthd(t *testing.T) *berthd {
+func startBerthd(t *testing.T, extra ...string) *berthd {
 	t.Helper()
 	dir := t.TempDir()
-	b := &berthd{client: testutil.FreeAddr(t), admin: testutil.FreeAddr(t), data: filepath.Join(dir, "data"), log: filepath.Join(dir, "berthd.log")}
+	b := &berthd{client: testutil.FreeAddr(t), admin: testutil.FreeAddr(t), data: filepath.Join(dir, "data"), log: filepath.Join(dir, "berthd.log"),
+		extra: extra}
 	b.start(t)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -41,8 +43,9 @@ func startBerthd(t *testing.T) *berthd {
 
 func (b *berthd) start(t *testing.T) {
 	t.Helper()
-	b.proc = testutil.StartBerthd(t, b.log, "-listen", b.client, "-admin", b.admin, "-data", b.data,
-		"-controller", "127.0.0.1:0", "-shards", "2", "-loops", "1", "-fsync", "never", "-log-level", "warn")
+	args := []string{"-listen", b.client, "-admin", b.admin, "-data", b.data,
+		"-controller", "127.0.0.1:0", "-shards", "2", "-loops", "1", "-fsync", "never", "-log-level", "warn"}
+	b.proc = testutil.StartBerthd(t, b.log, append(args, b.extra...)...)
 	b.proc.WaitPort(t, b.client, 20*time.Second)
 	testutil.WaitReady(t, b.admin, 20*time.Second)
 }
@@ -467,5 +470,36 @@ func TestHeadersEncoding(t *testing.T) {
 	}
 	if h, ok := decodeHeaders(nil); !ok || len(h) != 0 {
 		t.Fatalf("no props: %v %t", h, ok)
+	}
+}
+
+// TestPublishLargerThanTheFrame: a 2 MB message against berthd's default
+// 1 MiB frame limit fails saying so, with both sizes and the flag that
+// sets the limit, not "0 of 0 messages sent ... exceeds the negotiated
+// maximum frame size" (issue 25 item 7); with -frame-size-max 4MiB the
+// same message is published and consumed whole.
+func TestPublishLargerThanTheFrame(t *testing.T) {
+	body := strings.Repeat("m", 2<<20)
+	b := startBerthd(t)
+	mustBctl(t, b, "", "declare-queue", "big")
+	code, out, errOut := bctl(t, b, body, "publish", "big", "-")
+	if code != exitFail || out != "" {
+		t.Fatalf("2 MB publish to a 1 MiB broker: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	for _, want := range []string{"nothing published to queue big", "payload 2097152 bytes", "needs a frame of 2097",
+		"negotiated maximum is 1048576 bytes", "-frame-size-max"} {
+		if !strings.Contains(errOut, want) {
+			t.Errorf("the refusal %q does not say %q", errOut, want)
+		}
+	}
+	if strings.Contains(errOut, "0 of 0") {
+		t.Errorf("the refusal still counts messages: %q", errOut)
+	}
+
+	b4 := startBerthd(t, "-frame-size-max", "4MiB")
+	mustBctl(t, b4, "", "declare-queue", "big")
+	mustBctl(t, b4, body, "publish", "big", "-")
+	if got := mustBctl(t, b4, "", "get", "big", "--ack", "accept"); strings.TrimSuffix(got, "\n") != body {
+		t.Fatalf("the 2 MB message came back as %d bytes", len(got))
 	}
 }

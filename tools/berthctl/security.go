@@ -107,8 +107,10 @@ func (g *globals) clientTLS() (*tls.Config, error) {
 
 // brokerConfig is the client configuration for the broker's client port.
 func (g *globals) brokerConfig() (client.Config, error) {
+	// The largest frame there is: the server lowers it to its own limit
+	// (berthd -frame-size-max), so publish takes what the broker takes.
 	cfg := client.Config{Name: "berthctl", DialTimeout: g.timeout, HandshakeTimeout: g.timeout, CloseTimeout: g.timeout,
-		User: g.user, Password: g.password}
+		User: g.user, Password: g.password, MaxFrameSize: wire.FrameSizeMax}
 	t, err := g.clientTLS()
 	if err != nil {
 		return cfg, err
