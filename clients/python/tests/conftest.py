@@ -46,12 +46,27 @@ class Berthd:
         self.controller = free_port()
         self.extra = list(extra)
         self.proc: subprocess.Popen | None = None
+        self.started = False  # once: a restart keeps the ports
 
     @property
     def addr(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 20.0) -> None:
+        # A port free_port found may be taken before berthd binds it (by
+        # the local end of some connection in the meantime): the first
+        # start tries other ports then.
+        for attempt in range(3):
+            try:
+                self._start(timeout)
+                self.started = True
+                return
+            except RuntimeError as e:
+                if self.started or attempt == 2 or "address already in use" not in str(e):
+                    raise
+                self.port, self.admin, self.controller = free_port(), free_port(), free_port()
+
+    def _start(self, timeout: float) -> None:
         self.data.mkdir(parents=True, exist_ok=True)
         log = open(self.logpath, "ab")
         self.proc = subprocess.Popen(
