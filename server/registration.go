@@ -321,10 +321,11 @@ func (s *Server) startGroups() error {
 		// Under a memory budget a restart does not load the group log's
 		// data: it is read back as it is applied (and paged again).
 		PagedReplay: s.cfg.MemoryLimit > 0,
-		Apply: func(g uint32, e wire.GroupEntry) {
+		Apply: func(g uint32, e wire.GroupEntry) error {
 			if s.replicator != nil {
 				s.replicator.apply(g, e)
 			}
+			return nil
 		},
 		OnMaster:  func(g uint32) { s.broker.GroupMastered(g) },
 		Lease:     s.groupLease(),

@@ -36,7 +36,7 @@ type ManagerConfig struct {
 	Fsync     journal.FsyncPolicy
 	FS        journal.FS // the group journal's file system; nil: the OS's
 	Ctl       *ctlclient.Client
-	Apply     func(group uint32, e wire.GroupEntry)
+	Apply     func(group uint32, e wire.GroupEntry) error
 	// OnMaster is told, on the node's goroutine, that this broker became
 	// master of a group.
 	OnMaster func(group uint32)
