@@ -3,8 +3,8 @@ package server
 import (
 	"testing"
 
+	"github.com/berthmq/berth/replication/event"
 	"github.com/berthmq/berth/shards"
-	"github.com/berthmq/berth/wire"
 )
 
 // BenchmarkDecodeEnqueueEvent decodes a replicated enqueue as apply does
@@ -16,14 +16,10 @@ func BenchmarkDecodeEnqueueEvent(b *testing.B) {
 	b.SetBytes(int64(len(data)))
 	b.ReportAllocs()
 	for b.Loop() {
-		var rd wire.Reader
-		rd.Reset(data)
-		rd.U8()
-		rd.Str(wire.NameLenMax)
-		ev, ok := decodeEnqueueEvent(&rd, true)
-		if !ok {
-			b.Fatal("malformed")
+		var enq event.Enqueue
+		if err := enq.Decode(data); err != nil {
+			b.Fatal(err)
 		}
-		ev.body.Unref()
+		enqueueEventOf(&enq, true).body.Unref()
 	}
 }
