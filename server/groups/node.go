@@ -218,6 +218,7 @@ var ErrApplyFailed = errors.New("groups: a committed entry could not be applied"
 func (n *Node) stopMember(mb *member, index uint64, err error) {
 	g := mb.id
 	mb.broken = fmt.Errorf("%w: group %d entry %d: %w", ErrApplyFailed, g, index, err)
+	mb.stopped.Store(true)
 	n.log.Error("groups: a committed entry of the group cannot be applied; this broker stops serving the group (it does not skip the entry). Upgrade the broker if the entry is of a newer format, then restart it to catch up",
 		"group", g, "index", index, "err", err)
 	unknown := fmt.Errorf("%w (%w)", mb.broken, group.ErrNotMaster)
@@ -232,6 +233,14 @@ func (n *Node) stopMember(mb *member, index uint64, err error) {
 		mb.master.Store(false)
 		n.cfg.OnStepDown(g)
 	}
+}
+
+// Stopped reports whether this node's member of group g stopped on a
+// committed entry it could not apply (NodeConfig.Apply). Safe from any
+// goroutine.
+func (n *Node) Stopped(g uint32) bool {
+	mb := n.members[g] // the map does not change after OpenNode
+	return mb != nil && mb.stopped.Load()
 }
 
 // now is the time the members' leases are counted in: nanoseconds since
@@ -272,6 +281,9 @@ type member struct {
 	deliverFrom, deliverUntil atomic.Int64
 	delivering                bool
 	broken                    error // a journal failure or an entry it could not apply: the member stops
+	// stopped mirrors, for other goroutines, that the member stopped on
+	// an entry it could not apply (stopMember).
+	stopped atomic.Bool
 	// loadErrs counts failed reads of paged entries (load).
 	loadErrs uint64
 	dirty    bool // listed in Node.dirty
