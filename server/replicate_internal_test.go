@@ -85,3 +85,31 @@ func TestEnqueueEventTrailers(t *testing.T) {
 		}
 	}
 }
+
+// TestApplyRefusesUndecodable: apply reports a committed event it cannot
+// decode, of every kind, rather than skip it (the node then stops this
+// member of the group).
+func TestApplyRefusesUndecodable(t *testing.T) {
+	r := &replicator{}
+	b := shards.NewBody([]byte("ex"), []byte("key"), nil, []byte("payload"), true)
+	enq := appendEnqueueEvent(nil, "q", b, 0, 9, 1)
+	b.Unref()
+	for _, tc := range []struct {
+		name string
+		data []byte
+		want error
+	}{
+		{"unknown-kind", []byte{'Z'}, event.ErrUnknownKind},
+		{"newer-enqueue", append([]byte{event.Marker, byte(event.KindEnqueue), event.EnqueueVersion + 1, 0}, enq[4:]...), event.ErrNewerVersion},
+		{"unknown-flag", append([]byte{event.Marker, byte(event.KindEnqueue), 1, 0x80}, enq[4:]...), event.ErrUnknownFlags},
+		{"truncated-enqueue", enq[:len(enq)-3], event.ErrMalformed},
+		{"truncated-removes", event.AppendRemoves(nil, "q", []uint64{1, 2})[:20], event.ErrMalformed},
+		{"legacy-remove-truncated", []byte{'R', 0, 1, 'q', 0, 0}, event.ErrMalformed},
+		{"barrier-trailing", append(event.AppendBarrier(nil), 1), event.ErrMalformed},
+		{"delete-truncated", event.AppendDelete(nil, "queue")[:7], event.ErrMalformed},
+	} {
+		if err := r.apply(3, wire.GroupEntry{Index: 11, Data: tc.data}); !errors.Is(err, tc.want) {
+			t.Errorf("%s: apply: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+}
