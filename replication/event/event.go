@@ -251,9 +251,17 @@ func AppendEnqueue(dst []byte, e *Enqueue) []byte {
 // slices then alias data. It allocates nothing.
 func (e *Enqueue) Decode(data []byte) error {
 	var rd wire.Reader
-	h, err := body(data, KindEnqueue, &rd)
-	if err != nil {
-		return err
+	var h Header
+	if len(data) >= HeaderLen && data[0] == Marker && Kind(data[1]) == KindEnqueue && data[2] == EnqueueVersion && data[3]&^enqueueFlags == 0 {
+		// The hot path (every replicated message): what ReadHeader
+		// would find, without its calls.
+		h = Header{Kind: KindEnqueue, Version: EnqueueVersion, Flags: data[3]}
+		rd.Reset(data[HeaderLen:])
+	} else {
+		var err error
+		if h, err = body(data, KindEnqueue, &rd); err != nil {
+			return err
+		}
 	}
 	e.Queue = rd.Str(wire.NameLenMax)
 	e.ExpiresAt = int64(rd.U64())
