@@ -152,7 +152,8 @@ bench-restart:
 FUZZTIME ?= 30s
 FUZZ_TARGETS := ./wire:FuzzDecode ./wire:FuzzPeerDecode \
 	./controlplane/ctlapi:FuzzDecodeEvent ./controlplane/ctlapi:FuzzRequestBodies \
-	./controlplane:FuzzControllerFrames ./controlplane:FuzzDecodeState
+	./controlplane:FuzzControllerFrames ./controlplane:FuzzDecodeState \
+	./replication/event:FuzzDecode
 fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t#*:} ($${t%%:*}, $(FUZZTIME))"; \

@@ -25,8 +25,8 @@ package server
 import (
 	"errors"
 	"fmt"
-	"slices"
 
+	groupevent "github.com/berthmq/berth/replication/event"
 	"github.com/berthmq/berth/server/groups"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
@@ -90,28 +90,22 @@ func (r *replicator) serveForward(from, g uint32, event []byte, reply groups.For
 	refuse := func(code wire.ErrorCode, format string, args ...any) {
 		reply.Send(code, fmt.Sprintf(format, args...))
 	}
-	var rd wire.Reader
-	rd.Reset(event)
-	switch rd.U8() {
-	case gevEnqueue:
-	case fwdDelete, fwdPurge:
+	if len(event) > 0 && (event[0] == fwdDelete || event[0] == fwdPurge) {
+		var rd wire.Reader
+		rd.Reset(event[1:])
 		r.serveAtMaster(g, event[0], &rd, reply)
 		return
-	default:
-		refuse(wire.CodeInvalid, "only enqueues, queue deletions and purges are forwarded")
+	}
+	var ev groupevent.Enqueue
+	if err := ev.Decode(event); err != nil {
+		if errors.Is(err, groupevent.ErrUnknownKind) || errors.Is(err, groupevent.ErrWrongKind) {
+			refuse(wire.CodeInvalid, "only enqueues, queue deletions and purges are forwarded")
+		} else {
+			refuse(wire.CodeMalformed, "malformed forwarded enqueue: %v", err)
+		}
 		return
 	}
-	name := rd.Str(wire.NameLenMax)
-	rd.U64()
-	rd.Bool()
-	rd.Str(wire.NameLenMax)
-	rd.Str(wire.RoutingKeyLenMax)
-	props, payload := rd.Bytes(wire.FrameSizeMax), rd.Bytes(wire.FrameSizeMax)
-	_, _, producer, producerSeq := readEnqueueTrailers(&rd)
-	if rd.Err() != nil || rd.Remaining() != 0 {
-		refuse(wire.CodeMalformed, "malformed forwarded enqueue")
-		return
-	}
+	name, props, payload, producer, producerSeq := ev.Queue, ev.Props, ev.Payload, ev.Producer, ev.ProducerSeq
 	n := r.node()
 	if n == nil || !n.IsMaster(g) {
 		refuse(wire.CodeUnavailable, "broker %d is not the master of group %d (any more); retry", r.s.brokerID, g)
@@ -130,7 +124,9 @@ func (r *replicator) serveForward(from, g uint32, event []byte, reply groups.For
 		refuse(wire.CodeInvalid, "queue %q is not replicated in group %d", name, g)
 		return
 	}
-	data := slices.Clone(event)
+	// Encoded again rather than copied: a forward from a broker that
+	// writes the older format enters the log in the new one.
+	data := groupevent.AppendEnqueue(make([]byte, 0, ev.Size()), &ev)
 	size := len(props) + len(payload)
 	call := func(sh *shards.Shard) {
 		if q.Duplicate(producer, producerSeq) {

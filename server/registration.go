@@ -45,6 +45,7 @@ import (
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/journal"
+	"github.com/berthmq/berth/replication/event"
 	"github.com/berthmq/berth/server/groups"
 	"github.com/berthmq/berth/wire"
 )
@@ -317,14 +318,15 @@ func (s *Server) startGroups() error {
 		Dir: filepath.Join(s.cfg.DataDir, "groups"), Fsync: policy, FS: s.groupJournalFS(), Ctl: s.brokerClient(),
 		Auth: s.peerAuth, Logger: s.log, Rebalance: s.groupRebalance(), Lag: s.cfg.GroupLag,
 		// A handover holds back publishes only (replicate.go's events).
-		HandoverHolds: func(data []byte) bool { return len(data) > 0 && data[0] == gevEnqueue },
+		HandoverHolds: event.IsEnqueue,
 		// Under a memory budget a restart does not load the group log's
 		// data: it is read back as it is applied (and paged again).
 		PagedReplay: s.cfg.MemoryLimit > 0,
-		Apply: func(g uint32, e wire.GroupEntry) {
+		Apply: func(g uint32, e wire.GroupEntry) error {
 			if s.replicator != nil {
-				s.replicator.apply(g, e)
+				return s.replicator.apply(g, e)
 			}
+			return nil
 		},
 		OnMaster:  func(g uint32) { s.broker.GroupMastered(g) },
 		Lease:     s.groupLease(),

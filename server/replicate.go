@@ -15,7 +15,7 @@ package server
 // Only the master expires and dead-letters a replicated queue's
 // messages; it proposes their removal once the dead letters are stored.
 // A purge is replicated as the removes of its messages, a delete as those
-// removes and a gevDelete, at which the followers drop their copy. The
+// removes and a delete event, at which the followers drop their copy. The
 // group log is compacted up to its oldest message still in a queue
 // (server/groups): every member forgets the enqueue of a message when
 // its removal commits, or when a follower drops it with its queue; a
@@ -24,7 +24,6 @@ package server
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -33,27 +32,17 @@ import (
 
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/journal"
+	"github.com/berthmq/berth/replication/event"
 	"github.com/berthmq/berth/server/groups"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/shards/group"
 	"github.com/berthmq/berth/wire"
 )
 
-// Group log events of replicated queues.
-const (
-	// gevEnqueue: name str16, expiresAt u64, persistent u8, exchange
-	// str16, key str16, props bytes, payload bytes; then, for a message
-	// with a priority or a deliver-at time, priority u8 and deliverAt u64
-	// (unix ns); then, for a publish with a producer id, producer u64 and
-	// its seq u64. The trailers are told apart by what remains (9, 16 or
-	// 25 bytes): older entries lack them, and older brokers never read
-	// past the payload.
-	gevEnqueue byte = 'E'
-	gevRemove  byte = 'R' // name str16, seq u64 (logs written before gevRemoves)
-	gevRemoves byte = 'S' // name str16, n u32, n x seq u64
-	gevBarrier byte = 'B'
-	gevDelete  byte = 'D' // name str16: the master dropped the queue
-)
+// The group log's events of replicated queues (enqueue, removes,
+// barrier, delete) are encoded and decoded by replication/event. A
+// removal event holds at most event.SeqsMax messages:
+var _ [event.SeqsMax - shards.RemovesMax]struct{}
 
 // replicator is the server's shards.Replicator.
 type replicator struct {
@@ -153,7 +142,7 @@ var errGroupsStarting = shards.Errorf(wire.CodeResourceLimit, "the replication g
 // master).
 func (r *replicator) propose(q *shards.Queue, data []byte, w groups.Waiter, tag uint64) error {
 	g, _ := q.Replicated()
-	if n := r.node(); (n == nil || !n.IsMaster(g)) && data[0] == gevEnqueue {
+	if n := r.node(); (n == nil || !n.IsMaster(g)) && event.IsEnqueue(data) {
 		return r.forward(g, data, func(err error) { w.Committed(tag, err) }) // forward.go
 	}
 	return r.proposeHere(q, data, w, tag)
@@ -221,75 +210,36 @@ func (r *replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt i
 	return r.propose(q, appendEnqueueEvent(nil, q.Name, b, expiresAt, producer, producerSeq), r.waiters[q.Shard()], tag)
 }
 
-// appendEnqueueEvent encodes a gevEnqueue event.
+// appendEnqueueEvent encodes the enqueue of b to queue name.
 func appendEnqueueEvent(data []byte, name string, b *shards.Body, expiresAt int64, producer, producerSeq uint64) []byte {
+	ev := event.Enqueue{Queue: []byte(name), ExpiresAt: expiresAt, Persistent: b.Persistent, Exchange: b.Exchange, RoutingKey: b.RoutingKey,
+		Props: b.Props, Payload: b.Payload, Priority: b.Priority, DeliverAt: b.DeliverAt, Producer: producer, ProducerSeq: producerSeq}
 	if data == nil {
-		data = make([]byte, 0, 57+len(name)+len(b.Exchange)+len(b.RoutingKey)+len(b.Props)+len(b.Payload))
+		data = make([]byte, 0, ev.Size())
 	}
-	data = append(data, gevEnqueue)
-	data = wire.AppendStr(data, name)
-	data = wire.AppendU64(data, uint64(expiresAt))
-	data = wire.AppendBool(data, b.Persistent)
-	data = wire.AppendStrBytes(data, b.Exchange)
-	data = wire.AppendStrBytes(data, b.RoutingKey)
-	data = wire.AppendBytes(data, b.Props)
-	data = wire.AppendBytes(data, b.Payload)
-	if b.Priority != 0 || b.DeliverAt != 0 {
-		data = wire.AppendU8(data, b.Priority)
-		data = wire.AppendU64(data, uint64(b.DeliverAt))
-	}
-	if producer != 0 {
-		data = wire.AppendU64(data, producer)
-		data = wire.AppendU64(data, producerSeq)
-	}
-	return data
+	return event.AppendEnqueue(data, &ev)
 }
 
-// enqueueEvent is a decoded gevEnqueue event after its queue name.
+// enqueueEvent is a decoded enqueue event, its body made.
 type enqueueEvent struct {
 	expiresAt             int64
 	body                  *shards.Body
 	producer, producerSeq uint64
 }
 
-// decodeEnqueueEvent decodes the rest of a gevEnqueue event from rd,
-// which has read the kind and the queue name. The body it returns holds
-// one reference; it aliases the event if view is set, else it is a copy.
-func decodeEnqueueEvent(rd *wire.Reader, view bool) (enqueueEvent, bool) {
-	var ev enqueueEvent
-	ev.expiresAt = int64(rd.U64())
-	persistent := rd.Bool()
-	ex, key := rd.Str(wire.NameLenMax), rd.Str(wire.RoutingKeyLenMax)
-	props, payload := rd.Bytes(wire.FrameSizeMax), rd.Bytes(wire.FrameSizeMax)
-	var prio uint8
-	var at int64
-	prio, at, ev.producer, ev.producerSeq = readEnqueueTrailers(rd)
-	if rd.Err() != nil || rd.Remaining() != 0 {
-		return ev, false
-	}
+// enqueueEventOf makes ev's body, which holds one reference; it aliases
+// the event if view is set, else it is a copy.
+func enqueueEventOf(ev *event.Enqueue, view bool) enqueueEvent {
 	// A view aliases the event, which the group log keeps unchanged (and
 	// the garbage collector keeps as long as the body needs it).
+	var body *shards.Body
 	if view {
-		ev.body = shards.NewBodyView(ex, key, props, payload, persistent)
+		body = shards.NewBodyView(ev.Exchange, ev.RoutingKey, ev.Props, ev.Payload, ev.Persistent)
 	} else {
-		ev.body = shards.NewBody(ex, key, props, payload, persistent)
+		body = shards.NewBody(ev.Exchange, ev.RoutingKey, ev.Props, ev.Payload, ev.Persistent)
 	}
-	ev.body.Priority, ev.body.DeliverAt = prio, at
-	return ev, true
-}
-
-// readEnqueueTrailers reads what may follow a gevEnqueue event's payload:
-// the priority and deliver-at time, then the producer id and sequence
-// number, each pair only when it was written (zeros otherwise). The
-// caller checks that nothing is left.
-func readEnqueueTrailers(rd *wire.Reader) (prio uint8, at int64, producer, producerSeq uint64) {
-	if n := rd.Remaining(); n == 9 || n == 25 {
-		prio, at = rd.U8(), int64(rd.U64())
-	}
-	if rd.Remaining() == 16 {
-		producer, producerSeq = rd.U64(), rd.U64()
-	}
-	return prio, at, producer, producerSeq
+	body.Priority, body.DeliverAt = ev.Priority, ev.DeliverAt
+	return enqueueEvent{expiresAt: ev.ExpiresAt, body: body, producer: ev.Producer, producerSeq: ev.ProducerSeq}
 }
 
 // MemoryBytes is what the group node holds outside its logs
@@ -314,29 +264,18 @@ func (r *replicator) ReadEnqueue(q *shards.Queue, seq, logPos uint64, dst []byte
 	if err != nil {
 		return nil, rec, err
 	}
-	var rd wire.Reader
-	rd.Reset(data)
-	if kind := rd.U8(); kind != gevEnqueue {
-		return nil, rec, fmt.Errorf("server: group %d entry %d is not an enqueue (kind %d)", g, seq, kind)
+	var ev event.Enqueue
+	if err := ev.Decode(data); err != nil {
+		return nil, rec, fmt.Errorf("server: group %d entry %d: %w", g, seq, err)
 	}
-	if name := rd.Str(wire.NameLenMax); string(name) != q.Name {
-		return nil, rec, fmt.Errorf("server: group %d entry %d enqueues to %q, not %q", g, seq, name, q.Name)
+	if string(ev.Queue) != q.Name {
+		return nil, rec, fmt.Errorf("server: group %d entry %d enqueues to %q, not %q", g, seq, ev.Queue, q.Name)
 	}
-	ev, ok := decodeEnqueueEvent(&rd, false)
-	if !ok {
-		return nil, rec, fmt.Errorf("server: group %d entry %d is a malformed enqueue", g, seq)
-	}
-	return ev.body, rec, nil
+	return enqueueEventOf(&ev, false).body, rec, nil
 }
 
 func (r *replicator) ProposeRemoves(q *shards.Queue, seqs []uint64, done func(error)) error {
-	data := make([]byte, 0, 7+len(q.Name)+8*len(seqs))
-	data = append(data, gevRemoves)
-	data = wire.AppendStr(data, q.Name)
-	data = binary.BigEndian.AppendUint32(data, uint32(len(seqs)))
-	for _, seq := range seqs {
-		data = binary.BigEndian.AppendUint64(data, seq)
-	}
+	data := event.AppendRemoves(make([]byte, 0, event.HeaderLen+6+len(q.Name)+8*len(seqs)), q.Name, seqs)
 	if done == nil {
 		done = func(error) {}
 	}
@@ -344,31 +283,68 @@ func (r *replicator) ProposeRemoves(q *shards.Queue, seqs []uint64, done func(er
 }
 
 func (r *replicator) ProposeDelete(q *shards.Queue) error {
-	data := wire.AppendStr([]byte{gevDelete}, q.Name)
+	data := event.AppendDelete(make([]byte, 0, event.HeaderLen+2+len(q.Name)), q.Name)
 	return r.propose(q, data, funcWaiter(func(error) {}), 0)
 }
 
 func (r *replicator) Barrier(q *shards.Queue, done func(error)) error {
-	return r.propose(q, []byte{gevBarrier}, funcWaiter(done), 0)
+	return r.propose(q, event.AppendBarrier(make([]byte, 0, event.HeaderLen)), funcWaiter(done), 0)
 }
 
 // apply carries a committed group entry to its queue's shard. It runs on
 // the group node's goroutine; it waits for room in the shard's ring (a
-// shard never waits for the node, so this cannot deadlock).
-func (r *replicator) apply(g uint32, e wire.GroupEntry) {
+// shard never waits for the node, so this cannot deadlock). An entry it
+// cannot decode is an error, on which the node stops this member of the
+// group (groups.NodeConfig.Apply): skipping it would let this broker's
+// queues differ from the other members' in silence. (err is named so
+// that its bare returns report none.)
+func (r *replicator) apply(g uint32, e wire.GroupEntry) (err error) {
 	if len(e.Data) == 0 {
 		return // forgotten: an enqueue whose message was removed since, or a removal
 	}
-	var rd wire.Reader
-	rd.Reset(e.Data)
-	kind := rd.U8()
-	if kind == gevBarrier {
+	h, _, err := event.ReadHeader(e.Data)
+	if err != nil {
+		return err
+	}
+	var nameB []byte
+	var seqs []uint64 // a removal's messages
+	var enq event.Enqueue
+	switch h.Kind {
+	case event.KindBarrier:
+		var b event.Barrier
+		if err := b.Decode(e.Data); err != nil {
+			return err
+		}
 		r.forget(g, e.Index)
 		return
+	case event.KindDelete:
+		var d event.Delete
+		if err := d.Decode(e.Data); err != nil {
+			return err
+		}
+		nameB = d.Queue
+	case event.KindRemove:
+		var rm event.Remove
+		if err := rm.Decode(e.Data); err != nil {
+			return err
+		}
+		nameB, seqs = rm.Queue, []uint64{rm.Seq}
+	case event.KindRemoves:
+		var rm event.Removes
+		if err := rm.Decode(e.Data); err != nil {
+			return err
+		}
+		nameB, seqs = rm.Queue, rm.Seqs
+	case event.KindEnqueue:
+		if err := enq.Decode(e.Data); err != nil {
+			return err
+		}
+		nameB = enq.Queue
+	default:
+		return fmt.Errorf("server: group event of kind %v, which apply does not take", h.Kind)
 	}
-	nameB := rd.Str(wire.NameLenMax)
 	s := r.s
-	if kind == gevDelete {
+	if h.Kind == event.KindDelete {
 		name := string(nameB)
 		// The master dropped the queue when it proposed this, and its
 		// messages' enqueues are forgotten as their removals, proposed
@@ -387,35 +363,7 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 		}
 		return
 	}
-	var seqs []uint64 // a removal's messages
-	switch kind {
-	case gevRemove:
-		seq := rd.U64()
-		if rd.Err() != nil {
-			s.log.Error("server: malformed replicated remove; skipped", "group", g, "index", e.Index)
-			return
-		}
-		seqs = []uint64{seq}
-	case gevRemoves:
-		n := rd.Count(8)
-		if n > shards.RemovesMax {
-			s.log.Error("server: replicated removes over the bound; skipped", "group", g, "index", e.Index, "count", n)
-			return
-		}
-		seqs = make([]uint64, 0, n)
-		for range n {
-			seqs = append(seqs, rd.U64())
-		}
-		if rd.Err() != nil {
-			s.log.Error("server: malformed replicated removes; skipped", "group", g, "index", e.Index)
-			return
-		}
-	case gevEnqueue:
-	default:
-		s.log.Error("server: replicated event of unknown kind; skipped", "group", g, "index", e.Index, "kind", kind)
-		return
-	}
-	removal := kind != gevEnqueue
+	removal := h.Kind != event.KindEnqueue
 	if removal {
 		// The messages' enqueues (their Seq is the enqueue's index) have
 		// no effect left: a member that lacks them need not get their
@@ -433,9 +381,9 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 		return // no copy of the queue here, so none of its messages
 	}
 	if q == nil {
-		var err error
-		if q, err = s.wiring.Adopt(string(nameB)); err != nil {
-			if shards.CodeOf(err) == wire.CodeNotFound {
+		var aerr error
+		if q, aerr = s.wiring.Adopt(string(nameB)); aerr != nil {
+			if shards.CodeOf(aerr) == wire.CodeNotFound {
 				// The controller has no such queue: it was deleted after
 				// this enqueue was proposed, and the enqueue has no
 				// effect.
@@ -443,7 +391,7 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 				s.log.Debug("server: a replicated enqueue for a deleted queue; skipped", "group", g, "index", e.Index, "queue", string(nameB))
 				return
 			}
-			s.log.Warn("server: a replicated event for a queue this broker cannot find; skipped", "group", g, "index", e.Index, "queue", string(nameB), "err", err)
+			s.log.Warn("server: a replicated event for a queue this broker cannot find; skipped", "group", g, "index", e.Index, "queue", string(nameB), "err", aerr)
 			return
 		}
 	}
@@ -459,11 +407,7 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 		_ = sh.PushCall(s.regCtx, call) // fails only once the broker closes
 		return
 	}
-	ev, ok := decodeEnqueueEvent(&rd, true)
-	if !ok {
-		s.log.Error("server: malformed replicated enqueue; skipped", "group", g, "index", e.Index)
-		return
-	}
+	ev := enqueueEventOf(&enq, true)
 	// Above the shard's high watermark the log drops the event's data:
 	// the body is then its only copy in memory, and the shard may page it
 	// out (shards.Shard.ApplyEnqueue).
@@ -476,6 +420,7 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) {
 	if sh.PushApplyEnqueue(s.regCtx, q, e.Index, ev.body, ev.expiresAt, ev.producer, ev.producerSeq, logPos) != nil {
 		ev.body.Unref() // the broker is closing
 	}
+	return nil
 }
 
 // Skipped drops the data of an enqueue the shard skipped as a producer's

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/berthmq/berth/replication/event"
 	"github.com/berthmq/berth/server/groups"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/shards/group"
@@ -57,15 +58,14 @@ func TestEnqueueEventTrailers(t *testing.T) {
 		b.Priority, b.DeliverAt = tc.prio, tc.at
 		data := appendEnqueueEvent(nil, "q", b, 1234, tc.producer, 77)
 		b.Unref()
-		var rd wire.Reader
-		rd.Reset(data)
-		if rd.U8() != gevEnqueue || string(rd.Str(wire.NameLenMax)) != "q" {
-			t.Fatalf("%+v: bad head", tc)
+		var enq event.Enqueue
+		if err := enq.Decode(data); err != nil {
+			t.Fatalf("%+v: refused: %v", tc, err)
 		}
-		ev, ok := decodeEnqueueEvent(&rd, true)
-		if !ok {
-			t.Fatalf("%+v: refused", tc)
+		if string(enq.Queue) != "q" {
+			t.Fatalf("%+v: queue %q", tc, enq.Queue)
 		}
+		ev := enqueueEventOf(&enq, true)
 		got := ev.body
 		if ev.expiresAt != 1234 || got.Priority != tc.prio || got.DeliverAt != tc.at || !got.Persistent ||
 			string(got.Exchange) != "ex" || string(got.RoutingKey) != "key" || string(got.Payload) != "payload" {
@@ -80,11 +80,36 @@ func TestEnqueueEventTrailers(t *testing.T) {
 		}
 		got.Unref()
 		// Five stray bytes are no trailer.
-		rd.Reset(append(data, 1, 2, 3, 4, 5))
-		rd.U8()
-		rd.Str(wire.NameLenMax)
-		if _, ok := decodeEnqueueEvent(&rd, true); ok {
+		if err := enq.Decode(append(data, 1, 2, 3, 4, 5)); err == nil {
 			t.Fatalf("%+v: an event with 5 stray bytes decoded", tc)
+		}
+	}
+}
+
+// TestApplyRefusesUndecodable: apply reports a committed event it cannot
+// decode, of every kind, rather than skip it (the node then stops this
+// member of the group).
+func TestApplyRefusesUndecodable(t *testing.T) {
+	r := &replicator{}
+	b := shards.NewBody([]byte("ex"), []byte("key"), nil, []byte("payload"), true)
+	enq := appendEnqueueEvent(nil, "q", b, 0, 9, 1)
+	b.Unref()
+	for _, tc := range []struct {
+		name string
+		data []byte
+		want error
+	}{
+		{"unknown-kind", []byte{'Z'}, event.ErrUnknownKind},
+		{"newer-enqueue", append([]byte{event.Marker, byte(event.KindEnqueue), event.EnqueueVersion + 1, 0}, enq[4:]...), event.ErrNewerVersion},
+		{"unknown-flag", append([]byte{event.Marker, byte(event.KindEnqueue), 1, 0x80}, enq[4:]...), event.ErrUnknownFlags},
+		{"truncated-enqueue", enq[:len(enq)-3], event.ErrMalformed},
+		{"truncated-removes", event.AppendRemoves(nil, "q", []uint64{1, 2})[:20], event.ErrMalformed},
+		{"legacy-remove-truncated", []byte{'R', 0, 1, 'q', 0, 0}, event.ErrMalformed},
+		{"barrier-trailing", append(event.AppendBarrier(nil), 1), event.ErrMalformed},
+		{"delete-truncated", event.AppendDelete(nil, "queue")[:7], event.ErrMalformed},
+	} {
+		if err := r.apply(3, wire.GroupEntry{Index: 11, Data: tc.data}); !errors.Is(err, tc.want) {
+			t.Errorf("%s: apply: %v, want %v", tc.name, err, tc.want)
 		}
 	}
 }

@@ -51,7 +51,7 @@ func openCompact(t *testing.T, b *compactBroker, c *testCluster, nodeOf func(uin
 	n, err := OpenNode(NodeConfig{ID: b.id, Dir: filepath.Join(b.dir, "journal"), Fsync: journal.FsyncAlways, Transport: b.tr,
 		Groups: []uint32{testGroup}, Replicas: c.ids, LagTicks: 10, Tick: 10 * time.Millisecond, Logger: quiet(),
 		CompactEvery: 256, SegmentBytes: 64 << 10,
-		Apply: func(g uint32, e wire.GroupEntry) {
+		Apply: func(g uint32, e wire.GroupEntry) error {
 			app.mu.Lock()
 			app.applied = e.Index
 			app.mu.Unlock()
@@ -66,7 +66,7 @@ func openCompact(t *testing.T, b *compactBroker, c *testCluster, nodeOf func(uin
 				i, err := strconv.ParseUint(d[strings.LastIndexByte(d, ':')+1:], 10, 64)
 				if err != nil {
 					t.Errorf("bad removal %q", d)
-					return
+					return nil
 				}
 				app.mu.Lock()
 				delete(app.live, i)
@@ -74,6 +74,7 @@ func openCompact(t *testing.T, b *compactBroker, c *testCluster, nodeOf func(uin
 				nodeOf(b.id).Forget(g, i)
 				nodeOf(b.id).Retire(g, e.Index)
 			}
+			return nil
 		},
 		OnAlter: func(g uint32, a group.AlterSet) { go c.alter(b.id, a) },
 		OnStepDown: func(uint32) {

@@ -36,7 +36,7 @@ type ManagerConfig struct {
 	Fsync     journal.FsyncPolicy
 	FS        journal.FS // the group journal's file system; nil: the OS's
 	Ctl       *ctlclient.Client
-	Apply     func(group uint32, e wire.GroupEntry)
+	Apply     func(group uint32, e wire.GroupEntry) error
 	// OnMaster is told, on the node's goroutine, that this broker became
 	// master of a group.
 	OnMaster func(group uint32)
@@ -434,6 +434,15 @@ func (m *Manager) update(gs []ctlapi.Group) {
 		if n == nil || !slices.Contains(g.Replicas, m.cfg.Self) {
 			continue // the View has it, for forwarding
 		}
+		if n.Stopped(g.ID) {
+			// This broker's member stopped on an entry it could not
+			// apply: it takes no decision any more, and a group it
+			// masters needs another master.
+			if g.Master == m.cfg.Self {
+				stale = append(stale, g)
+			}
+			continue
+		}
 		old, seen := m.seen[g.ID]
 		if seen && old.Epoch == g.Epoch && old.Master == g.Master && slices.Equal(old.SyncStateSet, g.SyncStateSet) {
 			continue
@@ -480,7 +489,7 @@ func (m *Manager) update(gs []ctlapi.Group) {
 				break
 			}
 		}
-		m.log.Info("groups: asking for a new epoch of a group this broker mastered before it restarted", "group", g)
+		m.log.Info("groups: asking for a new epoch of a group this broker mastered before it restarted, or whose member here stopped", "group", g)
 		err := m.call(func(ctx context.Context) error {
 			_, err := m.cfg.Ctl.ElectMaster(ctx, []uint32{g}, pref)
 			return err

@@ -77,8 +77,12 @@ type NodeConfig struct {
 	CompactEvery int
 	SegmentBytes int64
 	// Apply is called, on the node's goroutine, with each committed entry
-	// in log order.
-	Apply func(group uint32, e wire.GroupEntry)
+	// in log order. An error (an entry it cannot decode) stops this
+	// member of the group, never skips the entry: the member applies
+	// nothing more, steps down if it was master, answers its peers no
+	// more (so its master drops it from the SyncStateSet) and reports
+	// the error in its Status; the node's other groups go on.
+	Apply func(group uint32, e wire.GroupEntry) error
 	// OnAlter is called, on the node's goroutine, when a master asks the
 	// controller to change its SyncStateSet.
 	OnAlter func(group uint32, a group.AlterSet)
@@ -198,6 +202,47 @@ func (n *Node) fail(err error) {
 	}
 }
 
+// ErrApplyFailed: a member met a committed entry it cannot apply (one
+// it cannot decode) and stopped serving its group (NodeConfig.Apply).
+var ErrApplyFailed = errors.New("groups: a committed entry could not be applied")
+
+// stopMember stops mb, which could not apply its committed entry at
+// index (err), on the node's goroutine. Applying the entries after it
+// would leave this member's queues differing from the others' in
+// silence, so it stops instead, as on a journal failure (fail) but
+// alone: it steps down if master (OnStepDown drops what it applied),
+// its waiting proposals end with an unknown outcome, it steps and
+// readies no more, so it acknowledges nothing and its master drops it
+// from the SyncStateSet, and it reports no log end to the controller,
+// which so never elects it. The node's other groups go on.
+func (n *Node) stopMember(mb *member, index uint64, err error) {
+	g := mb.id
+	mb.broken = fmt.Errorf("%w: group %d entry %d: %w", ErrApplyFailed, g, index, err)
+	mb.stopped.Store(true)
+	n.log.Error("groups: a committed entry of the group cannot be applied; this broker stops serving the group (it does not skip the entry). Upgrade the broker if the entry is of a newer format, then restart it to catch up",
+		"group", g, "index", index, "err", err)
+	unknown := fmt.Errorf("%w (%w)", mb.broken, group.ErrNotMaster)
+	for mb.waits.len() > 0 {
+		w := mb.waits.pop()
+		w.w.Committed(w.tag, unknown)
+	}
+	mb.deliverFrom.Store(0)
+	mb.deliverUntil.Store(0)
+	mb.delivering = false
+	if mb.master.Load() {
+		mb.master.Store(false)
+		n.cfg.OnStepDown(g)
+	}
+}
+
+// Stopped reports whether this node's member of group g stopped on a
+// committed entry it could not apply (NodeConfig.Apply). Safe from any
+// goroutine.
+func (n *Node) Stopped(g uint32) bool {
+	mb := n.members[g] // the map does not change after OpenNode
+	return mb != nil && mb.stopped.Load()
+}
+
 // now is the time the members' leases are counted in: nanoseconds since
 // the node started, on the monotonic clock.
 func (n *Node) now() int64 { return int64(time.Since(n.start)) }
@@ -235,7 +280,10 @@ type member struct {
 	// goroutine (OnDeliver).
 	deliverFrom, deliverUntil atomic.Int64
 	delivering                bool
-	broken                    error // a journal failure: the member stops
+	broken                    error // a journal failure or an entry it could not apply: the member stops
+	// stopped mirrors, for other goroutines, that the member stopped on
+	// an entry it could not apply (stopMember).
+	stopped atomic.Bool
 	// loadErrs counts failed reads of paged entries (load).
 	loadErrs uint64
 	dirty    bool // listed in Node.dirty
@@ -289,7 +337,7 @@ func OpenNode(cfg NodeConfig) (*Node, error) {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.Apply == nil {
-		cfg.Apply = func(uint32, wire.GroupEntry) {}
+		cfg.Apply = func(uint32, wire.GroupEntry) error { return nil }
 	}
 	if cfg.OnAlter == nil {
 		cfg.OnAlter = func(uint32, group.AlterSet) {}
@@ -567,7 +615,8 @@ type Status struct {
 	// hands out messages (group.Member.Delivering).
 	Delivering bool `json:"delivering"`
 	// Failed: the member stopped on this error (the group journal
-	// failed): it takes no part in the group any more.
+	// failed, or a committed entry could not be applied): it takes no
+	// part in the group any more.
 	Failed string `json:"failed,omitempty"`
 }
 
@@ -602,6 +651,9 @@ func (n *Node) LogEnds() []ctlapi.GroupLogEnd {
 	var out []ctlapi.GroupLogEnd
 	_ = n.do(func() {
 		for _, g := range n.sortedGroups() {
+			if n.members[g].broken != nil {
+				continue // stopped: no candidate for the group's master
+			}
 			e, i := n.members[g].m.LogEnd()
 			out = append(out, ctlapi.GroupLogEnd{Group: g, LogEnd: ctlapi.LogEnd{Epoch: e, Index: i}})
 		}
@@ -912,7 +964,10 @@ func (n *Node) ready(mb *member) {
 		n.cfg.Transport.Send(&rd.Messages[i])
 	}
 	for _, e := range rd.Apply {
-		n.cfg.Apply(g, e)
+		if err := n.cfg.Apply(g, e); err != nil {
+			n.stopMember(mb, e.Index, err)
+			return
+		}
 	}
 	for _, c := range rd.Completed {
 		// Completions come in increasing index order, one for each

@@ -63,6 +63,9 @@ type testCluster struct {
 	paged atomic.Int64
 	// pagedReplay opens the brokers with NodeConfig.PagedReplay.
 	pagedReplay atomic.Bool
+	// refuse, if set, says which entries a broker's Apply fails on, as
+	// on a committed event it cannot decode.
+	refuse atomic.Pointer[func(id uint32, data string) bool]
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -103,15 +106,18 @@ func (c *testCluster) open(id uint32) {
 	b.mu.Unlock()
 	n, err := OpenNode(NodeConfig{ID: id, Dir: filepath.Join(b.dir, "journal"), Fsync: journal.FsyncAlways, Transport: b.tr,
 		Groups: []uint32{testGroup}, Replicas: c.ids, LagTicks: 10, Tick: 10 * time.Millisecond, Logger: quiet(), PagedReplay: c.pagedReplay.Load(),
-		Apply: func(_ uint32, e wire.GroupEntry) {
+		Apply: func(_ uint32, e wire.GroupEntry) error {
 			b.mu.Lock()
 			defer b.mu.Unlock()
 			if uint64(len(b.applied))+b.discarded+1 != e.Index {
 				c.t.Errorf("broker %d applies %d after %d", id, e.Index, uint64(len(b.applied))+b.discarded)
 			}
+			if r := c.refuse.Load(); r != nil && (*r)(id, string(e.Data)) {
+				return fmt.Errorf("broker %d cannot decode %q", id, e.Data)
+			}
 			if c.discard.Load() {
 				b.discarded++
-				return
+				return nil
 			}
 			b.applied = append(b.applied, string(e.Data))
 			if c.page.Load() {
@@ -120,6 +126,7 @@ func (c *testCluster) open(id uint32) {
 				}
 				c.paged.Add(1)
 			}
+			return nil
 		},
 		OnAlter: func(g uint32, a group.AlterSet) { go c.alter(id, a) },
 		// A broker that stops being master drops its applied state; the

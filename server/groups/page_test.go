@@ -139,10 +139,11 @@ func TestNodePagedEntryBytes(t *testing.T) {
 	const n = 500_000
 	var node atomic.Pointer[Node]
 	nd, err := OpenNode(NodeConfig{ID: 1, Dir: t.TempDir(), Fsync: journal.FsyncNever, Groups: []uint32{testGroup}, Replicas: []uint32{1},
-		Logger: quiet(), Apply: func(g uint32, e wire.GroupEntry) {
+		Logger: quiet(), Apply: func(g uint32, e wire.GroupEntry) error {
 			if node.Load().Page(g, e.Index, true) == 0 {
 				t.Errorf("entry %d not paged", e.Index)
 			}
+			return nil
 		}})
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,446 @@
+package event
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/berthmq/berth/wire"
+)
+
+// Marker starts every event of this format. It differs from the first
+// byte of every event of the older format ('E', 'R', 'S', 'B', 'D') and of
+// the requests forwarded beside enqueues (server/forward.go: 'x', 'p').
+const Marker byte = 0xBE
+
+// HeaderLen is the size of an event's header: marker, kind, version, flags.
+const HeaderLen = 4
+
+// Kind is an event's kind.
+type Kind uint8
+
+const (
+	KindEnqueue Kind = 1
+	KindRemoves Kind = 2
+	KindBarrier Kind = 3
+	KindDelete  Kind = 4
+	// KindRemove is the single remove of the older format ('R'); no
+	// event of the new format has it.
+	KindRemove Kind = 5
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindEnqueue:
+		return "enqueue"
+	case KindRemoves:
+		return "removes"
+	case KindBarrier:
+		return "barrier"
+	case KindDelete:
+		return "delete"
+	case KindRemove:
+		return "remove"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// The versions this package writes, and the newest it reads, per kind.
+const (
+	EnqueueVersion uint8 = 1
+	RemovesVersion uint8 = 1
+	BarrierVersion uint8 = 1
+	DeleteVersion  uint8 = 1
+)
+
+// Enqueue flags: which optional parts follow the payload.
+const (
+	FlagSchedule uint8 = 1 << 0 // priority u8, deliverAt u64
+	FlagProducer uint8 = 1 << 1 // producer u64, producerSeq u64
+
+	enqueueFlags = FlagSchedule | FlagProducer
+)
+
+// SeqsMax bounds the messages of one Removes event (shards.RemovesMax
+// must not exceed it).
+const SeqsMax = 4096
+
+// The first bytes of the older format's events.
+const (
+	legacyEnqueue byte = 'E'
+	legacyRemove  byte = 'R'
+	legacyRemoves byte = 'S'
+	legacyBarrier byte = 'B'
+	legacyDelete  byte = 'D'
+)
+
+// Decoding errors. A decoder's error wraps one of them.
+var (
+	ErrUnknownKind  = errors.New("event: unknown event kind")
+	ErrNewerVersion = errors.New("event: event version newer than this broker reads")
+	ErrUnknownFlags = errors.New("event: event flags this broker does not know")
+	ErrMalformed    = errors.New("event: malformed event")
+	ErrWrongKind    = errors.New("event: event of another kind")
+)
+
+// Header is what starts an event: its kind, version and flags. Legacy
+// is set for an event of the older format (version and flags 0).
+type Header struct {
+	Kind    Kind
+	Version uint8
+	Flags   uint8
+	Legacy  bool
+}
+
+// ReadHeader reads the header of data, of either format, and checks that
+// this package can decode the rest: a known kind, a version not newer
+// than it writes, no unknown flag bit. n is the header's size (1 for the
+// older format).
+func ReadHeader(data []byte) (h Header, n int, err error) {
+	if len(data) == 0 {
+		return h, 0, fmt.Errorf("%w: empty", ErrMalformed)
+	}
+	if data[0] != Marker {
+		h.Legacy = true
+		switch data[0] {
+		case legacyEnqueue:
+			h.Kind = KindEnqueue
+		case legacyRemove:
+			h.Kind = KindRemove
+		case legacyRemoves:
+			h.Kind = KindRemoves
+		case legacyBarrier:
+			h.Kind = KindBarrier
+		case legacyDelete:
+			h.Kind = KindDelete
+		default:
+			return h, 0, fmt.Errorf("%w: first byte %#x", ErrUnknownKind, data[0])
+		}
+		return h, 1, nil
+	}
+	if len(data) < HeaderLen {
+		return h, 0, fmt.Errorf("%w: %d-byte header", ErrMalformed, len(data))
+	}
+	h.Kind, h.Version, h.Flags = Kind(data[1]), data[2], data[3]
+	var newest, known uint8
+	switch h.Kind {
+	case KindEnqueue:
+		newest, known = EnqueueVersion, enqueueFlags
+	case KindRemoves:
+		newest = RemovesVersion
+	case KindBarrier:
+		newest = BarrierVersion
+	case KindDelete:
+		newest = DeleteVersion
+	default:
+		return h, 0, fmt.Errorf("%w: %d", ErrUnknownKind, data[1])
+	}
+	switch {
+	case h.Version == 0:
+		return h, 0, fmt.Errorf("%w: %v version 0", ErrMalformed, h.Kind)
+	case h.Version > newest:
+		return h, 0, fmt.Errorf("%w: %v version %d, newest read %d", ErrNewerVersion, h.Kind, h.Version, newest)
+	case h.Flags&^known != 0:
+		return h, 0, fmt.Errorf("%w: %v flags %#x", ErrUnknownFlags, h.Kind, h.Flags&^known)
+	}
+	return h, HeaderLen, nil
+}
+
+// KindOf is the kind of data, as ReadHeader reads it.
+func KindOf(data []byte) (Kind, error) {
+	h, _, err := ReadHeader(data)
+	return h.Kind, err
+}
+
+// IsEnqueue reports whether data starts as an enqueue of either format,
+// without checking the rest (group.Config.HandoverHolds).
+func IsEnqueue(data []byte) bool {
+	return len(data) > 0 && (data[0] == legacyEnqueue || len(data) > 1 && data[0] == Marker && Kind(data[1]) == KindEnqueue)
+}
+
+func appendHeader(dst []byte, k Kind, version, flags uint8) []byte {
+	return append(dst, Marker, byte(k), version, flags)
+}
+
+// body reads data's header, checks that it is of kind want and returns
+// a reader over the rest.
+func body(data []byte, want Kind, rd *wire.Reader) (Header, error) {
+	h, n, err := ReadHeader(data)
+	if err != nil {
+		return h, err
+	}
+	if h.Kind != want {
+		return h, fmt.Errorf("%w: %v, not %v", ErrWrongKind, h.Kind, want)
+	}
+	rd.Reset(data[n:])
+	return h, nil
+}
+
+// done checks that rd read its whole event without error.
+func done(rd *wire.Reader, k Kind) error {
+	if rd.Err() != nil {
+		return fmt.Errorf("%w: %v truncated or out of bounds", ErrMalformed, k)
+	}
+	if n := rd.Remaining(); n != 0 {
+		return fmt.Errorf("%w: %v has %d bytes past its end", ErrMalformed, k, n)
+	}
+	return nil
+}
+
+// Enqueue is a message enqueued to a replicated queue.
+type Enqueue struct {
+	Queue      []byte
+	ExpiresAt  int64 // unix ns; 0: never
+	Persistent bool
+	Exchange   []byte
+	RoutingKey []byte
+	Props      []byte
+	Payload    []byte
+	// Priority and DeliverAt (unix ns) are written when either is set
+	// (FlagSchedule).
+	Priority  uint8
+	DeliverAt int64
+	// Producer and ProducerSeq are written when Producer is set
+	// (FlagProducer): the publish's deduplication key.
+	Producer, ProducerSeq uint64
+}
+
+// Size is the length of e's encoding.
+func (e *Enqueue) Size() int {
+	n := HeaderLen + 2 + len(e.Queue) + 8 + 1 + 2 + len(e.Exchange) + 2 + len(e.RoutingKey) + 4 + len(e.Props) + 4 + len(e.Payload)
+	if e.Priority != 0 || e.DeliverAt != 0 {
+		n += 9
+	}
+	if e.Producer != 0 {
+		n += 16
+	}
+	return n
+}
+
+// AppendEnqueue appends e's encoding to dst. The caller bounds the
+// lengths of its parts (wire.NameLenMax, wire.RoutingKeyLenMax,
+// wire.FrameSizeMax).
+func AppendEnqueue(dst []byte, e *Enqueue) []byte {
+	var flags uint8
+	if e.Priority != 0 || e.DeliverAt != 0 {
+		flags |= FlagSchedule
+	}
+	if e.Producer != 0 {
+		flags |= FlagProducer
+	}
+	dst = appendHeader(dst, KindEnqueue, EnqueueVersion, flags)
+	dst = wire.AppendStrBytes(dst, e.Queue)
+	dst = wire.AppendU64(dst, uint64(e.ExpiresAt))
+	dst = wire.AppendBool(dst, e.Persistent)
+	dst = wire.AppendStrBytes(dst, e.Exchange)
+	dst = wire.AppendStrBytes(dst, e.RoutingKey)
+	dst = wire.AppendBytes(dst, e.Props)
+	dst = wire.AppendBytes(dst, e.Payload)
+	if flags&FlagSchedule != 0 {
+		dst = wire.AppendU8(dst, e.Priority)
+		dst = wire.AppendU64(dst, uint64(e.DeliverAt))
+	}
+	if flags&FlagProducer != 0 {
+		dst = wire.AppendU64(dst, e.Producer)
+		dst = wire.AppendU64(dst, e.ProducerSeq)
+	}
+	return dst
+}
+
+// Decode decodes data, an enqueue of either format, into e, whose byte
+// slices then alias data. It allocates nothing.
+func (e *Enqueue) Decode(data []byte) error {
+	var rd wire.Reader
+	var h Header
+	if len(data) >= HeaderLen && data[0] == Marker && Kind(data[1]) == KindEnqueue && data[2] == EnqueueVersion && data[3]&^enqueueFlags == 0 {
+		// The hot path (every replicated message): what ReadHeader
+		// would find, without its calls.
+		h = Header{Kind: KindEnqueue, Version: EnqueueVersion, Flags: data[3]}
+		rd.Reset(data[HeaderLen:])
+	} else {
+		var err error
+		if h, err = body(data, KindEnqueue, &rd); err != nil {
+			return err
+		}
+	}
+	e.Queue = rd.Str(wire.NameLenMax)
+	e.ExpiresAt = int64(rd.U64())
+	e.Persistent = rd.Bool()
+	e.Exchange = rd.Str(wire.NameLenMax)
+	e.RoutingKey = rd.Str(wire.RoutingKeyLenMax)
+	e.Props = rd.Bytes(wire.FrameSizeMax)
+	e.Payload = rd.Bytes(wire.FrameSizeMax)
+	flags := h.Flags
+	if h.Legacy {
+		// The older format's trailers, told apart by what remains.
+		switch rd.Remaining() {
+		case 9:
+			flags = FlagSchedule
+		case 16:
+			flags = FlagProducer
+		case 25:
+			flags = FlagSchedule | FlagProducer
+		}
+	}
+	e.Priority, e.DeliverAt, e.Producer, e.ProducerSeq = 0, 0, 0, 0
+	if flags&FlagSchedule != 0 {
+		e.Priority, e.DeliverAt = rd.U8(), int64(rd.U64())
+	}
+	if flags&FlagProducer != 0 {
+		e.Producer, e.ProducerSeq = rd.U64(), rd.U64()
+	}
+	if err := done(&rd, KindEnqueue); err != nil {
+		return err
+	}
+	// A flag is set exactly when its part is not zero (AppendEnqueue), so
+	// that an event has one encoding.
+	if !h.Legacy && (flags&FlagSchedule != 0 && e.Priority == 0 && e.DeliverAt == 0 || flags&FlagProducer != 0 && e.Producer == 0) {
+		return fmt.Errorf("%w: enqueue flags %#x with a part of zeros", ErrMalformed, flags)
+	}
+	return nil
+}
+
+// Removes removes messages, by their enqueues' log indexes, from a queue.
+type Removes struct {
+	Queue []byte
+	Seqs  []uint64
+}
+
+// AppendRemoves appends the encoding of the removal of seqs (at most
+// SeqsMax) from queue to dst.
+func AppendRemoves(dst []byte, queue string, seqs []uint64) []byte {
+	dst = appendHeader(dst, KindRemoves, RemovesVersion, 0)
+	dst = wire.AppendStr(dst, queue)
+	dst = binary.BigEndian.AppendUint32(dst, uint32(len(seqs)))
+	for _, seq := range seqs {
+		dst = binary.BigEndian.AppendUint64(dst, seq)
+	}
+	return dst
+}
+
+// Decode decodes data, a removes of either format, into r: r.Queue
+// aliases data, and the seqs are appended to r.Seqs[:0].
+func (r *Removes) Decode(data []byte) error {
+	var rd wire.Reader
+	if _, err := body(data, KindRemoves, &rd); err != nil {
+		return err
+	}
+	r.Queue = rd.Str(wire.NameLenMax)
+	n := rd.Count(8)
+	if n > SeqsMax {
+		return fmt.Errorf("%w: removes of %d messages, over %d", ErrMalformed, n, SeqsMax)
+	}
+	r.Seqs = r.Seqs[:0]
+	for range n {
+		r.Seqs = append(r.Seqs, rd.U64())
+	}
+	return done(&rd, KindRemoves)
+}
+
+// Remove is the single remove of the older format, which only logs
+// written before Removes hold.
+type Remove struct {
+	Queue []byte
+	Seq   uint64
+}
+
+// Decode decodes data, an older-format remove, into r.
+func (r *Remove) Decode(data []byte) error {
+	var rd wire.Reader
+	if _, err := body(data, KindRemove, &rd); err != nil {
+		return err
+	}
+	r.Queue = rd.Str(wire.NameLenMax)
+	r.Seq = rd.U64()
+	return done(&rd, KindRemove)
+}
+
+// Barrier marks the end of a settle: it changes no queue.
+type Barrier struct{}
+
+// AppendBarrier appends a barrier's encoding to dst.
+func AppendBarrier(dst []byte) []byte {
+	return appendHeader(dst, KindBarrier, BarrierVersion, 0)
+}
+
+// Decode checks that data is a barrier of either format.
+func (b *Barrier) Decode(data []byte) error {
+	var rd wire.Reader
+	if _, err := body(data, KindBarrier, &rd); err != nil {
+		return err
+	}
+	return done(&rd, KindBarrier)
+}
+
+// Delete tells that the master dropped a queue.
+type Delete struct {
+	Queue []byte
+}
+
+// AppendDelete appends the encoding of queue's deletion to dst.
+func AppendDelete(dst []byte, queue string) []byte {
+	dst = appendHeader(dst, KindDelete, DeleteVersion, 0)
+	return wire.AppendStr(dst, queue)
+}
+
+// Decode decodes data, a delete of either format, into d.
+func (d *Delete) Decode(data []byte) error {
+	var rd wire.Reader
+	if _, err := body(data, KindDelete, &rd); err != nil {
+		return err
+	}
+	d.Queue = rd.Str(wire.NameLenMax)
+	return done(&rd, KindDelete)
+}
+
+// Event is any one decoded event, for callers that take every kind (Decode).
+type Event struct {
+	Header  Header
+	Enqueue Enqueue
+	Removes Removes
+	Remove  Remove
+	Delete  Delete
+}
+
+// Decode decodes data, an event of any kind and either format, into ev:
+// ev.Header says which of its fields holds it.
+func Decode(data []byte, ev *Event) error {
+	h, _, err := ReadHeader(data)
+	if err != nil {
+		return err
+	}
+	ev.Header = h
+	switch h.Kind {
+	case KindEnqueue:
+		return ev.Enqueue.Decode(data)
+	case KindRemoves:
+		return ev.Removes.Decode(data)
+	case KindRemove:
+		return ev.Remove.Decode(data)
+	case KindBarrier:
+		var b Barrier
+		return b.Decode(data)
+	case KindDelete:
+		return ev.Delete.Decode(data)
+	}
+	return fmt.Errorf("%w: %v", ErrUnknownKind, h.Kind)
+}
+
+// Append appends ev's encoding, in the new format, to dst: the inverse of
+// Decode for an event of the new format. A KindRemove is written as a
+// Removes of one message.
+func Append(dst []byte, ev *Event) []byte {
+	switch ev.Header.Kind {
+	case KindEnqueue:
+		return AppendEnqueue(dst, &ev.Enqueue)
+	case KindRemoves:
+		return AppendRemoves(dst, string(ev.Removes.Queue), ev.Removes.Seqs)
+	case KindRemove:
+		return AppendRemoves(dst, string(ev.Remove.Queue), []uint64{ev.Remove.Seq})
+	case KindBarrier:
+		return AppendBarrier(dst)
+	case KindDelete:
+		return AppendDelete(dst, string(ev.Delete.Queue))
+	}
+	panic(fmt.Sprintf("event: Append of %v", ev.Header.Kind))
+}
