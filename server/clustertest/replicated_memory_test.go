@@ -180,7 +180,7 @@ func TestReplicatedQueueMemoryBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("restarted %s: %d bytes counted, %d paged, peak RSS %d MiB", mnode.name, st.Memory.UsedBytes, st.Memory.PagedMessages, peak>>20)
-	if peak > rssBound || st.Memory.PagedMessages < n/2 {
+	if (peak > rssBound && !testutil.RaceBerthd) || st.Memory.PagedMessages < n/2 {
 		t.Fatalf("the restarted %s peaked at %d MiB of RSS and paged %d of %d messages", mnode.name, peak>>20, st.Memory.PagedMessages, n-accepted)
 	}
 	began := time.Now()
