@@ -5,18 +5,19 @@ GO        ?= go
 BIN       := bin
 PKGS      := ./...
 # Packages with concurrency run under the race detector in `make test`.
-# Not server/memtest, server/crashtest, server/clustertest and
-# server/hostiletest: they drive berthd processes, built without -race,
-# so their tests skip there (testutil.StartBerthd; hostiletest is built
-# only without -race); leaving them out saves building them. They run
+# Not server/memtest, server/crashtest, server/clustertest,
+# server/hostiletest and server/console: they drive berthd processes,
+# built without -race, so their tests skip there (testutil.StartBerthd;
+# hostiletest is built only without -race); leaving them out saves
+# building them. They run
 # once, in test-plain. Two tests of clustertest did run under -race: a
 # linearizability checker's self-test, and TestNoMajority (a broker
 # started in-process without a controller majority), which loses its
 # -race run.
-RACE_PKGS := ./ring/... ./shards/... ./server ./server/console ./server/groups ./server/wiring \
+RACE_PKGS := ./ring/... ./shards/... ./server ./server/groups ./server/wiring \
 	./client/... ./journal/... ./controlplane/... ./perf/... ./tools/... ./internal/...
 
-.PHONY: cluster certs all build run test test-race test-plain bench bench-forward bench-delayed bench-backlog bench-restart fuzz hostile vet crash soak chaos clean release deb
+.PHONY: cluster certs all build run check test test-race test-plain test-berthd test-race-procs bench bench-forward bench-delayed bench-backlog bench-restart fuzz hostile vet crash soak chaos clean release deb
 
 # Version stamping (internal/version). VERSION is the latest vX.Y.Z tag as
 # git describe gives it, without the v (1.2.0; 1.2.0-3-gabc1234 three
@@ -54,15 +55,45 @@ CERTS_DIR ?= certs
 certs: build
 	./$(BIN)/berthctl certs init $(CERTS_DIR)
 
+# The tiers (docs/TESTING.md): check for the edit loop, test the gate
+# (CI's command), test-race-procs the process tests against a berthd
+# built with -race; soak, chaos, crash, hostile and the benchmarks below.
 test: vet test-plain test-race test-python
+
+# The edit loop: vet and the tests under -short, with go's test cache on
+# (a package whose inputs did not change since its last pass is not run
+# again). The process tests see berthd's changes through TEST_BERTHD:
+# they stat it, so a rebuilt binary makes their cached results stale.
+check: vet test-berthd
+	$(TEST_ENV) $(GO) test -short -timeout 8m $(PKGS)
+
+# berthd for every package of process tests and the Python client's
+# tests, built once (internal/testutil.BerthdEnv, and BERTHD for
+# clients/python), not stamped, like the one testutil builds when
+# BERTH_TEST_BERTHD is unset. It is replaced only when the new build
+# differs, so that its time changes only then (go's test cache keys the
+# process tests' results on it).
+TEST_BERTHD := $(CURDIR)/$(BIN)/test/berthd
+TEST_ENV    := BERTH_TEST_BERTHD=$(TEST_BERTHD) BERTHD=$(TEST_BERTHD)
+test-berthd:
+	$(GO) build -o $(TEST_BERTHD).new ./cmd/berthd
+	@if cmp -s $(TEST_BERTHD).new $(TEST_BERTHD); then rm $(TEST_BERTHD).new; else mv $(TEST_BERTHD).new $(TEST_BERTHD); fi
+
+# test-plain runs TEST_P test binaries at once (go test's default is the
+# core count, 2 here): the process tests mostly wait on their brokers'
+# timers, and with 2 the cores idled a third of make test. The packages
+# that take longest are named first, so that they start first and the
+# short ones fill in around them (docs/TESTING.md has the times).
+TEST_P     ?= 4
+FIRST_PKGS := ./server/clustertest ./server ./client ./shards/group ./tools/berthctl ./packaging ./server/crashtest
 
 # vet also fails when go.mod or go.sum is not as `go mod tidy` leaves it.
 vet:
 	$(GO) vet $(PKGS)
 	@$(GO) mod tidy -diff || { echo 'go.mod/go.sum are not tidy: run go mod tidy'; exit 1; }
 
-test-plain:
-	$(GO) test -count=1 -timeout 8m $(PKGS)
+test-plain: test-berthd
+	$(TEST_ENV) $(GO) test -count=1 -p $(TEST_P) -timeout 8m $(FIRST_PKGS) $(PKGS)
 
 test-race:
 	$(GO) test -count=1 -race -timeout 8m $(RACE_PKGS)
@@ -70,8 +101,23 @@ test-race:
 # The Python client (clients/python) against a real berthd; the script
 # installs Debian's python3-pytest when pytest is missing.
 PYTHON ?= python3
-test-python:
-	GO=$(GO) $(PYTHON) clients/python/run_tests.py
+test-python: test-berthd
+	$(TEST_ENV) GO=$(GO) $(PYTHON) clients/python/run_tests.py
+
+# The process tests against a berthd built with -race, so that the
+# detector watches the broker itself (make test's berthd is built
+# without it, and its race pass skips the process tests). The test
+# binaries are built without -race: the brokers are what is checked.
+# A race report in a broker's log fails the test that started it
+# (testutil.StartBerthd); checks that bound memory or time are left out
+# (testutil.RaceBerthd), since a race-built broker is several times
+# larger and slower. Not in make
+# test: it took 3 min 41 s on 2 cores (docs/TESTING.md).
+RACE_BERTHD    := $(CURDIR)/$(BIN)/test-race/berthd
+RACE_PROC_PKGS := ./server/clustertest ./server/crashtest ./server/hostiletest
+test-race-procs:
+	$(GO) build -race -o $(RACE_BERTHD) ./cmd/berthd
+	BERTH_TEST_BERTHD=$(RACE_BERTHD) BERTH_TEST_BERTHD_RACE=1 $(GO) test -count=1 -timeout 30m $(RACE_PROC_PKGS)
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m $(PKGS)

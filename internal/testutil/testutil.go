@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -170,6 +171,28 @@ func FreeAddr(t testing.TB) string {
 // BerthdPackage is the import path Berthd builds.
 const BerthdPackage = "github.com/berthmq/berth/cmd/berthd"
 
+// BerthdEnv names an environment variable holding the path of a berthd
+// binary built beforehand: when it is set, Berthd and Main use that
+// binary and build none. make test builds berthd once and sets it, so
+// that the packages of process tests do not each link their own.
+const BerthdEnv = "BERTH_TEST_BERTHD"
+
+// BerthdRaceEnv names an environment variable that, set to 1, says the
+// binary BerthdEnv names was built with -race (make test-race-procs).
+// Then StartBerthd runs its processes even in a test binary built with
+// -race, and a race the detector reports in a berthd's log fails the
+// test that started it.
+const BerthdRaceEnv = "BERTH_TEST_BERTHD_RACE"
+
+// RaceBerthd reports whether the berthd binary the tests start was built
+// with -race (BerthdRaceEnv). Such a broker is several times slower and
+// larger than the one make test runs: a test whose point is a bound on
+// memory or time skips it there.
+var RaceBerthd = os.Getenv(BerthdRaceEnv) == "1" && os.Getenv(BerthdEnv) != ""
+
+// raceReport is how the race detector starts each report it writes.
+const raceReport = "WARNING: DATA RACE"
+
 var built struct {
 	sync.Mutex
 	dir, path string
@@ -193,9 +216,31 @@ func berthd() (string, error) {
 	built.Lock()
 	defer built.Unlock()
 	if built.path == "" && built.err == nil {
-		built.path, built.err = build()
+		if path := os.Getenv(BerthdEnv); path != "" {
+			built.path, built.err = prebuilt(path)
+		} else {
+			built.path, built.err = build()
+		}
 	}
 	return built.path, built.err
+}
+
+// prebuilt checks that path (BerthdEnv) is an executable file and
+// returns it made absolute: tests start berthd from directories of their
+// own.
+func prebuilt(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", fmt.Errorf("%s=%s: %v", BerthdEnv, path, err)
+	}
+	fi, err := os.Stat(abs)
+	if err != nil {
+		return "", fmt.Errorf("%s: %v", BerthdEnv, err)
+	}
+	if fi.IsDir() || fi.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("%s=%s is not an executable file", BerthdEnv, path)
+	}
+	return abs, nil
 }
 
 func build() (string, error) {
@@ -214,11 +259,17 @@ func build() (string, error) {
 
 // Main builds berthd, so that no test's time limits include the build,
 // runs the package's tests, removes the binary and exits with the tests'
-// status. A failed build exits with status 1 before any test runs. Under
-// the race detector it builds nothing up front: StartBerthd skips there,
-// and Berthd still builds on a first call.
+// status. A failed build exits with status 1 before any test runs. With
+// BerthdEnv set it builds nothing and removes nothing, and a binary that
+// is not there fails the tests that start it. Under the race
+// detector it builds nothing up front: StartBerthd skips there (unless
+// RaceBerthd), and Berthd still builds on a first call.
 func Main(m *testing.M) {
-	if Race {
+	// With BerthdEnv there is nothing to build, and the first Berthd
+	// call, inside a test, reads the variable and stats the binary:
+	// go's test cache records only what tests do after m.Run starts, and
+	// so keys the package's result on the binary (make check).
+	if (Race && !RaceBerthd) || os.Getenv(BerthdEnv) != "" {
 		code := m.Run()
 		removeBuild()
 		os.Exit(code)
@@ -278,12 +329,51 @@ func Start(t testing.TB, cmd *exec.Cmd, logPath string) *Proc {
 // -race, so the detector would see only the test's own client code (which
 // the client package's tests cover) while the processes held the
 // machine's cores; make test runs every process test in its plain pass.
+// It does not skip when the binary itself was built with -race
+// (RaceBerthd).
+//
+// The test's cleanup, once the process is gone, fails the test if the
+// process's log holds a report of the race detector.
 func StartBerthd(t testing.TB, logPath string, args ...string) *Proc {
 	t.Helper()
-	if Race {
+	if Race && !RaceBerthd {
 		t.Skip("berthd processes are built without -race: this test runs in the plain pass")
 	}
-	return Start(t, exec.Command(Berthd(t), args...), logPath)
+	bin := Berthd(t)
+	// Registered before Start's p.Kill, so it runs after it (cleanups run
+	// last first): the log is complete by then.
+	t.Cleanup(func() { checkRaceLog(t, logPath) })
+	return Start(t, exec.Command(bin, args...), logPath)
+}
+
+// raceLogsChecked holds the logs checkRaceLog has already failed a test
+// for: restarts of one broker append to one log, which should fail its
+// test once.
+var raceLogsChecked sync.Map
+
+// checkRaceLog fails t if the log at logPath holds a report of the race
+// detector, with the first report in the message.
+func checkRaceLog(t testing.TB, logPath string) {
+	t.Helper()
+	b, err := os.ReadFile(logPath)
+	if err != nil {
+		return // the test removed it, or the process never started
+	}
+	i := strings.Index(string(b), raceReport)
+	if i < 0 {
+		return
+	}
+	if _, done := raceLogsChecked.LoadOrStore(logPath, true); done {
+		return
+	}
+	report := string(b[i:])
+	if j := strings.Index(report[len(raceReport):], "=================="); j >= 0 {
+		report = report[:len(raceReport)+j]
+	}
+	if len(report) > 16<<10 {
+		report = report[:16<<10]
+	}
+	t.Errorf("%d race report(s) in %s; the first:\n%s", strings.Count(string(b), raceReport), logPath, report)
 }
 
 // Pid is the process id.

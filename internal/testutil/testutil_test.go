@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -158,5 +159,63 @@ func TestProc(t *testing.T) {
 	}
 	if err := term.Signal(syscall.SIGTERM); err != nil {
 		t.Fatalf("signal to an exited process: %v", err)
+	}
+}
+
+// A berthd log with a race detector's report fails the test that started
+// the process, once however many restarts appended to it; a clean log
+// does not.
+func TestCheckRaceLog(t *testing.T) {
+	dir := t.TempDir()
+	clean := filepath.Join(dir, "clean.log")
+	racy := filepath.Join(dir, "racy.log")
+	if err := os.WriteFile(clean, []byte("level=INFO msg=started\nlevel=INFO msg=stopped\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	report := "==================\nWARNING: DATA RACE\nWrite at 0x00c000 by goroutine 7:\n  main.f()\n==================\n"
+	if err := os.WriteFile(racy, []byte("level=INFO msg=started\n"+report+"level=INFO msg=more\n"+report), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := catch(t, func(tb testing.TB) { checkRaceLog(tb, clean) }); len(got) != 0 {
+		t.Errorf("clean log: %q", got)
+	}
+	if got := catch(t, func(tb testing.TB) { checkRaceLog(tb, filepath.Join(dir, "missing.log")) }); len(got) != 0 {
+		t.Errorf("missing log: %q", got)
+	}
+	got := catch(t, func(tb testing.TB) { checkRaceLog(tb, racy) })
+	if len(got) != 1 || !strings.Contains(got[0], "2 race report(s)") || !strings.Contains(got[0], "Write at 0x00c000 by goroutine 7") {
+		t.Fatalf("racy log: %q", got)
+	}
+	if strings.Contains(got[0], "msg=more") {
+		t.Errorf("the message runs past the first report: %q", got[0])
+	}
+	if got := catch(t, func(tb testing.TB) { checkRaceLog(tb, racy) }); len(got) != 0 {
+		t.Errorf("racy log reported twice: %q", got)
+	}
+}
+
+// BerthdEnv names a binary to use instead of building one; it must be
+// an executable file, and comes back absolute.
+func TestPrebuilt(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "berthd")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	notExec := filepath.Join(dir, "plain")
+	if err := os.WriteFile(notExec, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := prebuilt(bin); err != nil || got != bin {
+		t.Errorf("prebuilt(%s) = %q, %v", bin, got, err)
+	}
+	t.Chdir(dir)
+	if got, err := prebuilt("berthd"); err != nil || got != bin {
+		t.Errorf("prebuilt(relative) = %q, %v; want %s", got, err, bin)
+	}
+	for _, bad := range []string{notExec, dir, filepath.Join(dir, "missing")} {
+		if got, err := prebuilt(bad); err == nil {
+			t.Errorf("prebuilt(%s) = %q, no error", bad, got)
+		}
 	}
 }

@@ -136,6 +136,11 @@ func TestReplicatedQueueMemoryBudget(t *testing.T) {
 	}
 	stop()
 	for i, nd := range c.nodes {
+		if testutil.RaceBerthd {
+			// The race detector's shadow memory is several times the heap.
+			t.Logf("%s: RSS not bounded: berthd is built with -race", nd.name)
+			continue
+		}
 		if rss := maxRSS[i].Load(); rss > rssBound {
 			t.Errorf("%s reached %d MiB of RSS with a %d-MiB backlog under a %d-MiB budget", nd.name, rss>>20, n*payloadSize>>20, limit>>20)
 		}
@@ -175,7 +180,7 @@ func TestReplicatedQueueMemoryBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("restarted %s: %d bytes counted, %d paged, peak RSS %d MiB", mnode.name, st.Memory.UsedBytes, st.Memory.PagedMessages, peak>>20)
-	if peak > rssBound || st.Memory.PagedMessages < n/2 {
+	if (peak > rssBound && !testutil.RaceBerthd) || st.Memory.PagedMessages < n/2 {
 		t.Fatalf("the restarted %s peaked at %d MiB of RSS and paged %d of %d messages", mnode.name, peak>>20, st.Memory.PagedMessages, n-accepted)
 	}
 	began := time.Now()
