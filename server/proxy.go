@@ -34,6 +34,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/berthmq/berth/server/groups"
 	"github.com/berthmq/berth/shards"
@@ -579,15 +580,20 @@ func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Ver
 	}
 }
 
-// proxyPush hands a proxied session's command to its shard's lane
-// (lanes.go): a busy shard holds up only the commands for it. The
-// forwarding connection's reader waits only when the lane itself is full
-// (a shard that took nothing for laneMax commands).
+// proxyPush pushes a proxied session's command to its shard, waiting for
+// room (the forwarding connection's reader may wait; a shard never waits
+// for it).
 func (s *Server) proxyPush(shard int, sess *shards.Session, cmd shards.Command) {
 	if cmd.CmdID != 0 && (cmd.Op != shards.OpSettle || cmd.Last) {
 		sess.Inflight.Add(1)
 	}
-	s.lanes.push(shard, cmd)
+	sh := s.broker.Shards()[shard]
+	for !sh.TryPush(cmd) {
+		if s.regCtx.Err() != nil {
+			return
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
 }
 
 // proxyClose ends a proxied session on the master: what its consumers
@@ -602,9 +608,6 @@ func (s *Server) proxyClose(out groups.ProxyOut) {
 		for id, q := range p.queueOf {
 			s.forgetConsumer(q, consumerRef{p: p, id: id})
 		}
-		// After what the session's commands wait for in the lanes: a
-		// SUBSCRIBE that reached its shard after the close would leave
-		// a consumer of a closed session.
-		s.lanes.afterAll(func() { go s.wiring.SessionClosed(p.sess) })
+		go s.wiring.SessionClosed(p.sess)
 	}
 }
