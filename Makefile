@@ -80,11 +80,13 @@ test-berthd:
 	@if cmp -s $(TEST_BERTHD).new $(TEST_BERTHD); then rm $(TEST_BERTHD).new; else mv $(TEST_BERTHD).new $(TEST_BERTHD); fi
 
 # test-plain runs TEST_P test binaries at once (go test's default is the
-# core count, 2 here): the process tests mostly wait on their brokers'
-# timers, and with 2 the cores idled a third of make test. The packages
+# core count, 2 here). 4 took make test to 9 min 18 s, but in the one
+# full run after it the hostile suite's non-reading consumer missed its
+# 2 s bound: timed process tests do not take four at once on two cores,
+# so it stays 2 until they do (docs/TESTING.md). The packages
 # that take longest are named first, so that they start first and the
 # short ones fill in around them (docs/TESTING.md has the times).
-TEST_P     ?= 4
+TEST_P     ?= 2
 FIRST_PKGS := ./server/clustertest ./server ./client ./shards/group ./tools/berthctl ./packaging ./server/crashtest
 
 # vet also fails when go.mod or go.sum is not as `go mod tidy` leaves it.
