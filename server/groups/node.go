@@ -182,23 +182,30 @@ func (n *Node) fail(err error) {
 	n.failed.Store(&ferr)
 	n.log.Error("groups: the group journal failed; this broker leaves its replication groups and serves none of them: the controller elects other masters. Restart the broker once the group journal's directory is writable again; it then catches up and rejoins",
 		"dir", n.cfg.Dir, "err", err)
-	unknown := fmt.Errorf("%w (%w)", ferr, group.ErrNotMaster)
 	for _, g := range n.groupIDs {
-		mb := n.members[g]
-		if mb.broken == nil {
-			mb.broken = ferr
-		}
-		for mb.waits.len() > 0 {
-			w := mb.waits.pop()
-			w.w.Committed(w.tag, unknown)
-		}
-		mb.deliverFrom.Store(0)
-		mb.deliverUntil.Store(0)
-		mb.delivering = false
-		if mb.master.Load() {
-			mb.master.Store(false)
-			n.cfg.OnStepDown(g)
-		}
+		n.halt(n.members[g], ferr)
+	}
+}
+
+// halt stops mb on err (kept as mb.broken unless it stopped already):
+// its waiting proposals end with an unknown outcome, it delivers no more,
+// and a master steps down (OnStepDown drops what it applied). It runs on
+// the node's goroutine.
+func (n *Node) halt(mb *member, err error) {
+	if mb.broken == nil {
+		mb.broken = err
+	}
+	unknown := fmt.Errorf("%w (%w)", err, group.ErrNotMaster)
+	for mb.waits.len() > 0 {
+		w := mb.waits.pop()
+		w.w.Committed(w.tag, unknown)
+	}
+	mb.deliverFrom.Store(0)
+	mb.deliverUntil.Store(0)
+	mb.delivering = false
+	if mb.master.Load() {
+		mb.master.Store(false)
+		n.cfg.OnStepDown(mb.id)
 	}
 }
 
@@ -221,18 +228,7 @@ func (n *Node) stopMember(mb *member, index uint64, err error) {
 	mb.stopped.Store(true)
 	n.log.Error("groups: a committed entry of the group cannot be applied; this broker stops serving the group (it does not skip the entry). Upgrade the broker if the entry is of a newer format, then restart it to catch up",
 		"group", g, "index", index, "err", err)
-	unknown := fmt.Errorf("%w (%w)", mb.broken, group.ErrNotMaster)
-	for mb.waits.len() > 0 {
-		w := mb.waits.pop()
-		w.w.Committed(w.tag, unknown)
-	}
-	mb.deliverFrom.Store(0)
-	mb.deliverUntil.Store(0)
-	mb.delivering = false
-	if mb.master.Load() {
-		mb.master.Store(false)
-		n.cfg.OnStepDown(g)
-	}
+	n.halt(mb, mb.broken)
 }
 
 // Stopped reports whether this node's member of group g stopped on a
