@@ -449,14 +449,19 @@ type proxiedTable struct {
 
 // proxyWriter is a proxied session's shards.Writer: it copies the frames
 // into the forwarding connection's buffer at once.
-type proxyWriter struct{ out groups.ProxyOut }
+type proxyWriter struct{ out frameSink }
 
+// frameSink is where a proxyWriter copies frames (groups.ProxyOut): false
+// once the connection to the proxying broker has closed.
+type frameSink interface{ Write(bufs [][]byte) bool }
+
+// WriteAsync copies bufs at once; done runs before it returns, and not at
+// all when it fails (shards.Writer: the caller then releases the bufs).
 func (w proxyWriter) WriteAsync(bufs [][]byte, done func()) error {
-	ok := w.out.Write(bufs)
-	done()
-	if !ok {
+	if !w.out.Write(bufs) {
 		return errProxyGone
 	}
+	done()
 	return nil
 }
 

@@ -295,3 +295,39 @@ func BenchmarkRetireAnswered(b *testing.B) {
 		b.Fatalf("%d left in flight", len(pending))
 	}
 }
+
+// closedSink is a frameSink whose connection has closed.
+type closedSink struct{}
+
+func (closedSink) Write([][]byte) bool { return false }
+
+// TestProxyWriterFailsWithoutDone: a proxied session's writer whose
+// connection to the proxying broker closed returns an error and does not
+// call done, as shards.Writer requires: the shard then releases the batch
+// itself. Before, it called done (which releases the batch to its pool)
+// and returned the error (on which the shard released it again): the pool
+// then handed one batch to two writes, and in the long chaos run a
+// consumer on the master got the same delivery twice and another
+// consumer's messages under its own tags, after a proxying broker died.
+func TestProxyWriterFailsWithoutDone(t *testing.T) {
+	calls := 0
+	err := proxyWriter{closedSink{}}.WriteAsync([][]byte{[]byte("frame")}, func() { calls++ })
+	if err == nil || calls != 0 {
+		t.Fatalf("write to a closed proxy connection: err %v, done called %d times (want an error and 0)", err, calls)
+	}
+	var sink recordingSink
+	err = proxyWriter{&sink}.WriteAsync([][]byte{[]byte("fra"), []byte("me")}, func() { calls++ })
+	if err != nil || calls != 1 || string(sink.b) != "frame" {
+		t.Fatalf("write to an open proxy connection: err %v, done called %d times, wrote %q (want nil, 1, \"frame\")", err, calls, sink.b)
+	}
+}
+
+// recordingSink is a frameSink that keeps what it is given.
+type recordingSink struct{ b []byte }
+
+func (r *recordingSink) Write(bufs [][]byte) bool {
+	for _, b := range bufs {
+		r.b = append(r.b, b...)
+	}
+	return true
+}

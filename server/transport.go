@@ -43,14 +43,20 @@ type gnetConn struct{ c gnet.Conn }
 // (shards.IovecsMax).
 // Once the batch is written (or buffered), the session's OutBuffered
 // takes the connection's outbound buffer, for the shards' cap.
+//
+// It never fails: gnet queues the write before it wakes the loop, and an
+// error waking it comes back after the write was queued, whose callback
+// (and so done) runs all the same; failing would have the caller release
+// the bufs while the loop still writes them (shards.Writer).
 func (g gnetConn) WriteAsync(bufs [][]byte, done func()) error {
-	return g.c.AsyncWritev(bufs, func(c gnet.Conn, _ error) error {
+	_ = g.c.AsyncWritev(bufs, func(c gnet.Conn, _ error) error {
 		done()
 		if cs, ok := c.Context().(*connState); ok && cs.sess != nil {
 			cs.sess.OutBuffered.Store(int64(c.OutboundBuffered()))
 		}
 		return nil
 	})
+	return nil
 }
 
 func (g gnetConn) send(frame []byte, closeAfter bool) error {

@@ -11,7 +11,10 @@ import (
 // Writer sends bytes on a session's connection. WriteAsync queues bufs to
 // be written in order and calls done once they are written or dropped; it is
 // safe from any goroutine and never blocks. The bufs stay untouched by the
-// caller until done runs.
+// caller until done runs. It either returns nil and calls done exactly
+// once, or returns an error and never calls done: the caller then takes
+// the bufs back at once (a batch released twice would be handed to two
+// writes at once, each sending the other's frames).
 type Writer interface {
 	WriteAsync(bufs [][]byte, done func()) error
 }
@@ -167,13 +170,19 @@ type outBatch struct {
 	pays   [][]byte
 	bodies []*Body
 	done   func()
+	// pooled: in the pool, not in use. A second release of a batch
+	// (a Writer that broke its contract) is then ignored rather than
+	// handing the batch to two writes at once.
+	pooled bool
 }
 
 var outBatchPool sync.Pool
 
 func getOutBatch() *outBatch {
 	if v := outBatchPool.Get(); v != nil {
-		return v.(*outBatch)
+		ob := v.(*outBatch)
+		ob.pooled = false
+		return ob
 	}
 	ob := &outBatch{}
 	ob.done = ob.release
@@ -181,6 +190,10 @@ func getOutBatch() *outBatch {
 }
 
 func (ob *outBatch) release() {
+	if ob.pooled {
+		return
+	}
+	ob.pooled = true
 	for i, b := range ob.bodies {
 		b.Unref()
 		ob.bodies[i] = nil
