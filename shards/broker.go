@@ -457,7 +457,7 @@ func (s *Shard) dropQueueSeqs(q *Queue, seqs *[]uint64) int {
 		q.busy.expireAt = 0 // its entry in the expiry index, if any, is stale
 	}
 	if q.replicated {
-		if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
+		if r := s.broker.loadReplicator(); r != nil && s.masters(q) {
 			// The removals release the group log: each member forgets
 			// the enqueues of the messages they remove when they commit.
 			// Those the group does not take now stay pending, and are

@@ -273,22 +273,28 @@ func (s *Shard) TryCall(f func(*Shard)) bool {
 // allows; not flagging one that was delivered would break it. It does
 // not wait, except for room in a full ring.
 func (b *Broker) GroupMastered(g uint32) {
+	call := groupMastered(g)
 	for _, s := range b.shards {
-		call := func(sh *Shard) {
-			for q := range sh.queues.all() {
-				if q.replicated && q.group == g {
-					if q.Depth() > 0 {
-						q.rareState().inheritedTo = q.nextSeq - 1
-					}
-					sh.markDirty(q)
-				}
-			}
-		}
 		for !s.TryCall(call) {
 			if b.ctx.Err() != nil {
 				return
 			}
 			time.Sleep(20 * time.Microsecond)
+		}
+	}
+}
+
+// groupMastered is GroupMastered's work on one shard.
+func groupMastered(g uint32) func(*Shard) {
+	return func(sh *Shard) {
+		sh.setMastered(g, true)
+		for q := range sh.queues.all() {
+			if q.replicated && q.group == g {
+				if q.Depth() > 0 {
+					q.rareState().inheritedTo = q.nextSeq - 1
+				}
+				sh.markDirty(q)
+			}
 		}
 	}
 }
@@ -321,27 +327,34 @@ func (b *Broker) GroupDelivering(g uint32) {
 // stopped being g's master and applies the committed log again. It waits
 // until every shard has done it.
 func (b *Broker) ResetGroup(g uint32) {
+	call := resetGroup(g)
 	for _, s := range b.shards {
-		_ = b.Call(s, func(sh *Shard) {
-			for q := range sh.queues.all() {
-				if !q.replicated || q.group != g {
-					continue
-				}
-				for seq := range q.acquiredMap() {
-					ev := Event{Kind: EvRemove, Seq: seq}
-					_ = q.Apply(&ev, sh)
-				}
-				ev := Event{Kind: EvPurge}
-				_ = q.Apply(&ev, sh)
-				q.resetProducers() // the log applied again rebuilds it
-				if q.rare != nil {
-					// Removals not taken: the log applied again puts
-					// their messages back.
-					q.rare.removing = q.rare.removing[:0]
-					q.rare.removeRefused = false
-				}
+		_ = b.Call(s, call)
+	}
+}
+
+// resetGroup is ResetGroup's work on one shard.
+func resetGroup(g uint32) func(*Shard) {
+	return func(sh *Shard) {
+		sh.setMastered(g, false)
+		for q := range sh.queues.all() {
+			if !q.replicated || q.group != g {
+				continue
 			}
-		})
+			for seq := range q.acquiredMap() {
+				ev := Event{Kind: EvRemove, Seq: seq}
+				_ = q.Apply(&ev, sh)
+			}
+			ev := Event{Kind: EvPurge}
+			_ = q.Apply(&ev, sh)
+			q.resetProducers() // the log applied again rebuilds it
+			if q.rare != nil {
+				// Removals not taken: the log applied again puts
+				// their messages back.
+				q.rare.removing = q.rare.removing[:0]
+				q.rare.removeRefused = false
+			}
+		}
 	}
 }
 

@@ -58,9 +58,11 @@ func TestReplicatedDeadLettersOnlyAtMaster(t *testing.T) {
 		t.Fatalf("follower's tick: source %d ready (want 2), %d dead letters (want 0), %d removals proposed (want 0)", q.Ready(), dlq.Ready(), len(r.removes))
 	}
 
-	// It becomes master (Broker.GroupMastered marks the queue): the
-	// expired message is dead-lettered once, and its removal proposed.
+	// It becomes master (Broker.GroupMastered tells the shard, in ring
+	// order, and marks the queue): the expired message is dead-lettered
+	// once, and its removal proposed.
 	r.master = true
+	s.setMastered(q.group, true)
 	s.markDirty(q)
 	s.dispatchDirty()
 	s.tick()
@@ -73,11 +75,13 @@ func TestReplicatedDeadLettersOnlyAtMaster(t *testing.T) {
 	// message is not dead-lettered, on the master it is.
 	q.Options.MaxLength, q.Options.Overflow = 1, wire.OverflowDropHead
 	r.master, r.removes = false, nil
+	s.setMastered(q.group, false)
 	s.ApplyEnqueue(q, 3, body("drops 2"), 0, 0, 0, 0)
 	if q.Ready() != 1 || dlq.Ready() != 1 {
 		t.Fatalf("follower's drop-head: source %d ready (want 1), %d dead letters (want 1)", q.Ready(), dlq.Ready())
 	}
 	r.master = true
+	s.setMastered(q.group, true)
 	s.ApplyEnqueue(q, 4, body("drops 3"), 0, 0, 0, 0)
 	s.flushRemoves()
 	if q.Ready() != 1 || dlq.Ready() != 2 || !slices.Equal(slices.Concat(r.removes...), []uint64{3}) {

@@ -31,6 +31,7 @@ func TestDeletedReplicatedQueueReleasesLog(t *testing.T) {
 	s, q, _ := replicatedShard(t, 0)
 	r := &skipRecorder{refusingReplicator: refusingReplicator{refuse: 1, code: wire.CodeUnavailable}}
 	s.broker.SetReplicator(r)
+	s.setMastered(q.group, true) // this broker masters q's group (Broker.GroupMastered)
 	body := func() *Body { return NewBody(nil, []byte("rq"), nil, []byte("m"), true) }
 	for seq := uint64(1); seq <= 3; seq++ {
 		s.ApplyEnqueue(q, seq, body(), 0, 0, 0, 0)

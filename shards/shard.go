@@ -115,6 +115,17 @@ type Shard struct {
 	// removing lists the replicated queues with removals not proposed
 	// yet (Queue.removing); flushRemoves proposes them.
 	removing []*Queue
+	// mastered[g]: this shard took Broker.GroupMastered(g) from its ring,
+	// and no Broker.ResetGroup(g) since. The node readies a mastership
+	// only after it handed the shards every entry the new master
+	// inherited, and pushes GroupMastered behind them on the same ring,
+	// so with it set this shard's copies of g's queues hold every event
+	// an earlier master committed. The Replicator's IsMaster and
+	// Delivering are the node's view, which runs ahead of the ring:
+	// without this a new master could deliver a message whose removal
+	// (its accept, committed under the old master) it had not applied
+	// yet. masters and delivers ask both.
+	mastered []bool
 	// dlHeld is the replicated message DeadLetter just sent on, whose
 	// removal waits for its targets.
 	dlHeld *Entry
@@ -279,7 +290,7 @@ func (s *Shard) handle(c *Command) {
 		s.queues.add(c.Queue)
 	case opDeadLettered:
 		if q := c.Queue; q.replicated {
-			if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
+			if s.masters(q) {
 				s.noteRemoved(q, c.CmdID)
 			}
 		} else if s.journal != nil {
@@ -701,25 +712,43 @@ func (s *Shard) expireDue() {
 }
 
 // masters reports whether this broker decides for q: q is not
-// replicated, or this broker is its group's master. Only that broker
-// expires and dead-letters q's messages.
+// replicated, or this broker is its group's master and this shard has
+// applied what it inherited (Shard.mastered). Only that broker
+// dead-letters q's messages and proposes their removals.
 func (s *Shard) masters(q *Queue) bool {
 	if !q.replicated {
 		return true
 	}
 	r := s.broker.loadReplicator()
-	return r != nil && r.IsMaster(q.group)
+	return r != nil && s.hasMastered(q.group) && r.IsMaster(q.group)
 }
 
 // delivers reports whether this broker hands out q's messages now: q is
-// not replicated, or this broker is its group's master and holds its
-// lease (Replicator.Delivering). Expiry waits for it like delivery.
+// not replicated, or this broker is its group's master, this shard has
+// applied what it inherited (Shard.mastered), and it holds its lease
+// (Replicator.Delivering). Expiry waits for it like delivery.
 func (s *Shard) delivers(q *Queue) bool {
 	if !q.replicated {
 		return true
 	}
 	r := s.broker.loadReplicator()
-	return r != nil && r.Delivering(q.group)
+	return r != nil && s.hasMastered(q.group) && r.Delivering(q.group)
+}
+
+// hasMastered reports Shard.mastered[g].
+func (s *Shard) hasMastered(g uint32) bool {
+	return int(g) < len(s.mastered) && s.mastered[g]
+}
+
+// setMastered sets Shard.mastered[g].
+func (s *Shard) setMastered(g uint32, on bool) {
+	if int(g) >= len(s.mastered) {
+		if !on {
+			return
+		}
+		s.mastered = append(s.mastered, make([]bool, int(g)+1-len(s.mastered))...)
+	}
+	s.mastered[g] = on
 }
 
 // dispatchDirty hands ready messages to consumers with credit, round robin.
@@ -733,13 +762,12 @@ func (s *Shard) dispatchDirty() {
 }
 
 func (s *Shard) dispatch(q *Queue) {
-	if q.replicated {
-		// Only the group's master delivers, and only under its lease
-		// (a master the controller replaced may not know it yet); a
-		// follower holds the messages for when it becomes master.
-		if r := s.broker.loadReplicator(); r == nil || !r.Delivering(q.group) {
-			return
-		}
+	// Only the group's master delivers, once its shards applied what it
+	// inherited, and only under its lease (a master the controller
+	// replaced may not know it yet); a follower holds the messages for
+	// when it becomes master.
+	if !s.delivers(q) {
+		return
 	}
 	for {
 		ev, ok := q.NextDelivery(s.now)
@@ -893,7 +921,7 @@ func (s *Shard) Removed(q *Queue, e *Entry) {
 		// when it commits.
 		if s.dlHeld == e {
 			s.dlHeld = nil // its dead letter is on the way (DeadLetter)
-		} else if r := s.broker.loadReplicator(); r != nil && r.IsMaster(q.group) {
+		} else if s.masters(q) {
 			s.noteRemoved(q, e.Seq)
 		}
 	}
