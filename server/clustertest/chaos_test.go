@@ -48,6 +48,14 @@ type chaosQueue struct {
 	acceptedBack int
 	published    int
 	restarts     int // the consumer subscribed again after Consume ended
+	// history is each message's deliveries and settles as the clients
+	// saw them, printed for the messages a check fails on.
+	history map[int][]string
+}
+
+// note adds an event to message i's history; q.mu is held.
+func (q *chaosQueue) note(start time.Time, i int, format string, args ...any) {
+	q.history[i] = append(q.history[i], fmt.Sprintf("%6dms ", time.Since(start).Milliseconds())+fmt.Sprintf(format, args...))
 }
 
 // TestClusterChaos: three real brokers (R3), one replicated queue per
@@ -121,7 +129,7 @@ func TestClusterChaos(t *testing.T) {
 		if g := server.GroupOf(name, groups); !taken[g] {
 			taken[g] = true
 			queues = append(queues, &chaosQueue{name: name, completed: map[int]bool{}, failed: map[int]bool{}, refused: map[int]bool{}, errs: map[string]int{},
-				accepted: map[int]bool{}, acceptUnknown: map[int]bool{}, seenLive: map[int]bool{}})
+				accepted: map[int]bool{}, acceptUnknown: map[int]bool{}, seenLive: map[int]bool{}, history: map[int][]string{}})
 		}
 	}
 	for _, q := range queues {
@@ -148,6 +156,12 @@ func TestClusterChaos(t *testing.T) {
 
 	policy := func() *client.ReconnectPolicy {
 		return &client.ReconnectPolicy{DelayMin: 20 * time.Millisecond, DelayMax: 300 * time.Millisecond, MaxTime: run + time.Minute}
+	}
+	start := time.Now()
+	t.Logf("clients start at %s (the times below count from it)", start.UTC().Format("15:04:05.000"))
+	var suspects []struct {
+		q *chaosQueue
+		i int
 	}
 	wctx, stopWork := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -248,17 +262,27 @@ func TestClusterChaos(t *testing.T) {
 						q.mu.Lock()
 						defer q.mu.Unlock()
 						q.delivered++
+						q.note(start, i, "deliver to c%d.%d via %s tag %d count %d redelivered %v", ci, con.ID(), conn.Addr(), d.Tag, d.DeliveryCount, d.Redelivered)
+						bad := false
 						if q.accepted[i] {
 							q.acceptedBack++
+							bad = true
 							if q.acceptedBack <= 5 {
 								t.Errorf("%s: message %d delivered again after its accept completed", q.name, i)
 							}
 						}
 						if q.seenLive[i] && !d.Redelivered {
 							q.unflagged++
+							bad = true
 							if q.unflagged <= 5 {
 								t.Errorf("%s: message %d delivered again without the redelivered flag", q.name, i)
 							}
+						}
+						if bad && len(suspects) < 5 {
+							suspects = append(suspects, struct {
+								q *chaosQueue
+								i int
+							}{q, i})
 						}
 						q.seenLive[i] = true
 						return nil
@@ -266,6 +290,7 @@ func TestClusterChaos(t *testing.T) {
 						i, _ := strconv.Atoi(string(d.Payload))
 						q.mu.Lock()
 						defer q.mu.Unlock()
+						q.note(start, i, "settled by c%d.%d tag %d: %v", ci, con.ID(), d.Tag, err)
 						if err == nil {
 							q.accepted[i] = true
 						} else {
@@ -280,6 +305,7 @@ func TestClusterChaos(t *testing.T) {
 					q.mu.Lock()
 					q.restarts++
 					q.mu.Unlock()
+					t.Logf("%dms: %s consumer c%d.%d ended", time.Since(start).Milliseconds(), q.name, ci, con.ID())
 					t.Logf("%s consumer ended (%v); subscribing again", q.name, err)
 					cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
 					_ = con.Cancel(cctx)
@@ -301,7 +327,7 @@ func TestClusterChaos(t *testing.T) {
 			m := c.nodes[(slices.Index(c.nodes, n)+1+rng.IntN(len(c.nodes)-1))%len(c.nodes)]
 			d := time.Duration(300+rng.IntN(1700)) * time.Millisecond
 			if rng.IntN(2) == 0 {
-				t.Logf("%v: kill -9 %s and %s, restart after %v", time.Until(end).Round(time.Millisecond), n.name, m.name, d)
+				t.Logf("%dms: kill -9 %s and %s, restart after %v", time.Since(start).Milliseconds(), n.name, m.name, d)
 				n.kill()
 				m.kill()
 				time.Sleep(d)
@@ -311,7 +337,7 @@ func TestClusterChaos(t *testing.T) {
 				m.waitUp(t, 30*time.Second)
 				faults["kill two"]++
 			} else {
-				t.Logf("%v: SIGSTOP %s and %s for %v", time.Until(end).Round(time.Millisecond), n.name, m.name, d)
+				t.Logf("%dms: SIGSTOP %s and %s for %v", time.Since(start).Milliseconds(), n.name, m.name, d)
 				n.signal(syscall.SIGSTOP)
 				m.signal(syscall.SIGSTOP)
 				time.Sleep(d)
@@ -324,7 +350,7 @@ func TestClusterChaos(t *testing.T) {
 		switch rng.IntN(3) {
 		case 0:
 			down := time.Duration(200+rng.IntN(1800)) * time.Millisecond
-			t.Logf("%v: kill -9 %s, restart after %v", time.Until(end).Round(time.Millisecond), n.name, down)
+			t.Logf("%dms: kill -9 %s, restart after %v", time.Since(start).Milliseconds(), n.name, down)
 			n.kill()
 			time.Sleep(down)
 			n.start(t)
@@ -332,7 +358,7 @@ func TestClusterChaos(t *testing.T) {
 			faults["kill"]++
 		default:
 			frozen := time.Duration(300+rng.IntN(2200)) * time.Millisecond
-			t.Logf("%v: SIGSTOP %s for %v", time.Until(end).Round(time.Millisecond), n.name, frozen)
+			t.Logf("%dms: SIGSTOP %s for %v", time.Since(start).Milliseconds(), n.name, frozen)
 			n.signal(syscall.SIGSTOP)
 			time.Sleep(frozen)
 			n.signal(syscall.SIGCONT)
@@ -340,6 +366,16 @@ func TestClusterChaos(t *testing.T) {
 		}
 	}
 
+	defer func() {
+		if !t.Failed() {
+			return
+		}
+		for _, sp := range suspects {
+			sp.q.mu.Lock()
+			t.Logf("%s message %d:\n  %s", sp.q.name, sp.i, strings.Join(sp.q.history[sp.i], "\n  "))
+			sp.q.mu.Unlock()
+		}
+	}()
 	// Heal: every group whole again, as the controller records it.
 	for g := range uint32(groups) {
 		c.waitServing(g)

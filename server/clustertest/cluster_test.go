@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -80,6 +81,27 @@ func (n *node) kill() {
 
 func (n *node) logTail() string { return testutil.FileTail(n.logPath, 4000) }
 
+// keepLog copies a failed test's whole broker log into the directory
+// BERTH_TEST_KEEP_LOGS names, if it names one (the test's own temporary
+// directory goes when it ends).
+func keepLog(t testing.TB, n *node) {
+	dir := os.Getenv("BERTH_TEST_KEEP_LOGS")
+	if dir == "" {
+		return
+	}
+	b, err := os.ReadFile(n.logPath)
+	if err == nil {
+		err = os.MkdirAll(dir, 0o755)
+	}
+	if err == nil {
+		name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()) + "." + n.name + ".log"
+		err = os.WriteFile(filepath.Join(dir, name), b, 0o644)
+	}
+	if err != nil {
+		t.Logf("keeping %s's log: %v", n.name, err)
+	}
+}
+
 // startGroup starts len(roles) berthd processes forming one controller
 // group; role "broker" embeds a member, "controller" runs only one.
 func startGroup(t testing.TB, roles ...string) []*node {
@@ -119,6 +141,7 @@ func startGroupEach(t testing.TB, each func(i int, n *node) []string, roles ...s
 			n.kill()
 			if t.Failed() {
 				t.Logf("%s log:\n%s", n.name, n.logTail())
+				keepLog(t, n)
 			}
 		}
 	})
