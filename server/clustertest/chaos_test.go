@@ -48,13 +48,26 @@ type chaosQueue struct {
 	acceptedBack int
 	published    int
 	restarts     int // the consumer subscribed again after Consume ended
-	// history is each message's deliveries and settles as the clients
-	// saw them, printed for the messages a check fails on.
-	history map[int][]string
+	// history is each recent message's deliveries and settles as the
+	// clients saw them, printed for the messages a check fails on
+	// (suspect, which are kept); older ones are dropped as the numbers
+	// grow (pruned up to prunedTo), to bound the memory of a long run.
+	history  map[int][]string
+	suspect  map[int]bool
+	prunedTo int
 }
 
 // note adds an event to message i's history; q.mu is held.
 func (q *chaosQueue) note(start time.Time, i int, format string, args ...any) {
+	const keep = 50_000
+	if i-keep > q.prunedTo+keep {
+		for k := range q.history {
+			if k < i-keep && !q.suspect[k] {
+				delete(q.history, k)
+			}
+		}
+		q.prunedTo = i - keep
+	}
 	q.history[i] = append(q.history[i], fmt.Sprintf("%6dms ", time.Since(start).Milliseconds())+fmt.Sprintf(format, args...))
 }
 
@@ -129,7 +142,7 @@ func TestClusterChaos(t *testing.T) {
 		if g := server.GroupOf(name, groups); !taken[g] {
 			taken[g] = true
 			queues = append(queues, &chaosQueue{name: name, completed: map[int]bool{}, failed: map[int]bool{}, refused: map[int]bool{}, errs: map[string]int{},
-				accepted: map[int]bool{}, acceptUnknown: map[int]bool{}, seenLive: map[int]bool{}, history: map[int][]string{}})
+				accepted: map[int]bool{}, acceptUnknown: map[int]bool{}, seenLive: map[int]bool{}, history: map[int][]string{}, suspect: map[int]bool{}})
 		}
 	}
 	for _, q := range queues {
@@ -278,7 +291,8 @@ func TestClusterChaos(t *testing.T) {
 								t.Errorf("%s: message %d delivered again without the redelivered flag", q.name, i)
 							}
 						}
-						if bad && len(suspects) < 5 {
+						if bad && len(suspects) < 5 && !q.suspect[i] {
+							q.suspect[i] = true
 							suspects = append(suspects, struct {
 								q *chaosQueue
 								i int
