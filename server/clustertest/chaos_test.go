@@ -73,7 +73,7 @@ func (q *chaosQueue) note(start time.Time, i int, format string, args ...any) {
 
 // TestClusterChaos: three real brokers (R3), one replicated queue per
 // group, a reconnecting producer and reconnecting accepting consumers
-// per queue (one in make test, one per broker in the long runs), each on
+// per queue (one per broker), each on
 // any broker (the brokers forward and proxy), and
 // a schedule of faults: kill -9 of a broker and its restart, or SIGSTOP
 // past the controller's broker timeout and SIGCONT, one broker at a time,
@@ -105,16 +105,12 @@ func TestClusterChaos(t *testing.T) {
 	// BERTH_CHAOS_DOUBLE=1 makes a quarter of the faults hit two brokers
 	// at once.
 	double := os.Getenv("BERTH_CHAOS_DOUBLE") != ""
-	// Consumers per queue: one in make test, as before issue 25; one
-	// per broker (BERTH_CHAOS_CONSUMERS sets it) in the long runs. With
-	// a consumer on every broker the long runs find an open defect: a
-	// consumer handed again, without the redelivered flag, messages
-	// whose accepts had completed (after 70 s of faults in a 3 min run);
-	// its mechanism is not found yet (session 13's closing note).
-	consumers := 1
-	if os.Getenv("BERTH_CHAOS") != "" {
-		consumers = 3
-	}
+	// Consumers per queue: one per broker (BERTH_CHAOS_CONSUMERS sets
+	// it), so that whichever broker masters a queue's group has a local
+	// consumer beside the proxied ones. That found, in session 13's long
+	// runs, a master's consumers handed one another's deliveries after a
+	// proxying broker died (a write batch released twice).
+	consumers := 3
 	if v := os.Getenv("BERTH_CHAOS_CONSUMERS"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 16 {
