@@ -14,7 +14,7 @@ PKGS      := ./...
 # linearizability checker's self-test, and TestNoMajority (a broker
 # started in-process without a controller majority), which loses its
 # -race run.
-RACE_PKGS := ./ring/... ./shards/... ./server ./server/groups ./server/wiring \
+RACE_PKGS := ./ring/... ./shards/... ./server ./replication/groups ./server/wiring \
 	./client/... ./journal/... ./controlplane/... ./perf/... ./tools/... ./internal/...
 
 .PHONY: cluster certs all build run check test test-race test-plain test-berthd test-race-procs bench bench-forward bench-delayed bench-backlog bench-restart fuzz hostile vet crash soak chaos clean release deb
@@ -87,7 +87,7 @@ test-berthd:
 # that take longest are named first, so that they start first and the
 # short ones fill in around them (docs/TESTING.md has the times).
 TEST_P     ?= 2
-FIRST_PKGS := ./server/clustertest ./server ./client ./shards/group ./tools/berthctl ./packaging ./server/crashtest
+FIRST_PKGS := ./server/clustertest ./server ./client ./replication/group ./tools/berthctl ./packaging ./server/crashtest
 
 # vet also fails when go.mod or go.sum is not as `go mod tidy` leaves it.
 vet:

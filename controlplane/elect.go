@@ -9,7 +9,7 @@ import (
 
 // preferNewEpoch is the preferred broker a group's master names when it
 // asks for a new epoch of a group it mastered before it restarted
-// (server/groups): no broker has the id, so the election moves the epoch
+// (replication/groups): no broker has the id, so the election moves the epoch
 // on and the live master may win it again.
 const preferNewEpoch = math.MaxUint32
 

@@ -228,7 +228,7 @@ func BenchmarkStorageCompare(b *testing.B) {
 }
 
 // BenchmarkGroupLogStores weighs the two ways to keep the replication
-// groups' logs (server/groups) for a broker with 12 groups that each get
+// groups' logs (replication/groups) for a broker with 12 groups that each get
 // a batch of 16 records of 128 bytes per round, every record durable at
 // the round's end: one tidwall/wal log per group (consecutive indexes,
 // truncation at both ends: the model the card names for a group's log),

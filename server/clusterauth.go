@@ -11,7 +11,7 @@ import (
 	"github.com/berthmq/berth/internal/peerauth"
 )
 
-// Proof of cluster membership on the peer port (server/groups) and the
+// Proof of cluster membership on the peer port (replication/groups) and the
 // controller port (controlplane): with Config.ClusterCA/ClusterCert/
 // ClusterKey (mutual TLS) or ClusterSecretFile (a shared secret), every
 // connection proves it before its first frame, both ways

@@ -3,7 +3,7 @@ package server
 // Forwarding to group masters. A broker that takes a publish for a
 // replicated queue whose group it does not master (a follower, or a broker
 // outside the group's replica set) forwards the enqueue event to the
-// group's master (server/groups forward.go), and completes the client's
+// group's master (replication/groups forward.go), and completes the client's
 // command with the master's answer: once the event committed and applied
 // on the master, or with its refusal (queue full, fewer in sync than
 // min-sync-replicas, no longer master). A forward whose outcome is unknown
@@ -27,7 +27,7 @@ import (
 	"fmt"
 
 	groupevent "github.com/berthmq/berth/replication/event"
-	"github.com/berthmq/berth/server/groups"
+	"github.com/berthmq/berth/replication/groups"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
 )

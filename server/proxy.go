@@ -35,7 +35,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/berthmq/berth/server/groups"
+	"github.com/berthmq/berth/replication/groups"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
 )

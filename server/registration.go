@@ -46,7 +46,7 @@ import (
 	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/replication/event"
-	"github.com/berthmq/berth/server/groups"
+	"github.com/berthmq/berth/replication/groups"
 	"github.com/berthmq/berth/wire"
 )
 

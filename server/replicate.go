@@ -17,7 +17,7 @@ package server
 // A purge is replicated as the removes of its messages, a delete as those
 // removes and a delete event, at which the followers drop their copy. The
 // group log is compacted up to its oldest message still in a queue
-// (server/groups): every member forgets the enqueue of a message when
+// (replication/groups): every member forgets the enqueue of a message when
 // its removal commits, or when a follower drops it with its queue; a
 // message never consumed keeps the log after it, on disk and at about 48
 // bytes an event in memory.
@@ -33,9 +33,9 @@ import (
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/replication/event"
-	"github.com/berthmq/berth/server/groups"
+	"github.com/berthmq/berth/replication/group"
+	"github.com/berthmq/berth/replication/groups"
 	"github.com/berthmq/berth/shards"
-	"github.com/berthmq/berth/shards/group"
 	"github.com/berthmq/berth/wire"
 )
 

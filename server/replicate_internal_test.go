@@ -6,9 +6,9 @@ import (
 	"testing"
 
 	"github.com/berthmq/berth/replication/event"
-	"github.com/berthmq/berth/server/groups"
+	"github.com/berthmq/berth/replication/group"
+	"github.com/berthmq/berth/replication/groups"
 	"github.com/berthmq/berth/shards"
-	"github.com/berthmq/berth/shards/group"
 	"github.com/berthmq/berth/wire"
 )
 

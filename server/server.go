@@ -29,7 +29,7 @@ import (
 	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/internal/peerauth"
 	"github.com/berthmq/berth/journal"
-	"github.com/berthmq/berth/server/groups"
+	"github.com/berthmq/berth/replication/groups"
 	"github.com/berthmq/berth/server/wiring"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
@@ -132,7 +132,7 @@ type Config struct {
 	ControllerLeaderGrace   time.Duration
 	// GroupRebalance is how often a group's master looks for a
 	// preferred master back in sync to hand the group over to
-	// (server/groups/rebalance.go): 0 means groups.RebalanceDefault, a
+	// (replication/groups/rebalance.go): 0 means groups.RebalanceDefault, a
 	// negative value turns it off.
 	GroupRebalance time.Duration
 	// GroupLag is how long a group's follower may go without

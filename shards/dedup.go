@@ -15,7 +15,7 @@ package shards
 // queues keep it in memory only.
 //
 // What the state is rebuilt from is what the log or journal still holds:
-// a compacted group log (server/groups) and a compacted journal keep only
+// a compacted group log (replication/groups) and a compacted journal keep only
 // the enqueues of messages still in the queue, so a broker that restarts,
 // a master that steps down and applies the log again, and a follower
 // reset by an install forget the producers of messages already consumed.

@@ -10,7 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/berthmq/berth/journal"
-	"github.com/berthmq/berth/shards/group"
+	"github.com/berthmq/berth/replication/group"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -75,7 +75,7 @@ import (
 // replicated message's body aliases its enqueue event's data in the group
 // log (server/replicate.go), so the bytes go only when both let go:
 //
-//   - the log is the group node's (server/groups, one goroutine), the
+//   - the log is the group node's (replication/groups, one goroutine), the
 //     body the shard's. Neither takes a lock or waits for the other on
 //     the publish path. The shard publishes "above the high watermark"
 //     once per loop (Paging, an atomic). The node, applying a committed
@@ -116,12 +116,12 @@ const EntryBytes = int64(unsafe.Sizeof(Entry{})) + int64(unsafe.Sizeof((*Entry)(
 
 // logEntryBytes is what a replicated message costs in its group log
 // beyond its body: the log's slot and the node's journal position
-// (server/groups.PositionBytes: an offset from its chunk's base). One
+// (replication/groups.PositionBytes: an offset from its chunk's base). One
 // whose event's data the log holds (not paged) also costs the log
 // group.HeldBytes, not counted: its body is, and the two go together.
 const logEntryBytes = group.SlotBytes + positionBytes
 
-// positionBytes is server/groups.PositionBytes, which this package
+// positionBytes is replication/groups.PositionBytes, which this package
 // cannot import.
 const positionBytes = 4
 

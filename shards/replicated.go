@@ -8,7 +8,7 @@ import (
 )
 
 // Replicator carries the events of replicated queues through their
-// replication group's log (server/groups). A replicated queue's messages
+// replication group's log (replication/groups). A replicated queue's messages
 // live in the group log, not in the shard's journal: the group's master
 // proposes each enqueue and each removal, and every member of the group,
 // the master included, applies them when they commit (ApplyEnqueue,

@@ -230,7 +230,7 @@ func BenchmarkReplicatedConsumeBacklog(b *testing.B) {
 // TestReplicatedPagedIndexBytes: a paged replicated message costs the
 // shard its Entry and its ring slot, EntryBytes (56), and the budget
 // counts EntryBytes + logEntryBytes (64) for it, the group log's slot and
-// journal position included (measured in shards/group and server/groups:
+// journal position included (measured in replication/group and replication/groups:
 // TestPagedEntryBytes, TestNodePagedEntryBytes). Measured as the heap
 // after GC, with the group journal's records written beforehand, over
 // 2^17 messages (the ring's size, so it has no slack).

@@ -21,7 +21,7 @@ const (
 	GroupAppend     uint8 = 1
 	GroupAppendResp uint8 = 2
 	// GroupInstall has an Append's fields and no entries: the master's
-	// log starts after PrevIndex (shards/group MsgInstall).
+	// log starts after PrevIndex (replication/group MsgInstall).
 	GroupInstall uint8 = 3
 )
 
@@ -33,7 +33,7 @@ type GroupEntry struct {
 }
 
 // GroupMessage is one replication message of one group between two of
-// its members (shards/group defines what the fields mean).
+// its members (replication/group defines what the fields mean).
 type GroupMessage struct {
 	Group    uint32
 	Kind     uint8

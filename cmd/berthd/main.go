@@ -31,8 +31,8 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/internal/version"
+	"github.com/berthmq/berth/replication/groups"
 	"github.com/berthmq/berth/server"
-	"github.com/berthmq/berth/server/groups"
 )
 
 func main() {

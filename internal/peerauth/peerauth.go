@@ -1,7 +1,7 @@
 // Package peerauth proves, when a connection between members of a Berth
 // cluster opens and before either end reads a frame from it, that the
 // other end belongs to the cluster. It guards the broker-to-broker port
-// (server/groups) and the controller port (controlplane, and its clients:
+// (replication/groups) and the controller port (controlplane, and its clients:
 // brokers and berthctl).
 //
 // Two proofs, either or both:

@@ -49,7 +49,7 @@
 // this package writes (ErrNewerVersion), a flag bit it does not know
 // (ErrUnknownFlags) and a malformed body (ErrMalformed) are all errors,
 // and a member that meets one in a committed entry stops serving the
-// group and says so (server/groups: it leaves the SyncStateSet); it
+// group and says so (replication/groups: it leaves the SyncStateSet); it
 // never applies the events after it. A new optional part therefore
 // needs a new flag bit or version that only a cluster whose every member
 // reads it may write: the cluster version decides when masters start

@@ -9,7 +9,7 @@ import (
 
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/ctlclient"
-	"github.com/berthmq/berth/server/groups"
+	"github.com/berthmq/berth/replication/groups"
 )
 
 // clusterCmd: "cluster init" sets the cluster's group count and mode;

@@ -15,7 +15,7 @@ import (
 // 256 proposers (-proposers) each wait for their entry's commit before the next, so
 // the figure is committed entries per second with 256 in flight.
 //
-//	go test ./server/groups -run '^$' -bench GroupReplication -benchtime 20000x
+//	go test ./replication/groups -run '^$' -bench GroupReplication -benchtime 20000x
 func BenchmarkGroupReplication(b *testing.B) {
 	for _, size := range []int{128, 1024} {
 		b.Run(fmt.Sprintf("size=%d", size), func(b *testing.B) {
@@ -79,7 +79,7 @@ func (w *countWaiter) Committed(_ uint64, err error) {
 // transport's per committed entry (the entry's data is made once, outside
 // the loop, as the caller owns it).
 //
-//	go test ./server/groups -run '^$' -bench ProposeAsync -benchmem -benchtime 200000x
+//	go test ./replication/groups -run '^$' -bench ProposeAsync -benchmem -benchtime 200000x
 func BenchmarkProposeAsync(b *testing.B) {
 	c := newTestCluster(b)
 	c.discard.Store(true)

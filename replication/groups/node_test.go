@@ -15,7 +15,7 @@ import (
 
 	"github.com/berthmq/berth/internal/testutil"
 	"github.com/berthmq/berth/journal"
-	"github.com/berthmq/berth/shards/group"
+	"github.com/berthmq/berth/replication/group"
 	"github.com/berthmq/berth/wire"
 )
 

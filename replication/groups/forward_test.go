@@ -159,7 +159,7 @@ func TestForwarderWindow(t *testing.T) {
 // the forwarding side's cost per forward, and its allocations (the frame
 // goes into a reused buffer; done is one func for all).
 //
-//	go test ./server/groups -run '^$' -bench Forward -benchmem
+//	go test ./replication/groups -run '^$' -bench Forward -benchmem
 func BenchmarkForward(b *testing.B) {
 	tr, _ := masterStub(b)
 	defer tr.Close()

@@ -17,7 +17,7 @@ import (
 	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/internal/peerauth"
 	"github.com/berthmq/berth/journal"
-	"github.com/berthmq/berth/shards/group"
+	"github.com/berthmq/berth/replication/group"
 	"github.com/berthmq/berth/wire"
 )
 

@@ -14,7 +14,7 @@ import (
 
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/journal"
-	"github.com/berthmq/berth/shards/group"
+	"github.com/berthmq/berth/replication/group"
 	"github.com/berthmq/berth/wire"
 )
 

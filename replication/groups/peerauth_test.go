@@ -131,7 +131,7 @@ func TestTransportClusterAuth(t *testing.T) {
 // connection set-up only) and mutual TLS (every byte encrypted), 1024 in
 // flight. What mutual TLS costs the replication traffic.
 //
-//	go test ./server/groups -run '^$' -bench TransportAuth -benchmem
+//	go test ./replication/groups -run '^$' -bench TransportAuth -benchmem
 func BenchmarkTransportAuth(b *testing.B) {
 	files, err := certgen.Init(b.TempDir(), certgen.Spec{Nodes: 2})
 	if err != nil {

@@ -218,7 +218,7 @@ func (s *sim) fail(format string, args ...any) {
 		states = append(states, st)
 	}
 	tail = append(tail, states...)
-	s.t.Fatalf("seed %d, tick %d: %s\n(replay: BERTH_GROUP_SEED=%d go test ./shards/group -run TestGroupSimulation)\nlast events:\n  %s",
+	s.t.Fatalf("seed %d, tick %d: %s\n(replay: BERTH_GROUP_SEED=%d go test ./replication/group -run TestGroupSimulation)\nlast events:\n  %s",
 		s.seed, s.now, fmt.Sprintf(format, args...), s.seed, strings.Join(tail, "\n  "))
 }
 
@@ -394,7 +394,7 @@ func (s *sim) process(n *simNode) {
 		s.send(simMsg{kind: smAlter, from: n.id, to: ctlID, epoch: rd.AlterSet.Epoch, set: rd.AlterSet.Set, prior: rd.AlterSet.From})
 	}
 	// A member that stops serving as master applies the committed log
-	// again from the first entry (server/groups does the same): what it
+	// again from the first entry (replication/groups does the same): what it
 	// applies must be the same history.
 	if serving := n.m.Serving(); serving != n.serving {
 		n.serving = serving

@@ -1,7 +1,7 @@
 // Package groups runs a broker's replication groups: the peer transport
 // between brokers (port 7401 by default; with cluster credentials every
 // connection proves membership before its first frame, internal/peerauth),
-// a Node that drives the shards/group state machines of the groups the
+// a Node that drives the replication/group state machines of the groups the
 // controller placed on this broker with a write-ahead journal on disk,
 // the Manager that follows the controller, and the Forwarder that sends
 // events taken for other brokers' groups to those groups' masters
