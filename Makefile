@@ -14,7 +14,7 @@ PKGS      := ./...
 # linearizability checker's self-test, and TestNoMajority (a broker
 # started in-process without a controller majority), which loses its
 # -race run.
-RACE_PKGS := ./ring/... ./shards/... ./server ./replication/groups ./server/wiring \
+RACE_PKGS := ./ring/... ./shards/... ./server ./replication/... ./server/wiring \
 	./client/... ./journal/... ./controlplane/... ./perf/... ./tools/... ./internal/...
 
 .PHONY: cluster certs all build run check test test-race test-plain test-berthd test-race-procs bench bench-forward bench-delayed bench-backlog bench-restart fuzz hostile vet crash soak chaos clean release deb
