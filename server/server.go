@@ -37,12 +37,15 @@ import (
 
 // Config configures a Server.
 type Config struct {
-	ClientAddr   string // host:port; port 0 picks a free one
-	AdminAddr    string // "" = no admin HTTP
-	DataDir      string
-	Shards       int
-	Loops        int
-	HeartbeatMs  uint32 // default heartbeat interval offered to clients
+	ClientAddr string // host:port; port 0 picks a free one
+	AdminAddr  string // "" = no admin HTTP
+	DataDir    string
+	Shards     int
+	Loops      int
+	// Heartbeat is the heartbeat interval offered to clients that ask
+	// for none; WELCOME carries it in whole milliseconds (1 ms to
+	// 2^32-1 ms).
+	Heartbeat    time.Duration
 	FrameSizeMax uint32 // largest frame the server accepts
 	WindowMax    uint32 // most uncompleted commands per session
 	CreditMax    uint32 // most credit per consumer
@@ -62,10 +65,12 @@ type Config struct {
 	HandshakeTimeout time.Duration
 	Logger           *slog.Logger
 	ServerName       string
-	// Fsync is the journal's policy: "always" (default; a completion
-	// follows the fsync that covers its record) or "never" (a completion
-	// follows the write; unsafe: a machine crash loses completed work).
-	Fsync string
+	// Fsync is the journal's policy, for the shards' journals and the
+	// group journal: journal.FsyncAlways (the zero value; a completion
+	// follows the fsync that covers its record) or journal.FsyncNever (a
+	// completion follows the write; unsafe: a machine crash loses
+	// completed work).
+	Fsync journal.FsyncPolicy
 	// JournalFS, if set, replaces the real file system under the journal
 	// (tests inject faults with it).
 	JournalFS journal.FS
@@ -198,7 +203,7 @@ func DefaultConfig() Config {
 		ClientAddr:       "127.0.0.1:7400",
 		AdminAddr:        "127.0.0.1:7480",
 		DataDir:          "data",
-		HeartbeatMs:      5000,
+		Heartbeat:        5 * time.Second,
 		FrameSizeMax:     wire.FrameSizeDefault,
 		WindowMax:        1 << 16,
 		CreditMax:        1 << 16,
@@ -207,9 +212,13 @@ func DefaultConfig() Config {
 		OutboundTimeout:  OutboundTimeoutDefault,
 		HandshakeTimeout: HandshakeTimeoutDefault,
 		ServerName:       "berthd",
-		Fsync:            "always",
+		Fsync:            journal.FsyncAlways,
 	}
 }
+
+// heartbeatMs is Heartbeat in the unit the wire carries (WELCOME's
+// HeartbeatMs), whole milliseconds.
+func (c *Config) heartbeatMs() uint32 { return uint32(c.Heartbeat / time.Millisecond) }
 
 // MetricsQueueLimitDefault is Config.MetricsQueueLimit's default: about
 // 110,000 series, a few megabytes per scrape.
@@ -223,8 +232,8 @@ func (c *Config) fill() {
 	if c.ClientAddr == "" {
 		c.ClientAddr = "127.0.0.1:0"
 	}
-	if c.HeartbeatMs == 0 {
-		c.HeartbeatMs = d.HeartbeatMs
+	if c.Heartbeat == 0 {
+		c.Heartbeat = d.Heartbeat
 	}
 	if c.FrameSizeMax == 0 {
 		c.FrameSizeMax = d.FrameSizeMax
@@ -439,17 +448,10 @@ func Start(cfg Config) (*Server, error) {
 	}
 	wcfg := wiring.Config{Logger: cfg.Logger, Dropped: s.queueDropped}
 	if cfg.DataDir != "" {
-		var policy journal.FsyncPolicy
-		switch cfg.Fsync {
-		case "", "always":
-			policy = journal.FsyncAlways
-		case "never":
-			policy = journal.FsyncNever
+		if cfg.Fsync == journal.FsyncNever {
 			cfg.Logger.Warn("server: fsync never: completions do not wait for the disk; a machine crash loses completed work")
-		default:
-			return nil, fmt.Errorf("server: fsync policy %q: want always or never", cfg.Fsync)
 		}
-		bcfg.Journal = &shards.JournalConfig{Dir: cfg.DataDir, Fsync: policy, FS: cfg.JournalFS, SegmentBytes: cfg.JournalSegmentBytes,
+		bcfg.Journal = &shards.JournalConfig{Dir: cfg.DataDir, Fsync: cfg.Fsync, FS: cfg.JournalFS, SegmentBytes: cfg.JournalSegmentBytes,
 			CheckpointRecords: cfg.JournalCheckpointRecords}
 		if cfg.controllerEmbedded() {
 			wl, err := s.startController(true)
@@ -675,7 +677,7 @@ func (s *Server) heartbeats() {
 	defer s.hbWG.Done()
 	// Sessions negotiate their own intervals, so the scan runs often and
 	// each connection decides whether it is due.
-	interval := min(time.Duration(s.cfg.HeartbeatMs)*time.Millisecond/2, heartbeatScanMax)
+	interval := min(s.cfg.Heartbeat/2, heartbeatScanMax)
 	interval = max(interval, 5*time.Millisecond)
 	t := time.NewTicker(interval)
 	defer t.Stop()

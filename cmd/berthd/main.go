@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/internal/version"
+	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/server"
 	"github.com/berthmq/berth/server/groups"
 )
@@ -189,13 +190,13 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.StringVar(&f.dataDir, "data", d.DataDir, "data directory")
 	fs.IntVar(&f.shards, "shards", 0, "shard count, 0 = one per core")
 	fs.IntVar(&f.loops, "loops", 0, "event loop count, 0 = one per core")
-	fs.IntVar(&f.heartbeatMs, "heartbeat-ms", int(d.HeartbeatMs), "default heartbeat interval in ms")
+	fs.IntVar(&f.heartbeatMs, "heartbeat-ms", int(d.Heartbeat/time.Millisecond), "default heartbeat interval in ms")
 	fs.Int64Var(&f.outboundMax, "outbound-max", d.OutboundMax, "bytes written to one connection and not yet read by its client; past it the connection gets no deliveries and no frames are taken from it until it drains, -1 = no cap")
 	fs.DurationVar(&f.outboundTimeout, "outbound-timeout", d.OutboundTimeout, "close a connection that stays over -outbound-max this long")
 	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", d.HandshakeTimeout, "close a connection that has not logged in this long after it was accepted")
 	fs.StringVar(&f.frameSize, "frame-size-max", frameSizeDefault, "largest frame (header and body) a client may negotiate, so the largest message it may publish: 4KiB to 64MiB; a client that asks for less gets what it asked")
 	fs.StringVar(&f.controller, "controller", "127.0.0.1:7402", "in-process controller address; durable wiring goes through it; empty to keep wiring in a local file")
-	fs.StringVar(&f.fsync, "fsync", d.Fsync, "journal fsync policy: always, or never (unsafe)")
+	fs.StringVar(&f.fsync, "fsync", d.Fsync.String(), "journal fsync policy: always, or never (unsafe)")
 	fs.Int64Var(&f.segmentBytes, "journal-segment-bytes", 0, "journal segment size in bytes, 0 = default 2 MiB")
 	fs.Int64Var(&f.checkpointRecords, "journal-checkpoint-records", 0, "journal records per shard between checkpoints of the durable queues (also every 30 s and at a clean stop), 0 = default 262144; a restart after a crash replays up to this many records, or a quarter of the queues' messages if more")
 	fs.StringVar(&f.memoryLimit, "memory-limit", memoryLimitDefault, "memory budget for messages: bytes (2GiB, 512MiB), a share of RAM (40%), or 0 for none; above half of it bodies are paged to disk, above it publishers are throttled")
@@ -361,13 +362,16 @@ func parseArgs(args []string) (options, error) {
 	default:
 		return options{}, o.annotate(fmt.Errorf("-log-format %q: want text or json", f.logFormat), "log-format")
 	}
+	// The policy's name is parsed here, once; an empty -fsync (BERTH_FSYNC=)
+	// is the default, as it always was.
+	fsync := server.DefaultConfig().Fsync
+	if f.fsync != "" {
+		if fsync, err = journal.ParseFsyncPolicy(f.fsync); err != nil {
+			return options{}, o.annotate(fmt.Errorf("-fsync %q: want %s", f.fsync, strings.Join(journal.FsyncPolicyNames(), " or ")), "fsync")
+		}
+	}
 	// The server's own checks, made here too so that a value from the file
 	// is reported with its line; like the server, empty means the default.
-	switch f.fsync {
-	case "", "always", "never":
-	default:
-		return options{}, o.annotate(fmt.Errorf("-fsync %q: want always or never", f.fsync), "fsync")
-	}
 	switch f.role {
 	case "", server.RoleBroker, server.RoleController:
 	default:
@@ -397,9 +401,9 @@ func parseArgs(args []string) (options, error) {
 		return options{}, o.annotate(fmt.Errorf("-metrics-queue-limit %d: want a positive queue count, or -1 for no limit", f.metricsQueueLimit), "metrics-queue-limit")
 	}
 	cfg.MetricsQueueLimit = f.metricsQueueLimit
-	cfg.Shards, cfg.Loops, cfg.HeartbeatMs = f.shards, f.loops, uint32(f.heartbeatMs)
+	cfg.Shards, cfg.Loops, cfg.Heartbeat = f.shards, f.loops, time.Duration(f.heartbeatMs)*time.Millisecond
 	cfg.Logger = log
-	cfg.Fsync = f.fsync
+	cfg.Fsync = fsync
 	cfg.ControllerAddr = f.controller
 	cfg.JournalSegmentBytes = f.segmentBytes
 	if f.checkpointRecords < 0 {
