@@ -124,8 +124,8 @@ type Server struct {
 
 // Start starts a broker and returns once it accepts clients.
 func Start(cfg Config) (*Server, error) {
-	cfg.fill()
-	if err := cfg.CheckController(); err != nil {
+	cfg.EnsureDefaults()
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.Role == RoleController {

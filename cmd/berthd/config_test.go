@@ -218,6 +218,9 @@ func TestConfigBadValue(t *testing.T) {
 		{"heartbeat-ms = -5", 1, "heartbeat-ms", "-heartbeat-ms -5"},
 		{"controller-wait = \"0s\"", 1, "controller-wait", "want a positive duration"},
 		{"advertise = \"no-port\"", 1, "advertise", "want host:port"},
+		{"group-lag = \"10ms\"", 1, "group-lag", "-group-lag 10ms: want 20ms to 1h"},
+		{"\nlisten-tls = \"127.0.0.1:7443\"", 2, "listen-tls", "needs -tls-cert and -tls-key"},
+		{"admin-token = \"short\"", 1, "admin-token", "want at least 16"},
 		{"\ncontroller-peers = \"1=127.0.0.1:7402,2=127.0.0.1:7412,3=127.0.0.1:7422\"\ncontroller-id = \"9\"", 3, "controller-id", "-controller-id 9 is not in -controller-peers"},
 	}
 	for _, c := range cases {
