@@ -229,24 +229,23 @@ func Start(cfg Config) (*Server, error) {
 	s.boot.broker.Store(s.broker)
 	// The shards run first; the wiring adds the durable queues to them;
 	// then the journals replay into those queues.
-	if err := s.broker.Start(); err == nil {
-		if cfg.PeerAddr != "" && s.brokerID != 0 {
-			err = s.initReplication()
-		}
-		if err == nil {
-			err = s.wiring.Restore()
-		}
-		if err == nil && s.replicator != nil {
-			err = s.replicator.restoreDone()
-		}
-		if err == nil {
-			err = s.broker.Recover()
-		}
-		if err != nil {
-			s.broker.Stop()
-			s.stopController()
-			return nil, fmt.Errorf("server: %w", err)
-		}
+	err := s.broker.Start()
+	if err == nil && cfg.PeerAddr != "" && s.brokerID != 0 {
+		err = s.initReplication()
+	}
+	if err == nil {
+		err = s.wiring.Restore()
+	}
+	if err == nil && s.replicator != nil {
+		err = s.replicator.restoreDone()
+	}
+	if err == nil {
+		err = s.broker.Recover()
+	}
+	if err != nil {
+		s.broker.Stop()
+		s.stopController()
+		return nil, fmt.Errorf("server: %w", err)
 	}
 
 	usersApplied, err := s.startAuth()

@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -878,5 +880,26 @@ func TestShutdownSendsClose(t *testing.T) {
 	types, _ := readFrames(t, nc)
 	if len(types) == 0 || types[len(types)-1] != wire.TypeClose {
 		t.Fatalf("frames %v, want CLOSE last", types)
+	}
+}
+
+// TestStartFailsWhenShardsCannotStart: a shard setup that fails (here the
+// paging directory, whose parent is a file) fails Start with its error;
+// the broker does not come up without its shards.
+func TestStartFailsWhenShardsCannotStart(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "paging"), []byte("not a directory"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := server.DefaultConfig()
+	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir, cfg.ControllerAddr = "127.0.0.1:0", "", dir, ""
+	cfg.Shards, cfg.Loops, cfg.MemoryLimit, cfg.Logger = 1, 1, 64<<20, testLogger(t)
+	s, err := server.Start(cfg)
+	if err == nil {
+		s.Close()
+		t.Fatal("started without its shards")
+	}
+	if !strings.Contains(err.Error(), "paging") {
+		t.Fatalf("error %v does not name the paging directory", err)
 	}
 }
