@@ -113,6 +113,7 @@ func (c *Config) controllerEmbedded() bool {
 // (a controller-only node has nothing to restore).
 func (s *Server) startController(wait bool) (*controllerWiring, error) {
 	cfg := s.cfg
+	s.arm(stopController) // stopController copes with a member not started
 	dir := filepath.Join(cfg.DataDir, "controller")
 	if len(cfg.ControllerPeers) <= 1 {
 		addr := cfg.ControllerAddr
@@ -156,8 +157,7 @@ func (s *Server) startController(wait bool) (*controllerWiring, error) {
 	}
 	if wait {
 		if err := waitControllerLeader(n, cfg.ControllerWait, len(addrs), cfg.Logger); err != nil {
-			s.stopController()
-			return nil, err
+			return nil, err // Start's abort stops the member
 		}
 	}
 	return &controllerWiring{cl: s.ctlClient, timeout: wiringTimeout}, nil

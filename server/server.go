@@ -56,10 +56,13 @@ type Server struct {
 	// mgmtPending the commands they hold.
 	mgmtWG      sync.WaitGroup
 	mgmtPending atomic.Int64
-	stopOnce    sync.Once
-	draining    atomic.Bool // Close began: no new work is taken (drain.go)
-	stopHB      chan struct{}
-	hbWG        sync.WaitGroup
+	// stopOnce runs the stop path once, for Close or a failed Start;
+	// stopArmed is what Start brought up (see stopStep).
+	stopOnce  sync.Once
+	stopArmed [stopSteps]bool
+	draining  atomic.Bool // Close began: no new work is taken (drain.go)
+	stopHB    chan struct{}
+	hbWG      sync.WaitGroup
 
 	// The TLS listener (tls.go), or nil.
 	tlsMat   *tlsMaterial
@@ -141,13 +144,14 @@ func Start(cfg Config) (*Server, error) {
 		stopHB: make(chan struct{}),
 	}
 	s.regCtx, s.regCancel = context.WithCancel(context.Background())
+	s.arm(stopLoops)
 	s.conns.set = map[*connState]struct{}{}
 	s.conns.opened = make(chan struct{}, 1)
 	s.stalls.kick = make(chan struct{}, 1)
 	s.metrics = newMetrics(s)
 	s.sec = newSecurityMetrics(s.metrics.reg, cfg.Role != RoleController)
 	if err := s.startClusterAuth(); err != nil {
-		return nil, err
+		return nil, s.abort(err)
 	}
 	// Before the admin HTTP, whose basic auth reads the users: startAuth
 	// (a broker) or startControllerOnly fills them in.
@@ -156,20 +160,14 @@ func Start(cfg Config) (*Server, error) {
 	// comes up.
 	if cfg.AdminAddr != "" {
 		if err := s.startAdmin(); err != nil {
-			return nil, err
+			return nil, s.abort(err)
 		}
+		s.arm(stopAdmin)
 	}
-	started := false
-	defer func() {
-		if !started && s.admin != nil {
-			_ = s.admin.Close()
-		}
-	}()
 	if cfg.Role == RoleController {
 		if err := startControllerOnly(s); err != nil {
-			return nil, err
+			return nil, s.abort(err)
 		}
-		started = true
 		s.boot.started.Store(true)
 		return s, nil
 	}
@@ -178,7 +176,7 @@ func Start(cfg Config) (*Server, error) {
 		// count is fixed when the data directory is created.
 		n, err := wiring.ShardCount(cfg.DataDir)
 		if err != nil {
-			return nil, fmt.Errorf("server: %w", err)
+			return nil, s.abort(fmt.Errorf("server: %w", err))
 		}
 		if n > 0 && n != cfg.Shards {
 			cfg.Logger.Warn("server: keeping the shard count of the data directory", "configured", cfg.Shards, "data_dir", n)
@@ -200,7 +198,7 @@ func Start(cfg Config) (*Server, error) {
 		if cfg.controllerEmbedded() {
 			wl, err := s.startController(true)
 			if err != nil {
-				return nil, err
+				return nil, s.abort(err)
 			}
 			wcfg.Log = wl
 			s.wiringLog = wl
@@ -210,13 +208,13 @@ func Start(cfg Config) (*Server, error) {
 					err = s.checkPeerNotNeeded()
 				}
 				if err != nil {
-					s.stopController()
-					return nil, err
+					return nil, s.abort(err)
 				}
 			}
 		}
 	}
 	s.broker = shards.New(bcfg)
+	s.arm(stopShards)
 	wcfg.Broker = s.broker
 	if bcfg.Journal != nil {
 		wcfg.Dir = cfg.DataDir
@@ -231,6 +229,7 @@ func Start(cfg Config) (*Server, error) {
 	// then the journals replay into those queues.
 	err := s.broker.Start()
 	if err == nil && cfg.PeerAddr != "" && s.brokerID != 0 {
+		s.arm(stopReplicator)
 		err = s.initReplication()
 	}
 	if err == nil {
@@ -243,16 +242,12 @@ func Start(cfg Config) (*Server, error) {
 		err = s.broker.Recover()
 	}
 	if err != nil {
-		s.broker.Stop()
-		s.stopController()
-		return nil, fmt.Errorf("server: %w", err)
+		return nil, s.abort(fmt.Errorf("server: %w", err))
 	}
 
 	usersApplied, err := s.startAuth()
 	if err != nil {
-		s.broker.Stop()
-		s.stopController()
-		return nil, err
+		return nil, s.abort(err)
 	}
 	h := &handler{s: s}
 	go func() {
@@ -269,18 +264,13 @@ func Start(cfg Config) (*Server, error) {
 	}()
 	select {
 	case <-s.booted:
+		s.arm(stopListener)
 	case err := <-s.runErr:
-		s.broker.Stop()
-		s.stopController()
-		return nil, fmt.Errorf("server: listen on %s: %w", cfg.ClientAddr, err)
+		return nil, s.abort(fmt.Errorf("server: listen on %s: %w", cfg.ClientAddr, err))
 	}
 	if cfg.TLSAddr != "" {
 		if err := s.startTLS(); err != nil {
-			_ = s.eng.Stop(context.Background())
-			<-s.runErr
-			s.broker.Stop()
-			s.stopController()
-			return nil, err
+			return nil, s.abort(err)
 		}
 		m := s.tlsMat
 		s.registerCertExpiry("client", func() time.Time { return leafNotAfter(m.current.Load()) })
@@ -288,9 +278,12 @@ func Start(cfg Config) (*Server, error) {
 		go s.serveTLS(h)
 	}
 	s.boot.serving.Store(true)
+	s.arm(stopIntake)
+	s.arm(stopClients)
 	s.hbWG.Add(2)
 	go s.heartbeats()
 	go func() { defer s.hbWG.Done(); s.stalls.run(s.stopHB) }()
+	s.arm(stopHeartbeats)
 	if s.ctl != nil {
 		s.regWG.Add(1)
 		go s.watchUsers(usersApplied)
@@ -303,17 +296,15 @@ func Start(cfg Config) (*Server, error) {
 	if s.brokerID != 0 {
 		s.registerAtStart()
 		if cfg.PeerAddr != "" {
+			s.arm(stopGroups)
 			if err := s.startGroups(); err != nil {
-				started = true // Close cleans up from here
-				_ = s.Close()
-				return nil, err
+				return nil, s.abort(err)
 			}
 		}
 		s.regWG.Add(1)
 		go s.controllerLoop()
 	}
 	s.log.Info("berth: broker started", "clients", s.addr, "tls", s.TLSAddr(), "admin", s.AdminAddr(), "shards", cfg.Shards, "loops", cfg.Loops, "memory_limit_bytes", cfg.MemoryLimit, "broker_id", s.brokerID)
-	started = true
 	s.boot.started.Store(true)
 	return s, nil
 }
@@ -334,41 +325,99 @@ func (s *Server) Broker() *shards.Broker { return s.broker }
 
 // Close shuts down gracefully: it stops accepting, lets the shards finish
 // what they hold (their completions go out), then closes the connections.
+// It runs the stop path (stopStep); a second Close does nothing.
 func (s *Server) Close() error {
 	var err error
-	s.stopOnce.Do(func() {
-		// Heartbeats stop first: the controller learns of this broker's
-		// departure before its member stops.
+	s.stopOnce.Do(func() { err = s.stop() })
+	return err
+}
+
+// abort stops what a failed Start brought up, by the path Close takes, and
+// returns Start's error.
+func (s *Server) abort(err error) error {
+	s.stopOnce.Do(func() { _ = s.stop() })
+	return err
+}
+
+// stopStep is one step of the stop path. Close and a failed Start stop
+// the server the same way: stop runs, in the order of the steps below,
+// each step Start armed. Start arms a step when its component comes up
+// (or, when the step copes with a component not there, just before it
+// starts), so that a start that fails halfway stops what it started.
+//
+// The order is not the reverse of the start order:
+//   - The registration loops stop first, so that the controller learns of
+//     this broker's departure before its member stops, and before the
+//     groups, which the heartbeats report on.
+//   - The admin HTTP starts first, so that /readyz answers while the rest
+//     comes up, but stops early, before the drain, as Close always had it.
+//   - The shards start before the client listener but stop before it:
+//     what they finish completes to clients still connected, and only
+//     then are the clients told and the event loops stopped.
+//   - The controller member stops last: the management commands that
+//     finish in the drain may need it.
+type stopStep uint8
+
+const (
+	stopLoops      stopStep = iota // registration, controller heartbeats, user and wiring watches (regWG)
+	stopGroups                     // the replication groups
+	stopHeartbeats                 // the client heartbeat scan and the stall watch (hbWG)
+	stopAdmin                      // the admin HTTP
+	stopIntake                     // take no new work; what is in flight finishes
+	stopShards                     // the shards finish what they hold; journals close
+	stopReplicator                 // the replicated data plane's queue lists
+	stopClients                    // CLOSE to every client; TLS connections closed
+	stopListener                   // the client event loops
+	stopController                 // the controller clients and member
+	stopSteps
+)
+
+// arm adds step to the stop path. Only Start calls it, before it returns.
+func (s *Server) arm(step stopStep) { s.stopArmed[step] = true }
+
+// stop runs the armed steps in order and returns the event loops' error
+// from stopping, if any. stopOnce guards it.
+func (s *Server) stop() error {
+	var err error
+	for step := range stopSteps {
+		if s.stopArmed[step] {
+			if e := s.stopOne(step); e != nil && err == nil {
+				err = e
+			}
+		}
+	}
+	return err
+}
+
+func (s *Server) stopOne(step stopStep) error {
+	switch step {
+	case stopLoops:
 		s.regCancel()
 		s.regWG.Wait()
+	case stopGroups:
 		if g := s.groups.Load(); g != nil {
 			g.Close()
 		}
-		if s.broker == nil { // controller-only
-			if s.admin != nil {
-				_ = s.admin.Close()
-			}
-			s.stopController()
-			return
-		}
+	case stopHeartbeats:
 		close(s.stopHB)
 		s.hbWG.Wait()
-		if s.admin != nil {
-			_ = s.admin.Close()
-		}
-		// Take no new work, finish what is in flight, then tell every
-		// client and stop the loops.
+	case stopAdmin:
+		_ = s.admin.Close()
+	case stopIntake:
 		s.stopTLSAccept()
 		s.draining.Store(true)
 		s.quiesce()
 		// Management commands taken before finish first: they may need
 		// the shards and the controller.
 		s.mgmtWG.Wait()
+	case stopShards:
 		s.broker.Stop()
-		if s.replicator != nil {
+	case stopReplicator:
+		if s.replicator != nil { // initReplication may fail before it sets one
 			s.replicator.local.close()
 			s.replicator.foreign.close()
 		}
+	case stopClients:
 		s.conns.Lock()
 		for cs := range s.conns.set {
 			v := wire.Version(cs.helloVer.Load())
@@ -387,13 +436,16 @@ func (s *Server) Close() error {
 			}
 		}
 		s.closeTLSConns()
+	case stopListener:
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		err = s.eng.Stop(ctx)
+		err := s.eng.Stop(ctx)
 		<-s.runErr
+		return err
+	case stopController:
 		s.stopController()
-	})
-	return err
+	}
+	return nil
 }
 
 func (s *Server) stopController() {
