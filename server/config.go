@@ -282,10 +282,7 @@ func (c *Config) EnsureDefaults() {
 		c.InboundMax = d.InboundMax
 	}
 	if c.OutboundMax == 0 {
-		c.OutboundMax = d.OutboundMax
-	}
-	if c.OutboundMax < 0 {
-		c.OutboundMax = 0 // no cap
+		c.OutboundMax = d.OutboundMax // a negative one stays: no cap
 	}
 	if c.OutboundTimeout <= 0 {
 		c.OutboundTimeout = d.OutboundTimeout

@@ -87,3 +87,25 @@ func keysOf(ce *server.ConfigError) []string {
 	}
 	return ce.Keys
 }
+
+// TestConfigEnsureDefaults: EnsureDefaults fills the zero settings, keeps
+// the others, and a second call changes nothing.
+func TestConfigEnsureDefaults(t *testing.T) {
+	var c server.Config
+	c.OutboundMax, c.MetricsQueueLimit, c.FrameSizeMax = -1, -1, 1
+	c.EnsureDefaults()
+	d := server.DefaultConfig()
+	if c.Heartbeat != d.Heartbeat || c.OutboundTimeout != d.OutboundTimeout || c.Role != server.RoleBroker || c.Logger == nil ||
+		c.ControllerHeartbeat != server.ControllerHeartbeatDefault || c.ControllerBrokerTimeout != server.ControllerBrokerTimeoutDefault ||
+		c.Shards <= 0 || c.Loops <= 0 || c.ClientAddr != "127.0.0.1:0" {
+		t.Fatalf("defaults not filled: %+v", c)
+	}
+	if c.OutboundMax != -1 || c.MetricsQueueLimit != -1 || c.FrameSizeMax == 1 {
+		t.Fatalf("no cap, no limit and the frame size floor: %+v", c)
+	}
+	again := c
+	again.EnsureDefaults()
+	if !reflect.DeepEqual(again, c) {
+		t.Fatalf("a second EnsureDefaults changed\n  %+v\nto\n  %+v", c, again)
+	}
+}
