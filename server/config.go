@@ -2,7 +2,8 @@ package server
 
 // Configuration. A Server's settings sit in one flat Config, grouped below
 // by the component that reads them. Start makes them whole in two steps,
-// as pebble's Options do, and nothing else defaults or checks them:
+// as pebble's Options do; only what needs files or the controller (the
+// certificates, the users) is checked later, where Start reads it:
 //
 //  1. EnsureDefaults gives every zero setting its default. A zero left to
 //     the component that reads it (GroupLag, GroupRebalance, GroupLease,

@@ -397,6 +397,7 @@ func parseArgs(args []string) (options, error) {
 		{"controller-heartbeat-ms", f.ctlHeartbeatMs <= 0, f.ctlHeartbeatMs, "a positive interval"},
 		{"controller-wait", f.controllerWait <= 0, f.controllerWait, "a positive duration"},
 		{"controller-broker-timeout", f.brokerTimeout <= 0, f.brokerTimeout, "a positive duration"},
+		{"group-lag", f.groupLag == 0, f.groupLag, "20ms to 1h"},
 		{"group-rebalance", f.rebalance < 0, f.rebalance, "a positive interval, or 0 for none"},
 	} {
 		if z.bad {

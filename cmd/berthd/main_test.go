@@ -101,6 +101,7 @@ func TestArgs(t *testing.T) {
 		{args: []string{"-controller-wait", "0s"}},
 		{env: map[string]string{"BERTH_CONTROLLER_WAIT": "-1s"}},
 		{args: []string{"-group-lag", "10ms"}},
+		{args: []string{"-group-lag", "0s"}},
 		{env: map[string]string{"BERTH_GROUP_LAG": "2h"}},
 	}
 	for _, c := range cases {
