@@ -744,7 +744,7 @@ func TestHeartbeatTimeout(t *testing.T) {
 	const hb = 150 * time.Millisecond
 	// The server's heartbeat timer ticks at its configured interval, so
 	// the session interval asked for must not be shorter than it.
-	s := startServer(t, func(cfg *server.Config) { cfg.HeartbeatMs = uint32(hb / time.Millisecond) })
+	s := startServer(t, func(cfg *server.Config) { cfg.Heartbeat = hb })
 	p := startProxy(t, s.ClientAddr())
 	c := dialTest(t, p.addr(), Config{Heartbeat: hb})
 	if c.Heartbeat() != hb {

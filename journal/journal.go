@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"math/bits"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +33,36 @@ const (
 	// like, and for data that may be lost.
 	FsyncNever
 )
+
+// fsyncPolicyNames are the policies' names, as operators give them
+// (berthd's -fsync) and String prints them.
+var fsyncPolicyNames = [...]string{FsyncAlways: "always", FsyncNever: "never"}
+
+// FsyncPolicyNames lists the policies' names in the order of their values:
+// "always", "never". The slice is the caller's.
+func FsyncPolicyNames() []string { return slices.Clone(fsyncPolicyNames[:]) }
+
+// ParseFsyncPolicy returns the policy of the given name, "always" or
+// "never". Any other name is an error that names it and the policies.
+func ParseFsyncPolicy(name string) (FsyncPolicy, error) {
+	for p, n := range fsyncPolicyNames {
+		if n == name {
+			return FsyncPolicy(p), nil
+		}
+	}
+	return 0, fmt.Errorf("journal: fsync policy %q: want %s", name, strings.Join(fsyncPolicyNames[:], " or "))
+}
+
+// Valid reports whether p is one of the policies.
+func (p FsyncPolicy) Valid() bool { return int(p) < len(fsyncPolicyNames) }
+
+// String returns the policy's name, which ParseFsyncPolicy reads back.
+func (p FsyncPolicy) String() string {
+	if !p.Valid() {
+		return fmt.Sprintf("FsyncPolicy(%d)", uint8(p))
+	}
+	return fsyncPolicyNames[p]
+}
 
 // Completion is called once per record, in append order, on the journal's
 // writer goroutine, after the fsync (or the write, under FsyncNever) that

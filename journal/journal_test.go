@@ -498,3 +498,26 @@ type atomicInt struct {
 
 func (a *atomicInt) add(d int) { a.mu.Lock(); a.n += d; a.mu.Unlock() }
 func (a *atomicInt) get() int  { a.mu.Lock(); defer a.mu.Unlock(); return a.n }
+
+// TestFsyncPolicyNames: every policy's name parses back to it, and any
+// other name is an error naming it and the policies.
+func TestFsyncPolicyNames(t *testing.T) {
+	for _, p := range []FsyncPolicy{FsyncAlways, FsyncNever} {
+		got, err := ParseFsyncPolicy(p.String())
+		if err != nil || got != p {
+			t.Errorf("ParseFsyncPolicy(%q) = %v, %v; want %v", p.String(), got, err, p)
+		}
+	}
+	if n := FsyncPolicyNames(); len(n) != 2 || n[0] != "always" || n[1] != "never" {
+		t.Errorf("FsyncPolicyNames() = %q", n)
+	}
+	for _, name := range []string{"", "sometimes", "Always", " never"} {
+		_, err := ParseFsyncPolicy(name)
+		if want := fmt.Sprintf("journal: fsync policy %q: want always or never", name); err == nil || err.Error() != want {
+			t.Errorf("ParseFsyncPolicy(%q): %v, want %q", name, err, want)
+		}
+	}
+	if p := FsyncPolicy(7); p.Valid() || p.String() != "FsyncPolicy(7)" {
+		t.Errorf("FsyncPolicy(7): valid %v, %q", p.Valid(), p.String())
+	}
+}

@@ -61,8 +61,8 @@ func Open(opts Options, replay func(pos Pos, ref Pos, data []byte) error) (*Jour
 	if opts.CompactLiveRatio < 0 || opts.CompactLiveRatio > 1 {
 		return nil, fmt.Errorf("journal: CompactLiveRatio %v outside (0, 1]", opts.CompactLiveRatio)
 	}
-	if opts.Fsync != FsyncAlways && opts.Fsync != FsyncNever {
-		return nil, fmt.Errorf("journal: unknown fsync policy %d", opts.Fsync)
+	if !opts.Fsync.Valid() {
+		return nil, fmt.Errorf("journal: unknown fsync policy %d", uint8(opts.Fsync))
 	}
 	if replay == nil {
 		replay = func(Pos, Pos, []byte) error { return nil }

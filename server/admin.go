@@ -88,9 +88,6 @@ func newMetrics(s *Server) *metrics {
 // /metrics, /debug/pprof/, /v1/status, and on a broker /v1/queues. Start
 // runs it first, so that it answers while the rest comes up.
 func (s *Server) startAdmin() error {
-	if err := s.checkAdminConfig(); err != nil {
-		return err
-	}
 	tlsCfg, err := s.adminTLS()
 	if err != nil {
 		return err

@@ -36,21 +36,25 @@ func adminAuthRequired(addr, token string) bool {
 	return token != "" || !loopbackListen(addr)
 }
 
-// checkAdminConfig refuses an admin address off loopback that nobody
-// could use: no token, and no controller to hold users.
-func (s *Server) checkAdminConfig() error {
-	c := &s.cfg
+// validateAdmin refuses an admin token shorter than adminTokenLenMin, a
+// certificate without its key or a key without its certificate, and an
+// admin address off loopback that nobody could use: no token, and no
+// controller to hold users.
+func (c *Config) validateAdmin() error {
+	if c.AdminAddr == "" {
+		return nil
+	}
 	if c.AdminToken != "" && len(c.AdminToken) < adminTokenLenMin {
-		return fmt.Errorf("server: the admin token is %d characters, want at least %d (berthctl certs init writes one)", len(c.AdminToken), adminTokenLenMin)
+		return configErrorf([]string{"admin-token"}, "the admin token is %d characters, want at least %d (berthctl certs init writes one)", len(c.AdminToken), adminTokenLenMin)
 	}
 	if (c.AdminTLSCert == "") != (c.AdminTLSKey == "") {
-		return errors.New("server: HTTPS on the admin port needs both -admin-tls-cert and -admin-tls-key")
+		return configErrorf([]string{"admin-tls-cert", "admin-tls-key"}, "HTTPS on the admin port needs both -admin-tls-cert and -admin-tls-key")
 	}
 	if !adminAuthRequired(c.AdminAddr, c.AdminToken) {
 		return nil
 	}
 	if c.AdminToken == "" && !c.controllerEmbedded() {
-		return fmt.Errorf("server: -admin %s is not a loopback address, and without users (a broker with a controller) only an admin token could open it: give -admin-token (BERTH_ADMIN_TOKEN), or a loopback -admin", c.AdminAddr)
+		return configErrorf([]string{"admin", "admin-token", "controller"}, "-admin %s is not a loopback address, and without users (a broker with a controller) only an admin token could open it: give -admin-token (BERTH_ADMIN_TOKEN), or a loopback -admin", c.AdminAddr)
 	}
 	return nil
 }

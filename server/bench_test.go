@@ -14,6 +14,7 @@ import (
 	"github.com/berthmq/berth/client"
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/internal/testutil"
+	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/server"
 )
 
@@ -26,11 +27,11 @@ func BenchmarkPublishConsume(b *testing.B) {
 	modes := []struct {
 		name    string
 		durable bool
-		fsync   string
+		fsync   journal.FsyncPolicy
 	}{
-		{"memory", false, "always"},
-		{"durable-fsync=always", true, "always"},
-		{"durable-fsync=never", true, "never"},
+		{"memory", false, journal.FsyncAlways},
+		{"durable-fsync=always", true, journal.FsyncAlways},
+		{"durable-fsync=never", true, journal.FsyncNever},
 	}
 	for _, m := range modes {
 		b.Run("mode="+m.name, func(b *testing.B) {
@@ -41,11 +42,11 @@ func BenchmarkPublishConsume(b *testing.B) {
 	// every message goes through the session's permission cache; compare
 	// with mode=memory.
 	b.Run("mode=memory/auth=user", func(b *testing.B) {
-		benchPublishConsume(b, false, "always", 1, true)
+		benchPublishConsume(b, false, journal.FsyncAlways, 1, true)
 	})
 }
 
-func benchPublishConsume(b *testing.B, durable bool, fsync string, queues int, asUser bool) {
+func benchPublishConsume(b *testing.B, durable bool, fsync journal.FsyncPolicy, queues int, asUser bool) {
 	s := startServer(b, func(c *server.Config) {
 		c.Fsync = fsync
 		if asUser {
@@ -176,7 +177,7 @@ func dialUser(b *testing.B, s *server.Server, cfg client.Config) *client.Conn {
 func BenchmarkRecovery(b *testing.B) {
 	const n = 1_000_000
 	dir := b.TempDir()
-	s := startServer(b, func(c *server.Config) { c.DataDir = dir; c.Fsync = "never" })
+	s := startServer(b, func(c *server.Config) { c.DataDir = dir; c.Fsync = journal.FsyncNever })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	c := dial(b, s)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/client"
+	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/server"
 )
 
@@ -34,7 +35,7 @@ func TestDiskUseFollowsLiveData(t *testing.T) {
 	dir := t.TempDir()
 	s := startServer(t, func(c *server.Config) {
 		c.DataDir = dir
-		c.Fsync = "never" // the test is about space, not durability
+		c.Fsync = journal.FsyncNever // the test is about space, not durability
 		c.JournalSegmentBytes = 1 << 20
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -3,7 +3,6 @@ package server
 import (
 	"crypto/x509"
 	"sync/atomic"
-	"time"
 
 	"github.com/panjf2000/gnet/v2"
 
@@ -84,7 +83,7 @@ func (cs *connState) heartbeat(now int64) {
 	}
 	hb := cs.hbNs.Load()
 	if hb == 0 {
-		hb = int64(cs.s.cfg.HeartbeatMs) * int64(time.Millisecond)
+		hb = int64(cs.s.cfg.Heartbeat)
 	}
 	if now-cs.lastRecv.Load() > 3*hb {
 		cs.closing.Store(true)

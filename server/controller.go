@@ -42,24 +42,24 @@ const controllerWaitLog = 5 * time.Second
 // retries included.
 const wiringTimeout = 10 * time.Second
 
-// CheckController validates the role and the controller settings: a group
-// has 1, 3 or 5 members with distinct nonzero ids and addresses,
+// validateController checks the role and the controller settings: a
+// group has 1, 3 or 5 members with distinct nonzero ids and addresses,
 // ControllerID is one of them, and a controller needs a data directory.
-func (c *Config) CheckController() error {
+func (c *Config) validateController() error {
 	switch c.Role {
 	case "", RoleBroker, RoleController:
 	default:
-		return fmt.Errorf("server: role %q: want %s or %s", c.Role, RoleBroker, RoleController)
+		return configErrorf([]string{"role"}, "role %q: want %s or %s", c.Role, RoleBroker, RoleController)
 	}
 	if c.ControllerJoin && len(c.ControllerPeers) < 2 {
-		return errors.New("server: joining a controller group needs controller peers naming this node and at least one running member")
+		return configErrorf([]string{"controller-join", "controller-peers"}, "joining a controller group needs controller peers naming this node and at least one running member")
 	}
 	if len(c.ControllerPeers) == 0 {
 		if c.ControllerID != 0 {
-			return fmt.Errorf("server: controller id %d given without controller peers", c.ControllerID)
+			return configErrorf([]string{"controller-id", "controller-peers"}, "controller id %d given without controller peers", c.ControllerID)
 		}
 		if c.Role == RoleController && c.ControllerAddr == "" {
-			return errors.New("server: role controller needs a controller address or controller peers")
+			return configErrorf([]string{"role", "controller", "controller-peers"}, "role controller needs a controller address or controller peers")
 		}
 	} else {
 		switch n := len(c.ControllerPeers); {
@@ -67,31 +67,31 @@ func (c *Config) CheckController() error {
 			// This node and the members it knows: at most a full group of
 			// 5 plus itself, when it replaces one of them.
 			if n > controllerJoinPeersMax {
-				return fmt.Errorf("server: a joining controller lists itself and at most %d members, not %d entries", controllerJoinPeersMax-1, n)
+				return configErrorf([]string{"controller-peers", "controller-join"}, "a joining controller lists itself and at most %d members, not %d entries", controllerJoinPeersMax-1, n)
 			}
 		case n != 1 && n != 3 && n != 5:
-			return fmt.Errorf("server: a controller group has 1, 3 or 5 members, not %d", n)
+			return configErrorf([]string{"controller-peers"}, "a controller group has 1, 3 or 5 members, not %d", n)
 		}
 		seen := map[string]uint64{}
 		for _, id := range slices.Sorted(maps.Keys(c.ControllerPeers)) {
 			addr := c.ControllerPeers[id]
 			if id == 0 {
-				return errors.New("server: controller ids start at 1")
+				return configErrorf([]string{"controller-peers"}, "controller ids start at 1")
 			}
 			if err := ctlapi.CheckControllerAddr(addr); err != nil {
-				return fmt.Errorf("server: controller %d: %w", id, err)
+				return configErrorf([]string{"controller-peers"}, "controller %d: %w", id, err)
 			}
 			if other, ok := seen[addr]; ok {
-				return fmt.Errorf("server: controllers %d and %d share the address %s", other, id, addr)
+				return configErrorf([]string{"controller-peers"}, "controllers %d and %d share the address %s", other, id, addr)
 			}
 			seen[addr] = id
 		}
 		if _, ok := c.ControllerPeers[c.ControllerID]; !ok {
-			return fmt.Errorf("server: controller id %d is not one of the peers %v", c.ControllerID, slices.Sorted(maps.Keys(c.ControllerPeers)))
+			return configErrorf([]string{"controller-id", "controller-peers"}, "controller id %d is not one of the peers %v", c.ControllerID, slices.Sorted(maps.Keys(c.ControllerPeers)))
 		}
 	}
 	if c.DataDir == "" && (c.Role == RoleController || len(c.ControllerPeers) > 0) {
-		return errors.New("server: a controller needs a data directory")
+		return configErrorf([]string{"data", "role", "controller-peers"}, "a controller needs a data directory")
 	}
 	return nil
 }
@@ -113,6 +113,7 @@ func (c *Config) controllerEmbedded() bool {
 // (a controller-only node has nothing to restore).
 func (s *Server) startController(wait bool) (*controllerWiring, error) {
 	cfg := s.cfg
+	s.arm(stopController) // stopController copes with a member not started
 	dir := filepath.Join(cfg.DataDir, "controller")
 	if len(cfg.ControllerPeers) <= 1 {
 		addr := cfg.ControllerAddr
@@ -156,8 +157,7 @@ func (s *Server) startController(wait bool) (*controllerWiring, error) {
 	}
 	if wait {
 		if err := waitControllerLeader(n, cfg.ControllerWait, len(addrs), cfg.Logger); err != nil {
-			s.stopController()
-			return nil, err
+			return nil, err // Start's abort stops the member
 		}
 	}
 	return &controllerWiring{cl: s.ctlClient, timeout: wiringTimeout}, nil

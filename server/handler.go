@@ -445,7 +445,7 @@ func (h *handler) hello(cs *connState, body []byte) gnet.Action {
 	if m.FrameSizeMax != 0 && m.FrameSizeMax < frameMax {
 		frameMax = max(m.FrameSizeMax, wire.FrameSizeMin)
 	}
-	hb := cfg.HeartbeatMs
+	hb := cfg.heartbeatMs()
 	if m.HeartbeatMs != 0 {
 		hb = max(m.HeartbeatMs, 10)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/client"
+	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/server"
 	"github.com/berthmq/berth/wire"
 )
@@ -38,7 +39,7 @@ func applyMatrixCell(t testing.TB, cfg *server.Config) {
 // matrixCell is one configuration the semantics suite runs under.
 type matrixCell struct {
 	shards int
-	fsync  string
+	fsync  journal.FsyncPolicy
 }
 
 func (c matrixCell) apply(cfg *server.Config) { cfg.Shards, cfg.Fsync = c.shards, c.fsync }
@@ -59,7 +60,7 @@ type matrixCase struct {
 }
 
 // defaultCell is the config startServer uses outside the matrix.
-var defaultCell = matrixCell{shards: 2, fsync: "always"}
+var defaultCell = matrixCell{shards: 2, fsync: journal.FsyncAlways}
 
 var matrixCases = []matrixCase{
 	// Delivery semantics with transient queues and messages (server_test.go).
@@ -96,7 +97,7 @@ var matrixCases = []matrixCase{
 // keeps the durable cases that cover the most.
 func TestSemanticsMatrix(t *testing.T) {
 	for _, shards := range []int{1, 2, 4} {
-		for _, fsync := range []string{"always", "never"} {
+		for _, fsync := range []journal.FsyncPolicy{journal.FsyncAlways, journal.FsyncNever} {
 			cell := matrixCell{shards: shards, fsync: fsync}
 			if raceEnabled && !raceCell(cell) {
 				continue
@@ -126,7 +127,7 @@ func TestSemanticsMatrix(t *testing.T) {
 // and under the detector, which slows them about threefold, the six held
 // make test's two cores for three minutes.
 func raceCell(c matrixCell) bool {
-	return (c.shards == 1 && c.fsync == "always") || (c.shards == 2 && c.fsync == "never") || (c.shards == 4 && c.fsync == "always")
+	return (c.shards == 1 && c.fsync == journal.FsyncAlways) || (c.shards == 2 && c.fsync == journal.FsyncNever) || (c.shards == 4 && c.fsync == journal.FsyncAlways)
 }
 
 // configReachesServer checks that the cell's settings reach the servers
@@ -152,7 +153,7 @@ func configReachesServer(t *testing.T, cell matrixCell) {
 	if !ok || st.Appends == 0 {
 		t.Fatalf("no journal appends after persistent publishes: %+v", st)
 	}
-	if synced := st.Fsyncs > 0; synced != (cell.fsync == "always") {
+	if synced := st.Fsyncs > 0; synced != (cell.fsync == journal.FsyncAlways) {
 		t.Fatalf("fsync %s: %d fsyncs for %d appends", cell.fsync, st.Fsyncs, st.Appends)
 	}
 }

@@ -309,13 +309,9 @@ func (s *Server) groupLease() time.Duration {
 // decisions. Entries are not applied to queues yet: the replicated data
 // plane's queue events come next.
 func (s *Server) startGroups() error {
-	policy := journal.FsyncAlways
-	if s.cfg.Fsync == "never" {
-		policy = journal.FsyncNever
-	}
 	m, err := groups.StartManager(groups.ManagerConfig{
 		Self: s.brokerID, PeerAddr: s.cfg.PeerAddr, Advertise: s.cfg.PeerAdvertise,
-		Dir: filepath.Join(s.cfg.DataDir, "groups"), Fsync: policy, FS: s.groupJournalFS(), Ctl: s.brokerClient(),
+		Dir: filepath.Join(s.cfg.DataDir, "groups"), Fsync: s.cfg.Fsync, FS: s.groupJournalFS(), Ctl: s.brokerClient(),
 		Auth: s.peerAuth, Logger: s.log, Rebalance: s.groupRebalance(), Lag: s.cfg.GroupLag,
 		// A handover holds back publishes only (replicate.go's events).
 		HandoverHolds: event.IsEnqueue,

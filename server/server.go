@@ -35,253 +35,6 @@ import (
 	"github.com/berthmq/berth/wire"
 )
 
-// Config configures a Server.
-type Config struct {
-	ClientAddr   string // host:port; port 0 picks a free one
-	AdminAddr    string // "" = no admin HTTP
-	DataDir      string
-	Shards       int
-	Loops        int
-	HeartbeatMs  uint32 // default heartbeat interval offered to clients
-	FrameSizeMax uint32 // largest frame the server accepts
-	WindowMax    uint32 // most uncompleted commands per session
-	CreditMax    uint32 // most credit per consumer
-	// InboundMax bounds the bytes buffered from one connection that the
-	// server has not yet taken; past it the connection is closed.
-	InboundMax int
-	// OutboundMax caps the bytes written to one connection that its
-	// client has not read yet; past it the connection gets no deliveries
-	// and takes no frames until it drains to half (outbound.go). 0 means
-	// OutboundMaxDefault, negative no cap.
-	OutboundMax int64
-	// OutboundTimeout closes a connection that stays over OutboundMax this
-	// long (0: OutboundTimeoutDefault).
-	OutboundTimeout time.Duration
-	// HandshakeTimeout closes a connection that has not logged in this
-	// long after it was accepted (0: HandshakeTimeoutDefault).
-	HandshakeTimeout time.Duration
-	Logger           *slog.Logger
-	ServerName       string
-	// Fsync is the journal's policy: "always" (default; a completion
-	// follows the fsync that covers its record) or "never" (a completion
-	// follows the write; unsafe: a machine crash loses completed work).
-	Fsync string
-	// JournalFS, if set, replaces the real file system under the journal
-	// (tests inject faults with it).
-	JournalFS journal.FS
-	// GroupJournalFS, if set, replaces the real file system under the
-	// group journal (tests inject faults with journal.FaultFS).
-	GroupJournalFS journal.FS
-	// JournalSegmentBytes overrides the journal segment size.
-	JournalSegmentBytes int64
-	// JournalCheckpointRecords overrides the journal records per shard
-	// between checkpoints (shards.JournalConfig.CheckpointRecords).
-	JournalCheckpointRecords int
-	// MetricsQueueLimit is the most queues /metrics exports series of
-	// one by one; past it only their sums are (berth_queue_metrics_omitted
-	// says so) and /metrics/queues has them. 0: MetricsQueueLimitDefault;
-	// negative: no limit.
-	MetricsQueueLimit int
-	// RingSize is the capacity of each shard's command ring (0: the
-	// shards' default). Tests make it tiny to exercise full rings.
-	RingSize int
-	// ControllerAddr is where the in-process one-member controller
-	// listens (single-node mode; berthd's default is 127.0.0.1:7402).
-	// Durable wiring goes through it. "" runs without a controller, with
-	// the durable wiring in a local file. It needs DataDir.
-	ControllerAddr string
-	// ControllerPeers maps every member of the controller group, this
-	// node included, from raft id to address (raft traffic and the
-	// controller service share it). With 3 or 5 members this node runs
-	// member ControllerID and ControllerAddr is ignored; with one member
-	// it acts as ControllerAddr = ControllerPeers[ControllerID]. It needs
-	// DataDir (the log lives in DataDir/controller). See CheckController.
-	ControllerPeers map[uint64]string
-	ControllerID    uint64
-	// ControllerJoin starts this node's member as one being added to a
-	// running group: it has no configuration until the leader, once an
-	// operator ran "berthctl members add ID=ADDR", sends it a snapshot.
-	// ControllerPeers then holds this node and the members it knows (2 to
-	// 6 entries, not necessarily 1, 3 or 5), and Start does not wait for a
-	// leader: the new member knows none until it is added. Keeping it set
-	// on later restarts is harmless: a member with a configuration ignores
-	// it.
-	ControllerJoin bool
-	// ControllerLeaseRead has a 3- or 5-member controller serve consistent
-	// reads from the leader's lease instead of a heartbeat round each
-	// (controlplane.Config.LeaseRead); it relies on bounded clock drift.
-	ControllerLeaseRead bool
-	// ControllerWait bounds how long Start waits for a 3- or 5-member
-	// group to elect a leader before restoring the wiring (default
-	// ControllerWaitDefault).
-	ControllerWait time.Duration
-	// Role is RoleBroker (default, "" too) or RoleController: a
-	// controller-only node runs its controller member and the admin HTTP
-	// (/healthz, /readyz, /metrics, /v1/status), no client listener and
-	// no shards.
-	Role string
-	// ControllerHeartbeat is the interval of a broker's heartbeats to the
-	// controller (default ControllerHeartbeatDefault); keep it well under
-	// the controller's broker timeout (0.8 s by default). See
-	// registration.go.
-	ControllerHeartbeat time.Duration
-	// ControllerBrokerTimeout and ControllerLeaderGrace are the embedded
-	// controller member's controlplane.Config.BrokerTimeout and
-	// LeaderGrace (0: their defaults, 3 s and a third of the timeout).
-	ControllerBrokerTimeout time.Duration
-	ControllerLeaderGrace   time.Duration
-	// GroupRebalance is how often a group's master looks for a
-	// preferred master back in sync to hand the group over to
-	// (replication/groups/rebalance.go): 0 means groups.RebalanceDefault, a
-	// negative value turns it off.
-	GroupRebalance time.Duration
-	// GroupLag is how long a group's follower may go without
-	// acknowledging before its master takes it out of the SyncStateSet;
-	// 0 means groups.LagDefault (500 ms).
-	GroupLag time.Duration
-	// GroupLease is how long the controller's answer to a heartbeat lets
-	// a group's master deliver, and how long a new master waits after its
-	// election before it delivers (group.Config.Lease); 0 means twice
-	// ControllerHeartbeat.
-	GroupLease time.Duration
-	// MemoryLimit is the memory budget for messages in bytes, split
-	// evenly across the shards; 0 means none. Above half of a shard's
-	// share its new message bodies are paged out to disk, above the share
-	// its publishers are throttled (shards/memory.go). berthd's default is
-	// a share of the machine's RAM.
-	MemoryLimit int64
-	// AdvertiseAddr is the client address the broker registers with the
-	// controller, for other nodes and clients to dial; empty means the
-	// address the client listener is bound to (which must then not be a
-	// wildcard such as 0.0.0.0).
-	AdvertiseAddr string
-
-	// TLSAddr is the TLS client address (host:port; port 0 picks a free
-	// one); "" runs no TLS listener. It needs TLSCert and TLSKey, PEM
-	// files; TLSClientCA, if set, is a PEM file of the CAs whose client
-	// certificates are required (mutual TLS). Server.ReloadTLS rereads
-	// all three.
-	TLSAddr, TLSCert, TLSKey, TLSClientCA string
-
-	// PeerAddr is where this broker's replication-group transport listens
-	// (host:port); "" runs no groups. It needs a controller. The broker
-	// publishes PeerAdvertise (default: the bound address) in the
-	// controller, and replicates the groups whose replica set the
-	// controller placed it in ("berthctl cluster init --groups G
-	// --replicas R"); it forwards publishes for the others to their
-	// masters.
-	PeerAddr, PeerAdvertise string
-
-	// ClusterCA, ClusterCert and ClusterKey (PEM files) make every
-	// connection on the peer and controller ports, both ways, mutual TLS
-	// with certificates the cluster CA signed; ClusterSecretFile holds a
-	// shared secret every such connection proves (clusterauth.go). With
-	// none, those ports must listen on loopback.
-	ClusterCA, ClusterCert, ClusterKey, ClusterSecretFile string
-
-	// AdminToken, if set, opens the admin HTTP's guarded paths to
-	// "Authorization: Bearer AdminToken" and makes them need credentials
-	// even on loopback (adminauth.go). AdminTLSCert and AdminTLSKey make
-	// the admin port serve HTTPS.
-	AdminToken, AdminTLSCert, AdminTLSKey string
-
-	// AllowPlainWithoutTLS lets clients log in with PLAIN on the
-	// plaintext listener, where their password crosses the network in
-	// the clear.
-	AllowPlainWithoutTLS bool
-}
-
-// DefaultConfig returns the embedded defaults: clients on 127.0.0.1:7400,
-// admin HTTP on 127.0.0.1:7480, one shard and one loop per core.
-func DefaultConfig() Config {
-	return Config{
-		ClientAddr:       "127.0.0.1:7400",
-		AdminAddr:        "127.0.0.1:7480",
-		DataDir:          "data",
-		HeartbeatMs:      5000,
-		FrameSizeMax:     wire.FrameSizeDefault,
-		WindowMax:        1 << 16,
-		CreditMax:        1 << 16,
-		InboundMax:       64 << 20,
-		OutboundMax:      OutboundMaxDefault,
-		OutboundTimeout:  OutboundTimeoutDefault,
-		HandshakeTimeout: HandshakeTimeoutDefault,
-		ServerName:       "berthd",
-		Fsync:            "always",
-	}
-}
-
-// MetricsQueueLimitDefault is Config.MetricsQueueLimit's default: about
-// 110,000 series, a few megabytes per scrape.
-const MetricsQueueLimitDefault = 10000
-
-func (c *Config) fill() {
-	d := DefaultConfig()
-	if c.MetricsQueueLimit == 0 {
-		c.MetricsQueueLimit = MetricsQueueLimitDefault
-	}
-	if c.ClientAddr == "" {
-		c.ClientAddr = "127.0.0.1:0"
-	}
-	if c.HeartbeatMs == 0 {
-		c.HeartbeatMs = d.HeartbeatMs
-	}
-	if c.FrameSizeMax == 0 {
-		c.FrameSizeMax = d.FrameSizeMax
-	}
-	if c.FrameSizeMax < wire.FrameSizeMin {
-		c.FrameSizeMax = wire.FrameSizeMin
-	}
-	if c.FrameSizeMax > wire.FrameSizeMax {
-		c.FrameSizeMax = wire.FrameSizeMax
-	}
-	if c.WindowMax == 0 {
-		c.WindowMax = d.WindowMax
-	}
-	if c.CreditMax == 0 {
-		c.CreditMax = d.CreditMax
-	}
-	if c.InboundMax == 0 {
-		c.InboundMax = d.InboundMax
-	}
-	if c.OutboundMax == 0 {
-		c.OutboundMax = d.OutboundMax
-	}
-	if c.OutboundMax < 0 {
-		c.OutboundMax = 0 // no cap
-	}
-	if c.OutboundTimeout <= 0 {
-		c.OutboundTimeout = d.OutboundTimeout
-	}
-	if c.HandshakeTimeout <= 0 {
-		c.HandshakeTimeout = d.HandshakeTimeout
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.ServerName == "" {
-		c.ServerName = d.ServerName
-	}
-	if len(c.ServerName) > wire.NameLenMax {
-		c.ServerName = c.ServerName[:wire.NameLenMax] // WELCOME carries at most this much
-	}
-	if c.Shards <= 0 {
-		c.Shards = numCPU()
-	}
-	if c.Loops <= 0 {
-		c.Loops = numCPU()
-	}
-	if c.Role == "" {
-		c.Role = RoleBroker
-	}
-	if c.ControllerWait <= 0 {
-		c.ControllerWait = ControllerWaitDefault
-	}
-	if c.ControllerHeartbeat <= 0 {
-		c.ControllerHeartbeat = ControllerHeartbeatDefault
-	}
-}
-
 // Server is a running broker.
 type Server struct {
 	cfg    Config
@@ -303,10 +56,13 @@ type Server struct {
 	// mgmtPending the commands they hold.
 	mgmtWG      sync.WaitGroup
 	mgmtPending atomic.Int64
-	stopOnce    sync.Once
-	draining    atomic.Bool // Close began: no new work is taken (drain.go)
-	stopHB      chan struct{}
-	hbWG        sync.WaitGroup
+	// stopOnce runs the stop path once, for Close or a failed Start;
+	// stopArmed is what Start brought up (see stopStep).
+	stopOnce  sync.Once
+	stopArmed [stopSteps]bool
+	draining  atomic.Bool // Close began: no new work is taken (drain.go)
+	stopHB    chan struct{}
+	hbWG      sync.WaitGroup
 
 	// The TLS listener (tls.go), or nil.
 	tlsMat   *tlsMaterial
@@ -374,8 +130,8 @@ type Server struct {
 
 // Start starts a broker and returns once it accepts clients.
 func Start(cfg Config) (*Server, error) {
-	cfg.fill()
-	if err := cfg.CheckController(); err != nil {
+	cfg.EnsureDefaults()
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.Role == RoleController {
@@ -391,13 +147,14 @@ func Start(cfg Config) (*Server, error) {
 		stopHB: make(chan struct{}),
 	}
 	s.regCtx, s.regCancel = context.WithCancel(context.Background())
+	s.arm(stopLoops)
 	s.conns.set = map[*connState]struct{}{}
 	s.conns.opened = make(chan struct{}, 1)
 	s.stalls.kick = make(chan struct{}, 1)
 	s.metrics = newMetrics(s)
 	s.sec = newSecurityMetrics(s.metrics.reg, cfg.Role != RoleController)
 	if err := s.startClusterAuth(); err != nil {
-		return nil, err
+		return nil, s.abort(err)
 	}
 	// Before the admin HTTP, whose basic auth reads the users: startAuth
 	// (a broker) or startControllerOnly fills them in.
@@ -406,20 +163,14 @@ func Start(cfg Config) (*Server, error) {
 	// comes up.
 	if cfg.AdminAddr != "" {
 		if err := s.startAdmin(); err != nil {
-			return nil, err
+			return nil, s.abort(err)
 		}
+		s.arm(stopAdmin)
 	}
-	started := false
-	defer func() {
-		if !started && s.admin != nil {
-			_ = s.admin.Close()
-		}
-	}()
 	if cfg.Role == RoleController {
 		if err := startControllerOnly(s); err != nil {
-			return nil, err
+			return nil, s.abort(err)
 		}
-		started = true
 		s.boot.started.Store(true)
 		return s, nil
 	}
@@ -428,7 +179,7 @@ func Start(cfg Config) (*Server, error) {
 		// count is fixed when the data directory is created.
 		n, err := wiring.ShardCount(cfg.DataDir)
 		if err != nil {
-			return nil, fmt.Errorf("server: %w", err)
+			return nil, s.abort(fmt.Errorf("server: %w", err))
 		}
 		if n > 0 && n != cfg.Shards {
 			cfg.Logger.Warn("server: keeping the shard count of the data directory", "configured", cfg.Shards, "data_dir", n)
@@ -442,22 +193,15 @@ func Start(cfg Config) (*Server, error) {
 	}
 	wcfg := wiring.Config{Logger: cfg.Logger, Dropped: s.queueDropped}
 	if cfg.DataDir != "" {
-		var policy journal.FsyncPolicy
-		switch cfg.Fsync {
-		case "", "always":
-			policy = journal.FsyncAlways
-		case "never":
-			policy = journal.FsyncNever
+		if cfg.Fsync == journal.FsyncNever {
 			cfg.Logger.Warn("server: fsync never: completions do not wait for the disk; a machine crash loses completed work")
-		default:
-			return nil, fmt.Errorf("server: fsync policy %q: want always or never", cfg.Fsync)
 		}
-		bcfg.Journal = &shards.JournalConfig{Dir: cfg.DataDir, Fsync: policy, FS: cfg.JournalFS, SegmentBytes: cfg.JournalSegmentBytes,
+		bcfg.Journal = &shards.JournalConfig{Dir: cfg.DataDir, Fsync: cfg.Fsync, FS: cfg.JournalFS, SegmentBytes: cfg.JournalSegmentBytes,
 			CheckpointRecords: cfg.JournalCheckpointRecords}
 		if cfg.controllerEmbedded() {
 			wl, err := s.startController(true)
 			if err != nil {
-				return nil, err
+				return nil, s.abort(err)
 			}
 			wcfg.Log = wl
 			s.wiringLog = wl
@@ -467,13 +211,13 @@ func Start(cfg Config) (*Server, error) {
 					err = s.checkPeerNotNeeded()
 				}
 				if err != nil {
-					s.stopController()
-					return nil, err
+					return nil, s.abort(err)
 				}
 			}
 		}
 	}
 	s.broker = shards.New(bcfg)
+	s.arm(stopShards)
 	wcfg.Broker = s.broker
 	if bcfg.Journal != nil {
 		wcfg.Dir = cfg.DataDir
@@ -486,32 +230,30 @@ func Start(cfg Config) (*Server, error) {
 	s.boot.broker.Store(s.broker)
 	// The shards run first; the wiring adds the durable queues to them;
 	// then the journals replay into those queues.
-	if err := s.broker.Start(); err == nil {
+	err := s.broker.Start()
+	if err == nil {
 		s.lanes = newLanes(s.regCtx, s.broker.Shards())
-		if cfg.PeerAddr != "" && s.brokerID != 0 {
-			err = s.initReplication()
-		}
-		if err == nil {
-			err = s.wiring.Restore()
-		}
-		if err == nil && s.replicator != nil {
-			err = s.replicator.restoreDone()
-		}
-		if err == nil {
-			err = s.broker.Recover()
-		}
-		if err != nil {
-			s.broker.Stop()
-			s.stopController()
-			return nil, fmt.Errorf("server: %w", err)
-		}
+	}
+	if err == nil && cfg.PeerAddr != "" && s.brokerID != 0 {
+		s.arm(stopReplicator)
+		err = s.initReplication()
+	}
+	if err == nil {
+		err = s.wiring.Restore()
+	}
+	if err == nil && s.replicator != nil {
+		err = s.replicator.restoreDone()
+	}
+	if err == nil {
+		err = s.broker.Recover()
+	}
+	if err != nil {
+		return nil, s.abort(fmt.Errorf("server: %w", err))
 	}
 
 	usersApplied, err := s.startAuth()
 	if err != nil {
-		s.broker.Stop()
-		s.stopController()
-		return nil, err
+		return nil, s.abort(err)
 	}
 	h := &handler{s: s}
 	go func() {
@@ -528,18 +270,13 @@ func Start(cfg Config) (*Server, error) {
 	}()
 	select {
 	case <-s.booted:
+		s.arm(stopListener)
 	case err := <-s.runErr:
-		s.broker.Stop()
-		s.stopController()
-		return nil, fmt.Errorf("server: listen on %s: %w", cfg.ClientAddr, err)
+		return nil, s.abort(fmt.Errorf("server: listen on %s: %w", cfg.ClientAddr, err))
 	}
 	if cfg.TLSAddr != "" {
 		if err := s.startTLS(); err != nil {
-			_ = s.eng.Stop(context.Background())
-			<-s.runErr
-			s.broker.Stop()
-			s.stopController()
-			return nil, err
+			return nil, s.abort(err)
 		}
 		m := s.tlsMat
 		s.registerCertExpiry("client", func() time.Time { return leafNotAfter(m.current.Load()) })
@@ -547,9 +284,12 @@ func Start(cfg Config) (*Server, error) {
 		go s.serveTLS(h)
 	}
 	s.boot.serving.Store(true)
+	s.arm(stopIntake)
+	s.arm(stopClients)
 	s.hbWG.Add(2)
 	go s.heartbeats()
 	go func() { defer s.hbWG.Done(); s.stalls.run(s.stopHB) }()
+	s.arm(stopHeartbeats)
 	if s.ctl != nil {
 		s.regWG.Add(1)
 		go s.watchUsers(usersApplied)
@@ -562,17 +302,15 @@ func Start(cfg Config) (*Server, error) {
 	if s.brokerID != 0 {
 		s.registerAtStart()
 		if cfg.PeerAddr != "" {
+			s.arm(stopGroups)
 			if err := s.startGroups(); err != nil {
-				started = true // Close cleans up from here
-				_ = s.Close()
-				return nil, err
+				return nil, s.abort(err)
 			}
 		}
 		s.regWG.Add(1)
 		go s.controllerLoop()
 	}
 	s.log.Info("berth: broker started", "clients", s.addr, "tls", s.TLSAddr(), "admin", s.AdminAddr(), "shards", cfg.Shards, "loops", cfg.Loops, "memory_limit_bytes", cfg.MemoryLimit, "broker_id", s.brokerID)
-	started = true
 	s.boot.started.Store(true)
 	return s, nil
 }
@@ -593,44 +331,102 @@ func (s *Server) Broker() *shards.Broker { return s.broker }
 
 // Close shuts down gracefully: it stops accepting, lets the shards finish
 // what they hold (their completions go out), then closes the connections.
+// It runs the stop path (stopStep); a second Close does nothing.
 func (s *Server) Close() error {
 	var err error
-	s.stopOnce.Do(func() {
-		// Heartbeats stop first: the controller learns of this broker's
-		// departure before its member stops.
+	s.stopOnce.Do(func() { err = s.stop() })
+	return err
+}
+
+// abort stops what a failed Start brought up, by the path Close takes, and
+// returns Start's error.
+func (s *Server) abort(err error) error {
+	s.stopOnce.Do(func() { _ = s.stop() })
+	return err
+}
+
+// stopStep is one step of the stop path. Close and a failed Start stop
+// the server the same way: stop runs, in the order of the steps below,
+// each step Start armed. Start arms a step when its component comes up
+// (or, when the step copes with a component not there, just before it
+// starts), so that a start that fails halfway stops what it started.
+//
+// The order is not the reverse of the start order:
+//   - The registration loops stop first, so that the controller learns of
+//     this broker's departure before its member stops, and before the
+//     groups, which the heartbeats report on.
+//   - The admin HTTP starts first, so that /readyz answers while the rest
+//     comes up, but stops early, before the drain, as Close always had it.
+//   - The shards start before the client listener but stop before it:
+//     what they finish completes to clients still connected, and only
+//     then are the clients told and the event loops stopped.
+//   - The controller member stops last: the management commands that
+//     finish in the drain may need it.
+type stopStep uint8
+
+const (
+	stopLoops      stopStep = iota // registration, controller heartbeats, user and wiring watches (regWG)
+	stopGroups                     // the replication groups
+	stopHeartbeats                 // the client heartbeat scan and the stall watch (hbWG)
+	stopAdmin                      // the admin HTTP
+	stopIntake                     // take no new work; what is in flight finishes
+	stopShards                     // the shards finish what they hold; journals close
+	stopReplicator                 // the replicated data plane's queue lists
+	stopClients                    // CLOSE to every client; TLS connections closed
+	stopListener                   // the client event loops
+	stopController                 // the controller clients and member
+	stopSteps
+)
+
+// arm adds step to the stop path. Only Start calls it, before it returns.
+func (s *Server) arm(step stopStep) { s.stopArmed[step] = true }
+
+// stop runs the armed steps in order and returns the event loops' error
+// from stopping, if any. stopOnce guards it.
+func (s *Server) stop() error {
+	var err error
+	for step := range stopSteps {
+		if s.stopArmed[step] {
+			if e := s.stopOne(step); e != nil && err == nil {
+				err = e
+			}
+		}
+	}
+	return err
+}
+
+func (s *Server) stopOne(step stopStep) error {
+	switch step {
+	case stopLoops:
 		s.regCancel()
 		s.regWG.Wait()
 		if s.lanes != nil {
 			s.lanes.wait()
 		}
+	case stopGroups:
 		if g := s.groups.Load(); g != nil {
 			g.Close()
 		}
-		if s.broker == nil { // controller-only
-			if s.admin != nil {
-				_ = s.admin.Close()
-			}
-			s.stopController()
-			return
-		}
+	case stopHeartbeats:
 		close(s.stopHB)
 		s.hbWG.Wait()
-		if s.admin != nil {
-			_ = s.admin.Close()
-		}
-		// Take no new work, finish what is in flight, then tell every
-		// client and stop the loops.
+	case stopAdmin:
+		_ = s.admin.Close()
+	case stopIntake:
 		s.stopTLSAccept()
 		s.draining.Store(true)
 		s.quiesce()
 		// Management commands taken before finish first: they may need
 		// the shards and the controller.
 		s.mgmtWG.Wait()
+	case stopShards:
 		s.broker.Stop()
-		if s.replicator != nil {
+	case stopReplicator:
+		if s.replicator != nil { // initReplication may fail before it sets one
 			s.replicator.local.close()
 			s.replicator.foreign.close()
 		}
+	case stopClients:
 		s.conns.Lock()
 		for cs := range s.conns.set {
 			v := wire.Version(cs.helloVer.Load())
@@ -649,13 +445,16 @@ func (s *Server) Close() error {
 			}
 		}
 		s.closeTLSConns()
+	case stopListener:
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		err = s.eng.Stop(ctx)
+		err := s.eng.Stop(ctx)
 		<-s.runErr
+		return err
+	case stopController:
 		s.stopController()
-	})
-	return err
+	}
+	return nil
 }
 
 func (s *Server) stopController() {
@@ -682,7 +481,7 @@ func (s *Server) heartbeats() {
 	defer s.hbWG.Done()
 	// Sessions negotiate their own intervals, so the scan runs often and
 	// each connection decides whether it is due.
-	interval := min(time.Duration(s.cfg.HeartbeatMs)*time.Millisecond/2, heartbeatScanMax)
+	interval := min(s.cfg.Heartbeat/2, heartbeatScanMax)
 	interval = max(interval, 5*time.Millisecond)
 	t := time.NewTicker(interval)
 	defer t.Stop()

@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -878,5 +880,57 @@ func TestShutdownSendsClose(t *testing.T) {
 	types, _ := readFrames(t, nc)
 	if len(types) == 0 || types[len(types)-1] != wire.TypeClose {
 		t.Fatalf("frames %v, want CLOSE last", types)
+	}
+}
+
+// TestStartFailsWhenShardsCannotStart: a shard setup that fails (here the
+// paging directory, whose parent is a file) fails Start with its error;
+// the broker does not come up without its shards.
+func TestStartFailsWhenShardsCannotStart(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "paging"), []byte("not a directory"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := server.DefaultConfig()
+	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir, cfg.ControllerAddr = "127.0.0.1:0", "", dir, ""
+	cfg.Shards, cfg.Loops, cfg.MemoryLimit, cfg.Logger = 1, 1, 64<<20, testLogger(t)
+	s, err := server.Start(cfg)
+	if err == nil {
+		s.Close()
+		t.Fatal("started without its shards")
+	}
+	if !strings.Contains(err.Error(), "paging") {
+		t.Fatalf("error %v does not name the paging directory", err)
+	}
+}
+
+// TestFailedStartStopsWhatItStarted: a start that fails late (the TLS
+// listener's certificate is missing, after the admin HTTP, the controller
+// and the client listener came up) stops them all by Close's path: their
+// ports are free again, and a start on the same data directory succeeds.
+func TestFailedStartStopsWhatItStarted(t *testing.T) {
+	dir := t.TempDir()
+	cfg := server.DefaultConfig()
+	cfg.ClientAddr, cfg.AdminAddr, cfg.ControllerAddr = testutil.FreeAddr(t), testutil.FreeAddr(t), testutil.FreeAddr(t)
+	cfg.DataDir, cfg.Shards, cfg.Loops, cfg.Logger = dir, 1, 1, testLogger(t)
+	bad := cfg
+	bad.TLSAddr, bad.TLSCert, bad.TLSKey = "127.0.0.1:0", filepath.Join(dir, "missing.pem"), filepath.Join(dir, "missing-key.pem")
+	if s, err := server.Start(bad); err == nil {
+		s.Close()
+		t.Fatal("started without its TLS certificate")
+	}
+	for _, addr := range []string{cfg.ClientAddr, cfg.AdminAddr, cfg.ControllerAddr} {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatalf("after the failed start %s is still taken: %v", addr, err)
+		}
+		ln.Close()
+	}
+	s, err := server.Start(cfg)
+	if err != nil {
+		t.Fatalf("start after the failed one: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -111,9 +111,6 @@ func (s *Server) TLSAddr() string {
 // startTLS loads the material and listens; serving starts with serveTLS.
 func (s *Server) startTLS() error {
 	c := &s.cfg
-	if c.TLSCert == "" || c.TLSKey == "" {
-		return errors.New("server: a TLS listener needs a certificate and a key (-tls-cert, -tls-key)")
-	}
 	m := &tlsMaterial{certFile: c.TLSCert, keyFile: c.TLSKey, clientCAFile: c.TLSClientCA}
 	if err := m.load(); err != nil {
 		return err

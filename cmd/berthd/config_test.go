@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/internal/testutil"
+	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/server"
 )
 
@@ -71,10 +72,10 @@ log-format = "json"
 		{"admin (empty BERTH_ADMIN over file)", c.AdminAddr, ""},
 		{"shards (BERTH_SHARDS over file)", c.Shards, 5},
 		{"loops (flag over environment and file)", c.Loops, 4},
-		{"fsync (file)", c.Fsync, "never"},
+		{"fsync (file)", c.Fsync, journal.FsyncNever},
 		{"controller-wait (flag over file)", c.ControllerWait, 9 * time.Second},
 		{"controller-lease-read (file)", c.ControllerLeaseRead, true},
-		{"heartbeat-ms (environment)", c.HeartbeatMs, uint32(2500)},
+		{"heartbeat-ms (environment)", c.Heartbeat, 2500 * time.Millisecond},
 		{"data (flag)", c.DataDir, "d"},
 		{"controller (default)", c.ControllerAddr, "127.0.0.1:7402"},
 		{"role (default)", c.Role, server.RoleBroker},
@@ -217,6 +218,9 @@ func TestConfigBadValue(t *testing.T) {
 		{"heartbeat-ms = -5", 1, "heartbeat-ms", "-heartbeat-ms -5"},
 		{"controller-wait = \"0s\"", 1, "controller-wait", "want a positive duration"},
 		{"advertise = \"no-port\"", 1, "advertise", "want host:port"},
+		{"group-lag = \"10ms\"", 1, "group-lag", "-group-lag 10ms: want 20ms to 1h"},
+		{"\nlisten-tls = \"127.0.0.1:7443\"", 2, "listen-tls", "needs -tls-cert and -tls-key"},
+		{"admin-token = \"short\"", 1, "admin-token", "want at least 16"},
 		{"\ncontroller-peers = \"1=127.0.0.1:7402,2=127.0.0.1:7412,3=127.0.0.1:7422\"\ncontroller-id = \"9\"", 3, "controller-id", "-controller-id 9 is not in -controller-peers"},
 	}
 	for _, c := range cases {
@@ -327,7 +331,7 @@ controller-id = "2"
 	if !reflect.DeepEqual(c1, c2) {
 		t.Errorf("configuration after the round trip:\n  %+v\nwant\n  %+v", c2, c1)
 	}
-	if c2.DataDir != data || c2.Fsync != "never" || c2.AdminAddr != "" || c2.ControllerWait != 90*time.Second || c2.ControllerID != 2 {
+	if c2.DataDir != data || c2.Fsync != journal.FsyncNever || c2.AdminAddr != "" || c2.ControllerWait != 90*time.Second || c2.ControllerID != 2 {
 		t.Errorf("round trip lost values: %+v", c2)
 	}
 	var second bytes.Buffer

@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/internal/version"
+	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/replication/groups"
 	"github.com/berthmq/berth/server"
 )
@@ -189,13 +190,13 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.StringVar(&f.dataDir, "data", d.DataDir, "data directory")
 	fs.IntVar(&f.shards, "shards", 0, "shard count, 0 = one per core")
 	fs.IntVar(&f.loops, "loops", 0, "event loop count, 0 = one per core")
-	fs.IntVar(&f.heartbeatMs, "heartbeat-ms", int(d.HeartbeatMs), "default heartbeat interval in ms")
+	fs.IntVar(&f.heartbeatMs, "heartbeat-ms", int(d.Heartbeat/time.Millisecond), "default heartbeat interval in ms")
 	fs.Int64Var(&f.outboundMax, "outbound-max", d.OutboundMax, "bytes written to one connection and not yet read by its client; past it the connection gets no deliveries and no frames are taken from it until it drains, -1 = no cap")
 	fs.DurationVar(&f.outboundTimeout, "outbound-timeout", d.OutboundTimeout, "close a connection that stays over -outbound-max this long")
 	fs.DurationVar(&f.handshakeTimeout, "handshake-timeout", d.HandshakeTimeout, "close a connection that has not logged in this long after it was accepted")
 	fs.StringVar(&f.frameSize, "frame-size-max", frameSizeDefault, "largest frame (header and body) a client may negotiate, so the largest message it may publish: 4KiB to 64MiB; a client that asks for less gets what it asked")
 	fs.StringVar(&f.controller, "controller", "127.0.0.1:7402", "in-process controller address; durable wiring goes through it; empty to keep wiring in a local file")
-	fs.StringVar(&f.fsync, "fsync", d.Fsync, "journal fsync policy: always, or never (unsafe)")
+	fs.StringVar(&f.fsync, "fsync", d.Fsync.String(), "journal fsync policy: always, or never (unsafe)")
 	fs.Int64Var(&f.segmentBytes, "journal-segment-bytes", 0, "journal segment size in bytes, 0 = default 2 MiB")
 	fs.Int64Var(&f.checkpointRecords, "journal-checkpoint-records", 0, "journal records per shard between checkpoints of the durable queues (also every 30 s and at a clean stop), 0 = default 262144; a restart after a crash replays up to this many records, or a quarter of the queues' messages if more")
 	fs.StringVar(&f.memoryLimit, "memory-limit", memoryLimitDefault, "memory budget for messages: bytes (2GiB, 512MiB), a share of RAM (40%), or 0 for none; above half of it bodies are paged to disk, above it publishers are throttled")
@@ -361,120 +362,97 @@ func parseArgs(args []string) (options, error) {
 	default:
 		return options{}, o.annotate(fmt.Errorf("-log-format %q: want text or json", f.logFormat), "log-format")
 	}
-	// The server's own checks, made here too so that a value from the file
-	// is reported with its line; like the server, empty means the default.
-	switch f.fsync {
-	case "", "always", "never":
-	default:
-		return options{}, o.annotate(fmt.Errorf("-fsync %q: want always or never", f.fsync), "fsync")
-	}
-	switch f.role {
-	case "", server.RoleBroker, server.RoleController:
-	default:
-		return options{}, o.annotate(fmt.Errorf("-role %q: want %s or %s", f.role, server.RoleBroker, server.RoleController), "role")
-	}
-	if f.heartbeatMs < 0 || int64(f.heartbeatMs) > math.MaxUint32 {
-		return options{}, o.annotate(fmt.Errorf("-heartbeat-ms %d: want 0 (the default) or a positive interval", f.heartbeatMs), "heartbeat-ms")
-	}
+	// What the flags' text cannot mean is refused here; the settings it
+	// gives are checked by the server's own Validate below.
 	cfg := server.DefaultConfig()
-	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir = f.listen, f.admin, f.dataDir
-	if f.outboundMax == 0 || f.outboundMax < -1 {
-		return options{}, o.annotate(fmt.Errorf("-outbound-max %d: want a positive byte count, or -1 for no cap", f.outboundMax), "outbound-max")
+	cfg.Logger = log
+	if cfg.Fsync, err = parseFsync(f.fsync); err != nil {
+		return options{}, o.annotate(err, "fsync")
 	}
-	for _, a := range []struct {
-		name string
-		v    time.Duration
-	}{{"outbound-timeout", f.outboundTimeout}, {"handshake-timeout", f.handshakeTimeout}} {
-		if a.v <= 0 {
-			return options{}, o.annotate(fmt.Errorf("-%s %v: want a positive duration", a.name, a.v), a.name)
-		}
-	}
-	cfg.OutboundMax, cfg.OutboundTimeout, cfg.HandshakeTimeout = f.outboundMax, f.outboundTimeout, f.handshakeTimeout
 	if cfg.FrameSizeMax, err = parseFrameSize(f.frameSize); err != nil {
 		return options{}, o.annotate(err, "frame-size-max")
 	}
-	if f.metricsQueueLimit == 0 || f.metricsQueueLimit < -1 {
-		return options{}, o.annotate(fmt.Errorf("-metrics-queue-limit %d: want a positive queue count, or -1 for no limit", f.metricsQueueLimit), "metrics-queue-limit")
-	}
-	cfg.MetricsQueueLimit = f.metricsQueueLimit
-	cfg.Shards, cfg.Loops, cfg.HeartbeatMs = f.shards, f.loops, uint32(f.heartbeatMs)
-	cfg.Logger = log
-	cfg.Fsync = f.fsync
-	cfg.ControllerAddr = f.controller
-	cfg.JournalSegmentBytes = f.segmentBytes
-	if f.checkpointRecords < 0 {
-		return options{}, o.annotate(fmt.Errorf("-journal-checkpoint-records %d: want 0 or more", f.checkpointRecords), "journal-checkpoint-records")
-	}
-	cfg.JournalCheckpointRecords = int(f.checkpointRecords)
 	if cfg.MemoryLimit, err = parseMemoryLimit(f.memoryLimit); err != nil {
 		return options{}, o.annotate(err, "memory-limit")
 	}
-	cfg.Role, cfg.ControllerID, cfg.ControllerPeers = f.role, id, peers
-	cfg.ControllerJoin = f.join
-	cfg.AdvertiseAddr = f.advertise
-	for _, a := range []struct{ name, v string }{{"peer", f.peer}, {"peer-advertise", f.peerAdvertise}} {
-		if a.v != "" {
-			if _, _, err := net.SplitHostPort(a.v); err != nil {
-				return options{}, o.annotate(fmt.Errorf("-%s %q: want host:port", a.name, a.v), a.name)
-			}
+	if cfg.Heartbeat, err = millis("heartbeat-ms", f.heartbeatMs); err != nil {
+		return options{}, o.annotate(err, "heartbeat-ms")
+	}
+	if cfg.ControllerHeartbeat, err = millis("controller-heartbeat-ms", f.ctlHeartbeatMs); err != nil {
+		return options{}, o.annotate(err, "controller-heartbeat-ms")
+	}
+	// In server.Config a zero (and for some a negative value) stands for
+	// the default; these flags show theirs, so such a value given for one
+	// is a mistake, not a request for the default.
+	for _, z := range []struct {
+		key  string
+		bad  bool
+		v    any
+		want string
+	}{
+		{"outbound-max", f.outboundMax == 0 || f.outboundMax < -1, f.outboundMax, "a positive byte count, or -1 for no cap"},
+		{"outbound-timeout", f.outboundTimeout <= 0, f.outboundTimeout, "a positive duration"},
+		{"handshake-timeout", f.handshakeTimeout <= 0, f.handshakeTimeout, "a positive duration"},
+		{"metrics-queue-limit", f.metricsQueueLimit == 0 || f.metricsQueueLimit < -1, f.metricsQueueLimit, "a positive queue count, or -1 for no limit"},
+		{"controller-heartbeat-ms", f.ctlHeartbeatMs <= 0, f.ctlHeartbeatMs, "a positive interval"},
+		{"controller-wait", f.controllerWait <= 0, f.controllerWait, "a positive duration"},
+		{"controller-broker-timeout", f.brokerTimeout <= 0, f.brokerTimeout, "a positive duration"},
+		{"group-lag", f.groupLag == 0, f.groupLag, "20ms to 1h"},
+		{"group-rebalance", f.rebalance < 0, f.rebalance, "a positive interval, or 0 for none"},
+	} {
+		if z.bad {
+			return options{}, o.annotate(fmt.Errorf("-%s %v: want %s", z.key, z.v, z.want), z.key)
 		}
 	}
-	if f.peer != "" && f.dataDir == "" {
-		return options{}, o.annotate(fmt.Errorf("-peer needs -data: the group log is journaled"), "peer", "data")
-	}
+	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir = f.listen, f.admin, f.dataDir
+	cfg.Shards, cfg.Loops = f.shards, f.loops
+	cfg.OutboundMax, cfg.OutboundTimeout, cfg.HandshakeTimeout = f.outboundMax, f.outboundTimeout, f.handshakeTimeout
+	cfg.MetricsQueueLimit = f.metricsQueueLimit
+	cfg.JournalSegmentBytes, cfg.JournalCheckpointRecords = f.segmentBytes, int(f.checkpointRecords)
+	cfg.Role, cfg.ControllerAddr, cfg.ControllerID, cfg.ControllerPeers = f.role, f.controller, id, peers
+	cfg.ControllerJoin, cfg.ControllerLeaseRead, cfg.ControllerWait = f.join, f.leaseRead, f.controllerWait
+	cfg.ControllerBrokerTimeout, cfg.ControllerLeaderGrace = f.brokerTimeout, f.leaderGrace
+	cfg.AdvertiseAddr = f.advertise
 	cfg.PeerAddr, cfg.PeerAdvertise = f.peer, f.peerAdvertise
-	if f.listenTLS != "" && (f.tlsCert == "" || f.tlsKey == "") {
-		return options{}, o.annotate(fmt.Errorf("-listen-tls %q needs -tls-cert and -tls-key", f.listenTLS), "listen-tls", "tls-cert", "tls-key")
+	cfg.GroupLag, cfg.GroupLease = f.groupLag, f.groupLease
+	cfg.GroupRebalance = f.rebalance
+	if f.rebalance == 0 {
+		cfg.GroupRebalance = -1 // the flag's 0 is none, the server's the default
 	}
 	cfg.TLSAddr, cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA = f.listenTLS, f.tlsCert, f.tlsKey, f.tlsClientCA
 	cfg.AllowPlainWithoutTLS = f.allowPlain
 	cfg.ClusterCA, cfg.ClusterCert, cfg.ClusterKey, cfg.ClusterSecretFile = f.clusterCA, f.clusterCert, f.clusterKey, f.clusterSecret
 	cfg.AdminToken, cfg.AdminTLSCert, cfg.AdminTLSKey = f.adminToken, f.adminTLSCert, f.adminTLSKey
-	cfg.ControllerLeaseRead = f.leaseRead
-	if f.ctlHeartbeatMs <= 0 {
-		return options{}, o.annotate(fmt.Errorf("-controller-heartbeat-ms %d: want a positive interval", f.ctlHeartbeatMs), "controller-heartbeat-ms")
-	}
-	cfg.ControllerHeartbeat = time.Duration(f.ctlHeartbeatMs) * time.Millisecond
-	if f.controllerWait <= 0 {
-		return options{}, o.annotate(fmt.Errorf("-controller-wait %v: want a positive duration", f.controllerWait), "controller-wait")
-	}
-	cfg.ControllerWait = f.controllerWait
-	if f.brokerTimeout <= 0 {
-		return options{}, o.annotate(fmt.Errorf("-controller-broker-timeout %v: want a positive duration", f.brokerTimeout), "controller-broker-timeout")
-	}
-	if f.leaderGrace < 0 || f.leaderGrace > f.brokerTimeout {
-		return options{}, o.annotate(fmt.Errorf("-controller-leader-grace %v: want 0 (the default) up to -controller-broker-timeout %v", f.leaderGrace, f.brokerTimeout), "controller-leader-grace", "controller-broker-timeout")
-	}
-	if hb := time.Duration(f.ctlHeartbeatMs) * time.Millisecond; hb >= f.brokerTimeout {
-		return options{}, o.annotate(fmt.Errorf("-controller-heartbeat-ms %d is not under -controller-broker-timeout %v: every broker would be counted dead between two of its heartbeats", f.ctlHeartbeatMs, f.brokerTimeout), "controller-heartbeat-ms", "controller-broker-timeout")
-	}
-	cfg.ControllerBrokerTimeout, cfg.ControllerLeaderGrace = f.brokerTimeout, f.leaderGrace
-	if f.groupLag < 20*time.Millisecond || f.groupLag > time.Hour {
-		return options{}, o.annotate(fmt.Errorf("-group-lag %v: want 20ms to 1h", f.groupLag), "group-lag")
-	}
-	cfg.GroupLag = f.groupLag
-	if hb := time.Duration(f.ctlHeartbeatMs) * time.Millisecond; f.groupLease < 0 || f.groupLease != 0 && f.groupLease <= hb || f.groupLease > time.Minute {
-		return options{}, o.annotate(fmt.Errorf("-group-lease %v: want 0 (twice the heartbeat interval) or more than -controller-heartbeat-ms (%v) up to 1m: a lease no longer than the interval between heartbeats lapses between two of them", f.groupLease, hb), "group-lease", "controller-heartbeat-ms")
-	}
-	cfg.GroupLease = f.groupLease
-	switch {
-	case f.rebalance < 0:
-		return options{}, o.annotate(fmt.Errorf("-group-rebalance %v: want a positive interval, or 0 for none", f.rebalance), "group-rebalance")
-	case f.rebalance == 0:
-		cfg.GroupRebalance = -1
-	default:
-		cfg.GroupRebalance = f.rebalance
-	}
-	if f.advertise != "" {
-		if _, _, err := net.SplitHostPort(f.advertise); err != nil {
-			return options{}, o.annotate(fmt.Errorf("-advertise %q: want host:port", f.advertise), "advertise")
+	if err := cfg.Validate(); err != nil {
+		var ce *server.ConfigError
+		if errors.As(err, &ce) {
+			err = o.annotate(err, ce.Keys...)
 		}
-	}
-	if err := cfg.CheckController(); err != nil {
-		return options{}, o.annotate(err, "role", "controller", "data", "controller-id", "controller-peers", "controller-join")
+		return options{}, err
 	}
 	return options{cfg: cfg, mutexFraction: f.mutexFraction, blockRate: f.blockRate,
 		printConfig: f.printConfig, fs: fs, origins: o, cmdline: cmdline}, nil
+}
+
+// parseFsync reads -fsync; empty (BERTH_FSYNC=) is the default policy.
+func parseFsync(name string) (journal.FsyncPolicy, error) {
+	if name == "" {
+		return server.DefaultConfig().Fsync, nil
+	}
+	p, err := journal.ParseFsyncPolicy(name)
+	if err != nil {
+		return 0, fmt.Errorf("-fsync %q: want %s", name, strings.Join(journal.FsyncPolicyNames(), " or "))
+	}
+	return p, nil
+}
+
+// millis turns a flag in milliseconds into a duration. Only what no
+// duration holds is refused here; the server checks the interval.
+func millis(key string, ms int) (time.Duration, error) {
+	if limit := int(math.MaxInt64 / time.Millisecond); ms > limit || ms < -limit {
+		return 0, fmt.Errorf("-%s %d: integer out of range", key, ms)
+	}
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 // controllerFlags parses -controller-id and -controller-peers. Peers look

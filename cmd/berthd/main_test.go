@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/internal/testutil"
+	"github.com/berthmq/berth/journal"
 )
 
 func TestControllerFlags(t *testing.T) {
@@ -100,6 +101,7 @@ func TestArgs(t *testing.T) {
 		{args: []string{"-controller-wait", "0s"}},
 		{env: map[string]string{"BERTH_CONTROLLER_WAIT": "-1s"}},
 		{args: []string{"-group-lag", "10ms"}},
+		{args: []string{"-group-lag", "0s"}},
 		{env: map[string]string{"BERTH_GROUP_LAG": "2h"}},
 	}
 	for _, c := range cases {
@@ -277,7 +279,7 @@ func TestFlagOverridesEnv(t *testing.T) {
 	}
 	c := o.cfg
 	if c.ClientAddr != "127.0.0.1:7501" || c.AdminAddr != "" || c.Shards != 3 || c.JournalSegmentBytes != 1<<20 ||
-		!c.ControllerLeaseRead || c.ControllerWait != 5*time.Second || c.Fsync != "never" {
+		!c.ControllerLeaseRead || c.ControllerWait != 5*time.Second || c.Fsync != journal.FsyncNever {
 		t.Fatalf("config from the environment: %+v", c)
 	}
 	o, err = parseArgs([]string{"-data", "d", "-listen", "127.0.0.1:7502", "-admin", "127.0.0.1:7580", "-shards", "5",
@@ -287,7 +289,7 @@ func TestFlagOverridesEnv(t *testing.T) {
 	}
 	c = o.cfg
 	if c.ClientAddr != "127.0.0.1:7502" || c.AdminAddr != "127.0.0.1:7580" || c.Shards != 5 || c.JournalSegmentBytes != 4096 ||
-		c.ControllerLeaseRead || c.ControllerWait != 2*time.Second || c.Fsync != "always" {
+		c.ControllerLeaseRead || c.ControllerWait != 2*time.Second || c.Fsync != journal.FsyncAlways {
 		t.Fatalf("flags did not override the environment: %+v", c)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/internal/testutil"
+	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/server"
 )
 
@@ -40,7 +41,7 @@ func startBrokerWith(t *testing.T, set func(*server.Config)) *server.Server {
 	cfg.AdminAddr = "127.0.0.1:0"
 	cfg.ControllerAddr = "127.0.0.1:0"
 	cfg.DataDir = t.TempDir()
-	cfg.Fsync = "never" // the test is about the CLI, not durability
+	cfg.Fsync = journal.FsyncNever // the test is about the CLI, not durability
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	if set != nil {
 		set(&cfg)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/berthmq/berth/internal/certgen"
 	"github.com/berthmq/berth/internal/testutil"
+	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/server"
 )
 
@@ -41,7 +42,7 @@ func TestSecuredBroker(t *testing.T) {
 	cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA = f.NodeCerts[0], f.NodeKey[0], f.CA
 	cfg.ClusterCA, cfg.ClusterCert, cfg.ClusterKey, cfg.ClusterSecretFile = f.CA, f.NodeCerts[0], f.NodeKey[0], f.Secret
 	cfg.AdminToken, cfg.AdminTLSCert, cfg.AdminTLSKey = strings.TrimSpace(string(token)), f.NodeCerts[0], f.NodeKey[0]
-	cfg.DataDir, cfg.Fsync = t.TempDir(), "never"
+	cfg.DataDir, cfg.Fsync = t.TempDir(), journal.FsyncNever
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	s, err := server.Start(cfg)
 	if err != nil {
