@@ -105,6 +105,21 @@ func (r *MPSC[T]) Push(ctx context.Context, v T) error {
 	return pushSlow(ctx, r.space, func() bool { return r.TryPush(v) }, r.notFull)
 }
 
+// WaitRoom parks until the ring has a free slot or ctx is done. A push
+// after it may still find the ring full (another producer took the
+// slot), so callers loop. Any goroutine except event loops.
+func (r *MPSC[T]) WaitRoom(ctx context.Context) error {
+	for !r.notFull() {
+		if err := r.space.Wait(ctx, r.notFull); err != nil {
+			return err
+		}
+	}
+	// The consumer sends one token however many producers wait: pass it
+	// on, as pushSlow does.
+	r.space.Notify()
+	return nil
+}
+
 func (r *MPSC[T]) notFull() bool {
 	return r.tail.Load()-r.head.Load() <= r.mask
 }

@@ -617,3 +617,38 @@ func TestNoAllocs(t *testing.T) {
 		})
 	}
 }
+
+// TestMPSCWaitRoom: WaitRoom on a full ring parks until the consumer
+// frees a slot, returns at once while there is room, and gives up when
+// its context ends.
+func TestMPSCWaitRoom(t *testing.T) {
+	r := NewMPSC[int](2)
+	for r.TryPush(0) {
+	}
+	short, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := r.WaitRoom(short); err == nil {
+		t.Fatal("WaitRoom on a full ring returned without room, before its context ended")
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.WaitRoom(context.Background()) }()
+	select {
+	case err := <-done:
+		t.Fatalf("WaitRoom returned (%v) while the ring was full", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	if _, ok := r.TryPop(); !ok {
+		t.Fatal("nothing to pop")
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(testTimeout):
+		t.Fatal("WaitRoom did not return after a slot was freed")
+	}
+	if !r.TryPush(1) {
+		t.Fatal("no room after WaitRoom returned, with no other producer")
+	}
+}

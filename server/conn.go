@@ -36,6 +36,9 @@ type connState struct {
 	// readStalled is when the owner stopped taking frames because the
 	// connection was over its cap of pending bytes, or 0 (outbound.go).
 	readStalled atomic.Int64
+	// stalledOn is 1 + the shard whose full ring stopped the owner's last
+	// frame, 0 for none: a TLS reader parks on that ring (tls.go).
+	stalledOn atomic.Int32
 	checking    atomic.Bool // a checkOutbound is queued on the owner
 
 	version     wire.Version

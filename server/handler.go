@@ -38,7 +38,7 @@ const throttleWakeInterval = 5 * time.Millisecond
 // park notes that cs stopped at a publish to the throttled shard sh.
 func (h *handler) park(cs *connState, sh *shards.Shard) {
 	if _, ok := cs.t.(gnetConn); !ok {
-		return
+		return // a TLS reader waits on its own (tls.go)
 	}
 	h.throttled.Lock()
 	h.throttled.conns[cs] = sh
@@ -76,7 +76,7 @@ func (h *handler) wakeThrottled(stop <-chan struct{}) {
 				// A shutdown wakes everyone: refuse answers what they hold.
 				if cs.closing.Load() || !sh.Throttled() || h.s.draining.Load() {
 					delete(h.throttled.conns, cs)
-					_ = cs.t.(gnetConn).c.Wake(nil)
+					cs.t.wake()
 				}
 			}
 			left := len(h.throttled.conns)
@@ -457,6 +457,7 @@ func (h *handler) hello(cs *connState, body []byte) gnet.Action {
 // counts against the session's window.
 func (h *handler) push(cs *connState, shard int, cmd shards.Command) bool {
 	if !h.s.broker.Shards()[shard].TryPush(cmd) {
+		cs.stalledOn.Store(int32(shard) + 1)
 		return false
 	}
 	if cmd.CmdID != 0 && (cmd.Op != shards.OpSettle || cmd.Last) {
@@ -545,6 +546,7 @@ func (h *handler) publish(cs *connState, flags uint8, body []byte) (bool, gnet.A
 			if shardList[q.Shard()].TryPush(cmd) {
 				continue
 			}
+			cs.stalledOn.Store(int32(q.Shard()) + 1)
 			cs.resume = i
 			if j == 0 {
 				// Nothing went out: stop here and retry this message
@@ -584,6 +586,7 @@ func pushFanRest(cs *connState, shardList []*shards.Shard) bool {
 		c := cs.fanCmd
 		c.Queue = cs.fanRest[cs.fanNext]
 		if !shardList[c.Queue.Shard()].TryPush(c) {
+			cs.stalledOn.Store(int32(c.Queue.Shard()) + 1)
 			return false
 		}
 	}

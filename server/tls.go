@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -27,13 +28,11 @@ const (
 	// tlsReadBufferMin is the reader's starting buffer; it grows to hold
 	// the largest frame the session allows.
 	tlsReadBufferMin = 64 << 10
-	// tlsStallWait is how long a reader whose frames could not all be
-	// taken (a shard ring full, or a shard over its memory share) waits
-	// before trying again (a gnet loop uses Wake). The wait doubles while
-	// nothing is taken, up to tlsStallWaitMax, so a publisher held by the
-	// memory budget does not spin: a full ring clears in microseconds, a
-	// memory throttle lasts until consumers catch up.
-	tlsStallWait    = 50 * time.Microsecond
+	// tlsStallWaitMax bounds how long a reader whose frames could not all
+	// be taken waits before it tries them again (waitStalled): it parks
+	// on the full shard ring, or until it is woken (its outbound buffer
+	// drained), and a shard over its memory share, which wakes nobody,
+	// is tried again after this.
 	tlsStallWaitMax = 5 * time.Millisecond
 	// tlsWriteBufferKeepMax: a writer's coalescing buffer above this is
 	// dropped after use rather than kept for the connection's life.
@@ -195,7 +194,7 @@ func (s *Server) serveTLSConn(h *handler, tc *tls.Conn, raw net.Conn) {
 		return
 	}
 	_ = tc.SetDeadline(time.Time{})
-	t := &tlsConn{nc: tc, kick: make(chan struct{}, 1), done: make(chan struct{})}
+	t := &tlsConn{nc: tc, kick: make(chan struct{}, 1), woken: make(chan struct{}, 1), done: make(chan struct{})}
 	go t.writeLoop()
 	defer func() { <-t.done }()
 	defer t.shutdown()
@@ -203,9 +202,9 @@ func (s *Server) serveTLSConn(h *handler, tc *tls.Conn, raw net.Conn) {
 	cs.peerCerts = tc.ConnectionState().PeerCertificates
 	defer h.closed(cs)
 	buf := make([]byte, 0, tlsReadBufferMin)
-	stallWait := tlsStallWait
 	for {
 		if len(buf) > 0 {
+			cs.stalledOn.Store(0)
 			t.own.Lock()
 			consumed, action, stalled := h.traffic(cs, buf)
 			t.own.Unlock()
@@ -218,14 +217,9 @@ func (s *Server) serveTLSConn(h *handler, tc *tls.Conn, raw net.Conn) {
 				return
 			}
 			if stalled {
-				if consumed > 0 {
-					stallWait = tlsStallWait // progress: the stall is short
-				}
-				time.Sleep(stallWait)
-				stallWait = min(2*stallWait, tlsStallWaitMax)
+				s.waitStalled(t, cs)
 				continue
 			}
-			stallWait = tlsStallWait
 		}
 		if len(buf) == cap(buf) {
 			// A frame larger than the buffer: wire.Next refused any frame
@@ -262,7 +256,9 @@ type tlsConn struct {
 		closed     bool     // no more writes are taken
 	}
 	kick chan struct{} // cap 1: the writer has work
-	done chan struct{} // closed when the writer has exited
+	// woken (cap 1) wakes the reader from waitStalled (wake).
+	woken chan struct{}
+	done  chan struct{} // closed when the writer has exited
 }
 
 func (t *tlsConn) RemoteAddr() net.Addr { return t.nc.RemoteAddr() }
@@ -332,7 +328,32 @@ func (t *tlsConn) setGauge(g *atomic.Int64) {
 
 // wake does nothing: a reader that stopped taking frames tries again on
 // its own.
-func (t *tlsConn) wake() {}
+// wake tells a reader waiting in waitStalled that what stopped it may
+// have passed (the outbound buffer drained).
+func (t *tlsConn) wake() {
+	select {
+	case t.woken <- struct{}{}:
+	default:
+	}
+}
+
+// waitStalled parks a TLS reader whose frames were not all taken until
+// they may be: the shard ring it found full has room, or (over its
+// outbound cap) it is woken, or tlsStallWaitMax passed (a shard over its
+// memory share, which wakes no one). A gnet loop comes back with Wake
+// instead; this goroutine may block.
+func (s *Server) waitStalled(t *tlsConn, cs *connState) {
+	ctx, cancel := context.WithTimeout(s.regCtx, tlsStallWaitMax)
+	defer cancel()
+	if sh := cs.stalledOn.Load(); sh > 0 {
+		_ = s.broker.Shards()[sh-1].WaitRoom(ctx)
+		return
+	}
+	select {
+	case <-t.woken:
+	case <-ctx.Done():
+	}
+}
 
 // abort closes the socket under the writer and the reader: a write in
 // progress fails, and the reader's next read ends the connection.

@@ -203,6 +203,11 @@ func (s *Shard) TryPush(cmd Command) bool {
 // event loop.
 func (s *Shard) Push(ctx context.Context, cmd Command) error { return s.in.Push(ctx, cmd) }
 
+// WaitRoom parks until the shard's ring has room for a command or ctx is
+// done (a reader goroutine that found it full; event loops come back
+// instead). A TryPush after it may still find the ring full.
+func (s *Shard) WaitRoom(ctx context.Context) error { return s.in.WaitRoom(ctx) }
+
 func (s *Shard) run(ctx context.Context) {
 	ready := func() bool {
 		if s.journal != nil && (s.journal.done.Ready() || s.journal.overflowed()) {
