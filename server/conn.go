@@ -39,7 +39,7 @@ type connState struct {
 	// stalledOn is 1 + the shard whose full ring stopped the owner's last
 	// frame, 0 for none: a TLS reader parks on that ring (tls.go).
 	stalledOn atomic.Int32
-	checking    atomic.Bool // a checkOutbound is queued on the owner
+	checking  atomic.Bool // a checkOutbound is queued on the owner
 
 	version     wire.Version
 	frameMax    uint32
