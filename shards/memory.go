@@ -116,14 +116,10 @@ const EntryBytes = int64(unsafe.Sizeof(Entry{})) + int64(unsafe.Sizeof((*Entry)(
 
 // logEntryBytes is what a replicated message costs in its group log
 // beyond its body: the log's slot and the node's journal position
-// (replication/groups.PositionBytes: an offset from its chunk's base). One
-// whose event's data the log holds (not paged) also costs the log
+// (group.PositionBytes: an offset from its chunk's base). One whose
+// event's data the log holds (not paged) also costs the log
 // group.HeldBytes, not counted: its body is, and the two go together.
-const logEntryBytes = group.SlotBytes + positionBytes
-
-// positionBytes is replication/groups.PositionBytes, which this package
-// cannot import.
-const positionBytes = 4
+const logEntryBytes = group.SlotBytes + group.PositionBytes
 
 // entryCost is what a message of q costs with its body paged out.
 func entryCost(q *Queue) int64 {

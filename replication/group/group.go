@@ -244,6 +244,14 @@ const (
 // one run), and an entry whose data is in memory costs HeldBytes more.
 const SlotBytes = int64(unsafe.Sizeof(slot(0)))
 
+// PositionBytes is what the node that drives a member keeps per entry
+// beside its slot: the entry's position in the group journal, an offset
+// from its chunk's base (replication/groups, which holds it to this:
+// TestPositionBytes). It is declared here, with SlotBytes, so that the
+// shards, which count a replicated message's cost, need not import the
+// node.
+const PositionBytes = 4
+
 // HeldBytes is what an entry whose data is in memory costs beyond its
 // slot and its data: its element of Member.data.
 const HeldBytes = int64(unsafe.Sizeof([]byte(nil)))

@@ -1,6 +1,9 @@
 package groups
 
-import "github.com/berthmq/berth/journal"
+import (
+	"github.com/berthmq/berth/journal"
+	"github.com/berthmq/berth/replication/group"
+)
 
 // positions are the journal positions of the records of a group's log
 // entries, from index first on. A broker over its memory budget keeps
@@ -33,8 +36,9 @@ type posChunk struct {
 }
 
 // PositionBytes is what an entry's position costs in memory: its offset
-// (and 1/posChunkLen of its chunk's base and pointer).
-const PositionBytes = 4
+// (and 1/posChunkLen of its chunk's base and pointer), as
+// group.PositionBytes says.
+const PositionBytes = group.PositionBytes
 
 // reset drops every position; the next one pushed is the entry at first.
 func (p *positions) reset(first uint64) {
