@@ -1,14 +1,20 @@
 package clustertest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/berthmq/berth/client"
+	"github.com/berthmq/berth/internal/testutil"
 )
 
 // BenchmarkPublishForwarded compares, in one run on one cluster of three
@@ -17,7 +23,9 @@ import (
 // with the same publishes made at a follower, which forwards each to the
 // master. Four connections keep up to 256 publishes each in flight; the
 // figures are completed publishes per second and the publish latency's
-// p50 and p99 as the client sees them.
+// p50 and p99 as the client sees them, and the CPU the three brokers
+// spent a message, summed; a single broker (no cluster, fsync always)
+// runs the same publishes beside them for the single-node figure.
 //
 //	make bench-forward
 //	go test ./server/clustertest -run '^$' -bench PublishForwarded -benchtime 20000x
@@ -35,19 +43,40 @@ func BenchmarkPublishForwarded(b *testing.B) {
 			break
 		}
 	}
+	// One broker alone beside them, as make run starts it (but on one
+	// shard and loop, as the cluster's are), for the single-node CPU a
+	// message.
+	dir := b.TempDir()
+	single := &node{name: "single", client: testutil.FreeAddr(b), logPath: filepath.Join(dir, "single.log"),
+		args: []string{"-data", filepath.Join(dir, "single"), "-admin", "", "-shards", "1", "-loops", "1", "-log-level", "warn"}}
+	single.args = append(single.args, "-listen", single.client)
+	single.start(b)
+	defer single.kill()
+	single.waitUp(b, 20*time.Second)
+	sconn := dial(b, ctx, single.client)
+	if err := sconn.DeclareQueue(ctx, queue, client.QueueOptions{Durable: true}); err != nil {
+		b.Fatal(err)
+	}
+	sconn.Close()
 	for _, size := range []int{128, 1024} {
 		for _, via := range []struct {
-			name string
-			n    *node
-		}{{"master", mnode}, {"follower", fnode}} {
+			name  string
+			n     *node
+			cpuOf []*node
+		}{{"master", mnode, c.nodes}, {"follower", fnode, c.nodes}, {"single", single, []*node{single}}} {
 			b.Run(fmt.Sprintf("size=%d/via=%s", size, via.name), func(b *testing.B) {
-				benchPublish(b, ctx, via.n.client, queue, size)
+				benchPublish(b, ctx, via.n.client, queue, size, via.cpuOf...)
 			})
 		}
 	}
 }
 
-func benchPublish(b *testing.B, ctx context.Context, addr, queue string, size int) {
+// benchPublish publishes b.N messages to queue at addr and reports the
+// rate, the latency's p50 and p99, and the CPU the brokers in cpuOf
+// spent per message, summed (their user and system time from /proc,
+// read before and after: at 10 ms a tick, it wants b.N in the tens of
+// thousands).
+func benchPublish(b *testing.B, ctx context.Context, addr, queue string, size int, cpuOf ...*node) {
 	const conns, window = 4, 256
 	payload := make([]byte, size)
 	lat := make([]time.Duration, b.N)
@@ -56,10 +85,15 @@ func benchPublish(b *testing.B, ctx context.Context, addr, queue string, size in
 	var wg sync.WaitGroup
 	b.SetBytes(int64(size))
 	b.ReportAllocs()
+	conns0 := make([]*client.Conn, conns)
+	for c := range conns {
+		conns0[c] = dial(b, ctx, addr)
+	}
+	cpu0 := cpuTime(b, cpuOf)
 	b.ResetTimer()
 	start := time.Now()
 	for c := range conns {
-		conn := dial(b, ctx, addr)
+		conn := conns0[c]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -91,8 +125,12 @@ func benchPublish(b *testing.B, ctx context.Context, addr, queue string, size in
 	wg.Wait()
 	elapsed := time.Since(start)
 	b.StopTimer()
+	cpu := cpuTime(b, cpuOf) - cpu0
 	if failed != nil {
 		b.Fatal(failed)
+	}
+	if len(cpuOf) > 0 {
+		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-us/msg")
 	}
 	slices.Sort(lat)
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
@@ -193,3 +231,31 @@ func BenchmarkConsumeProxied(b *testing.B) {
 		})
 	}
 }
+
+// cpuTime is the user and system time the nodes' processes have spent,
+// summed, from /proc/PID/stat.
+func cpuTime(b *testing.B, nodes []*node) time.Duration {
+	var total time.Duration
+	for _, n := range nodes {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n.proc.Pid()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		// The command name, in parentheses, may hold spaces: the fields
+		// are counted after its closing one (utime and stime are the
+		// 14th and 15th fields of the line).
+		f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+1:]))
+		for _, k := range []int{11, 12} {
+			ticks, err := strconv.ParseInt(f[k], 10, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			total += time.Duration(ticks) * time.Second / clockTicks
+		}
+	}
+	return total
+}
+
+// clockTicks is the kernel's USER_HZ, the unit of /proc's times: 100 on
+// Linux everywhere this runs.
+const clockTicks = 100
