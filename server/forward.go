@@ -25,7 +25,6 @@ package server
 import (
 	"errors"
 	"fmt"
-	"time"
 
 	groupevent "github.com/berthmq/berth/replication/event"
 	"github.com/berthmq/berth/server/groups"
@@ -145,13 +144,14 @@ func (r *replicator) serveForward(from, g uint32, event []byte, reply groups.For
 			sendOutcome(reply, err)
 		}
 	}
-	sh := s.broker.Shards()[q.Shard()]
-	for !sh.TryCall(call) {
+	// Through the shard's lane (lanes.go), never parking this reader: a
+	// shard that stays busy holds up only the forwards for it.
+	if !s.lanes.tryPush(q.Shard(), shards.CallCommand(call)) {
 		if s.regCtx.Err() != nil {
-			refuse(wire.CodeShutdown, "the broker is shutting down")
+			refuse(wire.CodeShutdown, "the broker is shutting down; the publish was not taken")
 			return
 		}
-		time.Sleep(20 * time.Microsecond)
+		refuse(wire.CodeResourceLimit, "shard %d of broker %d, the master, has %d forwarded commands waiting; the publish was not taken; retry", q.Shard(), s.brokerID, laneMax)
 	}
 }
 

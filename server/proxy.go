@@ -34,7 +34,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/berthmq/berth/server/groups"
 	"github.com/berthmq/berth/shards"
@@ -585,20 +584,15 @@ func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Ver
 	}
 }
 
-// proxyPush pushes a proxied session's command to its shard, waiting for
-// room (the forwarding connection's reader may wait; a shard never waits
-// for it).
+// proxyPush hands a proxied session's command to its shard's lane
+// (lanes.go): a busy shard holds up only the commands for it. The
+// forwarding connection's reader waits only when the lane itself is full
+// (a shard that took nothing for laneMax commands).
 func (s *Server) proxyPush(shard int, sess *shards.Session, cmd shards.Command) {
 	if cmd.CmdID != 0 && (cmd.Op != shards.OpSettle || cmd.Last) {
 		sess.Inflight.Add(1)
 	}
-	sh := s.broker.Shards()[shard]
-	for !sh.TryPush(cmd) {
-		if s.regCtx.Err() != nil {
-			return
-		}
-		time.Sleep(20 * time.Microsecond)
-	}
+	s.lanes.push(shard, cmd)
 }
 
 // proxyClose ends a proxied session on the master: what its consumers
@@ -613,6 +607,9 @@ func (s *Server) proxyClose(out groups.ProxyOut) {
 		for id, q := range p.queueOf {
 			s.forgetConsumer(q, consumerRef{p: p, id: id})
 		}
-		go s.wiring.SessionClosed(p.sess)
+		// After what the session's commands wait for in the lanes: a
+		// SUBSCRIBE that reached its shard after the close would leave
+		// a consumer of a closed session.
+		s.lanes.afterAll(func() { go s.wiring.SessionClosed(p.sess) })
 	}
 }

@@ -402,12 +402,9 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) (err error) {
 				sh.ApplyRemove(q, seq)
 			}
 		}
-		for !sh.TryCall(call) {
-			if s.regCtx.Err() != nil {
-				return
-			}
-			time.Sleep(20 * time.Microsecond)
-		}
+		// The node's goroutine parks while the ring is full: a shard
+		// never waits for the node, so this cannot deadlock.
+		_ = sh.PushCall(s.regCtx, call) // fails only once the broker closes
 		return
 	}
 	ev := enqueueEventOf(&enq, true)
@@ -420,12 +417,8 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) (err error) {
 	}
 	// Pushed as a command rather than a call: an enqueue, the bulk of a
 	// group's events, allocates no closure.
-	for !sh.TryApplyEnqueue(q, e.Index, ev.body, ev.expiresAt, ev.producer, ev.producerSeq, logPos) {
-		if s.regCtx.Err() != nil {
-			ev.body.Unref()
-			return
-		}
-		time.Sleep(20 * time.Microsecond)
+	if sh.PushApplyEnqueue(s.regCtx, q, e.Index, ev.body, ev.expiresAt, ev.producer, ev.producerSeq, logPos) != nil {
+		ev.body.Unref() // the broker is closing
 	}
 	return nil
 }

@@ -358,6 +358,9 @@ type Server struct {
 	// brokers and, as a master, for other brokers (proxy.go).
 	proxies         proxyTable
 	proxiedSessions proxiedTable
+	// lanes carry the peer connections' forwards and proxied commands to
+	// the shards (lanes.go); set once the shards run.
+	lanes *lanes
 	// queueConsumers indexes the consumers by queue, to tell them of
 	// their queue's deletion (consumerend.go).
 	queueConsumers queueConsumers
@@ -484,6 +487,7 @@ func Start(cfg Config) (*Server, error) {
 	// The shards run first; the wiring adds the durable queues to them;
 	// then the journals replay into those queues.
 	if err := s.broker.Start(); err == nil {
+		s.lanes = newLanes(s.regCtx, s.broker.Shards())
 		if cfg.PeerAddr != "" && s.brokerID != 0 {
 			err = s.initReplication()
 		}
@@ -596,6 +600,9 @@ func (s *Server) Close() error {
 		// departure before its member stops.
 		s.regCancel()
 		s.regWG.Wait()
+		if s.lanes != nil {
+			s.lanes.wait()
+		}
 		if g := s.groups.Load(); g != nil {
 			g.Close()
 		}

@@ -1,8 +1,8 @@
 package shards
 
 import (
+	"context"
 	"sync/atomic"
-	"time"
 
 	"github.com/berthmq/berth/wire"
 )
@@ -263,6 +263,27 @@ func (s *Shard) TryCall(f func(*Shard)) bool {
 	return s.TryPush(Command{Op: opCall, Call: f})
 }
 
+// CallCommand is the command that runs f on the shard goroutine it is
+// pushed to (TryCall's), for whoever queues commands before they reach
+// the ring.
+func CallCommand(f func(*Shard)) Command { return Command{Op: opCall, Call: f} }
+
+// PushCall runs f on the shard goroutine without waiting for it to run,
+// parking while the ring is full, until ctx ends (an error then: f will
+// not run). Not from an event loop.
+func (s *Shard) PushCall(ctx context.Context, f func(*Shard)) error {
+	return s.pushWait(ctx, Command{Op: opCall, Call: f})
+}
+
+// pushWait is Push that counts a full ring (TryPush's meter) before it
+// parks.
+func (s *Shard) pushWait(ctx context.Context, cmd Command) error {
+	if s.TryPush(cmd) {
+		return nil
+	}
+	return s.in.Push(ctx, cmd)
+}
+
 // GroupMastered tells the shards that this broker became master of group
 // g: its replicated queues are dispatched again, and the messages they
 // hold now (every committed enqueue applied before this call, which
@@ -275,11 +296,8 @@ func (s *Shard) TryCall(f func(*Shard)) bool {
 func (b *Broker) GroupMastered(g uint32) {
 	call := groupMastered(g)
 	for _, s := range b.shards {
-		for !s.TryCall(call) {
-			if b.ctx.Err() != nil {
-				return
-			}
-			time.Sleep(20 * time.Microsecond)
+		if s.PushCall(b.ctx, call) != nil {
+			return
 		}
 	}
 }
@@ -313,11 +331,8 @@ func (b *Broker) GroupDelivering(g uint32) {
 				}
 			}
 		}
-		for !s.TryCall(call) {
-			if b.ctx.Err() != nil {
-				return
-			}
-			time.Sleep(20 * time.Microsecond)
+		if s.PushCall(b.ctx, call) != nil {
+			return
 		}
 	}
 }
@@ -414,12 +429,7 @@ func (s *Shard) Committed(tag uint64, err error) {
 	if err != nil {
 		cmd = Command{Op: opCall, Call: func(sh *Shard) { sh.replDone(tag, err) }}
 	}
-	for !s.TryPush(cmd) {
-		if s.broker.ctx.Err() != nil {
-			return
-		}
-		time.Sleep(20 * time.Microsecond)
-	}
+	_ = s.pushWait(s.broker.ctx, cmd) // fails only once the broker closes
 }
 
 // replDone completes the publish waiting under tag.
@@ -439,9 +449,19 @@ func (s *Shard) replDone(tag uint64, err error) {
 // another goroutine, without allocating; false if the ring is full (b's
 // reference stays the caller's then).
 func (s *Shard) TryApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64, producer, producerSeq, logPos uint64) bool {
+	return s.TryPush(applyEnqueueCmd(q, seq, b, expiresAt, producer, producerSeq, logPos))
+}
+
+// PushApplyEnqueue is TryApplyEnqueue that parks while the ring is full,
+// until ctx ends (an error then: b's reference stays the caller's).
+func (s *Shard) PushApplyEnqueue(ctx context.Context, q *Queue, seq uint64, b *Body, expiresAt int64, producer, producerSeq, logPos uint64) error {
+	return s.pushWait(ctx, applyEnqueueCmd(q, seq, b, expiresAt, producer, producerSeq, logPos))
+}
+
+func applyEnqueueCmd(q *Queue, seq uint64, b *Body, expiresAt int64, producer, producerSeq, logPos uint64) Command {
 	c := Command{Op: opReplEnqueue, Queue: q, CmdID: seq, Body: b, TTLNanos: expiresAt, Producer: producer, Now: int64(producerSeq)}
 	c.Ranges[0].First = logPos
-	return s.TryPush(c)
+	return c
 }
 
 // replWaitsMax bounds a shard's replicated publishes waiting for their
@@ -502,10 +522,5 @@ func (w *replWaits) take(tag uint64) (replWait, bool) {
 // is waited out: a completion must not be lost.
 func (s *Shard) pushCompletion(sess *Session, id uint64, fan *Fanout, err error) {
 	f := func(sh *Shard) { sh.completeCmd(sess, id, fan, err) }
-	for !s.TryPush(Command{Op: opCall, Call: f}) {
-		if s.broker.ctx.Err() != nil {
-			return
-		}
-		time.Sleep(20 * time.Microsecond)
-	}
+	_ = s.PushCall(s.broker.ctx, f) // fails only once the broker closes
 }

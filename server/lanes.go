@@ -1,0 +1,100 @@
+package server
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/berthmq/berth/shards"
+)
+
+// Lanes: what the readers of peer connections hand to the shards (the
+// enqueues other brokers forward to this master, the commands of the
+// consumers they proxy to it) goes through one lane per shard: a bounded
+// queue and a goroutine that pushes its commands into the shard's ring,
+// parking while the ring is full. A reader parked on a full ring held up
+// every forward and proxied command of its peer behind one busy shard;
+// now a shard whose ring stays full holds up only its own lane, and the
+// readers and the other shards' lanes go on. A lane keeps its commands'
+// order, and a queue lives on one shard, so forwards to one queue keep
+// theirs, and a proxied consumer's commands reach its shard in order.
+type lanes struct {
+	ctx    context.Context
+	shards []*shards.Shard
+	q      []chan shards.Command
+	wg     sync.WaitGroup
+}
+
+// laneMax bounds the commands waiting in one lane.
+const laneMax = 4096
+
+func newLanes(ctx context.Context, shs []*shards.Shard) *lanes {
+	l := &lanes{ctx: ctx, shards: shs, q: make([]chan shards.Command, len(shs))}
+	for i, sh := range shs {
+		l.q[i] = make(chan shards.Command, laneMax)
+		l.wg.Add(1)
+		go l.run(sh, l.q[i])
+	}
+	return l
+}
+
+func (l *lanes) run(sh *shards.Shard, q chan shards.Command) {
+	defer l.wg.Done()
+	for {
+		select {
+		case cmd := <-q:
+			if sh.Push(l.ctx, cmd) != nil {
+				return // the broker is closing
+			}
+		case <-l.ctx.Done():
+			return
+		}
+	}
+}
+
+// tryPush hands cmd to shard i's lane; false when the lane is full (its
+// shard has not taken a command for laneMax commands).
+func (l *lanes) tryPush(i int, cmd shards.Command) bool {
+	select {
+	case l.q[i] <- cmd:
+		return true
+	default:
+		return false
+	}
+}
+
+// push hands cmd to shard i's lane, waiting while the lane is full, until
+// the broker closes (false then).
+func (l *lanes) push(i int, cmd shards.Command) bool {
+	select {
+	case l.q[i] <- cmd:
+		return true
+	default:
+	}
+	select {
+	case l.q[i] <- cmd:
+		return true
+	case <-l.ctx.Done():
+		return false
+	}
+}
+
+// afterAll calls f once every lane has passed what it held when afterAll
+// was called: f then follows every command handed to a lane before.
+func (l *lanes) afterAll(f func()) {
+	left := atomic.Int32{}
+	left.Store(int32(len(l.q)))
+	mark := func(*shards.Shard) {
+		if left.Add(-1) == 0 {
+			f()
+		}
+	}
+	for i := range l.q {
+		if !l.push(i, shards.CallCommand(mark)) {
+			return // closing: f is not needed any more
+		}
+	}
+}
+
+// wait waits for the lanes' goroutines, once the broker's context ended.
+func (l *lanes) wait() { l.wg.Wait() }
