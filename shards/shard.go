@@ -253,7 +253,9 @@ func (s *Shard) run(ctx context.Context) {
 }
 
 func (s *Shard) handle(c *Command) {
-	if c.Now > s.now {
+	// An opReplEnqueue's Now holds the producer's sequence number, not a
+	// time.
+	if c.Op != opReplEnqueue && c.Now > s.now {
 		s.now = c.Now
 	}
 	switch c.Op {
