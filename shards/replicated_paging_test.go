@@ -175,6 +175,7 @@ func BenchmarkReplicatedConsumeBacklog(b *testing.B) {
 				limit = 1 << 20
 			}
 			s, q, r := replicatedShard(b, limit)
+			s.setMastered(q.group, true) // a master delivers once its shard took GroupMastered
 			sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{}}
 			s.handle(&Command{Op: OpSubscribe, Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, AckMode: wire.AckNone})
 			payload := make([]byte, 1024)
