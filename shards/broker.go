@@ -20,10 +20,10 @@ import (
 type Fanout struct {
 	remaining atomic.Int32
 	failure   atomic.Pointer[Error]
-	// holdQueue and holdPos: a dead letter's source queue and record, to
-	// dequeue once every target holds it (Shard.DeadLetter).
-	holdQueue *Queue
-	holdPos   uint64
+	// held is a dead letter's source message, which its queue removes
+	// once every target holds it (Shard.DeadLetter); held.queue is nil
+	// for any other publish.
+	held deadLettered
 }
 
 var fanoutPool = sync.Pool{New: func() any { return new(Fanout) }}
@@ -33,7 +33,7 @@ func NewFanout(n int) *Fanout {
 	f := fanoutPool.Get().(*Fanout)
 	f.remaining.Store(int32(n))
 	f.failure.Store(nil)
-	f.holdQueue, f.holdPos = nil, 0
+	f.held = deadLettered{}
 	return f
 }
 

@@ -322,8 +322,9 @@ func (c *Command) replEnqueue() replEnqueue {
 		producer: c.args[2], producerSeq: c.args[3], logPos: c.args[4]}
 }
 
-// deadLettered: every target of a dead letter from queue holds it
-// (Shard.DeadLetter), so queue removes the source message.
+// deadLettered is the source message of a dead letter, which its queue
+// removes once every target holds it (Shard.DeadLetter): a Fanout holds
+// it until then, and opDeadLettered carries it to the queue's shard.
 type deadLettered struct {
 	queue *Queue
 	// seq is the source message of a replicated queue, whose removal

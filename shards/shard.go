@@ -277,8 +277,8 @@ func (s *Shard) completeCmd(sess *Session, id uint64, fan *Fanout, err error) {
 			return
 		}
 		err = fan.err()
-		if fan.holdQueue != nil {
-			s.deadLettered(fan.holdQueue, fan.holdPos, err)
+		if fan.held.queue != nil {
+			s.deadLettered(fan.held, err)
 		}
 		fan.release()
 	}
@@ -804,7 +804,7 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 		}
 		if n > 0 {
 			fan = NewFanout(n)
-			fan.holdQueue, fan.holdPos = q, e.Seq
+			fan.held = deadLettered{queue: q, seq: e.Seq}
 			s.dlHeld = e // Removed, called next for e, leaves it to deadLettered
 		}
 	} else if e.JournalPos != 0 && s.journal != nil {
@@ -816,7 +816,7 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 		}
 		if cross > 0 {
 			fan = NewFanout(cross)
-			fan.holdQueue, fan.holdPos = q, e.JournalPos
+			fan.held = deadLettered{queue: q, journalPos: journal.Pos(e.JournalPos)}
 			s.holdForDeadLetter(q, e)
 			e.JournalPos = 0
 		}
@@ -878,22 +878,15 @@ func (s *Shard) Removed(q *Queue, e *Entry) {
 	}
 }
 
-// deadLettered runs when every other target of a dead letter from src
-// finished its publish: with no error, src's shard removes the source
-// message now (opDeadLettered). pos is the Fanout's holdPos: the
-// message's Seq in a replicated queue, its enqueue record's journal
-// position otherwise.
-func (s *Shard) deadLettered(src *Queue, pos uint64, err error) {
+// deadLettered runs when every other target of a dead letter from
+// d.queue finished its publish: with no error, the queue's shard removes
+// the source message now (opDeadLettered).
+func (s *Shard) deadLettered(d deadLettered, err error) {
+	src := d.queue
 	if err != nil {
 		s.log.Warn("shards: a dead letter was not stored by every target; the source keeps it and brings it back at the next start (a replicated one at its group's next master change)",
 			"queue", src.Name, "err", err)
 		return
-	}
-	d := deadLettered{queue: src}
-	if src.replicated {
-		d.seq = pos
-	} else {
-		d.journalPos = journal.Pos(pos)
 	}
 	cmd := d.command()
 	if src.Shard() == s.idx {
