@@ -66,7 +66,7 @@ type connState struct {
 	// full: fanCmd goes to fanRest[fanNext:] before anything after it
 	// (message cs.resume of the head frame), so per-queue order holds.
 	fanPending bool
-	fanCmd     shards.Command
+	fanCmd     shards.Publish
 	fanRest    []*shards.Queue
 	fanNext    int
 

@@ -188,7 +188,7 @@ func (s *Server) groupSteppedDown(g uint32) {
 			continue
 		}
 		// No command id: nothing answers it.
-		if shardList[e.q.Shard()].Push(ctx, shards.Command{Op: shards.OpCancel, Sess: sess, ConsumerID: e.ref.id}) == nil {
+		if shardList[e.q.Shard()].Push(ctx, shards.Cancel{Sess: sess, ConsumerID: e.ref.id}.Command()) == nil {
 			flush[e.q.Shard()] = true
 		}
 	}

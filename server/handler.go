@@ -153,7 +153,7 @@ func (h *handler) closed(cs *connState) {
 		sess := cs.sess
 		// A fan-out cut short by a full ring still reaches every target
 		// (its other parts are in queues already), ahead of the close.
-		var fan shards.Command
+		var fan shards.Publish
 		var rest []*shards.Queue
 		if cs.fanPending {
 			fan, rest = cs.fanCmd, append([]*shards.Queue(nil), cs.fanRest[cs.fanNext:]...)
@@ -164,7 +164,7 @@ func (h *handler) closed(cs *connState) {
 			shardList := h.s.broker.Shards()
 			for _, q := range rest {
 				fan.Queue = q
-				_ = shardList[q.Shard()].Push(context.Background(), fan)
+				_ = shardList[q.Shard()].Push(context.Background(), fan.Command())
 			}
 			h.s.wiring.SessionClosed(sess)
 		}()
@@ -387,7 +387,7 @@ func (h *handler) frame(cs *connState, hd wire.Header, body []byte) (done bool, 
 			h.s.proxyConsumerCommand(cs, m.ConsumerID, 0, hd.Type, body)
 			return true, gnet.None
 		}
-		return h.push(cs, shard, shards.Command{Op: shards.OpCredit, Sess: cs.sess, ConsumerID: m.ConsumerID, Credit: m.Credit}), gnet.None
+		return h.push(cs, shard, shards.Credit{Sess: cs.sess, ConsumerID: m.ConsumerID, Credit: m.Credit}.Command()), gnet.None
 	case wire.TypeSubscribe:
 		return h.subscribe(cs, body)
 	case wire.TypeCancel:
@@ -406,7 +406,7 @@ func (h *handler) frame(cs *connState, hd wire.Header, body []byte) (done bool, 
 		}
 		// The id keeps its shard: deliveries made before the cancel can
 		// still be settled.
-		if !h.push(cs, shard, shards.Command{Op: shards.OpCancel, Sess: cs.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID}) {
+		if !h.push(cs, shard, shards.Cancel{Sess: cs.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID}.Command()) {
 			return false, gnet.None
 		}
 		if q := cs.queueOf[m.ConsumerID]; q != nil {
@@ -460,7 +460,7 @@ func (h *handler) push(cs *connState, shard int, cmd shards.Command) bool {
 		cs.stalledOn.Store(int32(shard) + 1)
 		return false
 	}
-	if cmd.CmdID != 0 && (cmd.Op != shards.OpSettle || cmd.Last) {
+	if cmd.Completes() {
 		cs.sess.Inflight.Add(1)
 	}
 	return true
@@ -533,7 +533,7 @@ func (h *handler) publish(cs *connState, flags uint8, body []byte) (bool, gnet.A
 		persistent := m.Flags&wire.MsgPersistent != 0
 		b := shards.NewBody(p.Exchange, m.RoutingKey, m.Props, m.Payload, persistent)
 		b.Priority, b.DeliverAt = m.Priority, int64(m.DeliverAtMs)*int64(time.Millisecond)
-		cmd := shards.Command{Op: shards.OpPublish, Sess: cs.sess, CmdID: id, Body: b, Now: now, TTLNanos: int64(m.TTLMs) * int64(time.Millisecond), Producer: p.Producer}
+		cmd := shards.Publish{Sess: cs.sess, CmdID: id, Body: b, Now: now, TTLNanos: int64(m.TTLMs) * int64(time.Millisecond), Producer: p.Producer}
 		if len(targets) > 1 {
 			cmd.Fanout = shards.NewFanout(len(targets))
 			for range targets[1:] {
@@ -543,7 +543,7 @@ func (h *handler) publish(cs *connState, flags uint8, body []byte) (bool, gnet.A
 		pushed++
 		for j, q := range targets {
 			cmd.Queue = q
-			if shardList[q.Shard()].TryPush(cmd) {
+			if shardList[q.Shard()].TryPush(cmd.Command()) {
 				continue
 			}
 			cs.stalledOn.Store(int32(q.Shard()) + 1)
@@ -583,10 +583,10 @@ func throttledTarget(shardList []*shards.Shard, targets []*shards.Queue) *shards
 // whether all of it went out.
 func pushFanRest(cs *connState, shardList []*shards.Shard) bool {
 	for ; cs.fanNext < len(cs.fanRest); cs.fanNext++ {
-		c := cs.fanCmd
-		c.Queue = cs.fanRest[cs.fanNext]
-		if !shardList[c.Queue.Shard()].TryPush(c) {
-			cs.stalledOn.Store(int32(c.Queue.Shard()) + 1)
+		p := cs.fanCmd
+		p.Queue = cs.fanRest[cs.fanNext]
+		if !shardList[p.Queue.Shard()].TryPush(p.Command()) {
+			cs.stalledOn.Store(int32(p.Queue.Shard()) + 1)
 			return false
 		}
 	}
@@ -596,7 +596,7 @@ func pushFanRest(cs *connState, shardList []*shards.Shard) bool {
 
 func dropFanRest(cs *connState) {
 	clear(cs.fanRest)
-	cs.fanPending, cs.fanCmd, cs.fanRest, cs.fanNext = false, shards.Command{}, cs.fanRest[:0], 0
+	cs.fanPending, cs.fanCmd, cs.fanRest, cs.fanNext = false, shards.Publish{}, cs.fanRest[:0], 0
 }
 
 func (h *handler) subscribe(cs *connState, body []byte) (bool, gnet.Action) {
@@ -635,9 +635,9 @@ func (h *handler) subscribe(cs *connState, body []byte) (bool, gnet.Action) {
 		cs.consumers[m.ConsumerID] = proxyShard
 		return true, gnet.None
 	}
-	cmd := shards.Command{Op: shards.OpSubscribe, Sess: cs.sess, CmdID: m.CommandID, Queue: q, ConsumerID: m.ConsumerID,
+	cmd := shards.Subscribe{Sess: cs.sess, CmdID: m.CommandID, Queue: q, ConsumerID: m.ConsumerID,
 		Credit: m.Credit, AckMode: m.AckMode, Exclusive: m.Flags&wire.SubscribeExclusive != 0}
-	if !h.push(cs, q.Shard(), cmd) {
+	if !h.push(cs, q.Shard(), cmd.Command()) {
 		return false, gnet.None
 	}
 	cs.usedIDs.add(m.ConsumerID)
@@ -676,10 +676,10 @@ func (h *handler) settle(cs *connState, t wire.Type, body []byte) (bool, gnet.Ac
 		cs.complete(m.CommandID)
 		return true, gnet.None
 	}
-	// Each Command carries a few ranges; the last part completes.
+	// Each Settle carries a few ranges; the last part completes.
 	parts := (n + shards.RangesInline - 1) / shards.RangesInline
 	for part := cs.resume; part < parts; part++ {
-		cmd := shards.Command{Op: shards.OpSettle, Sess: cs.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID, Settle: kind}
+		cmd := shards.Settle{Sess: cs.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID, Kind: kind}
 		for k := 0; k < shards.RangesInline; k++ {
 			r := part*shards.RangesInline + k
 			if r >= n {
@@ -689,7 +689,7 @@ func (h *handler) settle(cs *connState, t wire.Type, body []byte) (bool, gnet.Ac
 			cmd.NRanges++
 		}
 		cmd.Last = part == parts-1
-		if !h.push(cs, shard, cmd) {
+		if !h.push(cs, shard, cmd.Command()) {
 			cs.resume = part
 			return false, gnet.None
 		}

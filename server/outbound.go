@@ -122,7 +122,7 @@ func (cs *connState) resumeShards() {
 		if sh < len(seen) {
 			seen[sh] = true
 		}
-		if !shardList[sh].TryPush(shards.Command{Op: shards.OpResume, Sess: sess}) {
+		if !shardList[sh].TryPush(shards.Resume{Sess: sess}.Command()) {
 			list = append(list, sh)
 		}
 	}
@@ -133,7 +133,7 @@ func (cs *connState) resumeShards() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		for _, sh := range list {
-			_ = shardList[sh].Push(ctx, shards.Command{Op: shards.OpResume, Sess: sess})
+			_ = shardList[sh].Push(ctx, shards.Resume{Sess: sess}.Command())
 		}
 	}()
 }

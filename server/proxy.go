@@ -515,8 +515,8 @@ func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Ver
 		p.consumers[m.ConsumerID] = q.Shard()
 		p.queueOf[m.ConsumerID] = q
 		s.noteConsumer(q, consumerRef{p: p, id: m.ConsumerID})
-		s.proxyPush(q.Shard(), p.sess, shards.Command{Op: shards.OpSubscribe, Sess: p.sess, CmdID: m.CommandID, Queue: q, ConsumerID: m.ConsumerID,
-			Credit: m.Credit, AckMode: m.AckMode, Exclusive: m.Flags&wire.SubscribeExclusive != 0})
+		s.proxyPush(q.Shard(), p.sess, shards.Subscribe{Sess: p.sess, CmdID: m.CommandID, Queue: q, ConsumerID: m.ConsumerID,
+			Credit: m.Credit, AckMode: m.AckMode, Exclusive: m.Flags&wire.SubscribeExclusive != 0}.Command())
 	case wire.TypeCredit:
 		var m wire.Credit
 		if err := wire.DecodeCredit(body, &m); err != nil {
@@ -524,7 +524,7 @@ func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Ver
 			return
 		}
 		if shard, ok := p.consumers[m.ConsumerID]; ok {
-			s.proxyPush(shard, p.sess, shards.Command{Op: shards.OpCredit, Sess: p.sess, ConsumerID: m.ConsumerID, Credit: m.Credit})
+			s.proxyPush(shard, p.sess, shards.Credit{Sess: p.sess, ConsumerID: m.ConsumerID, Credit: m.Credit}.Command())
 		}
 	case wire.TypeCancel:
 		var m wire.Cancel
@@ -537,7 +537,7 @@ func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Ver
 			fail(m.CommandID, wire.CodeNotFound, "no such consumer")
 			return
 		}
-		s.proxyPush(shard, p.sess, shards.Command{Op: shards.OpCancel, Sess: p.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID})
+		s.proxyPush(shard, p.sess, shards.Cancel{Sess: p.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID}.Command())
 		if q := p.queueOf[m.ConsumerID]; q != nil {
 			delete(p.queueOf, m.ConsumerID)
 			s.forgetConsumer(q, consumerRef{p: p, id: m.ConsumerID})
@@ -567,7 +567,7 @@ func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Ver
 		}
 		parts := (n + shards.RangesInline - 1) / shards.RangesInline
 		for part := range parts {
-			cmd := shards.Command{Op: shards.OpSettle, Sess: p.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID, Settle: kind}
+			cmd := shards.Settle{Sess: p.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID, Kind: kind}
 			for k := 0; k < shards.RangesInline; k++ {
 				r := part*shards.RangesInline + k
 				if r >= n {
@@ -577,7 +577,7 @@ func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Ver
 				cmd.NRanges++
 			}
 			cmd.Last = part == parts-1
-			s.proxyPush(shard, p.sess, cmd)
+			s.proxyPush(shard, p.sess, cmd.Command())
 		}
 	default:
 		fail(0, wire.CodeInvalid, "frame "+hd.Type.String()+" is not proxied")
@@ -589,7 +589,7 @@ func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Ver
 // forwarding connection's reader waits only when the lane itself is full
 // (a shard that took nothing for laneMax commands).
 func (s *Server) proxyPush(shard int, sess *shards.Session, cmd shards.Command) {
-	if cmd.CmdID != 0 && (cmd.Op != shards.OpSettle || cmd.Last) {
+	if cmd.Completes() {
 		sess.Inflight.Add(1)
 	}
 	s.lanes.push(shard, cmd)

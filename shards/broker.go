@@ -20,10 +20,10 @@ import (
 type Fanout struct {
 	remaining atomic.Int32
 	failure   atomic.Pointer[Error]
-	// holdQueue and holdPos: a dead letter's source queue and record, to
-	// dequeue once every target holds it (Shard.DeadLetter).
-	holdQueue *Queue
-	holdPos   uint64
+	// held is a dead letter's source message, which its queue removes
+	// once every target holds it (Shard.DeadLetter); held.queue is nil
+	// for any other publish.
+	held deadLettered
 }
 
 var fanoutPool = sync.Pool{New: func() any { return new(Fanout) }}
@@ -33,7 +33,7 @@ func NewFanout(n int) *Fanout {
 	f := fanoutPool.Get().(*Fanout)
 	f.remaining.Store(int32(n))
 	f.failure.Store(nil)
-	f.holdQueue, f.holdPos = nil, 0
+	f.held = deadLettered{}
 	return f
 }
 
@@ -219,7 +219,7 @@ func (b *Broker) startShards() {
 				case <-b.ctx.Done():
 					return
 				case now := <-t.C:
-					s.TryPush(Command{Op: OpTick, Now: now.UnixNano()})
+					s.TryPush(tickCommand(now.UnixNano()))
 				}
 			}
 		}()
@@ -275,7 +275,7 @@ func (b *Broker) ShardFor(name string) int {
 // Call runs f on shard s and waits for it. For management only.
 func (b *Broker) Call(s *Shard, f func(*Shard)) error {
 	done := make(chan struct{})
-	cmd := Command{Op: opCall, Call: func(sh *Shard) { f(sh); sh.flush(); close(done) }}
+	cmd := CallCommand(func(sh *Shard) { f(sh); sh.flush(); close(done) })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := s.Push(ctx, cmd); err != nil {
@@ -306,7 +306,7 @@ func (b *Broker) AddQueue(name string, opts QueueOptions, owner *Session) (*Queu
 	if r := b.loadReplicator(); r != nil {
 		q.group, q.replicated = r.Group(name, opts)
 	}
-	cmd := Command{Op: opAddQueue, Queue: q}
+	cmd := addQueueCommand(q)
 	if !s.in.TryPush(cmd) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -505,7 +505,7 @@ func (b *Broker) Purge(q *Queue) (int, error) {
 func (b *Broker) SessionClosed(sess *Session) {
 	sess.MarkClosed()
 	for _, s := range b.shards {
-		_ = s.Push(context.Background(), Command{Op: OpSessionClosed, Sess: sess})
+		_ = s.Push(context.Background(), sessionClosedCommand(sess))
 	}
 }
 

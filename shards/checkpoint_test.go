@@ -184,7 +184,7 @@ func ckWorkloadAsync(t *testing.T, dir string, seed uint64, ops int, end int, as
 		w := &captureWriter{}
 		c := &consumer{sess: &Session{ID: uint64(len(cons) + 100), Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: w}, w: w}
 		q := qs[name]
-		if err := b.shards[q.shard].Push(ctx, Command{Op: OpSubscribe, Sess: c.sess, CmdID: 1, Queue: q, ConsumerID: 1}); err != nil {
+		if err := b.shards[q.shard].Push(ctx, Subscribe{Sess: c.sess, CmdID: 1, Queue: q, ConsumerID: 1}.Command()); err != nil {
 			t.Fatal(err)
 		}
 		cons[name] = c
@@ -217,7 +217,7 @@ func ckWorkloadAsync(t *testing.T, dir string, seed uint64, ops int, end int, as
 			case 2:
 				body.DeliverAt = now + int64(time.Hour) + int64(rng.IntN(1000))
 			}
-			cmd := Command{Op: OpPublish, Queue: q, Body: body, Now: now, Sess: c.sess}
+			cmd := Publish{Queue: q, Body: body, Now: now, Sess: c.sess}
 			if rng.IntN(10) == 0 {
 				cmd.TTLNanos = int64(time.Hour)
 			}
@@ -226,12 +226,12 @@ func ckWorkloadAsync(t *testing.T, dir string, seed uint64, ops int, end int, as
 			if rng.IntN(5) == 0 {
 				cmd.Producer = uint64(1 + rng.IntN(3))
 			}
-			if err := sh.Push(ctx, cmd); err != nil {
+			if err := sh.Push(ctx, cmd.Command()); err != nil {
 				t.Fatal(err)
 			}
 		case r < 75:
 			// Credit, then settle some of what came.
-			if err := sh.Push(ctx, Command{Op: OpCredit, Sess: c.sess, ConsumerID: 1, Credit: uint32(1 + rng.IntN(4))}); err != nil {
+			if err := sh.Push(ctx, Credit{Sess: c.sess, ConsumerID: 1, Credit: uint32(1 + rng.IntN(4))}.Command()); err != nil {
 				t.Fatal(err)
 			}
 			_ = b.Call(sh, func(*Shard) {})
@@ -242,10 +242,10 @@ func ckWorkloadAsync(t *testing.T, dir string, seed uint64, ops int, end int, as
 				k := rng.IntN(len(c.tags))
 				tag := c.tags[k]
 				c.tags = slices.Delete(c.tags, k, k+1)
-				settle := Command{Op: OpSettle, Sess: c.sess, CmdID: 2, ConsumerID: 1, NRanges: 1, Last: true}
-				settle.Settle = []uint8{SettleAccept, SettleAccept, SettleRelease, SettleRelease, SettleReject}[rng.IntN(5)]
+				settle := Settle{Sess: c.sess, CmdID: 2, ConsumerID: 1, NRanges: 1, Last: true}
+				settle.Kind = []uint8{SettleAccept, SettleAccept, SettleRelease, SettleRelease, SettleReject}[rng.IntN(5)]
 				settle.Ranges[0] = wire.Range{First: tag, Last: tag}
-				if err := sh.Push(ctx, settle); err != nil {
+				if err := sh.Push(ctx, settle.Command()); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -288,7 +288,7 @@ func ckWorkloadAsync(t *testing.T, dir string, seed uint64, ops int, end int, as
 			return nil
 		})
 		for i := range 200 {
-			if err := b.shards[qs["plain-a"].shard].Push(ctx, Command{Op: OpPublish, Queue: qs["plain-a"], Body: NewBody(nil, nil, nil, fmt.Appendf(nil, "late%d", i), true), Now: now}); err != nil {
+			if err := b.shards[qs["plain-a"].shard].Push(ctx, Publish{Queue: qs["plain-a"], Body: NewBody(nil, nil, nil, fmt.Appendf(nil, "late%d", i), true), Now: now}.Command()); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -553,7 +553,7 @@ func BenchmarkCheckpointCapture(b *testing.B) {
 	var bytes int
 	for i := 0; i < b.N; i++ {
 		for k := 0; k < 1000; k++ {
-			if err := sh.Push(ctx, Command{Op: OpPublish, Queue: qs[k%queues], Body: NewBody(nil, nil, nil, payload, true), Now: time.Now().UnixNano()}); err != nil {
+			if err := sh.Push(ctx, Publish{Queue: qs[k%queues], Body: NewBody(nil, nil, nil, payload, true), Now: time.Now().UnixNano()}.Command()); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -594,7 +594,7 @@ func ckBenchBroker(b *testing.B, n, queues int) (*Broker, []*Queue) {
 	payload := make([]byte, 128)
 	sh := br.shards[0]
 	for i := 0; i < n; i++ {
-		if err := sh.Push(ctx, Command{Op: OpPublish, Queue: qs[i%queues], Body: NewBody(nil, nil, nil, payload, true), Now: time.Now().UnixNano()}); err != nil {
+		if err := sh.Push(ctx, Publish{Queue: qs[i%queues], Body: NewBody(nil, nil, nil, payload, true), Now: time.Now().UnixNano()}.Command()); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -690,7 +690,7 @@ func BenchmarkCheckpointStall(b *testing.B) {
 			var stall, idle, capture time.Duration
 			for i := 0; i < b.N; i++ {
 				for k := 0; k < 10_000; k++ {
-					if err := sh.Push(ctx, Command{Op: OpPublish, Queue: qs[k%len(qs)], Body: NewBody(nil, nil, nil, payload, true), Now: time.Now().UnixNano()}); err != nil {
+					if err := sh.Push(ctx, Publish{Queue: qs[k%len(qs)], Body: NewBody(nil, nil, nil, payload, true), Now: time.Now().UnixNano()}.Command()); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -798,7 +798,7 @@ func TestCheckpointLogsDroppedOnJournalError(t *testing.T) {
 	ctx := context.Background()
 	publish := func(n int) {
 		for i := 0; i < n; i++ {
-			if err := sh.Push(ctx, Command{Op: OpPublish, Queue: q, Body: NewBody(nil, nil, nil, []byte("x"), true), Now: time.Now().UnixNano()}); err != nil {
+			if err := sh.Push(ctx, Publish{Queue: q, Body: NewBody(nil, nil, nil, []byte("x"), true), Now: time.Now().UnixNano()}.Command()); err != nil {
 				t.Fatal(err)
 			}
 		}

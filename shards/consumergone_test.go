@@ -30,44 +30,44 @@ func TestConsumerGone(t *testing.T) {
 		}
 	}
 
-	s.handle(&Command{Op: OpSubscribe, Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 10})
-	s.handle(&Command{Op: OpCancel, Sess: sess, CmdID: 2, ConsumerID: 1})
+	s.handleCmd(Subscribe{Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 10}.Command())
+	s.handleCmd(Cancel{Sess: sess, CmdID: 2, ConsumerID: 1}.Command())
 	if has(1) {
 		t.Fatal("a consumer cancelled with nothing to settle is still held")
 	}
 	expect("cancel", 1)
 
-	s.handle(&Command{Op: OpSubscribe, Sess: sess, CmdID: 3, Queue: q, ConsumerID: 2, Credit: 10})
-	s.handle(&Command{Op: OpPublish, Queue: q, Body: NewBody(nil, []byte("q"), nil, []byte("m"), false), Now: 1})
+	s.handleCmd(Subscribe{Sess: sess, CmdID: 3, Queue: q, ConsumerID: 2, Credit: 10}.Command())
+	s.handleCmd(Publish{Queue: q, Body: NewBody(nil, []byte("q"), nil, []byte("m"), false), Now: 1}.Command())
 	s.dispatchDirty()
 	s.flush()
-	s.handle(&Command{Op: OpCancel, Sess: sess, CmdID: 4, ConsumerID: 2})
+	s.handleCmd(Cancel{Sess: sess, CmdID: 4, ConsumerID: 2}.Command())
 	if !has(2) {
 		t.Fatal("a consumer cancelled holding a delivery is gone before the settle")
 	}
 	expect("cancel holding a delivery", 1)
-	c := &Command{Op: OpSettle, Sess: sess, CmdID: 5, ConsumerID: 2, Settle: SettleAccept, Last: true, NRanges: 1}
+	c := Settle{Sess: sess, CmdID: 5, ConsumerID: 2, Kind: SettleAccept, Last: true, NRanges: 1}
 	c.Ranges[0] = wire.Range{First: 1, Last: 1}
-	s.handle(c)
+	s.handleCmd(c.Command())
 	if has(2) {
 		t.Fatal("a cancelled consumer is held after its last delivery was settled")
 	}
 	expect("settle of the last delivery", 1, 2)
 
-	s.handle(&Command{Op: OpSubscribe, Sess: other, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 10, Exclusive: true})
-	s.handle(&Command{Op: OpSubscribe, Sess: sess, CmdID: 6, Queue: q, ConsumerID: 3, Credit: 10})
+	s.handleCmd(Subscribe{Sess: other, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 10, Exclusive: true}.Command())
+	s.handleCmd(Subscribe{Sess: sess, CmdID: 6, Queue: q, ConsumerID: 3, Credit: 10}.Command())
 	if has(3) {
 		t.Fatal("a refused SUBSCRIBE left a consumer")
 	}
 	expect("refused subscribe", 1, 2, 3)
 
-	s.handle(&Command{Op: OpSubscribe, Sess: other, CmdID: 2, Queue: q, ConsumerID: 1, Credit: 10})
+	s.handleCmd(Subscribe{Sess: other, CmdID: 2, Queue: q, ConsumerID: 1, Credit: 10}.Command())
 	expect("refusal of an id in use (another session's)", 1, 2, 3)
 
 	r := NewQueue("r", QueueOptions{}, 0, &s.pool)
 	s.queues.add(r)
-	s.handle(&Command{Op: OpSubscribe, Sess: sess, CmdID: 7, Queue: r, ConsumerID: 4, Credit: 10})
-	s.handle(&Command{Op: OpSubscribe, Sess: sess, CmdID: 8, Queue: r, ConsumerID: 4, Credit: 10})
+	s.handleCmd(Subscribe{Sess: sess, CmdID: 7, Queue: r, ConsumerID: 4, Credit: 10}.Command())
+	s.handleCmd(Subscribe{Sess: sess, CmdID: 8, Queue: r, ConsumerID: 4, Credit: 10}.Command())
 	if !has(4) {
 		t.Fatal("a second SUBSCRIBE of an id in use removed its consumer")
 	}

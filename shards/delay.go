@@ -14,9 +14,9 @@ import "time"
 //     dropped when they come up. There are never more entries than
 //     delayed messages plus queues.
 //   - wake, one time.Timer armed for the heap's earliest time. When it
-//     fires it pushes opWake into the shard's ring, and the shard promotes
-//     every due queue. The 100 ms tick does the same, so a wake-up lost to
-//     a full ring costs at most a tick.
+//     fires it pushes a wake-up (opWake) into the shard's ring, and the
+//     shard promotes every due queue. The 100 ms tick does the same, so a
+//     wake-up lost to a full ring costs at most a tick.
 //
 // No goroutine or timer exists per message or per queue: a million delayed
 // messages cost their index entries (Entry plus a 16-byte heap slot) and,
@@ -70,7 +70,7 @@ func (s *Shard) armWake() {
 }
 
 // onWake runs on the timer's goroutine.
-func (s *Shard) onWake() { s.TryPush(Command{Op: opWake, Now: time.Now().UnixNano()}) }
+func (s *Shard) onWake() { s.TryPush(wakeCommand(time.Now().UnixNano())) }
 
 // fireTimers promotes the delayed messages due as of s.now in every queue
 // whose time came, and arms the timer for the next.

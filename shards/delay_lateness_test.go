@@ -99,13 +99,13 @@ func firingLateness(t *testing.T, pending int) []time.Duration {
 		binary.BigEndian.PutUint64(payload, uint64(far))
 		body := NewBody(nil, []byte("bulk"), nil, payload, false)
 		body.DeliverAt = far + int64(i)
-		if err := sh.Push(ctx, Command{Op: OpPublish, Queue: bulk, Body: body, Now: time.Now().UnixNano()}); err != nil {
+		if err := sh.Push(ctx, Publish{Queue: bulk, Body: body, Now: time.Now().UnixNano()}.Command()); err != nil {
 			t.Fatal(err)
 		}
 	}
 	w := &stampWriter{}
 	csess := &Session{ID: 2, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: w}
-	if err := sh.Push(ctx, Command{Op: OpSubscribe, Sess: csess, CmdID: 1, Queue: probe, ConsumerID: 1, Credit: probes}); err != nil {
+	if err := sh.Push(ctx, Subscribe{Sess: csess, CmdID: 1, Queue: probe, ConsumerID: 1, Credit: probes}.Command()); err != nil {
 		t.Fatal(err)
 	}
 	_ = b.Call(sh, func(*Shard) {}) // the bulk is in
@@ -115,7 +115,7 @@ func firingLateness(t *testing.T, pending int) []time.Duration {
 		binary.BigEndian.PutUint64(payload, uint64(at))
 		body := NewBody(nil, []byte("probe"), nil, payload, false)
 		body.DeliverAt = at
-		if err := sh.Push(ctx, Command{Op: OpPublish, Sess: sess, Queue: probe, Body: body, Now: time.Now().UnixNano()}); err != nil {
+		if err := sh.Push(ctx, Publish{Sess: sess, Queue: probe, Body: body, Now: time.Now().UnixNano()}.Command()); err != nil {
 			t.Fatal(err)
 		}
 	}

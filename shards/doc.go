@@ -24,6 +24,10 @@
 //     shard's journal (durable.go). Everything a shard owns is touched by
 //     its goroutine only; nothing on it takes a lock shared with another
 //     core.
+//   - Command (command.go): what a shard is asked to do, by value through
+//     its ring. Each op has its own type (Publish, Settle, ...) whose
+//     fields mean one thing each; a Command is the ring's slot for any
+//     of them, as small as the largest op's arguments (136 bytes).
 //   - Broker (broker.go): the shards as a set. It starts and stops them,
 //     creates and drops queues on them (AddQueue, DropQueue), replays the
 //     journals (Recover), and answers status and metrics by asking each
@@ -59,13 +63,13 @@
 //     session over its cap of unwritten bytes (Session.OutMax, against
 //     the OutBuffered gauge its connection's owner keeps) gets no
 //     deliveries: its consumers count as without credit until the server
-//     sends OpResume.
+//     sends a Resume.
 //
 // # Goroutines
 //
 // Per shard: the shard goroutine (Shard.run), a ticker goroutine that
-// pushes OpTick for expiry, the runtime's timer callback of the shard's
-// wake-up timer (it only pushes opWake), and, with a journal, the
+// pushes a tick for expiry, the runtime's timer callback of the shard's
+// wake-up timer (it only pushes a wake-up), and, with a journal, the
 // journal's writer,
 // which runs fsync and reports completions through a ring. Broker hands
 // AutoDeleted to a goroutine of its own, so the wiring can wait on other
@@ -73,7 +77,8 @@
 //
 // # Who may call what
 //
-//   - Event loops (server) call Shard.TryPush with Commands, and read
+//   - Event loops (server) call Shard.TryPush with Commands (command.go:
+//     Publish, Subscribe, Cancel, Credit, Settle, Resume), and read
 //     Queue fields only through the Routing snapshot's pointers, never
 //     a queue's state: a loop never blocks and never takes a lock.
 //   - The wiring layer and admin code call Broker methods: AddQueue,

@@ -27,8 +27,8 @@ func TestExpiredWhileDownIsNotDelivered(t *testing.T) {
 	}
 	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{}}
 	for i, ttl := range []time.Duration{time.Millisecond, time.Hour} {
-		c := Command{Op: OpPublish, Sess: sess, CmdID: uint64(i + 1), Queue: q, TTLNanos: int64(ttl),
-			Body: NewBody(nil, []byte("ttl"), nil, []byte("m"), true), Now: time.Now().UnixNano()}
+		c := Publish{Sess: sess, CmdID: uint64(i + 1), Queue: q, TTLNanos: int64(ttl),
+			Body: NewBody(nil, []byte("ttl"), nil, []byte("m"), true), Now: time.Now().UnixNano()}.Command()
 		if err := b.shards[0].Push(ctx, c); err != nil {
 			t.Fatal(err)
 		}
@@ -45,7 +45,7 @@ func TestExpiredWhileDownIsNotDelivered(t *testing.T) {
 	defer b.Stop()
 	sh := b.shards[0]
 	sess = &Session{ID: 2, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{}}
-	if err := sh.Push(ctx, Command{Op: OpSubscribe, Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 10, AckMode: wire.AckExplicit}); err != nil {
+	if err := sh.Push(ctx, Subscribe{Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 10, AckMode: wire.AckExplicit}.Command()); err != nil {
 		t.Fatal(err)
 	}
 	var ready, unacked int
@@ -106,13 +106,15 @@ func TestExpiryIndex(t *testing.T) {
 	id := uint64(0)
 	push := func(c Command) {
 		t.Helper()
-		if c.Op == OpPublish {
-			id++
-			c.Sess, c.CmdID, c.Now = sess, id, time.Now().UnixNano()
-		}
 		if err := sh.Push(ctx, c); err != nil {
 			t.Fatal(err)
 		}
+	}
+	publish := func(p Publish) {
+		t.Helper()
+		id++
+		p.Sess, p.CmdID, p.Now = sess, id, time.Now().UnixNano()
+		push(p.Command())
 	}
 	body := func() *Body { return NewBody(nil, nil, nil, []byte("m"), false) }
 	indexed := func() (n int) {
@@ -133,17 +135,17 @@ func TestExpiryIndex(t *testing.T) {
 	// claims to come two minutes later.
 	t0 := time.Now().UnixNano()
 	minute := int64(time.Minute)
-	push(Command{Op: OpPublish, Queue: plain, Body: body()})
-	push(Command{Op: OpPublish, Queue: ttl, TTLNanos: minute, Body: body()})
-	push(Command{Op: OpPublish, Queue: mixed, Body: body()})
-	push(Command{Op: OpPublish, Queue: mixed, TTLNanos: minute, Body: body()})
-	push(Command{Op: OpPublish, Queue: long, TTLNanos: 60 * minute, Body: body()})
+	publish(Publish{Queue: plain, Body: body()})
+	publish(Publish{Queue: ttl, TTLNanos: minute, Body: body()})
+	publish(Publish{Queue: mixed, Body: body()})
+	publish(Publish{Queue: mixed, TTLNanos: minute, Body: body()})
+	publish(Publish{Queue: long, TTLNanos: 60 * minute, Body: body()})
 	if n := indexed(); n != 2 {
 		t.Fatalf("%d queues in the expiry index, want 2 (the two whose head has a TTL)", n)
 	}
 	// A delivery takes mixed's head; the message with a TTL behind it is
 	// the head now, and indexed.
-	push(Command{Op: OpSubscribe, Sess: sess, CmdID: 1000, Queue: mixed, ConsumerID: 1, Credit: 1, AckMode: wire.AckExplicit})
+	push(Subscribe{Sess: sess, CmdID: 1000, Queue: mixed, ConsumerID: 1, Credit: 1, AckMode: wire.AckExplicit}.Command())
 	// A call can share the subscribe's batch and run before its dispatch:
 	// the one after it cannot.
 	if err := b.Call(sh, func(*Shard) {}); err != nil {
@@ -152,7 +154,7 @@ func TestExpiryIndex(t *testing.T) {
 	if n := indexed(); n != 3 {
 		t.Fatalf("%d queues in the expiry index after the delivery, want 3", n)
 	}
-	push(Command{Op: OpTick, Now: t0 + 2*minute})
+	push(tickCommand(t0 + 2*minute))
 	var ready [4]int
 	var expired uint64
 	if err := b.Call(sh, func(*Shard) {

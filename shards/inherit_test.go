@@ -26,7 +26,7 @@ func TestNewMasterDeliversOnlyWhatItInherited(t *testing.T) {
 	s.broker.SetReplicator(r)
 	w := &captureWriter{}
 	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: w}
-	s.handle(&Command{Op: OpSubscribe, Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 10})
+	s.handleCmd(Subscribe{Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 10}.Command())
 	body := func(p string) *Body { return NewBody(nil, []byte("rq"), nil, []byte(p), true) }
 	batch := func(f func()) []wire.DeliverMessage {
 		f()

@@ -129,7 +129,7 @@ func testPagingRoundTrip(t *testing.T, journaled bool) {
 	for i := 0; i < n; i++ {
 		p := append([]byte(nil), payload...)
 		copy(p, fmt.Sprintf("message %08d", i))
-		push(Command{Op: OpPublish, Sess: sess, CmdID: uint64(i + 1), Queue: q, Body: NewBody(nil, []byte("deep"), []byte("props"), p, i%2 == 0), Now: time.Now().UnixNano()})
+		push(Publish{Sess: sess, CmdID: uint64(i + 1), Queue: q, Body: NewBody(nil, []byte("deep"), []byte("props"), p, i%2 == 0), Now: time.Now().UnixNano()}.Command())
 	}
 	var used, paged int64
 	var throttled bool
@@ -185,7 +185,7 @@ func testPagingRoundTrip(t *testing.T, journaled bool) {
 // even, accepting each batch and giving its credit back, within d.
 func consumeNumbered(t *testing.T, push func(Command), w *captureWriter, sess *Session, q *Queue, n, payloadLen int, firstCmd uint64, d time.Duration) {
 	t.Helper()
-	push(Command{Op: OpSubscribe, Sess: sess, CmdID: firstCmd, Queue: q, ConsumerID: 1, Credit: 500, AckMode: wire.AckExplicit})
+	push(Subscribe{Sess: sess, CmdID: firstCmd, Queue: q, ConsumerID: 1, Credit: 500, AckMode: wire.AckExplicit}.Command())
 	got := 0
 	cmdID := firstCmd + 1
 	for deadline := time.Now().Add(d); got < n; {
@@ -207,10 +207,10 @@ func consumeNumbered(t *testing.T, push func(Command), w *captureWriter, sess *S
 			}
 			got++
 		}
-		settle := Command{Op: OpSettle, Settle: SettleAccept, Sess: sess, CmdID: cmdID, ConsumerID: 1, NRanges: 1, Last: true}
+		settle := Settle{Kind: SettleAccept, Sess: sess, CmdID: cmdID, ConsumerID: 1, NRanges: 1, Last: true}
 		settle.Ranges[0] = wire.Range{First: ms[0].Tag, Last: ms[len(ms)-1].Tag}
 		cmdID++
-		push(settle)
-		push(Command{Op: OpCredit, Sess: sess, ConsumerID: 1, Credit: uint32(len(ms))})
+		push(settle.Command())
+		push(Credit{Sess: sess, ConsumerID: 1, Credit: uint32(len(ms))}.Command())
 	}
 }

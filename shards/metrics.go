@@ -120,7 +120,7 @@ func (b *Broker) MetricsSelect(ctx context.Context, sel QueueSelect) ([]ShardMet
 	for i, s := range b.shards {
 		ch := make(chan ShardMetrics, 1) // a late answer is dropped, not blocked on
 		answers[i] = ch
-		if err := s.Push(ctx, Command{Op: opCall, Call: func(sh *Shard) { ch <- sh.metrics(sel) }}); err != nil {
+		if err := s.Push(ctx, CallCommand(func(sh *Shard) { ch <- sh.metrics(sel) })); err != nil {
 			return nil, err
 		}
 	}

@@ -45,9 +45,9 @@ func TestMetricsSnapshot(t *testing.T) {
 	}
 	payload := []byte("0123456789")
 	for i := 1; i <= 10; i++ {
-		push(Command{Op: OpPublish, Sess: sess, CmdID: uint64(i), Queue: q, Body: NewBody(nil, []byte("dq"), nil, payload, true), Now: time.Now().UnixNano()})
+		push(Publish{Sess: sess, CmdID: uint64(i), Queue: q, Body: NewBody(nil, []byte("dq"), nil, payload, true), Now: time.Now().UnixNano()}.Command())
 	}
-	push(Command{Op: OpSubscribe, Sess: sess, CmdID: 11, Queue: q, ConsumerID: 1, Credit: 4, AckMode: wire.AckExplicit})
+	push(Subscribe{Sess: sess, CmdID: 11, Queue: q, ConsumerID: 1, Credit: 4, AckMode: wire.AckExplicit}.Command())
 	// Persistent messages become deliverable once their enqueues are
 	// durable: wait for the four deliveries before the settle.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
@@ -62,9 +62,9 @@ func TestMetricsSnapshot(t *testing.T) {
 			t.Fatalf("%d of 4 deliveries after 10 s", unacked)
 		}
 	}
-	settle := Command{Op: OpSettle, Settle: SettleAccept, Sess: sess, CmdID: 12, ConsumerID: 1, NRanges: 1, Last: true}
+	settle := Settle{Kind: SettleAccept, Sess: sess, CmdID: 12, ConsumerID: 1, NRanges: 1, Last: true}
 	settle.Ranges[0] = wire.Range{First: 1, Last: 3}
-	push(settle)
+	push(settle.Command())
 
 	ms, err := b.Metrics(ctx)
 	if err != nil {
@@ -95,15 +95,15 @@ func TestMetricsSnapshot(t *testing.T) {
 
 	// Hold the shard goroutine, fill its ring, and fail three pushes.
 	held, release := make(chan struct{}), make(chan struct{})
-	push(Command{Op: opCall, Call: func(*Shard) { close(held); <-release }})
+	push(CallCommand(func(*Shard) { close(held); <-release }))
 	<-held
-	for n := 0; sh.TryPush(Command{Op: OpTick}); n++ {
+	for n := 0; sh.TryPush(tickCommand(0)); n++ {
 		if n > 1<<20 {
 			t.Fatal("the ring never filled")
 		}
 	}
-	sh.TryPush(Command{Op: OpTick})
-	sh.TryPush(Command{Op: OpTick})
+	sh.TryPush(tickCommand(0))
+	sh.TryPush(tickCommand(0))
 	close(release)
 	ms, err = b.Metrics(ctx)
 	if err != nil {

@@ -21,12 +21,12 @@ func TestOutMaxHoldsBackAndResumes(t *testing.T) {
 	slow := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: slowW, OutMax: 4096,
 		OnStall: func() { stalls++ }}
 	fast := &Session{ID: 2, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: fastW} // no cap
-	s.handle(&Command{Op: OpSubscribe, Sess: slow, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 1000, AckMode: wire.AckNone})
-	s.handle(&Command{Op: OpSubscribe, Sess: fast, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 1000, AckMode: wire.AckNone})
+	s.handleCmd(Subscribe{Sess: slow, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 1000, AckMode: wire.AckNone}.Command())
+	s.handleCmd(Subscribe{Sess: fast, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 1000, AckMode: wire.AckNone}.Command())
 	publish := func(n int) {
 		for i := 0; i < n; i++ {
 			body := NewBody(nil, []byte("q"), nil, make([]byte, 100), false)
-			s.handle(&Command{Op: OpPublish, Queue: q, Body: body, Now: 1})
+			s.handleCmd(Publish{Queue: q, Body: body, Now: 1}.Command())
 		}
 		s.dispatchDirty()
 		s.flush()
@@ -48,7 +48,7 @@ func TestOutMaxHoldsBackAndResumes(t *testing.T) {
 		t.Fatalf("OnStall ran %d times, stalled since %d", stalls, slow.StalledSince())
 	}
 	// Alone on the queue, its messages wait for it.
-	s.handle(&Command{Op: OpCancel, Sess: fast, CmdID: 2, ConsumerID: 1})
+	s.handleCmd(Cancel{Sess: fast, CmdID: 2, ConsumerID: 1}.Command())
 	publish(20)
 	if q.Ready() != 20 || slowCon.credit != 995 {
 		t.Fatalf("held: %d ready, credit %d", q.Ready(), slowCon.credit)
@@ -56,7 +56,7 @@ func TestOutMaxHoldsBackAndResumes(t *testing.T) {
 	// Drained: the server clears the stall and resumes the session.
 	slow.OutBuffered.Store(0)
 	slow.ClearStalled()
-	s.handle(&Command{Op: OpResume, Sess: slow})
+	s.handleCmd(Resume{Sess: slow}.Command())
 	s.dispatchDirty()
 	s.flush()
 	if q.Ready() != 0 || slowCon.credit != 975 {

@@ -43,8 +43,8 @@ func TestMemoryCountsOutsideQueues(t *testing.T) {
 	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{}}
 	const n = 30_000
 	for i := range n {
-		if err := sh.Push(ctx, Command{Op: OpPublish, Sess: sess, CmdID: uint64(i + 1), Queue: q,
-			Body: NewBody(nil, []byte("deep"), nil, make([]byte, 16), true), Now: time.Now().UnixNano()}); err != nil {
+		if err := sh.Push(ctx, Publish{Sess: sess, CmdID: uint64(i + 1), Queue: q,
+			Body: NewBody(nil, []byte("deep"), nil, make([]byte, 16), true), Now: time.Now().UnixNano()}.Command()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -136,8 +136,8 @@ func TestMemoryCountsCheckpoint(t *testing.T) {
 	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{}}
 	const n = 20_000
 	for i := range n {
-		if err := sh.Push(ctx, Command{Op: OpPublish, Sess: sess, CmdID: uint64(i + 1), Queue: q,
-			Body: NewBody(nil, []byte("kept"), nil, make([]byte, 16), true), Now: time.Now().UnixNano()}); err != nil {
+		if err := sh.Push(ctx, Publish{Sess: sess, CmdID: uint64(i + 1), Queue: q,
+			Body: NewBody(nil, []byte("kept"), nil, make([]byte, 16), true), Now: time.Now().UnixNano()}.Command()); err != nil {
 			t.Fatal(err)
 		}
 	}

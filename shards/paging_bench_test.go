@@ -54,7 +54,7 @@ func benchConsumeBacklog(b *testing.B, persistent, paged bool) {
 	q := NewQueue("q", QueueOptions{Durable: true}, 0, &s.pool)
 	s.queues.add(q)
 	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{}}
-	s.handle(&Command{Op: OpSubscribe, Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1})
+	s.handleCmd(Subscribe{Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1}.Command())
 	payload := make([]byte, 1024)
 	settleJournal := func() {
 		if s.journal == nil {
@@ -69,7 +69,7 @@ func benchConsumeBacklog(b *testing.B, persistent, paged bool) {
 	}
 	fill := func(k int) {
 		for i := 0; i < k; i++ {
-			cmd := Command{Op: OpPublish, Queue: q, Body: NewBody(nil, []byte("q"), nil, payload, persistent), Now: 1}
+			cmd := Publish{Queue: q, Body: NewBody(nil, []byte("q"), nil, payload, persistent), Now: 1}.Command()
 			s.handle(&cmd)
 		}
 		settleJournal()
@@ -78,12 +78,12 @@ func benchConsumeBacklog(b *testing.B, persistent, paged bool) {
 	consume := func(k int) {
 		for left := k; left > 0; {
 			n := min(left, credit)
-			s.handle(&Command{Op: OpCredit, Sess: sess, ConsumerID: 1, Credit: uint32(n)})
+			s.handleCmd(Credit{Sess: sess, ConsumerID: 1, Credit: uint32(n)}.Command())
 			s.dispatchDirty()
 			s.flush()
-			cmd := Command{Op: OpSettle, Settle: SettleAccept, Sess: sess, ConsumerID: 1, NRanges: 1, Last: true}
+			cmd := Settle{Kind: SettleAccept, Sess: sess, ConsumerID: 1, NRanges: 1, Last: true}
 			cmd.Ranges[0] = wire.Range{First: accepted + 1, Last: accepted + uint64(n)}
-			s.handle(&cmd)
+			s.handleCmd(cmd.Command())
 			accepted += uint64(n)
 			left -= n
 			if s.journal != nil {

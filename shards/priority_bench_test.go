@@ -36,7 +36,7 @@ func benchQueueKind(b *testing.B, kind string, batch int) {
 	s.queues.add(q)
 	w := &discardWriter{}
 	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: w}
-	s.handle(&Command{Op: OpSubscribe, Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 1 << 16})
+	s.handleCmd(Subscribe{Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 1 << 16}.Command())
 	payload := make([]byte, 128)
 	var nextID uint64 = 2
 	var delivered, accepted uint64
@@ -53,7 +53,7 @@ func benchQueueKind(b *testing.B, kind string, batch int) {
 				body.DeliverAt = 2
 			}
 			n++
-			cmd := Command{Op: OpPublish, Sess: sess, CmdID: nextID, Queue: q, Body: body, Now: 1}
+			cmd := Publish{Sess: sess, CmdID: nextID, Queue: q, Body: body, Now: 1}.Command()
 			nextID++
 			s.handle(&cmd)
 		}
@@ -61,12 +61,12 @@ func benchQueueKind(b *testing.B, kind string, batch int) {
 		s.dispatchDirty()
 		s.flush()
 		delivered += uint64(k)
-		cmd := Command{Op: OpSettle, Settle: SettleAccept, Sess: sess, CmdID: nextID, ConsumerID: 1, NRanges: 1, Last: true}
+		cmd := Settle{Kind: SettleAccept, Sess: sess, CmdID: nextID, ConsumerID: 1, NRanges: 1, Last: true}
 		cmd.Ranges[0] = wire.Range{First: accepted + 1, Last: delivered}
 		nextID++
-		s.handle(&cmd)
+		s.handleCmd(cmd.Command())
 		accepted = delivered
-		s.handle(&Command{Op: OpCredit, Sess: sess, ConsumerID: 1, Credit: uint32(k)})
+		s.handleCmd(Credit{Sess: sess, ConsumerID: 1, Credit: uint32(k)}.Command())
 		s.flush()
 	}
 	for i := 0; i < 1000; i++ { // warm the pools and maps

@@ -176,7 +176,7 @@ func consumeAll(t *testing.T, b *Broker, q *Queue, credit uint32, want int) []st
 	sh := b.shards[q.shard]
 	w := &captureWriter{}
 	sess := &Session{ID: 9, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: w}
-	if err := sh.Push(ctx, Command{Op: OpSubscribe, Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: credit}); err != nil {
+	if err := sh.Push(ctx, Subscribe{Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: credit}.Command()); err != nil {
 		t.Fatal(err)
 	}
 	var got []string
@@ -196,13 +196,13 @@ func consumeAll(t *testing.T, b *Broker, q *Queue, credit uint32, want int) []st
 		for _, m := range ms {
 			got = append(got, string(m.Payload))
 		}
-		settle := Command{Op: OpSettle, Settle: SettleAccept, Sess: sess, CmdID: id, ConsumerID: 1, NRanges: 1, Last: true}
+		settle := Settle{Kind: SettleAccept, Sess: sess, CmdID: id, ConsumerID: 1, NRanges: 1, Last: true}
 		settle.Ranges[0] = wire.Range{First: ms[0].Tag, Last: ms[len(ms)-1].Tag}
 		id++
-		if err := sh.Push(ctx, settle); err != nil {
+		if err := sh.Push(ctx, settle.Command()); err != nil {
 			t.Fatal(err)
 		}
-		if err := sh.Push(ctx, Command{Op: OpCredit, Sess: sess, ConsumerID: 1, Credit: uint32(len(ms))}); err != nil {
+		if err := sh.Push(ctx, Credit{Sess: sess, ConsumerID: 1, Credit: uint32(len(ms))}.Command()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -227,8 +227,8 @@ func TestPriorityRecovery(t *testing.T) {
 		p := uint8(i*7%5 + i%2) // 0..5: 5 is above the maximum and counts as 4
 		name := fmt.Sprintf("%05d/%d/%s", i, p, pad)
 		want[min(p, 4)] = append(want[min(p, 4)], name)
-		if err := b.shards[0].Push(ctx, Command{Op: OpPublish, Sess: sess, CmdID: uint64(i + 1), Queue: q,
-			Body: prioBody(name, p, 0, true), Now: time.Now().UnixNano()}); err != nil {
+		if err := b.shards[0].Push(ctx, Publish{Sess: sess, CmdID: uint64(i + 1), Queue: q,
+			Body: prioBody(name, p, 0, true), Now: time.Now().UnixNano()}.Command()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -277,15 +277,15 @@ func TestDelayedShard(t *testing.T) {
 	}
 	// The second message has a TTL shorter than its delay: it must still
 	// be delivered, since its TTL starts at its deliver-at time.
-	push(Command{Op: OpPublish, Sess: sess, CmdID: 1, Queue: q, Body: prioBody("first", 0, at1, true), Now: now})
-	push(Command{Op: OpPublish, Sess: sess, CmdID: 2, Queue: q, Body: prioBody("second", 0, at2, true), Now: now,
-		TTLNanos: int64(100 * time.Millisecond)})
+	push(Publish{Sess: sess, CmdID: 1, Queue: q, Body: prioBody("first", 0, at1, true), Now: now}.Command())
+	push(Publish{Sess: sess, CmdID: 2, Queue: q, Body: prioBody("second", 0, at2, true), Now: now,
+		TTLNanos: int64(100 * time.Millisecond)}.Command())
 	if infos := b.Queues(); len(infos) != 1 || infos[0].Delayed != 2 || infos[0].Ready != 0 {
 		t.Fatalf("queue stats with two delayed messages: %+v", infos)
 	}
 	w := &captureWriter{}
 	csess := &Session{ID: 2, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: w}
-	push(Command{Op: OpSubscribe, Sess: csess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 10})
+	push(Subscribe{Sess: csess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 10}.Command())
 	var gotAt int64
 	for gotAt == 0 {
 		if ctx.Err() != nil {

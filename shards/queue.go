@@ -647,7 +647,7 @@ func (q *Queue) acquire(ev *Event) error {
 //     at the round-robin cursor (EvAcquire with that consumer, its next
 //     tag, and the cursor just past it). A consumer whose session has more
 //     bytes waiting on its connection than its cap (Session.OutMax) counts
-//     as one without credit until the server resumes it (OpResume).
+//     as one without credit until the server resumes it (Resume).
 //
 // Applying the returned event and asking again delivers as long as there
 // are messages and credit. A replica that applies the same events in the

@@ -260,19 +260,14 @@ func (s *Shard) Complete(sess *Session, cmdID uint64, fan *Fanout, err error) {
 // Push runs f on the shard goroutine without waiting for it; false if the
 // ring is full.
 func (s *Shard) TryCall(f func(*Shard)) bool {
-	return s.TryPush(Command{Op: opCall, Call: f})
+	return s.TryPush(CallCommand(f))
 }
-
-// CallCommand is the command that runs f on the shard goroutine it is
-// pushed to (TryCall's), for whoever queues commands before they reach
-// the ring.
-func CallCommand(f func(*Shard)) Command { return Command{Op: opCall, Call: f} }
 
 // PushCall runs f on the shard goroutine without waiting for it to run,
 // parking while the ring is full, until ctx ends (an error then: f will
 // not run). Not from an event loop.
 func (s *Shard) PushCall(ctx context.Context, f func(*Shard)) error {
-	return s.pushWait(ctx, Command{Op: opCall, Call: f})
+	return s.pushWait(ctx, CallCommand(f))
 }
 
 // pushWait is Push that counts a full ring (TryPush's meter) before it
@@ -374,10 +369,10 @@ func resetGroup(g uint32) func(*Shard) {
 }
 
 // replicatedPublish proposes a publish to a replicated queue.
-func (s *Shard) replicatedPublish(c *Command, expiresAt int64) {
-	q := c.Queue
+func (s *Shard) replicatedPublish(p *Publish, expiresAt int64) {
+	q := p.Queue
 	r := s.broker.loadReplicator()
-	if q.duplicate(c.Producer, c.CmdID) {
+	if q.duplicate(p.Producer, p.CmdID) {
 		// A resend of a publish this queue applied already: the first
 		// copy is committed, so this one completes as it did, and stays
 		// out of the group log. Members skip a duplicate entry when they
@@ -386,31 +381,31 @@ func (s *Shard) replicatedPublish(c *Command, expiresAt int64) {
 		// empty table and would enqueue it: only this check keeps such
 		// entries out of the log, except for a resend that arrives while
 		// its first copy is still uncommitted.
-		c.Body.Unref()
+		p.Body.Unref()
 		s.stats.Duplicates++
-		s.completeCmd(c.Sess, c.CmdID, c.Fanout, nil)
+		s.completeCmd(p.Sess, p.CmdID, p.Fanout, nil)
 		return
 	}
-	if err := q.CheckEnqueue(c.Body.Size()); err != nil {
-		c.Body.Unref()
-		s.completeCmd(c.Sess, c.CmdID, c.Fanout, Errorf(wire.CodeResourceLimit, "queue %q is full", q.Name))
+	if err := q.CheckEnqueue(p.Body.Size()); err != nil {
+		p.Body.Unref()
+		s.completeCmd(p.Sess, p.CmdID, p.Fanout, Errorf(wire.CodeResourceLimit, "queue %q is full", q.Name))
 		return
 	}
-	tag, ok := s.replWaits.add(c.Sess, c.CmdID, c.Fanout)
+	tag, ok := s.replWaits.add(p.Sess, p.CmdID, p.Fanout)
 	if !ok {
-		c.Body.Unref()
-		s.completeCmd(c.Sess, c.CmdID, c.Fanout, Errorf(wire.CodeResourceLimit, "shard %d has %d replicated publishes waiting for their groups; retry", s.idx, replWaitsMax))
+		p.Body.Unref()
+		s.completeCmd(p.Sess, p.CmdID, p.Fanout, Errorf(wire.CodeResourceLimit, "shard %d has %d replicated publishes waiting for their groups; retry", s.idx, replWaitsMax))
 		return
 	}
-	err := r.ProposeEnqueue(q, c.Body, expiresAt, c.Producer, c.CmdID, tag)
+	err := r.ProposeEnqueue(q, p.Body, expiresAt, p.Producer, p.CmdID, tag)
 	// Until it commits and is applied, the event's data is held in the
 	// group log: it counts against the budget (memory.go), so a burst
 	// of publishes that outruns the group throttles like a backlog.
-	inflight := bodyBytes(c.Body)
-	c.Body.Unref() // the proposal copied it
+	inflight := bodyBytes(p.Body)
+	p.Body.Unref() // the proposal copied it
 	if err != nil {
 		s.replWaits.take(tag)
-		s.completeCmd(c.Sess, c.CmdID, c.Fanout, err)
+		s.completeCmd(p.Sess, p.CmdID, p.Fanout, err)
 		return
 	}
 	if s.mem.limit != 0 {
@@ -425,9 +420,9 @@ func (s *Shard) replicatedPublish(c *Command, expiresAt int64) {
 // the shard's, and allocates nothing when err is nil; a full ring is
 // waited out, since a completion must not be lost.
 func (s *Shard) Committed(tag uint64, err error) {
-	cmd := Command{Op: opReplDone, CmdID: tag}
+	cmd := replDoneCommand(tag)
 	if err != nil {
-		cmd = Command{Op: opCall, Call: func(sh *Shard) { sh.replDone(tag, err) }}
+		cmd = CallCommand(func(sh *Shard) { sh.replDone(tag, err) })
 	}
 	_ = s.pushWait(s.broker.ctx, cmd) // fails only once the broker closes
 }
@@ -449,19 +444,13 @@ func (s *Shard) replDone(tag uint64, err error) {
 // another goroutine, without allocating; false if the ring is full (b's
 // reference stays the caller's then).
 func (s *Shard) TryApplyEnqueue(q *Queue, seq uint64, b *Body, expiresAt int64, producer, producerSeq, logPos uint64) bool {
-	return s.TryPush(applyEnqueueCmd(q, seq, b, expiresAt, producer, producerSeq, logPos))
+	return s.TryPush(replEnqueue{q, seq, b, expiresAt, producer, producerSeq, logPos}.command())
 }
 
 // PushApplyEnqueue is TryApplyEnqueue that parks while the ring is full,
 // until ctx ends (an error then: b's reference stays the caller's).
 func (s *Shard) PushApplyEnqueue(ctx context.Context, q *Queue, seq uint64, b *Body, expiresAt int64, producer, producerSeq, logPos uint64) error {
-	return s.pushWait(ctx, applyEnqueueCmd(q, seq, b, expiresAt, producer, producerSeq, logPos))
-}
-
-func applyEnqueueCmd(q *Queue, seq uint64, b *Body, expiresAt int64, producer, producerSeq, logPos uint64) Command {
-	c := Command{Op: opReplEnqueue, Queue: q, CmdID: seq, Body: b, TTLNanos: expiresAt, Producer: producer, Now: int64(producerSeq)}
-	c.Ranges[0].First = logPos
-	return c
+	return s.pushWait(ctx, replEnqueue{q, seq, b, expiresAt, producer, producerSeq, logPos}.command())
 }
 
 // replWaitsMax bounds a shard's replicated publishes waiting for their

@@ -175,8 +175,9 @@ func BenchmarkReplicatedConsumeBacklog(b *testing.B) {
 				limit = 1 << 20
 			}
 			s, q, r := replicatedShard(b, limit)
+			s.setMastered(q.group, true) // a master delivers once its shard took GroupMastered
 			sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{}}
-			s.handle(&Command{Op: OpSubscribe, Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, AckMode: wire.AckNone})
+			s.handleCmd(Subscribe{Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, AckMode: wire.AckNone}.Command())
 			payload := make([]byte, 1024)
 			seq := uint64(0)
 			fill := func(k int) {
@@ -197,7 +198,7 @@ func BenchmarkReplicatedConsumeBacklog(b *testing.B) {
 			consume := func(k int) {
 				for left := k; left > 0; {
 					n := min(left, credit)
-					s.handle(&Command{Op: OpCredit, Sess: sess, ConsumerID: 1, Credit: uint32(n)})
+					s.handleCmd(Credit{Sess: sess, ConsumerID: 1, Credit: uint32(n)}.Command())
 					s.dispatchDirty()
 					s.flush()
 					s.flushRemoves()

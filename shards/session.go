@@ -38,7 +38,7 @@ type Session struct {
 	// connection (0: no cap). Past it the shards stop handing messages
 	// to the session's consumers: a queue gives them to its other
 	// consumers, and keeps them for these until the server resumes the
-	// session (OpResume, once the connection drained).
+	// session (Resume, once the connection drained).
 	OutMax int64
 	// OutBuffered is what the connection holds that the kernel has not
 	// taken: the server stores it from the connection's owner each time
@@ -97,7 +97,7 @@ func (s *Session) StalledSince() int64 { return s.stalledSince.Load() }
 
 // ClearStalled forgets that deliveries were held back; the server calls
 // it, once the connection is back under its cap, before it pushes
-// OpResume to the shards of the session's consumers.
+// a Resume to the shards of the session's consumers.
 func (s *Session) ClearStalled() { s.stalledSince.Store(0) }
 
 // Closed reports whether the session has ended.

@@ -11,70 +11,6 @@ import (
 	"github.com/berthmq/berth/wire"
 )
 
-// Op is what a Command asks a shard to do.
-type Op uint8
-
-const (
-	OpPublish Op = iota + 1
-	OpSubscribe
-	OpCancel
-	OpCredit
-	OpSettle
-	OpSessionClosed
-	OpTick
-	opCall // run Call on the shard goroutine (management)
-	// opDeadLettered: every target of a dead letter holds it durably;
-	// journal the dequeue of the source record at CmdID (see DeadLetter).
-	opDeadLettered
-	// OpResume: Sess's connection drained below its cap of pending bytes
-	// (Session.OutMax); its consumers' queues deliver to it again.
-	OpResume
-	// opWake: the timer for the earliest delayed message fired (delay.go).
-	opWake
-	// opReplDone: the replicated publish of tag CmdID committed (replicated.go).
-	opReplDone
-	// opReplEnqueue: apply a committed enqueue of a replicated queue
-	// (Shard.TryApplyEnqueue).
-	opReplEnqueue
-	// opAddQueue: Queue is the shard's from now on (Broker.AddQueue).
-	opAddQueue
-)
-
-// Settle kinds.
-const (
-	SettleAccept  uint8 = 1
-	SettleRelease uint8 = 2
-	SettleReject  uint8 = 3
-)
-
-// RangesInline is how many tag ranges one Command carries; a settle with
-// more is split over several Commands, of which only the last completes.
-const RangesInline = 4
-
-// Command travels by value through a shard's ring.
-type Command struct {
-	Op         Op
-	Settle     uint8
-	AckMode    uint8
-	Exclusive  bool
-	Last       bool // the last part of a split settle: it completes the command
-	NRanges    uint8
-	ConsumerID uint32
-	Credit     uint32
-	Sess       *Session
-	CmdID      uint64
-	Queue      *Queue
-	Body       *Body // OpPublish: one reference, given to the shard
-	Now        int64 // unix nanoseconds at receipt
-	TTLNanos   int64 // per-message TTL, 0 = none
-	// Producer is the publish's producer id (0 = none); its sequence
-	// number is CmdID (see dedup.go).
-	Producer uint64
-	Fanout   *Fanout
-	Ranges   [RangesInline]wire.Range
-	Call     func(*Shard)
-}
-
 // Consumer is a subscription of one session to one queue. It lives on the
 // queue's shard.
 type Consumer struct {
@@ -257,54 +193,62 @@ func (s *Shard) run(ctx context.Context) {
 	}
 }
 
+// handle runs one command on the shard goroutine, reading it through
+// its op's view (command.go).
 func (s *Shard) handle(c *Command) {
-	if c.Now > s.now {
-		s.now = c.Now
+	if c.now > s.now {
+		s.now = c.now
 	}
-	switch c.Op {
-	case OpPublish:
-		s.publish(c)
-	case OpSubscribe:
-		s.subscribe(c)
-	case OpCancel:
-		s.cancel(c)
-	case OpCredit:
-		if con := s.consumers[consumerKey{c.Sess, c.ConsumerID}]; con != nil {
-			con.credit += c.Credit
+	switch c.op {
+	case opPublish:
+		p := c.publish()
+		s.publish(&p)
+	case opSubscribe:
+		sub := c.subscribe()
+		s.subscribe(&sub)
+	case opCancel:
+		s.cancel(c.cancel())
+	case opCredit:
+		cr := c.credit()
+		if con := s.consumers[consumerKey{cr.Sess, cr.ConsumerID}]; con != nil {
+			con.credit += cr.Credit
 			if con.credit > s.cfg.CreditMax {
 				con.credit = s.cfg.CreditMax
 			}
 			s.markDirty(con.queue)
 		}
-	case OpSettle:
-		s.settle(c)
-	case OpSessionClosed:
-		s.sessionClosed(c.Sess)
-	case OpTick:
+	case opSettle:
+		st := c.settle()
+		s.settle(&st)
+	case opSessionClosed:
+		s.sessionClosed(c.sess)
+	case opTick:
 		s.tick()
 		s.maybeCheckpoint()
 	case opWake:
 		s.fireTimers()
 	case opCall:
-		c.Call(s)
+		c.call(s)
 	case opReplDone:
-		s.replDone(c.CmdID, nil)
+		s.replDone(c.replDoneTag(), nil)
 	case opReplEnqueue:
-		s.ApplyEnqueue(c.Queue, c.CmdID, c.Body, c.TTLNanos, c.Producer, uint64(c.Now), c.Ranges[0].First)
+		e := c.replEnqueue()
+		s.ApplyEnqueue(e.queue, e.seq, e.body, e.expiresAt, e.producer, e.producerSeq, e.logPos)
 	case opAddQueue:
-		s.queues.add(c.Queue)
+		s.queues.add(c.queue)
 	case opDeadLettered:
-		if q := c.Queue; q.replicated {
+		d := c.deadLettered()
+		if q := d.queue; q.replicated {
 			if s.masters(q) {
-				s.noteRemoved(q, c.CmdID)
+				s.noteRemoved(q, d.seq)
 			}
 		} else if s.journal != nil {
-			s.releaseHeld(c.CmdID)
-			s.appendDequeue(c.Queue, journal.Pos(c.CmdID), nil, 0)
+			s.releaseHeld(uint64(d.journalPos))
+			s.appendDequeue(q, d.journalPos, nil, 0)
 		}
-	case OpResume:
+	case opResume:
 		for key, con := range s.consumers {
-			if key.sess == c.Sess {
+			if key.sess == c.sess {
 				s.markDirty(con.queue)
 			}
 		}
@@ -338,8 +282,8 @@ func (s *Shard) completeCmd(sess *Session, id uint64, fan *Fanout, err error) {
 			return
 		}
 		err = fan.err()
-		if fan.holdQueue != nil {
-			s.deadLettered(fan.holdQueue, fan.holdPos, err)
+		if fan.held.queue != nil {
+			s.deadLettered(fan.held, err)
 		}
 		fan.release()
 	}
@@ -355,55 +299,55 @@ func (s *Shard) completeCmd(sess *Session, id uint64, fan *Fanout, err error) {
 	}
 }
 
-func (s *Shard) publish(c *Command) {
-	q := c.Queue
+func (s *Shard) publish(p *Publish) {
+	q := p.Queue
 	if q.deleted {
-		c.Body.Unref()
-		s.completeCmd(c.Sess, c.CmdID, c.Fanout, Errorf(wire.CodeNotFound, "queue %q was deleted", q.Name))
+		p.Body.Unref()
+		s.completeCmd(p.Sess, p.CmdID, p.Fanout, Errorf(wire.CodeNotFound, "queue %q was deleted", q.Name))
 		return
 	}
-	ev := Event{Kind: EvEnqueue, Body: c.Body, Priority: c.Body.Priority}
+	ev := Event{Kind: EvEnqueue, Body: p.Body, Priority: p.Body.Priority}
 	// A delayed message's TTL runs from its deliver-at time: it cannot be
 	// consumed before then.
-	from := c.Now
-	if at := c.Body.DeliverAt; at > c.Now {
+	from := p.Now
+	if at := p.Body.DeliverAt; at > p.Now {
 		ev.DeliverAt, from = at, at
 	}
-	if c.TTLNanos > 0 {
-		ev.ExpiresAt = from + c.TTLNanos
+	if p.TTLNanos > 0 {
+		ev.ExpiresAt = from + p.TTLNanos
 	}
 	if t := q.Options.TTLNanos(); t > 0 && (ev.ExpiresAt == 0 || from+t < ev.ExpiresAt) {
 		ev.ExpiresAt = from + t
 	}
 	if q.replicated {
-		s.replicatedPublish(c, ev.ExpiresAt)
+		s.replicatedPublish(p, ev.ExpiresAt)
 		return
 	}
-	if q.duplicate(c.Producer, c.CmdID) {
+	if q.duplicate(p.Producer, p.CmdID) {
 		// A retry of a publish this queue enqueued already: its
 		// completion is the one the first copy earned (after its record,
 		// if any, is durable: completeAfterJournal waits for it).
-		c.Body.Unref()
+		p.Body.Unref()
 		s.stats.Duplicates++
 		if s.journal != nil && s.journal.pending.size > 0 {
-			s.journal.pending.push(jctx{sess: c.Sess, cmdID: c.CmdID, fan: c.Fanout})
+			s.journal.pending.push(jctx{sess: p.Sess, cmdID: p.CmdID, fan: p.Fanout})
 		} else {
-			s.completeCmd(c.Sess, c.CmdID, c.Fanout, nil)
+			s.completeCmd(p.Sess, p.CmdID, p.Fanout, nil)
 		}
 		return
 	}
-	if s.journaled(q, c.Body) {
-		if err := q.CheckEnqueue(c.Body.Size()); err != nil {
-			c.Body.Unref()
-			s.completeCmd(c.Sess, c.CmdID, c.Fanout, Errorf(wire.CodeResourceLimit, "queue %q is full", q.Name))
+	if s.journaled(q, p.Body) {
+		if err := q.CheckEnqueue(p.Body.Size()); err != nil {
+			p.Body.Unref()
+			s.completeCmd(p.Sess, p.CmdID, p.Fanout, Errorf(wire.CodeResourceLimit, "queue %q is full", q.Name))
 			return
 		}
 		// The record goes first, so that anything the enqueue drops is
 		// journaled after it.
-		pos := s.appendEnqueue(q, &Entry{Body: c.Body, ExpiresAt: ev.ExpiresAt}, c.Producer, c.CmdID)
-		q.noteProducer(c.Producer, c.CmdID)
+		pos := s.appendEnqueue(q, &Entry{Body: p.Body, ExpiresAt: ev.ExpiresAt}, p.Producer, p.CmdID)
+		q.noteProducer(p.Producer, p.CmdID)
 		seq := q.nextSeq // what enqueue assigns
-		s.journal.pending.push(jctx{pos: pos, sess: c.Sess, cmdID: c.CmdID, fan: c.Fanout, q: q, seq: seq})
+		s.journal.pending.push(jctx{pos: pos, sess: p.Sess, cmdID: p.CmdID, fan: p.Fanout, q: q, seq: seq})
 		ev.JournalPos = uint64(pos)
 		if err := q.Apply(&ev, s); err != nil {
 			panic("shards: enqueue failed after its check: " + err.Error())
@@ -419,37 +363,37 @@ func (s *Shard) publish(c *Command) {
 		return
 	}
 	if err := q.Apply(&ev, s); err != nil {
-		c.Body.Unref()
+		p.Body.Unref()
 		if err == ErrQueueFull {
 			err = Errorf(wire.CodeResourceLimit, "queue %q is full", q.Name)
 		}
-		s.completeCmd(c.Sess, c.CmdID, c.Fanout, err)
+		s.completeCmd(p.Sess, p.CmdID, p.Fanout, err)
 		return
 	}
-	q.noteProducer(c.Producer, c.CmdID)
+	q.noteProducer(p.Producer, p.CmdID)
 	s.noteExpiry(q, ev.ExpiresAt)
 	s.admit(q)
 	if ev.DeliverAt != 0 {
 		s.schedule(q, ev.DeliverAt)
 	}
 	s.stats.Published++
-	s.completeCmd(c.Sess, c.CmdID, c.Fanout, nil)
+	s.completeCmd(p.Sess, p.CmdID, p.Fanout, nil)
 	if len(q.consumers) > 0 && ev.DeliverAt == 0 {
 		s.markDirty(q)
 	}
 }
 
-func (s *Shard) subscribe(c *Command) {
-	q := c.Queue
-	key := consumerKey{c.Sess, c.ConsumerID}
+func (s *Shard) subscribe(sub *Subscribe) {
+	q := sub.Queue
+	key := consumerKey{sub.Sess, sub.ConsumerID}
 	if s.consumers[key] != nil {
 		// The consumer of that id stays: the session is not told it went.
-		s.completeCmd(c.Sess, c.CmdID, nil, Errorf(wire.CodeInvalid, "consumer id %d is in use", c.ConsumerID))
+		s.completeCmd(sub.Sess, sub.CmdID, nil, Errorf(wire.CodeInvalid, "consumer id %d is in use", sub.ConsumerID))
 		return
 	}
 	refuse := func(err error) {
-		s.completeCmd(c.Sess, c.CmdID, nil, err)
-		c.Sess.consumerGone(c.ConsumerID)
+		s.completeCmd(sub.Sess, sub.CmdID, nil, err)
+		sub.Sess.consumerGone(sub.ConsumerID)
 	}
 	if q.deleted {
 		refuse(Errorf(wire.CodeNotFound, "queue %q was deleted", q.Name))
@@ -462,34 +406,34 @@ func (s *Shard) subscribe(c *Command) {
 			return
 		}
 	}
-	if q.owner != nil && q.owner != c.Sess {
+	if q.owner != nil && q.owner != sub.Sess {
 		refuse(Errorf(wire.CodeNotAllowed, "queue %q is exclusive to another session", q.Name))
 		return
 	}
 	for _, other := range q.consumers {
-		if other.exclusive || c.Exclusive {
+		if other.exclusive || sub.Exclusive {
 			refuse(Errorf(wire.CodeNotAllowed, "queue %q has an exclusive consumer", q.Name))
 			return
 		}
 	}
-	credit := c.Credit
+	credit := sub.Credit
 	if credit > s.cfg.CreditMax {
 		credit = s.cfg.CreditMax
 	}
-	con := &Consumer{ID: c.ConsumerID, Session: c.Sess, queue: q, credit: credit,
-		ackNone: c.AckMode == wire.AckNone, exclusive: c.Exclusive, unacked: map[uint64]uint64{}}
+	con := &Consumer{ID: sub.ConsumerID, Session: sub.Sess, queue: q, credit: credit,
+		ackNone: sub.AckMode == wire.AckNone, exclusive: sub.Exclusive, unacked: map[uint64]uint64{}}
 	s.consumers[key] = con
 	q.consumers = append(q.consumers, con)
 	s.pool.totals.Consumers++
 	q.everConsumed = true
-	s.completeCmd(c.Sess, c.CmdID, nil, nil)
+	s.completeCmd(sub.Sess, sub.CmdID, nil, nil)
 	s.markDirty(q)
 }
 
-func (s *Shard) cancel(c *Command) {
-	con := s.consumers[consumerKey{c.Sess, c.ConsumerID}]
+func (s *Shard) cancel(cn Cancel) {
+	con := s.consumers[consumerKey{cn.Sess, cn.ConsumerID}]
 	if con == nil {
-		s.completeCmd(c.Sess, c.CmdID, nil, Errorf(wire.CodeNotFound, "no consumer %d", c.ConsumerID))
+		s.completeCmd(cn.Sess, cn.CmdID, nil, Errorf(wire.CodeNotFound, "no consumer %d", cn.ConsumerID))
 		return
 	}
 	// Deliveries already made stay acquired and can still be settled; the
@@ -498,10 +442,10 @@ func (s *Shard) cancel(c *Command) {
 	s.detach(con)
 	if len(con.unacked) == 0 {
 		// Nothing left to settle: forget it now, not at session end.
-		delete(s.consumers, consumerKey{c.Sess, c.ConsumerID})
-		c.Sess.consumerGone(c.ConsumerID)
+		delete(s.consumers, consumerKey{cn.Sess, cn.ConsumerID})
+		cn.Sess.consumerGone(cn.ConsumerID)
 	}
-	s.completeCmd(c.Sess, c.CmdID, nil, nil)
+	s.completeCmd(cn.Sess, cn.CmdID, nil, nil)
 }
 
 // detach removes a consumer from its queue's dispatch list.
@@ -524,11 +468,11 @@ func (s *Shard) detach(con *Consumer) {
 	}
 }
 
-func (s *Shard) settle(c *Command) {
-	con := s.consumers[consumerKey{c.Sess, c.ConsumerID}]
+func (s *Shard) settle(st *Settle) {
+	con := s.consumers[consumerKey{st.Sess, st.ConsumerID}]
 	if con == nil {
-		if c.Last {
-			s.completeCmd(c.Sess, c.CmdID, nil, Errorf(wire.CodeNotFound, "no consumer %d", c.ConsumerID))
+		if st.Last {
+			s.completeCmd(st.Sess, st.CmdID, nil, Errorf(wire.CodeNotFound, "no consumer %d", st.ConsumerID))
 		}
 		return
 	}
@@ -540,7 +484,7 @@ func (s *Shard) settle(c *Command) {
 		}
 		delete(con.unacked, tag)
 		ev := Event{Seq: seq}
-		switch c.Settle {
+		switch st.Kind {
 		case SettleAccept:
 			ev.Kind = EvDequeue
 			s.stats.Accepted++
@@ -552,8 +496,8 @@ func (s *Shard) settle(c *Command) {
 		}
 		_ = q.Apply(&ev, s)
 	}
-	for i := 0; i < int(c.NRanges); i++ {
-		r := c.Ranges[i]
+	for i := 0; i < int(st.NRanges); i++ {
+		r := st.Ranges[i]
 		// Tags past the consumer's last delivery were never handed out:
 		// a flood of settles for them costs a comparison each.
 		if r.First > con.nextTag || len(con.unacked) == 0 {
@@ -576,7 +520,7 @@ func (s *Shard) settle(c *Command) {
 			}
 		}
 	}
-	if c.Settle != SettleAccept {
+	if st.Kind != SettleAccept {
 		s.markDirty(q)
 	}
 	if con.queue.deleted || (len(con.unacked) == 0 && !containsConsumer(q.consumers, con)) {
@@ -584,17 +528,17 @@ func (s *Shard) settle(c *Command) {
 		delete(s.consumers, consumerKey{con.Session, con.ID})
 		con.Session.consumerGone(con.ID)
 	}
-	if c.Last {
+	if st.Last {
 		if q.replicated {
 			// An accept completes once its removes committed.
-			sess, id := c.Sess, c.CmdID
+			sess, id := st.Sess, st.CmdID
 			if err := s.proposeRemoves(q, func(err error) { s.pushCompletion(sess, id, nil, err) }); err != nil {
 				s.completeCmd(sess, id, nil, err)
 			}
 			return
 		}
 		// An accept completes once its dequeues are durable.
-		s.completeAfterJournal(c.Sess, c.CmdID)
+		s.completeAfterJournal(st.Sess, st.CmdID)
 	}
 }
 
@@ -865,7 +809,7 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 		}
 		if n > 0 {
 			fan = NewFanout(n)
-			fan.holdQueue, fan.holdPos = q, e.Seq
+			fan.held = deadLettered{queue: q, seq: e.Seq}
 			s.dlHeld = e // Removed, called next for e, leaves it to deadLettered
 		}
 	} else if e.JournalPos != 0 && s.journal != nil {
@@ -877,7 +821,7 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 		}
 		if cross > 0 {
 			fan = NewFanout(cross)
-			fan.holdQueue, fan.holdPos = q, e.JournalPos
+			fan.held = deadLettered{queue: q, journalPos: journal.Pos(e.JournalPos)}
 			s.holdForDeadLetter(q, e)
 			e.JournalPos = 0
 		}
@@ -893,16 +837,16 @@ func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
 			e.Body.Unref()
 			body = NewBody(e.Body.Exchange, key, e.Body.Props, e.Body.Payload, e.Body.Persistent)
 		}
-		cmd := Command{Op: OpPublish, Queue: t, Body: body, Now: s.now}
+		p := Publish{Queue: t, Body: body, Now: s.now}
 		if t.Shard() == s.idx {
 			if q.replicated {
-				cmd.Fanout = fan
+				p.Fanout = fan
 			}
-			s.publish(&cmd)
+			s.publish(&p)
 			continue
 		}
-		cmd.Fanout = fan
-		if !s.broker.shards[t.shard].TryPush(cmd) {
+		p.Fanout = fan
+		if cmd := p.Command(); !s.broker.shards[t.shard].TryPush(cmd) {
 			if len(s.deferred) >= deferredMax {
 				body.Unref()
 				s.stats.DroppedDeadLetters++
@@ -939,16 +883,17 @@ func (s *Shard) Removed(q *Queue, e *Entry) {
 	}
 }
 
-// deadLettered runs when every other-shard target of a dead letter from
-// src finished its publish: with no error, src journals the dequeue of the
-// source record now.
-func (s *Shard) deadLettered(src *Queue, pos uint64, err error) {
+// deadLettered runs when every other target of a dead letter from
+// d.queue finished its publish: with no error, the queue's shard removes
+// the source message now (opDeadLettered).
+func (s *Shard) deadLettered(d deadLettered, err error) {
+	src := d.queue
 	if err != nil {
 		s.log.Warn("shards: a dead letter was not stored by every target; the source keeps it and brings it back at the next start (a replicated one at its group's next master change)",
 			"queue", src.Name, "err", err)
 		return
 	}
-	cmd := Command{Op: opDeadLettered, Queue: src, CmdID: pos}
+	cmd := d.command()
 	if src.Shard() == s.idx {
 		s.handle(&cmd)
 		return
@@ -965,7 +910,7 @@ func (s *Shard) deadLettered(src *Queue, pos uint64, err error) {
 func (s *Shard) retryDeferred() {
 	kept := s.deferred[:0]
 	for _, cmd := range s.deferred {
-		if !s.broker.shards[cmd.Queue.shard].TryPush(cmd) {
+		if !s.broker.shards[cmd.queue.shard].TryPush(cmd) {
 			kept = append(kept, cmd)
 		}
 	}

@@ -44,7 +44,7 @@ func BenchmarkShardPublishDeliverAccept(b *testing.B) {
 			// OutMax as the server sets it by default: the cap is checked on
 			// every delivery.
 			sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: w, OutMax: 4 << 20}
-			s.handle(&Command{Op: OpSubscribe, Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 1 << 16})
+			s.handleCmd(Subscribe{Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 1 << 16}.Command())
 			payload := make([]byte, 128)
 			// The shard's clock starts at the wall clock: a TTL runs from
 			// there, not from a made-up time.
@@ -54,19 +54,19 @@ func BenchmarkShardPublishDeliverAccept(b *testing.B) {
 			step := func(n int) {
 				for i := 0; i < n; i++ {
 					body := NewBody(nil, []byte("q"), nil, payload, false)
-					cmd := Command{Op: OpPublish, Sess: sess, CmdID: nextID, Queue: q, Body: body, Now: now, TTLNanos: c.ttl}
+					cmd := Publish{Sess: sess, CmdID: nextID, Queue: q, Body: body, Now: now, TTLNanos: c.ttl}.Command()
 					nextID++
 					s.handle(&cmd)
 				}
 				s.dispatchDirty()
 				s.flush()
 				delivered += uint64(n)
-				cmd := Command{Op: OpSettle, Settle: SettleAccept, Sess: sess, CmdID: nextID, ConsumerID: 1, NRanges: 1, Last: true}
+				cmd := Settle{Kind: SettleAccept, Sess: sess, CmdID: nextID, ConsumerID: 1, NRanges: 1, Last: true}
 				cmd.Ranges[0] = wire.Range{First: accepted + 1, Last: delivered}
 				nextID++
-				s.handle(&cmd)
+				s.handleCmd(cmd.Command())
 				accepted = delivered
-				s.handle(&Command{Op: OpCredit, Sess: sess, ConsumerID: 1, Credit: uint32(n)})
+				s.handleCmd(Credit{Sess: sess, ConsumerID: 1, Credit: uint32(n)}.Command())
 				s.flush()
 			}
 			for i := 0; i < 1000; i++ { // warm the pools and maps

@@ -57,7 +57,7 @@ func testSweep(t *testing.T, journaled bool) {
 	for i := range n {
 		p := append([]byte(nil), payload...)
 		copy(p, fmt.Sprintf("message %08d", i))
-		push(Command{Op: OpPublish, Sess: sess, CmdID: uint64(i + 1), Queue: q, Body: NewBody(nil, []byte("deep"), []byte("props"), p, i%2 == 0), Now: time.Now().UnixNano()})
+		push(Publish{Sess: sess, CmdID: uint64(i + 1), Queue: q, Body: NewBody(nil, []byte("deep"), []byte("props"), p, i%2 == 0), Now: time.Now().UnixNano()}.Command())
 	}
 	var resident, sweeps int
 	var used, paged, outside int64

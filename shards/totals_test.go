@@ -109,12 +109,11 @@ func TestQueueTotalsMatchWalk(t *testing.T) {
 	replSeq := uint64(0)
 	push := func(c Command) {
 		t.Helper()
-		cmdID++
-		c.CmdID, c.Now = cmdID, now
 		if err := sh.Push(ctx, c); err != nil {
 			t.Fatal(err)
 		}
 	}
+	nextID := func() uint64 { cmdID++; return cmdID }
 	call := func(f func(s *Shard)) {
 		t.Helper()
 		if err := b.Call(sh, f); err != nil {
@@ -159,13 +158,14 @@ func TestQueueTotalsMatchWalk(t *testing.T) {
 				// drops a delayed one.
 				body.DeliverAt = now + int64(rng.Intn(400))*int64(time.Millisecond)
 			}
-			c := Command{Op: OpPublish, Sess: sess, Queue: q, Body: body}
+			c := Publish{Sess: sess, Queue: q, Body: body}
 			if rng.Intn(4) == 0 {
 				c.TTLNanos = int64(rng.Intn(40)) * int64(time.Millisecond)
 			}
-			push(c)
+			c.CmdID, c.Now = nextID(), now
+			push(c.Command())
 			for range 40 * boolInt(name == "deep") {
-				push(Command{Op: OpPublish, Sess: sess, Queue: q, Body: NewBody(nil, []byte(name), nil, payload, false)})
+				push(Publish{Sess: sess, CmdID: nextID(), Queue: q, Body: NewBody(nil, []byte(name), nil, payload, false), Now: now}.Command())
 			}
 		case r < 45:
 			op = "subscribe"
@@ -176,13 +176,13 @@ func TestQueueTotalsMatchWalk(t *testing.T) {
 			if rng.Intn(4) == 0 {
 				mode = wire.AckNone
 			}
-			push(Command{Op: OpSubscribe, Sess: sess, Queue: q, ConsumerID: uint32(rng.Intn(4)), Credit: uint32(1 + rng.Intn(6)), AckMode: mode})
+			push(Subscribe{Sess: sess, CmdID: nextID(), Queue: q, ConsumerID: uint32(rng.Intn(4)), Credit: uint32(1 + rng.Intn(6)), AckMode: mode}.Command())
 		case r < 50:
 			op = "cancel"
-			push(Command{Op: OpCancel, Sess: sess, ConsumerID: uint32(rng.Intn(4))})
+			push(Cancel{Sess: sess, CmdID: nextID(), ConsumerID: uint32(rng.Intn(4))}.Command())
 		case r < 58:
 			op = "credit"
-			push(Command{Op: OpCredit, Sess: sess, ConsumerID: uint32(rng.Intn(4)), Credit: uint32(1 + rng.Intn(6))})
+			push(Credit{Sess: sess, ConsumerID: uint32(rng.Intn(4)), Credit: uint32(1 + rng.Intn(6))}.Command())
 		case r < 80:
 			kind := []uint8{SettleAccept, SettleRelease, SettleReject}[rng.Intn(3)]
 			op = fmt.Sprint("settle ", kind)
@@ -204,13 +204,14 @@ func TestQueueTotalsMatchWalk(t *testing.T) {
 				continue
 			}
 			tag := tags[rng.Intn(len(tags))]
-			c := Command{Op: OpSettle, Settle: kind, Sess: sess, ConsumerID: conID, NRanges: 1, Last: true}
+			c := Settle{Kind: kind, Sess: sess, ConsumerID: conID, NRanges: 1, Last: true}
 			c.Ranges[0] = wire.Range{First: tag, Last: tag}
-			push(c)
+			c.CmdID = nextID()
+			push(c.Command())
 		case r < 88:
 			op = "tick"
 			now += int64(rng.Intn(30)) * int64(time.Millisecond)
-			push(Command{Op: OpTick})
+			push(tickCommand(now))
 		case r < 91:
 			op = "purge"
 			if _, err := b.Purge(q); err != nil {
@@ -254,7 +255,7 @@ func TestQueueTotalsMatchWalk(t *testing.T) {
 			for range 6 {
 				body := NewBody(nil, []byte("drop"), nil, payload[:16], false)
 				body.DeliverAt = now + int64(time.Second)
-				push(Command{Op: OpPublish, Sess: sess, Queue: queues["drop"], Body: body})
+				push(Publish{Sess: sess, CmdID: nextID(), Queue: queues["drop"], Body: body, Now: now}.Command())
 			}
 		default:
 			op = "group reset"
