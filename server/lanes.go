@@ -18,27 +18,37 @@ import (
 // readers and the other shards' lanes go on. A lane keeps its commands'
 // order, and a queue lives on one shard, so forwards to one queue keep
 // theirs, and a proxied consumer's commands reach its shard in order.
+//
+// A command finding its lane empty (nothing queued, nothing on its way
+// to the ring) goes straight into the shard's ring if there is room,
+// without waking the lane's goroutine: handing every forward over cost
+// about 4 us of CPU a forwarded message (docs/BENCHMARKS.md, issue 26).
+// It still follows everything its reader handed over before: those are
+// all in the ring once the lane is empty.
 type lanes struct {
 	ctx    context.Context
 	shards []*shards.Shard
 	q      []chan shards.Command
-	wg     sync.WaitGroup
+	// busy[i] counts the commands handed to lane i and not yet in its
+	// shard's ring.
+	busy []atomic.Int64
+	wg   sync.WaitGroup
 }
 
 // laneMax bounds the commands waiting in one lane.
 const laneMax = 4096
 
 func newLanes(ctx context.Context, shs []*shards.Shard) *lanes {
-	l := &lanes{ctx: ctx, shards: shs, q: make([]chan shards.Command, len(shs))}
+	l := &lanes{ctx: ctx, shards: shs, q: make([]chan shards.Command, len(shs)), busy: make([]atomic.Int64, len(shs))}
 	for i, sh := range shs {
 		l.q[i] = make(chan shards.Command, laneMax)
 		l.wg.Add(1)
-		go l.run(sh, l.q[i])
+		go l.run(sh, l.q[i], &l.busy[i])
 	}
 	return l
 }
 
-func (l *lanes) run(sh *shards.Shard, q chan shards.Command) {
+func (l *lanes) run(sh *shards.Shard, q chan shards.Command, busy *atomic.Int64) {
 	defer l.wg.Done()
 	for {
 		select {
@@ -46,19 +56,31 @@ func (l *lanes) run(sh *shards.Shard, q chan shards.Command) {
 			if sh.Push(l.ctx, cmd) != nil {
 				return // the broker is closing
 			}
+			busy.Add(-1)
 		case <-l.ctx.Done():
 			return
 		}
 	}
 }
 
+// direct pushes cmd into shard i's ring at once if lane i is empty and
+// the ring has room.
+func (l *lanes) direct(i int, cmd shards.Command) bool {
+	return l.busy[i].Load() == 0 && l.shards[i].TryPush(cmd)
+}
+
 // tryPush hands cmd to shard i's lane; false when the lane is full (its
 // shard has not taken a command for laneMax commands).
 func (l *lanes) tryPush(i int, cmd shards.Command) bool {
+	if l.direct(i, cmd) {
+		return true
+	}
+	l.busy[i].Add(1)
 	select {
 	case l.q[i] <- cmd:
 		return true
 	default:
+		l.busy[i].Add(-1)
 		return false
 	}
 }
@@ -66,6 +88,10 @@ func (l *lanes) tryPush(i int, cmd shards.Command) bool {
 // push hands cmd to shard i's lane, waiting while the lane is full, until
 // the broker closes (false then).
 func (l *lanes) push(i int, cmd shards.Command) bool {
+	if l.direct(i, cmd) {
+		return true
+	}
+	l.busy[i].Add(1)
 	select {
 	case l.q[i] <- cmd:
 		return true
@@ -75,6 +101,7 @@ func (l *lanes) push(i int, cmd shards.Command) bool {
 	case l.q[i] <- cmd:
 		return true
 	case <-l.ctx.Done():
+		l.busy[i].Add(-1)
 		return false
 	}
 }
