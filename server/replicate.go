@@ -74,6 +74,17 @@ func (r *replicator) node() *groups.Node {
 	return nil
 }
 
+// placeQueue is the wiring's Config.Place: the replicator's Group once
+// replication runs (initReplication sets s.replicator before the wiring
+// restores its queues), else every queue is this broker's.
+func (s *Server) placeQueue(name string, opts shards.QueueOptions) shards.Placement {
+	if s.replicator == nil {
+		return shards.Placement{}
+	}
+	g, ok := s.replicator.Group(name, opts)
+	return shards.Placement{Group: g, Replicated: ok}
+}
+
 // Group decides at a queue's creation whether it is replicated. While
 // the group count is not known yet (the manager has not read it), it asks
 // the controller: a queue declared just after "berthctl cluster init" must

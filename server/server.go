@@ -225,6 +225,7 @@ func Start(cfg Config) (*Server, error) {
 	wcfg.Syncable = s.syncable
 	wcfg.Foreign = s.foreignQueue
 	wcfg.Droppable = s.syncDroppable
+	wcfg.Place = s.placeQueue
 	s.wiring = wiring.New(wcfg)
 	s.boot.wiring.Store(s.wiring)
 	s.boot.broker.Store(s.broker)

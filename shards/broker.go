@@ -296,16 +296,18 @@ func (b *Broker) Call(s *Shard, f func(*Shard)) error {
 // owner is the session of an exclusive queue. The caller (the wiring
 // layer) makes sure the name is not in use and publishes the queue for
 // routing only after AddQueue returns.
-func (b *Broker) AddQueue(name string, opts QueueOptions, owner *Session) (*Queue, error) {
+//
+// place says whether the queue is replicated and in which group: the
+// caller decides it (it may need to ask the controller), so that the
+// shards make no round trip of their own.
+func (b *Broker) AddQueue(name string, opts QueueOptions, owner *Session, place Placement) (*Queue, error) {
 	idx := b.ShardFor(name)
 	s := b.shards[idx]
 	q := NewQueue(name, opts, idx, &s.pool)
 	if opts.Exclusive && owner != nil {
 		q.owner = owner
 	}
-	if r := b.loadReplicator(); r != nil {
-		q.group, q.replicated = r.Group(name, opts)
-	}
+	q.group, q.replicated = place.Group, place.Replicated
 	cmd := addQueueCommand(q)
 	if !s.in.TryPush(cmd) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -317,11 +319,19 @@ func (b *Broker) AddQueue(name string, opts QueueOptions, owner *Session) (*Queu
 	return q, nil
 }
 
+// Placement says where a queue's messages live: in the log of
+// replication group Group (Replicated), or on this broker alone.
+type Placement struct {
+	Group      uint32
+	Replicated bool
+}
+
 // QueueSpec is one queue for AddQueues.
 type QueueSpec struct {
 	Name    string
 	Options QueueOptions
 	Owner   *Session // of an exclusive queue
+	Place   Placement
 }
 
 // addQueuesBatch is how many queues AddQueues hands a shard in one Call:
@@ -336,7 +346,6 @@ const addQueuesBatch = 4096
 func (b *Broker) AddQueues(specs []QueueSpec) ([]*Queue, error) {
 	qs := make([]*Queue, len(specs))
 	byShard := make([][]int, len(b.shards))
-	r := b.loadReplicator()
 	for i := range specs {
 		sp := &specs[i]
 		idx := b.ShardFor(sp.Name)
@@ -344,9 +353,7 @@ func (b *Broker) AddQueues(specs []QueueSpec) ([]*Queue, error) {
 		if sp.Options.Exclusive && sp.Owner != nil {
 			q.owner = sp.Owner
 		}
-		if r != nil {
-			q.group, q.replicated = r.Group(sp.Name, sp.Options)
-		}
+		q.group, q.replicated = sp.Place.Group, sp.Place.Replicated
 		qs[i] = q
 		byShard[idx] = append(byShard[idx], i)
 	}

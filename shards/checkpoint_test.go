@@ -44,7 +44,7 @@ func ckBroker(t *testing.T, dir string, fs journal.FS) (*Broker, map[string]*Que
 	}
 	qs := map[string]*Queue{}
 	for _, d := range ckQueues {
-		q, err := b.AddQueue(d.name, d.opts, nil)
+		q, err := b.AddQueue(d.name, d.opts, nil, Placement{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -257,7 +257,7 @@ func ckWorkloadAsync(t *testing.T, dir string, seed uint64, ops int, end int, as
 			if _, err := b.DropQueue(q); err != nil {
 				t.Fatal(err)
 			}
-			nq, err := b.AddQueue(name, *q.Options, nil)
+			nq, err := b.AddQueue(name, *q.Options, nil, Placement{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -581,7 +581,7 @@ func ckBenchBroker(b *testing.B, n, queues int) (*Broker, []*Queue) {
 	}
 	var qs []*Queue
 	for i := 0; i < queues; i++ {
-		q, err := br.AddQueue(fmt.Sprintf("q%03d", i), QueueOptions{Durable: true}, nil)
+		q, err := br.AddQueue(fmt.Sprintf("q%03d", i), QueueOptions{Durable: true}, nil, Placement{})
 		if err != nil {
 			b.Fatal(err)
 		}

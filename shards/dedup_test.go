@@ -74,7 +74,7 @@ func TestApplyEnqueueSkipsRetries(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Stop()
-	q, err := b.AddQueue("rq", QueueOptions{Durable: true}, nil)
+	q, err := b.AddQueue("rq", QueueOptions{Durable: true}, nil, Placement{})
 	if err != nil {
 		t.Fatal(err)
 	}

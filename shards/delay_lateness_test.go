@@ -90,8 +90,8 @@ func firingLateness(t *testing.T, pending int) []time.Duration {
 	}
 	defer b.Stop()
 	sh := b.shards[0]
-	bulk, _ := b.AddQueue("bulk", QueueOptions{}, nil)
-	probe, _ := b.AddQueue("probe", QueueOptions{}, nil)
+	bulk, _ := b.AddQueue("bulk", QueueOptions{}, nil, Placement{})
+	probe, _ := b.AddQueue("probe", QueueOptions{}, nil, Placement{})
 	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{}}
 	payload := make([]byte, 16)
 	far := time.Now().Add(time.Hour).UnixNano()

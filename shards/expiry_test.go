@@ -71,7 +71,7 @@ func startWith(b *Broker, name string) (*Queue, error) {
 	if err := b.Start(); err != nil {
 		return nil, err
 	}
-	q, err := b.AddQueue(name, QueueOptions{Durable: true}, nil)
+	q, err := b.AddQueue(name, QueueOptions{Durable: true}, nil, Placement{})
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +96,7 @@ func TestExpiryIndex(t *testing.T) {
 	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{}}
 	var qs []*Queue
 	for i := range 1000 {
-		q, err := b.AddQueue(fmt.Sprint("q", i), QueueOptions{}, nil)
+		q, err := b.AddQueue(fmt.Sprint("q", i), QueueOptions{}, nil, Placement{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,8 +14,6 @@ import (
 // only reports what the replication holds outside the group logs.
 type plainReplicator struct{ journalReplicator }
 
-func (r *plainReplicator) Group(string, QueueOptions) (uint32, bool) { return 0, false }
-
 // TestMemoryCountsOutsideQueues: the budget counts what the broker holds
 // outside its queues. The shard journal's index: 30,000 persistent
 // messages grow it past 1 MiB, and the shard counts it (and Memory()

@@ -157,7 +157,7 @@ func testBroker(t *testing.T, dir string, opts QueueOptions, limit int64) (*Brok
 		t.Fatal(err)
 	}
 	opts.Durable = true
-	q, err := b.AddQueue("q", opts, nil)
+	q, err := b.AddQueue("q", opts, nil, Placement{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,9 +17,6 @@ import (
 // Its methods are called on the shard goroutine and must not block; done
 // callbacks run later on another goroutine.
 type Replicator interface {
-	// Group reports whether a queue of this name and options is
-	// replicated, and in which group.
-	Group(name string, opts QueueOptions) (group uint32, ok bool)
 	// IsMaster reports whether this broker is the master of group g.
 	IsMaster(g uint32) bool
 	// Delivering reports whether this broker, as g's master, may hand

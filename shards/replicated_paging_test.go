@@ -35,9 +35,8 @@ func (r *journalReplicator) MemoryBytes() int64 {
 	return r.outside.Load()
 }
 
-func (r *journalReplicator) Group(string, QueueOptions) (uint32, bool) { return 1, true }
-func (r *journalReplicator) IsMaster(uint32) bool                      { return true }
-func (r *journalReplicator) Delivering(uint32) bool                    { return true }
+func (r *journalReplicator) IsMaster(uint32) bool   { return true }
+func (r *journalReplicator) Delivering(uint32) bool { return true }
 func (r *journalReplicator) ProposeEnqueue(*Queue, *Body, int64, uint64, uint64, uint64) error {
 	return errors.New("not in this test")
 }

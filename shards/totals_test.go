@@ -27,10 +27,9 @@ func walkTotals(s *Shard) QueueTotals {
 	return t
 }
 
-// durableReplicator replicates the durable queues only.
+// durableReplicator is the replicator of the test's replicated queue
+// (placed by the test: every durable queue in group 1).
 type durableReplicator struct{ *journalReplicator }
-
-func (r durableReplicator) Group(_ string, o QueueOptions) (uint32, bool) { return 1, o.Durable }
 
 // dlxRouter routes every dead letter to one queue.
 type dlxRouter struct{ q *Queue }
@@ -79,13 +78,13 @@ func TestQueueTotalsMatchWalk(t *testing.T) {
 		"maxdel": {MaxDeliveries: 2, DeadLetterExchange: "dlx"},
 		"prio":   {MaxPriority: 3, MessageTTLMs: 30},
 		"dlq":    {},
-		"rq":     {Durable: true}, // replicated: the replicator puts every durable queue in group 1
+		"rq":     {Durable: true}, // replicated: every durable queue is placed in group 1
 		"deep":   {},              // takes bursts, so that its bodies page out
 	}
 	names := []string{"plain", "drop", "reject", "maxdel", "prio", "dlq", "rq", "deep"}
 	queues := map[string]*Queue{}
 	add := func(name string) {
-		q, err := b.AddQueue(name, kinds[name], nil)
+		q, err := b.AddQueue(name, kinds[name], nil, Placement{Group: 1, Replicated: kinds[name].Durable})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -236,7 +236,7 @@ func (w *Wiring) syncQueueLocked(wq WiringQueue, st *SyncStats) error {
 		}
 		return nil
 	}
-	nq, err := w.b.AddQueue(wq.Name, wq.Options, nil)
+	nq, err := w.b.AddQueue(wq.Name, wq.Options, nil, w.place(wq.Name, wq.Options))
 	if err != nil {
 		return err
 	}

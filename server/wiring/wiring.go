@@ -73,6 +73,19 @@ type Config struct {
 	// Droppable, if set, says whether Sync may drop q, a durable queue
 	// the controller no longer holds.
 	Droppable func(q *shards.Queue) bool
+	// Place, if set, says where a new queue's messages live (a
+	// replication group, or this broker); unset, every queue is this
+	// broker's. It may ask the controller: the wiring calls it before
+	// the shards take the queue.
+	Place func(name string, opts shards.QueueOptions) shards.Placement
+}
+
+// place is Config.Place's answer for a new queue.
+func (w *Wiring) place(name string, opts shards.QueueOptions) shards.Placement {
+	if w.cfg.Place == nil {
+		return shards.Placement{}
+	}
+	return w.cfg.Place(name, opts)
 }
 
 // nameStripes is how many locks serialise changes by name; two names that
@@ -237,7 +250,7 @@ func (w *Wiring) restoreState(st *wiringState) error {
 			continue // another broker's own queue (its bindings find no queue here)
 		}
 		seen[q.Name] = struct{}{}
-		specs = append(specs, shards.QueueSpec{Name: q.Name, Options: q.Options})
+		specs = append(specs, shards.QueueSpec{Name: q.Name, Options: q.Options, Place: w.place(q.Name, q.Options)})
 	}
 	seen = nil
 	added, addErr := w.b.AddQueues(specs)
@@ -432,7 +445,7 @@ func (w *Wiring) DeclareQueue(name string, opts shards.QueueOptions, passive boo
 		w.committed.Add(1)
 	}
 	// The shard learns of the queue before any event loop can route to it.
-	q, err := w.b.AddQueue(name, opts, owner)
+	q, err := w.b.AddQueue(name, opts, owner, w.place(name, opts))
 	if err != nil {
 		return nil, err
 	}
@@ -691,7 +704,7 @@ func (w *Wiring) Adopt(name string) (*shards.Queue, error) {
 		if q := w.Routing().queue(name); q != nil {
 			return q, nil
 		}
-		q, err := w.b.AddQueue(name, wq.Options, nil)
+		q, err := w.b.AddQueue(name, wq.Options, nil, w.place(name, wq.Options))
 		if err != nil {
 			return nil, err
 		}
