@@ -129,14 +129,9 @@ func (r *replicator) serveForward(from, g uint32, event []byte, reply groups.For
 	data := groupevent.AppendEnqueue(make([]byte, 0, ev.Size()), &ev)
 	size := len(props) + len(payload)
 	call := func(sh *shards.Shard) {
-		if q.Duplicate(producer, producerSeq) {
-			// A resend of an applied publish stays out of the log, as
-			// at the master's own clients (Shard.replicatedPublish).
-			sendOutcome(reply, nil)
-			return
-		}
-		if err := q.CheckEnqueue(size); err != nil {
-			reply.Send(wire.CodeResourceLimit, fmt.Sprintf("queue %q is full", q.Name))
+		// Admitted as the master's own clients' publishes are.
+		if dup, err := q.AdmitReplicated(producer, producerSeq, size); dup || err != nil {
+			sendOutcome(reply, err)
 			return
 		}
 		err := r.proposeHere(q, data, funcWaiter(func(err error) { sendOutcome(reply, err) }), 0)

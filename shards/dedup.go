@@ -118,11 +118,7 @@ func (q *Queue) Producers() int {
 }
 
 // duplicate reports whether q applied the enqueue of (producer, seq)
-// already.
-// Duplicate is duplicate for callers outside the package; it runs on
-// q's shard goroutine.
-func (q *Queue) Duplicate(producer, seq uint64) bool { return q.duplicate(producer, seq) }
-
+// already (AdmitReplicated asks it for callers outside the package).
 func (q *Queue) duplicate(producer, seq uint64) bool {
 	return producer != 0 && q.rare != nil && q.rare.producers.duplicate(producer, seq)
 }

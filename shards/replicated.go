@@ -365,27 +365,39 @@ func resetGroup(g uint32) func(*Shard) {
 	}
 }
 
+// AdmitReplicated is the master's admission of an enqueue to replicated
+// queue q, whether its own client's (replicatedPublish) or forwarded by
+// another broker (the server's serveForward), before it proposes it:
+// dup when it resends a publish q applied already (it then completes
+// with success and stays out of the group log), or an error, resource-
+// limit, when q refuses a message of size bytes (reject-publish). On
+// q's shard.
+func (q *Queue) AdmitReplicated(producer, seq uint64, size int) (dup bool, err error) {
+	if q.duplicate(producer, seq) {
+		// The first copy is committed, so this one completes as it did.
+		// Members skip a duplicate entry when they apply it live, but one
+		// that applies a compacted log again (after a step-down, a restart
+		// or an install) starts from an empty table and would enqueue it:
+		// only this check keeps such entries out of the log, except for a
+		// resend that arrives while its first copy is still uncommitted.
+		return true, nil
+	}
+	if q.CheckEnqueue(size) != nil {
+		return false, Errorf(wire.CodeResourceLimit, "queue %q is full", q.Name)
+	}
+	return false, nil
+}
+
 // replicatedPublish proposes a publish to a replicated queue.
 func (s *Shard) replicatedPublish(p *Publish, expiresAt int64) {
 	q := p.Queue
 	r := s.broker.loadReplicator()
-	if q.duplicate(p.Producer, p.CmdID) {
-		// A resend of a publish this queue applied already: the first
-		// copy is committed, so this one completes as it did, and stays
-		// out of the group log. Members skip a duplicate entry when they
-		// apply it live, but one that applies a compacted log again
-		// (after a step-down, a restart or an install) starts from an
-		// empty table and would enqueue it: only this check keeps such
-		// entries out of the log, except for a resend that arrives while
-		// its first copy is still uncommitted.
+	if dup, err := q.AdmitReplicated(p.Producer, p.CmdID, p.Body.Size()); dup || err != nil {
 		p.Body.Unref()
-		s.stats.Duplicates++
-		s.completeCmd(p.Sess, p.CmdID, p.Fanout, nil)
-		return
-	}
-	if err := q.CheckEnqueue(p.Body.Size()); err != nil {
-		p.Body.Unref()
-		s.completeCmd(p.Sess, p.CmdID, p.Fanout, Errorf(wire.CodeResourceLimit, "queue %q is full", q.Name))
+		if dup {
+			s.stats.Duplicates++
+		}
+		s.completeCmd(p.Sess, p.CmdID, p.Fanout, err)
 		return
 	}
 	tag, ok := s.replWaits.add(p.Sess, p.CmdID, p.Fanout)
