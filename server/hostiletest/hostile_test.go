@@ -675,12 +675,19 @@ func nonReadingConsumer(t *testing.T, b *broker) {
 	// (and one batch) of it. A berthd built with -race is slow enough that
 	// the wait above can outlast outboundTimeout, which closes the
 	// connection and frees what it held: there only the cap is checked.
+	// A loaded machine can do the same (the waits above outlast the
+	// timeout): then the timeout's counter has risen, and what it held is
+	// gone with the connection.
 	var held int64
 	if testutil.RaceBerthd {
 		held = b.outboundBytes(t)
 	} else {
 		testutil.WaitFor(t, 2*time.Second, func() error {
 			if held = b.outboundBytes(t); held <= 0 {
+				if b.metric(t, "berth_outbound_timeouts_total") >= before+1 {
+					t.Logf("the non-reading consumer's connection was closed by the outbound timeout before its holding was read")
+					return nil
+				}
 				return fmt.Errorf("/v1/status memory.outbound_bytes is %d", held)
 			}
 			return nil
