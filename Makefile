@@ -64,8 +64,10 @@ test: vet test-plain test-race test-python
 # (a package whose inputs did not change since its last pass is not run
 # again). The process tests see berthd's changes through TEST_BERTHD:
 # they stat it, so a rebuilt binary makes their cached results stale.
+# Under -short the longest process tests skip (testutil.Long; make test
+# runs them), and four packages run at once, the slowest first.
 check: vet test-berthd
-	$(TEST_ENV) $(GO) test -short -timeout 8m $(PKGS)
+	$(TEST_ENV) $(GO) test -short -p 4 -timeout 8m $(FIRST_PKGS) $(PKGS)
 
 # berthd for every package of process tests and the Python client's
 # tests, built once (internal/testutil.BerthdEnv, and BERTHD for

@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/berthmq/berth/internal/testutil"
 	"io"
 	"os"
 	"os/exec"
@@ -193,6 +194,7 @@ func buildDeb(t *testing.T, version, commit string) string {
 // and print the stamped version; the unit it installs starts what it
 // installs with the configuration it installs.
 func TestDeb(t *testing.T) {
+	testutil.Long(t, "the Debian package")
 	const version, commit = "1.2.3-rc.1", "c0ffee0000000000000000000000000000000001"
 	path := buildDeb(t, version, commit)
 	raw, err := os.ReadFile(path)

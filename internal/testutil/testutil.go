@@ -487,3 +487,13 @@ func FileTail(path string, n int) string {
 	}
 	return string(b)
 }
+
+// Long skips, under -short (make check, the edit loop), one of the
+// longest process tests, which make test runs in full: a long cluster
+// test, the hostile suite, the package build. why says what it covers.
+func Long(t testing.TB, why string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("a long process test (%s): make test runs it, make check does not", why)
+	}
+}

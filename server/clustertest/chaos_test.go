@@ -86,6 +86,7 @@ func (q *chaosQueue) note(start time.Time, i int, format string, args ...any) {
 // publish order kept, nothing refused as not taken delivered, and
 // nothing delivered again without the redelivered flag.
 func TestClusterChaos(t *testing.T) {
+	testutil.Long(t, "faults under load")
 	run := chaosDefault
 	if v := os.Getenv("BERTH_CHAOS"); v != "" {
 		d, err := time.ParseDuration(v)

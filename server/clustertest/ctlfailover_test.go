@@ -144,6 +144,7 @@ func (c *rcluster) publishAt(n *node, queue string, msgs []string) {
 // (and heartbeats first, so that it is a candidate at the new leader). The
 // new master holds every completed publish, in order, and takes new ones.
 func TestFailoverKillMasterLeadingController(t *testing.T) {
+	testutil.Long(t, "failover of a killed master that leads the controller")
 	const groups, before, after = 3, 200, 50
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
@@ -187,6 +188,7 @@ func TestFailoverKillMasterLeadingController(t *testing.T) {
 // old master is fenced: it steps down, and every member holds the same
 // queue, which the new master delivers whole and in order.
 func TestFailoverFreezeMasterLeadingController(t *testing.T) {
+	testutil.Long(t, "failover of a frozen master that leads the controller")
 	const groups, before, after = 3, 200, 50
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()

@@ -33,6 +33,7 @@ import (
 // broker, restarted, replays the backlog without loading it (its peak RSS
 // stays under rssBound, and it pages the backlog again).
 func TestReplicatedQueueMemoryBudget(t *testing.T) {
+	testutil.Long(t, "a replicated backlog within the memory budget")
 	const (
 		groups      = 3
 		n           = 50_000

@@ -23,6 +23,7 @@ import (
 // freezes the master of the round; no delivery of an accepted message
 // may happen in any.
 func TestReplacedMasterDeliversNothing(t *testing.T) {
+	testutil.Long(t, "a replaced master delivers nothing")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	c := startReplicatedWith(t, ctx, 1, 3, 3)

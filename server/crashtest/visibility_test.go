@@ -26,6 +26,7 @@ import (
 // round: the record was still in the journal's memory when the process
 // died.
 func TestDeliveredMeansDurable(t *testing.T) {
+	testutil.Long(t, "delivered means durable, across kill -9")
 	rounds := 5
 	if v := os.Getenv("BERTH_VISIBILITY_ROUNDS"); v != "" {
 		rounds, _ = strconv.Atoi(v)

@@ -366,6 +366,7 @@ func (r *raw) expectAnswer(t testing.TB, id uint64) wire.ErrorCode {
 }
 
 func TestHostileClients(t *testing.T) {
+	testutil.Long(t, "the hostile clients suite")
 	start := time.Now()
 	b := startBroker(t)
 	b.check(t, "start")
