@@ -88,15 +88,12 @@ func (l *lanes) tryPush(i int, cmd shards.Command) bool {
 // push hands cmd to shard i's lane, waiting while the lane is full, until
 // the broker closes (false then).
 func (l *lanes) push(i int, cmd shards.Command) bool {
-	if l.direct(i, cmd) {
+	if l.tryPush(i, cmd) {
 		return true
 	}
+	// The lane is full, so its count stays above 0 meanwhile: no command
+	// goes direct ahead of this one.
 	l.busy[i].Add(1)
-	select {
-	case l.q[i] <- cmd:
-		return true
-	default:
-	}
 	select {
 	case l.q[i] <- cmd:
 		return true
