@@ -265,9 +265,10 @@ func (s *Server) serveConnections(w http.ResponseWriter, r *http.Request) {
 			row.HeartbeatMs = cs.hbNs.Load() / int64(time.Millisecond)
 		}
 		err := cs.t.runOwned(func() {
-			a := loopAnswer{i: i, consumers: len(cs.consumers)}
+			a := loopAnswer{i: i}
 			if cs.sess != nil {
 				a.session = cs.sess.ID
+				a.consumers, _, _ = cs.ss.Counts()
 			}
 			answers <- a
 		})

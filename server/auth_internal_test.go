@@ -41,7 +41,7 @@ func TestDefaultUserOnlyFromLoopback(t *testing.T) {
 		ok     bool
 	}{{"127.0.0.1:5000", true}, {"[::1]:5000", true}, {"192.0.2.7:5000", false}, {"[2001:db8::1]:5000", false}, {"10.0.0.1:5000", false}} {
 		ft := &fakeTransport{remote: net.TCPAddrFromAddrPort(netipAddrPort(t, tc.remote)), sent: make(chan []byte, 1)}
-		cs := &connState{s: s, t: ft, consumers: map[uint32]int{}}
+		cs := &connState{s: s, t: ft}
 		h.hello(cs, wire.AppendHello(nil, []wire.Version{wire.Current}, "t", wire.MechNone, nil, 0, 0)[wire.HeaderSize:])
 		if tc.ok {
 			if cs.sess == nil || cs.closing.Load() {

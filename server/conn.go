@@ -6,6 +6,7 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/berthmq/berth/server/session"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
 )
@@ -52,32 +53,23 @@ type connState struct {
 	helloVer atomic.Uint32
 	lastBeat int64 // heartbeat goroutine only
 
-	consumers map[uint32]int // consumer id -> shard
-	usedIDs   idSet          // consumer ids used in the session (never reused)
-	// queueOf is the queue of each consumer served on this broker (not
-	// proxied), as noted in Server.queueConsumers.
-	queueOf map[uint32]*shards.Queue
-
-	// resume counts the items of the frame at the head of the inbound
-	// buffer that already went to shards, when a full ring stopped us
-	// part-way through it.
-	resume int
-	// A fan-out publish that reached some of its targets when a ring was
-	// full: fanCmd goes to fanRest[fanNext:] before anything after it
-	// (message cs.resume of the head frame), so per-queue order holds.
-	fanPending bool
-	fanCmd     shards.Publish
-	fanRest    []*shards.Queue
-	fanNext    int
+	// ss is the session (publishes, consumers, settles) once logged in,
+	// nil before; the connection's owner runs it (session package).
+	ss *session.Session
+	// proxyTo is where the session's last SUBSCRIBE resolved to another
+	// broker (SubscribeQueue), for the proxy's Subscribe just after.
+	proxyTo struct {
+		g, master uint32
+		addr      string
+	}
 
 	mgmt mgmtQueue // management commands, run in order off the loop (mgmt.go)
 
 	login loginState   // the handshake until WELCOME (login.go)
 	authz sessionAuthz // the session's user and permission cache (authz.go)
 
-	out     []byte       // frames written at the end of OnTraffic
-	ranges  []wire.Range // completions the loop itself makes
-	targets []*shards.Queue
+	out    []byte       // frames written at the end of OnTraffic
+	ranges []wire.Range // completions the loop itself makes
 }
 
 func (cs *connState) heartbeat(now int64) {

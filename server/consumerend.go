@@ -67,14 +67,7 @@ func (s *Server) consumerGone(cs *connState, id uint32) {
 	if cs.closing.Load() {
 		return
 	}
-	if shard, ok := cs.consumers[id]; !ok || shard == proxyShard {
-		return
-	}
-	delete(cs.consumers, id)
-	if q := cs.queueOf[id]; q != nil {
-		delete(cs.queueOf, id)
-		s.forgetConsumer(q, consumerRef{cs: cs, id: id})
-	}
+	cs.ss.ConsumerGone(id)
 }
 
 func (s *Server) forgetConsumer(q *shards.Queue, ref consumerRef) {
@@ -116,8 +109,7 @@ func (s *Server) queueDropped(q *shards.Queue) {
 				if cs.closing.Load() {
 					return
 				}
-				delete(cs.consumers, id)
-				delete(cs.queueOf, id)
+				cs.ss.Forget(id)
 				if cs.version >= wire.VersionCancelled {
 					cs.t.writeOwned(wire.AppendCancelled(nil, cs.version, id, wire.CodeNotFound, reason))
 				}
@@ -201,8 +193,7 @@ func (s *Server) groupSteppedDown(g uint32) {
 			if cs.closing.Load() {
 				return
 			}
-			delete(cs.consumers, id)
-			delete(cs.queueOf, id)
+			cs.ss.Forget(id)
 			cs.t.writeOwned(wire.AppendCancelled(nil, cs.version, id, wire.CodeUnavailable, reason))
 		})
 	}

@@ -54,7 +54,8 @@ func records(t *testing.T, s *Server, cs *connState) string {
 			}
 		}
 		s.queueConsumers.mu.Unlock()
-		got <- fmt.Sprintf("consumers %d, queueOf %d, indexed %d, id runs %d", len(cs.consumers), len(cs.queueOf), indexed, len(cs.usedIDs.runs))
+		consumers, served, runs := cs.ss.Counts()
+		got <- fmt.Sprintf("consumers %d, queueOf %d, indexed %d, id runs %d", consumers, served, indexed, runs)
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -44,13 +44,11 @@ func (h *handler) refuse(cs *connState, buf []byte) (consumed int, action gnet.A
 	if cs.frameMax != 0 {
 		maxFrame = cs.frameMax
 	}
-	if cs.fanPending {
+	if cs.ss != nil && !cs.ss.PushFanRest() {
 		// Parts of this fan-out are in queues already: the rest goes too,
 		// if the rings take it; otherwise the message stays partly
 		// routed and its outcome unknown to the client.
-		if !pushFanRest(cs, h.s.broker.Shards()) {
-			dropFanRest(cs)
-		}
+		cs.ss.DropFanRest()
 	}
 	for action == gnet.None && !cs.closing.Load() {
 		hd, body, n, err := wire.Next(buf[consumed:], maxFrame)
@@ -58,8 +56,10 @@ func (h *handler) refuse(cs *connState, buf []byte) (consumed int, action gnet.A
 			break
 		}
 		consumed += n
-		skip := cs.resume // items of a stalled frame that went out already
-		cs.resume = 0
+		skip := 0 // items of a stalled frame that went out already
+		if cs.ss != nil {
+			skip, cs.ss.Resume = cs.ss.Resume, 0
+		}
 		switch hd.Type {
 		case wire.TypeHello:
 			cs.flushRanges()

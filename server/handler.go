@@ -2,13 +2,12 @@ package server
 
 import (
 	"context"
-	"fmt"
-	"math"
 	"sync"
 	"time"
 
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/berthmq/berth/server/session"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
 )
@@ -113,7 +112,7 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 
 // opened registers a new connection, whichever listener took it.
 func (h *handler) opened(t transport, tls bool) *connState {
-	cs := &connState{s: h.s, t: t, tls: tls, consumers: map[uint32]int{}}
+	cs := &connState{s: h.s, t: t, tls: tls}
 	cs.openedAt = time.Now().UnixNano()
 	cs.lastRecv.Store(cs.openedAt)
 	cs.lastBeat = cs.lastRecv.Load()
@@ -147,18 +146,11 @@ func (h *handler) closed(cs *connState) {
 	h.s.metrics.connections.Dec()
 	if cs.sess != nil {
 		h.s.proxyClosed(cs)
-		for id, q := range cs.queueOf {
-			h.s.forgetConsumer(q, consumerRef{cs: cs, id: id})
-		}
+		cs.ss.Served(func(id uint32, q *shards.Queue) { h.s.forgetConsumer(q, consumerRef{cs: cs, id: id}) })
 		sess := cs.sess
 		// A fan-out cut short by a full ring still reaches every target
 		// (its other parts are in queues already), ahead of the close.
-		var fan shards.Publish
-		var rest []*shards.Queue
-		if cs.fanPending {
-			fan, rest = cs.fanCmd, append([]*shards.Queue(nil), cs.fanRest[cs.fanNext:]...)
-			dropFanRest(cs)
-		}
+		fan, rest := cs.ss.TakeFanRest()
 		// Requeueing may wait on shard rings: never on the loop.
 		go func() {
 			shardList := h.s.broker.Shards()
@@ -246,7 +238,9 @@ func (h *handler) traffic(cs *connState, buf []byte) (consumed int, action gnet.
 			break
 		}
 		consumed += n
-		cs.resume = 0
+		if cs.ss != nil {
+			cs.ss.Resume = 0
+		}
 	}
 	cs.rebaseAhead(consumed)
 	if stalled && action == gnet.None && h.parked(cs) {
@@ -287,10 +281,10 @@ func (h *handler) aheadOfParked(cs *connState, buf []byte, maxFrame uint32) gnet
 			if !aheadSafe(hd, body) {
 				return gnet.None
 			}
-			saved := cs.resume
-			cs.resume = 0
+			saved := cs.ss.Resume
+			cs.ss.Resume = 0
 			done, act := h.frame(cs, hd, body)
-			cs.resume = saved
+			cs.ss.Resume = saved
 			if act != gnet.None {
 				return act
 			}
@@ -369,51 +363,41 @@ func (h *handler) frame(cs *connState, hd wire.Header, body []byte) (done bool, 
 	if hd.Version.Minor() > cs.version.Minor() {
 		return true, gnet.None // a newer minor version: skip it by its size
 	}
+	ss := cs.ss
 	switch hd.Type {
 	case wire.TypePublish:
 		return h.publish(cs, hd.Flags, body)
 	case wire.TypeAccept, wire.TypeRelease, wire.TypeReject:
-		return h.settle(cs, hd.Type, body)
+		var m wire.Settle
+		if err := wire.DecodeSettle(body, &m); err != nil {
+			return true, cs.protocolError(wire.CodeMalformed, hd.Type.String()+": "+err.Error())
+		}
+		op := session.OpAccept
+		switch hd.Type {
+		case wire.TypeRelease:
+			op = session.OpRelease
+		case wire.TypeReject:
+			op = session.OpReject
+		}
+		return ss.Settle(m.CommandID, m.ConsumerID, op, m.Tags, body), gnet.None
 	case wire.TypeCredit:
 		var m wire.Credit
 		if err := wire.DecodeCredit(body, &m); err != nil {
 			return true, cs.protocolError(wire.CodeMalformed, "CREDIT: "+err.Error())
 		}
-		shard, ok := cs.consumers[m.ConsumerID]
-		if !ok {
-			return true, gnet.None // credit for a cancelled consumer: harmless
-		}
-		if shard == proxyShard {
-			h.s.proxyConsumerCommand(cs, m.ConsumerID, 0, hd.Type, body)
-			return true, gnet.None
-		}
-		return h.push(cs, shard, shards.Credit{Sess: cs.sess, ConsumerID: m.ConsumerID, Credit: m.Credit}.Command()), gnet.None
+		return ss.Credit(m.ConsumerID, m.Credit, body), gnet.None
 	case wire.TypeSubscribe:
-		return h.subscribe(cs, body)
+		var m wire.Subscribe
+		if err := wire.DecodeSubscribe(body, &m); err != nil {
+			return true, cs.protocolError(wire.CodeMalformed, "SUBSCRIBE: "+err.Error())
+		}
+		return ss.Subscribe(subscribeOf(&m), body), gnet.None
 	case wire.TypeCancel:
 		var m wire.Cancel
 		if err := wire.DecodeCancel(body, &m); err != nil {
 			return true, cs.protocolError(wire.CodeMalformed, "CANCEL: "+err.Error())
 		}
-		shard, ok := cs.consumers[m.ConsumerID]
-		if !ok {
-			cs.fail(m.CommandID, wire.CodeNotFound, "no such consumer")
-			return true, gnet.None
-		}
-		if shard == proxyShard {
-			h.s.proxyConsumerCommand(cs, m.ConsumerID, m.CommandID, hd.Type, body)
-			return true, gnet.None
-		}
-		// The id keeps its shard: deliveries made before the cancel can
-		// still be settled.
-		if !h.push(cs, shard, shards.Cancel{Sess: cs.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID}.Command()) {
-			return false, gnet.None
-		}
-		if q := cs.queueOf[m.ConsumerID]; q != nil {
-			delete(cs.queueOf, m.ConsumerID)
-			h.s.forgetConsumer(q, consumerRef{cs: cs, id: m.ConsumerID})
-		}
-		return true, gnet.None
+		return ss.Cancel(m.CommandID, m.ConsumerID, body), gnet.None
 	case wire.TypeHeartbeat:
 		return true, gnet.None
 	case wire.TypeClose:
@@ -453,22 +437,11 @@ func (h *handler) hello(cs *connState, body []byte) gnet.Action {
 	return h.authenticate(cs, m.Mechanism, m.Auth)
 }
 
-// push hands a command to a shard. A command the shard will complete
-// counts against the session's window.
-func (h *handler) push(cs *connState, shard int, cmd shards.Command) bool {
-	if !h.s.broker.Shards()[shard].TryPush(cmd) {
-		cs.stalledOn.Store(int32(shard) + 1)
-		return false
-	}
-	if cmd.Completes() {
-		cs.sess.Inflight.Add(1)
-	}
-	return true
+// subscribeOf is m as the session takes it.
+func subscribeOf(m *wire.Subscribe) *session.Subscribe {
+	return &session.Subscribe{CommandID: m.CommandID, ConsumerID: m.ConsumerID, Queue: m.Queue,
+		Credit: m.Credit, AckMode: m.AckMode, Exclusive: m.Flags&wire.SubscribeExclusive != 0}
 }
-
-// deliverAtMsMax is the latest deliver-at time that unix nanoseconds in
-// an int64 hold.
-const deliverAtMsMax = math.MaxInt64 / uint64(time.Millisecond)
 
 func (h *handler) publish(cs *connState, flags uint8, body []byte) (bool, gnet.Action) {
 	var p wire.Publish
@@ -478,219 +451,27 @@ func (h *handler) publish(cs *connState, flags uint8, body []byte) (bool, gnet.A
 	if err := wire.DecodePublishSession(body, flags, cs.version, &p); err != nil {
 		return true, cs.protocolError(wire.CodeMalformed, "PUBLISH: "+err.Error())
 	}
-	routing := h.s.wiring.Routing()
-	shardList := h.s.broker.Shards()
-	now := time.Now().UnixNano()
-	window := int64(h.s.cfg.WindowMax) - cs.sess.Inflight.Load()
-	pushed := int64(0)
-	defer func() { cs.sess.Inflight.Add(pushed) }()
+	ss := cs.ss
+	defer ss.Flush()
 	var m wire.PublishMessage
+	msg := session.Message{Exchange: p.Exchange, Producer: p.Producer}
 	for i := 0; p.Next(&m); i++ {
-		if i < cs.resume {
+		if i < ss.Resume {
 			continue
 		}
-		if cs.fanPending {
-			// i == cs.resume: the rest of a fan-out, before anything else.
-			if !pushFanRest(cs, shardList) {
-				return false, gnet.None
-			}
-			continue
-		}
-		id := p.FirstID + uint64(i)
-		if !cs.canPublish(p.Exchange, m.RoutingKey, id) {
-			continue
-		}
-		if pushed >= window {
-			cs.fail(id, wire.CodeResourceLimit, "more uncompleted commands than the negotiated window")
-			continue
-		}
-		targets, err := routing.Route(p.Exchange, m.RoutingKey, cs.targets[:0])
-		cs.targets = targets[:0]
-		if err != nil {
-			cs.fail(id, wire.CodeNotFound, "no exchange "+string(p.Exchange))
-			continue
-		}
-		if len(targets) == 0 {
-			if len(p.Exchange) == 0 {
-				cs.fail(id, wire.CodeNotFound, "no queue "+string(m.RoutingKey))
-			} else {
-				h.s.metrics.unroutable.Inc()
-				cs.complete(id)
-			}
-			continue
-		}
-		if sh := throttledTarget(shardList, targets); sh != nil {
+		msg.ID = p.FirstID + uint64(i)
+		msg.RoutingKey, msg.Props, msg.Payload = m.RoutingKey, m.Props, m.Payload
+		msg.Persistent, msg.Priority = m.Flags&wire.MsgPersistent != 0, m.Priority
+		msg.TTLMs, msg.DeliverAtMs = m.TTLMs, m.DeliverAtMs
+		switch ss.Publish(&msg) {
+		case session.Full:
+			ss.Resume = i
+			return false, gnet.None
+		case session.Throttled:
 			// Over its memory share: stop before this message, as on a
 			// full ring, until the shard lets publishers in (park).
-			cs.resume = i
-			h.park(cs, sh)
-			return false, gnet.None
-		}
-		if m.DeliverAtMs > deliverAtMsMax {
-			cs.fail(id, wire.CodeInvalid, "deliver_at_ms beyond the year 2262")
-			continue
-		}
-		persistent := m.Flags&wire.MsgPersistent != 0
-		b := shards.NewBody(p.Exchange, m.RoutingKey, m.Props, m.Payload, persistent)
-		b.Priority, b.DeliverAt = m.Priority, int64(m.DeliverAtMs)*int64(time.Millisecond)
-		cmd := shards.Publish{Sess: cs.sess, CmdID: id, Body: b, Now: now, TTLNanos: int64(m.TTLMs) * int64(time.Millisecond), Producer: p.Producer}
-		if len(targets) > 1 {
-			cmd.Fanout = shards.NewFanout(len(targets))
-			for range targets[1:] {
-				b.Ref()
-			}
-		}
-		pushed++
-		for j, q := range targets {
-			cmd.Queue = q
-			if shardList[q.Shard()].TryPush(cmd.Command()) {
-				continue
-			}
-			cs.stalledOn.Store(int32(q.Shard()) + 1)
-			cs.resume = i
-			if j == 0 {
-				// Nothing went out: stop here and retry this message
-				// later (its fan-out, if any, is dropped unused).
-				pushed--
-				for range targets {
-					b.Unref()
-				}
-				return false, gnet.None
-			}
-			// Part of a fan-out went out: stop reading, and push the rest
-			// first when the loop comes back (pushFanRest), so that no
-			// later message of this session overtakes it on any queue.
-			cs.fanPending, cs.fanCmd, cs.fanNext = true, cmd, 0
-			cs.fanRest = append(cs.fanRest[:0], targets[j:]...)
-			return false, gnet.None
-		}
-	}
-	return true, gnet.None
-}
-
-// throttledTarget returns the first shard of targets over its memory
-// share, or nil.
-func throttledTarget(shardList []*shards.Shard, targets []*shards.Queue) *shards.Shard {
-	for _, q := range targets {
-		if sh := shardList[q.Shard()]; sh.Throttled() {
-			return sh
-		}
-	}
-	return nil
-}
-
-// pushFanRest pushes the pending rest of a fan-out publish. It reports
-// whether all of it went out.
-func pushFanRest(cs *connState, shardList []*shards.Shard) bool {
-	for ; cs.fanNext < len(cs.fanRest); cs.fanNext++ {
-		p := cs.fanCmd
-		p.Queue = cs.fanRest[cs.fanNext]
-		if !shardList[p.Queue.Shard()].TryPush(p.Command()) {
-			cs.stalledOn.Store(int32(p.Queue.Shard()) + 1)
-			return false
-		}
-	}
-	dropFanRest(cs)
-	return true
-}
-
-func dropFanRest(cs *connState) {
-	clear(cs.fanRest)
-	cs.fanPending, cs.fanCmd, cs.fanRest, cs.fanNext = false, shards.Publish{}, cs.fanRest[:0], 0
-}
-
-func (h *handler) subscribe(cs *connState, body []byte) (bool, gnet.Action) {
-	var m wire.Subscribe
-	if err := wire.DecodeSubscribe(body, &m); err != nil {
-		return true, cs.protocolError(wire.CodeMalformed, "SUBSCRIBE: "+err.Error())
-	}
-	if cs.usedIDs.has(m.ConsumerID) {
-		cs.fail(m.CommandID, wire.CodeInvalid, "consumer id already used in this session")
-		return true, gnet.None
-	}
-	if !cs.usedIDs.canAdd(m.ConsumerID) {
-		cs.fail(m.CommandID, wire.CodeResourceLimit, fmt.Sprintf("this session used consumer ids in %d separate runs; number them upwards", idRangesMax))
-		return true, gnet.None
-	}
-	if m.AckMode > wire.AckNone {
-		cs.fail(m.CommandID, wire.CodeInvalid, "unknown ack mode")
-		return true, gnet.None
-	}
-	if !cs.allowed(permRead, "queue", m.Queue, m.CommandID) {
-		return true, gnet.None
-	}
-	q := h.s.wiring.Routing().Queue(m.Queue)
-	if q == nil {
-		cs.fail(m.CommandID, wire.CodeNotFound, "no queue "+string(m.Queue))
-		return true, gnet.None
-	}
-	if g, master, addr, where := h.s.proxyTarget(q); where != "" {
-		cs.fail(m.CommandID, wire.CodeUnavailable, where)
-		return true, gnet.None
-	} else if master != 0 {
-		// Another broker masters the queue's group: consume there
-		// through this one (proxy.go).
-		h.s.proxySubscribe(cs, g, master, addr, &m, body)
-		cs.usedIDs.add(m.ConsumerID)
-		cs.consumers[m.ConsumerID] = proxyShard
-		return true, gnet.None
-	}
-	cmd := shards.Subscribe{Sess: cs.sess, CmdID: m.CommandID, Queue: q, ConsumerID: m.ConsumerID,
-		Credit: m.Credit, AckMode: m.AckMode, Exclusive: m.Flags&wire.SubscribeExclusive != 0}
-	if !h.push(cs, q.Shard(), cmd.Command()) {
-		return false, gnet.None
-	}
-	cs.usedIDs.add(m.ConsumerID)
-	cs.consumers[m.ConsumerID] = q.Shard()
-	if cs.queueOf == nil {
-		cs.queueOf = map[uint32]*shards.Queue{}
-	}
-	cs.queueOf[m.ConsumerID] = q
-	h.s.noteConsumer(q, consumerRef{cs: cs, id: m.ConsumerID})
-	return true, gnet.None
-}
-
-func (h *handler) settle(cs *connState, t wire.Type, body []byte) (bool, gnet.Action) {
-	var m wire.Settle
-	if err := wire.DecodeSettle(body, &m); err != nil {
-		return true, cs.protocolError(wire.CodeMalformed, t.String()+": "+err.Error())
-	}
-	shard, ok := cs.consumers[m.ConsumerID]
-	if !ok {
-		cs.fail(m.CommandID, wire.CodeNotFound, "no such consumer")
-		return true, gnet.None
-	}
-	if shard == proxyShard {
-		h.s.proxyConsumerCommand(cs, m.ConsumerID, m.CommandID, t, body)
-		return true, gnet.None
-	}
-	kind := shards.SettleAccept
-	switch t {
-	case wire.TypeRelease:
-		kind = shards.SettleRelease
-	case wire.TypeReject:
-		kind = shards.SettleReject
-	}
-	n := m.Tags.Len()
-	if n == 0 {
-		cs.complete(m.CommandID)
-		return true, gnet.None
-	}
-	// Each Settle carries a few ranges; the last part completes.
-	parts := (n + shards.RangesInline - 1) / shards.RangesInline
-	for part := cs.resume; part < parts; part++ {
-		cmd := shards.Settle{Sess: cs.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID, Kind: kind}
-		for k := 0; k < shards.RangesInline; k++ {
-			r := part*shards.RangesInline + k
-			if r >= n {
-				break
-			}
-			cmd.Ranges[k] = m.Tags.At(r)
-			cmd.NRanges++
-		}
-		cmd.Last = part == parts-1
-		if !h.push(cs, shard, cmd.Command()) {
-			cs.resume = part
+			ss.Resume = i
+			h.park(cs, ss.ThrottledShard())
 			return false, gnet.None
 		}
 	}

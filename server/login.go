@@ -149,6 +149,7 @@ func (h *handler) loggedIn(cs *connState, u *authUser, final []byte) gnet.Action
 	cs.sess = &shards.Session{ID: h.s.nextSession.Add(1), Version: l.version, FrameMax: l.frameMax, Out: cs.t,
 		OutMax: max(cfg.OutboundMax, 0)} // a negative OutboundMax is no cap, the shards' 0
 	cs.sessAt.Store(cs.sess)
+	cs.ss = h.s.newSession(cs, cs.sess)
 	cs.sess.OnStall = func() { h.s.stalls.add(cs) }
 	cs.sess.OnConsumerGone = func(id uint32) { _ = cs.t.runOwned(func() { h.s.consumerGone(cs, id) }) }
 	if t, ok := cs.t.(*tlsConn); ok {

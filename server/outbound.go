@@ -115,9 +115,9 @@ func (cs *connState) resumeShards() {
 	var seen [64]bool
 	var list []int
 	sess, shardList := cs.sess, cs.s.broker.Shards()
-	for _, sh := range cs.consumers {
+	cs.ss.EachShard(func(sh int) {
 		if sh < len(seen) && seen[sh] {
-			continue
+			return
 		}
 		if sh < len(seen) {
 			seen[sh] = true
@@ -125,7 +125,7 @@ func (cs *connState) resumeShards() {
 		if !shardList[sh].TryPush(shards.Resume{Sess: sess}.Command()) {
 			list = append(list, sh)
 		}
-	}
+	})
 	if len(list) == 0 {
 		return
 	}

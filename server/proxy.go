@@ -36,13 +36,10 @@ import (
 	"sync"
 
 	"github.com/berthmq/berth/replication/groups"
+	"github.com/berthmq/berth/server/session"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
 )
-
-// proxyShard marks, in connState.consumers, a consumer proxied to
-// another broker.
-const proxyShard = -1
 
 // proxySession is one client connection's proxy session on one master.
 type proxySession struct {
@@ -106,7 +103,7 @@ func (s *Server) proxyTarget(q *shards.Queue) (g, master uint32, addr, where str
 
 // proxySubscribe passes a SUBSCRIBE to the master, opening the client's
 // proxy session there if needed. It runs on the connection's owner.
-func (s *Server) proxySubscribe(cs *connState, g, master uint32, addr string, m *wire.Subscribe, body []byte) {
+func (s *Server) proxySubscribe(cs *connState, g, master uint32, addr string, cmdID uint64, consumer uint32, body []byte) {
 	t := &s.proxies
 	t.mu.Lock()
 	if t.byID == nil {
@@ -125,10 +122,10 @@ func (s *Server) proxySubscribe(cs *connState, g, master uint32, addr string, m 
 		sessions[master] = ps
 		t.byID[ps.id] = ps
 	}
-	t.consumers[proxyConsumer{cs, m.ConsumerID}] = ps
-	t.groupOf[proxyConsumer{cs, m.ConsumerID}] = g
+	t.consumers[proxyConsumer{cs, consumer}] = ps
+	t.groupOf[proxyConsumer{cs, consumer}] = g
 	t.mu.Unlock()
-	s.proxySend(cs, ps, m.CommandID, wire.TypeSubscribe, body, m.ConsumerID)
+	s.proxySend(cs, ps, cmdID, wire.TypeSubscribe, body, consumer)
 }
 
 // proxyConsumerCommand passes a consumer command of a proxied consumer to
@@ -432,11 +429,60 @@ func (s *Server) proxyEnd(match func(ps *proxySession, g uint32) bool, tell bool
 
 // proxied is a proxy session on the master's side.
 type proxied struct {
-	sess      *shards.Session
-	consumers map[uint32]int // consumer id -> shard
-	// queueOf is each consumer's queue, as noted in
-	// Server.queueConsumers; the forwarding connection's reader owns it.
-	queueOf map[uint32]*shards.Queue
+	s    *Server
+	sess *shards.Session
+	out  groups.ProxyOut
+	// ss is the session's dispatcher, as a client connection's (the
+	// forwarding connection's reader owns it).
+	ss *session.Session
+}
+
+// A proxied session is served through the methods below: it answers at
+// once on the forwarding connection, pushes to the shards' lanes
+// (lanes.go, waiting only when a lane is full), has nothing to check
+// (the proxying broker checked the client's permissions), adopts a queue
+// its wiring has not shown here yet, and serves only as the master.
+
+// Push is session.Pusher.
+func (p *proxied) Push(shard int, cmd shards.Command) bool {
+	p.s.lanes.push(shard, cmd)
+	return true
+}
+
+// Complete and Fail are session.Replies.
+func (p *proxied) Complete(id uint64) {
+	p.out.Write([][]byte{wire.AppendCompletes(nil, p.sess.Version, []wire.Range{{First: id, Last: id}})})
+}
+
+func (p *proxied) Fail(id uint64, code wire.ErrorCode, text string) {
+	p.out.Write([][]byte{wire.AppendError(nil, p.sess.Version, id, code, text)})
+}
+
+// SubscribeQueue is session.Resolver.
+func (p *proxied) SubscribeQueue(name []byte, cmdID uint64) (*shards.Queue, bool) {
+	s := p.s
+	q := s.wiring.Routing().Queue(name)
+	if q == nil {
+		var err error
+		if q, err = s.wiring.Adopt(string(name)); err != nil {
+			p.Fail(cmdID, wire.CodeNotFound, "no queue "+string(name))
+			return nil, false
+		}
+	}
+	if g, ok := q.Replicated(); !ok || !s.replicator.IsMaster(g) {
+		p.Fail(cmdID, wire.CodeUnavailable, fmt.Sprintf("broker %d is not the master of queue %q's group (any more); retry", s.brokerID, q.Name))
+		return nil, false
+	}
+	return q, false
+}
+
+// NoteConsumer and ForgetConsumer are session.Registry.
+func (p *proxied) NoteConsumer(q *shards.Queue, id uint32) {
+	p.s.noteConsumer(q, consumerRef{p: p, id: id})
+}
+
+func (p *proxied) ForgetConsumer(q *shards.Queue, id uint32) {
+	p.s.forgetConsumer(q, consumerRef{p: p, id: id})
 }
 
 // proxiedTable is the master's side's sessions, by their connection and
@@ -467,7 +513,8 @@ func (w proxyWriter) WriteAsync(bufs [][]byte, done func()) error {
 var errProxyGone = errors.New("server: the proxying broker's connection closed")
 
 // proxyCommand runs one command of a proxied session, on this broker as
-// the master, on the forwarding connection's reader goroutine.
+// the master, on the forwarding connection's reader goroutine, through
+// the same session dispatcher as a client's.
 func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Version, frameMax uint32, frame []byte) {
 	t := &s.proxiedSessions
 	t.mu.Lock()
@@ -476,111 +523,60 @@ func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Ver
 	}
 	p := t.byID[out]
 	if p == nil {
-		p = &proxied{sess: &shards.Session{ID: s.nextSession.Add(1), Version: version, FrameMax: frameMax, Out: proxyWriter{out}},
-			consumers: map[uint32]int{}, queueOf: map[uint32]*shards.Queue{}}
+		p = &proxied{s: s, out: out, sess: &shards.Session{ID: s.nextSession.Add(1), Version: version, FrameMax: frameMax, Out: proxyWriter{out}}}
+		p.ss = session.New(p.sess, session.Config{
+			Broker: s.broker, Routing: s.wiring.Routing, Push: p, Replies: p, Resolve: p, Reg: p,
+			WindowMax: int64(s.cfg.WindowMax),
+		})
 		t.byID[out] = p
 	}
 	t.mu.Unlock()
-	fail := func(id uint64, code wire.ErrorCode, text string) {
-		out.Write([][]byte{wire.AppendError(nil, version, id, code, text)})
-	}
 	hd, err := wire.ReadHeader(frame, wire.FrameSizeMax)
 	if err != nil || int(hd.Length) != len(frame)-wire.HeaderSize {
-		fail(0, wire.CodeMalformed, "malformed proxied frame")
+		p.Fail(0, wire.CodeMalformed, "malformed proxied frame")
 		return
 	}
 	body := frame[wire.HeaderSize:]
+	ss := p.ss
 	switch hd.Type {
 	case wire.TypeSubscribe:
 		var m wire.Subscribe
 		if err := wire.DecodeSubscribe(body, &m); err != nil {
-			fail(0, wire.CodeMalformed, "SUBSCRIBE: "+err.Error())
+			p.Fail(0, wire.CodeMalformed, "SUBSCRIBE: "+err.Error())
 			return
 		}
-		q := s.wiring.Routing().Queue(m.Queue)
-		if q == nil {
-			if q, err = s.wiring.Adopt(string(m.Queue)); err != nil {
-				fail(m.CommandID, wire.CodeNotFound, "no queue "+string(m.Queue))
-				return
-			}
-		}
-		if g, ok := q.Replicated(); !ok || !s.replicator.IsMaster(g) {
-			fail(m.CommandID, wire.CodeUnavailable, fmt.Sprintf("broker %d is not the master of queue %q's group (any more); retry", s.brokerID, q.Name))
-			return
-		}
-		if _, used := p.consumers[m.ConsumerID]; used {
-			fail(m.CommandID, wire.CodeInvalid, "consumer id already used in this session")
-			return
-		}
-		p.consumers[m.ConsumerID] = q.Shard()
-		p.queueOf[m.ConsumerID] = q
-		s.noteConsumer(q, consumerRef{p: p, id: m.ConsumerID})
-		s.proxyPush(q.Shard(), p.sess, shards.Subscribe{Sess: p.sess, CmdID: m.CommandID, Queue: q, ConsumerID: m.ConsumerID,
-			Credit: m.Credit, AckMode: m.AckMode, Exclusive: m.Flags&wire.SubscribeExclusive != 0}.Command())
+		ss.Subscribe(subscribeOf(&m), body)
 	case wire.TypeCredit:
 		var m wire.Credit
 		if err := wire.DecodeCredit(body, &m); err != nil {
-			fail(0, wire.CodeMalformed, "CREDIT: "+err.Error())
+			p.Fail(0, wire.CodeMalformed, "CREDIT: "+err.Error())
 			return
 		}
-		if shard, ok := p.consumers[m.ConsumerID]; ok {
-			s.proxyPush(shard, p.sess, shards.Credit{Sess: p.sess, ConsumerID: m.ConsumerID, Credit: m.Credit}.Command())
-		}
+		ss.Credit(m.ConsumerID, m.Credit, body)
 	case wire.TypeCancel:
 		var m wire.Cancel
 		if err := wire.DecodeCancel(body, &m); err != nil {
-			fail(0, wire.CodeMalformed, "CANCEL: "+err.Error())
+			p.Fail(0, wire.CodeMalformed, "CANCEL: "+err.Error())
 			return
 		}
-		shard, ok := p.consumers[m.ConsumerID]
-		if !ok {
-			fail(m.CommandID, wire.CodeNotFound, "no such consumer")
-			return
-		}
-		s.proxyPush(shard, p.sess, shards.Cancel{Sess: p.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID}.Command())
-		if q := p.queueOf[m.ConsumerID]; q != nil {
-			delete(p.queueOf, m.ConsumerID)
-			s.forgetConsumer(q, consumerRef{p: p, id: m.ConsumerID})
-		}
+		ss.Cancel(m.CommandID, m.ConsumerID, body)
 	case wire.TypeAccept, wire.TypeRelease, wire.TypeReject:
 		var m wire.Settle
 		if err := wire.DecodeSettle(body, &m); err != nil {
-			fail(0, wire.CodeMalformed, "settle: "+err.Error())
+			p.Fail(0, wire.CodeMalformed, "settle: "+err.Error())
 			return
 		}
-		shard, ok := p.consumers[m.ConsumerID]
-		if !ok {
-			fail(m.CommandID, wire.CodeNotFound, "no such consumer")
-			return
-		}
-		kind := shards.SettleAccept
+		op := session.OpAccept
 		switch hd.Type {
 		case wire.TypeRelease:
-			kind = shards.SettleRelease
+			op = session.OpRelease
 		case wire.TypeReject:
-			kind = shards.SettleReject
+			op = session.OpReject
 		}
-		n := m.Tags.Len()
-		if n == 0 {
-			out.Write([][]byte{wire.AppendCompletes(nil, version, []wire.Range{{First: m.CommandID, Last: m.CommandID}})})
-			return
-		}
-		parts := (n + shards.RangesInline - 1) / shards.RangesInline
-		for part := range parts {
-			cmd := shards.Settle{Sess: p.sess, CmdID: m.CommandID, ConsumerID: m.ConsumerID, Kind: kind}
-			for k := 0; k < shards.RangesInline; k++ {
-				r := part*shards.RangesInline + k
-				if r >= n {
-					break
-				}
-				cmd.Ranges[k] = m.Tags.At(r)
-				cmd.NRanges++
-			}
-			cmd.Last = part == parts-1
-			s.proxyPush(shard, p.sess, cmd.Command())
-		}
+		ss.Resume = 0
+		ss.Settle(m.CommandID, m.ConsumerID, op, m.Tags, body)
 	default:
-		fail(0, wire.CodeInvalid, "frame "+hd.Type.String()+" is not proxied")
+		p.Fail(0, wire.CodeInvalid, "frame "+hd.Type.String()+" is not proxied")
 	}
 }
 
@@ -604,9 +600,7 @@ func (s *Server) proxyClose(out groups.ProxyOut) {
 	delete(t.byID, out)
 	t.mu.Unlock()
 	if p != nil {
-		for id, q := range p.queueOf {
-			s.forgetConsumer(q, consumerRef{p: p, id: id})
-		}
+		p.ss.Served(func(id uint32, q *shards.Queue) { s.forgetConsumer(q, consumerRef{p: p, id: id}) })
 		// After what the session's commands wait for in the lanes: a
 		// SUBSCRIBE that reached its shard after the close would leave
 		// a consumer of a closed session.

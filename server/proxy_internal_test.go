@@ -155,7 +155,7 @@ func testProxyEnd(t *testing.T, v wire.Version) {
 	ps := proxyFake(s, csNew, master, 0, []uint32{1, 2, 3}, []uint64{10, 11, 12}, map[uint32]uint64{1: 1, 2: 2, 3: 12})
 	proxyFake(s, csOld, master, 0, []uint32{1}, nil, nil)
 	owned := make(chan struct{})
-	if err := csNew.t.runOwned(func() { csNew.consumers[1] = proxyShard; close(owned) }); err != nil { // as SUBSCRIBE records it
+	if err := csNew.t.runOwned(func() { csNew.ss.MarkRemote(1); close(owned) }); err != nil { // as SUBSCRIBE records it
 		t.Fatal(err)
 	}
 	<-owned
