@@ -73,31 +73,56 @@ func (cs *connState) SubscribeQueue(name []byte, cmdID uint64) (*shards.Queue, b
 	return q, false
 }
 
-// Subscribe and ConsumerCommand are session.Remote: the proxy to the
-// queue's master (proxy.go).
+// Subscribe, Credit, Cancel and Settle are session.Remote: the proxy to
+// the queue's master (proxy.go), which takes the native frames' bodies;
+// a command from another codec is encoded here.
 func (cs *connState) Subscribe(m *session.Subscribe, raw []byte) {
+	if raw == nil {
+		var flags uint8
+		if m.Exclusive {
+			flags = wire.SubscribeExclusive
+		}
+		raw = nativeBody(wire.AppendSubscribe(nil, cs.version, &wire.Subscribe{CommandID: m.CommandID, ConsumerID: m.ConsumerID,
+			Queue: m.Queue, Credit: m.Credit, AckMode: m.AckMode, Flags: flags}))
+	}
 	p := cs.proxyTo
 	cs.s.proxySubscribe(cs, p.g, p.master, p.addr, m.CommandID, m.ConsumerID, raw)
 }
 
-func (cs *connState) ConsumerCommand(consumer uint32, cmdID uint64, op session.Op, raw []byte) {
-	cs.s.proxyConsumerCommand(cs, consumer, cmdID, frameTypeOf(op), raw)
+func (cs *connState) Credit(consumer, credit uint32, raw []byte) {
+	if raw == nil {
+		raw = nativeBody(wire.AppendCredit(nil, cs.version, consumer, credit))
+	}
+	cs.s.proxyConsumerCommand(cs, consumer, 0, wire.TypeCredit, raw)
 }
 
-// frameTypeOf is the native frame of a consumer command.
-func frameTypeOf(op session.Op) wire.Type {
-	switch op {
-	case session.OpCredit:
-		return wire.TypeCredit
-	case session.OpCancel:
-		return wire.TypeCancel
-	case session.OpRelease:
-		return wire.TypeRelease
-	case session.OpReject:
-		return wire.TypeReject
+func (cs *connState) Cancel(cmdID uint64, consumer uint32, raw []byte) {
+	if raw == nil {
+		raw = nativeBody(wire.AppendCancel(nil, cs.version, cmdID, consumer))
 	}
-	return wire.TypeAccept
+	cs.s.proxyConsumerCommand(cs, consumer, cmdID, wire.TypeCancel, raw)
 }
+
+func (cs *connState) Settle(cmdID uint64, consumer uint32, op session.Op, tags session.Tags, raw []byte) {
+	t := wire.TypeAccept
+	switch op {
+	case session.OpRelease:
+		t = wire.TypeRelease
+	case session.OpReject:
+		t = wire.TypeReject
+	}
+	if raw == nil {
+		ranges := make([]wire.Range, tags.Len())
+		for i := range ranges {
+			ranges[i] = tags.At(i)
+		}
+		raw = nativeBody(wire.AppendSettle(nil, cs.version, t, cmdID, consumer, ranges))
+	}
+	cs.s.proxyConsumerCommand(cs, consumer, cmdID, t, raw)
+}
+
+// nativeBody is the body of the native frame f.
+func nativeBody(f []byte) []byte { return f[wire.HeaderSize:] }
 
 // NoteConsumer and ForgetConsumer are session.Registry
 // (consumerend.go).

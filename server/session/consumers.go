@@ -85,7 +85,7 @@ func (s *Session) Credit(consumer, credit uint32, raw []byte) bool {
 		return true
 	}
 	if shard == remoteShard {
-		s.cfg.Remote.ConsumerCommand(consumer, 0, OpCredit, raw)
+		s.cfg.Remote.Credit(consumer, credit, raw)
 		return true
 	}
 	return s.push(shard, shards.Credit{Sess: s.Sess, ConsumerID: consumer, Credit: credit}.Command())
@@ -100,7 +100,7 @@ func (s *Session) Cancel(cmdID uint64, consumer uint32, raw []byte) bool {
 		return true
 	}
 	if shard == remoteShard {
-		s.cfg.Remote.ConsumerCommand(consumer, cmdID, OpCancel, raw)
+		s.cfg.Remote.Cancel(cmdID, consumer, raw)
 		return true
 	}
 	if !s.push(shard, shards.Cancel{Sess: s.Sess, CmdID: cmdID, ConsumerID: consumer}.Command()) {
@@ -126,7 +126,7 @@ func (s *Session) Settle(cmdID uint64, consumer uint32, op Op, tags Tags, raw []
 		return true
 	}
 	if shard == remoteShard {
-		s.cfg.Remote.ConsumerCommand(consumer, cmdID, op, raw)
+		s.cfg.Remote.Settle(cmdID, consumer, op, tags, raw)
 		return true
 	}
 	n := tags.Len()

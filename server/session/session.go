@@ -59,12 +59,14 @@ type Registry interface {
 }
 
 // Remote serves the consumers of this session that another broker
-// serves (consumer proxying, server/proxy.go). Raw is the command's frame
-// body as the native codec received it, which a master speaking that
-// codec takes unchanged; it is nil from another codec.
+// serves (consumer proxying, server/proxy.go). raw is the command's frame
+// body as the native codec received it, which the master takes unchanged;
+// nil from another codec, and the Remote encodes the command itself.
 type Remote interface {
 	Subscribe(m *Subscribe, raw []byte)
-	ConsumerCommand(consumer uint32, cmdID uint64, op Op, raw []byte)
+	Credit(consumer, credit uint32, raw []byte)
+	Cancel(cmdID uint64, consumer uint32, raw []byte)
+	Settle(cmdID uint64, consumer uint32, op Op, tags Tags, raw []byte)
 }
 
 // Config is what a session is served with.
