@@ -93,7 +93,7 @@ func loadQueueList(dir, file string) (*localQueues, error) {
 		}) {
 			l.buf = appendLocalRecord(l.buf, '+', name)
 		}
-		if err := writeFileDurable(dir, file, l.buf); err != nil {
+		if err := journal.WriteFileDurable(dir, file, l.buf); err != nil {
 			return nil, fmt.Errorf("server: rewrite %s: %w", path, err)
 		}
 		l.buf = l.buf[:0]

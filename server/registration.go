@@ -122,35 +122,7 @@ func readBrokerID(dir string) (id uint32, found bool, err error) {
 
 // writeBrokerID persists id.
 func writeBrokerID(dir string, id uint32) error {
-	return writeFileDurable(dir, brokerIDFile, []byte(strconv.FormatUint(uint64(id), 10)+"\n"))
-}
-
-// writeFileDurable replaces dir/name with data: a temporary file,
-// fsynced, renamed over it, then the directory fsynced.
-func writeFileDurable(dir, name string, data []byte) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	tmp := filepath.Join(dir, name+".tmp")
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-		return err
-	}
-	return journal.OSFS{}.SyncDir(dir)
+	return journal.WriteFileDurable(dir, brokerIDFile, []byte(strconv.FormatUint(uint64(id), 10)+"\n"))
 }
 
 // loadBrokerID reads this broker's id, or on a first start applies for one
