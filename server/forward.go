@@ -26,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/berthmq/berth/replication"
 	groupevent "github.com/berthmq/berth/replication/event"
 	"github.com/berthmq/berth/replication/groups"
 	"github.com/berthmq/berth/shards"
@@ -139,14 +140,14 @@ func (r *replicator) serveForward(from, g uint32, event []byte, reply groups.For
 			sendOutcome(reply, err)
 		}
 	}
-	// Through the shard's lane (lanes.go), never parking this reader: a
+	// Through the shard's lane (replication/lanes.go), never parking this reader: a
 	// shard that stays busy holds up only the forwards for it.
-	if !s.lanes.tryPush(q.Shard(), shards.CallCommand(call)) {
+	if !s.lanes.TryPush(q.Shard(), shards.CallCommand(call)) {
 		if s.regCtx.Err() != nil {
 			refuse(wire.CodeShutdown, "the broker is shutting down; the publish was not taken")
 			return
 		}
-		refuse(wire.CodeResourceLimit, "shard %d of broker %d, the master, has %d forwarded commands waiting; the publish was not taken; retry", q.Shard(), s.brokerID, laneMax)
+		refuse(wire.CodeResourceLimit, "shard %d of broker %d, the master, has %d forwarded commands waiting; the publish was not taken; retry", q.Shard(), s.brokerID, replication.LaneMax)
 	}
 }
 

@@ -29,6 +29,7 @@ import (
 	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/internal/peerauth"
 	"github.com/berthmq/berth/journal"
+	"github.com/berthmq/berth/replication"
 	"github.com/berthmq/berth/replication/groups"
 	"github.com/berthmq/berth/server/wiring"
 	"github.com/berthmq/berth/shards"
@@ -115,8 +116,8 @@ type Server struct {
 	proxies         proxyTable
 	proxiedSessions proxiedTable
 	// lanes carry the peer connections' forwards and proxied commands to
-	// the shards (lanes.go); set once the shards run.
-	lanes *lanes
+	// the shards (replication/lanes.go); set once the shards run.
+	lanes *replication.Lanes
 	// queueConsumers indexes the consumers by queue, to tell them of
 	// their queue's deletion (consumerend.go).
 	queueConsumers queueConsumers
@@ -233,7 +234,7 @@ func Start(cfg Config) (*Server, error) {
 	// then the journals replay into those queues.
 	err := s.broker.Start()
 	if err == nil {
-		s.lanes = newLanes(s.regCtx, s.broker.Shards())
+		s.lanes = replication.NewLanes(s.regCtx, s.broker.Shards())
 	}
 	if err == nil && cfg.PeerAddr != "" && s.brokerID != 0 {
 		s.arm(stopReplicator)
@@ -402,7 +403,7 @@ func (s *Server) stopOne(step stopStep) error {
 		s.regCancel()
 		s.regWG.Wait()
 		if s.lanes != nil {
-			s.lanes.wait()
+			s.lanes.Wait()
 		}
 	case stopGroups:
 		if g := s.groups.Load(); g != nil {
