@@ -109,7 +109,7 @@ type Server struct {
 	// this broker's alone.
 	welcomeAddrs atomic.Pointer[[][]byte]
 	// groups runs the replication groups (PeerAddr set), or nil;
-	// replicator connects the shards to them (replicate.go).
+	// replicator connects the shards to them (package replication).
 	groups atomic.Pointer[groups.Manager]
 	// proxies and proxiedSessions are the consumers proxied to other
 	// brokers and, as a master, for other brokers (proxy.go).
@@ -121,7 +121,7 @@ type Server struct {
 	// queueConsumers indexes the consumers by queue, to tell them of
 	// their queue's deletion (consumerend.go).
 	queueConsumers queueConsumers
-	replicator     *replicator
+	replicator     *replication.Replicator
 	// regCtx ends at Close; it stops the registration and heartbeat loop
 	// (regWG) and cancels its calls.
 	regCtx    context.Context
@@ -244,7 +244,7 @@ func Start(cfg Config) (*Server, error) {
 		err = s.wiring.Restore()
 	}
 	if err == nil && s.replicator != nil {
-		err = s.replicator.restoreDone()
+		err = s.replicator.RestoreDone()
 	}
 	if err == nil {
 		err = s.broker.Recover()
@@ -425,8 +425,7 @@ func (s *Server) stopOne(step stopStep) error {
 		s.broker.Stop()
 	case stopReplicator:
 		if s.replicator != nil { // initReplication may fail before it sets one
-			s.replicator.local.close()
-			s.replicator.foreign.close()
+			s.replicator.Close()
 		}
 	case stopClients:
 		s.conns.Lock()
