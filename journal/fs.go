@@ -3,6 +3,7 @@ package journal
 import (
 	"io/fs"
 	"os"
+	"path/filepath"
 
 	"golang.org/x/sys/unix"
 )
@@ -71,6 +72,36 @@ func (OSFS) SyncDir(dir string) error {
 		err = cerr
 	}
 	return err
+}
+
+// WriteFileDurable replaces dir/name with data: a temporary file,
+// fsynced, renamed over it, then the directory fsynced. It uses the OS's
+// file system; the broker's small state files (its id, the lists of
+// queues kept local) are written with it.
+func WriteFileDurable(dir, name string, data []byte) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, name+".tmp")
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+		return err
+	}
+	return OSFS{}.SyncDir(dir)
 }
 
 func (f osFile) Write(p []byte) (int, error)             { return f.f.Write(p) }

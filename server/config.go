@@ -168,7 +168,7 @@ type Config struct {
 	ControllerBrokerTimeout time.Duration
 	ControllerLeaderGrace   time.Duration
 
-	// The replication groups (registration.go, replicate.go).
+	// The replication groups (registration.go, package replication).
 
 	// PeerAddr is where this broker's replication-group transport listens
 	// (host:port); "" runs no groups. It needs a controller and DataDir

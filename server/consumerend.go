@@ -86,7 +86,7 @@ func (s *Server) forgetConsumer(q *shards.Queue, ref consumerRef) {
 // deleted, that it ended. It runs after the shard dropped q.
 func (s *Server) queueDropped(q *shards.Queue) {
 	if r := s.replicator; r != nil {
-		if err := r.local.remove(q.Name); err != nil {
+		if err := r.RemoveLocal(q.Name); err != nil {
 			s.log.Error("server: taking a deleted queue off the local list failed; a queue of its name declared later stays local", "queue", q.Name, "err", err)
 		}
 	}

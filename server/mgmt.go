@@ -7,6 +7,7 @@ import (
 
 	"github.com/panjf2000/gnet/v2"
 
+	"github.com/berthmq/berth/replication"
 	"github.com/berthmq/berth/server/wiring"
 	"github.com/berthmq/berth/shards"
 	"github.com/berthmq/berth/wire"
@@ -290,8 +291,8 @@ func (s *Server) exclusiveToOther(queue string, sess *shards.Session) error {
 // queue that would be replicated: a durable, non-exclusive queue of a
 // broker that runs the replication groups, in a cluster that has them,
 // other than one the broker keeps to itself since before "cluster init"
-// (localqueues.go). The flag was taken and ignored: the queue landed in
-// its group all the same. Honouring it would need the controller's
+// (replication/localqueues.go). The flag was taken and ignored: the
+// queue landed in its group all the same. Honouring it would need the controller's
 // wiring to say which broker holds such a queue, so that the others
 // neither replicate it nor declare their own (they tell the queues kept
 // local apart only by their being declared before the groups existed),
@@ -300,16 +301,16 @@ func (s *Server) exclusiveToOther(queue string, sess *shards.Session) error {
 // queue of a broker without groups, lives on one broker.
 func (s *Server) checkNoReplicate(name string, opts shards.QueueOptions) error {
 	r := s.replicator
-	if r == nil || !opts.Durable || opts.Exclusive || r.local.has(name) {
+	if r == nil || !opts.Durable || opts.Exclusive || r.IsLocal(name) {
 		return nil
 	}
-	n, known := r.groupCount(s.regCtx)
+	n, known := r.GroupCount(s.regCtx)
 	if known && n == 0 {
 		return nil
 	}
 	where := "its replication group"
 	if known {
-		where = fmt.Sprintf("replication group %d", GroupOf(name, n))
+		where = fmt.Sprintf("replication group %d", replication.GroupOf(name, n))
 	}
 	return shards.Errorf(wire.CodeInvalid,
 		"queue %q: no-replicate is not supported for a durable queue in a cluster with replication groups: it would live in %s, "+

@@ -588,7 +588,7 @@ func (s *Server) proxyPush(shard int, sess *shards.Session, cmd shards.Command) 
 	if cmd.Completes() {
 		sess.Inflight.Add(1)
 	}
-	s.lanes.push(shard, cmd)
+	s.lanes.Push(shard, cmd)
 }
 
 // proxyClose ends a proxied session on the master: what its consumers
@@ -604,6 +604,6 @@ func (s *Server) proxyClose(out groups.ProxyOut) {
 		// After what the session's commands wait for in the lanes: a
 		// SUBSCRIBE that reached its shard after the close would leave
 		// a consumer of a closed session.
-		s.lanes.afterAll(func() { go s.wiring.SessionClosed(p.sess) })
+		s.lanes.AfterAll(func() { go s.wiring.SessionClosed(p.sess) })
 	}
 }

@@ -45,7 +45,6 @@ import (
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/journal"
-	"github.com/berthmq/berth/replication/event"
 	"github.com/berthmq/berth/replication/groups"
 	"github.com/berthmq/berth/wire"
 )
@@ -122,35 +121,7 @@ func readBrokerID(dir string) (id uint32, found bool, err error) {
 
 // writeBrokerID persists id.
 func writeBrokerID(dir string, id uint32) error {
-	return writeFileDurable(dir, brokerIDFile, []byte(strconv.FormatUint(uint64(id), 10)+"\n"))
-}
-
-// writeFileDurable replaces dir/name with data: a temporary file,
-// fsynced, renamed over it, then the directory fsynced.
-func writeFileDurable(dir, name string, data []byte) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	tmp := filepath.Join(dir, name+".tmp")
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-		return err
-	}
-	return journal.OSFS{}.SyncDir(dir)
+	return journal.WriteFileDurable(dir, brokerIDFile, []byte(strconv.FormatUint(uint64(id), 10)+"\n"))
 }
 
 // loadBrokerID reads this broker's id, or on a first start applies for one
@@ -309,42 +280,21 @@ func (s *Server) groupLease() time.Duration {
 // decisions. Entries are not applied to queues yet: the replicated data
 // plane's queue events come next.
 func (s *Server) startGroups() error {
-	m, err := groups.StartManager(groups.ManagerConfig{
+	mcfg := groups.ManagerConfig{
 		Self: s.brokerID, PeerAddr: s.cfg.PeerAddr, Advertise: s.cfg.PeerAdvertise,
 		Dir: filepath.Join(s.cfg.DataDir, "groups"), Fsync: s.cfg.Fsync, FS: s.groupJournalFS(), Ctl: s.brokerClient(),
 		Auth: s.peerAuth, Logger: s.log, Rebalance: s.groupRebalance(), Lag: s.cfg.GroupLag,
-		// A handover holds back publishes only (replicate.go's events).
-		HandoverHolds: event.IsEnqueue,
 		// Under a memory budget a restart does not load the group log's
 		// data: it is read back as it is applied (and paged again).
 		PagedReplay: s.cfg.MemoryLimit > 0,
-		Apply: func(g uint32, e wire.GroupEntry) error {
-			if s.replicator != nil {
-				return s.replicator.apply(g, e)
-			}
-			return nil
-		},
-		OnMaster:  func(g uint32) { s.broker.GroupMastered(g) },
-		Lease:     s.groupLease(),
-		OnDeliver: func(g uint32) { s.broker.GroupDelivering(g) },
+		OnMaster:    func(g uint32) { s.broker.GroupMastered(g) },
+		Lease:       s.groupLease(),
+		OnDeliver:   func(g uint32) { s.broker.GroupDelivering(g) },
 		OnStepDown: func(g uint32) {
 			s.broker.ResetGroup(g)
 			go s.groupSteppedDown(g)
 		},
-		OnGroupCount: func(n uint32) {
-			if s.replicator != nil {
-				s.replicator.groups.CompareAndSwap(0, n)
-			}
-		},
-		OnForward: func(from, g uint32, event []byte, reply groups.ForwardReply) {
-			if s.replicator == nil {
-				reply.Send(wire.CodeResourceLimit, "the broker is starting; retry")
-				return
-			}
-			s.replicator.serveForward(from, g, event, reply)
-		},
-		ForwardError: forwardError,
-		OnView:       s.proxyViewChanged,
+		OnView: s.proxyViewChanged,
 		OnProxy: groups.ProxyHandler{
 			Command: func(from uint32, out groups.ProxyOut, version wire.Version, frameMax uint32, frame []byte) {
 				if s.replicator == nil {
@@ -355,7 +305,12 @@ func (s *Server) startGroups() error {
 			},
 			Close: s.proxyClose,
 		},
-	})
+	}
+	// The apply of committed entries, the group count and the forwards
+	// are the replicator's: s.replicator is set by now (initReplication
+	// runs earlier in Start), and SetCallbacks takes a nil one too.
+	s.replicator.SetCallbacks(&mcfg)
+	m, err := groups.StartManager(mcfg)
 	if err != nil {
 		return fmt.Errorf("server: %w", err)
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/internal/peerauth"
 	"github.com/berthmq/berth/journal"
+	"github.com/berthmq/berth/replication"
 	"github.com/berthmq/berth/replication/groups"
 	"github.com/berthmq/berth/server/wiring"
 	"github.com/berthmq/berth/shards"
@@ -108,19 +109,19 @@ type Server struct {
 	// this broker's alone.
 	welcomeAddrs atomic.Pointer[[][]byte]
 	// groups runs the replication groups (PeerAddr set), or nil;
-	// replicator connects the shards to them (replicate.go).
+	// replicator connects the shards to them (package replication).
 	groups atomic.Pointer[groups.Manager]
 	// proxies and proxiedSessions are the consumers proxied to other
 	// brokers and, as a master, for other brokers (proxy.go).
 	proxies         proxyTable
 	proxiedSessions proxiedTable
 	// lanes carry the peer connections' forwards and proxied commands to
-	// the shards (lanes.go); set once the shards run.
-	lanes *lanes
+	// the shards (replication/lanes.go); set once the shards run.
+	lanes *replication.Lanes
 	// queueConsumers indexes the consumers by queue, to tell them of
 	// their queue's deletion (consumerend.go).
 	queueConsumers queueConsumers
-	replicator     *replicator
+	replicator     *replication.Replicator
 	// regCtx ends at Close; it stops the registration and heartbeat loop
 	// (regWG) and cancels its calls.
 	regCtx    context.Context
@@ -233,7 +234,7 @@ func Start(cfg Config) (*Server, error) {
 	// then the journals replay into those queues.
 	err := s.broker.Start()
 	if err == nil {
-		s.lanes = newLanes(s.regCtx, s.broker.Shards())
+		s.lanes = replication.NewLanes(s.regCtx, s.broker.Shards())
 	}
 	if err == nil && cfg.PeerAddr != "" && s.brokerID != 0 {
 		s.arm(stopReplicator)
@@ -243,7 +244,7 @@ func Start(cfg Config) (*Server, error) {
 		err = s.wiring.Restore()
 	}
 	if err == nil && s.replicator != nil {
-		err = s.replicator.restoreDone()
+		err = s.replicator.RestoreDone()
 	}
 	if err == nil {
 		err = s.broker.Recover()
@@ -402,7 +403,7 @@ func (s *Server) stopOne(step stopStep) error {
 		s.regCancel()
 		s.regWG.Wait()
 		if s.lanes != nil {
-			s.lanes.wait()
+			s.lanes.Wait()
 		}
 	case stopGroups:
 		if g := s.groups.Load(); g != nil {
@@ -424,8 +425,7 @@ func (s *Server) stopOne(step stopStep) error {
 		s.broker.Stop()
 	case stopReplicator:
 		if s.replicator != nil { // initReplication may fail before it sets one
-			s.replicator.local.close()
-			s.replicator.foreign.close()
+			s.replicator.Close()
 		}
 	case stopClients:
 		s.conns.Lock()

@@ -68,14 +68,14 @@ func (s *Server) watchWiring() {
 			return false
 		}
 		s.metrics.wiringSyncs.Inc()
-		if r := s.replicator; r != nil && r.foreign.len() > 0 {
+		if r := s.replicator; r != nil && r.ForeignLen() > 0 {
 			// Another broker's local queue that the controller no
 			// longer holds is no longer kept off this broker.
 			held := make(map[string]bool, len(snap.Queues))
 			for _, q := range snap.Queues {
 				held[q.Name] = true
 			}
-			if err := r.foreign.removeMissing(func(name string) bool { return held[name] }); err != nil {
+			if err := r.RemoveForeignMissing(func(name string) bool { return held[name] }); err != nil {
 				s.log.Error("server: updating the list of other brokers' local queues failed", "err", err)
 			}
 		}
@@ -92,16 +92,15 @@ func (s *Server) watchWiring() {
 // list of foreign queues, which it never restores or declares.
 func (s *Server) syncable(name string, opts shards.QueueOptions) bool {
 	r := s.replicator
-	if r == nil || !opts.Durable || opts.Exclusive || r.local.has(name) || r.foreign.has(name) {
+	if r == nil || !opts.Durable || opts.Exclusive || r.IsLocal(name) || r.IsForeign(name) {
 		return false
 	}
-	n, known := r.groupCount(s.regCtx)
+	n, known := r.GroupCount(s.regCtx)
 	if !known {
 		return false // the next pass decides
 	}
 	if n == 0 {
-		r.foreign.add(name)
-		if err := r.foreign.flush(); err != nil {
+		if err := r.AddForeign(name); err != nil {
 			s.log.Error("server: writing down another broker's local queue failed", "queue", name, "err", err)
 		}
 		return false
@@ -110,9 +109,9 @@ func (s *Server) syncable(name string, opts shards.QueueOptions) bool {
 }
 
 // foreignQueue reports whether name is another broker's local queue
-// (foreignQueuesFile): not restored here, not declared here.
+// (replication/localqueues.go): not restored here, not declared here.
 func (s *Server) foreignQueue(name string) bool {
-	return s.replicator != nil && s.replicator.foreign.has(name)
+	return s.replicator != nil && s.replicator.IsForeign(name)
 }
 
 // syncDroppable says whether a pass may drop q, a durable queue the

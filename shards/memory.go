@@ -73,7 +73,7 @@ import (
 //
 // Replicated queues page too, on the master and on the followers. A
 // replicated message's body aliases its enqueue event's data in the group
-// log (server/replicate.go), so the bytes go only when both let go:
+// log (replication/replicate.go), so the bytes go only when both let go:
 //
 //   - the log is the group node's (replication/groups, one goroutine), the
 //     body the shard's. Neither takes a lock or waits for the other on

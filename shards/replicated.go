@@ -367,7 +367,7 @@ func resetGroup(g uint32) func(*Shard) {
 
 // AdmitReplicated is the master's admission of an enqueue to replicated
 // queue q, whether its own client's (replicatedPublish) or forwarded by
-// another broker (the server's serveForward), before it proposes it:
+// another broker (replication's serveForward), before it proposes it:
 // dup when it resends a publish q applied already (it then completes
 // with success and stays out of the group log), or an error, resource-
 // limit, when q refuses a message of size bytes (reject-publish). On

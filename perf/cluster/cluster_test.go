@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/berthmq/berth/server"
+	"github.com/berthmq/berth/replication"
 )
 
 // GroupOf places a queue where the broker does.
@@ -12,7 +12,7 @@ func TestGroupOfMatchesBroker(t *testing.T) {
 	for i := range 200 {
 		name := fmt.Sprintf("q-%d", i)
 		for _, n := range []uint32{1, 3, 12, 64} {
-			if got, want := GroupOf(name, n), server.GroupOf(name, n); got != want {
+			if got, want := GroupOf(name, n), replication.GroupOf(name, n); got != want {
 				t.Fatalf("GroupOf(%q, %d) = %d, the broker says %d", name, n, got, want)
 			}
 		}

@@ -1,6 +1,6 @@
 // Package event is the codec of the group log's events: what a replicated
 // queue's master proposes to its replication group and every member
-// applies in log order (server/replicate.go). It does no I/O.
+// applies in log order (replication/replicate.go). It does no I/O.
 //
 // # Format
 //

@@ -10,7 +10,7 @@ import (
 
 // Marker starts every event of this format. It differs from the first
 // byte of every event of the older format ('E', 'R', 'S', 'B', 'D') and of
-// the requests forwarded beside enqueues (server/forward.go: 'x', 'p').
+// the requests forwarded beside enqueues (replication/forward.go: 'x', 'p').
 const Marker byte = 0xBE
 
 // HeaderLen is the size of an event's header: marker, kind, version, flags.

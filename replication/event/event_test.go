@@ -18,8 +18,9 @@ import (
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
 // legacyAppendEnqueue is the encoder of the older format's enqueue as
-// server/replicate.go wrote it before this package (appendEnqueueEvent),
-// kept to write the older format's golden files.
+// server/replicate.go (now replication/replicate.go) wrote it before this
+// package (appendEnqueueEvent), kept to write the older format's golden
+// files.
 func legacyAppendEnqueue(e *Enqueue) []byte {
 	data := []byte{legacyEnqueue}
 	data = wire.AppendStrBytes(data, e.Queue)

@@ -16,7 +16,7 @@ import (
 
 	"github.com/berthmq/berth/client"
 	"github.com/berthmq/berth/internal/testutil"
-	"github.com/berthmq/berth/server"
+	"github.com/berthmq/berth/replication"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -136,14 +136,14 @@ func TestClusterChaos(t *testing.T) {
 	taken := map[uint32]bool{}
 	for i := 0; len(queues) < groups; i++ {
 		name := fmt.Sprintf("chaos-%d", i)
-		if g := server.GroupOf(name, groups); !taken[g] {
+		if g := replication.GroupOf(name, groups); !taken[g] {
 			taken[g] = true
 			queues = append(queues, &chaosQueue{name: name, completed: map[int]bool{}, failed: map[int]bool{}, refused: map[int]bool{}, errs: map[string]int{},
 				accepted: map[int]bool{}, acceptUnknown: map[int]bool{}, seenLive: map[int]bool{}, history: map[int][]string{}, suspect: map[int]bool{}})
 		}
 	}
 	for _, q := range queues {
-		g := server.GroupOf(q.name, groups)
+		g := replication.GroupOf(q.name, groups)
 		_, mnode := c.waitServing(g)
 		conn := dial(t, ctx, mnode.client)
 		if err := conn.DeclareQueue(ctx, q.name, client.QueueOptions{Durable: true}); err != nil {
@@ -407,7 +407,7 @@ func TestClusterChaos(t *testing.T) {
 
 	for _, q := range queues {
 		// Every broker's copy agrees with the master's.
-		g := server.GroupOf(q.name, groups)
+		g := replication.GroupOf(q.name, groups)
 		_, mnode := c.waitServing(g)
 		var want int
 		defer func() {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/berthmq/berth/client"
 	"github.com/berthmq/berth/internal/testutil"
-	"github.com/berthmq/berth/server"
+	"github.com/berthmq/berth/replication"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -40,7 +40,7 @@ func TestProxiedConsumerCancelledOnMasterKill(t *testing.T) {
 	g, master, mnode, mconn := c.declare(plainQ, groups)
 	reconQ := ""
 	for i := 0; reconQ == ""; i++ {
-		if q := fmt.Sprintf("cancel-reconnect-%d", i); server.GroupOf(q, groups) == g {
+		if q := fmt.Sprintf("cancel-reconnect-%d", i); replication.GroupOf(q, groups) == g {
 			reconQ = q
 		}
 	}
@@ -58,14 +58,14 @@ func TestProxiedConsumerCancelledOnMasterKill(t *testing.T) {
 	pubQ := ""
 	for i := 0; pubQ == ""; i++ {
 		q := fmt.Sprintf("cancel-pub-%d", i)
-		if h := server.GroupOf(q, groups); h != g && c.group(h).Master != master && c.group(h).Master != 0 {
+		if h := replication.GroupOf(q, groups); h != g && c.group(h).Master != master && c.group(h).Master != 0 {
 			pubQ = q
 		}
 		if i > 1000 {
 			t.Fatal("no group mastered by a broker other than the victim")
 		}
 	}
-	c.waitServing(server.GroupOf(pubQ, groups))
+	c.waitServing(replication.GroupOf(pubQ, groups))
 	c.declareEverywhere(pubQ)
 
 	conn := dial(t, ctx, fnode.client)

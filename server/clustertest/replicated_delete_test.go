@@ -9,7 +9,7 @@ import (
 
 	"github.com/berthmq/berth/client"
 	"github.com/berthmq/berth/internal/testutil"
-	"github.com/berthmq/berth/server"
+	"github.com/berthmq/berth/replication"
 )
 
 // groupBase is where group g's log starts on n (its compacted base).
@@ -78,7 +78,7 @@ func TestReplicatedDeleteReleasesLog(t *testing.T) {
 
 	busy := ""
 	for i := 0; busy == ""; i++ {
-		if n := fmt.Sprintf("deleted-busy-%d", i); server.GroupOf(n, groups) == g {
+		if n := fmt.Sprintf("deleted-busy-%d", i); replication.GroupOf(n, groups) == g {
 			busy = n
 		}
 	}

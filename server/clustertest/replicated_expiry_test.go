@@ -8,7 +8,7 @@ import (
 
 	"github.com/berthmq/berth/client"
 	"github.com/berthmq/berth/internal/testutil"
-	"github.com/berthmq/berth/server"
+	"github.com/berthmq/berth/replication"
 )
 
 // TestReplicatedExpiryDeadLettersOnce: messages whose TTL runs out in a
@@ -23,9 +23,9 @@ func TestReplicatedExpiryDeadLettersOnce(t *testing.T) {
 	defer cancel()
 	c := startReplicated(t, ctx, groups)
 	const source, dlx, target = "ttl-source", "ttl-dlx", "ttl-dead"
-	g := server.GroupOf(source, groups)
+	g := replication.GroupOf(source, groups)
 	_, mnode := c.waitServing(g)
-	c.waitServing(server.GroupOf(target, groups))
+	c.waitServing(replication.GroupOf(target, groups))
 	conn := dial(t, ctx, mnode.client)
 	if err := conn.DeclareExchange(ctx, dlx, client.Fanout, client.ExchangeOptions{Durable: true}); err != nil {
 		t.Fatal(err)

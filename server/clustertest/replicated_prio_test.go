@@ -10,7 +10,7 @@ import (
 
 	"github.com/berthmq/berth/client"
 	"github.com/berthmq/berth/internal/testutil"
-	"github.com/berthmq/berth/server"
+	"github.com/berthmq/berth/replication"
 )
 
 // TestReplicatedPriorityAndDelay: the group log carries a message's
@@ -26,7 +26,7 @@ func TestReplicatedPriorityAndDelay(t *testing.T) {
 	defer cancel()
 	c := startReplicated(t, ctx, groups)
 	const queue = "replicated-prio"
-	g := server.GroupOf(queue, groups)
+	g := replication.GroupOf(queue, groups)
 	master, mnode := c.waitServing(g)
 	conn := dial(t, ctx, mnode.client)
 	if err := conn.DeclareQueue(ctx, queue, client.QueueOptions{Durable: true, MaxPriority: 5}); err != nil {

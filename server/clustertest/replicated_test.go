@@ -16,7 +16,7 @@ import (
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/internal/testutil"
-	"github.com/berthmq/berth/server"
+	"github.com/berthmq/berth/replication"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -217,7 +217,7 @@ func (c *rcluster) consumeAll(n *node, queue string, want []string) {
 // to it.
 func (c *rcluster) declare(queue string, groups uint32) (uint32, uint32, *node, *client.Conn) {
 	c.t.Helper()
-	g := server.GroupOf(queue, groups)
+	g := replication.GroupOf(queue, groups)
 	master, mnode := c.waitServing(g)
 	conn := dial(c.t, c.ctx, mnode.client)
 	if err := conn.DeclareQueue(c.ctx, queue, client.QueueOptions{Durable: true}); err != nil {
@@ -519,10 +519,10 @@ func TestReplicatedDeadLetters(t *testing.T) {
 	const source = "dl-source"
 	// A dead-letter queue in the same group, so the same broker masters
 	// both (publishes are not forwarded between brokers yet).
-	g := server.GroupOf(source, groups)
+	g := replication.GroupOf(source, groups)
 	target := ""
 	for i := 0; target == ""; i++ {
-		if n := fmt.Sprintf("dl-target-%d", i); server.GroupOf(n, groups) == g {
+		if n := fmt.Sprintf("dl-target-%d", i); replication.GroupOf(n, groups) == g {
 			target = n
 		}
 	}

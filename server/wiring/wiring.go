@@ -164,6 +164,10 @@ func New(cfg Config) *Wiring {
 // Routing returns the current snapshot. It never blocks.
 func (w *Wiring) Routing() *Routing { return w.routing.Load() }
 
+// Queue looks a queue up by name in the current snapshot, or nil
+// (replication.Wiring). It does not allocate.
+func (w *Wiring) Queue(name []byte) *shards.Queue { return w.Routing().Queue(name) }
+
 // Route routes through the current snapshot (shards.Router).
 func (w *Wiring) Route(exchange, key []byte, dst []*shards.Queue) ([]*shards.Queue, error) {
 	return w.routing.Load().Route(exchange, key, dst)

@@ -1,4 +1,4 @@
-package server
+package replication
 
 import (
 	"errors"
@@ -90,7 +90,7 @@ func TestEnqueueEventTrailers(t *testing.T) {
 // decode, of every kind, rather than skip it (the node then stops this
 // member of the group).
 func TestApplyRefusesUndecodable(t *testing.T) {
-	r := &replicator{}
+	r := &Replicator{}
 	b := shards.NewBody([]byte("ex"), []byte("key"), nil, []byte("payload"), true)
 	enq := appendEnqueueEvent(nil, "q", b, 0, 9, 1)
 	b.Unref()

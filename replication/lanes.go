@@ -1,4 +1,4 @@
-package server
+package replication
 
 import (
 	"context"
@@ -25,7 +25,7 @@ import (
 // about 4 us of CPU a forwarded message (docs/BENCHMARKS.md, issue 26).
 // It still follows everything its reader handed over before: those are
 // all in the ring once the lane is empty.
-type lanes struct {
+type Lanes struct {
 	ctx    context.Context
 	shards []*shards.Shard
 	q      []chan shards.Command
@@ -35,20 +35,21 @@ type lanes struct {
 	wg   sync.WaitGroup
 }
 
-// laneMax bounds the commands waiting in one lane.
-const laneMax = 4096
+// LaneMax bounds the commands waiting in one lane.
+const LaneMax = 4096
 
-func newLanes(ctx context.Context, shs []*shards.Shard) *lanes {
-	l := &lanes{ctx: ctx, shards: shs, q: make([]chan shards.Command, len(shs)), busy: make([]atomic.Int64, len(shs))}
+// NewLanes starts a lane for each of shs, until ctx ends (Wait).
+func NewLanes(ctx context.Context, shs []*shards.Shard) *Lanes {
+	l := &Lanes{ctx: ctx, shards: shs, q: make([]chan shards.Command, len(shs)), busy: make([]atomic.Int64, len(shs))}
 	for i, sh := range shs {
-		l.q[i] = make(chan shards.Command, laneMax)
+		l.q[i] = make(chan shards.Command, LaneMax)
 		l.wg.Add(1)
 		go l.run(sh, l.q[i], &l.busy[i])
 	}
 	return l
 }
 
-func (l *lanes) run(sh *shards.Shard, q chan shards.Command, busy *atomic.Int64) {
+func (l *Lanes) run(sh *shards.Shard, q chan shards.Command, busy *atomic.Int64) {
 	defer l.wg.Done()
 	for {
 		select {
@@ -65,13 +66,13 @@ func (l *lanes) run(sh *shards.Shard, q chan shards.Command, busy *atomic.Int64)
 
 // direct pushes cmd into shard i's ring at once if lane i is empty and
 // the ring has room.
-func (l *lanes) direct(i int, cmd shards.Command) bool {
+func (l *Lanes) direct(i int, cmd shards.Command) bool {
 	return l.busy[i].Load() == 0 && l.shards[i].TryPush(cmd)
 }
 
-// tryPush hands cmd to shard i's lane; false when the lane is full (its
-// shard has not taken a command for laneMax commands).
-func (l *lanes) tryPush(i int, cmd shards.Command) bool {
+// TryPush hands cmd to shard i's lane; false when the lane is full (its
+// shard has not taken a command for LaneMax commands). It never blocks.
+func (l *Lanes) TryPush(i int, cmd shards.Command) bool {
 	if l.direct(i, cmd) {
 		return true
 	}
@@ -85,10 +86,10 @@ func (l *lanes) tryPush(i int, cmd shards.Command) bool {
 	}
 }
 
-// push hands cmd to shard i's lane, waiting while the lane is full, until
+// Push hands cmd to shard i's lane, waiting while the lane is full, until
 // the broker closes (false then).
-func (l *lanes) push(i int, cmd shards.Command) bool {
-	if l.tryPush(i, cmd) {
+func (l *Lanes) Push(i int, cmd shards.Command) bool {
+	if l.TryPush(i, cmd) {
 		return true
 	}
 	// The lane is full, so its count stays above 0 meanwhile: no command
@@ -103,9 +104,9 @@ func (l *lanes) push(i int, cmd shards.Command) bool {
 	}
 }
 
-// afterAll calls f once every lane has passed what it held when afterAll
+// AfterAll calls f once every lane has passed what it held when AfterAll
 // was called: f then follows every command handed to a lane before.
-func (l *lanes) afterAll(f func()) {
+func (l *Lanes) AfterAll(f func()) {
 	left := atomic.Int32{}
 	left.Store(int32(len(l.q)))
 	mark := func(*shards.Shard) {
@@ -114,11 +115,11 @@ func (l *lanes) afterAll(f func()) {
 		}
 	}
 	for i := range l.q {
-		if !l.push(i, shards.CallCommand(mark)) {
+		if !l.Push(i, shards.CallCommand(mark)) {
 			return // closing: f is not needed any more
 		}
 	}
 }
 
-// wait waits for the lanes' goroutines, once the broker's context ended.
-func (l *lanes) wait() { l.wg.Wait() }
+// Wait waits for the lanes' goroutines, once the broker's context ended.
+func (l *Lanes) Wait() { l.wg.Wait() }

@@ -1,4 +1,4 @@
-package server
+package replication
 
 // Forwarding to group masters. A broker that takes a publish for a
 // replicated queue whose group it does not master (a follower, or a broker
@@ -20,7 +20,7 @@ package server
 // drop their copies through the group log. A delete done at a follower
 // instead left the master serving a queue the controller had deleted.
 // Removes and barriers come from the master's consumers, among them
-// those other brokers proxy to it (proxy.go).
+// those other brokers proxy to it (server/proxy.go).
 
 import (
 	"errors"
@@ -40,8 +40,8 @@ func forwardError(code wire.ErrorCode, text string) error {
 
 // forward sends a replicated queue's enqueue event to its group's master.
 // It runs on the shard goroutine and never blocks.
-func (r *replicator) forward(g uint32, data []byte, done func(error)) error {
-	m := r.s.groups.Load()
+func (r *Replicator) forward(g uint32, data []byte, done func(error)) error {
+	m := r.manager()
 	if m == nil {
 		return errGroupsStarting
 	}
@@ -53,7 +53,7 @@ func (r *replicator) forward(g uint32, data []byte, done func(error)) error {
 	switch {
 	case master == 0:
 		return shards.Errorf(wire.CodeUnavailable, "group %d has no master now (an election is under way); retry", g)
-	case master == r.s.brokerID:
+	case master == r.self:
 		return shards.Errorf(wire.CodeUnavailable, "this broker is taking over as master of group %d; retry", g)
 	}
 	addr := v.Peer[master]
@@ -86,7 +86,7 @@ func forwardOutcome(g, master uint32, err error, sent bool) error {
 // group's master, on the forwarding connection's goroutine: it checks the
 // queue on its shard (reject-publish), proposes the event and answers when
 // it committed. event aliases the read buffer.
-func (r *replicator) serveForward(from, g uint32, event []byte, reply groups.ForwardReply) {
+func (r *Replicator) serveForward(from, g uint32, event []byte, reply groups.ForwardReply) {
 	refuse := func(code wire.ErrorCode, format string, args ...any) {
 		reply.Send(code, fmt.Sprintf(format, args...))
 	}
@@ -108,14 +108,13 @@ func (r *replicator) serveForward(from, g uint32, event []byte, reply groups.For
 	name, props, payload, producer, producerSeq := ev.Queue, ev.Props, ev.Payload, ev.Producer, ev.ProducerSeq
 	n := r.node()
 	if n == nil || !n.IsMaster(g) {
-		refuse(wire.CodeUnavailable, "broker %d is not the master of group %d (any more); retry", r.s.brokerID, g)
+		refuse(wire.CodeUnavailable, "broker %d is not the master of group %d (any more); retry", r.self, g)
 		return
 	}
-	s := r.s
-	q := s.wiring.Routing().Queue(name)
+	q := r.wiring.Queue(name)
 	if q == nil {
 		var err error
-		if q, err = s.wiring.Adopt(string(name)); err != nil {
+		if q, err = r.wiring.Adopt(string(name)); err != nil {
 			refuse(shards.CodeOf(err), "queue %q: %v", name, err)
 			return
 		}
@@ -141,12 +140,12 @@ func (r *replicator) serveForward(from, g uint32, event []byte, reply groups.For
 	}
 	// Through the shard's lane (lanes.go), never parking this reader: a
 	// shard that stays busy holds up only the forwards for it.
-	if !s.lanes.tryPush(q.Shard(), shards.CallCommand(call)) {
-		if s.regCtx.Err() != nil {
+	if !r.lanes.TryPush(q.Shard(), shards.CallCommand(call)) {
+		if r.ctx.Err() != nil {
 			refuse(wire.CodeShutdown, "the broker is shutting down; the publish was not taken")
 			return
 		}
-		refuse(wire.CodeResourceLimit, "shard %d of broker %d, the master, has %d forwarded commands waiting; the publish was not taken; retry", q.Shard(), s.brokerID, laneMax)
+		refuse(wire.CodeResourceLimit, "shard %d of broker %d, the master, has %d forwarded commands waiting; the publish was not taken; retry", q.Shard(), r.self, LaneMax)
 	}
 }
 
@@ -163,7 +162,7 @@ const (
 // serveAtMaster deletes or purges a replicated queue at another broker's
 // request, as this group's master, off the forwarding connection's
 // goroutine (a deletion waits for the controller).
-func (r *replicator) serveAtMaster(g uint32, kind byte, rd *wire.Reader, reply groups.ForwardReply) {
+func (r *Replicator) serveAtMaster(g uint32, kind byte, rd *wire.Reader, reply groups.ForwardReply) {
 	flags := rd.U8()
 	name := string(rd.Str(wire.NameLenMax))
 	if rd.Err() != nil {
@@ -171,25 +170,25 @@ func (r *replicator) serveAtMaster(g uint32, kind byte, rd *wire.Reader, reply g
 		return
 	}
 	if n := r.node(); n == nil || !n.IsMaster(g) {
-		reply.Send(wire.CodeUnavailable, fmt.Sprintf("broker %d is not the master of group %d (any more); retry", r.s.brokerID, g))
+		reply.Send(wire.CodeUnavailable, fmt.Sprintf("broker %d is not the master of group %d (any more); retry", r.self, g))
 		return
 	}
 	go func() {
 		var err error
 		if kind == fwdPurge {
-			_, err = r.s.wiring.Purge(name)
+			_, err = r.wiring.Purge(name)
 		} else {
-			_, err = r.s.wiring.DeleteQueue(name, flags&1 != 0, flags&2 != 0)
+			_, err = r.wiring.DeleteQueue(name, flags&1 != 0, flags&2 != 0)
 		}
 		sendOutcome(reply, err)
 	}()
 }
 
-// deleteAtMaster deletes the replicated queue name at its group's master
+// DeleteAtMaster deletes the replicated queue name at its group's master
 // when another broker masters it, and waits for the answer; done is false
 // when this broker should delete it itself (not replicated, or mastered
 // here). It may block: the connection's management goroutine runs it.
-func (s *Server) deleteAtMaster(name string, ifUnused, ifEmpty bool) (done bool, err error) {
+func (r *Replicator) DeleteAtMaster(name string, ifUnused, ifEmpty bool) (done bool, err error) {
 	var flags byte
 	if ifUnused {
 		flags |= 1
@@ -197,32 +196,32 @@ func (s *Server) deleteAtMaster(name string, ifUnused, ifEmpty bool) (done bool,
 	if ifEmpty {
 		flags |= 2
 	}
-	return s.atMaster(fwdDelete, flags, name)
+	return r.atMaster(fwdDelete, flags, name)
 }
 
-// purgeAtMaster is deleteAtMaster for a purge.
-func (s *Server) purgeAtMaster(name string) (done bool, err error) {
-	return s.atMaster(fwdPurge, 0, name)
+// PurgeAtMaster is DeleteAtMaster for a purge.
+func (r *Replicator) PurgeAtMaster(name string) (done bool, err error) {
+	return r.atMaster(fwdPurge, 0, name)
 }
 
-func (s *Server) atMaster(kind, flags byte, name string) (done bool, err error) {
-	q := s.wiring.Routing().Queue([]byte(name))
-	if q == nil || s.replicator == nil {
+func (r *Replicator) atMaster(kind, flags byte, name string) (done bool, err error) {
+	q := r.wiring.Queue([]byte(name))
+	if q == nil {
 		return false, nil
 	}
 	g, ok := q.Replicated()
-	if !ok || s.replicator.IsMaster(g) {
+	if !ok || r.IsMaster(g) {
 		return false, nil
 	}
 	data := wire.AppendStr([]byte{kind, flags}, name)
 	answer := make(chan error, 1)
-	if err := s.replicator.forward(g, data, func(err error) { answer <- err }); err != nil {
+	if err := r.forward(g, data, func(err error) { answer <- err }); err != nil {
 		return true, err
 	}
 	select {
 	case err := <-answer:
 		return true, err
-	case <-s.regCtx.Done():
+	case <-r.ctx.Done():
 		// Sent, not answered: not a shutdown's "not taken".
 		return true, shards.Errorf(wire.CodeOutcomeUnknown, "the broker is shutting down with the command at group %d's master; its outcome is unknown", g)
 	}

@@ -1,4 +1,4 @@
-package server
+package replication
 
 // Replicated queues: a durable queue of a broker that runs replication
 // groups (-peer) lives in group hash(name) mod G. Its events go through
@@ -11,7 +11,8 @@ package server
 // old one had handed out and not had accepted (guarantee 6).
 //
 // A publish taken by a broker that is not the group's master is forwarded
-// to the master (forward.go), and a consumer is proxied to it (proxy.go).
+// to the master (forward.go), and a consumer is proxied to it
+// (server/proxy.go).
 // Only the master expires and dead-letters a replicated queue's
 // messages; it proposes their removal once the dead letters are stored.
 // A purge is replicated as the removes of its messages, a delete as those
@@ -27,10 +28,12 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
 	"github.com/berthmq/berth/controlplane/ctlapi"
+	"github.com/berthmq/berth/controlplane/ctlclient"
 	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/replication/event"
 	"github.com/berthmq/berth/replication/group"
@@ -44,13 +47,73 @@ import (
 // removal event holds at most event.SeqsMax messages:
 var _ [event.SeqsMax - shards.RemovesMax]struct{}
 
-// replicator is the server's shards.Replicator.
-type replicator struct {
-	s      *Server
+// Config is what a Replicator works with: the broker's parts it reaches,
+// as narrow as it uses them.
+type Config struct {
+	// Broker is the broker's shards, started; New makes the Replicator
+	// theirs (shards.Broker.SetReplicator).
+	Broker *shards.Broker
+	// Wiring looks up, adopts, purges and deletes queues (server/wiring).
+	Wiring Wiring
+	// Lanes carry forwarded publishes to the shards (lanes.go).
+	Lanes *Lanes
+	// Controller answers the reads of the cluster's group count.
+	Controller Controller
+	// Manager is the replication groups' manager, or nil while it has not
+	// started; it is called on every use, from any goroutine.
+	Manager func() *groups.Manager
+	// Self is this broker's id in the controller.
+	Self uint32
+	// DataDir holds the lists of queues kept local (localqueues.go).
+	DataDir string
+	// Context ends when the broker closes: work waiting for a shard or
+	// a master's answer gives up then.
+	Context context.Context
+	// ReadTimeout bounds each read of the controller.
+	ReadTimeout time.Duration
+	Logger      *slog.Logger
+}
+
+// Wiring is what the replicator asks of the broker's wiring
+// (server/wiring.Wiring).
+type Wiring interface {
+	// Queue looks a queue up in the current routing snapshot, or nil.
+	Queue(name []byte) *shards.Queue
+	// Adopt brings in a queue the controller holds and this broker has
+	// not declared; a CodeNotFound error when the controller has none.
+	Adopt(name string) (*shards.Queue, error)
+	// DropReplica drops this broker's copy of a replicated queue that
+	// its master deleted, returning the seqs of the messages it held.
+	DropReplica(name string) []uint64
+	Purge(name string) (int, error)
+	DeleteQueue(name string, ifUnused, ifEmpty bool) (int, error)
+}
+
+// Controller is the controller read the replicator makes
+// (ctlclient.Client).
+type Controller interface {
+	GetClusterInfo(ctx context.Context, mode ctlapi.ReadMode) (ctlclient.ClusterInfo, error)
+}
+
+// Replicator is the broker's shards.Replicator: it carries the shards'
+// replicated events to their groups (forwarding them when another broker
+// masters the group), applies what the groups commit to the queues, and
+// serves what other brokers forward to this one.
+type Replicator struct {
+	broker     *shards.Broker
+	wiring     Wiring
+	lanes      *Lanes
+	controller Controller
+	manager    func() *groups.Manager
+	self       uint32
+	ctx        context.Context
+	timeout    time.Duration
+	log        *slog.Logger
+
 	groups atomic.Uint32 // the cluster's group count; 0 until known
 	local  *localQueues  // durable queues kept out of the groups (localqueues.go)
 	// foreign: durable queues other brokers keep out of the groups, on
-	// themselves (localqueues.go, wiringsync.go).
+	// themselves (localqueues.go, server/wiringsync.go).
 	foreign *localQueues
 	// restoring: the wiring is being restored at start (keepLocal).
 	restoring atomic.Bool
@@ -67,51 +130,42 @@ func GroupOf(name string, n uint32) uint32 {
 	return h.Sum32() % n
 }
 
-func (r *replicator) node() *groups.Node {
-	if m := r.s.groups.Load(); m != nil {
+func (r *Replicator) node() *groups.Node {
+	if m := r.manager(); m != nil {
 		return m.Node()
 	}
 	return nil
 }
 
-// placeQueue is the wiring's Config.Place: the replicator's Group once
-// replication runs (initReplication sets s.replicator before the wiring
-// restores its queues), else every queue is this broker's.
-func (s *Server) placeQueue(name string, opts shards.QueueOptions) shards.Placement {
-	if s.replicator == nil {
+// Place is the wiring's Config.Place once replication runs: it decides
+// at a queue's creation whether it is replicated, and in which group.
+// While the group count is not known yet (the manager has not read it),
+// it asks the controller: a queue declared just after "berthctl cluster
+// init" must not stay local by a race. It runs off the hot paths
+// (declares, restore).
+func (r *Replicator) Place(name string, opts shards.QueueOptions) shards.Placement {
+	if !opts.Durable || opts.Exclusive || r.local.has(name) {
 		return shards.Placement{}
 	}
-	g, ok := s.replicator.Group(name, opts)
-	return shards.Placement{Group: g, Replicated: ok}
-}
-
-// Group decides at a queue's creation whether it is replicated. While
-// the group count is not known yet (the manager has not read it), it asks
-// the controller: a queue declared just after "berthctl cluster init" must
-// not stay local by a race. It runs off the hot paths (declares, restore).
-func (r *replicator) Group(name string, opts shards.QueueOptions) (uint32, bool) {
-	if !opts.Durable || opts.Exclusive || r.local.has(name) {
-		return 0, false
-	}
-	n, known := r.groupCount(context.Background())
+	n, known := r.GroupCount(context.Background())
 	if !known {
-		return 0, false // decided again at the next start
+		return shards.Placement{} // decided again at the next start
 	}
 	if n == 0 {
 		r.keepLocal(name)
-		return 0, false
+		return shards.Placement{}
 	}
-	return GroupOf(name, n), true
+	return shards.Placement{Group: GroupOf(name, n), Replicated: true}
 }
 
-// groupCount is the cluster's group count, read from the controller
+// GroupCount is the cluster's group count, read from the controller
 // while it is 0 here; known is false when that read failed.
-func (r *replicator) groupCount(ctx context.Context) (n uint32, known bool) {
+func (r *Replicator) GroupCount(ctx context.Context) (n uint32, known bool) {
 	if n := r.groups.Load(); n > 0 {
 		return n, true
 	}
-	ctx, cancel := context.WithTimeout(ctx, wiringTimeout)
-	info, err := r.s.brokerClient().GetClusterInfo(ctx, ctlapi.ReadConsistent)
+	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	info, err := r.controller.GetClusterInfo(ctx, ctlapi.ReadConsistent)
 	cancel()
 	if err != nil {
 		return 0, false
@@ -125,22 +179,22 @@ func (r *replicator) groupCount(ctx context.Context) (n uint32, known bool) {
 // keepLocal writes down a durable queue created while the cluster has
 // no groups (localqueues.go): at once, unless the wiring is being
 // restored at start, whose queues are written in one batch after it.
-func (r *replicator) keepLocal(name string) {
+func (r *Replicator) keepLocal(name string) {
 	r.local.add(name)
 	if r.restoring.Load() {
 		return
 	}
 	if err := r.local.flush(); err != nil {
-		r.s.log.Error("server: writing down a local queue failed; it may become replicated after a restart", "queue", name, "err", err)
+		r.log.Error("replication: writing down a local queue failed; it may become replicated after a restart", "queue", name, "err", err)
 	}
 }
 
-func (r *replicator) IsMaster(g uint32) bool {
+func (r *Replicator) IsMaster(g uint32) bool {
 	n := r.node()
 	return n != nil && n.IsMaster(g)
 }
 
-func (r *replicator) Delivering(g uint32) bool {
+func (r *Replicator) Delivering(g uint32) bool {
 	n := r.node()
 	return n != nil && n.Delivering(g)
 }
@@ -151,7 +205,7 @@ var errGroupsStarting = shards.Errorf(wire.CodeResourceLimit, "the replication g
 // w under tag: on this broker when it is the group's master, else
 // forwarded to the master (an enqueue; other events only come from a
 // master).
-func (r *replicator) propose(q *shards.Queue, data []byte, w groups.Waiter, tag uint64) error {
+func (r *Replicator) propose(q *shards.Queue, data []byte, w groups.Waiter, tag uint64) error {
 	g, _ := q.Replicated()
 	if n := r.node(); (n == nil || !n.IsMaster(g)) && event.IsEnqueue(data) {
 		return r.forward(g, data, func(err error) { w.Committed(tag, err) }) // forward.go
@@ -161,7 +215,7 @@ func (r *replicator) propose(q *shards.Queue, data []byte, w groups.Waiter, tag 
 
 // proposeHere proposes on this broker, which must be g's master. w is
 // told the group's outcome as it is (groupError gives it a wire code).
-func (r *replicator) proposeHere(q *shards.Queue, data []byte, w groups.Waiter, tag uint64) error {
+func (r *Replicator) proposeHere(q *shards.Queue, data []byte, w groups.Waiter, tag uint64) error {
 	g, _ := q.Replicated()
 	n := r.node()
 	if n == nil {
@@ -217,7 +271,7 @@ func groupError(err error) error {
 	return shards.Errorf(wire.CodeInternal, "%v", err)
 }
 
-func (r *replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt int64, producer, producerSeq uint64, tag uint64) error {
+func (r *Replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt int64, producer, producerSeq uint64, tag uint64) error {
 	return r.propose(q, appendEnqueueEvent(nil, q.Name, b, expiresAt, producer, producerSeq), r.waiters[q.Shard()], tag)
 }
 
@@ -255,7 +309,7 @@ func enqueueEventOf(ev *event.Enqueue, view bool) enqueueEvent {
 
 // MemoryBytes is what the group node holds outside its logs
 // (groups.Node.MemoryBytes); safe from any goroutine.
-func (r *replicator) MemoryBytes() int64 {
+func (r *Replicator) MemoryBytes() int64 {
 	if n := r.node(); n != nil {
 		return n.MemoryBytes()
 	}
@@ -264,7 +318,7 @@ func (r *replicator) MemoryBytes() int64 {
 
 // ReadEnqueue reads back a paged replicated message from its group's
 // journal; it runs on the queue's shard goroutine.
-func (r *replicator) ReadEnqueue(q *shards.Queue, seq, logPos uint64, dst []byte) (*shards.Body, []byte, error) {
+func (r *Replicator) ReadEnqueue(q *shards.Queue, seq, logPos uint64, dst []byte) (*shards.Body, []byte, error) {
 	g, _ := q.Replicated()
 	n := r.node()
 	if n == nil {
@@ -277,15 +331,15 @@ func (r *replicator) ReadEnqueue(q *shards.Queue, seq, logPos uint64, dst []byte
 	}
 	var ev event.Enqueue
 	if err := ev.Decode(data); err != nil {
-		return nil, rec, fmt.Errorf("server: group %d entry %d: %w", g, seq, err)
+		return nil, rec, fmt.Errorf("replication: group %d entry %d: %w", g, seq, err)
 	}
 	if string(ev.Queue) != q.Name {
-		return nil, rec, fmt.Errorf("server: group %d entry %d enqueues to %q, not %q", g, seq, ev.Queue, q.Name)
+		return nil, rec, fmt.Errorf("replication: group %d entry %d enqueues to %q, not %q", g, seq, ev.Queue, q.Name)
 	}
 	return enqueueEventOf(&ev, false).body, rec, nil
 }
 
-func (r *replicator) ProposeRemoves(q *shards.Queue, seqs []uint64, done func(error)) error {
+func (r *Replicator) ProposeRemoves(q *shards.Queue, seqs []uint64, done func(error)) error {
 	data := event.AppendRemoves(make([]byte, 0, event.HeaderLen+6+len(q.Name)+8*len(seqs)), q.Name, seqs)
 	if done == nil {
 		done = func(error) {}
@@ -293,12 +347,12 @@ func (r *replicator) ProposeRemoves(q *shards.Queue, seqs []uint64, done func(er
 	return r.propose(q, data, funcWaiter(done), 0)
 }
 
-func (r *replicator) ProposeDelete(q *shards.Queue) error {
+func (r *Replicator) ProposeDelete(q *shards.Queue) error {
 	data := event.AppendDelete(make([]byte, 0, event.HeaderLen+2+len(q.Name)), q.Name)
 	return r.propose(q, data, funcWaiter(func(error) {}), 0)
 }
 
-func (r *replicator) Barrier(q *shards.Queue, done func(error)) error {
+func (r *Replicator) Barrier(q *shards.Queue, done func(error)) error {
 	return r.propose(q, event.AppendBarrier(make([]byte, 0, event.HeaderLen)), funcWaiter(done), 0)
 }
 
@@ -309,7 +363,7 @@ func (r *replicator) Barrier(q *shards.Queue, done func(error)) error {
 // group (groups.NodeConfig.Apply): skipping it would let this broker's
 // queues differ from the other members' in silence. (err is named so
 // that its bare returns report none.)
-func (r *replicator) apply(g uint32, e wire.GroupEntry) (err error) {
+func (r *Replicator) apply(g uint32, e wire.GroupEntry) (err error) {
 	if len(e.Data) == 0 {
 		return // forgotten: an enqueue whose message was removed since, or a removal
 	}
@@ -352,9 +406,8 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) (err error) {
 		}
 		nameB = enq.Queue
 	default:
-		return fmt.Errorf("server: group event of kind %v, which apply does not take", h.Kind)
+		return fmt.Errorf("replication: group event of kind %v, which apply does not take", h.Kind)
 	}
-	s := r.s
 	if h.Kind == event.KindDelete {
 		name := string(nameB)
 		// The master dropped the queue when it proposed this, and its
@@ -368,7 +421,7 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) (err error) {
 		// no effect left, and compaction passes them.
 		r.forget(g, e.Index)
 		if !r.IsMaster(g) {
-			for _, seq := range s.wiring.DropReplica(name) {
+			for _, seq := range r.wiring.DropReplica(name) {
 				r.forget(g, seq)
 			}
 		}
@@ -387,26 +440,26 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) (err error) {
 		}
 		r.retire(g, e.Index)
 	}
-	q := s.wiring.Routing().Queue(nameB)
+	q := r.wiring.Queue(nameB)
 	if q == nil && removal {
 		return // no copy of the queue here, so none of its messages
 	}
 	if q == nil {
 		var aerr error
-		if q, aerr = s.wiring.Adopt(string(nameB)); aerr != nil {
+		if q, aerr = r.wiring.Adopt(string(nameB)); aerr != nil {
 			if shards.CodeOf(aerr) == wire.CodeNotFound {
 				// The controller has no such queue: it was deleted after
 				// this enqueue was proposed, and the enqueue has no
 				// effect.
 				r.forget(g, e.Index)
-				s.log.Debug("server: a replicated enqueue for a deleted queue; skipped", "group", g, "index", e.Index, "queue", string(nameB))
+				r.log.Debug("replication: a replicated enqueue for a deleted queue; skipped", "group", g, "index", e.Index, "queue", string(nameB))
 				return
 			}
-			s.log.Warn("server: a replicated event for a queue this broker cannot find; skipped", "group", g, "index", e.Index, "queue", string(nameB), "err", aerr)
+			r.log.Warn("replication: a replicated event for a queue this broker cannot find; skipped", "group", g, "index", e.Index, "queue", string(nameB), "err", aerr)
 			return
 		}
 	}
-	sh := s.broker.Shards()[q.Shard()]
+	sh := r.broker.Shards()[q.Shard()]
 	if removal {
 		call := func(sh *shards.Shard) {
 			for _, seq := range seqs {
@@ -415,7 +468,7 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) (err error) {
 		}
 		// The node's goroutine parks while the ring is full: a shard
 		// never waits for the node, so this cannot deadlock.
-		_ = sh.PushCall(s.regCtx, call) // fails only once the broker closes
+		_ = sh.PushCall(r.ctx, call) // fails only once the broker closes
 		return
 	}
 	ev := enqueueEventOf(&enq, true)
@@ -428,10 +481,40 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) (err error) {
 	}
 	// Pushed as a command rather than a call: an enqueue, the bulk of a
 	// group's events, allocates no closure.
-	if sh.PushApplyEnqueue(s.regCtx, q, e.Index, ev.body, ev.expiresAt, ev.producer, ev.producerSeq, logPos) != nil {
+	if sh.PushApplyEnqueue(r.ctx, q, e.Index, ev.body, ev.expiresAt, ev.producer, ev.producerSeq, logPos) != nil {
 		ev.body.Unref() // the broker is closing
 	}
 	return nil
+}
+
+// SetCallbacks fills in cfg's callbacks that are the replicator's: the
+// apply of committed entries, the group count, the forwards other brokers
+// send this one as a master (forward.go), and which events a handover
+// holds back. r may be nil (the broker has not connected its shards to
+// the groups): entries are then applied to nothing and forwards refused
+// as the broker starting.
+func (r *Replicator) SetCallbacks(cfg *groups.ManagerConfig) {
+	// A handover holds back publishes only (this file's events).
+	cfg.HandoverHolds = event.IsEnqueue
+	cfg.Apply = func(g uint32, e wire.GroupEntry) error {
+		if r != nil {
+			return r.apply(g, e)
+		}
+		return nil
+	}
+	cfg.OnGroupCount = func(n uint32) {
+		if r != nil {
+			r.groups.CompareAndSwap(0, n)
+		}
+	}
+	cfg.OnForward = func(from, g uint32, event []byte, reply groups.ForwardReply) {
+		if r == nil {
+			reply.Send(wire.CodeResourceLimit, "the broker is starting; retry")
+			return
+		}
+		r.serveForward(from, g, event, reply)
+	}
+	cfg.ForwardError = forwardError
 }
 
 // Skipped drops the data of an enqueue the shard skipped as a producer's
@@ -440,7 +523,7 @@ func (r *replicator) apply(g uint32, e wire.GroupEntry) (err error) {
 // it rather than enqueue it with a reset producer table, and compaction
 // may drop it. It runs on the shard goroutine: the node does it later,
 // and not at all if its inbox is full (the entry then stays as it was).
-func (r *replicator) Skipped(q *shards.Queue, seq uint64) {
+func (r *Replicator) Skipped(q *shards.Queue, seq uint64) {
 	g, ok := q.Replicated()
 	n := r.node()
 	if !ok || n == nil {
@@ -450,68 +533,75 @@ func (r *replicator) Skipped(q *shards.Queue, seq uint64) {
 }
 
 // retire marks an applied group entry whose effect here is gone.
-func (r *replicator) retire(g uint32, index uint64) {
+func (r *Replicator) retire(g uint32, index uint64) {
 	if n := r.node(); n != nil {
 		n.Retire(g, index)
 	}
 }
 
 // forget drops the data of an applied group entry whose effect is gone.
-func (r *replicator) forget(g uint32, index uint64) {
+func (r *Replicator) forget(g uint32, index uint64) {
 	if n := r.node(); n != nil {
 		n.Forget(g, index)
 	}
 }
 
-// restoreDone ends the wiring's restore: the local queues it found are
+// RestoreDone ends the wiring's restore: the local queues it found are
 // written down in one batch.
-func (r *replicator) restoreDone() error {
+func (r *Replicator) RestoreDone() error {
 	r.restoring.Store(false)
 	return r.local.flush()
 }
 
-// initReplication connects the shards to the replication groups before
-// the wiring is restored, so restored durable queues are replicated: it
-// reads the cluster's group count (0 if the cluster is not initialised
-// yet; queues declared before "berthctl cluster init" stay on their
-// broker).
-func (s *Server) initReplication() error {
-	local, err := loadLocalQueues(s.cfg.DataDir)
+// New connects the shards to the replication groups; call it before the
+// wiring is restored, so restored durable queues are replicated, and
+// RestoreDone after. It reads the cluster's group count, retrying for up
+// to ReadTimeout (0 if the cluster is not initialised yet; queues declared
+// before "berthctl cluster init" stay on their broker).
+func New(cfg Config) (*Replicator, error) {
+	local, err := loadLocalQueues(cfg.DataDir)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	foreign, err := loadQueueList(s.cfg.DataDir, foreignQueuesFile)
+	foreign, err := loadQueueList(cfg.DataDir, foreignQueuesFile)
 	if err != nil {
 		local.close()
-		return err
+		return nil, err
 	}
-	r := &replicator{s: s, local: local, foreign: foreign}
-	r.restoring.Store(true) // until restoreDone
-	for _, sh := range s.broker.Shards() {
+	r := &Replicator{broker: cfg.Broker, wiring: cfg.Wiring, lanes: cfg.Lanes, controller: cfg.Controller, manager: cfg.Manager,
+		self: cfg.Self, ctx: cfg.Context, timeout: cfg.ReadTimeout, log: cfg.Logger, local: local, foreign: foreign}
+	r.restoring.Store(true) // until RestoreDone
+	for _, sh := range cfg.Broker.Shards() {
 		r.waiters = append(r.waiters, &shardWaiter{sh})
 	}
 	r.windows = make([]journal.Window, len(r.waiters))
-	s.replicator = r
-	s.broker.SetReplicator(r)
-	ctx, cancel := context.WithTimeout(context.Background(), wiringTimeout)
+	cfg.Broker.SetReplicator(r)
+	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
 	defer cancel()
 	for {
-		info, err := s.brokerClient().GetClusterInfo(ctx, ctlapi.ReadFollower)
+		info, err := r.controller.GetClusterInfo(ctx, ctlapi.ReadFollower)
 		if err == nil {
 			// Known at start: the queues on the list (if any) stay
 			// local; the rest are restored into their groups.
 			r.groups.Store(info.Config.Groups)
 			if n := local.len(); n > 0 {
-				s.log.Info("server: durable queues declared before the cluster had groups stay on this broker", "queues", n)
+				r.log.Info("replication: durable queues declared before the cluster had groups stay on this broker", "queues", n)
 			}
-			return nil
+			return r, nil
 		}
 		if ctx.Err() != nil {
-			s.log.Warn("server: cluster group count unknown at start; durable queues restored now are not replicated", "err", err)
-			return nil
+			r.log.Warn("replication: cluster group count unknown at start; durable queues restored now are not replicated", "err", err)
+			return r, nil
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 }
 
-func (r *replicator) String() string { return fmt.Sprintf("replicator(%d groups)", r.groups.Load()) }
+// Close closes the lists of queues kept local; call it once the shards
+// and the groups have stopped.
+func (r *Replicator) Close() {
+	r.local.close()
+	r.foreign.close()
+}
+
+func (r *Replicator) String() string { return fmt.Sprintf("replicator(%d groups)", r.groups.Load()) }

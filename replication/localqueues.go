@@ -1,4 +1,4 @@
-package server
+package replication
 
 import (
 	"encoding/binary"
@@ -34,11 +34,42 @@ const localQueuesFile = "local-queues"
 
 // foreignQueuesFile lists, in the same format, the queues other brokers
 // keep local: queues this broker saw in the controller's wiring while
-// the cluster had no groups (wiringsync.go). It restores none of them,
-// brings none in, and refuses to declare one, so each stays on the
+// the cluster had no groups (server/wiringsync.go). It restores none of
+// them, brings none in, and refuses to declare one, so each stays on the
 // broker that declared it. A name leaves the list when the controller no
 // longer holds it.
 const foreignQueuesFile = "foreign-queues"
+
+// The lists as the rest of the broker asks them; each method is safe
+// from any goroutine.
+
+// IsLocal reports whether name is a durable queue this broker keeps out
+// of the groups (localQueuesFile).
+func (r *Replicator) IsLocal(name string) bool { return r.local.has(name) }
+
+// RemoveLocal takes a deleted queue off the list of local queues,
+// durably, so that a queue of its name declared later may be replicated.
+func (r *Replicator) RemoveLocal(name string) error { return r.local.remove(name) }
+
+// IsForeign reports whether name is another broker's local queue
+// (foreignQueuesFile).
+func (r *Replicator) IsForeign(name string) bool { return r.foreign.has(name) }
+
+// AddForeign puts name on the list of other brokers' local queues,
+// durably.
+func (r *Replicator) AddForeign(name string) error {
+	r.foreign.add(name)
+	return r.foreign.flush()
+}
+
+// ForeignLen is the number of other brokers' local queues listed.
+func (r *Replicator) ForeignLen() int { return r.foreign.len() }
+
+// RemoveForeignMissing takes off the list of other brokers' local queues,
+// durably, every name held says the controller no longer holds.
+func (r *Replicator) RemoveForeignMissing(held func(name string) bool) error {
+	return r.foreign.removeMissing(held)
+}
 
 type localQueues struct {
 	dir  string // "" keeps the list in memory only
@@ -62,7 +93,7 @@ func loadQueueList(dir, file string) (*localQueues, error) {
 		return l, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("server: read %s: %w", path, err)
+		return nil, fmt.Errorf("replication: read %s: %w", path, err)
 	}
 	records := 0
 	for len(data) >= 3 {
@@ -77,7 +108,7 @@ func loadQueueList(dir, file string) (*localQueues, error) {
 		case '-':
 			delete(l.set, name)
 		default:
-			return nil, fmt.Errorf("server: %s is corrupt: record %d has op %#x", path, records, op)
+			return nil, fmt.Errorf("replication: %s is corrupt: record %d has op %#x", path, records, op)
 		}
 		data = data[3+n:]
 		records++
@@ -93,8 +124,8 @@ func loadQueueList(dir, file string) (*localQueues, error) {
 		}) {
 			l.buf = appendLocalRecord(l.buf, '+', name)
 		}
-		if err := writeFileDurable(dir, file, l.buf); err != nil {
-			return nil, fmt.Errorf("server: rewrite %s: %w", path, err)
+		if err := journal.WriteFileDurable(dir, file, l.buf); err != nil {
+			return nil, fmt.Errorf("replication: rewrite %s: %w", path, err)
 		}
 		l.buf = l.buf[:0]
 	}

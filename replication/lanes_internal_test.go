@@ -1,6 +1,7 @@
-package server
+package replication
 
 import (
+	"context"
 	"log/slog"
 	"slices"
 	"sync"
@@ -17,15 +18,14 @@ import (
 // lanes, never got to them), and once shard 0 runs again its commands
 // run, in the order the reader handed them.
 func TestBusyShardHoldsUpOnlyItsLane(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.ClientAddr, cfg.AdminAddr, cfg.DataDir, cfg.Shards, cfg.Loops = "127.0.0.1:0", "", t.TempDir(), 2, 1
-	cfg.Logger = slog.New(slog.DiscardHandler)
-	s, err := Start(cfg)
-	if err != nil {
+	b := shards.New(shards.Config{Shards: 2, Logger: slog.New(slog.DiscardHandler)})
+	if err := b.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = s.Close() })
-	shs := s.broker.Shards()
+	ctx, cancel := context.WithCancel(context.Background())
+	l := NewLanes(ctx, b.Shards())
+	t.Cleanup(func() { cancel(); l.Wait(); b.Stop() })
+	shs := b.Shards()
 
 	// Stall shard 0, then fill its ring.
 	stalled, release := make(chan struct{}), make(chan struct{})
@@ -54,10 +54,10 @@ func TestBusyShardHoldsUpOnlyItsLane(t *testing.T) {
 	go func() { // the peer connection's reader
 		defer close(reader)
 		for i := range each {
-			s.proxyPush(0, nil, shards.CallCommand(func(*shards.Shard) { mu.Lock(); ran0 = append(ran0, i); mu.Unlock() }))
+			l.Push(0, shards.CallCommand(func(*shards.Shard) { mu.Lock(); ran0 = append(ran0, i); mu.Unlock() }))
 		}
 		for range each {
-			s.proxyPush(1, nil, shards.CallCommand(func(*shards.Shard) {
+			l.Push(1, shards.CallCommand(func(*shards.Shard) {
 				mu.Lock()
 				ran1++
 				if ran1 == each {
