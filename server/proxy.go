@@ -439,13 +439,15 @@ type proxied struct {
 
 // A proxied session is served through the methods below: it answers at
 // once on the forwarding connection, pushes to the shards' lanes
-// (lanes.go, waiting only when a lane is full), has nothing to check
+// (replication.Lanes: a busy shard holds up only the commands for it,
+// and the forwarding connection's reader waits only when a lane itself
+// is full, a shard that took nothing for LaneMax commands), has nothing to check
 // (the proxying broker checked the client's permissions), adopts a queue
 // its wiring has not shown here yet, and serves only as the master.
 
 // Push is session.Pusher.
 func (p *proxied) Push(shard int, cmd shards.Command) bool {
-	p.s.lanes.push(shard, cmd)
+	p.s.lanes.Push(shard, cmd)
 	return true
 }
 
@@ -578,17 +580,6 @@ func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Ver
 	default:
 		p.Fail(0, wire.CodeInvalid, "frame "+hd.Type.String()+" is not proxied")
 	}
-}
-
-// proxyPush hands a proxied session's command to its shard's lane
-// (lanes.go): a busy shard holds up only the commands for it. The
-// forwarding connection's reader waits only when the lane itself is full
-// (a shard that took nothing for laneMax commands).
-func (s *Server) proxyPush(shard int, sess *shards.Session, cmd shards.Command) {
-	if cmd.Completes() {
-		sess.Inflight.Add(1)
-	}
-	s.lanes.Push(shard, cmd)
 }
 
 // proxyClose ends a proxied session on the master: what its consumers
