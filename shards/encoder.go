@@ -14,8 +14,10 @@ import "github.com/berthmq/berth/wire"
 // the errors in the order the commands failed (AppendError, called as each
 // fails), then, consumer by consumer, the frames of its deliveries
 // (AppendDeliveries, as many calls as it takes). A write never ends inside
-// a frame, so frames written by different shards never interleave on a
-// connection; writes from different shards come in no particular order.
+// a frame, nor inside the frames of one delivery, so nothing written by
+// another shard comes between them on the connection (AMQP wants a
+// message's method, header and body frames together); writes from
+// different shards come in no particular order.
 //
 // Goroutines: the methods run on shard goroutines, several at once for a
 // session whose commands and consumers are on several shards. An Encoder
@@ -24,8 +26,8 @@ import "github.com/berthmq/berth/wire"
 // something of its protocol (an AMQP channel and consumer tag) which
 // changes as consumers come and go must guard the map (a lock, or a copy
 // behind an atomic pointer). The methods must not block, and must not keep
-// b, f, ranges, ds or the bodies after they return: payloads handed to
-// Frames.AddPayload are the one exception.
+// b, f, ranges, ds or the bodies after they return (what AddPayload puts
+// into a batch, the batch keeps until its write is done).
 type Encoder interface {
 	// AppendCompletes appends to b what tells the client that the
 	// commands whose ids are in ranges completed, and returns the grown
