@@ -64,6 +64,13 @@
 //     the OutBuffered gauge its connection's owner keeps) gets no
 //     deliveries: its consumers count as without credit until the server
 //     sends a Resume.
+//   - Encoder (encoder.go): the bytes a shard writes to a session, in
+//     the session's client protocol. A Session with no Encoder gets the
+//     native wire format (NativeEncoder) by direct calls; a second
+//     protocol plugs in an Encoder of its own. The shard fills one write
+//     batch per session and cycle (completions, errors, then each
+//     consumer's deliveries), payloads left out of the buffer as writev
+//     entries, and it alone cuts a batch that would pass IovecsMax.
 //
 // # Goroutines
 //

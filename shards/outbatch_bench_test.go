@@ -23,7 +23,7 @@ func BenchmarkOutBatchBuffer(b *testing.B) {
 				for pb.Next() {
 					ob := getOutBatch()
 					for range batch {
-						ob.buf = append(ob.buf, head...)
+						ob.Buf = append(ob.Buf, head...)
 					}
 					ob.release()
 				}
@@ -38,8 +38,8 @@ func BenchmarkOutBatchBuffer(b *testing.B) {
 					for range batch {
 						bb.B = append(bb.B, head...)
 					}
-					ob.buf = bb.B
-					ob.buf = nil
+					ob.Buf = bb.B
+					ob.Buf = nil
 					bytebufferpool.Put(bb)
 					ob.release()
 				}

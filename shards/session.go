@@ -26,7 +26,12 @@ type Session struct {
 	Version  wire.Version
 	FrameMax uint32
 	Out      Writer
-	closed   atomic.Bool
+	// Encoder writes what the shards send the session in its client
+	// protocol; nil is the native wire format in Version (NativeEncoder).
+	// Set it before the session is handed to the shards; it never changes
+	// after.
+	Encoder Encoder
+	closed  atomic.Bool
 
 	// Inflight counts commands sent to shards and not yet completed; the
 	// server bounds it by the negotiated window. The loop adds once per
@@ -134,21 +139,13 @@ func CodeOf(err error) wire.ErrorCode {
 	return wire.CodeInternal
 }
 
-// delivery is one message on its way to a consumer in this cycle.
-type delivery struct {
-	tag   uint64
-	count uint32
-	flags uint8
-	body  *Body // referenced until the write is done
-}
-
 // sessOut gathers what one shard sends one session during one cycle, so it
-// goes out as one COMPLETE, any ERRORs and one DELIVER per consumer, in a
-// single writev.
+// goes out as the completions, any errors and the deliveries of each
+// consumer, in the session's protocol (Encoder), in a single writev.
 type sessOut struct {
 	sess      *Session
 	ranges    []wire.Range
-	errs      []byte
+	errs      []byte // encoded by the session's Encoder as the commands failed
 	consumers []*Consumer
 	queued    bool
 	done      int64 // commands completed or failed this cycle
@@ -157,17 +154,16 @@ type sessOut struct {
 func (o *sessOut) complete(id uint64) { o.ranges = wire.AddID(o.ranges, id) }
 
 func (o *sessOut) fail(id uint64, code wire.ErrorCode, text string) {
-	o.errs = wire.AppendError(o.errs, o.sess.Version, id, code, text)
+	o.errs = o.sess.appendError(o.errs, id, code, text)
 }
 
-// outBatch is one writev in flight: its buffer, the vector that points
-// into the buffer and at message payloads, and the bodies to release when
-// the write is done. Batches are pooled.
+// outBatch is one writev in flight: its buffer and payloads (Frames, which
+// the session's Encoder fills), the vector that points into the buffer and
+// at the payloads, and the bodies to release when the write is done.
+// Batches are pooled.
 type outBatch struct {
-	buf    []byte
+	Frames
 	vec    [][]byte
-	cuts   []int // offsets in buf where a payload goes
-	pays   [][]byte
 	bodies []*Body
 	done   func()
 	// pooled: in the pool, not in use. A second release of a batch
@@ -204,9 +200,9 @@ func (ob *outBatch) release() {
 	for i := range ob.pays {
 		ob.pays[i] = nil
 	}
-	ob.buf, ob.vec, ob.cuts, ob.pays, ob.bodies = ob.buf[:0], ob.vec[:0], ob.cuts[:0], ob.pays[:0], ob.bodies[:0]
-	if cap(ob.buf) > 4<<20 {
-		ob.buf = nil
+	ob.Buf, ob.vec, ob.cuts, ob.pays, ob.bodies = ob.Buf[:0], ob.vec[:0], ob.cuts[:0], ob.pays[:0], ob.bodies[:0]
+	if cap(ob.Buf) > 4<<20 {
+		ob.Buf = nil
 	}
 	outBatchPool.Put(ob)
 }
@@ -216,14 +212,14 @@ func (ob *outBatch) build() {
 	prev := 0
 	for i, cut := range ob.cuts {
 		if cut > prev {
-			ob.vec = append(ob.vec, ob.buf[prev:cut])
+			ob.vec = append(ob.vec, ob.Buf[prev:cut])
 		}
 		if len(ob.pays[i]) > 0 {
 			ob.vec = append(ob.vec, ob.pays[i])
 		}
 		prev = cut
 	}
-	if len(ob.buf) > prev {
-		ob.vec = append(ob.vec, ob.buf[prev:])
+	if len(ob.Buf) > prev {
+		ob.vec = append(ob.vec, ob.Buf[prev:])
 	}
 }

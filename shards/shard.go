@@ -22,7 +22,7 @@ type Consumer struct {
 	exclusive bool
 	nextTag   uint64
 	unacked   map[uint64]uint64 // tag -> queue Seq
-	pending   []delivery
+	pending   []Delivery        // on their way this cycle; each holds a reference to its body
 	// pendingBytes is the size of the pending deliveries, which count
 	// against the session's OutMax before they are submitted.
 	pendingBytes int64
@@ -740,7 +740,7 @@ func (s *Shard) dispatch(q *Queue) {
 			flags |= wire.MsgPersistent
 		}
 		h.Body.Ref()
-		con.pending = append(con.pending, delivery{tag: ev.Tag, count: h.DeliveryCount, flags: flags, body: h.Body})
+		con.pending = append(con.pending, Delivery{Tag: ev.Tag, DeliveryCount: h.DeliveryCount, Flags: flags, Body: h.Body})
 		con.pendingBytes += int64(h.size())
 		if err := q.Apply(&ev, s); err != nil {
 			panic("shards: acquire of the head failed: " + err.Error())
@@ -933,14 +933,14 @@ func (s *Shard) flush() {
 			o.done = 0
 		}
 		ob := getOutBatch()
-		v := o.sess.Version
-		ob.buf = wire.AppendCompletes(ob.buf, v, o.ranges)
-		o.ranges = o.ranges[:0]
-		ob.buf = append(ob.buf, o.errs...)
+		if len(o.ranges) > 0 {
+			ob.Buf = o.sess.appendCompletes(ob.Buf, o.ranges)
+			o.ranges = o.ranges[:0]
+		}
+		ob.Buf = append(ob.Buf, o.errs...)
 		o.errs = o.errs[:0]
-		frameMax := int(o.sess.FrameMax)
 		for _, con := range o.consumers {
-			ob = s.appendDeliver(ob, o.sess, v, con, frameMax)
+			ob = s.appendDeliver(ob, o.sess, con)
 		}
 		for i := range o.consumers {
 			o.consumers[i] = nil
@@ -959,8 +959,8 @@ func (s *Shard) dropOut(o *sessOut) {
 	o.errs = o.errs[:0]
 	for _, con := range o.consumers {
 		for i := range con.pending {
-			con.pending[i].body.Unref()
-			con.pending[i] = delivery{}
+			con.pending[i].Body.Unref()
+			con.pending[i] = Delivery{}
 		}
 		con.pending = con.pending[:0]
 		con.pendingBytes = 0
@@ -984,48 +984,43 @@ func submit(sess *Session, ob *outBatch) {
 	}
 }
 
-// appendDeliver writes a consumer's pending deliveries as DELIVER frames no
-// larger than frameMax, leaving the payloads out of the buffer for writev.
-// When a batch's vector would grow past IovecsMax it submits the batch and
-// carries on in a new one, which it returns.
-func (s *Shard) appendDeliver(ob *outBatch, sess *Session, v wire.Version, con *Consumer, frameMax int) *outBatch {
+// deliverRoomMin is the least room for payloads (Frames.PayloadRoom) a
+// batch must have for a consumer's deliveries to go into it; one with less
+// is sent first, so that they are not cut into short frames for want of
+// room.
+const deliverRoomMin = 16
+
+// appendDeliver writes a consumer's pending deliveries in the session's
+// protocol (Session.Encoder) and keeps a reference to each body until the
+// write is done. When the batch's vector would grow past IovecsMax (less
+// than deliverRoomMin left, or the encoder found no room for the next
+// delivery) it submits the batch and carries on in a new one, which it
+// returns. This is the one place where a batch is cut for room.
+func (s *Shard) appendDeliver(ob *outBatch, sess *Session, con *Consumer) *outBatch {
 	p := con.pending
 	for len(p) > 0 {
-		// Each message adds two vector entries: its head and its payload.
-		room := (IovecsMax - 1 - 2*len(ob.cuts)) / 2
-		if room < 16 {
+		n := 0
+		if ob.PayloadRoom() >= deliverRoomMin {
+			n = sess.appendDeliveries(&ob.Frames, con.ID, p)
+		}
+		if n < 0 || n > len(p) {
+			panic("shards: the session's encoder counted deliveries it was not given")
+		}
+		if n == 0 {
+			if ob.PayloadRoom() == PayloadsMax {
+				panic("shards: the session's encoder wrote no delivery into an empty batch")
+			}
 			submit(sess, ob)
 			ob = getOutBatch()
-			room = (IovecsMax - 1) / 2
+			continue
 		}
-		// Count how many fit in one frame.
-		n, size := 0, wire.HeaderSize+4+2
-		for n < len(p) && n < wire.BatchMax && n < room {
-			b := p[n].body
-			m := wire.DeliverMessageOverhead + len(b.Exchange) + len(b.RoutingKey) + len(b.Props) + len(b.Payload)
-			if n > 0 && size+m > frameMax {
-				break
-			}
-			size += m
-			n++
+		for i := range p[:n] {
+			ob.bodies = append(ob.bodies, p[i].Body)
 		}
-		var start int
-		ob.buf, start = wire.AppendDeliverStart(ob.buf, v, con.ID, n)
-		extra := 0
-		for i := 0; i < n; i++ {
-			d := &p[i]
-			b := d.body
-			ob.buf = wire.AppendDeliverMessageHead(ob.buf, d.tag, d.count, d.flags, b.Exchange, b.RoutingKey, b.Props, len(b.Payload))
-			ob.cuts = append(ob.cuts, len(ob.buf))
-			ob.pays = append(ob.pays, b.Payload)
-			ob.bodies = append(ob.bodies, b)
-			extra += len(b.Payload)
-		}
-		wire.EndFrame(ob.buf, start, extra)
 		p = p[n:]
 	}
 	for i := range con.pending {
-		con.pending[i] = delivery{}
+		con.pending[i] = Delivery{}
 	}
 	con.pending = con.pending[:0]
 	con.pendingBytes = 0
