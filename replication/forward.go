@@ -41,6 +41,13 @@ func forwardError(code wire.ErrorCode, text string) error {
 // forward sends a replicated queue's enqueue event to its group's master.
 // It runs on the shard goroutine and never blocks.
 func (r *Replicator) forward(g uint32, data []byte, done func(error)) error {
+	return r.forwardEncoded(g, len(data), func(dst []byte) []byte { return append(dst, data...) }, done)
+}
+
+// forwardEncoded is forward with the event, of n bytes, written by enc
+// straight into the forwarding connection's buffer
+// (groups.Forwarder.ForwardEncoded).
+func (r *Replicator) forwardEncoded(g uint32, n int, enc func([]byte) []byte, done func(error)) error {
 	m := r.manager()
 	if m == nil {
 		return errGroupsStarting
@@ -60,7 +67,7 @@ func (r *Replicator) forward(g uint32, data []byte, done func(error)) error {
 	if addr == "" {
 		return shards.Errorf(wire.CodeUnavailable, "the peer address of group %d's master, broker %d, is not known yet; retry", g, master)
 	}
-	err := m.Forwarder().Forward(master, addr, g, data, func(err error) { done(forwardOutcome(g, master, err, true)) })
+	err := m.Forwarder().ForwardEncoded(master, addr, g, n, enc, func(err error) { done(forwardOutcome(g, master, err, true)) })
 	return forwardOutcome(g, master, err, false)
 }
 

@@ -271,18 +271,34 @@ func groupError(err error) error {
 	return shards.Errorf(wire.CodeInternal, "%v", err)
 }
 
+//
+// On a broker that is not the group's master the event is encoded
+// straight into the forwarding connection's buffer (forward.go): one copy
+// of the body fewer than encoding it first.
 func (r *Replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt int64, producer, producerSeq uint64, tag uint64) error {
-	return r.propose(q, appendEnqueueEvent(nil, q.Name, b, expiresAt, producer, producerSeq), r.waiters[q.Shard()], tag)
+	g, _ := q.Replicated()
+	w := r.waiters[q.Shard()]
+	if n := r.node(); n == nil || !n.IsMaster(g) {
+		ev := enqueueOf(q.Name, b, expiresAt, producer, producerSeq)
+		return r.forwardEncoded(g, ev.Size(), func(dst []byte) []byte { return event.AppendEnqueue(dst, &ev) },
+			func(err error) { w.Committed(tag, err) })
+	}
+	return r.proposeHere(q, appendEnqueueEvent(nil, q.Name, b, expiresAt, producer, producerSeq), w, tag)
 }
 
 // appendEnqueueEvent encodes the enqueue of b to queue name.
 func appendEnqueueEvent(data []byte, name string, b *shards.Body, expiresAt int64, producer, producerSeq uint64) []byte {
-	ev := event.Enqueue{Queue: []byte(name), ExpiresAt: expiresAt, Persistent: b.Persistent, Exchange: b.Exchange, RoutingKey: b.RoutingKey,
-		Props: b.Props, Payload: b.Payload, Priority: b.Priority, DeliverAt: b.DeliverAt, Producer: producer, ProducerSeq: producerSeq}
+	ev := enqueueOf(name, b, expiresAt, producer, producerSeq)
 	if data == nil {
 		data = make([]byte, 0, ev.Size())
 	}
 	return event.AppendEnqueue(data, &ev)
+}
+
+// enqueueOf is the enqueue event of b to queue name; it aliases b.
+func enqueueOf(name string, b *shards.Body, expiresAt int64, producer, producerSeq uint64) event.Enqueue {
+	return event.Enqueue{Queue: []byte(name), ExpiresAt: expiresAt, Persistent: b.Persistent, Exchange: b.Exchange, RoutingKey: b.RoutingKey,
+		Props: b.Props, Payload: b.Payload, Priority: b.Priority, DeliverAt: b.DeliverAt, Producer: producer, ProducerSeq: producerSeq}
 }
 
 // enqueueEvent is a decoded enqueue event, its body made.

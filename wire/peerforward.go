@@ -44,10 +44,15 @@ func DecodeForwardHello(body []byte) (broker uint32, version Version, err error)
 
 // AppendForward appends a whole TypeForward frame carrying event.
 func AppendForward(dst []byte, id uint64, group uint32, event []byte) []byte {
-	dst = AppendHeader(dst, Header{Version: Current, Type: TypeForward, Length: uint32(forwardPrefix + len(event))})
+	return append(AppendForwardHead(dst, id, group, len(event)), event...)
+}
+
+// AppendForwardHead appends the head of a TypeForward frame whose event,
+// of n bytes, the caller appends next.
+func AppendForwardHead(dst []byte, id uint64, group uint32, n int) []byte {
+	dst = AppendHeader(dst, Header{Version: Current, Type: TypeForward, Length: uint32(forwardPrefix + n)})
 	dst = binary.BigEndian.AppendUint64(dst, id)
-	dst = binary.BigEndian.AppendUint32(dst, group)
-	return append(dst, event...)
+	return binary.BigEndian.AppendUint32(dst, group)
 }
 
 // ForwardSize is the size of a whole TypeForward frame carrying an event

@@ -138,11 +138,20 @@ type forwardLink struct {
 // committed, or with why not. event is copied; done runs on another
 // goroutine. An error means nothing was sent and done will not be called.
 func (f *Forwarder) Forward(master uint32, addr string, g uint32, event []byte, done func(error)) error {
+	return f.ForwardEncoded(master, addr, g, len(event), func(dst []byte) []byte { return append(dst, event...) }, done)
+}
+
+// ForwardEncoded is Forward with the event, of n bytes, written by enc
+// straight into the connection's buffer, so that it is not encoded into
+// a buffer of its own first and copied (a publish forwarded from a
+// follower). enc runs at once, under the link's lock: it must append
+// exactly n bytes and do nothing else.
+func (f *Forwarder) ForwardEncoded(master uint32, addr string, g uint32, n int, enc func(dst []byte) []byte, done func(error)) error {
 	l := f.link(master)
 	if l == nil {
 		return &ForwardLostError{Master: master, Err: ErrClosed, NotSent: true}
 	}
-	size := wire.ForwardSize(len(event))
+	size := wire.ForwardSize(n)
 	l.mu.Lock()
 	if l.mu.addr != addr {
 		l.mu.addr = addr
@@ -158,13 +167,19 @@ func (f *Forwarder) Forward(master uint32, addr string, g uint32, event []byte, 
 		return ErrForwardBusy
 	}
 	id := l.mu.next
+	at := len(l.mu.out)
+	l.mu.out = enc(wire.AppendForwardHead(l.mu.out, id, g, n))
+	if got := len(l.mu.out) - at - (size - n); got != n {
+		l.mu.out = l.mu.out[:at]
+		l.mu.Unlock()
+		return fmt.Errorf("groups: a forwarded event encoded to %d bytes, not the %d it said", got, n)
+	}
 	l.mu.next++
 	if l.mu.inflight == 0 {
 		l.mu.progress = time.Now()
 	}
 	l.mu.inflight++
 	l.mu.slots[id%forwardWindowMax] = forwardSlot{id: id, done: done}
-	l.mu.out = wire.AppendForward(l.mu.out, id, g, event)
 	l.mu.Unlock()
 	select {
 	case l.wake <- struct{}{}:

@@ -252,3 +252,37 @@ func TestForwardResultCodeForVersion(t *testing.T) {
 		}
 	}
 }
+
+// TestForwardEncodedWritesInPlace: an event encoded straight into the
+// forwarding buffer reaches the master whole, as Forward's copy does; an
+// encoder that writes other than the size it gave is refused and leaves
+// no part of its frame behind (the forward after it still commits).
+func TestForwardEncodedWritesInPlace(t *testing.T) {
+	tr, _ := masterStub(t)
+	defer tr.Close()
+	f := NewForwarder(2, nil, mapRefusal, quiet())
+	defer f.Close()
+	done := make(chan error, 3)
+	if err := f.ForwardEncoded(1, tr.Addr(), 3, 3, func(dst []byte) []byte { return append(dst, 'E', 'x', 'y') },
+		func(err error) { done <- err }); err != nil {
+		t.Fatal(err)
+	}
+	// Refused by the master if any of it went out ('F').
+	if err := f.ForwardEncoded(1, tr.Addr(), 3, 2, func(dst []byte) []byte { return append(dst, 'F', 'x', 'y') },
+		func(err error) { done <- err }); err == nil {
+		t.Fatal("an event of 3 bytes said to be 2 was taken")
+	}
+	if err := f.Forward(1, tr.Addr(), 3, []byte("E"), func(err error) { done <- err }); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("forward: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a forward was not answered: the stream is out of step")
+		}
+	}
+}
