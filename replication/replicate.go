@@ -271,7 +271,6 @@ func groupError(err error) error {
 	return shards.Errorf(wire.CodeInternal, "%v", err)
 }
 
-//
 // On a broker that is not the group's master the event is encoded
 // straight into the forwarding connection's buffer (forward.go): one copy
 // of the body fewer than encoding it first.
