@@ -271,8 +271,8 @@ func groupError(err error) error {
 	return shards.Errorf(wire.CodeInternal, "%v", err)
 }
 
-// On a broker that is not the group's master the event is encoded
-// straight into the forwarding connection's buffer (forward.go): one copy
+// ProposeEnqueue is shards.Replicator's. On a broker that is not the
+// group's master the event is encoded straight into the forwarding connection's buffer (forward.go): one copy
 // of the body fewer than encoding it first.
 func (r *Replicator) ProposeEnqueue(q *shards.Queue, b *shards.Body, expiresAt int64, producer, producerSeq uint64, tag uint64) error {
 	g, _ := q.Replicated()
