@@ -95,10 +95,8 @@ func (s *Server) unready() []string {
 		}
 	}
 	if g := s.groups.Load(); g != nil {
-		if n := g.Node(); n != nil {
-			if err := n.Failed(); err != nil {
-				out = append(out, fmt.Sprintf("groups: the group journal failed (%v): this broker left its replication groups and serves none of them; restart it once %s is writable", err, filepath.Join(s.cfg.DataDir, "groups")))
-			}
+		if err := g.Failed(); err != nil {
+			out = append(out, fmt.Sprintf("groups: the group journal failed (%v): this broker left its replication groups and serves none of them; restart it once %s is writable", err, filepath.Join(s.cfg.DataDir, "groups")))
 		}
 	}
 	return out

@@ -425,7 +425,7 @@ func (s *Server) controllerLoop() {
 			ctx, cancel = watch.heartbeatContext(s.regCtx, interval)
 			var ends []ctlapi.GroupLogEnd
 			if g := s.groups.Load(); g != nil {
-				if n := g.Node(); n != nil && n.Failed() != nil {
+				if err := g.Failed(); err != nil {
 					// The group journal failed: this broker left its
 					// groups (Node.fail). Silent, it is counted dead
 					// by the controller, which elects other masters
@@ -433,7 +433,7 @@ func (s *Server) controllerLoop() {
 					cancel()
 					if !failing {
 						failing = true
-						s.log.Error("server: no heartbeats to the controller: the group journal failed and this broker left its replication groups; restart it once the journal's directory is writable", "err", n.Failed())
+						s.log.Error("server: no heartbeats to the controller: the group journal failed and this broker left its replication groups; restart it once the journal's directory is writable", "err", err)
 					}
 					continue
 				}

@@ -111,6 +111,9 @@ type Manager struct {
 	moved chan struct{}
 	// node is read on every replicated publish: no lock.
 	node atomic.Pointer[Node]
+	// openErr is why the group journal could not be opened, if it
+	// could not (Failed).
+	openErr atomic.Pointer[error]
 	seen map[uint32]ctlapi.Group // the group records last passed on
 
 	view atomic.Pointer[View]
@@ -352,6 +355,7 @@ func (m *Manager) run() {
 			Lease: m.cfg.Lease, OnDeliver: m.cfg.OnDeliver, Logger: m.log})
 		if err != nil {
 			m.log.Error("groups: open the group journal; the broker serves no group", "err", err)
+			m.openErr.Store(&err)
 			return
 		}
 		m.node.Store(n)
@@ -667,6 +671,20 @@ func (m *Manager) alter(g uint32, a group.AlterSet) {
 		// update tells; let the master ask again.
 		_ = n.AlterRefused(g, a.Epoch)
 	}()
+}
+
+// Failed is why this broker serves none of the groups it holds, or nil:
+// its group journal failed (Node.Failed), or could not be opened at all.
+// Either way the broker must say so and stop heartbeating, so that the
+// controller elects other masters and none here.
+func (m *Manager) Failed() error {
+	if n := m.node.Load(); n != nil {
+		return n.Failed()
+	}
+	if e := m.openErr.Load(); e != nil {
+		return fmt.Errorf("%w: %w", ErrJournalFailed, *e)
+	}
+	return nil
 }
 
 // View is the controller's record of every group and of the brokers'
