@@ -163,6 +163,12 @@ func (s *Server) serveGroups(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n, view := m.Node(), m.View()
+	if n == nil {
+		if err := m.Failed(); err != nil {
+			http.Error(w, fmt.Sprintf("the group journal failed (%v): this broker serves none of its replication groups", err), http.StatusServiceUnavailable)
+			return
+		}
+	}
 	if n == nil && view == nil {
 		http.Error(w, "starting: waiting for the cluster's group count and placement", http.StatusServiceUnavailable)
 		return

@@ -354,15 +354,18 @@ func (m *Manager) run() {
 			ReplicaSets: sets, PagedReplay: m.cfg.PagedReplay, HandoverHolds: m.cfg.HandoverHolds, Apply: m.cfg.Apply, OnAlter: m.alter, OnMaster: m.cfg.OnMaster, OnStepDown: m.cfg.OnStepDown,
 			Lease: m.cfg.Lease, OnDeliver: m.cfg.OnDeliver, Logger: m.log})
 		if err != nil {
+			// Failed says so from now on: /readyz, and no heartbeats,
+			// so that the controller elects other masters. The broker
+			// still follows the groups' masters, to forward to them.
 			m.log.Error("groups: open the group journal; the broker serves no group", "err", err)
 			m.openErr.Store(&err)
-			return
-		}
-		m.node.Store(n)
-		m.log.Info("groups: replicating", "groups", groups, "held", len(ids), "peer", m.cfg.Advertise)
-		if m.cfg.Rebalance > 0 {
-			m.wg.Add(1)
-			go m.rebalance(n, m.cfg.Rebalance)
+		} else {
+			m.node.Store(n)
+			m.log.Info("groups: replicating", "groups", groups, "held", len(ids), "peer", m.cfg.Advertise)
+			if m.cfg.Rebalance > 0 {
+				m.wg.Add(1)
+				go m.rebalance(n, m.cfg.Rebalance)
+			}
 		}
 	}
 	m.follow(groups)

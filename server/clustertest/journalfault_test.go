@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/berthmq/berth/client"
+	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/internal/testutil"
 	"github.com/berthmq/berth/server"
 	"github.com/berthmq/berth/wire"
@@ -247,5 +248,67 @@ func TestGroupJournalFailure(t *testing.T) {
 	t.Logf("%d publishes completed, %d messages drained, %d completed ones lost", len(completed), len(got), lost)
 	if lost > 0 {
 		t.Errorf("%d completed publishes lost", lost)
+	}
+}
+
+// TestGroupJournalUnopenable: a broker whose group journal cannot even be
+// opened (the fault file is there before the cluster gets its groups)
+// serves none of them and says so: /readyz names the failure, it stops
+// heartbeating, so the controller never makes it the group's master, and
+// a publish through it is forwarded to the master the others elected.
+// Before, the manager logged the error and the broker went on reporting
+// ready and heartbeating.
+func TestGroupJournalUnopenable(t *testing.T) {
+	const faultFile = "groups-fault"
+	t.Setenv(server.GroupJournalFaultEnv, faultFile)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := startBrokers(t, ctx, 3)
+	bad := c.nodes[0]
+	if err := os.WriteFile(filepath.Join(dataDir(bad), faultFile), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ids := c.brokerIDs()
+	info, err := c.cl.GetClusterInfo(ctx, ctlapi.ReadConsistent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := info.Config
+	cfg.Groups, cfg.Replicas = 1, 3
+	if err := c.cl.SetClusterConfig(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		code, body, err := c.readyz(bad)
+		if err != nil {
+			return err
+		}
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "group journal failed") {
+			return fmt.Errorf("%s /readyz %d %q", bad.name, code, body)
+		}
+		return nil
+	})
+	var master uint32
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		gr := c.group(0)
+		if gr.Master == 0 || gr.Master == ids[bad] {
+			return fmt.Errorf("group 0's master is %d; %s is %d", gr.Master, bad.name, ids[bad])
+		}
+		master = gr.Master
+		return nil
+	})
+	const queue = "junopen"
+	conn := dial(t, ctx, c.nodeOf(master).client)
+	if err := conn.DeclareQueue(ctx, queue, client.QueueOptions{Durable: true}); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	pc := dial(t, ctx, bad.client)
+	defer pc.Close()
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		return pc.Publish(ctx, "", queue, []byte("x"), client.PublishOptions{Persistent: true})
+	})
+	if gr := c.group(0); gr.Master == ids[bad] {
+		t.Fatalf("%s, whose group journal never opened, became the master", bad.name)
 	}
 }
