@@ -114,7 +114,7 @@ type Manager struct {
 	// openErr is why the group journal could not be opened, if it
 	// could not (Failed).
 	openErr atomic.Pointer[error]
-	seen map[uint32]ctlapi.Group // the group records last passed on
+	seen    map[uint32]ctlapi.Group // the group records last passed on
 
 	view atomic.Pointer[View]
 
