@@ -1,6 +1,7 @@
 package replication
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
@@ -72,5 +73,46 @@ func TestLocalQueuesLog(t *testing.T) {
 	}
 	if _, err := loadLocalQueues(dir); err == nil {
 		t.Fatal("a log with an unknown op loaded")
+	}
+}
+
+// TestOwnQueueLeavesForeignList: a name on both lists (a wiring pass once
+// wrote this broker's own declare down as another broker's) is taken off
+// the foreign list at start, durably, and so is one this broker keeps
+// local later (keepLocal); the others' names stay.
+func TestOwnQueueLeavesForeignList(t *testing.T) {
+	dir := t.TempDir()
+	local, err := loadLocalQueues(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	foreign, err := loadQueueList(dir, foreignQueuesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local.add("mine")
+	foreign.add("mine")
+	foreign.add("theirs")
+	foreign.add("later")
+	if err := local.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := foreign.flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ownOffForeign(local, foreign); err != nil {
+		t.Fatal(err)
+	}
+	r := &Replicator{local: local, foreign: foreign, log: slog.New(slog.DiscardHandler)}
+	r.keepLocal("later")
+	local.close()
+	foreign.close()
+	foreign, err = loadQueueList(dir, foreignQueuesFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer foreign.close()
+	if foreign.has("mine") || foreign.has("later") || !foreign.has("theirs") {
+		t.Fatalf("foreign after a reload: mine %v, later %v, theirs %v; want false, false, true", foreign.has("mine"), foreign.has("later"), foreign.has("theirs"))
 	}
 }

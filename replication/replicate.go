@@ -181,6 +181,12 @@ func (r *Replicator) GroupCount(ctx context.Context) (n uint32, known bool) {
 // restored at start, whose queues are written in one batch after it.
 func (r *Replicator) keepLocal(name string) {
 	r.local.add(name)
+	// This broker's own declare: the queue is not another broker's,
+	// whatever a wiring pass wrote down before (a name on both lists
+	// would be left out at the next start, New).
+	if err := r.foreign.remove(name); err != nil {
+		r.log.Error("replication: taking a local queue off the list of other brokers' queues failed", "queue", name, "err", err)
+	}
 	if r.restoring.Load() {
 		return
 	}
@@ -583,6 +589,14 @@ func New(cfg Config) (*Replicator, error) {
 		local.close()
 		return nil, err
 	}
+	// A name on both lists is this broker's own (a wiring pass before the
+	// fix in wiring.Sync could write its own declare down as foreign):
+	// it is restored here.
+	if err := ownOffForeign(local, foreign); err != nil {
+		local.close()
+		foreign.close()
+		return nil, err
+	}
 	r := &Replicator{broker: cfg.Broker, wiring: cfg.Wiring, lanes: cfg.Lanes, controller: cfg.Controller, manager: cfg.Manager,
 		self: cfg.Self, ctx: cfg.Context, timeout: cfg.ReadTimeout, log: cfg.Logger, local: local, foreign: foreign}
 	r.restoring.Store(true) // until RestoreDone
@@ -610,6 +624,12 @@ func New(cfg Config) (*Replicator, error) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// ownOffForeign takes off the foreign list, durably, every name the
+// local list holds.
+func ownOffForeign(local, foreign *localQueues) error {
+	return foreign.removeMissing(func(name string) bool { return !local.has(name) })
 }
 
 // Close closes the lists of queues kept local; call it once the shards

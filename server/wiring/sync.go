@@ -109,12 +109,21 @@ func (w *Wiring) Sync(token uint64, snap *Snapshot) (SyncStats, error) {
 		if q != nil && *q.Options == wq.Options {
 			continue
 		}
-		if q == nil && w.cfg.Syncable != nil && !w.cfg.Syncable(wq.Name, wq.Options) {
-			continue
-		}
 		unlock, ok := locked(wq.Name)
 		if !ok {
 			return st, ErrSyncRaced
+		}
+		// Asked under the name's lock, with no local change since the
+		// snapshot: Syncable writes down a queue it refuses as another
+		// broker's own (the foreign list), and a declare of this name in
+		// flight here (committed in the controller, not applied yet)
+		// must not be taken for one. It was asked before the lock, and a
+		// broker's own queue declared before "cluster init" could go on
+		// its foreign list: after a restart it was not restored, and its
+		// messages were dropped as orphans.
+		if q == nil && w.cfg.Syncable != nil && w.Routing().queue(wq.Name) == nil && !w.cfg.Syncable(wq.Name, wq.Options) {
+			unlock()
+			continue
 		}
 		err := w.syncQueueLocked(wq, &st)
 		unlock()

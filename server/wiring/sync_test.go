@@ -2,7 +2,10 @@ package wiring
 
 import (
 	"errors"
+	"io"
+	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/berthmq/berth/shards"
 )
@@ -108,5 +111,61 @@ func TestSyncRacedByLocalChange(t *testing.T) {
 	fresh := &Snapshot{Queues: []WiringQueue{{Name: "late", Options: shards.QueueOptions{Durable: true}}}}
 	if st, err := w.Sync(w.SyncToken(), fresh); err != nil || st.Changed() != 0 {
 		t.Fatalf("fresh sync: %+v, %v", st, err)
+	}
+}
+
+// TestSyncAsksSyncableOnlyOutsideOwnDeclares: a pass that finds in the
+// controller's wiring a queue whose declare is in flight here (its round
+// committed, the queue not on this broker yet) does not ask Syncable of
+// it, which writes a refused queue down as another broker's: it waits
+// for the declare's name and then sees the local change (ErrSyncRaced).
+// It used to ask first, so a broker's own queue declared before "cluster
+// init" could land on its list of foreign queues and be left out at its
+// next start, its messages dropped.
+func TestSyncAsksSyncableOnlyOutsideOwnDeclares(t *testing.T) {
+	g := newGateLog()
+	release := make(chan struct{})
+	g.held["mine"] = release
+	var asked []string
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	b := shards.New(shards.Config{Shards: 1, Logger: logger})
+	w := New(Config{Broker: b, Log: g, Logger: logger, Dir: t.TempDir(),
+		Syncable: func(name string, _ shards.QueueOptions) bool { asked = append(asked, name); return false }})
+	if err := b.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Stop)
+	if err := w.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	token := w.SyncToken()
+	declared := make(chan error, 1)
+	go func() {
+		_, err := w.DeclareQueue("mine", shards.QueueOptions{Durable: true}, false, nil)
+		declared <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for w.names[stripe("mine")].TryLock() {
+		w.names[stripe("mine")].Unlock()
+		if time.Now().After(deadline) {
+			t.Fatal("the declare never started")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	synced := make(chan error, 1)
+	go func() {
+		_, err := w.Sync(token, &Snapshot{Queues: []WiringQueue{{Name: "mine", Options: shards.QueueOptions{Durable: true}}}})
+		synced <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // let the pass reach the queue
+	close(release)
+	if err := <-declared; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-synced; !errors.Is(err, ErrSyncRaced) {
+		t.Fatalf("sync during the declare: %v, want ErrSyncRaced", err)
+	}
+	if len(asked) != 0 {
+		t.Fatalf("Syncable asked of %v while this broker declared it", asked)
 	}
 }
