@@ -4,7 +4,8 @@
 // broker serves each), their credit and settles. A codec (the native one
 // in server/handler.go; a second protocol later) decodes its frames into
 // the calls below and encodes the session's answers (Replies); shards
-// write what they send the session through its shards.Session. A
+// write what they send the session through its shards.Session, in the
+// codec's frames (shards.Session.Encoder; nil for the native one). A
 // consumer proxied from a peer broker is served on the master by a
 // Session of the same kind (server/proxy.go), so that both go through one
 // dispatcher.
