@@ -152,15 +152,8 @@ func (f *Forwarder) ForwardEncoded(master uint32, addr string, g uint32, n int, 
 		return &ForwardLostError{Master: master, Err: ErrClosed, NotSent: true}
 	}
 	size := wire.ForwardSize(n)
-	l.mu.Lock()
-	if l.mu.addr != addr {
-		l.mu.addr = addr
-		l.mu.refuseUntil = time.Time{}
-	}
-	if time.Now().Before(l.mu.refuseUntil) {
-		err := l.mu.refuseErr
-		l.mu.Unlock()
-		return &ForwardLostError{Master: master, Err: err, NotSent: true}
+	if err := l.lockFor(master, addr); err != nil {
+		return err
 	}
 	if l.mu.inflight == forwardWindowMax || len(l.mu.out)+size > forwardBufMax {
 		l.mu.Unlock()
@@ -188,6 +181,23 @@ func (f *Forwarder) ForwardEncoded(master uint32, addr string, g uint32, n int, 
 	return nil
 }
 
+// lockFor takes l's lock for a frame to master at addr, unless the last
+// dial there failed a moment ago: then it returns that failure, the lock
+// not held.
+func (l *forwardLink) lockFor(master uint32, addr string) error {
+	l.mu.Lock()
+	if l.mu.addr != addr {
+		l.mu.addr = addr
+		l.mu.refuseUntil = time.Time{}
+	}
+	if time.Now().Before(l.mu.refuseUntil) {
+		err := l.mu.refuseErr
+		l.mu.Unlock()
+		return &ForwardLostError{Master: master, Err: err, NotSent: true}
+	}
+	return nil
+}
+
 // SetProxy sets what the forwarder does with proxied sessions' output
 // and with the end of a master's connection. Call it before any
 // SendProxy.
@@ -203,15 +213,8 @@ func (f *Forwarder) SendProxy(master uint32, addr string, frame []byte) error {
 	if l == nil {
 		return &ForwardLostError{Master: master, Err: ErrClosed, NotSent: true}
 	}
-	l.mu.Lock()
-	if l.mu.addr != addr {
-		l.mu.addr = addr
-		l.mu.refuseUntil = time.Time{}
-	}
-	if time.Now().Before(l.mu.refuseUntil) {
-		err := l.mu.refuseErr
-		l.mu.Unlock()
-		return &ForwardLostError{Master: master, Err: err, NotSent: true}
+	if err := l.lockFor(master, addr); err != nil {
+		return err
 	}
 	if len(l.mu.out)+len(frame) > forwardBufMax {
 		l.mu.Unlock()
