@@ -104,13 +104,7 @@ func (cs *connState) Cancel(cmdID uint64, consumer uint32, raw []byte) {
 }
 
 func (cs *connState) Settle(cmdID uint64, consumer uint32, op session.Op, tags session.Tags, raw []byte) {
-	t := wire.TypeAccept
-	switch op {
-	case session.OpRelease:
-		t = wire.TypeRelease
-	case session.OpReject:
-		t = wire.TypeReject
-	}
+	t := settleType(op)
 	if raw == nil {
 		ranges := make([]wire.Range, tags.Len())
 		for i := range ranges {
@@ -132,4 +126,26 @@ func (cs *connState) NoteConsumer(q *shards.Queue, id uint32) {
 
 func (cs *connState) ForgetConsumer(q *shards.Queue, id uint32) {
 	cs.s.forgetConsumer(q, consumerRef{cs: cs, id: id})
+}
+
+// settleOp is the session's op of a native settle frame (ACCEPT, RELEASE
+// or REJECT), and settleType the frame of a settle op.
+func settleOp(t wire.Type) session.Op {
+	switch t {
+	case wire.TypeRelease:
+		return session.OpRelease
+	case wire.TypeReject:
+		return session.OpReject
+	}
+	return session.OpAccept
+}
+
+func settleType(op session.Op) wire.Type {
+	switch op {
+	case session.OpRelease:
+		return wire.TypeRelease
+	case session.OpReject:
+		return wire.TypeReject
+	}
+	return wire.TypeAccept
 }

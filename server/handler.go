@@ -372,14 +372,7 @@ func (h *handler) frame(cs *connState, hd wire.Header, body []byte) (done bool, 
 		if err := wire.DecodeSettle(body, &m); err != nil {
 			return true, cs.protocolError(wire.CodeMalformed, hd.Type.String()+": "+err.Error())
 		}
-		op := session.OpAccept
-		switch hd.Type {
-		case wire.TypeRelease:
-			op = session.OpRelease
-		case wire.TypeReject:
-			op = session.OpReject
-		}
-		return ss.Settle(m.CommandID, m.ConsumerID, op, m.Tags, body), gnet.None
+		return ss.Settle(m.CommandID, m.ConsumerID, settleOp(hd.Type), m.Tags, body), gnet.None
 	case wire.TypeCredit:
 		var m wire.Credit
 		if err := wire.DecodeCredit(body, &m); err != nil {

@@ -568,15 +568,8 @@ func (s *Server) proxyCommand(from uint32, out groups.ProxyOut, version wire.Ver
 			p.Fail(0, wire.CodeMalformed, "settle: "+err.Error())
 			return
 		}
-		op := session.OpAccept
-		switch hd.Type {
-		case wire.TypeRelease:
-			op = session.OpRelease
-		case wire.TypeReject:
-			op = session.OpReject
-		}
 		ss.Resume = 0
-		ss.Settle(m.CommandID, m.ConsumerID, op, m.Tags, body)
+		ss.Settle(m.CommandID, m.ConsumerID, settleOp(hd.Type), m.Tags, body)
 	default:
 		p.Fail(0, wire.CodeInvalid, "frame "+hd.Type.String()+" is not proxied")
 	}
