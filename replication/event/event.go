@@ -27,6 +27,11 @@ const (
 	// KindRemove is the single remove of the older format ('R'); no
 	// event of the new format has it.
 	KindRemove Kind = 5
+	// KindAcquires records that the group's master handed messages out
+	// to consumers (shards.Shard.flushAcquires): a member that becomes
+	// master requeues them, flagged redelivered with their delivery count
+	// raised, and no others.
+	KindAcquires Kind = 6
 )
 
 func (k Kind) String() string {
@@ -41,16 +46,19 @@ func (k Kind) String() string {
 		return "delete"
 	case KindRemove:
 		return "remove"
+	case KindAcquires:
+		return "acquires"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
 // The versions this package writes, and the newest it reads, per kind.
 const (
-	EnqueueVersion uint8 = 1
-	RemovesVersion uint8 = 1
-	BarrierVersion uint8 = 1
-	DeleteVersion  uint8 = 1
+	EnqueueVersion  uint8 = 1
+	RemovesVersion  uint8 = 1
+	BarrierVersion  uint8 = 1
+	DeleteVersion   uint8 = 1
+	AcquiresVersion uint8 = 1
 )
 
 // Enqueue flags: which optional parts follow the payload.
@@ -61,8 +69,8 @@ const (
 	enqueueFlags = FlagSchedule | FlagProducer
 )
 
-// SeqsMax bounds the messages of one Removes event (shards.RemovesMax
-// must not exceed it).
+// SeqsMax bounds the messages of one Removes or Acquires event
+// (shards.RemovesMax must not exceed it).
 const SeqsMax = 4096
 
 // The first bytes of the older format's events.
@@ -132,6 +140,8 @@ func ReadHeader(data []byte) (h Header, n int, err error) {
 		newest = BarrierVersion
 	case KindDelete:
 		newest = DeleteVersion
+	case KindAcquires:
+		newest = AcquiresVersion
 	default:
 		return h, 0, fmt.Errorf("%w: %d", ErrUnknownKind, data[1])
 	}
@@ -309,7 +319,12 @@ type Removes struct {
 // AppendRemoves appends the encoding of the removal of seqs (at most
 // SeqsMax) from queue to dst.
 func AppendRemoves(dst []byte, queue string, seqs []uint64) []byte {
-	dst = appendHeader(dst, KindRemoves, RemovesVersion, 0)
+	return appendSeqs(appendHeader(dst, KindRemoves, RemovesVersion, 0), queue, seqs)
+}
+
+// appendSeqs appends a queue name and a list of messages, the body of a
+// Removes and of an Acquires.
+func appendSeqs(dst []byte, queue string, seqs []uint64) []byte {
 	dst = wire.AppendStr(dst, queue)
 	dst = binary.BigEndian.AppendUint32(dst, uint32(len(seqs)))
 	for _, seq := range seqs {
@@ -318,23 +333,51 @@ func AppendRemoves(dst []byte, queue string, seqs []uint64) []byte {
 	return dst
 }
 
-// Decode decodes data, a removes of either format, into r: r.Queue
-// aliases data, and the seqs are appended to r.Seqs[:0].
-func (r *Removes) Decode(data []byte) error {
+// decodeSeqs decodes data, an event of kind k whose body is a queue name
+// and a list of messages: queue aliases data, the seqs are appended to
+// seqs[:0].
+func decodeSeqs(data []byte, k Kind, seqs []uint64) (queue []byte, _ []uint64, err error) {
 	var rd wire.Reader
-	if _, err := body(data, KindRemoves, &rd); err != nil {
-		return err
+	if _, err := body(data, k, &rd); err != nil {
+		return nil, seqs, err
 	}
-	r.Queue = rd.Str(wire.NameLenMax)
+	queue = rd.Str(wire.NameLenMax)
 	n := rd.Count(8)
 	if n > SeqsMax {
-		return fmt.Errorf("%w: removes of %d messages, over %d", ErrMalformed, n, SeqsMax)
+		return nil, seqs, fmt.Errorf("%w: %v of %d messages, over %d", ErrMalformed, k, n, SeqsMax)
 	}
-	r.Seqs = r.Seqs[:0]
+	seqs = seqs[:0]
 	for range n {
-		r.Seqs = append(r.Seqs, rd.U64())
+		seqs = append(seqs, rd.U64())
 	}
-	return done(&rd, KindRemoves)
+	return queue, seqs, done(&rd, k)
+}
+
+// Decode decodes data, a removes of either format, into r: r.Queue
+// aliases data, and the seqs are appended to r.Seqs[:0].
+func (r *Removes) Decode(data []byte) (err error) {
+	r.Queue, r.Seqs, err = decodeSeqs(data, KindRemoves, r.Seqs)
+	return err
+}
+
+// Acquires records that the master handed messages of a queue, by their
+// enqueues' log indexes, out to consumers.
+type Acquires struct {
+	Queue []byte
+	Seqs  []uint64
+}
+
+// AppendAcquires appends the encoding of the acquisition of seqs (at
+// most SeqsMax; none makes it a barrier for the queue) from queue to dst.
+func AppendAcquires(dst []byte, queue string, seqs []uint64) []byte {
+	return appendSeqs(appendHeader(dst, KindAcquires, AcquiresVersion, 0), queue, seqs)
+}
+
+// Decode decodes data, an acquires, into a: a.Queue aliases data, and
+// the seqs are appended to a.Seqs[:0].
+func (a *Acquires) Decode(data []byte) (err error) {
+	a.Queue, a.Seqs, err = decodeSeqs(data, KindAcquires, a.Seqs)
+	return err
 }
 
 // Remove is the single remove of the older format, which only logs
@@ -395,11 +438,12 @@ func (d *Delete) Decode(data []byte) error {
 
 // Event is any one decoded event, for callers that take every kind (Decode).
 type Event struct {
-	Header  Header
-	Enqueue Enqueue
-	Removes Removes
-	Remove  Remove
-	Delete  Delete
+	Header   Header
+	Enqueue  Enqueue
+	Removes  Removes
+	Remove   Remove
+	Delete   Delete
+	Acquires Acquires
 }
 
 // Decode decodes data, an event of any kind and either format, into ev:
@@ -422,6 +466,8 @@ func Decode(data []byte, ev *Event) error {
 		return b.Decode(data)
 	case KindDelete:
 		return ev.Delete.Decode(data)
+	case KindAcquires:
+		return ev.Acquires.Decode(data)
 	}
 	return fmt.Errorf("%w: %v", ErrUnknownKind, h.Kind)
 }
@@ -441,6 +487,8 @@ func Append(dst []byte, ev *Event) []byte {
 		return AppendBarrier(dst)
 	case KindDelete:
 		return AppendDelete(dst, string(ev.Delete.Queue))
+	case KindAcquires:
+		return AppendAcquires(dst, string(ev.Acquires.Queue), ev.Acquires.Seqs)
 	}
 	panic(fmt.Sprintf("event: Append of %v", ev.Header.Kind))
 }

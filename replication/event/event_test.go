@@ -89,6 +89,8 @@ func goldens() []golden {
 		golden{name: "barrier-legacy", legacy: []byte{legacyBarrier}, want: Event{Header: Header{Kind: KindBarrier}}},
 		golden{name: "delete-v1", want: Event{Header: Header{Kind: KindDelete}, Delete: Delete{Queue: []byte("orders")}}},
 		golden{name: "delete-legacy", legacy: wire.AppendStr([]byte{legacyDelete}, "orders"), want: Event{Header: Header{Kind: KindDelete}, Delete: Delete{Queue: []byte("orders")}}},
+		golden{name: "acquires-v1", want: Event{Header: Header{Kind: KindAcquires}, Acquires: Acquires{Queue: []byte("orders"), Seqs: seqs}}},
+		golden{name: "acquires-v1-none", want: Event{Header: Header{Kind: KindAcquires}, Acquires: Acquires{Queue: []byte("orders")}}},
 	)
 	return gs
 }
