@@ -116,8 +116,9 @@ type Replicator struct {
 	// themselves (localqueues.go, server/wiringsync.go).
 	foreign *localQueues
 	// restoring: the wiring is being restored at start (keepLocal).
-	restoring atomic.Bool
-	waiters   []*shardWaiter // by shard index
+	restoring  atomic.Bool
+	waiters    []*shardWaiter // by shard index
+	acqWaiters []*acqWaiter   // by shard index
 	// windows are the shards' read-ahead windows into the group journal
 	// (ReadEnqueue), by shard index: each is its shard goroutine's.
 	windows []journal.Window
@@ -248,6 +249,12 @@ type shardWaiter struct{ sh *shards.Shard }
 
 func (w *shardWaiter) Committed(tag uint64, err error) { w.sh.Committed(tag, groupError(err)) }
 
+// acqWaiter tells a shard the outcome of its acquires events, with a
+// wire code; one per shard, as shardWaiter.
+type acqWaiter struct{ sh *shards.Shard }
+
+func (w *acqWaiter) Committed(tag uint64, err error) { w.sh.AcquiresCommitted(tag, groupError(err)) }
+
 // groupError gives a group failure a wire code.
 func groupError(err error) error {
 	switch {
@@ -368,6 +375,18 @@ func (r *Replicator) ProposeRemoves(q *shards.Queue, seqs []uint64, done func(er
 	return r.propose(q, data, funcWaiter(done), 0)
 }
 
+// ProposeReleases is shards.Replicator's: only a master proposes one.
+func (r *Replicator) ProposeReleases(q *shards.Queue, seqs []uint64, unseen bool, tag uint64) error {
+	data := event.AppendReleases(make([]byte, 0, event.HeaderLen+6+len(q.Name)+8*len(seqs)), q.Name, seqs, unseen)
+	return r.proposeHere(q, data, r.acqWaiters[q.Shard()], tag)
+}
+
+// ProposeAcquires is shards.Replicator's: only a master proposes one.
+func (r *Replicator) ProposeAcquires(q *shards.Queue, seqs []uint64, tag uint64) error {
+	data := event.AppendAcquires(make([]byte, 0, event.HeaderLen+6+len(q.Name)+8*len(seqs)), q.Name, seqs)
+	return r.proposeHere(q, data, r.acqWaiters[q.Shard()], tag)
+}
+
 func (r *Replicator) ProposeDelete(q *shards.Queue) error {
 	data := event.AppendDelete(make([]byte, 0, event.HeaderLen+2+len(q.Name)), q.Name)
 	return r.propose(q, data, funcWaiter(func(error) {}), 0)
@@ -421,6 +440,20 @@ func (r *Replicator) apply(g uint32, e wire.GroupEntry) (err error) {
 			return err
 		}
 		nameB, seqs = rm.Queue, rm.Seqs
+	case event.KindAcquires:
+		var a event.Acquires
+		if err := a.Decode(e.Data); err != nil {
+			return err
+		}
+		r.applyAcquires(g, e.Index, a)
+		return nil
+	case event.KindReleases:
+		var rl event.Releases
+		if err := rl.Decode(e.Data); err != nil {
+			return err
+		}
+		r.applyReleases(g, e.Index, rl)
+		return nil
 	case event.KindEnqueue:
 		if err := enq.Decode(e.Data); err != nil {
 			return err
@@ -506,6 +539,33 @@ func (r *Replicator) apply(g uint32, e wire.GroupEntry) (err error) {
 		ev.body.Unref() // the broker is closing
 	}
 	return nil
+}
+
+// applyAcquires carries a committed acquires event to its queue's shard
+// (shards.Shard.ApplyAcquires). The entry has no effect left here once
+// its messages are gone, and compaction only passes it once every entry
+// before it, their enqueues included, has none: it is retired, its data
+// kept for members that lack it.
+func (r *Replicator) applyAcquires(g uint32, index uint64, a event.Acquires) {
+	r.retire(g, index)
+	q := r.wiring.Queue(a.Queue)
+	if q == nil {
+		return // no copy of the queue here, so none of its messages
+	}
+	seqs := a.Seqs
+	_ = r.broker.Shards()[q.Shard()].PushCall(r.ctx, func(sh *shards.Shard) { sh.ApplyAcquires(q, seqs) }) // fails only once the broker closes
+}
+
+// applyReleases carries a committed releases event to its queue's shard
+// (shards.Shard.ApplyReleases); retired, as an acquires event.
+func (r *Replicator) applyReleases(g uint32, index uint64, rl event.Releases) {
+	r.retire(g, index)
+	q := r.wiring.Queue(rl.Queue)
+	if q == nil {
+		return
+	}
+	seqs, unseen := rl.Seqs, rl.Unseen
+	_ = r.broker.Shards()[q.Shard()].PushCall(r.ctx, func(sh *shards.Shard) { sh.ApplyReleases(q, seqs, unseen) }) // fails only once the broker closes
 }
 
 // SetCallbacks fills in cfg's callbacks that are the replicator's: the
@@ -602,6 +662,7 @@ func New(cfg Config) (*Replicator, error) {
 	r.restoring.Store(true) // until RestoreDone
 	for _, sh := range cfg.Broker.Shards() {
 		r.waiters = append(r.waiters, &shardWaiter{sh})
+		r.acqWaiters = append(r.acqWaiters, &acqWaiter{sh})
 	}
 	r.windows = make([]journal.Window, len(r.waiters))
 	cfg.Broker.SetReplicator(r)

@@ -441,12 +441,17 @@ func (s *Shard) dropQueueSeqs(q *Queue, seqs *[]uint64) int {
 	// The server hears of these through the queue's deletion, which
 	// also tells their clients: not through Session.OnConsumerGone.
 	for _, con := range append([]*Consumer(nil), q.consumers...) {
+		dropHeld(con) // deliveries waiting for an acquires event (acquire.go)
 		delete(s.consumers, consumerKey{con.Session, con.ID})
 	}
 	for key, con := range s.consumers {
 		if con.queue == q {
+			dropHeld(con)
 			delete(s.consumers, key)
 		}
+	}
+	if q.rare != nil {
+		q.rare.acquiring, q.rare.releasing, q.rare.returning = nil, nil, nil
 	}
 	s.pool.totals.Consumers -= len(q.consumers)
 	q.consumers = nil

@@ -48,6 +48,9 @@ const (
 	opReplEnqueue
 	// opAddQueue: queue is the shard's from now on (Broker.AddQueue).
 	opAddQueue
+	// opAcquired: a replicated queue's acquires event committed
+	// (acquire.go).
+	opAcquired
 )
 
 // Settle kinds.
@@ -293,7 +296,15 @@ func replDoneCommand(tag uint64) Command {
 	return c
 }
 
-// replDoneTag is the tag of replDoneCommand.
+// acquiredCommand reports the acquires event waiting under tag
+// (acqWaits) as committed. args: tag.
+func acquiredCommand(tag uint64) Command {
+	c := Command{op: opAcquired}
+	c.args[0] = tag
+	return c
+}
+
+// replDoneTag is the tag of replDoneCommand (and of acquiredCommand).
 func (c *Command) replDoneTag() uint64 { return c.args[0] }
 
 // replEnqueue is a committed enqueue of a replicated queue, for

@@ -83,9 +83,9 @@ type Delivery struct {
 	// DeliveryCount is how often the message was delivered before.
 	DeliveryCount uint32
 	// Flags are the native flags of a delivered message:
-	// wire.MsgRedelivered (the message may have been delivered before:
-	// DeliveryCount > 0, or its replicated queue's previous master may
-	// have delivered it) and wire.MsgPersistent (Body.Persistent).
+	// wire.MsgRedelivered (the message was delivered before:
+	// DeliveryCount > 0, which for a replicated queue counts what its
+	// earlier masters handed out) and wire.MsgPersistent (Body.Persistent).
 	Flags uint8
 	// Body is the message: Exchange, RoutingKey, Props and Payload, and
 	// Persistent and Priority, which a protocol that sends them in

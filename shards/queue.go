@@ -315,11 +315,23 @@ type queueRare struct {
 	// removeRefused: the group refused the last proposal of removing
 	// (logged once until one is taken).
 	removeRefused bool
-	// inheritedTo: this broker became master of the queue's group when
-	// the queue's messages went up to this seq; an earlier master may
-	// have delivered them (acquires are not in the group log), so their
-	// first delivery here is flagged redelivered.
-	inheritedTo uint64
+	// acquiring holds the seqs of messages acquired on this master whose
+	// deliveries wait for an acquires event not proposed yet (acquire.go),
+	// and acqGen counts the events proposed: a held delivery waits for
+	// event acqGen+1 of its time. acquireRefused: the group refused the
+	// last proposal (logged once until one is taken).
+	acquiring      []uint64
+	acqGen         uint64
+	acquireRefused bool
+	// releasing and returning hold the seqs of acquired messages this
+	// master put back, for the next releases events: a consumer's
+	// release or end, and held deliveries given back unseen (acquire.go).
+	// acqListed: the queue is on Shard.acquiring.
+	// releasesInFlight counts its releases events proposed and not
+	// committed yet, which its acquires wait for.
+	releasing, returning []uint64
+	acqListed            bool
+	releasesInFlight     int
 	// producers is the deduplication state of producer ids (dedup.go).
 	producers producerTable
 	// timerAt is the deliver-at time under which the shard's timers hold
@@ -674,7 +686,7 @@ func (q *Queue) NextDelivery(now int64) (Event, bool) {
 	n := len(q.consumers)
 	for i := 0; i < n; i++ {
 		at := (int(q.rr) + i) % n
-		if c := q.consumers[at]; c.credit > 0 && !c.Session.overOut(now, c.pendingBytes) {
+		if c := q.consumers[at]; c.credit > 0 && !c.Session.overOut(now, c.pendingBytes+c.heldBytes) {
 			return Event{Kind: EvAcquire, Seq: h.Seq, Consumer: c, Tag: c.nextTag + 1, Cursor: (at + 1) % n}, true
 		}
 	}

@@ -38,7 +38,7 @@ func (r *refusingReplicator) ProposeRemoves(_ *Queue, seqs []uint64, done func(e
 // master stepped down.
 func TestRefusedRemovesProposedAgain(t *testing.T) {
 	s, q, _ := replicatedShard(t, 0)
-	r := &refusingReplicator{refuse: 3, code: wire.CodeUnavailable}
+	r := &refusingReplicator{journalReplicator: journalReplicator{sh: s}, refuse: 3, code: wire.CodeUnavailable}
 	s.broker.SetReplicator(r)
 	const n = RemovesMax + 10
 	for seq := uint64(1); seq <= n; seq++ {

@@ -35,6 +35,19 @@ type Replicator interface {
 	// seqs (at most RemovesMax) from q; done, if not nil, is told when it
 	// committed. seqs is the caller's again when it returns.
 	ProposeRemoves(q *Queue, seqs []uint64, done func(error)) error
+	// ProposeReleases proposes, as one event, that this broker (the
+	// master) put acquired messages seqs (at most RemovesMax) of q back,
+	// unseen if no consumer saw them (their delivery counts stay), and
+	// reports the outcome as ProposeAcquires does. seqs is the caller's
+	// again when it returns.
+	ProposeReleases(q *Queue, seqs []uint64, unseen bool, tag uint64) error
+	// ProposeAcquires proposes, as one event, that this broker (the
+	// master) handed messages seqs (at most RemovesMax) of q out to
+	// consumers, and reports the outcome to q's shard,
+	// Shard.AcquiresCommitted(tag, err), once the event committed and
+	// every event before it did. An error means it was not proposed (and
+	// nothing is reported). seqs is the caller's again when it returns.
+	ProposeAcquires(q *Queue, seqs []uint64, tag uint64) error
 	// Barrier calls done once every event proposed before it on q's group
 	// committed.
 	Barrier(q *Queue, done func(error)) error
@@ -216,8 +229,9 @@ func (s *Shard) proposeRemoves(q *Queue, done func(error)) error {
 	return nil
 }
 
-// flushRemoves proposes every queue's pending removals; the shard calls
-// it at the end of each batch of commands. Queues whose removals the
+// flushRemoves proposes every queue's pending removals, and then their
+// acquires events (flushAcquires); the shard calls it at the end of each
+// batch of commands. Queues whose removals the
 // group did not take stay on the list, deleted ones too: the removals
 // of a deleted queue's messages are what releases their entries in the
 // master's group log (the master drops its queue at once, and applies
@@ -232,6 +246,7 @@ func (s *Shard) flushRemoves() {
 	}
 	clear(s.removing[len(keep):])
 	s.removing = keep
+	s.flushAcquires()
 }
 
 // DropReplica drops q, a replicated queue whose deletion its group's log
@@ -277,14 +292,13 @@ func (s *Shard) pushWait(ctx context.Context, cmd Command) error {
 }
 
 // GroupMastered tells the shards that this broker became master of group
-// g: its replicated queues are dispatched again, and the messages they
-// hold now (every committed enqueue applied before this call, which
-// follows them on the shard's ring) are flagged redelivered when first
-// delivered here, since an earlier master may have delivered them: the
-// group log does not carry acquires. That over-flags messages no one
-// saw, which the flag's meaning ("may have been delivered before")
-// allows; not flagging one that was delivered would break it. It does
-// not wait, except for room in a full ring.
+// g: its replicated queues are dispatched again, and the messages an
+// earlier master handed out and that were not settled (those this
+// broker holds as acquired from the log's acquires events, applied
+// before this call, which follows them on the shard's ring) are
+// requeued, flagged redelivered with their delivery count raised
+// (acquire.go). A message no earlier master handed out is delivered
+// unflagged. It does not wait, except for room in a full ring.
 func (b *Broker) GroupMastered(g uint32) {
 	call := groupMastered(g)
 	for _, s := range b.shards {
@@ -300,9 +314,7 @@ func groupMastered(g uint32) func(*Shard) {
 		sh.setMastered(g, true)
 		for q := range sh.queues.all() {
 			if q.replicated && q.group == g {
-				if q.Depth() > 0 {
-					q.rareState().inheritedTo = q.nextSeq - 1
-				}
+				sh.requeueInherited(q)
 				sh.markDirty(q)
 			}
 		}
@@ -344,6 +356,15 @@ func (b *Broker) ResetGroup(g uint32) {
 func resetGroup(g uint32) func(*Shard) {
 	return func(sh *Shard) {
 		sh.setMastered(g, false)
+		// What this broker's consumers hold of the group's queues is
+		// void here: held deliveries never go out, and a settle of an
+		// acquisition finds nothing (the log applied again holds the
+		// messages a next master requeues).
+		for _, con := range sh.consumers {
+			if q := con.queue; q.replicated && q.group == g {
+				dropHeld(con)
+			}
+		}
 		for q := range sh.queues.all() {
 			if !q.replicated || q.group != g {
 				continue
@@ -360,6 +381,10 @@ func resetGroup(g uint32) func(*Shard) {
 				// their messages back.
 				q.rare.removing = q.rare.removing[:0]
 				q.rare.removeRefused = false
+				q.rare.acquiring = q.rare.acquiring[:0]
+				q.rare.releasing = q.rare.releasing[:0]
+				q.rare.returning = q.rare.returning[:0]
+				q.rare.acquireRefused = false
 			}
 		}
 	}

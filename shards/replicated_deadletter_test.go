@@ -39,7 +39,7 @@ func (r *roleReplicator) ProposeRemoves(_ *Queue, seqs []uint64, done func(error
 // it, and a replicated dead-letter queue got up to one copy per member.
 func TestReplicatedDeadLettersOnlyAtMaster(t *testing.T) {
 	s, q, _ := replicatedShard(t, 0)
-	r := &roleReplicator{}
+	r := &roleReplicator{journalReplicator: journalReplicator{sh: s}}
 	s.broker.SetReplicator(r)
 	dlq := NewQueue("dlq", QueueOptions{}, 0, &s.pool)
 	s.queues.add(dlq)

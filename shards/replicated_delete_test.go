@@ -29,7 +29,7 @@ func (r *skipRecorder) Skipped(_ *Queue, seq uint64) { r.skipped = append(r.skip
 // and delayed.
 func TestDeletedReplicatedQueueReleasesLog(t *testing.T) {
 	s, q, _ := replicatedShard(t, 0)
-	r := &skipRecorder{refusingReplicator: refusingReplicator{refuse: 1, code: wire.CodeUnavailable}}
+	r := &skipRecorder{refusingReplicator: refusingReplicator{journalReplicator: journalReplicator{sh: s}, refuse: 1, code: wire.CodeUnavailable}}
 	s.broker.SetReplicator(r)
 	s.setMastered(q.group, true) // this broker masters q's group (Broker.GroupMastered)
 	body := func() *Body { return NewBody(nil, []byte("rq"), nil, []byte("m"), true) }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -26,6 +27,36 @@ type journalReplicator struct {
 	// it if countIndex.
 	outside    atomic.Int64
 	countIndex bool
+	// sh is the shard whose acquires events commit at once (on the
+	// test's goroutine, which drives the shard), unless holdAcquires:
+	// then their tags wait in acqTags. acquires records each event.
+	sh           *Shard
+	holdAcquires bool
+	acqTags      []uint64
+	acquires     [][]uint64
+	releases     []releaseEvent
+}
+
+func (r *journalReplicator) ProposeReleases(_ *Queue, seqs []uint64, unseen bool, tag uint64) error {
+	r.releases = append(r.releases, releaseEvent{slices.Clone(seqs), unseen})
+	r.sh.acquired(tag, nil)
+	return nil
+}
+
+// releaseEvent is a releases event a journalReplicator took.
+type releaseEvent struct {
+	seqs   []uint64
+	unseen bool
+}
+
+func (r *journalReplicator) ProposeAcquires(_ *Queue, seqs []uint64, tag uint64) error {
+	r.acquires = append(r.acquires, slices.Clone(seqs))
+	if r.holdAcquires {
+		r.acqTags = append(r.acqTags, tag)
+		return nil
+	}
+	r.sh.acquired(tag, nil)
+	return nil
 }
 
 func (r *journalReplicator) MemoryBytes() int64 {
@@ -79,9 +110,9 @@ func replicatedShard(t testing.TB, limit int64) (*Shard, *Queue, *journalReplica
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { j.Close() })
-	r := &journalReplicator{j: j}
-	br.SetReplicator(r)
 	s := br.shards[0]
+	r := &journalReplicator{j: j, sh: s}
+	br.SetReplicator(r)
 	t.Cleanup(s.closePages)
 	q := NewQueue("rq", QueueOptions{Durable: true}, 0, &s.pool)
 	q.replicated, q.group = true, 1

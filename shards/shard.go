@@ -27,6 +27,11 @@ type Consumer struct {
 	// against the session's OutMax before they are submitted.
 	pendingBytes int64
 	out          *sessOut
+	// held are deliveries from a replicated queue waiting for the
+	// acquires event that records them to commit (acquire.go), oldest
+	// first; heldBytes is their size, counted against OutMax as pending.
+	held      []heldDelivery
+	heldBytes int64
 }
 
 type consumerKey struct {
@@ -51,6 +56,15 @@ type Shard struct {
 	// removing lists the replicated queues with removals not proposed
 	// yet (Queue.removing); flushRemoves proposes them.
 	removing []*Queue
+	// acquiring lists the replicated queues with held deliveries whose
+	// acquires event is not proposed yet (queueRare.acquiring);
+	// flushAcquires proposes them, and acqWaits keeps those proposed
+	// until they commit.
+	acquiring []*Queue
+	acqWaits  acqWaits
+	// acqRetry lists queues whose releases failed for now, listed again
+	// at the next tick (Shard.released).
+	acqRetry []*Queue
 	// mastered[g]: this shard took Broker.GroupMastered(g) from its ring,
 	// and no Broker.ResetGroup(g) since. The node readies a mastership
 	// only after it handed the shards every entry the new master
@@ -231,6 +245,8 @@ func (s *Shard) handle(c *Command) {
 		c.call(s)
 	case opReplDone:
 		s.replDone(c.replDoneTag(), nil)
+	case opAcquired:
+		s.acquired(c.replDoneTag(), nil)
 	case opReplEnqueue:
 		e := c.replEnqueue()
 		s.ApplyEnqueue(e.queue, e.seq, e.body, e.expiresAt, e.producer, e.producerSeq, e.logPos)
@@ -437,8 +453,10 @@ func (s *Shard) cancel(cn Cancel) {
 		return
 	}
 	// Deliveries already made stay acquired and can still be settled; the
-	// consumer only stops receiving.
+	// consumer only stops receiving. Those held for their acquires event
+	// go back (acquire.go).
 	con.credit = 0
+	s.unholdAll(con)
 	s.detach(con)
 	if len(con.unacked) == 0 {
 		// Nothing left to settle: forget it now, not at session end.
@@ -552,6 +570,11 @@ func (s *Shard) release(q *Queue, seq uint64) {
 	pos := e.JournalPos
 	ev := Event{Kind: EvRelease, Seq: seq}
 	_ = q.Apply(&ev, s)
+	if q.replicated && s.masters(q) {
+		// Its followers put it back too (acquire.go); if the release
+		// dead-lettered it, its removal goes first and this does nothing.
+		s.noteRelease(q, seq, false)
+	}
 	if pos != 0 && e.JournalPos == pos && s.journal != nil {
 		s.appendCount(q, journal.Pos(pos), e.DeliveryCount)
 	}
@@ -573,6 +596,7 @@ func (s *Shard) sessionClosed(sess *Session) {
 		if key.sess != sess {
 			continue
 		}
+		s.unholdAll(con)
 		s.requeueAll(con)
 		if containsConsumer(con.queue.consumers, con) {
 			s.detach(con)
@@ -625,6 +649,7 @@ func (s *Shard) tick() {
 	s.expireDue()
 	s.fireTimers()
 	s.retryDeferred()
+	s.retryAcquiring()
 }
 
 // expireDue expires the heads of the queues whose index entries came due
@@ -733,19 +758,29 @@ func (s *Shard) dispatch(q *Queue) {
 		}
 		con := ev.Consumer
 		flags := uint8(0)
-		if h.DeliveryCount > 0 || (q.rare != nil && h.Seq <= q.rare.inheritedTo) {
+		if h.DeliveryCount > 0 {
 			flags |= wire.MsgRedelivered
 		}
 		if h.Body.Persistent {
 			flags |= wire.MsgPersistent
 		}
 		h.Body.Ref()
-		con.pending = append(con.pending, Delivery{Tag: ev.Tag, DeliveryCount: h.DeliveryCount, Flags: flags, Body: h.Body})
-		con.pendingBytes += int64(h.size())
+		d := Delivery{Tag: ev.Tag, DeliveryCount: h.DeliveryCount, Flags: flags, Body: h.Body}
+		size := int64(h.size())
 		if err := q.Apply(&ev, s); err != nil {
 			panic("shards: acquire of the head failed: " + err.Error())
 		}
 		s.stats.Delivered++
+		if q.replicated {
+			// Out once its acquires event commits (acquire.go).
+			if !con.ackNone {
+				con.unacked[ev.Tag] = ev.Seq
+			}
+			s.hold(q, con, d, ev.Seq, size)
+			continue
+		}
+		con.pending = append(con.pending, d)
+		con.pendingBytes += size
 		if con.ackNone {
 			ev = Event{Kind: EvDequeue, Seq: ev.Seq}
 			_ = q.Apply(&ev, s)

@@ -59,7 +59,7 @@ func TestQueueTotalsMatchWalk(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer j.Close()
-	repl := &journalReplicator{j: j}
+	repl := &journalReplicator{j: j, sh: b.shards[0]}
 	b.SetReplicator(durableReplicator{repl})
 	router := &dlxRouter{}
 	b.SetHooks(Hooks{Router: router, AutoDeleted: func(*Queue) {}})

@@ -32,6 +32,11 @@ const (
 	// master requeues them, flagged redelivered with their delivery count
 	// raised, and no others.
 	KindAcquires Kind = 6
+	// KindReleases records that the master put acquired messages back:
+	// a consumer released them, or went with them unsettled, or (flag
+	// FlagUnseen) they were never delivered (their acquires event did
+	// not commit in time, or their consumer went first).
+	KindReleases Kind = 7
 )
 
 func (k Kind) String() string {
@@ -48,6 +53,8 @@ func (k Kind) String() string {
 		return "remove"
 	case KindAcquires:
 		return "acquires"
+	case KindReleases:
+		return "releases"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -59,6 +66,16 @@ const (
 	BarrierVersion  uint8 = 1
 	DeleteVersion   uint8 = 1
 	AcquiresVersion uint8 = 1
+	ReleasesVersion uint8 = 1
+)
+
+// Releases flags.
+const (
+	// FlagUnseen: no consumer saw the released messages, whose delivery
+	// counts stay as they were.
+	FlagUnseen uint8 = 1 << 0
+
+	releasesFlags = FlagUnseen
 )
 
 // Enqueue flags: which optional parts follow the payload.
@@ -142,6 +159,8 @@ func ReadHeader(data []byte) (h Header, n int, err error) {
 		newest = DeleteVersion
 	case KindAcquires:
 		newest = AcquiresVersion
+	case KindReleases:
+		newest, known = ReleasesVersion, releasesFlags
 	default:
 		return h, 0, fmt.Errorf("%w: %d", ErrUnknownKind, data[1])
 	}
@@ -335,28 +354,29 @@ func appendSeqs(dst []byte, queue string, seqs []uint64) []byte {
 
 // decodeSeqs decodes data, an event of kind k whose body is a queue name
 // and a list of messages: queue aliases data, the seqs are appended to
-// seqs[:0].
-func decodeSeqs(data []byte, k Kind, seqs []uint64) (queue []byte, _ []uint64, err error) {
+// seqs[:0]; flags are the header's.
+func decodeSeqs(data []byte, k Kind, seqs []uint64) (queue []byte, _ []uint64, flags uint8, err error) {
 	var rd wire.Reader
-	if _, err := body(data, k, &rd); err != nil {
-		return nil, seqs, err
+	h, err := body(data, k, &rd)
+	if err != nil {
+		return nil, seqs, 0, err
 	}
 	queue = rd.Str(wire.NameLenMax)
 	n := rd.Count(8)
 	if n > SeqsMax {
-		return nil, seqs, fmt.Errorf("%w: %v of %d messages, over %d", ErrMalformed, k, n, SeqsMax)
+		return nil, seqs, 0, fmt.Errorf("%w: %v of %d messages, over %d", ErrMalformed, k, n, SeqsMax)
 	}
 	seqs = seqs[:0]
 	for range n {
 		seqs = append(seqs, rd.U64())
 	}
-	return queue, seqs, done(&rd, k)
+	return queue, seqs, h.Flags, done(&rd, k)
 }
 
 // Decode decodes data, a removes of either format, into r: r.Queue
 // aliases data, and the seqs are appended to r.Seqs[:0].
 func (r *Removes) Decode(data []byte) (err error) {
-	r.Queue, r.Seqs, err = decodeSeqs(data, KindRemoves, r.Seqs)
+	r.Queue, r.Seqs, _, err = decodeSeqs(data, KindRemoves, r.Seqs)
 	return err
 }
 
@@ -376,7 +396,35 @@ func AppendAcquires(dst []byte, queue string, seqs []uint64) []byte {
 // Decode decodes data, an acquires, into a: a.Queue aliases data, and
 // the seqs are appended to a.Seqs[:0].
 func (a *Acquires) Decode(data []byte) (err error) {
-	a.Queue, a.Seqs, err = decodeSeqs(data, KindAcquires, a.Seqs)
+	a.Queue, a.Seqs, _, err = decodeSeqs(data, KindAcquires, a.Seqs)
+	return err
+}
+
+// Releases records that the master put acquired messages of a queue, by
+// their enqueues' log indexes, back; Unseen if no consumer saw them.
+type Releases struct {
+	Queue  []byte
+	Seqs   []uint64
+	Unseen bool
+}
+
+// AppendReleases appends the encoding of the release of seqs (at most
+// SeqsMax) of queue to dst.
+func AppendReleases(dst []byte, queue string, seqs []uint64, unseen bool) []byte {
+	var flags uint8
+	if unseen {
+		flags = FlagUnseen
+	}
+	return appendSeqs(appendHeader(dst, KindReleases, ReleasesVersion, flags), queue, seqs)
+}
+
+// Decode decodes data, a releases, into r: r.Queue aliases data, and the
+// seqs are appended to r.Seqs[:0].
+func (r *Releases) Decode(data []byte) error {
+	var flags uint8
+	var err error
+	r.Queue, r.Seqs, flags, err = decodeSeqs(data, KindReleases, r.Seqs)
+	r.Unseen = flags&FlagUnseen != 0
 	return err
 }
 
@@ -444,6 +492,7 @@ type Event struct {
 	Remove   Remove
 	Delete   Delete
 	Acquires Acquires
+	Releases Releases
 }
 
 // Decode decodes data, an event of any kind and either format, into ev:
@@ -468,6 +517,8 @@ func Decode(data []byte, ev *Event) error {
 		return ev.Delete.Decode(data)
 	case KindAcquires:
 		return ev.Acquires.Decode(data)
+	case KindReleases:
+		return ev.Releases.Decode(data)
 	}
 	return fmt.Errorf("%w: %v", ErrUnknownKind, h.Kind)
 }
@@ -489,6 +540,8 @@ func Append(dst []byte, ev *Event) []byte {
 		return AppendDelete(dst, string(ev.Delete.Queue))
 	case KindAcquires:
 		return AppendAcquires(dst, string(ev.Acquires.Queue), ev.Acquires.Seqs)
+	case KindReleases:
+		return AppendReleases(dst, string(ev.Releases.Queue), ev.Releases.Seqs, ev.Releases.Unseen)
 	}
 	panic(fmt.Sprintf("event: Append of %v", ev.Header.Kind))
 }

@@ -90,6 +90,8 @@ func goldens() []golden {
 		golden{name: "delete-v1", want: Event{Header: Header{Kind: KindDelete}, Delete: Delete{Queue: []byte("orders")}}},
 		golden{name: "delete-legacy", legacy: wire.AppendStr([]byte{legacyDelete}, "orders"), want: Event{Header: Header{Kind: KindDelete}, Delete: Delete{Queue: []byte("orders")}}},
 		golden{name: "acquires-v1", want: Event{Header: Header{Kind: KindAcquires}, Acquires: Acquires{Queue: []byte("orders"), Seqs: seqs}}},
+		golden{name: "releases-v1", want: Event{Header: Header{Kind: KindReleases}, Releases: Releases{Queue: []byte("orders"), Seqs: seqs}}},
+		golden{name: "releases-v1-unseen", want: Event{Header: Header{Kind: KindReleases}, Releases: Releases{Queue: []byte("orders"), Seqs: seqs, Unseen: true}}},
 		golden{name: "acquires-v1-none", want: Event{Header: Header{Kind: KindAcquires}, Acquires: Acquires{Queue: []byte("orders")}}},
 	)
 	return gs

@@ -553,11 +553,12 @@ func TestReplicatedDeadLetters(t *testing.T) {
 	}
 	conn.Close()
 	// The followers hold in the source what the full dead-letter queue
-	// refused; the master dropped them from its view (it would only
+	// refused, as acquired (the log has their acquires, not their
+	// removals); the master dropped them from its view (it would only
 	// get them back from the log).
 	testutil.WaitFor(t, 20*time.Second, func() error {
 		for _, n := range c.nodes {
-			src, _, err := c.depth(n, source)
+			src, srcAcquired, err := c.depth(n, source)
 			if err != nil {
 				return err
 			}
@@ -565,12 +566,12 @@ func TestReplicatedDeadLetters(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			want := total - room
+			want, wantAcquired := total-rejected, rejected-room
 			if n == mnode {
-				want = total - rejected
+				wantAcquired = 0
 			}
-			if src != want || dl != room {
-				return fmt.Errorf("%s: source %d ready (want %d), dead letters %d (want %d)", n.name, src, want, dl, room)
+			if src != want || srcAcquired != wantAcquired || dl != room {
+				return fmt.Errorf("%s: source %d ready and %d acquired (want %d and %d), dead letters %d (want %d)", n.name, src, srcAcquired, want, wantAcquired, dl, room)
 			}
 		}
 		return nil

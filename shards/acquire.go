@@ -1,0 +1,525 @@
+package shards
+
+import (
+	"slices"
+
+	"github.com/berthmq/berth/wire"
+)
+
+// Acquisitions of replicated queues are events of the group log (seed
+// 000: "the owner multicasts notification of messages it acquires"). The
+// master hands a message to a consumer in two steps:
+//
+//  1. dispatch acquires it here as for any queue (credit, tag, unacked)
+//     but holds the delivery (Consumer.held) and notes the message for
+//     its queue's next acquires event (hold);
+//  2. at the end of the batch the shard proposes one acquires event per
+//     queue (flushAcquires); when it commits, the held deliveries go out
+//     (acquired).
+//
+// So every message a consumer ever received has a committed acquires
+// event, and every member knows it: a follower moves the message to its
+// acquired set when it applies the event (ApplyAcquires), and a broker
+// that becomes master requeues exactly those, flagged redelivered with
+// their delivery count raised (requeueInherited). A message no consumer
+// was handed is delivered unflagged by the next master. The cost is one
+// group commit between a message's dispatch and its delivery, and one
+// event per queue per batch, not per message.
+//
+// Releases are events too (noteRelease): a consumer's release or its
+// end puts a message back on every member with its count raised, and a
+// held delivery given back (unhold) puts it back unseen, its count as it
+// was. Per queue and batch the shard proposes its removals first, then
+// its releases, then its acquires, so that a message released and handed
+// out again in one batch is acquired last on every member.
+
+// heldDelivery is a delivery waiting for its acquires event.
+type heldDelivery struct {
+	Delivery
+	seq  uint64
+	gen  uint64 // the queue's acquires event that records it (queueRare.acqGen)
+	size int64  // counted in Consumer.heldBytes
+}
+
+// hold keeps d, the delivery of q's message seq just acquired for con,
+// until the acquires event that records it commits.
+func (s *Shard) hold(q *Queue, con *Consumer, d Delivery, seq uint64, size int64) {
+	rs := s.listAcquiring(q)
+	rs.acquiring = append(rs.acquiring, seq)
+	con.held = append(con.held, heldDelivery{Delivery: d, seq: seq, gen: rs.acqGen + 1, size: size})
+	con.heldBytes += size
+	if len(rs.acquiring) == RemovesMax {
+		s.proposeAcquires(q)
+	}
+}
+
+// listAcquiring puts q on the shard's list of queues with releases or
+// acquires to propose (Shard.acquiring), once.
+func (s *Shard) listAcquiring(q *Queue) *queueRare {
+	rs := q.rareState()
+	if !rs.acqListed {
+		rs.acqListed = true
+		s.acquiring = append(s.acquiring, q)
+	}
+	return rs
+}
+
+// noteRelease notes, for q's next releases event, that this master put
+// its acquired message seq back: unseen if no consumer saw it.
+func (s *Shard) noteRelease(q *Queue, seq uint64, unseen bool) {
+	rs := s.listAcquiring(q)
+	if unseen {
+		rs.returning = append(rs.returning, seq)
+	} else {
+		rs.releasing = append(rs.releasing, seq)
+	}
+	if len(rs.returning) == RemovesMax || len(rs.releasing) == RemovesMax {
+		s.proposeReleases(q)
+	}
+}
+
+// flushAcquires proposes every queue's releases and acquires events;
+// flushRemoves calls it once it proposed the removals, at the end of each
+// batch of commands. A queue whose removals the group did not take waits
+// with the rest too, and its acquires wait for its releases: they would
+// commit ahead of them, and a member would hold a message as acquired
+// that its master holds as ready, or hand an auto-ack consumer a message
+// whose removal a new master never learns.
+func (s *Shard) flushAcquires() {
+	keep := s.acquiring[:0]
+	for _, q := range s.acquiring {
+		rs := q.rare
+		if len(rs.removing) == 0 && s.proposeReleases(q) && len(rs.acquiring) > 0 && rs.releasesInFlight == 0 {
+			s.proposeAcquires(q)
+		}
+		if len(rs.acquiring)+len(rs.releasing)+len(rs.returning) > 0 {
+			keep = append(keep, q)
+		} else {
+			rs.acqListed = false
+		}
+	}
+	clear(s.acquiring[len(keep):])
+	s.acquiring = keep
+}
+
+// proposeReleases proposes q's pending releases, and reports whether none
+// is left pending. What the group did not take for now stays pending, and
+// what failed for now after it was proposed (too few replicas in sync
+// just after an election) is pending again (released); the queue's
+// acquires wait until no releases event is in flight, so that they
+// follow it in the log. On any other refusal they are dropped (this
+// broker is not the master any more, and applies the log again when it
+// steps down).
+func (s *Shard) proposeReleases(q *Queue) bool {
+	rs := q.rare
+	r := s.broker.loadReplicator()
+	for _, l := range []*[]uint64{&rs.returning, &rs.releasing} {
+		if len(*l) == 0 {
+			continue
+		}
+		unseen := l == &rs.returning
+		tag, ok := s.acqWaits.add(q, 0)
+		var err error
+		switch {
+		case !ok:
+			err = Errorf(wire.CodeResourceLimit, "shard %d has %d acquires events waiting for their groups", s.idx, acqWaitsMax)
+		case r == nil:
+			err = Errorf(wire.CodeUnavailable, "the shards are not connected to the replication groups")
+		default:
+			w := &s.acqWaits.slots[uint32(tag)]
+			w.release, w.unseen, w.seqs = true, unseen, slices.Clone(*l)
+			rs.releasesInFlight++ // before: the outcome may come back at once
+			if err = r.ProposeReleases(q, *l, unseen, tag); err != nil {
+				rs.releasesInFlight--
+			}
+		}
+		if err != nil && ok {
+			s.acqWaits.take(tag)
+		}
+		if err != nil {
+			if code := CodeOf(err); code == wire.CodeUnavailable || code == wire.CodeResourceLimit {
+				if !rs.acquireRefused {
+					rs.acquireRefused = true
+					s.log.Warn("shards: the group did not take the releases of replicated messages; proposing them again", "queue", q.Name, "messages", len(*l), "err", err)
+				}
+				return false
+			}
+			s.log.Warn("shards: the releases of replicated messages were not proposed", "queue", q.Name, "messages", len(*l), "err", err)
+		}
+		*l = (*l)[:0]
+	}
+	return true
+}
+
+// proposeAcquires proposes q's pending acquires as one event. What the
+// group did not take for now (too few replicas in sync, a busy node or
+// backlog, or the shard's table of waiting events full) stays pending for
+// the next batch; on any other refusal (this broker is not the master
+// any more) the held deliveries are given back to the queue.
+func (s *Shard) proposeAcquires(q *Queue) {
+	rs := q.rare
+	gen := rs.acqGen + 1
+	tag, ok := s.acqWaits.add(q, gen)
+	var err error
+	if !ok {
+		err = Errorf(wire.CodeResourceLimit, "shard %d has %d acquires events waiting for their groups", s.idx, acqWaitsMax)
+	} else if r := s.broker.loadReplicator(); r == nil {
+		err = Errorf(wire.CodeUnavailable, "the shards are not connected to the replication groups")
+	} else {
+		// The outcome may come back at once (acquired): the held
+		// deliveries carry gen already, and rs.acquiring is not read
+		// there.
+		err = r.ProposeAcquires(q, rs.acquiring, tag)
+	}
+	if err == nil {
+		rs.acqGen = gen
+		rs.acquiring = rs.acquiring[:0]
+		if rs.acquireRefused {
+			rs.acquireRefused = false
+			s.log.Info("shards: the group took the acquires it had refused", "queue", q.Name)
+		}
+		return
+	}
+	if ok {
+		s.acqWaits.take(tag)
+	}
+	if code := CodeOf(err); code == wire.CodeUnavailable || code == wire.CodeResourceLimit {
+		if !rs.acquireRefused {
+			rs.acquireRefused = true
+			s.log.Warn("shards: the group did not take the acquires of replicated messages; proposing them again", "queue", q.Name, "messages", len(rs.acquiring), "err", err)
+		}
+		return
+	}
+	s.log.Warn("shards: the acquires of replicated messages were not proposed; they go back to the queue", "queue", q.Name, "messages", len(rs.acquiring), "err", err)
+	rs.acquiring = rs.acquiring[:0]
+	rs.acqGen = gen // the holds of gen end here
+	s.unholdQueue(q, gen)
+}
+
+// AcquiresCommitted reports the outcome of the acquires event the shard
+// gave tag to (Replicator.ProposeAcquires). It runs on any goroutine but
+// the shard's, and allocates nothing when err is nil; a full ring is
+// waited out, since an outcome must not be lost.
+func (s *Shard) AcquiresCommitted(tag uint64, err error) {
+	cmd := acquiredCommand(tag)
+	if err != nil {
+		cmd = CallCommand(func(sh *Shard) { sh.acquired(tag, err) })
+	}
+	_ = s.pushWait(s.broker.ctx, cmd) // fails only once the broker closes
+}
+
+// acquired ends the holds of the acquires event under tag: committed,
+// the deliveries it records go out; failed, they go back to the queue
+// (the event may still have committed: the next master then flags them,
+// as the meaning of the flag allows). For a releases event, see
+// proposeReleases.
+func (s *Shard) acquired(tag uint64, err error) {
+	w, ok := s.acqWaits.take(tag)
+	if !ok {
+		s.log.Error("shards: an acquires event's outcome for no waiting event", "tag", tag)
+		return
+	}
+	q := w.q
+	if w.release {
+		s.released(q, w, err)
+		return
+	}
+	if err != nil {
+		s.log.Warn("shards: an acquires event did not commit; its deliveries go back to the queue", "queue", q.Name, "err", err)
+		s.unholdQueue(q, w.gen)
+		return
+	}
+	for _, con := range q.consumers {
+		s.sendHeld(q, con, w.gen)
+	}
+}
+
+// released ends a releases event's wait: its queue's acquires may go now;
+// one that failed for now is pending again.
+func (s *Shard) released(q *Queue, w acqWait, err error) {
+	rs := q.rareState()
+	rs.releasesInFlight--
+	if err == nil || q.deleted || !s.masters(q) {
+		if err != nil {
+			s.log.Warn("shards: a releases event of replicated messages did not commit", "queue", q.Name, "messages", len(w.seqs), "err", err)
+		}
+		if len(rs.acquiring) > 0 {
+			s.listAcquiring(q)
+		}
+		return
+	}
+	if code := CodeOf(err); code != wire.CodeUnavailable && code != wire.CodeResourceLimit {
+		s.log.Warn("shards: a releases event of replicated messages did not commit", "queue", q.Name, "messages", len(w.seqs), "err", err)
+		return
+	}
+	// Proposed again at the next tick (or with the queue's next
+	// acquires), not at once: an outcome that comes back at once would
+	// make the shard and the node spin while the group is short of
+	// replicas.
+	if w.unseen {
+		rs.returning = append(rs.returning, w.seqs...)
+	} else {
+		rs.releasing = append(rs.releasing, w.seqs...)
+	}
+	if !rs.acqListed {
+		s.acqRetry = append(s.acqRetry, q)
+	}
+}
+
+// retryAcquiring lists again the queues whose releases failed for now
+// (released); the shard calls it at each tick.
+func (s *Shard) retryAcquiring() {
+	for _, q := range s.acqRetry {
+		if r := q.rare; r != nil && len(r.releasing)+len(r.returning)+len(r.acquiring) > 0 {
+			s.listAcquiring(q)
+		}
+	}
+	clear(s.acqRetry)
+	s.acqRetry = s.acqRetry[:0]
+}
+
+// sendHeld sends con's held deliveries of events up to gen.
+func (s *Shard) sendHeld(q *Queue, con *Consumer, gen uint64) {
+	n := 0
+	for n < len(con.held) && con.held[n].gen <= gen {
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	for i := range con.held[:n] {
+		h := &con.held[i]
+		size := h.size
+		con.heldBytes -= size
+		if !s.stillHeld(q, con, h) {
+			h.Body.Unref() // settled before it went out (a guessed tag), or gone
+			continue
+		}
+		con.pending = append(con.pending, h.Delivery)
+		con.pendingBytes += size
+		if len(con.pending) == 1 {
+			o := s.out(con.Session)
+			o.consumers = append(o.consumers, con)
+		}
+		if con.ackNone {
+			ev := Event{Kind: EvDequeue, Seq: h.seq}
+			_ = q.Apply(&ev, s)
+		}
+	}
+	clear(con.held[:n])
+	con.held = slices.Delete(con.held, 0, n)
+	if len(con.held) == 0 {
+		con.heldBytes = 0
+	}
+}
+
+// stillHeld reports whether h's message is still acquired for con under
+// h's tag.
+func (s *Shard) stillHeld(q *Queue, con *Consumer, h *heldDelivery) bool {
+	if q.Acquired(h.seq) == nil {
+		return false
+	}
+	if con.ackNone {
+		return true
+	}
+	seq, ok := con.unacked[h.Tag]
+	return ok && seq == h.seq
+}
+
+// unholdQueue gives the held deliveries of q's events up to gen back to
+// the queue, on every consumer.
+func (s *Shard) unholdQueue(q *Queue, gen uint64) {
+	for _, con := range q.consumers {
+		s.unhold(q, con, gen)
+	}
+	s.markDirty(q)
+}
+
+// unhold gives con's held deliveries of events up to gen back to the
+// queue: the messages are ready again, in their places, with their
+// delivery counts as they were (no consumer saw them), and con gets its
+// credit back.
+func (s *Shard) unhold(q *Queue, con *Consumer, gen uint64) {
+	n := 0
+	for n < len(con.held) && con.held[n].gen <= gen {
+		n++
+	}
+	rs := q.rareState()
+	for i := range con.held[:n] {
+		h := &con.held[i]
+		con.heldBytes -= h.size
+		if s.stillHeld(q, con, h) {
+			e := q.Acquired(h.seq)
+			q.unacquire(e)
+			q.putBack(e)
+			if h.gen > rs.acqGen {
+				// Not proposed yet: the acquires event goes without it.
+				if i := slices.Index(rs.acquiring, h.seq); i >= 0 {
+					rs.acquiring = slices.Delete(rs.acquiring, i, i+1)
+				}
+			} else {
+				s.noteRelease(q, h.seq, true)
+			}
+			if !con.ackNone {
+				delete(con.unacked, h.Tag)
+			}
+			if containsConsumer(q.consumers, con) {
+				con.credit++
+			}
+		}
+		h.Body.Unref()
+	}
+	clear(con.held[:n])
+	con.held = slices.Delete(con.held, 0, n)
+	if len(con.held) == 0 {
+		con.heldBytes = 0
+	}
+}
+
+// unholdAll gives back every delivery con holds (the consumer is
+// cancelled or its session closed).
+func (s *Shard) unholdAll(con *Consumer) {
+	if len(con.held) > 0 {
+		s.unhold(con.queue, con, ^uint64(0))
+		s.markDirty(con.queue)
+	}
+}
+
+// dropHeld forgets con's held deliveries and its acquisitions without
+// touching the queue: the broker stepped down as master of the queue's
+// group (resetGroup), whose log applied again rebuilds the queue, and
+// whose next master requeues what this one handed out.
+func dropHeld(con *Consumer) {
+	for i := range con.held {
+		con.held[i].Body.Unref()
+	}
+	clear(con.held)
+	con.held = con.held[:0]
+	con.heldBytes = 0
+	clear(con.unacked)
+}
+
+// ApplyAcquires applies a committed acquires event of replicated queue q
+// on a member that has not taken the group's mastership (the master
+// acquired the messages when it proposed the event): each message moves
+// to the acquired set, held for the master's consumer. It runs on q's
+// shard goroutine.
+func (s *Shard) ApplyAcquires(q *Queue, seqs []uint64) {
+	if s.hasMastered(q.group) || q.deleted {
+		return
+	}
+	for _, seq := range seqs {
+		e := q.takeReady(seq)
+		if e == nil {
+			continue // removed here already, or never enqueued (a dropped head)
+		}
+		if q.busy.acquired == nil {
+			q.busy.acquired = make(map[uint64]*Entry)
+		}
+		q.busy.acquired[seq] = e
+		q.free.totals.Unacked++
+	}
+	s.watchHead(q)
+}
+
+// ApplyReleases applies a committed releases event of replicated queue q
+// on a member that has not taken the group's mastership: each message
+// the master held as acquired is ready again, its delivery count raised
+// unless unseen (a message that reaches the queue's delivery limit goes,
+// as at the master, which dead-letters it and proposes its removal). It
+// runs on q's shard goroutine.
+func (s *Shard) ApplyReleases(q *Queue, seqs []uint64, unseen bool) {
+	if s.hasMastered(q.group) || q.deleted {
+		return
+	}
+	for _, seq := range seqs {
+		e := q.Acquired(seq)
+		if e == nil {
+			continue
+		}
+		if unseen {
+			q.unacquire(e)
+			q.putBack(e)
+			continue
+		}
+		ev := Event{Kind: EvRelease, Seq: seq}
+		_ = q.Apply(&ev, s)
+	}
+	s.watchHead(q)
+}
+
+// requeueInherited puts back, flagged redelivered with their delivery
+// count raised, the messages of q that an earlier master handed out and
+// that were not settled: those this member holds as acquired (it took no
+// consumer's acquisition while it was not master). A message whose count
+// reaches the queue's delivery limit is dead-lettered, as at a release.
+func (s *Shard) requeueInherited(q *Queue) {
+	if len(q.acquiredMap()) == 0 {
+		return
+	}
+	seqs := make([]uint64, 0, len(q.acquiredMap()))
+	for seq := range q.acquiredMap() {
+		seqs = append(seqs, seq)
+	}
+	slices.Sort(seqs)
+	for _, seq := range seqs {
+		ev := Event{Kind: EvRelease, Seq: seq}
+		_ = q.Apply(&ev, s)
+		s.noteRelease(q, seq, false)
+	}
+}
+
+// acqWaitsMax bounds a shard's acquires events waiting to commit.
+const acqWaitsMax = 1 << 16
+
+// acqWait is an acquires event waiting to commit: its queue, and the
+// queue's event number (queueRare.acqGen) it carries.
+type acqWait struct {
+	q    *Queue
+	gen  uint64
+	slot uint32 // bumped at each use of the slot, so a stale tag is refused
+	used bool
+	// release: a releases event, of seqs (unseen ones), not an acquires.
+	release, unseen bool
+	seqs            []uint64
+}
+
+// acqWaits is a table of acqWait with a free list, as replWaits: a tag is
+// the slot's generation and index.
+type acqWaits struct {
+	slots []acqWait
+	free  []uint32
+}
+
+func (w *acqWaits) add(q *Queue, gen uint64) (uint64, bool) {
+	var i uint32
+	if n := len(w.free); n > 0 {
+		i = w.free[n-1]
+		w.free = w.free[:n-1]
+	} else {
+		if len(w.slots) >= acqWaitsMax {
+			return 0, false
+		}
+		w.slots = append(w.slots, acqWait{})
+		i = uint32(len(w.slots) - 1)
+	}
+	sl := &w.slots[i]
+	sl.slot++
+	sl.q, sl.gen, sl.used, sl.release, sl.unseen, sl.seqs = q, gen, true, false, false, nil
+	return uint64(sl.slot)<<32 | uint64(i), true
+}
+
+func (w *acqWaits) take(tag uint64) (acqWait, bool) {
+	i := uint32(tag)
+	if int(i) >= len(w.slots) {
+		return acqWait{}, false
+	}
+	sl := &w.slots[i]
+	if !sl.used || sl.slot != uint32(tag>>32) {
+		return acqWait{}, false
+	}
+	v := *sl
+	sl.q, sl.used, sl.seqs = nil, false, nil
+	w.free = append(w.free, i)
+	return v, true
+}
