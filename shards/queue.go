@@ -332,6 +332,9 @@ type queueRare struct {
 	releasing, returning []uint64
 	acqListed            bool
 	releasesInFlight     int
+	// acquiresInFlight counts its acquires events proposed and not
+	// committed yet (acquiresInFlightMax).
+	acquiresInFlight int
 	// producers is the deduplication state of producer ids (dedup.go).
 	producers producerTable
 	// timerAt is the deliver-at time under which the shard's timers hold

@@ -142,7 +142,8 @@ func benchPublish(b *testing.B, ctx context.Context, addr, queue string, size in
 // real brokers (fsync always), consuming a replicated queue at its
 // group's master with consuming it through a follower that proxies the
 // consumer to the master: b.N persistent 128-byte messages are published
-// first (not timed), then one consumer with 1,000 credit takes them and
+// first (not timed), then one consumer with 1,000 credit
+// (BERTH_BENCH_CREDIT) takes them and
 // accepts them in batches of 64 without waiting; the figure is messages
 // delivered and accepted (completed) per second.
 //
@@ -185,7 +186,7 @@ func BenchmarkConsumeProxied(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			start := time.Now()
-			con, err := conn.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 1000, AutoCredit: true})
+			con, err := conn.Subscribe(ctx, queue, client.SubscribeOptions{Credit: benchCredit(), AutoCredit: true})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -259,3 +260,14 @@ func cpuTime(b *testing.B, nodes []*node) time.Duration {
 // clockTicks is the kernel's USER_HZ, the unit of /proc's times: 100 on
 // Linux everywhere this runs.
 const clockTicks = 100
+
+// benchCredit is the consumer's credit in BenchmarkConsumeProxied: 1,000,
+// or BERTH_BENCH_CREDIT.
+func benchCredit() uint32 {
+	if s := os.Getenv("BERTH_BENCH_CREDIT"); s != "" {
+		if n, err := strconv.Atoi(s); err == nil && n > 0 {
+			return uint32(n)
+		}
+	}
+	return 1000
+}
