@@ -32,6 +32,7 @@ type shardCollector struct {
 	qDepth, qReady, qUnacked, qDelayed, qConsumers, qBytes                       *prometheus.Desc
 	qPublished, qDelivered, qAccepted, qDeadLettered, qExpired                   *prometheus.Desc
 	ringFull, storeErrors, droppedDeadLetters, duplicates, recovery, recoveredMs *prometheus.Desc
+	acquiresEvents, releasesEvents, inherited                                    *prometheus.Desc
 	fsyncs, recordsPerFsync, fsyncSeconds, appends, segments                     *prometheus.Desc
 	diskBytes, liveBytes, journalFailed                                          *prometheus.Desc
 	memLimit, memUsed, memPaged, memThrottled, memThrottles                      *prometheus.Desc
@@ -73,6 +74,9 @@ func newShardCollector(s *Server) *shardCollector {
 		storeErrors:        d("berth_shard_store_errors_total", "Journal records of the shard that failed to become durable; their commands got an error.", sh),
 		droppedDeadLetters: d("berth_shard_dropped_dead_letters_total", "Dead letters the shard dropped because other shards' rings stayed full.", sh),
 		duplicates:         d("berth_shard_publish_duplicates_total", "Publishes the shard's queues skipped as retries of an enqueue they had applied (same producer id, sequence number not newer).", sh),
+		acquiresEvents:     d("berth_shard_acquires_events_total", "Acquires events the shard proposed as master of replicated queues' groups: each records deliveries, which go out once it commits.", sh),
+		releasesEvents:     d("berth_shard_releases_events_total", "Releases events the shard proposed as master of replicated queues' groups: acquired messages put back.", sh),
+		inherited:          d("berth_shard_inherited_redeliveries_total", "Messages the shard requeued, flagged redelivered, on becoming master of a replicated queue's group, because an earlier master had handed them out and nobody settled them.", sh),
 		recovery:           d("berth_shard_recovery_seconds", "How long the shard's journal recovery took at start.", sh),
 		recoveredMs:        d("berth_shard_recovered_messages", "Messages the shard's journal recovery brought back at start.", sh),
 		fsyncs:             d("berth_journal_fsyncs_total", "Journal fsyncs that made records durable.", sh),
@@ -100,6 +104,7 @@ func (c *shardCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.qDepth, c.qReady, c.qUnacked, c.qDelayed, c.qConsumers, c.qBytes,
 		c.qPublished, c.qDelivered, c.qAccepted, c.qDeadLettered, c.qExpired,
 		c.ringFull, c.storeErrors, c.droppedDeadLetters, c.duplicates, c.recovery, c.recoveredMs,
+		c.acquiresEvents, c.releasesEvents, c.inherited,
 		c.fsyncs, c.recordsPerFsync, c.fsyncSeconds, c.appends, c.segments,
 		c.diskBytes, c.liveBytes, c.journalFailed,
 		c.memLimit, c.memUsed, c.memPaged, c.memThrottled, c.memThrottles, c.pageOuts, c.pageIns, c.pageErrors} {
@@ -160,6 +165,9 @@ func (c *shardCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.storeErrors, m.Stats.StoreErrors, shard)
 		counter(c.droppedDeadLetters, m.Stats.DroppedDeadLetters, shard)
 		counter(c.duplicates, m.Stats.Duplicates, shard)
+		counter(c.acquiresEvents, m.Stats.AcquiresEvents, shard)
+		counter(c.releasesEvents, m.Stats.ReleasesEvents, shard)
+		counter(c.inherited, m.Stats.Inherited, shard)
 		mem := &m.Memory
 		gauge(c.memLimit, float64(mem.LimitBytes), shard)
 		gauge(c.memUsed, float64(mem.UsedBytes), shard)

@@ -144,6 +144,9 @@ func (s *Shard) proposeReleases(q *Queue) bool {
 		if err != nil && ok {
 			s.acqWaits.take(tag)
 		}
+		if err == nil {
+			s.stats.ReleasesEvents++
+		}
 		if err != nil {
 			if code := CodeOf(err); code == wire.CodeUnavailable || code == wire.CodeResourceLimit {
 				if !rs.acquireRefused {
@@ -183,6 +186,7 @@ func (s *Shard) proposeAcquires(q *Queue) {
 		}
 	}
 	if err == nil {
+		s.stats.AcquiresEvents++
 		rs.acqGen = gen
 		rs.acquiring = rs.acquiring[:0]
 		if rs.acquireRefused {
@@ -479,6 +483,7 @@ func (s *Shard) requeueInherited(q *Queue) {
 		seqs = append(seqs, seq)
 	}
 	slices.Sort(seqs)
+	s.stats.Inherited += uint64(len(seqs))
 	for _, seq := range seqs {
 		ev := Event{Kind: EvRelease, Seq: seq}
 		_ = q.Apply(&ev, s)

@@ -112,4 +112,7 @@ func TestReplicatedDeliveryWaitsForAcquires(t *testing.T) {
 	if want := [][]uint64{{4}}; !reflect.DeepEqual(r.removes, want) {
 		t.Fatalf("removes proposed %v, want %v", r.removes, want)
 	}
+	if st := s.stats; st.AcquiresEvents != uint64(len(r.acquires)) || st.ReleasesEvents != uint64(len(r.releases)) {
+		t.Fatalf("counted %d acquires and %d releases events; %d and %d were proposed", st.AcquiresEvents, st.ReleasesEvents, len(r.acquires), len(r.releases))
+	}
 }

@@ -609,6 +609,9 @@ func (b *Broker) Stats() ShardStats {
 			t.DroppedDeadLetters += sh.stats.DroppedDeadLetters
 			t.StoreErrors += sh.stats.StoreErrors
 			t.Duplicates += sh.stats.Duplicates
+			t.AcquiresEvents += sh.stats.AcquiresEvents
+			t.ReleasesEvents += sh.stats.ReleasesEvents
+			t.Inherited += sh.stats.Inherited
 		})
 	}
 	return t

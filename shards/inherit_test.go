@@ -64,6 +64,9 @@ func TestNewMasterDeliversOnlyWhatItInherited(t *testing.T) {
 	if got[1].Flags&wire.MsgRedelivered != 0 || got[1].DeliveryCount != 0 {
 		t.Fatalf("a message nobody was handed: flags %#x, delivery count %d; want not redelivered, 0", got[1].Flags, got[1].DeliveryCount)
 	}
+	if s.stats.Inherited != 1 {
+		t.Fatalf("counted %d inherited redeliveries, want 1", s.stats.Inherited)
+	}
 	if got := batch(func() { s.ApplyEnqueue(q, 4, body("new"), 0, 0, 0, 0) }); len(got) != 1 || got[0].Flags&wire.MsgRedelivered != 0 {
 		t.Fatalf("a message enqueued after the election: %d deliveries (want 1), flags %v (want not redelivered)", len(got), got)
 	}

@@ -116,6 +116,11 @@ type ShardStats struct {
 	// Duplicates counts publishes skipped as retries of an enqueue
 	// applied before (dedup.go).
 	Duplicates uint64
+	// AcquiresEvents and ReleasesEvents count the acquires and releases
+	// events of replicated queues the shard proposed as master, and
+	// Inherited the messages it requeued flagged redelivered on becoming
+	// master because an earlier master had handed them out (acquire.go).
+	AcquiresEvents, ReleasesEvents, Inherited uint64
 }
 
 // deferredMax bounds dead letters waiting for room in another shard's
