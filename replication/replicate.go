@@ -382,8 +382,8 @@ func (r *Replicator) ProposeReleases(q *shards.Queue, seqs []uint64, unseen bool
 }
 
 // ProposeAcquires is shards.Replicator's: only a master proposes one.
-func (r *Replicator) ProposeAcquires(q *shards.Queue, seqs []uint64, tag uint64) error {
-	data := event.AppendAcquires(make([]byte, 0, event.HeaderLen+6+len(q.Name)+8*len(seqs)), q.Name, seqs)
+func (r *Replicator) ProposeAcquires(q *shards.Queue, seqs []uint64, window uint32, tag uint64) error {
+	data := event.AppendAcquires(make([]byte, 0, event.HeaderLen+10+len(q.Name)+8*len(seqs)), q.Name, seqs, window)
 	return r.proposeHere(q, data, r.acqWaiters[q.Shard()], tag)
 }
 
@@ -552,8 +552,8 @@ func (r *Replicator) applyAcquires(g uint32, index uint64, a event.Acquires) {
 	if q == nil {
 		return // no copy of the queue here, so none of its messages
 	}
-	seqs := a.Seqs
-	_ = r.broker.Shards()[q.Shard()].PushCall(r.ctx, func(sh *shards.Shard) { sh.ApplyAcquires(q, seqs) }) // fails only once the broker closes
+	seqs, window := a.Seqs, a.Window
+	_ = r.broker.Shards()[q.Shard()].PushCall(r.ctx, func(sh *shards.Shard) { sh.ApplyAcquires(q, seqs, window) }) // fails only once the broker closes
 }
 
 // applyReleases carries a committed releases event to its queue's shard

@@ -1,7 +1,9 @@
 package shards
 
 import (
+	"cmp"
 	"slices"
+	"sort"
 
 	"github.com/berthmq/berth/wire"
 )
@@ -45,11 +47,13 @@ type heldDelivery struct {
 // until the acquires event that records it commits.
 func (s *Shard) hold(q *Queue, con *Consumer, d Delivery, seq uint64, size int64) {
 	rs := s.listAcquiring(q)
+	rs.idleTicks = 0
 	rs.acquiring = append(rs.acquiring, seq)
 	con.held = append(con.held, heldDelivery{Delivery: d, seq: seq, gen: rs.acqGen + 1, size: size})
 	con.heldBytes += size
+	rs.held++
 	if len(rs.acquiring) == RemovesMax {
-		s.proposeAcquires(q)
+		s.proposeAcquires(q, false)
 	}
 }
 
@@ -86,6 +90,66 @@ func (s *Shard) noteRelease(q *Queue, seq uint64, unseen bool) {
 	}
 }
 
+// acquireWindowMax bounds the window an acquires event declares.
+const acquireWindowMax = 1 << 16
+
+// sendAtOnce notes q's message seq, just acquired, for the queue's next
+// acquires event, and reports whether its delivery may go out at once:
+// fewer deliveries sent at once wait for their events than the window
+// (effectiveWindow), no release of the queue waits for its event (a
+// message released and sent again at once would be counted one delivery
+// short by a new master that never learnt of the release), and no
+// delivery of it is held. The last keeps what went out at once and is
+// not recorded yet, in each priority level, the first messages by Seq of
+// those its followers hold ready: a held one, sent after them, has a
+// higher Seq. That is what lets a new master find them (flagWindow). If
+// not, the caller holds it (hold).
+func (s *Shard) sendAtOnce(q *Queue, seq uint64) bool {
+	rs := q.rareState()
+	if uint64(rs.uncovered) >= uint64(effectiveWindow(rs)) || rs.held > 0 || rs.releasesInFlight > 0 || len(rs.releasing)+len(rs.returning) > 0 {
+		return false
+	}
+	rs = s.listAcquiring(q)
+	rs.idleTicks = 0
+	rs.acquiring = append(rs.acquiring, seq)
+	rs.sentNow = append(rs.sentNow, seq)
+	rs.uncovered++
+	if len(rs.acquiring) == RemovesMax {
+		s.proposeAcquires(q, false)
+	}
+	return true
+}
+
+// effectiveWindow is how many deliveries this master may have sent at
+// once whose acquires events have not committed: the window of its last
+// committed event, and no more than that of any event in flight (a
+// window it lowered binds at once; one it raised once it commits). A
+// new master (or one whose last event declared 0) starts at 0: its first
+// deliveries wait for their event.
+func effectiveWindow(rs *queueRare) uint32 {
+	w := rs.window
+	for _, x := range rs.winInFlight {
+		w = min(w, x)
+	}
+	return w
+}
+
+// declaredWindow is the window q's next acquires event declares: what its
+// consumers may hold at once, their credit and what they hold unsettled
+// (held deliveries included). Any value is safe, since the master never
+// sends more at once than it declared; a larger one sends more at once,
+// and lets a new master over-flag more after a crash.
+func declaredWindow(q *Queue) uint32 {
+	n := 0
+	for _, con := range q.consumers {
+		n += int(con.credit) + len(con.unacked)
+		if con.ackNone {
+			n += len(con.held)
+		}
+	}
+	return uint32(min(n, acquireWindowMax))
+}
+
 // flushAcquires proposes every queue's releases and acquires events;
 // flushRemoves calls it once it proposed the removals, at the end of each
 // batch of commands. A queue whose removals the group did not take waits
@@ -98,7 +162,7 @@ func (s *Shard) flushAcquires() {
 	for _, q := range s.acquiring {
 		rs := q.rare
 		if len(rs.removing) == 0 && s.proposeReleases(q) && len(rs.acquiring) > 0 && rs.releasesInFlight == 0 && rs.acquiresInFlight < acquiresInFlightMax {
-			s.proposeAcquires(q)
+			s.proposeAcquires(q, false)
 		}
 		if len(rs.acquiring)+len(rs.releasing)+len(rs.returning) > 0 {
 			keep = append(keep, q)
@@ -135,7 +199,7 @@ func (s *Shard) proposeReleases(q *Queue) bool {
 			err = Errorf(wire.CodeUnavailable, "the shards are not connected to the replication groups")
 		default:
 			w := &s.acqWaits.slots[uint32(tag)]
-			w.release, w.unseen, w.seqs = true, unseen, slices.Clone(*l)
+			w.release, w.unseen, w.seqs, w.term = true, unseen, slices.Clone(*l), rs.term
 			rs.releasesInFlight++ // before: the outcome may come back at once
 			if err = r.ProposeReleases(q, *l, unseen, tag); err != nil {
 				rs.releasesInFlight--
@@ -167,8 +231,26 @@ func (s *Shard) proposeReleases(q *Queue) bool {
 // backlog, or the shard's table of waiting events full) stays pending for
 // the next batch; on any other refusal (this broker is not the master
 // any more) the held deliveries are given back to the queue.
-func (s *Shard) proposeAcquires(q *Queue) {
+//
+// An event declares the window of deliveries the master may send at once
+// after it commits (declaredWindow; 0 when shrink, the idle master's
+// event at a tick, tickAcquires).
+func (s *Shard) proposeAcquires(q *Queue, shrink bool) {
 	rs := q.rare
+	// A message sent at once whose earlier event failed, and that was
+	// settled since, is not acquired any more: it leaves the event.
+	keep := rs.acquiring[:0]
+	for _, seq := range rs.acquiring {
+		if q.Acquired(seq) != nil {
+			keep = append(keep, seq)
+		}
+	}
+	clear(rs.acquiring[len(keep):])
+	rs.acquiring = keep
+	var win uint32
+	if !shrink {
+		win = declaredWindow(q)
+	}
 	gen := rs.acqGen + 1
 	tag, ok := s.acqWaits.add(q, gen)
 	var err error
@@ -179,16 +261,26 @@ func (s *Shard) proposeAcquires(q *Queue) {
 	} else {
 		// The outcome may come back at once (acquired): the held
 		// deliveries carry gen already, the count of events in flight
-		// is up already, and rs.acquiring is not read there.
+		// and the window are up already, and rs.acquiring is not read
+		// there.
+		w := &s.acqWaits.slots[uint32(tag)]
+		w.window, w.term, w.immediate = win, rs.term, append(w.immediate[:0], rs.sentNow...)
 		rs.acquiresInFlight++
-		if err = r.ProposeAcquires(q, rs.acquiring, tag); err != nil {
+		rs.winInFlight = append(rs.winInFlight, win)
+		if err = r.ProposeAcquires(q, rs.acquiring, win, tag); err != nil {
 			rs.acquiresInFlight--
+			rs.winInFlight = rs.winInFlight[:len(rs.winInFlight)-1]
 		}
 	}
 	if err == nil {
 		s.stats.AcquiresEvents++
 		rs.acqGen = gen
 		rs.acquiring = rs.acquiring[:0]
+		rs.sentNow = rs.sentNow[:0]
+		if win > 0 && !rs.windowed {
+			rs.windowed = true
+			s.windowed = append(s.windowed, q)
+		}
 		if rs.acquireRefused {
 			rs.acquireRefused = false
 			s.log.Info("shards: the group took the acquires it had refused", "queue", q.Name)
@@ -207,8 +299,38 @@ func (s *Shard) proposeAcquires(q *Queue) {
 	}
 	s.log.Warn("shards: the acquires of replicated messages were not proposed; they go back to the queue", "queue", q.Name, "messages", len(rs.acquiring), "err", err)
 	rs.acquiring = rs.acquiring[:0]
+	rs.uncovered -= len(rs.sentNow) // this broker steps down: resetGroup follows
+	rs.sentNow = rs.sentNow[:0]
 	rs.acqGen = gen // the holds of gen end here
 	s.unholdQueue(q, gen)
+}
+
+// tickAcquires, at each tick, lets the window of a master's queue down
+// to 0 once the queue has sent nothing for two ticks and every event of
+// it committed: a new master then treats none of what it inherits ready
+// as maybe delivered, so a failover of an idle master flags exactly what
+// was handed out.
+func (s *Shard) tickAcquires() {
+	keep := s.windowed[:0]
+	for _, q := range s.windowed {
+		rs := q.rare
+		if q.deleted || rs.window == 0 && len(rs.winInFlight) == 0 {
+			rs.windowed = false
+			continue
+		}
+		keep = append(keep, q)
+		if !s.masters(q) || rs.window == 0 || rs.uncovered > 0 || rs.acquiresInFlight > 0 || rs.releasesInFlight > 0 ||
+			len(rs.acquiring)+len(rs.releasing)+len(rs.returning)+len(rs.removing) > 0 {
+			rs.idleTicks = 0
+			continue
+		}
+		if rs.idleTicks++; rs.idleTicks >= 2 {
+			rs.idleTicks = 0
+			s.proposeAcquires(q, true)
+		}
+	}
+	clear(s.windowed[len(keep):])
+	s.windowed = keep
 }
 
 // AcquiresCommitted reports the outcome of the acquires event the shard
@@ -235,21 +357,41 @@ func (s *Shard) acquired(tag uint64, err error) {
 		return
 	}
 	q := w.q
+	rs := q.rareState()
+	if w.term != rs.term {
+		return // proposed before this broker stepped down (resetGroup)
+	}
 	if w.release {
 		s.released(q, w, err)
 		return
 	}
-	if rs := q.rareState(); rs.acquiresInFlight > 0 {
-		rs.acquiresInFlight--
-		if len(rs.acquiring) > 0 {
-			s.listAcquiring(q) // what gathered meanwhile goes now
-		}
+	rs.acquiresInFlight--
+	rs.winInFlight = rs.winInFlight[1:] // a queue's events end in order
+	if len(rs.acquiring) > 0 {
+		s.listAcquiring(q) // what gathered meanwhile goes now
 	}
 	if err != nil {
-		s.log.Warn("shards: an acquires event did not commit; its deliveries go back to the queue", "queue", q.Name, "err", err)
+		s.log.Warn("shards: an acquires event did not commit; its held deliveries go back to the queue", "queue", q.Name, "err", err)
 		s.unholdQueue(q, w.gen)
+		// Those sent at once went out: their acquisitions are proposed
+		// again at the next tick, and stay counted against the window.
+		again := false
+		for _, seq := range w.immediate {
+			if q.Acquired(seq) != nil && s.masters(q) {
+				rs.acquiring = append(rs.acquiring, seq)
+				rs.sentNow = append(rs.sentNow, seq)
+				again = true
+			} else {
+				rs.uncovered--
+			}
+		}
+		if again && !rs.acqListed {
+			s.acqRetry = append(s.acqRetry, q)
+		}
 		return
 	}
+	rs.window = w.window
+	rs.uncovered -= len(w.immediate)
 	for _, con := range q.consumers {
 		s.sendHeld(q, con, w.gen)
 	}
@@ -260,6 +402,9 @@ func (s *Shard) acquired(tag uint64, err error) {
 func (s *Shard) released(q *Queue, w acqWait, err error) {
 	rs := q.rareState()
 	rs.releasesInFlight--
+	if err == nil && rs.acquiresInFlight < acquiresInFlightMax && len(rs.acquiring) > 0 {
+		s.listAcquiring(q)
+	}
 	if err == nil || q.deleted || !s.masters(q) {
 		if err != nil {
 			s.log.Warn("shards: a releases event of replicated messages did not commit", "queue", q.Name, "messages", len(w.seqs), "err", err)
@@ -308,6 +453,7 @@ func (s *Shard) sendHeld(q *Queue, con *Consumer, gen uint64) {
 	if n == 0 {
 		return
 	}
+	q.rare.held -= n
 	for i := range con.held[:n] {
 		h := &con.held[i]
 		size := h.size
@@ -366,6 +512,7 @@ func (s *Shard) unhold(q *Queue, con *Consumer, gen uint64) {
 		n++
 	}
 	rs := q.rareState()
+	rs.held -= n
 	for i := range con.held[:n] {
 		h := &con.held[i]
 		con.heldBytes -= h.size
@@ -411,6 +558,9 @@ func (s *Shard) unholdAll(con *Consumer) {
 // group (resetGroup), whose log applied again rebuilds the queue, and
 // whose next master requeues what this one handed out.
 func dropHeld(con *Consumer) {
+	if rs := con.queue.rare; rs != nil {
+		rs.held -= len(con.held)
+	}
 	for i := range con.held {
 		con.held[i].Body.Unref()
 	}
@@ -425,10 +575,15 @@ func dropHeld(con *Consumer) {
 // acquired the messages when it proposed the event): each message moves
 // to the acquired set, held for the master's consumer. It runs on q's
 // shard goroutine.
-func (s *Shard) ApplyAcquires(q *Queue, seqs []uint64) {
+//
+// window is the event's: how many more deliveries its master may send
+// before its next event commits, which a new master treats as maybe
+// delivered (requeueInherited).
+func (s *Shard) ApplyAcquires(q *Queue, seqs []uint64, window uint32) {
 	if s.hasMastered(q.group) || q.deleted {
 		return
 	}
+	q.rareState().window = window
 	for _, seq := range seqs {
 		e := q.takeReady(seq)
 		if e == nil {
@@ -456,6 +611,14 @@ func (s *Shard) ApplyReleases(q *Queue, seqs []uint64, unseen bool) {
 	for _, seq := range seqs {
 		e := q.Acquired(seq)
 		if e == nil {
+			if !unseen {
+				// Sent at once and released before its acquires event
+				// committed, or whose acquires event failed: it was
+				// delivered all the same.
+				if e := q.findReady(seq); e != nil {
+					e.DeliveryCount++
+				}
+			}
 			continue
 		}
 		if unseen {
@@ -467,6 +630,60 @@ func (s *Shard) ApplyReleases(q *Queue, seqs []uint64, unseen bool) {
 		_ = q.Apply(&ev, s)
 	}
 	s.watchHead(q)
+}
+
+// findReady is q's ready message seq (released ones too), or nil.
+func (q *Queue) findReady(seq uint64) *Entry {
+	for lv := range q.levels {
+		l := &q.levels[lv]
+		if i := sort.Search(l.ready.len(), func(i int) bool { return l.ready.at(i).Seq >= seq }); i < l.ready.len() && l.ready.at(i).Seq == seq {
+			return l.ready.at(i)
+		}
+		for _, e := range l.released {
+			if e.Seq == seq {
+				return e
+			}
+		}
+	}
+	return nil
+}
+
+// flagWindow counts as delivered once, and flags, what the last master
+// may have sent at once after its last committed acquires event: in each
+// priority level, the first window (the event's) ready messages in the
+// order it delivers them (by Seq; delayed messages that came due are made
+// ready first, since it may have sent those too). It runs on becoming
+// master, before requeueInherited; its followers count them alike
+// (a releases event, which raises the count of a ready message). Each is
+// an over-count when the old master had not sent it.
+func (s *Shard) flagWindow(q *Queue) {
+	w := int(q.rare.window)
+	if w == 0 {
+		return
+	}
+	ev := Event{Kind: EvPromote, Now: s.now}
+	_ = q.Apply(&ev, s)
+	var seqs []uint64
+	for lv := range q.levels {
+		l := &q.levels[lv]
+		var level []*Entry
+		for i := range l.ready.len() {
+			level = append(level, l.ready.at(i))
+			if len(level) == w {
+				break
+			}
+		}
+		level = append(level, l.released...)
+		slices.SortFunc(level, func(a, b *Entry) int { return cmp.Compare(a.Seq, b.Seq) })
+		for _, e := range level[:min(w, len(level))] {
+			e.DeliveryCount++
+			seqs = append(seqs, e.Seq)
+		}
+	}
+	s.stats.Inherited += uint64(len(seqs))
+	for _, seq := range seqs {
+		s.noteRelease(q, seq, false)
+	}
 }
 
 // requeueInherited puts back, flagged redelivered with their delivery
@@ -504,6 +721,12 @@ type acqWait struct {
 	// release: a releases event, of seqs (unseen ones), not an acquires.
 	release, unseen bool
 	seqs            []uint64
+	// An acquires event's window, and the seqs it records that were sent
+	// at once (the slot keeps the array for its next use).
+	window    uint32
+	immediate []uint64
+	// term is the queue's queueRare.term when it was proposed.
+	term uint32
 }
 
 // acqWaits is a table of acqWait with a free list, as replWaits: a tag is
@@ -527,7 +750,8 @@ func (w *acqWaits) add(q *Queue, gen uint64) (uint64, bool) {
 	}
 	sl := &w.slots[i]
 	sl.slot++
-	sl.q, sl.gen, sl.used, sl.release, sl.unseen, sl.seqs = q, gen, true, false, false, nil
+	sl.q, sl.gen, sl.used, sl.release, sl.unseen, sl.seqs, sl.window, sl.term = q, gen, true, false, false, nil, 0, 0
+	sl.immediate = sl.immediate[:0]
 	return uint64(sl.slot)<<32 | uint64(i), true
 }
 

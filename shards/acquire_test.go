@@ -9,13 +9,14 @@ import (
 
 // TestReplicatedDeliveryWaitsForAcquires drives a shard that is master
 // of a replicated queue's group, with the acquires events held by the
-// test: a delivery goes out only once the acquires event that records it
-// commits; one whose event failed goes back to the queue with its
-// delivery count unchanged and its credit returned (and its followers
-// are told, unseen), and is handed out again under a new event; a
-// cancelled consumer's held deliveries go
-// back and never go out; an auto-ack consumer's message leaves the queue
-// (and its removal is proposed) only once its acquires event committed.
+// test. A new master's first deliveries go out only once the acquires
+// event that records them commits; that event declares a window (what
+// the consumers may hold), within which later deliveries go out at once,
+// recorded by the next event, and beyond which they are held again. A
+// delivery sent at once whose event failed is proposed again at the next
+// tick; one held whose event failed goes back to the queue, its credit
+// returned. An auto-ack delivery sent at once leaves the queue at once.
+// Two ticks with nothing sent shrink the window to 0 by an empty event.
 func TestReplicatedDeliveryWaitsForAcquires(t *testing.T) {
 	s, q, _ := replicatedShard(t, 0)
 	r := &roleReplicator{journalReplicator: journalReplicator{sh: s, holdAcquires: true}, master: true}
@@ -25,12 +26,16 @@ func TestReplicatedDeliveryWaitsForAcquires(t *testing.T) {
 	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: w}
 	s.handleCmd(Subscribe{Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 2}.Command())
 	body := func(p string) *Body { return NewBody(nil, []byte("rq"), nil, []byte(p), true) }
-	batch := func(f func()) []wire.DeliverMessage {
+	batch := func(f func()) []string {
 		f()
 		s.dispatchDirty()
 		s.flushRemoves()
 		s.flush()
-		return w.take(t)
+		var out []string
+		for _, d := range w.take(t) {
+			out = append(out, string(d.Payload))
+		}
+		return out
 	}
 	commit := func(err error) {
 		t.Helper()
@@ -41,76 +46,68 @@ func TestReplicatedDeliveryWaitsForAcquires(t *testing.T) {
 		r.acqTags = r.acqTags[1:]
 		s.acquired(tag, err)
 	}
-	payloads := func(ds []wire.DeliverMessage) []string {
-		var out []string
-		for _, d := range ds {
-			out = append(out, string(d.Payload))
+	check := func(what string, got, want []string) {
+		t.Helper()
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s: delivered %v, want %v", what, got, want)
 		}
-		return out
+	}
+	enqueue := func(seq uint64, p string) func() { return func() { s.ApplyEnqueue(q, seq, body(p), 0, 0, 0, 0) } }
+
+	// A new master holds: its window is 0 until its first event commits.
+	check("before the first event committed", batch(func() { enqueue(1, "a")(); enqueue(2, "b")() }), nil)
+	check("after it committed", batch(func() { commit(nil) }), []string{"a", "b"})
+	if want := [][]uint64{{1, 2}}; !reflect.DeepEqual(r.acquires, want) || r.windows[0] != 2 {
+		t.Fatalf("acquires proposed %v with windows %v; want %v, the first with window 2 (2 unsettled, no credit)", r.acquires, r.windows, want)
 	}
 
-	if got := batch(func() { s.ApplyEnqueue(q, 1, body("a"), 0, 0, 0, 0); s.ApplyEnqueue(q, 2, body("b"), 0, 0, 0, 0) }); len(got) != 0 {
-		t.Fatalf("delivered %v before their acquires event committed", payloads(got))
+	// Within the window: at once. Its event fails: it went out, so its
+	// acquisition is proposed again at the next tick.
+	s.handleCmd(Credit{Sess: sess, ConsumerID: 1, Credit: 1}.Command())
+	check("within the window", batch(enqueue(3, "c")), []string{"c"})
+	check("its event failed", batch(func() { commit(Errorf(wire.CodeUnavailable, "lost by the test")) }), nil)
+	if q.Acquired(3) == nil {
+		t.Fatal("a message sent at once went back to the queue when its event failed")
 	}
-	if want := [][]uint64{{1, 2}}; !reflect.DeepEqual(r.acquires, want) {
+	batch(s.tick)
+	if want := [][]uint64{{1, 2}, {3}, {3}}; !reflect.DeepEqual(r.acquires, want) {
 		t.Fatalf("acquires proposed %v, want %v", r.acquires, want)
 	}
-	if got := batch(func() { commit(nil) }); !reflect.DeepEqual(payloads(got), []string{"a", "b"}) {
-		t.Fatalf("after the commit: delivered %v, want a, b", payloads(got))
-	}
+	check("proposed again, committed", batch(func() { commit(nil) }), nil)
 
-	// Credit for one more; its event fails, then a second one commits.
+	// Beyond the window (3 now: 3 unsettled, no credit): held, and held
+	// ones keep later ones from going at once.
+	s.handleCmd(Credit{Sess: sess, ConsumerID: 1, Credit: 4}.Command())
+	check("three within the window, one beyond", batch(func() { enqueue(4, "d")(); enqueue(5, "e")(); enqueue(6, "f")(); enqueue(7, "g")() }), []string{"d", "e", "f"})
+	check("after their event committed", batch(func() { commit(nil) }), []string{"g"})
+
+	// A held delivery whose event failed goes back with its credit, and
+	// is handed out again.
 	s.handleCmd(Credit{Sess: sess, ConsumerID: 1, Credit: 1}.Command())
-	if got := batch(func() { s.ApplyEnqueue(q, 3, body("c"), 0, 0, 0, 0) }); len(got) != 0 {
-		t.Fatalf("delivered %v before its acquires event committed", payloads(got))
+	r.windows = r.windows[:0]
+	for range 2 {
+		batch(s.tick) // the window shrinks to 0 (the empty event commits)
 	}
-	if got := batch(func() { commit(Errorf(wire.CodeUnavailable, "lost by the test")) }); len(got) != 0 {
-		t.Fatalf("delivered %v whose acquires event failed", payloads(got))
+	check("the shrink's event", batch(func() { commit(nil) }), nil)
+	if n := len(r.acquires); len(r.acquires[n-1]) != 0 || r.windows[len(r.windows)-1] != 0 {
+		t.Fatalf("after two idle ticks: last acquires %v with window %v; want an empty one with window 0", r.acquires[n-1], r.windows)
 	}
-	if q.Acquired(3) != nil {
-		// The batch dispatched it again at once (the credit came back),
-		// under a new event.
-		if want := [][]uint64{{1, 2}, {3}, {3}}; !reflect.DeepEqual(r.acquires, want) {
-			t.Fatalf("acquires proposed %v, want %v", r.acquires, want)
-		}
-	} else {
-		t.Fatal("the message whose acquires event failed was not handed out again")
+	check("held (window 0)", batch(enqueue(8, "h")), nil)
+	check("its event failed", batch(func() { commit(Errorf(wire.CodeUnavailable, "lost by the test")) }), nil)
+	// The credit came back, so the batch handed it out again, held
+	// under a new event.
+	if q.Acquired(8) == nil {
+		t.Fatal("the held delivery whose event failed was not handed out again")
 	}
-	got := batch(func() { commit(nil) })
-	if !reflect.DeepEqual(payloads(got), []string{"c"}) || got[0].DeliveryCount != 0 || got[0].Flags&wire.MsgRedelivered != 0 {
-		t.Fatalf("after the second event: %+v, want c with no count and no flag", got)
-	}
+	check("handed out again", batch(func() { commit(nil) }), []string{"h"})
 
-	// A cancel while a delivery is held: it goes back, and never out.
-	s.handleCmd(Credit{Sess: sess, ConsumerID: 1, Credit: 1}.Command())
-	batch(func() { s.ApplyEnqueue(q, 4, body("d"), 0, 0, 0, 0) })
-	s.handleCmd(Cancel{Sess: sess, ConsumerID: 1}.Command())
-	if got := batch(func() { commit(nil) }); len(got) != 0 {
-		t.Fatalf("delivered %v to a cancelled consumer", payloads(got))
-	}
-	if q.Ready() != 1 || q.Acquired(4) != nil {
-		t.Fatalf("after the cancel: %d ready, acquired %v; want d ready", q.Ready(), q.Acquired(4) != nil)
-	}
-	// Its followers put it back too, unseen; and the one whose event
-	// failed before (it may have committed).
-	if want := []releaseEvent{{[]uint64{3}, true}, {[]uint64{4}, true}}; !reflect.DeepEqual(r.releases, want) {
-		t.Fatalf("releases proposed %v, want %v", r.releases, want)
-	}
-
-	// An auto-ack consumer: the message stays (acquired) until its event
-	// commits, then leaves, and its removal is proposed.
+	// An auto-ack consumer within the window: the message leaves the
+	// queue at once, its removal proposed in the same batch.
 	r.removes = nil
 	s.handleCmd(Subscribe{Sess: sess, CmdID: 2, Queue: q, ConsumerID: 2, Credit: 5, AckMode: wire.AckNone}.Command())
-	batch(func() {})
-	if q.Acquired(4) == nil || len(r.removes) != 0 {
-		t.Fatalf("an auto-ack delivery before its event committed: acquired %v, removes %v; want acquired, none", q.Acquired(4) != nil, r.removes)
-	}
-	got = batch(func() { commit(nil) })
-	if !reflect.DeepEqual(payloads(got), []string{"d"}) || q.Acquired(4) != nil || q.Depth() != 3 {
-		t.Fatalf("after the commit: delivered %v, depth %d; want d, and a, b, c left unsettled", payloads(got), q.Depth())
-	}
-	if want := [][]uint64{{4}}; !reflect.DeepEqual(r.removes, want) {
-		t.Fatalf("removes proposed %v, want %v", r.removes, want)
+	check("auto-ack", batch(enqueue(9, "i")), []string{"i"})
+	if q.Acquired(9) != nil || len(r.removes) != 1 || r.removes[0][0] != 9 {
+		t.Fatalf("an auto-ack delivery sent at once: acquired %v, removes %v; want gone, [[9]]", q.Acquired(9) != nil, r.removes)
 	}
 	if st := s.stats; st.AcquiresEvents != uint64(len(r.acquires)) || st.ReleasesEvents != uint64(len(r.releases)) {
 		t.Fatalf("counted %d acquires and %d releases events; %d and %d were proposed", st.AcquiresEvents, st.ReleasesEvents, len(r.acquires), len(r.releases))

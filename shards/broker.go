@@ -538,6 +538,12 @@ type QueueInfo struct {
 	// master as this broker knows it, filled in by the server.
 	Group  *uint32 `json:"group,omitempty"`
 	Master uint32  `json:"master,omitempty"`
+	// AcquireWindow is a replicated queue's window (shards/acquire.go):
+	// on its master, how many deliveries it may send before the events
+	// recording them commit; on a follower, that of the last acquires
+	// event it applied, which is how many of the messages it holds ready
+	// it would flag as maybe delivered if it became master now.
+	AcquireWindow uint32 `json:"acquire_window,omitempty"`
 }
 
 // info is q's QueueInfo; it runs on q's shard goroutine.
@@ -548,6 +554,9 @@ func (q *Queue) info() QueueInfo {
 	if q.replicated {
 		g := q.group
 		in.Group = &g
+		if q.rare != nil {
+			in.AcquireWindow = effectiveWindow(q.rare)
+		}
 	}
 	return in
 }

@@ -335,6 +335,24 @@ type queueRare struct {
 	// acquiresInFlight counts its acquires events proposed and not
 	// committed yet (acquiresInFlightMax).
 	acquiresInFlight int
+	// The window (acquire.go): on this master, that of its last
+	// committed acquires event, and those of its events in flight, in
+	// order; on a follower, that of the last acquires event applied.
+	// uncovered counts deliveries sent at once whose events have not
+	// committed, sentNow the seqs of those in acquiring. idleTicks
+	// counts ticks with nothing sent (tickAcquires); windowed: the queue
+	// is on Shard.windowed. term counts this broker's step-downs from
+	// the group (resetGroup): an outcome of an event proposed before the
+	// last one is ignored.
+	// held counts its deliveries held (Consumer.held).
+	window      uint32
+	held        int
+	winInFlight []uint32
+	uncovered   int
+	sentNow     []uint64
+	idleTicks   uint8
+	windowed    bool
+	term        uint32
 	// producers is the deduplication state of producer ids (dedup.go).
 	producers producerTable
 	// timerAt is the deliver-at time under which the shard's timers hold

@@ -47,7 +47,8 @@ type Replicator interface {
 	// Shard.AcquiresCommitted(tag, err), once the event committed and
 	// every event before it did. An error means it was not proposed (and
 	// nothing is reported). seqs is the caller's again when it returns.
-	ProposeAcquires(q *Queue, seqs []uint64, tag uint64) error
+	// window is the event's (Shard.flagWindow).
+	ProposeAcquires(q *Queue, seqs []uint64, window uint32, tag uint64) error
 	// Barrier calls done once every event proposed before it on q's group
 	// committed.
 	Barrier(q *Queue, done func(error)) error
@@ -314,6 +315,10 @@ func groupMastered(g uint32) func(*Shard) {
 		sh.setMastered(g, true)
 		for q := range sh.queues.all() {
 			if q.replicated && q.group == g {
+				if q.rare != nil {
+					sh.flagWindow(q)
+					q.rare.window = 0 // this master's own, from its first event
+				}
 				sh.requeueInherited(q)
 				sh.markDirty(q)
 			}
@@ -381,10 +386,16 @@ func resetGroup(g uint32) func(*Shard) {
 				// their messages back.
 				q.rare.removing = q.rare.removing[:0]
 				q.rare.removeRefused = false
-				q.rare.acquiring = q.rare.acquiring[:0]
-				q.rare.releasing = q.rare.releasing[:0]
-				q.rare.returning = q.rare.returning[:0]
-				q.rare.acquireRefused = false
+				rs := q.rare
+				rs.acquiring = rs.acquiring[:0]
+				rs.releasing = rs.releasing[:0]
+				rs.returning = rs.returning[:0]
+				rs.acquireRefused = false
+				// The window and the events in flight are this
+				// mastership's; their outcomes are ignored (term).
+				rs.term++
+				rs.window, rs.winInFlight, rs.uncovered, rs.sentNow = 0, nil, 0, rs.sentNow[:0]
+				rs.acquiresInFlight, rs.releasesInFlight, rs.idleTicks = 0, 0, 0
 			}
 		}
 	}

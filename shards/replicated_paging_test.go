@@ -35,6 +35,7 @@ type journalReplicator struct {
 	acqTags      []uint64
 	acquires     [][]uint64
 	releases     []releaseEvent
+	windows      []uint32
 }
 
 func (r *journalReplicator) ProposeReleases(_ *Queue, seqs []uint64, unseen bool, tag uint64) error {
@@ -49,7 +50,8 @@ type releaseEvent struct {
 	unseen bool
 }
 
-func (r *journalReplicator) ProposeAcquires(_ *Queue, seqs []uint64, tag uint64) error {
+func (r *journalReplicator) ProposeAcquires(_ *Queue, seqs []uint64, window uint32, tag uint64) error {
+	r.windows = append(r.windows, window)
 	r.acquires = append(r.acquires, slices.Clone(seqs))
 	if r.holdAcquires {
 		r.acqTags = append(r.acqTags, tag)

@@ -63,8 +63,10 @@ type Shard struct {
 	acquiring []*Queue
 	acqWaits  acqWaits
 	// acqRetry lists queues whose releases failed for now, listed again
-	// at the next tick (Shard.released).
+	// at the next tick (Shard.released); windowed those whose window may
+	// shrink at a tick (tickAcquires).
 	acqRetry []*Queue
+	windowed []*Queue
 	// mastered[g]: this shard took Broker.GroupMastered(g) from its ring,
 	// and no Broker.ResetGroup(g) since. The node readies a mastership
 	// only after it handed the shards every entry the new master
@@ -655,6 +657,7 @@ func (s *Shard) tick() {
 	s.fireTimers()
 	s.retryDeferred()
 	s.retryAcquiring()
+	s.tickAcquires()
 }
 
 // expireDue expires the heads of the queues whose index entries came due
@@ -776,7 +779,7 @@ func (s *Shard) dispatch(q *Queue) {
 			panic("shards: acquire of the head failed: " + err.Error())
 		}
 		s.stats.Delivered++
-		if q.replicated {
+		if q.replicated && !s.sendAtOnce(q, ev.Seq) {
 			// Out once its acquires event commits (acquire.go).
 			if !con.ackNone {
 				con.unacked[ev.Tag] = ev.Seq

@@ -69,6 +69,14 @@ const (
 	ReleasesVersion uint8 = 1
 )
 
+// Acquires flags.
+const (
+	// FlagWindow: a window u32 follows the messages (Acquires.Window).
+	FlagWindow uint8 = 1 << 0
+
+	acquiresFlags = FlagWindow
+)
+
 // Releases flags.
 const (
 	// FlagUnseen: no consumer saw the released messages, whose delivery
@@ -158,7 +166,7 @@ func ReadHeader(data []byte) (h Header, n int, err error) {
 	case KindDelete:
 		newest = DeleteVersion
 	case KindAcquires:
-		newest = AcquiresVersion
+		newest, known = AcquiresVersion, acquiresFlags
 	case KindReleases:
 		newest, known = ReleasesVersion, releasesFlags
 	default:
@@ -354,8 +362,9 @@ func appendSeqs(dst []byte, queue string, seqs []uint64) []byte {
 
 // decodeSeqs decodes data, an event of kind k whose body is a queue name
 // and a list of messages: queue aliases data, the seqs are appended to
-// seqs[:0]; flags are the header's.
-func decodeSeqs(data []byte, k Kind, seqs []uint64) (queue []byte, _ []uint64, flags uint8, err error) {
+// seqs[:0]; flags are the header's. An Acquires' window, if its flag is
+// set, is read into window (which may be nil otherwise).
+func decodeSeqs(data []byte, k Kind, seqs []uint64, window *uint32) (queue []byte, _ []uint64, flags uint8, err error) {
 	var rd wire.Reader
 	h, err := body(data, k, &rd)
 	if err != nil {
@@ -370,33 +379,52 @@ func decodeSeqs(data []byte, k Kind, seqs []uint64) (queue []byte, _ []uint64, f
 	for range n {
 		seqs = append(seqs, rd.U64())
 	}
+	if k == KindAcquires && h.Flags&FlagWindow != 0 {
+		if *window = rd.U32(); *window == 0 && !h.Legacy {
+			// One encoding per event: a zero window has no part.
+			return nil, seqs, 0, fmt.Errorf("%w: acquires window flag with a window of 0", ErrMalformed)
+		}
+	}
 	return queue, seqs, h.Flags, done(&rd, k)
 }
 
 // Decode decodes data, a removes of either format, into r: r.Queue
 // aliases data, and the seqs are appended to r.Seqs[:0].
 func (r *Removes) Decode(data []byte) (err error) {
-	r.Queue, r.Seqs, _, err = decodeSeqs(data, KindRemoves, r.Seqs)
+	r.Queue, r.Seqs, _, err = decodeSeqs(data, KindRemoves, r.Seqs, nil)
 	return err
 }
 
 // Acquires records that the master handed messages of a queue, by their
-// enqueues' log indexes, out to consumers.
+// enqueues' log indexes, out to consumers. Window is how many more
+// deliveries the master may send, once the event committed, before the
+// next one commits (shards/acquire.go): a new master treats that many
+// of the messages it inherits ready as maybe delivered.
 type Acquires struct {
-	Queue []byte
-	Seqs  []uint64
+	Queue  []byte
+	Seqs   []uint64
+	Window uint32
 }
 
 // AppendAcquires appends the encoding of the acquisition of seqs (at
-// most SeqsMax; none makes it a barrier for the queue) from queue to dst.
-func AppendAcquires(dst []byte, queue string, seqs []uint64) []byte {
-	return appendSeqs(appendHeader(dst, KindAcquires, AcquiresVersion, 0), queue, seqs)
+// most SeqsMax; none is allowed) from queue, with window, to dst.
+func AppendAcquires(dst []byte, queue string, seqs []uint64, window uint32) []byte {
+	var flags uint8
+	if window != 0 {
+		flags = FlagWindow
+	}
+	dst = appendSeqs(appendHeader(dst, KindAcquires, AcquiresVersion, flags), queue, seqs)
+	if window != 0 {
+		dst = binary.BigEndian.AppendUint32(dst, window)
+	}
+	return dst
 }
 
 // Decode decodes data, an acquires, into a: a.Queue aliases data, and
 // the seqs are appended to a.Seqs[:0].
 func (a *Acquires) Decode(data []byte) (err error) {
-	a.Queue, a.Seqs, _, err = decodeSeqs(data, KindAcquires, a.Seqs)
+	a.Window = 0
+	a.Queue, a.Seqs, _, err = decodeSeqs(data, KindAcquires, a.Seqs, &a.Window)
 	return err
 }
 
@@ -423,7 +451,7 @@ func AppendReleases(dst []byte, queue string, seqs []uint64, unseen bool) []byte
 func (r *Releases) Decode(data []byte) error {
 	var flags uint8
 	var err error
-	r.Queue, r.Seqs, flags, err = decodeSeqs(data, KindReleases, r.Seqs)
+	r.Queue, r.Seqs, flags, err = decodeSeqs(data, KindReleases, r.Seqs, nil)
 	r.Unseen = flags&FlagUnseen != 0
 	return err
 }
@@ -539,7 +567,7 @@ func Append(dst []byte, ev *Event) []byte {
 	case KindDelete:
 		return AppendDelete(dst, string(ev.Delete.Queue))
 	case KindAcquires:
-		return AppendAcquires(dst, string(ev.Acquires.Queue), ev.Acquires.Seqs)
+		return AppendAcquires(dst, string(ev.Acquires.Queue), ev.Acquires.Seqs, ev.Acquires.Window)
 	case KindReleases:
 		return AppendReleases(dst, string(ev.Releases.Queue), ev.Releases.Seqs, ev.Releases.Unseen)
 	}

@@ -92,6 +92,7 @@ func goldens() []golden {
 		golden{name: "acquires-v1", want: Event{Header: Header{Kind: KindAcquires}, Acquires: Acquires{Queue: []byte("orders"), Seqs: seqs}}},
 		golden{name: "releases-v1", want: Event{Header: Header{Kind: KindReleases}, Releases: Releases{Queue: []byte("orders"), Seqs: seqs}}},
 		golden{name: "releases-v1-unseen", want: Event{Header: Header{Kind: KindReleases}, Releases: Releases{Queue: []byte("orders"), Seqs: seqs, Unseen: true}}},
+		golden{name: "acquires-v1-window", want: Event{Header: Header{Kind: KindAcquires}, Acquires: Acquires{Queue: []byte("orders"), Seqs: seqs, Window: 1000}}},
 		golden{name: "acquires-v1-none", want: Event{Header: Header{Kind: KindAcquires}, Acquires: Acquires{Queue: []byte("orders")}}},
 	)
 	return gs

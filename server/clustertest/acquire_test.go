@@ -14,7 +14,7 @@ import (
 // TestFailoverRedeliversOnlyWhatWasHandedOut: a consumer at the master of
 // a replicated queue accepts some messages and holds more unaccepted;
 // every member shows those as acquired (the group log carries the
-// master's acquires). After kill -9 of the master, the new master
+// master's acquires), and, the master idle, an acquire window of 0. After kill -9 of the master, the new master
 // delivers every message not accepted, in order: the held ones flagged
 // redelivered with a delivery count of one, the rest (nobody was handed
 // them) unflagged with a count of zero. Before acquisitions were in the
@@ -42,6 +42,9 @@ func TestFailoverRedeliversOnlyWhatWasHandedOut(t *testing.T) {
 			}
 		}
 	}
+	// The master idles: two ticks with nothing sent shrink its window to
+	// 0, so that its followers treat none of what they hold ready as
+	// maybe delivered.
 	testutil.WaitFor(t, 20*time.Second, func() error {
 		for _, n := range c.nodes {
 			ready, unacked, err := c.depth(n, queue)
@@ -50,6 +53,18 @@ func TestFailoverRedeliversOnlyWhatWasHandedOut(t *testing.T) {
 			}
 			if ready != total-accepted-held || unacked != held {
 				return fmt.Errorf("%s: %d ready, %d acquired; want %d and %d", n.name, ready, unacked, total-accepted-held, held)
+			}
+			var qs []struct {
+				Name          string
+				AcquireWindow uint32 `json:"acquire_window"`
+			}
+			if err := c.getJSON(n, "/v1/queues", &qs); err != nil {
+				return err
+			}
+			for _, q := range qs {
+				if q.Name == queue && q.AcquireWindow != 0 {
+					return fmt.Errorf("%s: acquire window %d", n.name, q.AcquireWindow)
+				}
 			}
 		}
 		return nil
