@@ -445,14 +445,14 @@ func (r *Replicator) apply(g uint32, e wire.GroupEntry) (err error) {
 		if err := a.Decode(e.Data); err != nil {
 			return err
 		}
-		r.applyAcquires(g, e.Index, a)
+		r.applyHandouts(g, e.Index, a.Queue, func(sh *shards.Shard, q *shards.Queue) { sh.ApplyAcquires(q, a.Seqs, a.Window) })
 		return nil
 	case event.KindReleases:
 		var rl event.Releases
 		if err := rl.Decode(e.Data); err != nil {
 			return err
 		}
-		r.applyReleases(g, e.Index, rl)
+		r.applyHandouts(g, e.Index, rl.Queue, func(sh *shards.Shard, q *shards.Queue) { sh.ApplyReleases(q, rl.Seqs, rl.Unseen) })
 		return nil
 	case event.KindEnqueue:
 		if err := enq.Decode(e.Data); err != nil {
@@ -541,31 +541,19 @@ func (r *Replicator) apply(g uint32, e wire.GroupEntry) (err error) {
 	return nil
 }
 
-// applyAcquires carries a committed acquires event to its queue's shard
-// (shards.Shard.ApplyAcquires). The entry has no effect left here once
-// its messages are gone, and compaction only passes it once every entry
-// before it, their enqueues included, has none: it is retired, its data
-// kept for members that lack it.
-func (r *Replicator) applyAcquires(g uint32, index uint64, a event.Acquires) {
+// applyHandouts carries a committed acquires or releases event of queue
+// name to its queue's shard, where apply runs (shards.Shard.ApplyAcquires,
+// ApplyReleases). The entry has no effect left here once its messages are
+// gone, and compaction only passes it once every entry before it, their
+// enqueues included, has none: it is retired, its data kept for members
+// that lack it.
+func (r *Replicator) applyHandouts(g uint32, index uint64, name []byte, apply func(*shards.Shard, *shards.Queue)) {
 	r.retire(g, index)
-	q := r.wiring.Queue(a.Queue)
+	q := r.wiring.Queue(name)
 	if q == nil {
 		return // no copy of the queue here, so none of its messages
 	}
-	seqs, window := a.Seqs, a.Window
-	_ = r.broker.Shards()[q.Shard()].PushCall(r.ctx, func(sh *shards.Shard) { sh.ApplyAcquires(q, seqs, window) }) // fails only once the broker closes
-}
-
-// applyReleases carries a committed releases event to its queue's shard
-// (shards.Shard.ApplyReleases); retired, as an acquires event.
-func (r *Replicator) applyReleases(g uint32, index uint64, rl event.Releases) {
-	r.retire(g, index)
-	q := r.wiring.Queue(rl.Queue)
-	if q == nil {
-		return
-	}
-	seqs, unseen := rl.Seqs, rl.Unseen
-	_ = r.broker.Shards()[q.Shard()].PushCall(r.ctx, func(sh *shards.Shard) { sh.ApplyReleases(q, seqs, unseen) }) // fails only once the broker closes
+	_ = r.broker.Shards()[q.Shard()].PushCall(r.ctx, func(sh *shards.Shard) { apply(sh, q) }) // fails only once the broker closes
 }
 
 // SetCallbacks fills in cfg's callbacks that are the replicator's: the

@@ -198,7 +198,7 @@ func (s *Shard) proposeReleases(q *Queue) bool {
 		case r == nil:
 			err = Errorf(wire.CodeUnavailable, "the shards are not connected to the replication groups")
 		default:
-			w := &s.acqWaits.slots[uint32(tag)]
+			w := s.acqWaits.at(tag)
 			w.release, w.unseen, w.seqs, w.term = true, unseen, slices.Clone(*l), rs.term
 			rs.releasesInFlight++ // before: the outcome may come back at once
 			if err = r.ProposeReleases(q, *l, unseen, tag); err != nil {
@@ -263,7 +263,7 @@ func (s *Shard) proposeAcquires(q *Queue, shrink bool) {
 		// deliveries carry gen already, the count of events in flight
 		// and the window are up already, and rs.acquiring is not read
 		// there.
-		w := &s.acqWaits.slots[uint32(tag)]
+		w := s.acqWaits.at(tag)
 		w.window, w.term, w.immediate = win, rs.term, append(w.immediate[:0], rs.sentNow...)
 		rs.acquiresInFlight++
 		rs.winInFlight = append(rs.winInFlight, win)
@@ -714,10 +714,8 @@ const acqWaitsMax = 1 << 16
 // acqWait is an acquires event waiting to commit: its queue, and the
 // queue's event number (queueRare.acqGen) it carries.
 type acqWait struct {
-	q    *Queue
-	gen  uint64
-	slot uint32 // bumped at each use of the slot, so a stale tag is refused
-	used bool
+	q   *Queue
+	gen uint64
 	// release: a releases event, of seqs (unseen ones), not an acquires.
 	release, unseen bool
 	seqs            []uint64
@@ -729,43 +727,20 @@ type acqWait struct {
 	term uint32
 }
 
-// acqWaits is a table of acqWait with a free list, as replWaits: a tag is
-// the slot's generation and index.
-type acqWaits struct {
-	slots []acqWait
-	free  []uint32
-}
+// acqWaits are a shard's acquires and releases events waiting to commit,
+// by tag (waitTable).
+type acqWaits struct{ waitTable[acqWait] }
 
 func (w *acqWaits) add(q *Queue, gen uint64) (uint64, bool) {
-	var i uint32
-	if n := len(w.free); n > 0 {
-		i = w.free[n-1]
-		w.free = w.free[:n-1]
-	} else {
-		if len(w.slots) >= acqWaitsMax {
-			return 0, false
-		}
-		w.slots = append(w.slots, acqWait{})
-		i = uint32(len(w.slots) - 1)
+	tag, v, ok := w.waitTable.add(acqWaitsMax)
+	if ok {
+		*v = acqWait{q: q, gen: gen, immediate: v.immediate[:0]}
 	}
-	sl := &w.slots[i]
-	sl.slot++
-	sl.q, sl.gen, sl.used, sl.release, sl.unseen, sl.seqs, sl.window, sl.term = q, gen, true, false, false, nil, 0, 0
-	sl.immediate = sl.immediate[:0]
-	return uint64(sl.slot)<<32 | uint64(i), true
+	return tag, ok
 }
 
+// take keeps the slot's immediate array for its next use: the value it
+// returns shares it, so read its immediate before the next add.
 func (w *acqWaits) take(tag uint64) (acqWait, bool) {
-	i := uint32(tag)
-	if int(i) >= len(w.slots) {
-		return acqWait{}, false
-	}
-	sl := &w.slots[i]
-	if !sl.used || sl.slot != uint32(tag>>32) {
-		return acqWait{}, false
-	}
-	v := *sl
-	sl.q, sl.used, sl.seqs = nil, false, nil
-	w.free = append(w.free, i)
-	return v, true
+	return w.waitTable.take(tag, func(v *acqWait) { v.q, v.seqs = nil, nil })
 }

@@ -454,7 +454,7 @@ func (s *Shard) replicatedPublish(p *Publish, expiresAt int64) {
 		return
 	}
 	if s.mem.limit != 0 {
-		s.replWaits.slots[uint32(tag)].bytes = inflight
+		s.replWaits.at(tag).bytes = inflight
 		s.charge(inflight)
 	}
 	s.stats.Published++
@@ -507,49 +507,23 @@ type replWait struct {
 	sess  *Session
 	cmdID uint64
 	fan   *Fanout
-	bytes int64  // counted against the budget while it waits
-	gen   uint32 // bumped at each use of the slot, so a stale tag is refused
-	used  bool
+	bytes int64 // counted against the budget while it waits
 }
 
-// replWaits is a table of replWait with a free list: a tag is the slot's
-// generation and index, so a publish in flight costs no allocation.
-type replWaits struct {
-	slots []replWait
-	free  []uint32
-}
+// replWaits are a shard's replicated publishes waiting for their events,
+// by tag (waitTable).
+type replWaits struct{ waitTable[replWait] }
 
 func (w *replWaits) add(sess *Session, cmdID uint64, fan *Fanout) (uint64, bool) {
-	var i uint32
-	if n := len(w.free); n > 0 {
-		i = w.free[n-1]
-		w.free = w.free[:n-1]
-	} else {
-		if len(w.slots) >= replWaitsMax {
-			return 0, false
-		}
-		w.slots = append(w.slots, replWait{})
-		i = uint32(len(w.slots) - 1)
+	tag, v, ok := w.waitTable.add(replWaitsMax)
+	if ok {
+		*v = replWait{sess: sess, cmdID: cmdID, fan: fan}
 	}
-	sl := &w.slots[i]
-	sl.gen++
-	sl.sess, sl.cmdID, sl.fan, sl.used = sess, cmdID, fan, true
-	return uint64(sl.gen)<<32 | uint64(i), true
+	return tag, ok
 }
 
 func (w *replWaits) take(tag uint64) (replWait, bool) {
-	i := uint32(tag)
-	if int(i) >= len(w.slots) {
-		return replWait{}, false
-	}
-	sl := &w.slots[i]
-	if !sl.used || sl.gen != uint32(tag>>32) {
-		return replWait{}, false
-	}
-	v := *sl
-	sl.sess, sl.fan, sl.used, sl.bytes = nil, nil, false, 0
-	w.free = append(w.free, i)
-	return v, true
+	return w.waitTable.take(tag, func(v *replWait) { *v = replWait{} })
 }
 
 // pushCompletion completes a command from another goroutine. A full ring
