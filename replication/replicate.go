@@ -368,7 +368,7 @@ func (r *Replicator) ReadEnqueue(q *shards.Queue, seq, logPos uint64, dst []byte
 }
 
 func (r *Replicator) ProposeRemoves(q *shards.Queue, seqs []uint64, done func(error)) error {
-	data := event.AppendRemoves(make([]byte, 0, event.HeaderLen+6+len(q.Name)+8*len(seqs)), q.Name, seqs)
+	data := event.AppendRemoves(make([]byte, 0, event.HeaderLen+6+len(q.Name)+8*len(seqs)), q.Name, seqs, event.Stamp{})
 	if done == nil {
 		done = func(error) {}
 	}
@@ -377,13 +377,13 @@ func (r *Replicator) ProposeRemoves(q *shards.Queue, seqs []uint64, done func(er
 
 // ProposeReleases is shards.Replicator's: only a master proposes one.
 func (r *Replicator) ProposeReleases(q *shards.Queue, seqs []uint64, unseen bool, tag uint64) error {
-	data := event.AppendReleases(make([]byte, 0, event.HeaderLen+6+len(q.Name)+8*len(seqs)), q.Name, seqs, unseen)
+	data := event.AppendReleases(make([]byte, 0, event.HeaderLen+6+len(q.Name)+8*len(seqs)), q.Name, seqs, unseen, event.Stamp{})
 	return r.proposeHere(q, data, r.acqWaiters[q.Shard()], tag)
 }
 
 // ProposeAcquires is shards.Replicator's: only a master proposes one.
 func (r *Replicator) ProposeAcquires(q *shards.Queue, seqs []uint64, window uint32, tag uint64) error {
-	data := event.AppendAcquires(make([]byte, 0, event.HeaderLen+10+len(q.Name)+8*len(seqs)), q.Name, seqs, window)
+	data := event.AppendAcquires(make([]byte, 0, event.HeaderLen+10+len(q.Name)+8*len(seqs)), q.Name, seqs, window, event.Stamp{})
 	return r.proposeHere(q, data, r.acqWaiters[q.Shard()], tag)
 }
 

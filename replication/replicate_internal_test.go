@@ -103,7 +103,7 @@ func TestApplyRefusesUndecodable(t *testing.T) {
 		{"newer-enqueue", append([]byte{event.Marker, byte(event.KindEnqueue), event.EnqueueVersion + 1, 0}, enq[4:]...), event.ErrNewerVersion},
 		{"unknown-flag", append([]byte{event.Marker, byte(event.KindEnqueue), 1, 0x80}, enq[4:]...), event.ErrUnknownFlags},
 		{"truncated-enqueue", enq[:len(enq)-3], event.ErrMalformed},
-		{"truncated-removes", event.AppendRemoves(nil, "q", []uint64{1, 2})[:20], event.ErrMalformed},
+		{"truncated-removes", event.AppendRemoves(nil, "q", []uint64{1, 2}, event.Stamp{})[:20], event.ErrMalformed},
 		{"legacy-remove-truncated", []byte{'R', 0, 1, 'q', 0, 0}, event.ErrMalformed},
 		{"barrier-trailing", append(event.AppendBarrier(nil), 1), event.ErrMalformed},
 		{"delete-truncated", event.AppendDelete(nil, "queue")[:7], event.ErrMalformed},

@@ -37,6 +37,17 @@ const (
 	// FlagUnseen) they were never delivered (their acquires event did
 	// not commit in time, or their consumer went first).
 	KindReleases Kind = 7
+	// KindOwn passes a queue's ownership (seed 000: "moving queue
+	// ownership"): from the event on, only its owner acquires the queue's
+	// messages. It applies only if its Gen is one past the queue's
+	// ownership number, so a stale owner's handover is void everywhere
+	// alike; with FlagRequeue it also puts back what a lost broker had
+	// acquired from the queue ("requeue-of-departed-broker").
+	KindOwn Kind = 8
+	// KindWant records that a broker's consumers wait for a queue it does
+	// not own (FlagWithdraw: they wait no more), so that its owner hands
+	// the queue over when its time slice ends.
+	KindWant Kind = 9
 )
 
 func (k Kind) String() string {
@@ -55,6 +66,10 @@ func (k Kind) String() string {
 		return "acquires"
 	case KindReleases:
 		return "releases"
+	case KindOwn:
+		return "own"
+	case KindWant:
+		return "want"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -67,6 +82,8 @@ const (
 	DeleteVersion   uint8 = 1
 	AcquiresVersion uint8 = 1
 	ReleasesVersion uint8 = 1
+	OwnVersion      uint8 = 1
+	WantVersion     uint8 = 1
 )
 
 // Acquires flags.
@@ -74,7 +91,10 @@ const (
 	// FlagWindow: a window u32 follows the messages (Acquires.Window).
 	FlagWindow uint8 = 1 << 0
 
-	acquiresFlags = FlagWindow
+	// FlagStamp: the proposer's Stamp follows (every other part).
+	FlagStamp uint8 = 1 << 1
+
+	acquiresFlags = FlagWindow | FlagStamp
 )
 
 // Releases flags.
@@ -83,8 +103,71 @@ const (
 	// counts stay as they were.
 	FlagUnseen uint8 = 1 << 0
 
-	releasesFlags = FlagUnseen
+	releasesFlags = FlagUnseen | FlagStamp
+	removesFlags  = FlagStamp
 )
+
+// Own flags.
+const (
+	// FlagRequeue: a broker id u32 follows the owner: every message that
+	// broker holds acquired from the queue is put back, redelivered, and
+	// the window of its last acquires event counted as delivered.
+	FlagRequeue uint8 = 1 << 0
+
+	ownFlags = FlagRequeue | FlagStamp
+)
+
+// Want flags.
+const (
+	// FlagWithdraw: the broker's consumers wait no more.
+	FlagWithdraw uint8 = 1 << 0
+
+	wantFlags = FlagWithdraw
+)
+
+// Stamp names the broker that proposed an event of a queue it owns and
+// is not its group's master (the master's own events carry none): its
+// id, the ownership number it holds the queue under (Own.Gen), and a tag
+// of its own by which it knows its event when it applies it. A member
+// applies a stamped acquires only if the queue's owner is Broker under
+// Gen, and a stamped release or removal only of messages Broker holds
+// acquired; so an owner that lost the queue acquires and completes
+// nothing under its old ownership (fencing).
+type Stamp struct {
+	Broker uint32
+	Gen    uint64
+	Tag    uint64
+}
+
+// StampLen is a stamp's encoded size.
+const StampLen = 4 + 8 + 8
+
+func appendStamp(dst []byte, st Stamp) []byte {
+	dst = binary.BigEndian.AppendUint32(dst, st.Broker)
+	dst = binary.BigEndian.AppendUint64(dst, st.Gen)
+	return binary.BigEndian.AppendUint64(dst, st.Tag)
+}
+
+// readStamp reads a stamp if flags has FlagStamp; a stamp of broker 0
+// is malformed (the master's events carry none).
+func readStamp(rd *wire.Reader, flags uint8, k Kind, st *Stamp) error {
+	*st = Stamp{}
+	if flags&FlagStamp == 0 {
+		return nil
+	}
+	st.Broker, st.Gen, st.Tag = rd.U32(), rd.U64(), rd.U64()
+	if st.Broker == 0 && rd.Err() == nil {
+		return fmt.Errorf("%w: %v stamp of broker 0", ErrMalformed, k)
+	}
+	return nil
+}
+
+func stampFlag(st Stamp) uint8 {
+	if st.Broker != 0 {
+		return FlagStamp
+	}
+	return 0
+}
 
 // Enqueue flags: which optional parts follow the payload.
 const (
@@ -160,7 +243,7 @@ func ReadHeader(data []byte) (h Header, n int, err error) {
 	case KindEnqueue:
 		newest, known = EnqueueVersion, enqueueFlags
 	case KindRemoves:
-		newest = RemovesVersion
+		newest, known = RemovesVersion, removesFlags
 	case KindBarrier:
 		newest = BarrierVersion
 	case KindDelete:
@@ -169,6 +252,10 @@ func ReadHeader(data []byte) (h Header, n int, err error) {
 		newest, known = AcquiresVersion, acquiresFlags
 	case KindReleases:
 		newest, known = ReleasesVersion, releasesFlags
+	case KindOwn:
+		newest, known = OwnVersion, ownFlags
+	case KindWant:
+		newest, known = WantVersion, wantFlags
 	default:
 		return h, 0, fmt.Errorf("%w: %d", ErrUnknownKind, data[1])
 	}
@@ -337,20 +424,18 @@ func (e *Enqueue) Decode(data []byte) error {
 	return nil
 }
 
-// Removes removes messages, by their enqueues' log indexes, from a queue.
-type Removes struct {
-	Queue []byte
-	Seqs  []uint64
-}
-
 // AppendRemoves appends the encoding of the removal of seqs (at most
-// SeqsMax) from queue to dst.
-func AppendRemoves(dst []byte, queue string, seqs []uint64) []byte {
-	return appendSeqs(appendHeader(dst, KindRemoves, RemovesVersion, 0), queue, seqs)
+// SeqsMax) from queue to dst, by st's broker (none: the master).
+func AppendRemoves(dst []byte, queue string, seqs []uint64, st Stamp) []byte {
+	dst = appendSeqs(appendHeader(dst, KindRemoves, RemovesVersion, stampFlag(st)), queue, seqs)
+	if st.Broker != 0 {
+		dst = appendStamp(dst, st)
+	}
+	return dst
 }
 
 // appendSeqs appends a queue name and a list of messages, the body of a
-// Removes and of an Acquires.
+// Removes, an Acquires and a Releases.
 func appendSeqs(dst []byte, queue string, seqs []uint64) []byte {
 	dst = wire.AppendStr(dst, queue)
 	dst = binary.BigEndian.AppendUint32(dst, uint32(len(seqs)))
@@ -363,8 +448,9 @@ func appendSeqs(dst []byte, queue string, seqs []uint64) []byte {
 // decodeSeqs decodes data, an event of kind k whose body is a queue name
 // and a list of messages: queue aliases data, the seqs are appended to
 // seqs[:0]; flags are the header's. An Acquires' window, if its flag is
-// set, is read into window (which may be nil otherwise).
-func decodeSeqs(data []byte, k Kind, seqs []uint64, window *uint32) (queue []byte, _ []uint64, flags uint8, err error) {
+// set, is read into window (which may be nil otherwise), and a stamp, if
+// its flag is set, into st.
+func decodeSeqs(data []byte, k Kind, seqs []uint64, window *uint32, st *Stamp) (queue []byte, _ []uint64, flags uint8, err error) {
 	var rd wire.Reader
 	h, err := body(data, k, &rd)
 	if err != nil {
@@ -380,42 +466,60 @@ func decodeSeqs(data []byte, k Kind, seqs []uint64, window *uint32) (queue []byt
 		seqs = append(seqs, rd.U64())
 	}
 	if k == KindAcquires && h.Flags&FlagWindow != 0 {
-		if *window = rd.U32(); *window == 0 && !h.Legacy {
+		if *window = rd.U32(); *window == 0 && !h.Legacy && rd.Err() == nil {
 			// One encoding per event: a zero window has no part.
 			return nil, seqs, 0, fmt.Errorf("%w: acquires window flag with a window of 0", ErrMalformed)
 		}
 	}
+	if err := readStamp(&rd, h.Flags, k, st); err != nil {
+		return nil, seqs, 0, err
+	}
 	return queue, seqs, h.Flags, done(&rd, k)
+}
+
+// Removes records that messages of a queue, by their enqueues' log
+// indexes, left it: settled, expired, purged. Stamp is the proposing
+// owner's, if not the master.
+type Removes struct {
+	Queue []byte
+	Seqs  []uint64
+	Stamp Stamp
 }
 
 // Decode decodes data, a removes of either format, into r: r.Queue
 // aliases data, and the seqs are appended to r.Seqs[:0].
 func (r *Removes) Decode(data []byte) (err error) {
-	r.Queue, r.Seqs, _, err = decodeSeqs(data, KindRemoves, r.Seqs, nil)
+	r.Queue, r.Seqs, _, err = decodeSeqs(data, KindRemoves, r.Seqs, nil, &r.Stamp)
 	return err
 }
 
-// Acquires records that the master handed messages of a queue, by their
-// enqueues' log indexes, out to consumers. Window is how many more
-// deliveries the master may send, once the event committed, before the
-// next one commits (shards/acquire.go): a new master treats that many
-// of the messages it inherits ready as maybe delivered.
+// Acquires records that the queue's owner handed messages of a queue, by
+// their enqueues' log indexes, out to consumers. Window is how many more
+// deliveries the owner may send, once the event committed, before the
+// next one commits (shards/acquire.go): a new owner treats that many
+// of the messages it inherits ready as maybe delivered. Stamp is the
+// owner's, if not the master.
 type Acquires struct {
 	Queue  []byte
 	Seqs   []uint64
 	Window uint32
+	Stamp  Stamp
 }
 
 // AppendAcquires appends the encoding of the acquisition of seqs (at
-// most SeqsMax; none is allowed) from queue, with window, to dst.
-func AppendAcquires(dst []byte, queue string, seqs []uint64, window uint32) []byte {
+// most SeqsMax; none is allowed) from queue, with window, by st's broker
+// (none: the master), to dst.
+func AppendAcquires(dst []byte, queue string, seqs []uint64, window uint32, st Stamp) []byte {
 	var flags uint8
 	if window != 0 {
 		flags = FlagWindow
 	}
-	dst = appendSeqs(appendHeader(dst, KindAcquires, AcquiresVersion, flags), queue, seqs)
+	dst = appendSeqs(appendHeader(dst, KindAcquires, AcquiresVersion, flags|stampFlag(st)), queue, seqs)
 	if window != 0 {
 		dst = binary.BigEndian.AppendUint32(dst, window)
+	}
+	if st.Broker != 0 {
+		dst = appendStamp(dst, st)
 	}
 	return dst
 }
@@ -424,26 +528,32 @@ func AppendAcquires(dst []byte, queue string, seqs []uint64, window uint32) []by
 // the seqs are appended to a.Seqs[:0].
 func (a *Acquires) Decode(data []byte) (err error) {
 	a.Window = 0
-	a.Queue, a.Seqs, _, err = decodeSeqs(data, KindAcquires, a.Seqs, &a.Window)
+	a.Queue, a.Seqs, _, err = decodeSeqs(data, KindAcquires, a.Seqs, &a.Window, &a.Stamp)
 	return err
 }
 
-// Releases records that the master put acquired messages of a queue, by
-// their enqueues' log indexes, back; Unseen if no consumer saw them.
+// Releases records that the broker holding acquired messages of a queue,
+// by their enqueues' log indexes, put them back; Unseen if no consumer
+// saw them. Stamp is that broker's, if not the master.
 type Releases struct {
 	Queue  []byte
 	Seqs   []uint64
 	Unseen bool
+	Stamp  Stamp
 }
 
 // AppendReleases appends the encoding of the release of seqs (at most
-// SeqsMax) of queue to dst.
-func AppendReleases(dst []byte, queue string, seqs []uint64, unseen bool) []byte {
+// SeqsMax) of queue, by st's broker (none: the master), to dst.
+func AppendReleases(dst []byte, queue string, seqs []uint64, unseen bool, st Stamp) []byte {
 	var flags uint8
 	if unseen {
 		flags = FlagUnseen
 	}
-	return appendSeqs(appendHeader(dst, KindReleases, ReleasesVersion, flags), queue, seqs)
+	dst = appendSeqs(appendHeader(dst, KindReleases, ReleasesVersion, flags|stampFlag(st)), queue, seqs)
+	if st.Broker != 0 {
+		dst = appendStamp(dst, st)
+	}
+	return dst
 }
 
 // Decode decodes data, a releases, into r: r.Queue aliases data, and the
@@ -451,9 +561,99 @@ func AppendReleases(dst []byte, queue string, seqs []uint64, unseen bool) []byte
 func (r *Releases) Decode(data []byte) error {
 	var flags uint8
 	var err error
-	r.Queue, r.Seqs, flags, err = decodeSeqs(data, KindReleases, r.Seqs, nil)
+	r.Queue, r.Seqs, flags, err = decodeSeqs(data, KindReleases, r.Seqs, nil, &r.Stamp)
 	r.Unseen = flags&FlagUnseen != 0
 	return err
+}
+
+// Own passes Queue's ownership to Owner (0: the group's master, whoever
+// it is) as the queue's ownership number Gen, which must be one past the
+// queue's (the event has no effect otherwise). Requeue, if not 0, is a
+// broker whose acquisitions of the queue go back (the broker was lost).
+// Stamp is the proposing owner's, if not the master.
+type Own struct {
+	Queue   []byte
+	Gen     uint64
+	Owner   uint32
+	Requeue uint32
+	Stamp   Stamp
+}
+
+// AppendOwn appends o's encoding to dst.
+func AppendOwn(dst []byte, o *Own) []byte {
+	var flags uint8
+	if o.Requeue != 0 {
+		flags = FlagRequeue
+	}
+	dst = appendHeader(dst, KindOwn, OwnVersion, flags|stampFlag(o.Stamp))
+	dst = wire.AppendStr(dst, string(o.Queue))
+	dst = binary.BigEndian.AppendUint64(dst, o.Gen)
+	dst = binary.BigEndian.AppendUint32(dst, o.Owner)
+	if o.Requeue != 0 {
+		dst = binary.BigEndian.AppendUint32(dst, o.Requeue)
+	}
+	if o.Stamp.Broker != 0 {
+		dst = appendStamp(dst, o.Stamp)
+	}
+	return dst
+}
+
+// Decode decodes data, an own, into o: o.Queue aliases data.
+func (o *Own) Decode(data []byte) error {
+	var rd wire.Reader
+	h, err := body(data, KindOwn, &rd)
+	if err != nil {
+		return err
+	}
+	o.Queue = rd.Str(wire.NameLenMax)
+	o.Gen, o.Owner, o.Requeue = rd.U64(), rd.U32(), 0
+	if h.Flags&FlagRequeue != 0 {
+		if o.Requeue = rd.U32(); o.Requeue == 0 && rd.Err() == nil {
+			return fmt.Errorf("%w: own requeue flag with broker 0", ErrMalformed)
+		}
+	}
+	if err := readStamp(&rd, h.Flags, KindOwn, &o.Stamp); err != nil {
+		return err
+	}
+	if o.Gen == 0 && rd.Err() == nil {
+		return fmt.Errorf("%w: own of ownership number 0", ErrMalformed)
+	}
+	return done(&rd, KindOwn)
+}
+
+// Want records that Broker's consumers wait for Queue (Withdraw: no
+// more).
+type Want struct {
+	Queue    []byte
+	Broker   uint32
+	Withdraw bool
+}
+
+// AppendWant appends w's encoding to dst.
+func AppendWant(dst []byte, w *Want) []byte {
+	var flags uint8
+	if w.Withdraw {
+		flags = FlagWithdraw
+	}
+	dst = appendHeader(dst, KindWant, WantVersion, flags)
+	dst = wire.AppendStr(dst, string(w.Queue))
+	return binary.BigEndian.AppendUint32(dst, w.Broker)
+}
+
+// Decode decodes data, a want, into w: w.Queue aliases data.
+func (w *Want) Decode(data []byte) error {
+	var rd wire.Reader
+	h, err := body(data, KindWant, &rd)
+	if err != nil {
+		return err
+	}
+	w.Queue = rd.Str(wire.NameLenMax)
+	w.Broker = rd.U32()
+	w.Withdraw = h.Flags&FlagWithdraw != 0
+	if w.Broker == 0 && rd.Err() == nil {
+		return fmt.Errorf("%w: want of broker 0", ErrMalformed)
+	}
+	return done(&rd, KindWant)
 }
 
 // Remove is the single remove of the older format, which only logs
@@ -521,6 +721,8 @@ type Event struct {
 	Delete   Delete
 	Acquires Acquires
 	Releases Releases
+	Own      Own
+	Want     Want
 }
 
 // Decode decodes data, an event of any kind and either format, into ev:
@@ -547,6 +749,10 @@ func Decode(data []byte, ev *Event) error {
 		return ev.Acquires.Decode(data)
 	case KindReleases:
 		return ev.Releases.Decode(data)
+	case KindOwn:
+		return ev.Own.Decode(data)
+	case KindWant:
+		return ev.Want.Decode(data)
 	}
 	return fmt.Errorf("%w: %v", ErrUnknownKind, h.Kind)
 }
@@ -559,17 +765,21 @@ func Append(dst []byte, ev *Event) []byte {
 	case KindEnqueue:
 		return AppendEnqueue(dst, &ev.Enqueue)
 	case KindRemoves:
-		return AppendRemoves(dst, string(ev.Removes.Queue), ev.Removes.Seqs)
+		return AppendRemoves(dst, string(ev.Removes.Queue), ev.Removes.Seqs, ev.Removes.Stamp)
 	case KindRemove:
-		return AppendRemoves(dst, string(ev.Remove.Queue), []uint64{ev.Remove.Seq})
+		return AppendRemoves(dst, string(ev.Remove.Queue), []uint64{ev.Remove.Seq}, Stamp{})
 	case KindBarrier:
 		return AppendBarrier(dst)
 	case KindDelete:
 		return AppendDelete(dst, string(ev.Delete.Queue))
 	case KindAcquires:
-		return AppendAcquires(dst, string(ev.Acquires.Queue), ev.Acquires.Seqs, ev.Acquires.Window)
+		return AppendAcquires(dst, string(ev.Acquires.Queue), ev.Acquires.Seqs, ev.Acquires.Window, ev.Acquires.Stamp)
 	case KindReleases:
-		return AppendReleases(dst, string(ev.Releases.Queue), ev.Releases.Seqs, ev.Releases.Unseen)
+		return AppendReleases(dst, string(ev.Releases.Queue), ev.Releases.Seqs, ev.Releases.Unseen, ev.Releases.Stamp)
+	case KindOwn:
+		return AppendOwn(dst, &ev.Own)
+	case KindWant:
+		return AppendWant(dst, &ev.Want)
 	}
 	panic(fmt.Sprintf("event: Append of %v", ev.Header.Kind))
 }

@@ -80,6 +80,7 @@ func goldens() []golden {
 			golden{name: "enqueue-legacy-" + c.tag, legacy: legacyAppendEnqueue(&e), want: Event{Header: Header{Kind: KindEnqueue}, Enqueue: e}})
 	}
 	seqs := []uint64{3, 5, 1 << 40}
+	st := Stamp{Broker: 2, Gen: 9, Tag: 1<<33 | 17}
 	gs = append(gs,
 		golden{name: "removes-v1", want: Event{Header: Header{Kind: KindRemoves}, Removes: Removes{Queue: []byte("orders"), Seqs: seqs}}},
 		golden{name: "removes-legacy", legacy: legacyAppendRemoves("orders", seqs), want: Event{Header: Header{Kind: KindRemoves}, Removes: Removes{Queue: []byte("orders"), Seqs: seqs}}},
@@ -94,6 +95,14 @@ func goldens() []golden {
 		golden{name: "releases-v1-unseen", want: Event{Header: Header{Kind: KindReleases}, Releases: Releases{Queue: []byte("orders"), Seqs: seqs, Unseen: true}}},
 		golden{name: "acquires-v1-window", want: Event{Header: Header{Kind: KindAcquires}, Acquires: Acquires{Queue: []byte("orders"), Seqs: seqs, Window: 1000}}},
 		golden{name: "acquires-v1-none", want: Event{Header: Header{Kind: KindAcquires}, Acquires: Acquires{Queue: []byte("orders")}}},
+		golden{name: "acquires-v1-stamp", want: Event{Header: Header{Kind: KindAcquires}, Acquires: Acquires{Queue: []byte("orders"), Seqs: seqs, Window: 7, Stamp: st}}},
+		golden{name: "releases-v1-stamp", want: Event{Header: Header{Kind: KindReleases}, Releases: Releases{Queue: []byte("orders"), Seqs: seqs, Unseen: true, Stamp: st}}},
+		golden{name: "removes-v1-stamp", want: Event{Header: Header{Kind: KindRemoves}, Removes: Removes{Queue: []byte("orders"), Seqs: seqs, Stamp: st}}},
+		golden{name: "own-v1", want: Event{Header: Header{Kind: KindOwn}, Own: Own{Queue: []byte("orders"), Gen: 4, Owner: 3}}},
+		golden{name: "own-v1-requeue", want: Event{Header: Header{Kind: KindOwn}, Own: Own{Queue: []byte("orders"), Gen: 5, Requeue: 2}}},
+		golden{name: "own-v1-stamp", want: Event{Header: Header{Kind: KindOwn}, Own: Own{Queue: []byte("orders"), Gen: 6, Owner: 1, Stamp: st}}},
+		golden{name: "want-v1", want: Event{Header: Header{Kind: KindWant}, Want: Want{Queue: []byte("orders"), Broker: 2}}},
+		golden{name: "want-v1-withdraw", want: Event{Header: Header{Kind: KindWant}, Want: Want{Queue: []byte("orders"), Broker: 2, Withdraw: true}}},
 	)
 	return gs
 }
@@ -181,6 +190,9 @@ func TestEnqueueFlags(t *testing.T) {
 
 // TestRejects: what a reader does not know, or what is malformed, is an
 // error of its kind, never a skip.
+// with3 is data with header flags f.
+func with3(data []byte, f uint8) []byte { data[3] = f; return data }
+
 func TestRejects(t *testing.T) {
 	e := enqueue(true, true)
 	good := AppendEnqueue(nil, &e)
@@ -205,7 +217,14 @@ func TestRejects(t *testing.T) {
 		{"barrier-newer", []byte{Marker, byte(KindBarrier), 2, 0}, ErrNewerVersion},
 		{"barrier-trailing", []byte{Marker, byte(KindBarrier), 1, 0, 0}, ErrMalformed},
 		{"delete-newer", []byte{Marker, byte(KindDelete), DeleteVersion + 1, 0, 0, 1, 'q'}, ErrNewerVersion},
-		{"removes-over-bound", AppendRemoves(nil, "q", make([]uint64, SeqsMax+1)), ErrMalformed},
+		{"removes-over-bound", AppendRemoves(nil, "q", make([]uint64, SeqsMax+1), Stamp{}), ErrMalformed},
+		{"stamp-of-broker-0", append(with3(AppendRemoves(nil, "q", nil, Stamp{}), FlagStamp), make([]byte, StampLen)...), ErrMalformed},
+		{"stamp-truncated", AppendRemoves(nil, "q", nil, Stamp{Broker: 1})[:HeaderLen+2+1+4+StampLen-1], ErrMalformed},
+		{"own-gen-0", AppendOwn(nil, &Own{Queue: []byte("q")}), ErrMalformed},
+		{"own-requeue-0", append(with3(AppendOwn(nil, &Own{Queue: []byte("q"), Gen: 1}), FlagRequeue), 0, 0, 0, 0), ErrMalformed},
+		{"own-unknown-flag", with3(AppendOwn(nil, &Own{Queue: []byte("q"), Gen: 1}), 1<<6), ErrUnknownFlags},
+		{"want-broker-0", AppendWant(nil, &Want{Queue: []byte("q")}), ErrMalformed},
+		{"want-trailing", append(AppendWant(nil, &Want{Queue: []byte("q"), Broker: 1}), 0), ErrMalformed},
 		{"legacy-enqueue-odd-trailer", append(legacyAppendEnqueue(&e), 0), ErrMalformed},
 	} {
 		t.Run(c.name, func(t *testing.T) {
