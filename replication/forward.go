@@ -23,6 +23,7 @@ package replication
 // those other brokers proxy to it (server/proxy.go).
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 
@@ -103,6 +104,10 @@ func (r *Replicator) serveForward(from, g uint32, event []byte, reply groups.For
 		r.serveAtMaster(g, event[0], &rd, reply)
 		return
 	}
+	if k, err := groupevent.KindOf(event); err == nil && k != groupevent.KindEnqueue {
+		r.serveOwnerEvent(from, g, k, event, reply)
+		return
+	}
 	var ev groupevent.Enqueue
 	if err := ev.Decode(event); err != nil {
 		if errors.Is(err, groupevent.ErrUnknownKind) || errors.Is(err, groupevent.ErrWrongKind) {
@@ -153,6 +158,52 @@ func (r *Replicator) serveForward(from, g uint32, event []byte, reply groups.For
 			return
 		}
 		refuse(wire.CodeResourceLimit, "shard %d of broker %d, the master, has %d forwarded commands waiting; the publish was not taken; retry", q.Shard(), r.self, LaneMax)
+	}
+}
+
+// serveOwnerEvent proposes an event that a queue's owner other than the
+// master forwards (shards/own.go): a stamped acquires, releases, removes
+// or own event, or a want, each of the forwarding broker's own. It is
+// proposed as it is; every member applies the same rules to it, so the
+// master checks only that it is well formed and the sender's. event
+// aliases the read buffer.
+func (r *Replicator) serveOwnerEvent(from, g uint32, k groupevent.Kind, data []byte, reply groups.ForwardReply) {
+	var ev groupevent.Event
+	if err := groupevent.Decode(data, &ev); err != nil {
+		reply.Send(wire.CodeMalformed, fmt.Sprintf("malformed forwarded %v event: %v", k, err))
+		return
+	}
+	var by uint32
+	switch k {
+	case groupevent.KindAcquires:
+		by = ev.Acquires.Stamp.Broker
+	case groupevent.KindReleases:
+		by = ev.Releases.Stamp.Broker
+	case groupevent.KindRemoves:
+		by = ev.Removes.Stamp.Broker
+	case groupevent.KindOwn:
+		by = ev.Own.Stamp.Broker
+	case groupevent.KindWant:
+		by = ev.Want.Broker
+	default:
+		reply.Send(wire.CodeInvalid, fmt.Sprintf("a %v event is not forwarded", k))
+		return
+	}
+	if by != from {
+		reply.Send(wire.CodeNotAllowed, fmt.Sprintf("a forwarded %v event of broker %d, from broker %d: a broker forwards only its own", k, by, from))
+		return
+	}
+	n := r.node()
+	if n == nil || !n.IsMaster(g) {
+		reply.Send(wire.CodeUnavailable, fmt.Sprintf("broker %d is not the master of group %d (any more); retry", r.self, g))
+		return
+	}
+	err := n.ProposeAsync(g, bytes.Clone(data), funcWaiter(func(err error) { sendOutcome(reply, err) }), 0)
+	if errors.Is(err, groups.ErrBusy) {
+		err = shards.Errorf(wire.CodeResourceLimit, "group %d is busy; retry", g)
+	}
+	if err != nil {
+		sendOutcome(reply, groupError(err))
 	}
 }
 

@@ -119,6 +119,11 @@ type Replicator struct {
 	restoring  atomic.Bool
 	waiters    []*shardWaiter // by shard index
 	acqWaiters []*acqWaiter   // by shard index
+	ownWaiters []*ownWaiter   // by shard index
+	// owns tracks, on the node's goroutine, the last own event of each
+	// queue, by group and name, and each broker's last want event:
+	// superseded ones are retired (applyOwn).
+	owns map[uint32]map[string]*ownTrack
 	// windows are the shards' read-ahead windows into the group journal
 	// (ReadEnqueue), by shard index: each is its shard goroutine's.
 	windows []journal.Window
@@ -375,16 +380,79 @@ func (r *Replicator) ProposeRemoves(q *shards.Queue, seqs []uint64, done func(er
 	return r.propose(q, data, funcWaiter(done), 0)
 }
 
-// ProposeReleases is shards.Replicator's: only a master proposes one.
-func (r *Replicator) ProposeReleases(q *shards.Queue, seqs []uint64, unseen bool, tag uint64) error {
-	data := event.AppendReleases(make([]byte, 0, event.HeaderLen+6+len(q.Name)+8*len(seqs)), q.Name, seqs, unseen, event.Stamp{})
+// ProposeReleases is shards.Replicator's.
+func (r *Replicator) ProposeReleases(q *shards.Queue, seqs []uint64, unseen bool, st event.Stamp, tag uint64) error {
+	data := event.AppendReleases(make([]byte, 0, event.HeaderLen+6+len(q.Name)+8*len(seqs)+event.StampLen), q.Name, seqs, unseen, st)
+	if st.Broker != 0 {
+		return r.ProposeEvent(q, data, tag)
+	}
 	return r.proposeHere(q, data, r.acqWaiters[q.Shard()], tag)
 }
 
-// ProposeAcquires is shards.Replicator's: only a master proposes one.
-func (r *Replicator) ProposeAcquires(q *shards.Queue, seqs []uint64, window uint32, tag uint64) error {
-	data := event.AppendAcquires(make([]byte, 0, event.HeaderLen+10+len(q.Name)+8*len(seqs)), q.Name, seqs, window, event.Stamp{})
+// ProposeAcquires is shards.Replicator's.
+func (r *Replicator) ProposeAcquires(q *shards.Queue, seqs []uint64, window uint32, st event.Stamp, tag uint64) error {
+	data := event.AppendAcquires(make([]byte, 0, event.HeaderLen+10+len(q.Name)+8*len(seqs)+event.StampLen), q.Name, seqs, window, st)
+	if st.Broker != 0 {
+		return r.ProposeEvent(q, data, tag)
+	}
 	return r.proposeHere(q, data, r.acqWaiters[q.Shard()], tag)
+}
+
+// ProposeEvent is shards.Replicator's: an owner's event goes to the
+// group's master (forward.go) unless this broker is it; only a failure
+// is reported (ownWaiter).
+func (r *Replicator) ProposeEvent(q *shards.Queue, data []byte, tag uint64) error {
+	g, _ := q.Replicated()
+	w := r.ownWaiters[q.Shard()]
+	if n := r.node(); n == nil || !n.IsMaster(g) {
+		return r.forward(g, data, func(err error) {
+			if err != nil {
+				w.Committed(tag, err)
+			}
+		})
+	}
+	return r.proposeHere(q, data, w, tag)
+}
+
+// ownWaiter tells a shard the failure of an owner's event (the shard
+// learns its success when it applies it); one per shard.
+type ownWaiter struct{ sh *shards.Shard }
+
+func (w *ownWaiter) Committed(tag uint64, err error) {
+	if err != nil && tag != 0 {
+		w.sh.AcquiresCommitted(tag, groupError(err))
+	}
+}
+
+// HoldsReplica reports whether this broker holds a replica of group g:
+// its consumers of g's queues are served here, not proxied to the
+// master (shards/own.go).
+func (r *Replicator) HoldsReplica(g uint32) bool {
+	n := r.node()
+	return n != nil && n.Holds(g)
+}
+
+// Self is shards.Replicator's.
+func (r *Replicator) Self() uint32 { return r.self }
+
+// Owning is shards.Replicator's.
+func (r *Replicator) Owning(g uint32) bool {
+	n := r.node()
+	return n != nil && n.Owning(g)
+}
+
+// Live is shards.Replicator's.
+func (r *Replicator) Live(g, b uint32) bool {
+	n := r.node()
+	return n == nil || n.Live(g, b)
+}
+
+// Resync is shards.Replicator's; asked again at the next own event
+// if the node's inbox is full.
+func (r *Replicator) Resync(g uint32, index uint64) {
+	if n := r.node(); n != nil {
+		n.Resync(g, index)
+	}
 }
 
 func (r *Replicator) ProposeDelete(q *shards.Queue) error {
@@ -413,6 +481,7 @@ func (r *Replicator) apply(g uint32, e wire.GroupEntry) (err error) {
 	}
 	var nameB []byte
 	var seqs []uint64 // a removal's messages
+	var stamp event.Stamp
 	var enq event.Enqueue
 	switch h.Kind {
 	case event.KindBarrier:
@@ -440,19 +509,34 @@ func (r *Replicator) apply(g uint32, e wire.GroupEntry) (err error) {
 			return err
 		}
 		nameB, seqs = rm.Queue, rm.Seqs
+		stamp = rm.Stamp
 	case event.KindAcquires:
 		var a event.Acquires
 		if err := a.Decode(e.Data); err != nil {
 			return err
 		}
-		r.applyHandouts(g, e.Index, a.Queue, func(sh *shards.Shard, q *shards.Queue) { sh.ApplyAcquires(q, a.Seqs, a.Window) })
+		r.applyHandouts(g, e.Index, a.Queue, func(sh *shards.Shard, q *shards.Queue) { sh.ApplyAcquires(q, a.Seqs, a.Window, a.Stamp) })
 		return nil
 	case event.KindReleases:
 		var rl event.Releases
 		if err := rl.Decode(e.Data); err != nil {
 			return err
 		}
-		r.applyHandouts(g, e.Index, rl.Queue, func(sh *shards.Shard, q *shards.Queue) { sh.ApplyReleases(q, rl.Seqs, rl.Unseen) })
+		r.applyHandouts(g, e.Index, rl.Queue, func(sh *shards.Shard, q *shards.Queue) { sh.ApplyReleases(q, rl.Seqs, rl.Unseen, rl.Stamp) })
+		return nil
+	case event.KindOwn:
+		var o event.Own
+		if err := o.Decode(e.Data); err != nil {
+			return err
+		}
+		r.applyOwn(g, e.Index, &o)
+		return nil
+	case event.KindWant:
+		var w event.Want
+		if err := w.Decode(e.Data); err != nil {
+			return err
+		}
+		r.applyWant(g, e.Index, &w)
 		return nil
 	case event.KindEnqueue:
 		if err := enq.Decode(e.Data); err != nil {
@@ -474,6 +558,7 @@ func (r *Replicator) apply(g uint32, e wire.GroupEntry) (err error) {
 		// or whose removals the group did not take): their entries have
 		// no effect left, and compaction passes them.
 		r.forget(g, e.Index)
+		r.dropOwnTrack(g, name)
 		if !r.IsMaster(g) {
 			for _, seq := range r.wiring.DropReplica(name) {
 				r.forget(g, seq)
@@ -520,6 +605,9 @@ func (r *Replicator) apply(g uint32, e wire.GroupEntry) (err error) {
 				sh.ApplyRemove(q, seq)
 			}
 		}
+		if stamp.Broker != 0 {
+			call = func(sh *shards.Shard) { sh.ApplyRemovesBy(q, seqs, stamp) }
+		}
 		// The node's goroutine parks while the ring is full: a shard
 		// never waits for the node, so this cannot deadlock.
 		_ = sh.PushCall(r.ctx, call) // fails only once the broker closes
@@ -555,6 +643,102 @@ func (r *Replicator) applyHandouts(g uint32, index uint64, name []byte, apply fu
 	}
 	_ = r.broker.Shards()[q.Shard()].PushCall(r.ctx, func(sh *shards.Shard) { apply(sh, q) }) // fails only once the broker closes
 }
+
+// ownTrack is the last own event of a queue that counted, and the last
+// want event of each broker for it: what is still in effect. Every
+// member applies the same rule as the shards (an own event counts only
+// past the queue's ownership number), so each retires the same entries:
+// a superseded one has no effect left, and compaction passes it; the
+// one in effect stays, so a member that installs a base keeps it.
+type ownTrack struct {
+	gen   uint64
+	index uint64
+	wants map[uint32]uint64 // broker: index of its want in effect
+}
+
+func (r *Replicator) ownTrackOf(g uint32, name []byte, make bool) *ownTrack {
+	byName := r.owns[g]
+	if byName == nil {
+		if !make {
+			return nil
+		}
+		if r.owns == nil {
+			r.owns = map[uint32]map[string]*ownTrack{}
+		}
+		byName = map[string]*ownTrack{}
+		r.owns[g] = byName
+	}
+	t := byName[string(name)]
+	if t == nil && make {
+		t = &ownTrack{}
+		byName[string(name)] = t
+	}
+	return t
+}
+
+// applyOwn applies a committed own event, on the node's goroutine.
+func (r *Replicator) applyOwn(g uint32, index uint64, o *event.Own) {
+	t := r.ownTrackOf(g, o.Queue, true)
+	if o.Gen <= t.gen {
+		r.retire(g, index) // void
+	} else {
+		if t.index != 0 {
+			r.retire(g, t.index)
+		}
+		t.gen, t.index = o.Gen, index
+	}
+	q := r.wiring.Queue(o.Queue)
+	if q == nil {
+		return
+	}
+	own := *o
+	own.Queue = []byte(q.Name) // o aliases the entry
+	_ = r.broker.Shards()[q.Shard()].PushCall(r.ctx, func(sh *shards.Shard) { sh.ApplyOwn(q, &own, index) })
+}
+
+// applyWant applies a committed want event, on the node's goroutine.
+func (r *Replicator) applyWant(g uint32, index uint64, w *event.Want) {
+	t := r.ownTrackOf(g, w.Queue, true)
+	if prev := t.wants[w.Broker]; prev != 0 {
+		r.retire(g, prev)
+	}
+	if w.Withdraw {
+		delete(t.wants, w.Broker)
+		r.retire(g, index)
+	} else {
+		if t.wants == nil {
+			t.wants = map[uint32]uint64{}
+		}
+		t.wants[w.Broker] = index
+	}
+	q := r.wiring.Queue(w.Queue)
+	if q == nil {
+		return
+	}
+	b, withdraw, tag := w.Broker, w.Withdraw, w.Stamp.Tag
+	_ = r.broker.Shards()[q.Shard()].PushCall(r.ctx, func(sh *shards.Shard) { sh.ApplyWant(q, b, withdraw, tag) })
+}
+
+// dropOwnTrack retires what is in effect of queue name's ownership: the
+// queue is deleted.
+func (r *Replicator) dropOwnTrack(g uint32, name string) {
+	t := r.ownTrackOf(g, []byte(name), false)
+	if t == nil {
+		return
+	}
+	if t.index != 0 {
+		r.retire(g, t.index)
+	}
+	for _, i := range t.wants {
+		r.retire(g, i)
+	}
+	delete(r.owns[g], name)
+}
+
+// ResetOwnership forgets what applyOwn tracked of group g: the member
+// applies its log again (a master stepping down, an install). It runs
+// on the node's goroutine (groups.ManagerConfig.OnStepDown).
+func (r *Replicator) ResetOwnership(g uint32) { delete(r.owns, g) }
 
 // SetCallbacks fills in cfg's callbacks that are the replicator's: the
 // apply of committed entries, the group count, the forwards other brokers
@@ -651,6 +835,7 @@ func New(cfg Config) (*Replicator, error) {
 	for _, sh := range cfg.Broker.Shards() {
 		r.waiters = append(r.waiters, &shardWaiter{sh})
 		r.acqWaiters = append(r.acqWaiters, &acqWaiter{sh})
+		r.ownWaiters = append(r.ownWaiters, &ownWaiter{sh})
 	}
 	r.windows = make([]journal.Window, len(r.waiters))
 	cfg.Broker.SetReplicator(r)

@@ -262,6 +262,9 @@ func (s *Server) withMasters(qs []shards.QueueInfo) []shards.QueueInfo {
 			masters[*g] = master
 		}
 		qs[i].Master = master
+		if qs[i].Owner == 0 {
+			qs[i].Owner = master // no own event moved it: its master owns it
+		}
 	}
 	return qs
 }

@@ -187,6 +187,14 @@ type Config struct {
 	// acknowledging before its master takes it out of the SyncStateSet:
 	// 20 ms to 1 h, or 0 for groups.LagDefault (500 ms).
 	GroupLag time.Duration
+	// ConsumeAtReplicas serves a consumer of a replicated queue on its
+	// own broker when that broker holds a replica of the queue's group,
+	// which then takes the queue's ownership in turns with the other
+	// brokers consuming it (shards/own.go), rather than proxying it to the
+	// group's master. OwnSlice is how long an owner keeps a queue while
+	// another broker wants it (0: shards.OwnSliceDefault).
+	ConsumeAtReplicas bool
+	OwnSlice          time.Duration
 	// GroupLease is how long the controller's answer to a heartbeat lets
 	// a group's master deliver, and how long a new master waits after its
 	// election before it delivers (group.Config.Lease): more than

@@ -80,7 +80,9 @@ type proxyTable struct {
 // the master and its peer address, or why it cannot be now (where).
 func (s *Server) proxyTarget(q *shards.Queue) (g, master uint32, addr, where string) {
 	g, ok := q.Replicated()
-	if !ok || s.replicator == nil || s.replicator.IsMaster(g) {
+	if !ok || s.replicator == nil || s.replicator.IsMaster(g) || s.cfg.ConsumeAtReplicas && s.replicator.HoldsReplica(g) {
+		// A replica serves its consumers itself, as the queue's owner
+		// when it gets the queue (shards/own.go).
 		return 0, 0, "", ""
 	}
 	m := s.groups.Load()

@@ -291,6 +291,9 @@ func (s *Server) startGroups() error {
 		Lease:       s.groupLease(),
 		OnDeliver:   func(g uint32) { s.broker.GroupDelivering(g) },
 		OnStepDown: func(g uint32) {
+			if s.replicator != nil {
+				s.replicator.ResetOwnership(g)
+			}
 			s.broker.ResetGroup(g)
 			go s.groupSteppedDown(g)
 		},

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/berthmq/berth/replication/event"
 	"github.com/berthmq/berth/wire"
 )
 
@@ -190,40 +191,75 @@ func (s *Shard) proposeReleases(q *Queue) bool {
 			continue
 		}
 		unseen := l == &rs.returning
-		tag, ok := s.acqWaits.add(q, 0)
-		var err error
-		switch {
-		case !ok:
-			err = Errorf(wire.CodeResourceLimit, "shard %d has %d acquires events waiting for their groups", s.idx, acqWaitsMax)
-		case r == nil:
-			err = Errorf(wire.CodeUnavailable, "the shards are not connected to the replication groups")
-		default:
-			w := s.acqWaits.at(tag)
-			w.release, w.unseen, w.seqs, w.term = true, unseen, slices.Clone(*l), rs.term
-			rs.releasesInFlight++ // before: the outcome may come back at once
-			if err = r.ProposeReleases(q, *l, unseen, tag); err != nil {
-				rs.releasesInFlight--
-			}
-		}
-		if err != nil && ok {
-			s.acqWaits.take(tag)
-		}
-		if err == nil {
-			s.stats.ReleasesEvents++
-		}
-		if err != nil {
-			if code := CodeOf(err); code == wire.CodeUnavailable || code == wire.CodeResourceLimit {
-				if !rs.acquireRefused {
-					rs.acquireRefused = true
-					s.log.Warn("shards: the group did not take the releases of replicated messages; proposing them again", "queue", q.Name, "messages", len(*l), "err", err)
+		// A master's releases of what it acquired as an owner before it
+		// became master are stamped (own.go): one event for each kind.
+		var mine []uint64
+		if !s.stamped(q) && len(rs.acqBy) > 0 {
+			keep := (*l)[:0]
+			for _, seq := range *l {
+				if s.mineStamped(q, seq) {
+					mine = append(mine, seq)
+				} else {
+					keep = append(keep, seq)
 				}
-				return false
 			}
-			s.log.Warn("shards: the releases of replicated messages were not proposed", "queue", q.Name, "messages", len(*l), "err", err)
+			*l = keep
+		}
+		for i, batch := range [][]uint64{*l, mine} {
+			if len(batch) == 0 {
+				continue
+			}
+			if err := s.proposeReleasesOf(q, r, batch, unseen, i == 1); err != nil {
+				if code := CodeOf(err); code == wire.CodeUnavailable || code == wire.CodeResourceLimit {
+					if !rs.acquireRefused {
+						rs.acquireRefused = true
+						s.log.Warn("shards: the group did not take the releases of replicated messages; proposing them again", "queue", q.Name, "messages", len(batch), "err", err)
+					}
+					if i == 0 {
+						*l = append(*l, mine...)
+					} else {
+						*l = append((*l)[:0], mine...)
+					}
+					return false
+				}
+				s.log.Warn("shards: the releases of replicated messages were not proposed", "queue", q.Name, "messages", len(batch), "err", err)
+			}
 		}
 		*l = (*l)[:0]
 	}
 	return true
+}
+
+// proposeReleasesOf proposes the release of seqs of q as one event,
+// stamped if forceStamp or this broker is not the master.
+func (s *Shard) proposeReleasesOf(q *Queue, r Replicator, seqs []uint64, unseen, forceStamp bool) error {
+	rs := q.rare
+	tag, ok := s.acqWaits.add(q, 0)
+	var err error
+	switch {
+	case !ok:
+		return Errorf(wire.CodeResourceLimit, "shard %d has %d acquires events waiting for their groups", s.idx, acqWaitsMax)
+	case r == nil:
+		err = Errorf(wire.CodeUnavailable, "the shards are not connected to the replication groups")
+	default:
+		w := s.acqWaits.at(tag)
+		w.release, w.unseen, w.seqs, w.term = true, unseen, slices.Clone(seqs), rs.term
+		st := s.stampFor(q, tag)
+		if forceStamp {
+			st = event.Stamp{Broker: r.Self(), Gen: rs.ownGen, Tag: tag}
+		}
+		w.stamped = st.Broker != 0
+		rs.releasesInFlight++ // before: the outcome may come back at once
+		if err = r.ProposeReleases(q, seqs, unseen, st, tag); err != nil {
+			rs.releasesInFlight--
+		}
+	}
+	if err != nil {
+		s.acqWaits.take(tag)
+		return err
+	}
+	s.stats.ReleasesEvents++
+	return nil
 }
 
 // proposeAcquires proposes q's pending acquires as one event. What the
@@ -263,11 +299,23 @@ func (s *Shard) proposeAcquires(q *Queue, shrink bool) {
 		// deliveries carry gen already, the count of events in flight
 		// and the window are up already, and rs.acquiring is not read
 		// there.
+		st := s.stampFor(q, tag)
+		if st.Broker != 0 {
+			// An owner that is not the master sends nothing at once: its
+			// lease (Replicator.Owning) cannot tell it in time that it
+			// lost the queue, so each of its deliveries waits for its
+			// acquires event, which never counts for a lost owner
+			// (own.go).
+			win = 0
+		}
 		w := s.acqWaits.at(tag)
 		w.window, w.term, w.immediate = win, rs.term, append(w.immediate[:0], rs.sentNow...)
+		if w.stamped = st.Broker != 0; w.stamped {
+			w.seqs = slices.Clone(rs.acquiring) // proposed again if it fails (own.go)
+		}
 		rs.acquiresInFlight++
 		rs.winInFlight = append(rs.winInFlight, win)
-		if err = r.ProposeAcquires(q, rs.acquiring, win, tag); err != nil {
+		if err = r.ProposeAcquires(q, rs.acquiring, win, st, tag); err != nil {
 			rs.acquiresInFlight--
 			rs.winInFlight = rs.winInFlight[:len(rs.winInFlight)-1]
 		}
@@ -319,7 +367,7 @@ func (s *Shard) tickAcquires() {
 			continue
 		}
 		keep = append(keep, q)
-		if !s.masters(q) || rs.window == 0 || rs.uncovered > 0 || rs.acquiresInFlight > 0 || rs.releasesInFlight > 0 ||
+		if !s.owns(q) || rs.window == 0 || rs.uncovered > 0 || rs.acquiresInFlight > 0 || rs.releasesInFlight > 0 ||
 			len(rs.acquiring)+len(rs.releasing)+len(rs.returning)+len(rs.removing) > 0 {
 			rs.idleTicks = 0
 			continue
@@ -353,22 +401,36 @@ func (s *Shard) AcquiresCommitted(tag uint64, err error) {
 func (s *Shard) acquired(tag uint64, err error) {
 	w, ok := s.acqWaits.take(tag)
 	if !ok {
-		s.log.Error("shards: an acquires event's outcome for no waiting event", "tag", tag)
+		if err == nil {
+			s.log.Error("shards: an acquires event's outcome for no waiting event", "tag", tag)
+		}
+		// (A stamped event's failure can come after its apply.)
 		return
 	}
 	q := w.q
 	rs := q.rareState()
 	if w.term != rs.term {
+		if w.done != nil {
+			w.done(Errorf(wire.CodeOutcomeUnknown, "this broker lost queue %q with the settle in flight; its outcome is unknown", q.Name))
+		}
 		return // proposed before this broker stepped down (resetGroup)
 	}
+	if w.kind != 0 {
+		s.ownOutcome(q, tag, w, err)
+		return
+	}
 	if w.release {
-		s.released(q, w, err)
+		s.released(q, tag, w, err)
 		return
 	}
 	rs.acquiresInFlight--
 	rs.winInFlight = rs.winInFlight[1:] // a queue's events end in order
 	if len(rs.acquiring) > 0 {
 		s.listAcquiring(q) // what gathered meanwhile goes now
+	}
+	if err != nil && w.stamped && !q.deleted && s.owns(q) {
+		s.acquiresFailed(q, tag, w)
+		return
 	}
 	if err != nil {
 		s.log.Warn("shards: an acquires event did not commit; its held deliveries go back to the queue", "queue", q.Name, "err", err)
@@ -377,7 +439,7 @@ func (s *Shard) acquired(tag uint64, err error) {
 		// again at the next tick, and stay counted against the window.
 		again := false
 		for _, seq := range w.immediate {
-			if q.Acquired(seq) != nil && s.masters(q) {
+			if q.Acquired(seq) != nil && s.owns(q) {
 				rs.acquiring = append(rs.acquiring, seq)
 				rs.sentNow = append(rs.sentNow, seq)
 				again = true
@@ -392,6 +454,14 @@ func (s *Shard) acquired(tag uint64, err error) {
 	}
 	rs.window = w.window
 	rs.uncovered -= len(w.immediate)
+	if w.stamped && !s.leased(q) {
+		// Committed, but this owner's lease lapsed meanwhile: the held
+		// deliveries go out once it is back (tickOwnership), or never,
+		// if the queue was taken back (own.go).
+		rs.heldReady = max(rs.heldReady, w.gen)
+		s.watchOwnership(q)
+		return
+	}
 	for _, con := range q.consumers {
 		s.sendHeld(q, con, w.gen)
 	}
@@ -399,13 +469,13 @@ func (s *Shard) acquired(tag uint64, err error) {
 
 // released ends a releases event's wait: its queue's acquires may go now;
 // one that failed for now is pending again.
-func (s *Shard) released(q *Queue, w acqWait, err error) {
+func (s *Shard) released(q *Queue, tag uint64, w acqWait, err error) {
 	rs := q.rareState()
 	rs.releasesInFlight--
 	if err == nil && rs.acquiresInFlight < acquiresInFlightMax && len(rs.acquiring) > 0 {
 		s.listAcquiring(q)
 	}
-	if err == nil || q.deleted || !s.masters(q) {
+	if err == nil || q.deleted || !s.masters(q) && !s.stamped(q) {
 		if err != nil {
 			s.log.Warn("shards: a releases event of replicated messages did not commit", "queue", q.Name, "messages", len(w.seqs), "err", err)
 		}
@@ -416,6 +486,9 @@ func (s *Shard) released(q *Queue, w acqWait, err error) {
 	}
 	if code := CodeOf(err); code != wire.CodeUnavailable && code != wire.CodeResourceLimit {
 		s.log.Warn("shards: a releases event of replicated messages did not commit", "queue", q.Name, "messages", len(w.seqs), "err", err)
+		if w.stamped {
+			s.loseTag(tag) // it may commit still: applied, it changes nothing here (own.go)
+		}
 		return
 	}
 	// Proposed again at the next tick (or with the queue's next
@@ -438,6 +511,9 @@ func (s *Shard) retryAcquiring() {
 	for _, q := range s.acqRetry {
 		if r := q.rare; r != nil && len(r.releasing)+len(r.returning)+len(r.acquiring) > 0 {
 			s.listAcquiring(q)
+		}
+		if r := q.rare; r != nil && len(r.removingBy)+len(r.removeDone) > 0 && !slices.Contains(s.removing, q) {
+			s.removing = append(s.removing, q) // own.go
 		}
 	}
 	clear(s.acqRetry)
@@ -470,7 +546,9 @@ func (s *Shard) sendHeld(q *Queue, con *Consumer, gen uint64) {
 		}
 		if con.ackNone {
 			ev := Event{Kind: EvDequeue, Seq: h.seq}
+			s.localAcq = true
 			_ = q.Apply(&ev, s)
+			s.localAcq = false
 		}
 	}
 	clear(con.held[:n])
@@ -520,12 +598,19 @@ func (s *Shard) unhold(q *Queue, con *Consumer, gen uint64) {
 			e := q.Acquired(h.seq)
 			q.unacquire(e)
 			q.putBack(e)
-			if h.gen > rs.acqGen {
+			by, inLog := rs.acqByOf(h.seq)
+			_, maybe := rs.maybeAcq[h.seq]
+			if h.gen > rs.acqGen && !(inLog && by == s.self()) && !maybe {
 				// Not proposed yet: the acquires event goes without it.
+				// (One that failed and committed all the same is in the
+				// log: acquiresFailed, ApplyAcquires.)
 				if i := slices.Index(rs.acquiring, h.seq); i >= 0 {
 					rs.acquiring = slices.Delete(rs.acquiring, i, i+1)
 				}
 			} else {
+				if i := slices.Index(rs.acquiring, h.seq); i >= 0 {
+					rs.acquiring = slices.Delete(rs.acquiring, i, i+1)
+				}
 				s.noteRelease(q, h.seq, true)
 			}
 			if !con.ackNone {
@@ -571,19 +656,56 @@ func dropHeld(con *Consumer) {
 }
 
 // ApplyAcquires applies a committed acquires event of replicated queue q
-// on a member that has not taken the group's mastership (the master
-// acquired the messages when it proposed the event): each message moves
-// to the acquired set, held for the master's consumer. It runs on q's
-// shard goroutine.
+// on a member that did not propose it (a proposer acquired the messages
+// when it proposed the event): each message moves to the acquired set,
+// held for the proposer's consumer. It runs on q's shard goroutine.
 //
-// window is the event's: how many more deliveries its master may send
-// before its next event commits, which a new master treats as maybe
-// delivered (requeueInherited).
-func (s *Shard) ApplyAcquires(q *Queue, seqs []uint64, window uint32) {
-	if s.hasMastered(q.group) || q.deleted {
+// window is the event's: how many more deliveries its proposer may send
+// before its next event commits, which a new owner treats as maybe
+// delivered (flagWindow). st is the proposer's stamp when it is not the
+// master (own.go): the event counts only if st's broker owns q under
+// st's number; the broker itself learns so here.
+func (s *Shard) ApplyAcquires(q *Queue, seqs []uint64, window uint32, st event.Stamp) {
+	if q.deleted {
 		return
 	}
-	q.rareState().window = window
+	rs := q.rareState()
+	valid := st.Broker == 0 || rs.ownedBy == st.Broker && rs.ownGen == st.Gen
+	if s.ownLive(q, st) {
+		if !valid {
+			s.acquired(st.Tag, Errorf(wire.CodeUnavailable, "queue %q passed to another owner before this broker's acquires event", q.Name))
+			return
+		}
+		if rs.acqBy == nil {
+			rs.acqBy = make(map[uint64]uint32)
+		}
+		for _, seq := range seqs {
+			if q.Acquired(seq) != nil {
+				rs.acqBy[seq] = st.Broker
+			}
+			delete(rs.maybeAcq, seq)
+		}
+		s.listForeign(q)
+		s.acquired(st.Tag, nil)
+		return
+	}
+	if st.Broker == 0 && s.hasMastered(q.group) || !valid {
+		return // this master's own; or void
+	}
+	if s.lost(st) {
+		// This broker's, given up on and kept here (acquiresFailed): the
+		// messages still acquired here are this broker's in the log too.
+		for _, seq := range seqs {
+			if q.Acquired(seq) != nil {
+				if rs.acqBy == nil {
+					rs.acqBy = make(map[uint64]uint32)
+				}
+				rs.acqBy[seq] = st.Broker
+			}
+		}
+		return
+	}
+	rs.window = window
 	for _, seq := range seqs {
 		e := q.takeReady(seq)
 		if e == nil {
@@ -594,24 +716,58 @@ func (s *Shard) ApplyAcquires(q *Queue, seqs []uint64, window uint32) {
 		}
 		q.busy.acquired[seq] = e
 		q.free.totals.Unacked++
+		if st.Broker != 0 {
+			if rs.acqBy == nil {
+				rs.acqBy = make(map[uint64]uint32)
+			}
+			rs.acqBy[seq] = st.Broker
+		}
+	}
+	if st.Broker != 0 {
+		s.listForeign(q)
 	}
 	s.watchHead(q)
 }
 
 // ApplyReleases applies a committed releases event of replicated queue q
-// on a member that has not taken the group's mastership: each message
-// the master held as acquired is ready again, its delivery count raised
-// unless unseen (a message that reaches the queue's delivery limit goes,
-// as at the master, which dead-letters it and proposes its removal). It
-// runs on q's shard goroutine.
-func (s *Shard) ApplyReleases(q *Queue, seqs []uint64, unseen bool) {
-	if s.hasMastered(q.group) || q.deleted {
+// on a member that did not propose it: each message its proposer held
+// as acquired is ready again, its delivery count raised unless unseen (a
+// message that reaches the queue's delivery limit goes, as at the
+// master, which dead-letters it and proposes its removal). st is the
+// proposer's stamp when it is not the master (own.go): only what st's
+// broker holds goes back. It runs on q's shard goroutine.
+func (s *Shard) ApplyReleases(q *Queue, seqs []uint64, unseen bool, st event.Stamp) {
+	if q.deleted {
 		return
 	}
+	rs := q.rareState()
+	if s.ownLive(q, st) {
+		for _, seq := range seqs {
+			delete(rs.acqBy, seq)
+		}
+		s.acquired(st.Tag, nil)
+		return
+	}
+	if st.Broker == 0 && s.hasMastered(q.group) {
+		return
+	}
+	if s.lost(st) {
+		for _, seq := range seqs {
+			if by, ok := rs.acqBy[seq]; ok && by == st.Broker {
+				delete(rs.acqBy, seq)
+			}
+		}
+		return
+	}
+	owner := st.Broker == 0 || rs.ownedBy == st.Broker && rs.ownGen == st.Gen
 	for _, seq := range seqs {
+		by, held := rs.acqBy[seq]
+		if held && by != st.Broker {
+			continue // another broker's
+		}
 		e := q.Acquired(seq)
 		if e == nil {
-			if !unseen {
+			if !unseen && owner {
 				// Sent at once and released before its acquires event
 				// committed, or whose acquires event failed: it was
 				// delivered all the same.
@@ -621,6 +777,10 @@ func (s *Shard) ApplyReleases(q *Queue, seqs []uint64, unseen bool) {
 			}
 			continue
 		}
+		if !held && st.Broker != 0 {
+			continue // the master's
+		}
+		delete(rs.acqBy, seq)
 		if unseen {
 			q.unacquire(e)
 			q.putBack(e)
@@ -649,21 +809,33 @@ func (q *Queue) findReady(seq uint64) *Entry {
 }
 
 // flagWindow counts as delivered once, and flags, what the last master
-// may have sent at once after its last committed acquires event: in each
-// priority level, the first window (the event's) ready messages in the
-// order it delivers them (by Seq; delayed messages that came due are made
-// ready first, since it may have sent those too). It runs on becoming
-// master, before requeueInherited; its followers count them alike
-// (a releases event, which raises the count of a ready message). Each is
-// an over-count when the old master had not sent it.
+// may have sent at once after its last committed acquires event
+// (windowEntries). It runs on becoming master, before requeueInherited;
+// its followers count them alike (a releases event, which raises the
+// count of a ready message). Each is an over-count when the old master
+// had not sent it.
 func (s *Shard) flagWindow(q *Queue) {
-	w := int(q.rare.window)
-	if w == 0 {
-		return
+	entries := s.windowEntries(q)
+	s.stats.Inherited += uint64(len(entries))
+	for _, e := range entries {
+		e.DeliveryCount++
+		s.noteRelease(q, e.Seq, false)
 	}
+}
+
+// windowEntries are what the owner whose acquires event declared q's
+// window may have sent at once after it: in each priority level, the
+// first window ready messages in the order it delivers them (by Seq;
+// delayed messages that came due are made ready first, since it may
+// have sent those too).
+func (s *Shard) windowEntries(q *Queue) []*Entry {
+	if q.rare == nil || q.rare.window == 0 {
+		return nil
+	}
+	w := int(q.rare.window)
 	ev := Event{Kind: EvPromote, Now: s.now}
 	_ = q.Apply(&ev, s)
-	var seqs []uint64
+	var out []*Entry
 	for lv := range q.levels {
 		l := &q.levels[lv]
 		var level []*Entry
@@ -675,29 +847,42 @@ func (s *Shard) flagWindow(q *Queue) {
 		}
 		level = append(level, l.released...)
 		slices.SortFunc(level, func(a, b *Entry) int { return cmp.Compare(a.Seq, b.Seq) })
-		for _, e := range level[:min(w, len(level))] {
-			e.DeliveryCount++
-			seqs = append(seqs, e.Seq)
-		}
+		out = append(out, level[:min(w, len(level))]...)
 	}
-	s.stats.Inherited += uint64(len(seqs))
-	for _, seq := range seqs {
-		s.noteRelease(q, seq, false)
-	}
+	return out
 }
 
 // requeueInherited puts back, flagged redelivered with their delivery
 // count raised, the messages of q that an earlier master handed out and
-// that were not settled: those this member holds as acquired (it took no
-// consumer's acquisition while it was not master). A message whose count
-// reaches the queue's delivery limit is dead-lettered, as at a release.
+// that were not settled: those this member holds as acquired by a
+// master (acqBy has the others, which their brokers still hold), and no
+// consumer of its own holds (it acquired those as the queue's owner
+// before it became master). A message whose count reaches the queue's
+// delivery limit is dead-lettered, as at a release.
 func (s *Shard) requeueInherited(q *Queue) {
 	if len(q.acquiredMap()) == 0 {
 		return
 	}
+	var here map[uint64]bool
+	for _, con := range q.consumers {
+		for _, seq := range con.unacked {
+			if here == nil {
+				here = map[uint64]bool{}
+			}
+			here[seq] = true
+		}
+		for _, h := range con.held {
+			if here == nil {
+				here = map[uint64]bool{}
+			}
+			here[h.seq] = true
+		}
+	}
 	seqs := make([]uint64, 0, len(q.acquiredMap()))
 	for seq := range q.acquiredMap() {
-		seqs = append(seqs, seq)
+		if _, by := q.rare.acqByOf(seq); !by && !here[seq] {
+			seqs = append(seqs, seq)
+		}
 	}
 	slices.Sort(seqs)
 	s.stats.Inherited += uint64(len(seqs))
@@ -708,6 +893,15 @@ func (s *Shard) requeueInherited(q *Queue) {
 	}
 }
 
+// acqByOf is the broker that holds seq acquired when it is not a master.
+func (rs *queueRare) acqByOf(seq uint64) (uint32, bool) {
+	if rs == nil || rs.acqBy == nil {
+		return 0, false
+	}
+	b, ok := rs.acqBy[seq]
+	return b, ok
+}
+
 // acqWaitsMax bounds a shard's acquires events waiting to commit.
 const acqWaitsMax = 1 << 16
 
@@ -716,6 +910,12 @@ const acqWaitsMax = 1 << 16
 type acqWait struct {
 	q   *Queue
 	gen uint64
+	// kind is 0 for acquires and releases events, else waitRemoves,
+	// waitOwn or waitWant (own.go); done is a stamped removes event's;
+	// stamped: the event carries this broker's stamp (own.go).
+	kind    uint8
+	done    func(error)
+	stamped bool
 	// release: a releases event, of seqs (unseen ones), not an acquires.
 	release, unseen bool
 	seqs            []uint64
@@ -742,5 +942,5 @@ func (w *acqWaits) add(q *Queue, gen uint64) (uint64, bool) {
 // take keeps the slot's immediate array for its next use: the value it
 // returns shares it, so read its immediate before the next add.
 func (w *acqWaits) take(tag uint64) (acqWait, bool) {
-	return w.waitTable.take(tag, func(v *acqWait) { v.q, v.seqs = nil, nil })
+	return w.waitTable.take(tag, func(v *acqWait) { v.q, v.seqs, v.done = nil, nil, nil })
 }

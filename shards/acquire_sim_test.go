@@ -2,6 +2,7 @@ package shards
 
 import (
 	"fmt"
+	"github.com/berthmq/berth/replication/event"
 	"io"
 	"log/slog"
 	"math/rand"
@@ -92,11 +93,11 @@ func (r *simRepl) Barrier(_ *Queue, done func(error)) error {
 	r.pending = append(r.pending, simEvent{kind: "barrier", done: done})
 	return nil
 }
-func (r *simRepl) ProposeReleases(_ *Queue, seqs []uint64, unseen bool, tag uint64) error {
+func (r *simRepl) ProposeReleases(_ *Queue, seqs []uint64, unseen bool, _ event.Stamp, tag uint64) error {
 	r.pending = append(r.pending, simEvent{kind: "releases", seqs: slices.Clone(seqs), unseen: unseen, tag: tag})
 	return nil
 }
-func (r *simRepl) ProposeAcquires(_ *Queue, seqs []uint64, window uint32, tag uint64) error {
+func (r *simRepl) ProposeAcquires(_ *Queue, seqs []uint64, window uint32, _ event.Stamp, tag uint64) error {
 	r.pending = append(r.pending, simEvent{kind: "acquires", seqs: slices.Clone(seqs), window: window, tag: tag})
 	return nil
 }
@@ -230,11 +231,11 @@ func (d *acqSim) commit(fail bool) {
 		for _, seq := range ev.seqs {
 			d.acquires[d.bodies[seq]]++
 		}
-		d.f.ApplyAcquires(d.fq, ev.seqs, ev.window)
-		d.m.ApplyAcquires(d.mq, ev.seqs, ev.window)
+		d.f.ApplyAcquires(d.fq, ev.seqs, ev.window, event.Stamp{})
+		d.m.ApplyAcquires(d.mq, ev.seqs, ev.window, event.Stamp{})
 	case "releases":
-		d.f.ApplyReleases(d.fq, ev.seqs, ev.unseen)
-		d.m.ApplyReleases(d.mq, ev.seqs, ev.unseen)
+		d.f.ApplyReleases(d.fq, ev.seqs, ev.unseen, event.Stamp{})
+		d.m.ApplyReleases(d.mq, ev.seqs, ev.unseen, event.Stamp{})
 	}
 	if ev.done != nil {
 		ev.done(nil)

@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,6 +76,9 @@ type Config struct {
 	// PagingDir holds the shards' paging files for transient bodies; its
 	// content is removed at Start. Empty means a temporary directory.
 	PagingDir string
+	// OwnSlice is how long a broker that owns a replicated queue keeps it
+	// while another broker wants it (own.go); 0 means OwnSliceDefault.
+	OwnSlice time.Duration
 }
 
 // Router resolves an exchange and routing key to queues. The wiring layer
@@ -134,7 +138,7 @@ func New(cfg Config) *Broker {
 	}
 	b := &Broker{cfg: cfg, log: cfg.Logger, hooks: Hooks{Router: noRouter{}, AutoDeleted: func(*Queue) {}}}
 	for i := 0; i < cfg.Shards; i++ {
-		b.shards = append(b.shards, newShard(i, b, ShardConfig{RingSize: cfg.RingSize, CreditMax: cfg.CreditMax, Logger: cfg.Logger}))
+		b.shards = append(b.shards, newShard(i, b, ShardConfig{RingSize: cfg.RingSize, CreditMax: cfg.CreditMax, Logger: cfg.Logger, OwnSlice: cfg.OwnSlice}))
 	}
 	return b
 }
@@ -544,6 +548,13 @@ type QueueInfo struct {
 	// event it applied, which is how many of the messages it holds ready
 	// it would flag as maybe delivered if it became master now.
 	AcquireWindow uint32 `json:"acquire_window,omitempty"`
+	// Owner is the broker that owns a replicated queue (own.go): the one
+	// that hands its messages out. 0 here means the group's master, which
+	// the server fills in. Handovers counts the own events that moved
+	// the queue; WantedBy lists the brokers whose consumers wait for it.
+	Owner     uint32   `json:"owner,omitempty"`
+	Handovers uint64   `json:"handovers,omitempty"`
+	WantedBy  []uint32 `json:"wanted_by,omitempty"`
 }
 
 // info is q's QueueInfo; it runs on q's shard goroutine.
@@ -554,8 +565,10 @@ func (q *Queue) info() QueueInfo {
 	if q.replicated {
 		g := q.group
 		in.Group = &g
-		if q.rare != nil {
-			in.AcquireWindow = effectiveWindow(q.rare)
+		if rs := q.rare; rs != nil {
+			in.AcquireWindow = effectiveWindow(rs)
+			in.Owner, in.Handovers = rs.ownedBy, rs.ownGen
+			in.WantedBy = slices.Clone(rs.wanters)
 		}
 	}
 	return in

@@ -1,6 +1,7 @@
 package shards
 
 import (
+	"github.com/berthmq/berth/replication/event"
 	"reflect"
 	"testing"
 
@@ -44,10 +45,13 @@ func TestNewMasterDeliversOnlyWhatItInherited(t *testing.T) {
 	if got := batch(func() { s.ApplyEnqueue(q, 1, body("accepted under the old master"), 0, 0, 0, 0) }); len(got) != 0 {
 		t.Fatalf("delivered %q before the shard applied what its master inherited", got[0].Payload)
 	}
-	if got := batch(func() { s.ApplyAcquires(q, []uint64{1}, 0); s.ApplyRemove(q, 1) }); len(got) != 0 {
+	if got := batch(func() { s.ApplyAcquires(q, []uint64{1}, 0, event.Stamp{}); s.ApplyRemove(q, 1) }); len(got) != 0 {
 		t.Fatalf("delivered %q before the shard applied what its master inherited", got[0].Payload)
 	}
-	if got := batch(func() { s.ApplyEnqueue(q, 2, body("handed out"), 0, 0, 0, 0); s.ApplyAcquires(q, []uint64{2}, 0) }); len(got) != 0 {
+	if got := batch(func() {
+		s.ApplyEnqueue(q, 2, body("handed out"), 0, 0, 0, 0)
+		s.ApplyAcquires(q, []uint64{2}, 0, event.Stamp{})
+	}); len(got) != 0 {
 		t.Fatalf("delivered %q before the shard applied what its master inherited", got[0].Payload)
 	}
 	if got := batch(func() { s.ApplyEnqueue(q, 3, body("never handed out"), 0, 0, 0, 0) }); len(got) != 0 {

@@ -358,6 +358,36 @@ type queueRare struct {
 	// timerAt is the deliver-at time under which the shard's timers hold
 	// this queue, 0 when they do not (Shard.schedule).
 	timerAt int64
+
+	// Ownership (own.go), as the group log has it: the owner broker (0:
+	// the group's master), its ownership number, the brokers that want
+	// the queue (sorted), and who holds each message acquired by a
+	// broker that is not the master (acqBy; a master's are not in it).
+	ownedBy uint32
+	ownGen  uint64
+	wanters []uint32
+	acqBy   map[uint64]uint32
+	// This broker's side: when it got the queue, whether it is handing
+	// it over (it hands nothing out meanwhile), its own and want events
+	// in flight, and its stamped removals pending (removingBy, with the
+	// settles waiting for them, removeDone) and in flight.
+	ownedAt         int64
+	handing         bool
+	ownInFlight     bool
+	wantInFlight    int
+	removingBy      []uint64
+	removeDone      []func(error)
+	removesInFlight int
+	ownWatched      bool // on Shard.ownWatch
+	// heldReady is the last acquires event of this owner that committed
+	// while it was not delivering: its held deliveries wait for the
+	// owner's lease (own.go).
+	heldReady uint64
+	// maybeAcq holds the messages of this owner's acquires events that
+	// failed and may commit still (acquiresFailed): given back, each
+	// needs a release event all the same.
+	maybeAcq      map[uint64]struct{}
+	foreignListed bool // on Shard.foreign
 }
 
 // rareState returns q.rare, making it first.

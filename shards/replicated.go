@@ -2,6 +2,7 @@ package shards
 
 import (
 	"context"
+	"github.com/berthmq/berth/replication/event"
 	"sync/atomic"
 
 	"github.com/berthmq/berth/wire"
@@ -35,20 +36,42 @@ type Replicator interface {
 	// seqs (at most RemovesMax) from q; done, if not nil, is told when it
 	// committed. seqs is the caller's again when it returns.
 	ProposeRemoves(q *Queue, seqs []uint64, done func(error)) error
-	// ProposeReleases proposes, as one event, that this broker (the
-	// master) put acquired messages seqs (at most RemovesMax) of q back,
-	// unseen if no consumer saw them (their delivery counts stay), and
-	// reports the outcome as ProposeAcquires does. seqs is the caller's
-	// again when it returns.
-	ProposeReleases(q *Queue, seqs []uint64, unseen bool, tag uint64) error
-	// ProposeAcquires proposes, as one event, that this broker (the
-	// master) handed messages seqs (at most RemovesMax) of q out to
+	// ProposeReleases proposes, as one event, that this broker put
+	// acquired messages seqs (at most RemovesMax) of q back, unseen if no
+	// consumer saw them (their delivery counts stay), and reports the
+	// outcome as ProposeAcquires does. seqs is the caller's again when it
+	// returns.
+	ProposeReleases(q *Queue, seqs []uint64, unseen bool, st event.Stamp, tag uint64) error
+	// ProposeAcquires proposes, as one event, that this broker, q's
+	// owner, handed messages seqs (at most RemovesMax) of q out to
 	// consumers, and reports the outcome to q's shard,
 	// Shard.AcquiresCommitted(tag, err), once the event committed and
 	// every event before it did. An error means it was not proposed (and
 	// nothing is reported). seqs is the caller's again when it returns.
-	// window is the event's (Shard.flagWindow).
-	ProposeAcquires(q *Queue, seqs []uint64, window uint32, tag uint64) error
+	// window is the event's (Shard.flagWindow). An event with a stamp
+	// (st.Broker not 0: this broker is not the master, own.go) goes
+	// through the master, and only its failure is reported: the shard
+	// learns that it counted when it applies it.
+	ProposeAcquires(q *Queue, seqs []uint64, window uint32, st event.Stamp, tag uint64) error
+	// ProposeEvent proposes data, an own or want event or a stamped
+	// removes event of q (own.go), through the master if this broker is
+	// not it, and reports only its failure, to AcquiresCommitted(tag,
+	// err): the shard learns its outcome when it applies it.
+	ProposeEvent(q *Queue, data []byte, tag uint64) error
+	// Self is this broker's id.
+	Self() uint32
+	// Owning reports whether this broker, a member of group g that is
+	// not its master, heard from the master recently enough to act as
+	// the owner of g's queues it owns (own.go). Cheap, as Delivering.
+	Owning(g uint32) bool
+	// Live reports whether broker b, a member of group g, answered this
+	// broker, g's master, recently enough to keep the queues it owns and
+	// the messages it holds (true if this broker is not g's master).
+	Live(g, b uint32) bool
+	// Resync makes this broker drop its copies of group g's queues and
+	// apply g's log again: at index it applied an own event by which the
+	// group took back what this broker owned (own.go).
+	Resync(g uint32, index uint64)
 	// Barrier calls done once every event proposed before it on q's group
 	// committed.
 	Barrier(q *Queue, done func(error)) error
@@ -241,7 +264,10 @@ func (s *Shard) flushRemoves() {
 	keep := s.removing[:0]
 	for _, q := range s.removing {
 		_ = s.proposeRemoves(q, nil)
-		if q.rare != nil && len(q.rare.removing) > 0 {
+		if rs := q.rare; rs != nil && len(rs.removingBy)+len(rs.removeDone) > 0 {
+			_ = s.proposeRemovesBy(q, nil) // own.go
+		}
+		if rs := q.rare; rs != nil && len(rs.removing)+len(rs.removingBy)+len(rs.removeDone) > 0 {
 			keep = append(keep, q)
 		}
 	}
@@ -315,12 +341,18 @@ func groupMastered(g uint32) func(*Shard) {
 		sh.setMastered(g, true)
 		for q := range sh.queues.all() {
 			if q.replicated && q.group == g {
-				if q.rare != nil {
-					sh.flagWindow(q)
-					q.rare.window = 0 // this master's own, from its first event
+				if q.rare == nil || q.rare.ownedBy == 0 {
+					// The last master owned the queue: what it may have
+					// sent at once is this one's to flag. (An owner that
+					// is not the master keeps its queue and its window.)
+					if q.rare != nil {
+						sh.flagWindow(q)
+						q.rare.window = 0 // this master's own, from its first event
+					}
 				}
 				sh.requeueInherited(q)
 				sh.markDirty(q)
+				sh.watchOwnership(q)
 			}
 		}
 	}
@@ -370,6 +402,12 @@ func resetGroup(g uint32) func(*Shard) {
 				dropHeld(con)
 			}
 		}
+		sh.acqWaits.each(func(tag uint64, w *acqWait) {
+			if q := w.q; q != nil && q.replicated && q.group == g && w.done != nil {
+				w.done(Errorf(wire.CodeOutcomeUnknown, "this broker applies the log of queue %q's group again with the settle in flight; its outcome is unknown", q.Name))
+				w.done = nil
+			}
+		})
 		for q := range sh.queues.all() {
 			if !q.replicated || q.group != g {
 				continue
@@ -396,6 +434,16 @@ func resetGroup(g uint32) func(*Shard) {
 				rs.term++
 				rs.window, rs.winInFlight, rs.uncovered, rs.sentNow = 0, nil, 0, rs.sentNow[:0]
 				rs.acquiresInFlight, rs.releasesInFlight, rs.idleTicks = 0, 0, 0
+				// Ownership is the log's: applied again, it comes back.
+				// The settles waiting for this broker's stamped removals
+				// end (own.go).
+				lost := Errorf(wire.CodeOutcomeUnknown, "this broker applies the log of queue %q's group again with the settle in flight; its outcome is unknown", q.Name)
+				for _, d := range rs.removeDone {
+					d(lost)
+				}
+				rs.ownedBy, rs.ownGen, rs.wanters, rs.acqBy = 0, 0, nil, nil
+				rs.handing, rs.ownInFlight, rs.wantInFlight, rs.heldReady, rs.maybeAcq = false, false, 0, 0, nil
+				rs.removingBy, rs.removeDone, rs.removesInFlight = nil, nil, 0
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/berthmq/berth/replication/event"
 	"io"
 	"log/slog"
 	"runtime"
@@ -38,7 +39,7 @@ type journalReplicator struct {
 	windows      []uint32
 }
 
-func (r *journalReplicator) ProposeReleases(_ *Queue, seqs []uint64, unseen bool, tag uint64) error {
+func (r *journalReplicator) ProposeReleases(_ *Queue, seqs []uint64, unseen bool, _ event.Stamp, tag uint64) error {
 	r.releases = append(r.releases, releaseEvent{slices.Clone(seqs), unseen})
 	r.sh.acquired(tag, nil)
 	return nil
@@ -50,7 +51,7 @@ type releaseEvent struct {
 	unseen bool
 }
 
-func (r *journalReplicator) ProposeAcquires(_ *Queue, seqs []uint64, window uint32, tag uint64) error {
+func (r *journalReplicator) ProposeAcquires(_ *Queue, seqs []uint64, window uint32, _ event.Stamp, tag uint64) error {
 	r.windows = append(r.windows, window)
 	r.acquires = append(r.acquires, slices.Clone(seqs))
 	if r.holdAcquires {
@@ -77,6 +78,13 @@ func (r *journalReplicator) ProposeRemoves(*Queue, []uint64, func(error)) error 
 func (r *journalReplicator) Barrier(_ *Queue, done func(error)) error           { done(nil); return nil }
 func (r *journalReplicator) ProposeDelete(*Queue) error                         { return nil }
 func (r *journalReplicator) Skipped(*Queue, uint64)                             {}
+func (r *journalReplicator) ProposeEvent(*Queue, []byte, uint64) error {
+	return errors.New("not in this test")
+}
+func (r *journalReplicator) Self() uint32          { return 1 }
+func (r *journalReplicator) Owning(uint32) bool    { return false }
+func (r *journalReplicator) Live(_, _ uint32) bool { return true }
+func (r *journalReplicator) Resync(uint32, uint64) {}
 
 func (r *journalReplicator) ReadEnqueue(_ *Queue, _ uint64, pos uint64, dst []byte) (*Body, []byte, error) {
 	rec, err := r.j.ReadAhead(journal.Pos(pos), &r.win, dst[:0])

@@ -44,6 +44,9 @@ type ShardConfig struct {
 	RingSize  int
 	CreditMax uint32
 	Logger    *slog.Logger
+	// OwnSlice is how long an owner of a replicated queue keeps it while
+	// another broker wants it (own.go); 0 means OwnSliceDefault.
+	OwnSlice time.Duration
 }
 
 // Shard owns a set of queues and runs them on one goroutine.
@@ -62,11 +65,31 @@ type Shard struct {
 	// until they commit.
 	acquiring []*Queue
 	acqWaits  acqWaits
+	// lostTags are the tags of this broker's stamped events whose
+	// outcome came back as a failure after they may have reached the
+	// master (own.go): if one commits all the same, this broker applies
+	// nothing of it, having kept (acquires) or made (releases, removals)
+	// its effect here already. Bounded by lostTagsMax.
+	lostTags map[uint64]struct{}
 	// acqRetry lists queues whose releases failed for now, listed again
 	// at the next tick (Shard.released); windowed those whose window may
 	// shrink at a tick (tickAcquires).
 	acqRetry []*Queue
 	windowed []*Queue
+	// ownWatch lists the replicated queues whose ownership this broker
+	// checks at each tick (own.go): those it has consumers of, owns with
+	// others waiting, or has want or own events in flight for. foreign
+	// lists those owned by, or with messages held by, a broker that is
+	// not the master, which a master watches for silence; ownTicks
+	// counts the ticks to its next look.
+	ownWatch []*Queue
+	foreign  []*Queue
+	ownTicks int
+	// localAcq is set while this broker settles its own consumers'
+	// acquisitions (a removal it proposes, stamped if it is not the
+	// master), fromLog while it applies another broker's stamped
+	// removal (which it proposes nothing for).
+	localAcq, fromLog bool
 	// mastered[g]: this shard took Broker.GroupMastered(g) from its ring,
 	// and no Broker.ResetGroup(g) since. The node readies a mastership
 	// only after it handed the shards every entry the new master
@@ -123,6 +146,9 @@ type ShardStats struct {
 	// Inherited the messages it requeued flagged redelivered on becoming
 	// master because an earlier master had handed them out (acquire.go).
 	AcquiresEvents, ReleasesEvents, Inherited uint64
+	// OwnEvents counts the own events applied: the handovers of
+	// replicated queues (own.go).
+	OwnEvents uint64
 }
 
 // deferredMax bounds dead letters waiting for room in another shard's
@@ -262,8 +288,10 @@ func (s *Shard) handle(c *Command) {
 	case opDeadLettered:
 		d := c.deadLettered()
 		if q := d.queue; q.replicated {
-			if s.masters(q) {
+			if s.masters(q) && !s.mineStamped(q, d.seq) {
 				s.noteRemoved(q, d.seq)
+			} else if s.stamped(q) || s.mineStamped(q, d.seq) {
+				s.noteRemovedBy(q, d.seq) // a reject this owner dead-lettered (own.go)
 			}
 		} else if s.journal != nil {
 			s.releaseHeld(uint64(d.journalPos))
@@ -422,12 +450,9 @@ func (s *Shard) subscribe(sub *Subscribe) {
 		refuse(Errorf(wire.CodeNotFound, "queue %q was deleted", q.Name))
 		return
 	}
-	if q.replicated {
-		if r := s.broker.loadReplicator(); r == nil || !r.IsMaster(q.group) {
-			refuse(Errorf(wire.CodeNotAllowed,
-				"queue %q is replicated in group %d, whose master is another broker: consume there", q.Name, q.group))
-			return
-		}
+	if q.replicated && s.broker.loadReplicator() == nil {
+		refuse(Errorf(wire.CodeUnavailable, "queue %q is replicated in group %d, and the shards are not connected to the replication groups yet; retry", q.Name, q.group))
+		return
 	}
 	if q.owner != nil && q.owner != sub.Sess {
 		refuse(Errorf(wire.CodeNotAllowed, "queue %q is exclusive to another session", q.Name))
@@ -451,6 +476,7 @@ func (s *Shard) subscribe(sub *Subscribe) {
 	q.everConsumed = true
 	s.completeCmd(sub.Sess, sub.CmdID, nil, nil)
 	s.markDirty(q)
+	s.watchOwnership(q)
 }
 
 func (s *Shard) cancel(cn Cancel) {
@@ -502,6 +528,8 @@ func (s *Shard) settle(st *Settle) {
 		return
 	}
 	q := con.queue
+	s.localAcq = true
+	defer func() { s.localAcq = false }()
 	settleOne := func(tag uint64) {
 		seq, ok := con.unacked[tag]
 		if !ok {
@@ -514,7 +542,11 @@ func (s *Shard) settle(st *Settle) {
 			ev.Kind = EvDequeue
 			s.stats.Accepted++
 		case SettleRelease:
+			// Not as a settle of this owner's: a release that reaches
+			// the delivery limit is the master's to dead-letter.
+			s.localAcq = false
 			s.release(q, seq)
+			s.localAcq = true
 			return
 		case SettleReject:
 			ev.Kind = EvReject
@@ -555,9 +587,14 @@ func (s *Shard) settle(st *Settle) {
 	}
 	if st.Last {
 		if q.replicated {
-			// An accept completes once its removes committed.
+			// An accept completes once its removes committed (an owner
+			// that is not the master: once it applied them, own.go).
 			sess, id := st.Sess, st.CmdID
-			if err := s.proposeRemoves(q, func(err error) { s.pushCompletion(sess, id, nil, err) }); err != nil {
+			propose := s.proposeRemoves
+			if s.stamped(q) {
+				propose = s.proposeRemovesBy
+			}
+			if err := propose(q, func(err error) { s.pushCompletion(sess, id, nil, err) }); err != nil {
 				s.completeCmd(sess, id, nil, err)
 			}
 			return
@@ -577,7 +614,7 @@ func (s *Shard) release(q *Queue, seq uint64) {
 	pos := e.JournalPos
 	ev := Event{Kind: EvRelease, Seq: seq}
 	_ = q.Apply(&ev, s)
-	if q.replicated && s.masters(q) {
+	if q.replicated && (s.masters(q) || s.stamped(q)) {
 		// Its followers put it back too (acquire.go); if the release
 		// dead-lettered it, its removal goes first and this does nothing.
 		s.noteRelease(q, seq, false)
@@ -658,6 +695,7 @@ func (s *Shard) tick() {
 	s.retryDeferred()
 	s.retryAcquiring()
 	s.tickAcquires()
+	s.tickOwnership()
 }
 
 // expireDue expires the heads of the queues whose index entries came due
@@ -672,7 +710,7 @@ func (s *Shard) expireDue() {
 			continue
 		}
 		q.busy.expireAt = 0
-		if !s.delivers(q) {
+		if !s.expires(q) {
 			// A follower's copy of a replicated queue: only the group's
 			// master expires it, dead-letters what expired and proposes
 			// the removal, which drops the copy here when it commits.
@@ -706,10 +744,52 @@ func (s *Shard) masters(q *Queue) bool {
 }
 
 // delivers reports whether this broker hands out q's messages now: q is
-// not replicated, or this broker is its group's master, this shard has
-// applied what it inherited (Shard.mastered), and it holds its lease
-// (Replicator.Delivering). Expiry waits for it like delivery.
+// not replicated, or this broker owns it (own.go) and is not handing it
+// over, and then: as the group's master, once this shard applied what it
+// inherited (Shard.mastered) and under its lease
+// (Replicator.Delivering); as another member, while it hears from the
+// master (Replicator.Owning).
 func (s *Shard) delivers(q *Queue) bool {
+	if !q.replicated {
+		return true
+	}
+	r := s.broker.loadReplicator()
+	if r == nil {
+		return false
+	}
+	if rs := q.rare; rs != nil && rs.handing {
+		return false
+	}
+	return s.leased(q)
+}
+
+// leased is delivers but for a handover under way: this broker owns q
+// and holds the lease it owns it under.
+func (s *Shard) leased(q *Queue) bool {
+	if !q.replicated {
+		return true
+	}
+	r := s.broker.loadReplicator()
+	if r == nil {
+		return false
+	}
+	rs := q.rare
+	if rs == nil || rs.ownedBy == 0 {
+		return s.hasMastered(q.group) && r.Delivering(q.group)
+	}
+	if rs.ownedBy != r.Self() {
+		return false
+	}
+	if s.hasMastered(q.group) {
+		return r.Delivering(q.group)
+	}
+	return !r.IsMaster(q.group) && r.Owning(q.group)
+}
+
+// expires reports whether this broker expires q's messages: q is not
+// replicated, or this broker is its group's master (whoever owns the
+// queue), has applied what it inherited, and holds its lease.
+func (s *Shard) expires(q *Queue) bool {
 	if !q.replicated {
 		return true
 	}
@@ -717,7 +797,6 @@ func (s *Shard) delivers(q *Queue) bool {
 	return r != nil && s.hasMastered(q.group) && r.Delivering(q.group)
 }
 
-// hasMastered reports Shard.mastered[g].
 func (s *Shard) hasMastered(g uint32) bool {
 	return int(g) < len(s.mastered) && s.mastered[g]
 }
@@ -749,6 +828,9 @@ func (s *Shard) dispatch(q *Queue) {
 	// replaced may not know it yet); a follower holds the messages for
 	// when it becomes master.
 	if !s.delivers(q) {
+		if q.replicated && len(q.consumers) > 0 {
+			s.watchOwnership(q) // this broker may want it (own.go)
+		}
 		return
 	}
 	for {
@@ -791,7 +873,9 @@ func (s *Shard) dispatch(q *Queue) {
 		con.pendingBytes += size
 		if con.ackNone {
 			ev = Event{Kind: EvDequeue, Seq: ev.Seq}
+			s.localAcq = true
 			_ = q.Apply(&ev, s)
+			s.localAcq = false
 		} else {
 			con.unacked[ev.Tag] = ev.Seq
 		}
@@ -805,7 +889,9 @@ func (s *Shard) dispatch(q *Queue) {
 // DeadLetter implements Effects: route the message to the queue's
 // dead-letter exchange.
 func (s *Shard) DeadLetter(q *Queue, e *Entry, reason DeadLetterReason) {
-	if !s.masters(q) {
+	if !s.masters(q) && !(s.localAcq && reason == ReasonRejected) {
+		// (An owner that is not the master dead-letters what its own
+		// consumers reject; the master, what reaches the delivery limit.)
 		// A follower drops a replicated message for the same reason as
 		// its master (a drop-head applied from the log): the master
 		// dead-letters it, once for the group.
@@ -911,10 +997,17 @@ func (s *Shard) Removed(q *Queue, e *Entry) {
 		// own removals (a drop-head applied from the log) are not
 		// proposed, and its copy is made right by the master's remove
 		// when it commits.
-		if s.dlHeld == e {
+		switch {
+		case s.dlHeld == e:
 			s.dlHeld = nil // its dead letter is on the way (DeadLetter)
-		} else if s.masters(q) {
+		case s.fromLog:
+		case s.localAcq && s.mineStamped(q, e.Seq):
+			s.noteRemovedBy(q, e.Seq) // own.go
+		case s.masters(q):
 			s.noteRemoved(q, e.Seq)
+		}
+		if rs := q.rare; rs != nil && rs.acqBy != nil {
+			delete(rs.acqBy, e.Seq)
 		}
 	}
 	if e.JournalPos != 0 && s.journal != nil {

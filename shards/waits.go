@@ -58,3 +58,25 @@ func (w *waitTable[T]) take(tag uint64, reset func(*T)) (T, bool) {
 	w.free = append(w.free, i)
 	return v, true
 }
+
+// peek is the value under tag, and whether tag is in use.
+func (w *waitTable[T]) peek(tag uint64) (*T, bool) {
+	i := uint32(tag)
+	if int(i) >= len(w.slots) {
+		return nil, false
+	}
+	sl := &w.slots[i]
+	if !sl.used || sl.gen != uint32(tag>>32) {
+		return nil, false
+	}
+	return &sl.v, true
+}
+
+// each calls f with the tag and value of every slot in use.
+func (w *waitTable[T]) each(f func(tag uint64, v *T)) {
+	for i := range w.slots {
+		if sl := &w.slots[i]; sl.used {
+			f(uint64(sl.gen)<<32|uint64(i), &sl.v)
+		}
+	}
+}

@@ -34,6 +34,7 @@ import (
 	"github.com/berthmq/berth/journal"
 	"github.com/berthmq/berth/replication/groups"
 	"github.com/berthmq/berth/server"
+	"github.com/berthmq/berth/shards"
 )
 
 func main() {
@@ -162,6 +163,8 @@ type flags struct {
 	controllerWait                                     time.Duration
 	brokerTimeout, leaderGrace                         time.Duration
 	rebalance, groupLag, groupLease                    time.Duration
+	consumeAtReplicas                                  bool
+	ownSlice                                           time.Duration
 	outboundMax                                        int64
 	metricsQueueLimit                                  int
 	outboundTimeout, handshakeTimeout                  time.Duration
@@ -207,6 +210,8 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.StringVar(&f.controllerID, "controller-id", "", "this node's id in -controller-peers")
 	fs.StringVar(&f.controllerPeers, "controller-peers", "", "controller group members as id=host:port,... (1, 3 or 5), this node included; overrides -controller")
 	fs.BoolVar(&f.join, "controller-join", false, "start this controller member to be added to a running group (then run 'berthctl members add ID=ADDR'); -controller-peers lists this node and the members it knows")
+	fs.BoolVar(&f.consumeAtReplicas, "consume-at-replicas", false, "serve a consumer of a replicated queue on its own broker when that broker holds a replica of the queue's group, taking the queue's ownership in turns with the other brokers that consume it, rather than proxying it to the group's master (experimental)")
+	fs.DurationVar(&f.ownSlice, "own-slice", shards.OwnSliceDefault, "how long a broker that owns a replicated queue keeps it while consumers on another broker wait for it (with -consume-at-replicas)")
 	fs.BoolVar(&f.leaseRead, "controller-lease-read", false, "serve the controller's consistent reads from the leader's lease instead of a heartbeat round each; relies on bounded clock drift")
 	fs.DurationVar(&f.controllerWait, "controller-wait", server.ControllerWaitDefault, "how long a broker with a member of a 3- or 5-member controller group waits at start for the group to elect a leader before it gives up")
 	fs.DurationVar(&f.groupLag, "group-lag", groups.LagDefault, "how long a group's follower may go without acknowledging before its master takes it out of the group's SyncStateSet (at least 20ms)")
@@ -398,6 +403,7 @@ func parseArgs(args []string) (options, error) {
 		{"controller-wait", f.controllerWait <= 0, f.controllerWait, "a positive duration"},
 		{"controller-broker-timeout", f.brokerTimeout <= 0, f.brokerTimeout, "a positive duration"},
 		{"group-lag", f.groupLag == 0, f.groupLag, "20ms to 1h"},
+		{"own-slice", f.ownSlice <= 0, f.ownSlice, "a positive duration"},
 		{"group-rebalance", f.rebalance < 0, f.rebalance, "a positive interval, or 0 for none"},
 	} {
 		if z.bad {
@@ -415,6 +421,7 @@ func parseArgs(args []string) (options, error) {
 	cfg.AdvertiseAddr = f.advertise
 	cfg.PeerAddr, cfg.PeerAdvertise = f.peer, f.peerAdvertise
 	cfg.GroupLag, cfg.GroupLease = f.groupLag, f.groupLease
+	cfg.ConsumeAtReplicas, cfg.OwnSlice = f.consumeAtReplicas, f.ownSlice
 	cfg.GroupRebalance = f.rebalance
 	if f.rebalance == 0 {
 		cfg.GroupRebalance = -1 // the flag's 0 is none, the server's the default

@@ -122,7 +122,7 @@ const (
 	// FlagWithdraw: the broker's consumers wait no more.
 	FlagWithdraw uint8 = 1 << 0
 
-	wantFlags = FlagWithdraw
+	wantFlags = FlagWithdraw | FlagStamp
 )
 
 // Stamp names the broker that proposed an event of a queue it owns and
@@ -622,11 +622,12 @@ func (o *Own) Decode(data []byte) error {
 }
 
 // Want records that Broker's consumers wait for Queue (Withdraw: no
-// more).
+// more). Stamp, if any, is Broker's, for its tag.
 type Want struct {
 	Queue    []byte
 	Broker   uint32
 	Withdraw bool
+	Stamp    Stamp
 }
 
 // AppendWant appends w's encoding to dst.
@@ -635,9 +636,13 @@ func AppendWant(dst []byte, w *Want) []byte {
 	if w.Withdraw {
 		flags = FlagWithdraw
 	}
-	dst = appendHeader(dst, KindWant, WantVersion, flags)
+	dst = appendHeader(dst, KindWant, WantVersion, flags|stampFlag(w.Stamp))
 	dst = wire.AppendStr(dst, string(w.Queue))
-	return binary.BigEndian.AppendUint32(dst, w.Broker)
+	dst = binary.BigEndian.AppendUint32(dst, w.Broker)
+	if w.Stamp.Broker != 0 {
+		dst = appendStamp(dst, w.Stamp)
+	}
+	return dst
 }
 
 // Decode decodes data, a want, into w: w.Queue aliases data.
@@ -652,6 +657,12 @@ func (w *Want) Decode(data []byte) error {
 	w.Withdraw = h.Flags&FlagWithdraw != 0
 	if w.Broker == 0 && rd.Err() == nil {
 		return fmt.Errorf("%w: want of broker 0", ErrMalformed)
+	}
+	if err := readStamp(&rd, h.Flags, KindWant, &w.Stamp); err != nil {
+		return err
+	}
+	if w.Stamp.Broker != 0 && w.Stamp.Broker != w.Broker {
+		return fmt.Errorf("%w: want of broker %d stamped by %d", ErrMalformed, w.Broker, w.Stamp.Broker)
 	}
 	return done(&rd, KindWant)
 }

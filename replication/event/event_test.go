@@ -103,6 +103,7 @@ func goldens() []golden {
 		golden{name: "own-v1-stamp", want: Event{Header: Header{Kind: KindOwn}, Own: Own{Queue: []byte("orders"), Gen: 6, Owner: 1, Stamp: st}}},
 		golden{name: "want-v1", want: Event{Header: Header{Kind: KindWant}, Want: Want{Queue: []byte("orders"), Broker: 2}}},
 		golden{name: "want-v1-withdraw", want: Event{Header: Header{Kind: KindWant}, Want: Want{Queue: []byte("orders"), Broker: 2, Withdraw: true}}},
+		golden{name: "want-v1-stamp", want: Event{Header: Header{Kind: KindWant}, Want: Want{Queue: []byte("orders"), Broker: 2, Stamp: st}}},
 	)
 	return gs
 }
@@ -224,6 +225,7 @@ func TestRejects(t *testing.T) {
 		{"own-requeue-0", append(with3(AppendOwn(nil, &Own{Queue: []byte("q"), Gen: 1}), FlagRequeue), 0, 0, 0, 0), ErrMalformed},
 		{"own-unknown-flag", with3(AppendOwn(nil, &Own{Queue: []byte("q"), Gen: 1}), 1<<6), ErrUnknownFlags},
 		{"want-broker-0", AppendWant(nil, &Want{Queue: []byte("q")}), ErrMalformed},
+		{"want-stamp-of-another", AppendWant(nil, &Want{Queue: []byte("q"), Broker: 1, Stamp: Stamp{Broker: 2}}), ErrMalformed},
 		{"want-trailing", append(AppendWant(nil, &Want{Queue: []byte("q"), Broker: 1}), 0), ErrMalformed},
 		{"legacy-enqueue-odd-trailer", append(legacyAppendEnqueue(&e), 0), ErrMalformed},
 	} {

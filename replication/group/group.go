@@ -424,6 +424,10 @@ const (
 type Member struct {
 	cfg Config
 
+	// heard is the time (SetTime) this follower last took a message of
+	// its master (HeardFromMaster).
+	heard int64
+
 	epoch  uint32
 	role   Role
 	master MemberID
@@ -630,6 +634,34 @@ func (m *Member) DeliverWindow() (from, until int64) {
 	return m.fenceUntil, m.grantUntil
 }
 
+// HeardFromMaster is when this member, a follower, last took an Append
+// or Install of its epoch's master (SetTime's clock), 0 if it is not a
+// follower or has taken none in the epoch. A queue owner that is not
+// the master owns only while it hears from it (shards/own.go).
+func (m *Member) HeardFromMaster() int64 {
+	if m.role != RoleFollower {
+		return 0
+	}
+	return m.heard
+}
+
+// Silent lists, on a master, the replicas that have not acknowledged for
+// more than ticks ticks (counted from its election at the earliest), in
+// increasing order; nil if none or if this member is not master.
+func (m *Member) Silent(ticks int) []MemberID {
+	if m.role != RoleMaster {
+		return nil
+	}
+	var out []MemberID
+	for id, f := range m.peers {
+		if m.tick-f.lastAck > ticks {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Reapply makes the member hand out every committed entry again, from
 // the first, in the next Ready (with Reapply set). A broker that stopped
 // being master calls it: its applied state may hold effects it took ahead
@@ -752,6 +784,7 @@ func (m *Member) BecomeFollower(epoch uint32, master MemberID) {
 	if epoch > m.epoch || m.role != RoleFollower {
 		m.stepDown()
 		m.matched = 0
+		m.heard = 0
 	}
 	m.epoch, m.role, m.master = epoch, RoleFollower, master
 }
@@ -983,6 +1016,7 @@ func (m *Member) Step(msg Message) {
 			}
 			m.BecomeFollower(msg.Epoch, msg.From)
 		}
+		m.heard = m.now // the epoch's master: the queues it lets this member own stay owned (HeardFromMaster)
 		if msg.Kind == MsgInstall {
 			m.stepInstall(msg)
 			return

@@ -133,6 +133,11 @@ type Node struct {
 	// New).
 	groupIDs []uint32
 	inbox    chan func()
+	// lastTick is the time of the node's last tick, and ownAfter the
+	// time before which it owns no queue (Owning), after a gap between
+	// ticks.
+	lastTick int64
+	ownAfter atomic.Int64
 	// props carries proposals by value, so that a proposal costs no
 	// allocation of its own (inbox takes closures).
 	props chan proposal
@@ -276,7 +281,18 @@ type member struct {
 	// goroutine (OnDeliver).
 	deliverFrom, deliverUntil atomic.Int64
 	delivering                bool
-	broken                    error // a journal failure or an entry it could not apply: the member stops
+	// ownUntil is, on a follower, until when the queues it owns stay its
+	// own (Owning): half the lag after it last heard from its master,
+	// which gives their ownership up only after twice the lag of
+	// silence (Live). silent is, on a master, the replicas silent for
+	// twice the lag (group.Member.Silent), nil for none; replaced, not
+	// changed, so that other goroutines read it whole.
+	ownUntil atomic.Int64
+	silent   atomic.Pointer[[]uint32]
+	// resynced is the highest index of an entry at which this member
+	// applied its log again for an ownership it lost (Resync).
+	resynced uint64
+	broken   error // a journal failure or an entry it could not apply: the member stops
 	// stopped mirrors, for other goroutines, that the member stopped on
 	// an entry it could not apply (stopMember).
 	stopped atomic.Bool
@@ -323,6 +339,9 @@ var ErrNotProposed = errors.New("groups: not proposed")
 
 // OpenNode replays the journal in cfg.Dir and starts the node.
 func OpenNode(cfg NodeConfig) (*Node, error) {
+	if cfg.LagTicks <= 0 {
+		cfg.LagTicks = 5 // group.Config's default, which Owning and Live count with
+	}
 	if cfg.Tick <= 0 {
 		cfg.Tick = nodeTick
 	}
@@ -455,6 +474,17 @@ func (n *Node) run() {
 				n.takeDurable(n.members[g])
 			}
 		case <-t.C:
+			now := n.now()
+			if gap := now - n.lastTick; n.lastTick != 0 && gap > int64(n.cfg.LagTicks)*int64(n.cfg.Tick)/4 {
+				// The node did not run for a while (the process was
+				// stopped, or starved): what it reads next may be old,
+				// and it may have lost the queues it owned meanwhile
+				// without knowing yet. It owns nothing until it has
+				// heard and applied for a whole lag (Owning).
+				n.ownAfter.Store(now + int64(n.cfg.LagTicks)*int64(n.cfg.Tick))
+				n.log.Warn("groups: the node did not run for a while; the queues this broker owns wait until it has caught up", "gap", time.Duration(gap))
+			}
+			n.lastTick = now
 			for _, g := range n.groupIDs {
 				mb := n.members[g]
 				if mb.broken == nil {
@@ -773,6 +803,57 @@ func (n *Node) Delivering(g uint32) bool {
 	return now >= mb.deliverFrom.Load() && now < mb.deliverUntil.Load()
 }
 
+// Holds reports whether this node holds a replica of group g.
+func (n *Node) Holds(g uint32) bool { return n.members[g] != nil }
+
+// Owning reports whether this node, a follower of group g, may act as
+// the owner of the queues of g it owns (shards/own.go): it heard from
+// its master within half the lag. Safe from any goroutine.
+func (n *Node) Owning(g uint32) bool {
+	mb := n.members[g]
+	now := n.now()
+	return mb != nil && !mb.master.Load() && now < mb.ownUntil.Load() && now >= n.ownAfter.Load()
+}
+
+// Live reports whether broker b, a replica of group g, answered this
+// node, g's master, within twice the lag: the master takes back the
+// queues of one that did not (shards/own.go). It is true on a node that
+// is not g's master. Safe from any goroutine.
+func (n *Node) Live(g, b uint32) bool {
+	mb := n.members[g]
+	if mb == nil || !mb.master.Load() {
+		return true
+	}
+	p := mb.silent.Load()
+	return p == nil || !slices.Contains(*p, b)
+}
+
+// Resync makes this node drop what it applied of group g and apply g's
+// committed log again, as a master that steps down does (OnStepDown):
+// its shards applied the entry at index, by which the group took back
+// the queues this broker owned, and what they did as owner ahead of
+// the log is void. Once it applied the log again up to index it does
+// nothing for that index, or an earlier one. Safe from any goroutine;
+// with the inbox full it does nothing, and the caller asks again.
+func (n *Node) Resync(g uint32, index uint64) bool {
+	select {
+	case n.inbox <- func() {
+		mb := n.members[g]
+		if mb == nil || mb.resynced >= index || mb.master.Load() {
+			return
+		}
+		mb.resynced = index
+		n.log.Warn("groups: this broker lost the queues it owned in the group (it was silent past its lease); it applies the group's log again", "group", g, "index", index)
+		n.cfg.OnStepDown(g)
+		mb.m.Reapply()
+		n.touch(mb)
+	}:
+		return true
+	default:
+		return false
+	}
+}
+
 // Granted passes on the controller's answer to a heartbeat sent at sent
 // (ctlapi.HeartbeatReply): each group it names is confirmed as mastered
 // here in the epoch it gives, until sent plus the lease; any other group
@@ -1006,6 +1087,19 @@ func (n *Node) ready(mb *member) {
 // member, so a fence or a lease passing is seen within a tick here; the
 // shards compare the window with their own clock meanwhile.
 func (n *Node) publishLease(mb *member) {
+	if h := mb.m.HeardFromMaster(); h != 0 {
+		mb.ownUntil.Store(h + int64(n.cfg.LagTicks)*int64(n.cfg.Tick)/2)
+	} else {
+		mb.ownUntil.Store(0)
+	}
+	silent := mb.m.Silent(2 * n.cfg.LagTicks)
+	if old := mb.silent.Load(); (old == nil) != (len(silent) == 0) || old != nil && !slices.Equal(*old, silent) {
+		if len(silent) == 0 {
+			mb.silent.Store(nil)
+		} else {
+			mb.silent.Store(&silent)
+		}
+	}
 	from, until := mb.m.DeliverWindow()
 	mb.deliverFrom.Store(from)
 	mb.deliverUntil.Store(until)

@@ -34,6 +34,19 @@ type queueInfo struct {
 	// master broker id; absent for a queue on this broker alone.
 	Group  *uint32 `json:"group,omitempty"`
 	Master uint32  `json:"master,omitempty"`
+	Owner  uint32  `json:"owner,omitempty"`
+}
+
+// ownerCell is a queue's OWNER cell: the broker that hands its messages
+// out ("-" for a queue on one broker, "?" if not known).
+func (q *queueInfo) ownerCell() string {
+	switch {
+	case q.Group == nil:
+		return "-"
+	case q.Owner == 0:
+		return "?"
+	}
+	return strconv.FormatUint(uint64(q.Owner), 10)
 }
 
 // groupCells are a queue's GROUP and MASTER cells: "-" for a queue on one
@@ -147,10 +160,10 @@ func queuesCmd(fs *flag.FlagSet) func(context.Context, *env, []string) error {
 			return writeJSON(e.stdout, qs)
 		}
 		tw := newTable(e.stdout)
-		fmt.Fprintln(tw, "NAME\tSHARD\tGROUP\tMASTER\tREADY\tUNACKED\tDELAYED\tCONSUMERS\tDURABLE\tENQUEUED\tDELIVERED\tACKED")
+		fmt.Fprintln(tw, "NAME\tSHARD\tGROUP\tMASTER\tOWNER\tREADY\tUNACKED\tDELAYED\tCONSUMERS\tDURABLE\tENQUEUED\tDELIVERED\tACKED")
 		for _, q := range qs {
 			group, master := q.groupCells()
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t%t\t%d\t%d\t%d\n", displayName(q.Name), q.Shard, group, master, q.Ready, q.Unacked, q.Delayed,
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%t\t%d\t%d\t%d\n", displayName(q.Name), q.Shard, group, master, q.ownerCell(), q.Ready, q.Unacked, q.Delayed,
 				q.Consumers, q.Durable, q.Enqueued, q.Delivered, q.Acked)
 		}
 		return tw.Flush()
