@@ -1,0 +1,158 @@
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berthmq/berth/client"
+	"github.com/berthmq/berth/internal/testutil"
+)
+
+// TestOwnershipFairness: with -consume-at-replicas, one consumer of a
+// replicated queue on each of three brokers (every one a replica of the
+// queue's group). Each is served by its own broker, not proxied to the
+// master: every broker's /v1/queues shows one consumer. The brokers take
+// the queue's ownership in turns (time slices of 50 ms), so every
+// consumer gets messages; each gets them in publish order; and every
+// message is delivered once, unflagged (no broker failed).
+func TestOwnershipFairness(t *testing.T) {
+	const groups, total = 3, 900
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := startReplicatedWith(t, ctx, groups, 3, 0, "-consume-at-replicas", "-own-slice", "50ms")
+	const queue = "shared"
+	_, _, _, conn := c.declare(queue, groups)
+	c.declareEverywhere(queue)
+
+	var mu sync.Mutex
+	got := map[string]int{}
+	per := map[string]int{}
+	errs := make(chan error, len(c.nodes))
+	var wg sync.WaitGroup
+	subscribed := make(chan struct{}, len(c.nodes))
+	for _, n := range c.nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cc, err := client.Dial(ctx, n.client)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer cc.Close()
+			con, err := cc.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 20, AutoCredit: true})
+			if err != nil {
+				errs <- fmt.Errorf("%s: subscribe: %w", n.name, err)
+				return
+			}
+			subscribed <- struct{}{}
+			last := -1
+			for {
+				mu.Lock()
+				done := len(got) >= total
+				mu.Unlock()
+				if done {
+					return
+				}
+				dctx, dcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+				d, err := con.Next(dctx)
+				dcancel()
+				if err != nil {
+					if ctx.Err() != nil {
+						errs <- fmt.Errorf("%s: %w", n.name, err)
+						return
+					}
+					continue
+				}
+				body := string(d.Payload)
+				i, _ := strconv.Atoi(body[1:])
+				if i <= last {
+					errs <- fmt.Errorf("%s: %s after m%d: out of order", n.name, body, last)
+					return
+				}
+				last = i
+				if d.Redelivered || d.DeliveryCount != 0 {
+					errs <- fmt.Errorf("%s: %s redelivered (count %d) with no failure", n.name, body, d.DeliveryCount)
+					return
+				}
+				if err := d.Accept(ctx); err != nil {
+					errs <- fmt.Errorf("%s: accept %s: %w", n.name, body, err)
+					return
+				}
+				mu.Lock()
+				got[body]++
+				per[n.name]++
+				mu.Unlock()
+			}
+		}()
+	}
+	for range c.nodes {
+		select {
+		case <-subscribed:
+		case err := <-errs:
+			t.Fatal(err)
+		}
+	}
+	// Every broker serves its own consumer.
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		for _, n := range c.nodes {
+			var qs []struct {
+				Name      string
+				Consumers int
+			}
+			if err := c.getJSON(n, "/v1/queues", &qs); err != nil {
+				return err
+			}
+			for _, q := range qs {
+				if q.Name == queue && q.Consumers != 1 {
+					return fmt.Errorf("%s: %d consumers of %s, want its own one", n.name, q.Consumers, queue)
+				}
+			}
+		}
+		return nil
+	})
+	c.publishAll(conn, queue, names(0, total))
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		for _, n := range c.nodes {
+			var qs []map[string]any
+			_ = c.getJSON(n, "/v1/queues", &qs)
+			t.Logf("%s: %v", n.name, qs)
+		}
+		t.Fatalf("%v (per broker: %v, %d consumed)", err, per, len(got))
+	}
+	for name, n := range got {
+		if n != 1 {
+			t.Fatalf("%s delivered %d times", name, n)
+		}
+	}
+	if len(got) != total {
+		t.Fatalf("%d of %d messages consumed", len(got), total)
+	}
+	for _, n := range c.nodes {
+		if per[n.name] == 0 {
+			t.Fatalf("the consumer on %s got nothing (per broker: %v)", n.name, per)
+		}
+	}
+	var qs []struct {
+		Name      string
+		Owner     uint32
+		Handovers uint64
+	}
+	if err := c.getJSON(c.nodes[0], "/v1/queues", &qs); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range qs {
+		if q.Name == queue {
+			if q.Handovers == 0 || q.Owner == 0 {
+				t.Fatalf("queue %s: owner %d after %d handovers", queue, q.Owner, q.Handovers)
+			}
+			t.Logf("per broker: %v; %d handovers, owner now %d", per, q.Handovers, q.Owner)
+		}
+	}
+}
