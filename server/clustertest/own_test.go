@@ -25,8 +25,18 @@ func TestOwnershipFairness(t *testing.T) {
 	defer cancel()
 	c := startReplicatedWith(t, ctx, groups, 3, 0, "-consume-at-replicas", "-own-slice", "50ms")
 	const queue = "shared"
-	_, _, _, conn := c.declare(queue, groups)
+	g, _, _, conn := c.declare(queue, groups)
 	c.declareEverywhere(queue)
+	// Every broker runs its replica of the group before its consumer
+	// subscribes (until then it would proxy it, or refuse it).
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		for _, n := range c.nodes {
+			if role, _, err := c.role(n, g); err != nil || role == "" {
+				return fmt.Errorf("%s: role %q in group %d (%v)", n.name, role, g, err)
+			}
+		}
+		return nil
+	})
 
 	var mu sync.Mutex
 	got := map[string]int{}
