@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -164,5 +165,122 @@ func TestOwnershipFairness(t *testing.T) {
 			}
 			t.Logf("per broker: %v; %d handovers, owner now %d", per, q.Handovers, q.Owner)
 		}
+	}
+}
+
+// TestOwnerKilledRequeuesWhatItHeld: with -consume-at-replicas, a
+// consumer on a broker that is not the group's master takes the queue's
+// ownership, accepts some messages and holds more unaccepted; every
+// member shows those as acquired. After kill -9 of that broker, the
+// master takes the queue back once the broker stays silent (twice the
+// group's lag) and a consumer at the master gets every message not
+// accepted, each once: those the dead owner held flagged redelivered
+// with a count of one, the rest unflagged (an owner that is not the
+// master sends nothing before its acquires event commits, so it leaves
+// no window to over-flag).
+func TestOwnerKilledRequeuesWhatItHeld(t *testing.T) {
+	const groups, total, accepted, held = 3, 300, 20, 40
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	c := startReplicatedWith(t, ctx, groups, 3, 0, "-consume-at-replicas", "-own-slice", "50ms")
+	const queue = "owned"
+	g, master, mnode, conn := c.declare(queue, groups)
+	c.declareEverywhere(queue)
+	var owner *node
+	for _, n := range c.nodes {
+		if n != mnode {
+			owner = n
+			break
+		}
+	}
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		if role, _, err := c.role(owner, g); err != nil || role == "" {
+			return fmt.Errorf("%s: role %q in group %d (%v)", owner.name, role, g, err)
+		}
+		return nil
+	})
+	oc := dial(t, ctx, owner.client)
+	con, err := oc.Subscribe(ctx, queue, client.SubscribeOptions{Credit: accepted + held})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.publishAll(conn, queue, names(0, total))
+	acceptedBy := map[string]bool{}
+	heldBy := map[string]bool{}
+	for i := range accepted + held {
+		d, err := con.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Redelivered {
+			t.Fatalf("%s redelivered before any failure", d.Payload)
+		}
+		if i < accepted {
+			if err := d.Accept(ctx); err != nil {
+				t.Fatal(err)
+			}
+			acceptedBy[string(d.Payload)] = true
+		} else {
+			heldBy[string(d.Payload)] = true
+		}
+	}
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		for _, n := range c.nodes {
+			ready, unacked, err := c.depth(n, queue)
+			if err != nil {
+				return err
+			}
+			if ready != total-accepted-held || unacked != held {
+				return fmt.Errorf("%s: %d ready, %d acquired; want %d and %d", n.name, ready, unacked, total-accepted-held, held)
+			}
+		}
+		return nil
+	})
+	var qs []struct {
+		Name  string
+		Owner uint32
+	}
+	if err := c.getJSON(mnode, "/v1/queues", &qs); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range qs {
+		if q.Name == queue && (q.Owner == 0 || q.Owner == master) {
+			t.Fatalf("queue %s is owned by %d, the master, not by the consumer's broker", queue, q.Owner)
+		}
+	}
+
+	owner.signal(syscall.SIGKILL)
+	mc, err := conn.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 100, AutoCredit: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	flagged := 0
+	for len(got) < total-accepted {
+		d, err := mc.Next(ctx)
+		if err != nil {
+			t.Fatalf("after %d of %d: %v", len(got), total-accepted, err)
+		}
+		p := string(d.Payload)
+		switch {
+		case acceptedBy[p]:
+			t.Fatalf("%s, accepted at the dead owner, delivered again", p)
+		case got[p]:
+			t.Fatalf("%s delivered twice", p)
+		case heldBy[p] && (!d.Redelivered || d.DeliveryCount != 1):
+			t.Fatalf("%s, held by the dead owner: redelivered %v, count %d; want flagged, count 1", p, d.Redelivered, d.DeliveryCount)
+		case !heldBy[p] && (d.Redelivered || d.DeliveryCount != 0):
+			t.Fatalf("%s, handed to nobody: redelivered %v, count %d; want neither", p, d.Redelivered, d.DeliveryCount)
+		}
+		if heldBy[p] {
+			flagged++
+		}
+		got[p] = true
+		if err := d.Accept(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if flagged != held {
+		t.Fatalf("%d flagged, want %d", flagged, held)
 	}
 }
