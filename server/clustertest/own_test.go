@@ -178,7 +178,17 @@ func TestOwnershipFairness(t *testing.T) {
 // with a count of one, the rest unflagged (an owner that is not the
 // master sends nothing before its acquires event commits, so it leaves
 // no window to over-flag).
-func TestOwnerKilledRequeuesWhatItHeld(t *testing.T) {
+func TestOwnerKilledRequeuesWhatItHeld(t *testing.T) { ownerLost(t, false) }
+
+// TestOwnerFrozenIsFenced is TestOwnerKilledRequeuesWhatItHeld with
+// SIGSTOP for the owner instead of kill -9: once the master took the
+// queue back and its consumer got everything, SIGCONT; the woken owner
+// cannot complete an accept of what it held under its old ownership
+// (the accept fails, or its consumer was ended), and no message comes
+// again.
+func TestOwnerFrozenIsFenced(t *testing.T) { ownerLost(t, true) }
+
+func ownerLost(t *testing.T, freeze bool) {
 	const groups, total, accepted, held = 3, 300, 20, 40
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -207,6 +217,7 @@ func TestOwnerKilledRequeuesWhatItHeld(t *testing.T) {
 	c.publishAll(conn, queue, names(0, total))
 	acceptedBy := map[string]bool{}
 	heldBy := map[string]bool{}
+	var heldDeliveries []*client.Delivery
 	for i := range accepted + held {
 		d, err := con.Next(ctx)
 		if err != nil {
@@ -222,6 +233,7 @@ func TestOwnerKilledRequeuesWhatItHeld(t *testing.T) {
 			acceptedBy[string(d.Payload)] = true
 		} else {
 			heldBy[string(d.Payload)] = true
+			heldDeliveries = append(heldDeliveries, d)
 		}
 	}
 	testutil.WaitFor(t, 20*time.Second, func() error {
@@ -249,7 +261,11 @@ func TestOwnerKilledRequeuesWhatItHeld(t *testing.T) {
 		}
 	}
 
-	owner.signal(syscall.SIGKILL)
+	if freeze {
+		owner.signal(syscall.SIGSTOP)
+	} else {
+		owner.signal(syscall.SIGKILL)
+	}
 	mc, err := conn.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 100, AutoCredit: true})
 	if err != nil {
 		t.Fatal(err)
@@ -282,5 +298,29 @@ func TestOwnerKilledRequeuesWhatItHeld(t *testing.T) {
 	}
 	if flagged != held {
 		t.Fatalf("%d flagged, want %d", flagged, held)
+	}
+	if !freeze {
+		return
+	}
+	owner.signal(syscall.SIGCONT)
+	// The woken owner's consumer accepts one message it held: that must
+	// not complete, since the master's consumer accepted it already.
+	var victim *client.Delivery
+	for _, d := range heldDeliveries {
+		victim = d
+		break
+	}
+	actx, acancel := context.WithTimeout(ctx, 20*time.Second)
+	defer acancel()
+	if err := victim.Accept(actx); err == nil {
+		t.Fatalf("the woken owner completed an accept of %s, which the master's consumer accepted", victim.Payload)
+	} else {
+		t.Logf("the woken owner's accept of %s: %v", victim.Payload, err)
+	}
+	// Nothing comes again at the master.
+	dctx, dcancel := context.WithTimeout(ctx, 2*time.Second)
+	defer dcancel()
+	if d, err := mc.Next(dctx); err == nil {
+		t.Fatalf("%s delivered again after the owner woke", d.Payload)
 	}
 }
