@@ -1,0 +1,168 @@
+package clustertest
+
+import (
+	"context"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/berthmq/berth/client"
+)
+
+// BenchmarkConsumeOwned compares, on clusters of three real brokers
+// (fsync always, every broker a replica of every group), ways to consume
+// one replicated queue: b.N persistent 128-byte messages are published
+// first (not timed), then the consumers (1,000 credit each,
+// BERTH_BENCH_CREDIT) take them all and accept them in batches of 64;
+// the figure is messages accepted per second, over all consumers.
+//
+//   - flag=off/at=master: today's default, one consumer at the master;
+//
+//   - flag=off/at=follower: one consumer at a follower, proxied to the
+//     master;
+//
+//   - flag=on/at=master: -consume-at-replicas, one consumer at the
+//     master, which keeps the queue (it stays put);
+//
+//   - flag=on/at=follower: one consumer at a follower, which takes the
+//     queue's ownership and acquires through the master;
+//
+//   - flag=on/at=spread: one consumer on each broker, taking the queue
+//     in turns.
+//
+//     go test ./server/clustertest -run '^$' -bench ConsumeOwned -benchtime 20000x
+func BenchmarkConsumeOwned(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	for _, flag := range []string{"off", "on"} {
+		var extra []string
+		if flag == "on" {
+			extra = []string{"-consume-at-replicas"}
+			if sl := os.Getenv("BERTH_BENCH_OWN_SLICE"); sl != "" {
+				extra = append(extra, "-own-slice", sl)
+			}
+		}
+		c := startReplicatedWith(b, ctx, 3, 3, 3, extra...)
+		queue := "bench-owned-" + flag
+		g, _, mnode, mconn := c.declare(queue, 3)
+		c.declareEverywhere(queue)
+		var fnode *node
+		for _, n := range c.nodes {
+			if n != mnode {
+				fnode = n
+				break
+			}
+		}
+		for _, n := range c.nodes {
+			for {
+				if role, _, err := c.role(n, g); err == nil && role != "" {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		rows := []struct {
+			name  string
+			nodes []*node
+		}{{"master", []*node{mnode}}, {"follower", []*node{fnode}}}
+		if flag == "on" {
+			rows = append(rows, struct {
+				name  string
+				nodes []*node
+			}{"spread", c.nodes})
+		}
+		for _, row := range rows {
+			b.Run("flag="+flag+"/at="+row.name, func(b *testing.B) {
+				payload := make([]byte, 128)
+				var wg sync.WaitGroup
+				wg.Add(b.N)
+				for range b.N {
+					if err := mconn.PublishAsync(ctx, "", queue, payload, client.PublishOptions{Persistent: true}, func(err error) {
+						if err != nil {
+							b.Error(err)
+						}
+						wg.Done()
+					}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				wg.Wait()
+				b.ResetTimer()
+				elapsed := consumeAll(b, ctx, queue, row.nodes, b.N)
+				b.StopTimer()
+				b.ReportMetric(float64(b.N)/elapsed.Seconds(), "msgs/s")
+			})
+		}
+	}
+}
+
+// consumeAll subscribes one consumer on each of nodes to queue and
+// accepts, over all of them, n messages; it returns the time from the
+// subscribes to the last accept's completion.
+func consumeAll(b *testing.B, ctx context.Context, queue string, nodes []*node, n int) time.Duration {
+	var taken atomic.Int64
+	var failed atomic.Value
+	var done sync.WaitGroup
+	start := time.Now()
+	for _, nd := range nodes {
+		conn := dial(b, ctx, nd.client)
+		defer conn.Close()
+		con, err := conn.Subscribe(ctx, queue, client.SubscribeOptions{Credit: benchCredit(), AutoCredit: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			defer func() { _ = con.Cancel(ctx) }()
+			var accepted sync.WaitGroup
+			defer accepted.Wait()
+			tags := make([]uint64, 0, 64)
+			flush := func() {
+				accepted.Add(1)
+				if err := con.AcceptAsync(ctx, tags, func(err error) {
+					if err != nil {
+						failed.Store(err)
+					}
+					accepted.Done()
+				}); err != nil {
+					failed.Store(err)
+					accepted.Done()
+				}
+				tags = tags[:0]
+			}
+			for taken.Load() < int64(n) {
+				dctx, dcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+				d, err := con.Next(dctx)
+				dcancel()
+				if err != nil {
+					if ctx.Err() != nil {
+						failed.Store(err)
+						return
+					}
+					if len(tags) > 0 {
+						flush()
+					}
+					continue
+				}
+				taken.Add(1)
+				if tags = append(tags, d.Tag); len(tags) == cap(tags) {
+					flush()
+				}
+			}
+			if len(tags) > 0 {
+				flush()
+			}
+		}()
+	}
+	done.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		b.Fatal(err)
+	}
+	if got := taken.Load(); got != int64(n) {
+		b.Fatalf("%d of %d messages taken", got, n)
+	}
+	return time.Since(start)
+}
