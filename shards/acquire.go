@@ -66,6 +66,20 @@ func (s *Shard) hold(q *Queue, con *Consumer, d Delivery, seq uint64, size int64
 // broker before acquires events).
 const acquiresInFlightMax = 2
 
+// ownerAcquiresInFlightMax is acquiresInFlightMax for an owner that is
+// not the master: each of its events crosses to the master and its
+// commit back before the deliveries it holds go out (no window), so
+// more of them in flight keep its consumers fed.
+const ownerAcquiresInFlightMax = 8
+
+// acquiresInFlightLimit is q's bound on acquires events in flight.
+func (s *Shard) acquiresInFlightLimit(q *Queue) int {
+	if s.stamped(q) {
+		return ownerAcquiresInFlightMax
+	}
+	return acquiresInFlightMax
+}
+
 // listAcquiring puts q on the shard's list of queues with releases or
 // acquires to propose (Shard.acquiring), once.
 func (s *Shard) listAcquiring(q *Queue) *queueRare {
@@ -162,7 +176,7 @@ func (s *Shard) flushAcquires() {
 	keep := s.acquiring[:0]
 	for _, q := range s.acquiring {
 		rs := q.rare
-		if len(rs.removing) == 0 && s.proposeReleases(q) && len(rs.acquiring) > 0 && rs.releasesInFlight == 0 && rs.acquiresInFlight < acquiresInFlightMax {
+		if len(rs.removing) == 0 && s.proposeReleases(q) && len(rs.acquiring) > 0 && rs.releasesInFlight == 0 && rs.acquiresInFlight < s.acquiresInFlightLimit(q) {
 			s.proposeAcquires(q, false)
 		}
 		if len(rs.acquiring)+len(rs.releasing)+len(rs.returning) > 0 {
@@ -472,7 +486,7 @@ func (s *Shard) acquired(tag uint64, err error) {
 func (s *Shard) released(q *Queue, tag uint64, w acqWait, err error) {
 	rs := q.rareState()
 	rs.releasesInFlight--
-	if err == nil && rs.acquiresInFlight < acquiresInFlightMax && len(rs.acquiring) > 0 {
+	if err == nil && rs.acquiresInFlight < s.acquiresInFlightLimit(q) && len(rs.acquiring) > 0 {
 		s.listAcquiring(q)
 	}
 	if err == nil || q.deleted || !s.masters(q) && !s.stamped(q) {
