@@ -2,7 +2,9 @@ package clustertest
 
 import (
 	"context"
+	"encoding/binary"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -165,4 +167,118 @@ func consumeAll(b *testing.B, ctx context.Context, queue string, nodes []*node, 
 		b.Fatalf("%d of %d messages taken", got, n)
 	}
 	return time.Since(start)
+}
+
+// BenchmarkConsumeOwnedLatency measures end-to-end latency, publish to
+// delivery, of one replicated queue under a steady load: a publisher at
+// the master sends 2,000 persistent 128-byte messages a second for
+// b.N/2,000 seconds (at most 30 s), each carrying its send time, while
+// the consumers take and accept them; rows as in BenchmarkConsumeOwned
+// (one consumer at the master, one at a follower proxied to it, and,
+// with -consume-at-replicas, one on each broker). It reports the p50 and
+// p99 in microseconds. BERTH_BENCH_OWN_SLICE sets -own-slice.
+//
+//	go test ./server/clustertest -run '^$' -bench ConsumeOwnedLatency -benchtime 10000x
+func BenchmarkConsumeOwnedLatency(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	for _, flag := range []string{"off", "on"} {
+		var extra []string
+		if flag == "on" {
+			extra = []string{"-consume-at-replicas"}
+			if sl := os.Getenv("BERTH_BENCH_OWN_SLICE"); sl != "" {
+				extra = append(extra, "-own-slice", sl)
+			}
+		}
+		c := startReplicatedWith(b, ctx, 3, 3, 3, extra...)
+		queue := "bench-latency-" + flag
+		g, _, mnode, mconn := c.declare(queue, 3)
+		c.declareEverywhere(queue)
+		var fnode *node
+		for _, n := range c.nodes {
+			if n != mnode {
+				fnode = n
+				break
+			}
+		}
+		for _, n := range c.nodes {
+			for {
+				if role, _, err := c.role(n, g); err == nil && role != "" {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		rows := map[string][]*node{"master": {mnode}, "follower": {fnode}}
+		order := []string{"master", "follower"}
+		if flag == "on" {
+			rows, order = map[string][]*node{"spread": c.nodes}, []string{"spread"}
+		}
+		for _, name := range order {
+			b.Run("flag="+flag+"/at="+name, func(b *testing.B) {
+				n := min(b.N, 60000)
+				lat := make(chan time.Duration, n)
+				stop := make(chan struct{})
+				var wg sync.WaitGroup
+				for _, nd := range rows[name] {
+					conn := dial(b, ctx, nd.client)
+					defer conn.Close()
+					con, err := conn.Subscribe(ctx, queue, client.SubscribeOptions{Credit: 1000, AutoCredit: true})
+					if err != nil {
+						b.Fatal(err)
+					}
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						for {
+							dctx, dcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+							d, err := con.Next(dctx)
+							dcancel()
+							if err != nil {
+								select {
+								case <-stop:
+									return
+								default:
+									continue
+								}
+							}
+							sent := int64(binary.BigEndian.Uint64(d.Payload))
+							lat <- time.Duration(time.Now().UnixNano() - sent)
+							_ = con.AcceptAsync(ctx, []uint64{d.Tag}, func(error) {})
+						}
+					}()
+				}
+				b.ResetTimer()
+				payload := make([]byte, 128)
+				tick := time.NewTicker(time.Millisecond)
+				defer tick.Stop()
+				for sent := 0; sent < n; {
+					<-tick.C
+					for range 2 {
+						binary.BigEndian.PutUint64(payload, uint64(time.Now().UnixNano()))
+						if err := mconn.PublishAsync(ctx, "", queue, payload, client.PublishOptions{Persistent: true}, func(error) {}); err != nil {
+							b.Fatal(err)
+						}
+						sent++
+					}
+				}
+				var all []time.Duration
+				deadline := time.After(30 * time.Second)
+				for len(all) < n {
+					select {
+					case d := <-lat:
+						all = append(all, d)
+					case <-deadline:
+						b.Fatalf("%d of %d delivered", len(all), n)
+					}
+				}
+				b.StopTimer()
+				close(stop)
+				wg.Wait()
+				slices.Sort(all)
+				b.ReportMetric(float64(all[len(all)/2].Microseconds()), "p50-us")
+				b.ReportMetric(float64(all[len(all)*99/100].Microseconds()), "p99-us")
+			})
+		}
+	}
 }
