@@ -163,7 +163,7 @@ CHAOS ?= 5m
 CHAOS_SEED ?=
 CHAOS_DOUBLE ?=
 chaos:
-	BERTH_CHAOS=$(CHAOS) BERTH_CHAOS_SEED=$(CHAOS_SEED) BERTH_CHAOS_DOUBLE=$(CHAOS_DOUBLE) $(GO) test -count=1 -v -timeout 60m -run TestClusterChaos ./server/clustertest
+	BERTH_CHAOS=$(CHAOS) BERTH_CHAOS_SEED=$(CHAOS_SEED) BERTH_CHAOS_DOUBLE=$(CHAOS_DOUBLE) BERTH_CHAOS_ARGS="$(CHAOS_ARGS)" $(GO) test -count=1 -v -timeout 60m -run TestClusterChaos ./server/clustertest
 
 # The hostile-client suite (in make test too) and its long form: RSS with
 # 20 consumers that never read, with and without -outbound-max.

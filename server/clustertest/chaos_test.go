@@ -22,7 +22,8 @@ import (
 
 // chaosDefault is TestClusterChaos's run of faults in make test;
 // BERTH_CHAOS (a duration, e.g. 5m) runs it longer, BERTH_CHAOS_SEED
-// picks the fault schedule (the processes' timing is not replayable).
+// picks the fault schedule (the processes' timing is not replayable),
+// BERTH_CHAOS_ARGS adds berthd flags (make chaos CHAOS_ARGS=...).
 const chaosDefault = 6 * time.Second
 
 // chaosQueue is one replicated queue's workload and what became of it.
@@ -125,7 +126,11 @@ func TestClusterChaos(t *testing.T) {
 	const groups = 3
 	ctx, cancel := context.WithTimeout(context.Background(), run+4*time.Minute)
 	defer cancel()
-	c := startReplicatedWith(t, ctx, groups, 3, 3, "-group-rebalance", "2s")
+	args := []string{"-group-rebalance", "2s"}
+	if v := os.Getenv("BERTH_CHAOS_ARGS"); v != "" {
+		args = append(args, strings.Fields(v)...) // e.g. -consume-at-replicas
+	}
+	c := startReplicatedWith(t, ctx, groups, 3, 3, args...)
 	var seeds []string
 	for _, n := range c.nodes {
 		seeds = append(seeds, n.client)
