@@ -129,6 +129,24 @@ func (s *Server) serveInfo(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
+// groupMaster is group g's master as this broker's node knows it, 0 if
+// not known.
+func (s *Server) groupMaster(g uint32) uint32 {
+	m := s.groups.Load()
+	if m == nil {
+		return 0
+	}
+	n := m.Node()
+	if n == nil {
+		return 0
+	}
+	st, err := n.Status(g)
+	if err != nil {
+		return 0
+	}
+	return st.Master
+}
+
 // queueStats is one row of /v1/queues/stats.
 type queueStats struct {
 	Name         string `json:"name"`
@@ -145,6 +163,10 @@ type queueStats struct {
 	Accepted     uint64 `json:"accepted"`
 	DeadLettered uint64 `json:"dead_lettered"`
 	Expired      uint64 `json:"expired"`
+	// Owner is the broker that hands a replicated queue's messages out
+	// (its group's master unless an own event moved it; shards/own.go);
+	// absent for a queue on this broker alone or an unknown master.
+	Owner uint32 `json:"owner,omitempty"`
 }
 
 // serveQueueStats is /v1/queues/stats: one shards.Broker.Metrics round
@@ -185,6 +207,12 @@ func (s *Server) serveQueueStats(w http.ResponseWriter, r *http.Request) {
 			}
 			if rq := routing.Queue([]byte(q.Name)); rq != nil {
 				row.Durable = rq.Options.Durable
+			}
+			if q.Replicated {
+				row.Owner = q.Owner
+				if row.Owner == 0 {
+					row.Owner = s.groupMaster(q.Group)
+				}
 			}
 			ready += q.Ready
 			unacked += q.Unacked

@@ -33,7 +33,7 @@ type shardCollector struct {
 	qPublished, qDelivered, qAccepted, qDeadLettered, qExpired                   *prometheus.Desc
 	ringFull, storeErrors, droppedDeadLetters, duplicates, recovery, recoveredMs *prometheus.Desc
 	acquiresEvents, releasesEvents, inherited                                    *prometheus.Desc
-	ownEvents                                                                    *prometheus.Desc
+	ownEvents, ownedSeconds                                                      *prometheus.Desc
 	fsyncs, recordsPerFsync, fsyncSeconds, appends, segments                     *prometheus.Desc
 	diskBytes, liveBytes, journalFailed                                          *prometheus.Desc
 	memLimit, memUsed, memPaged, memThrottled, memThrottles                      *prometheus.Desc
@@ -77,6 +77,7 @@ func newShardCollector(s *Server) *shardCollector {
 		duplicates:         d("berth_shard_publish_duplicates_total", "Publishes the shard's queues skipped as retries of an enqueue they had applied (same producer id, sequence number not newer).", sh),
 		acquiresEvents:     d("berth_shard_acquires_events_total", "Acquires events the shard proposed as master of replicated queues' groups: each records deliveries, which go out once it commits.", sh),
 		releasesEvents:     d("berth_shard_releases_events_total", "Releases events the shard proposed as master of replicated queues' groups: acquired messages put back.", sh),
+		ownedSeconds:       d("berth_shard_owned_seconds_total", "Time this broker owned replicated queues whose group it does not master (consumers served at replicas, -consume-at-replicas), summed over the queues, counted at the shard's ticks.", sh),
 		ownEvents:          d("berth_shard_own_events_total", "Own events the shard applied: handovers of replicated queues from one owner broker to another, and queues taken back from an owner that went silent.", sh),
 		inherited:          d("berth_shard_inherited_redeliveries_total", "Messages the shard requeued, flagged redelivered, on becoming master of a replicated queue's group, because an earlier master had handed them out and nobody settled them.", sh),
 		recovery:           d("berth_shard_recovery_seconds", "How long the shard's journal recovery took at start.", sh),
@@ -106,7 +107,7 @@ func (c *shardCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.qDepth, c.qReady, c.qUnacked, c.qDelayed, c.qConsumers, c.qBytes,
 		c.qPublished, c.qDelivered, c.qAccepted, c.qDeadLettered, c.qExpired,
 		c.ringFull, c.storeErrors, c.droppedDeadLetters, c.duplicates, c.recovery, c.recoveredMs,
-		c.acquiresEvents, c.releasesEvents, c.inherited, c.ownEvents,
+		c.acquiresEvents, c.releasesEvents, c.inherited, c.ownEvents, c.ownedSeconds,
 		c.fsyncs, c.recordsPerFsync, c.fsyncSeconds, c.appends, c.segments,
 		c.diskBytes, c.liveBytes, c.journalFailed,
 		c.memLimit, c.memUsed, c.memPaged, c.memThrottled, c.memThrottles, c.pageOuts, c.pageIns, c.pageErrors} {
@@ -171,6 +172,7 @@ func (c *shardCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.releasesEvents, m.Stats.ReleasesEvents, shard)
 		counter(c.inherited, m.Stats.Inherited, shard)
 		counter(c.ownEvents, m.Stats.OwnEvents, shard)
+		ch <- prometheus.MustNewConstMetric(c.ownedSeconds, prometheus.CounterValue, float64(m.Stats.OwnedNanos)/1e9, shard)
 		mem := &m.Memory
 		gauge(c.memLimit, float64(mem.LimitBytes), shard)
 		gauge(c.memUsed, float64(mem.UsedBytes), shard)

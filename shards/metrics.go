@@ -41,6 +41,11 @@ type QueueMetrics struct {
 	Accepted     uint64
 	DeadLettered uint64 // dead-lettered or discarded: rejected, expired, over a limit
 	Expired      uint64
+	// Replicated queues: the group, and the owner broker (own.go; 0 for
+	// the group's master, whoever it is).
+	Replicated bool
+	Group      uint32
+	Owner      uint32
 }
 
 // ShardMetrics are one shard's numbers, all taken at one instant on the
@@ -170,7 +175,11 @@ func (s *Shard) metrics(sel QueueSelect) ShardMetrics {
 			Name: q.Name, Ready: q.Ready(), Unacked: q.Unacked(), Delayed: q.Delayed(), Consumers: len(q.consumers), Bytes: q.totalBytes,
 			Published: c.Enqueued - c.Recovered, Delivered: c.Delivered, Accepted: c.Acked,
 			DeadLettered: c.DeadLettered, Expired: c.Expired,
+			Replicated: q.replicated, Group: q.group,
 		})
+		if rs := q.rare; rs != nil && q.replicated {
+			m.Queues[len(m.Queues)-1].Owner = rs.ownedBy
+		}
 		if len(m.Queues) == listed {
 			break
 		}

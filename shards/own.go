@@ -151,6 +151,11 @@ func (s *Shard) tickOwnership() {
 		return
 	}
 	self := r.Self()
+	dt := s.now - s.ownTick
+	if s.ownTick == 0 || dt < 0 {
+		dt = 0
+	}
+	s.ownTick = s.now
 	keep := s.ownWatch[:0]
 	for _, q := range s.ownWatch {
 		rs := q.rare
@@ -159,6 +164,9 @@ func (s *Shard) tickOwnership() {
 				rs.ownWatched = false
 			}
 			continue
+		}
+		if rs.ownedBy == self && !s.hasMastered(q.group) {
+			s.stats.OwnedNanos += uint64(dt)
 		}
 		if rs.heldReady > 0 && s.leased(q) {
 			for _, con := range q.consumers {

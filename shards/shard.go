@@ -85,6 +85,7 @@ type Shard struct {
 	ownWatch []*Queue
 	foreign  []*Queue
 	ownTicks int
+	ownTick  int64 // s.now at the last tickOwnership
 	// localAcq is set while this broker settles its own consumers'
 	// acquisitions (a removal it proposes, stamped if it is not the
 	// master), fromLog while it applies another broker's stamped
@@ -147,8 +148,10 @@ type ShardStats struct {
 	// master because an earlier master had handed them out (acquire.go).
 	AcquiresEvents, ReleasesEvents, Inherited uint64
 	// OwnEvents counts the own events applied: the handovers of
-	// replicated queues (own.go).
-	OwnEvents uint64
+	// replicated queues (own.go). OwnedNanos is the time this broker
+	// owned replicated queues it does not master the group of, summed
+	// over those queues that had consumers here, counted at ticks.
+	OwnEvents, OwnedNanos uint64
 }
 
 // deferredMax bounds dead letters waiting for room in another shard's

@@ -3,6 +3,9 @@ package clustertest
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"regexp"
 	"strconv"
 	"sync"
 	"syscall"
@@ -165,6 +168,30 @@ func TestOwnershipFairness(t *testing.T) {
 			}
 			t.Logf("per broker: %v; %d handovers, owner now %d", per, q.Handovers, q.Owner)
 		}
+	}
+	// The console's rows and the metrics show it too.
+	var stats struct {
+		Queues []struct {
+			Name  string
+			Owner uint32
+		}
+	}
+	if err := c.getJSON(c.nodes[1], "/v1/queues/stats", &stats); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range stats.Queues {
+		if q.Name == queue && q.Owner == 0 {
+			t.Fatalf("/v1/queues/stats at %s shows no owner of %s", c.nodes[1].name, queue)
+		}
+	}
+	resp, err := http.Get("http://" + c.admins[c.nodes[1]] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !regexp.MustCompile(`(?m)^berth_shard_own_events_total\{[^}]*\} [1-9]`).Match(body) {
+		t.Fatalf("%s's metrics count no own event:\n%s", c.nodes[1].name, regexp.MustCompile(`(?m)^berth_shard_own.*$`).FindAll(body, -1))
 	}
 }
 

@@ -302,6 +302,7 @@
       num("ready", q.ready, fmtInt(q.ready));
       num("unacked", q.unacked, fmtInt(q.unacked));
       num("consumers", q.consumers, fmtInt(q.consumers));
+      tr.appendChild(el("td", { "data-col": "owner", title: "the broker that hands this replicated queue's messages out" }, q.owner ? String(q.owner) : "-"));
       num("pubRate", q.pubRate, fmtRate(q.pubRate));
       num("delRate", q.delRate, fmtRate(q.delRate));
       num("accRate", q.accRate, fmtRate(q.accRate));
