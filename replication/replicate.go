@@ -432,6 +432,14 @@ func (r *Replicator) HoldsReplica(g uint32) bool {
 	return n != nil && n.Holds(g)
 }
 
+// Applied is shards.Replicator's.
+func (r *Replicator) Applied(g uint32) uint64 {
+	if n := r.node(); n != nil {
+		return n.Applied(g)
+	}
+	return 0
+}
+
 // Self is shards.Replicator's.
 func (r *Replicator) Self() uint32 { return r.self }
 
@@ -716,7 +724,7 @@ func (r *Replicator) applyWant(g uint32, index uint64, w *event.Want) {
 		return
 	}
 	b, withdraw, tag := w.Broker, w.Withdraw, w.Stamp.Tag
-	_ = r.broker.Shards()[q.Shard()].PushCall(r.ctx, func(sh *shards.Shard) { sh.ApplyWant(q, b, withdraw, tag) })
+	_ = r.broker.Shards()[q.Shard()].PushCall(r.ctx, func(sh *shards.Shard) { sh.ApplyWant(q, b, withdraw, tag, index) })
 }
 
 // dropOwnTrack retires what is in effect of queue name's ownership: the

@@ -78,7 +78,9 @@ type Config struct {
 	PagingDir string
 	// OwnSlice is how long a broker that owns a replicated queue keeps it
 	// while another broker wants it (own.go); 0 means OwnSliceDefault.
-	OwnSlice time.Duration
+	// OwnRefresh is ShardConfig.OwnRefresh.
+	OwnSlice   time.Duration
+	OwnRefresh uint64
 }
 
 // Router resolves an exchange and routing key to queues. The wiring layer
@@ -138,7 +140,7 @@ func New(cfg Config) *Broker {
 	}
 	b := &Broker{cfg: cfg, log: cfg.Logger, hooks: Hooks{Router: noRouter{}, AutoDeleted: func(*Queue) {}}}
 	for i := 0; i < cfg.Shards; i++ {
-		b.shards = append(b.shards, newShard(i, b, ShardConfig{RingSize: cfg.RingSize, CreditMax: cfg.CreditMax, Logger: cfg.Logger, OwnSlice: cfg.OwnSlice}))
+		b.shards = append(b.shards, newShard(i, b, ShardConfig{RingSize: cfg.RingSize, CreditMax: cfg.CreditMax, Logger: cfg.Logger, OwnSlice: cfg.OwnSlice, OwnRefresh: cfg.OwnRefresh}))
 	}
 	return b
 }

@@ -53,6 +53,10 @@ import (
 // OwnSliceDefault is ShardConfig.OwnSlice's default.
 const OwnSliceDefault = 200 * time.Millisecond
 
+// OwnRefreshDefault is ShardConfig.OwnRefresh's default: about what a
+// group log compacts in (replication/groups compactEveryDefault).
+const OwnRefreshDefault = 4096
+
 // ownWatchEvery is how many ticks apart a master looks for owners and
 // holders of acquisitions that went silent.
 const ownWatchEvery = 10
@@ -210,6 +214,7 @@ func (s *Shard) tickOwnership() {
 		return
 	}
 	s.ownTicks = 0
+	s.refreshOwnership(r)
 	keepF := s.foreign[:0]
 	for _, q := range s.foreign {
 		rs := q.rare
@@ -243,6 +248,52 @@ func (s *Shard) tickOwnership() {
 	}
 	clear(s.foreign[len(keepF):])
 	s.foreign = keepF
+}
+
+// listRefresh lists q for refreshOwnership, once.
+func (s *Shard) listRefresh(q *Queue) {
+	rs := q.rareState()
+	if !rs.refreshListed {
+		rs.refreshListed = true
+		s.refresh = append(s.refresh, q)
+	}
+}
+
+// refreshOwnership states again the own and want events in effect that
+// this broker is the proposer of, once their group's log has moved
+// OwnRefresh entries past them: an event in effect is never compacted
+// (replication's ownTrack), and would keep every entry after it; its
+// restatement supersedes it. The queue's owner (its master, for an own
+// event that gave the queue back to the master) restates its own event,
+// once nothing of it is in flight (it bumps the ownership number); a
+// broker that still wants a queue, its want.
+func (s *Shard) refreshOwnership(r Replicator) {
+	every := s.cfg.OwnRefresh
+	if every == 0 {
+		every = OwnRefreshDefault
+	}
+	self := r.Self()
+	keep := s.refresh[:0]
+	for _, q := range s.refresh {
+		rs := q.rare
+		if q.deleted || rs == nil || rs.ownIndex == 0 && rs.wantIndex == 0 {
+			if rs != nil {
+				rs.refreshListed = false
+			}
+			continue
+		}
+		keep = append(keep, q)
+		at := r.Applied(q.group)
+		mine := rs.ownedBy == self || rs.ownedBy == 0 && s.masters(q)
+		if mine && rs.ownIndex != 0 && at > rs.ownIndex+every && !rs.handing && !rs.ownInFlight && quiet(q) {
+			s.proposeOwn(q, rs.ownedBy, 0)
+		}
+		if rs.wantIndex != 0 && at > rs.wantIndex+every && rs.wantInFlight == 0 && slices.Contains(rs.wanters, self) {
+			s.proposeWant(q, false)
+		}
+	}
+	clear(s.refresh[len(keep):])
+	s.refresh = keep
 }
 
 // ownSlice is the time an owner keeps a queue while another broker
@@ -466,8 +517,9 @@ func (s *Shard) ApplyOwn(q *Queue, o *event.Own, index uint64) {
 		}
 		s.requeueHeldBy(q, o.Requeue)
 	}
-	rs.ownedBy, rs.ownGen = o.Owner, o.Gen
+	rs.ownedBy, rs.ownGen, rs.ownIndex = o.Owner, o.Gen, index
 	rs.window, rs.handing = 0, false
+	s.listRefresh(q)
 	s.stats.OwnEvents++
 	if s.owns(q) {
 		rs.ownedAt = s.now
@@ -489,9 +541,17 @@ func (s *Shard) listForeign(q *Queue) {
 	}
 }
 
-// ApplyWant applies a committed want event of replicated queue q.
-func (s *Shard) ApplyWant(q *Queue, broker uint32, withdraw bool, tag uint64) {
+// ApplyWant applies a committed want event of replicated queue q, at
+// log index.
+func (s *Shard) ApplyWant(q *Queue, broker uint32, withdraw bool, tag, index uint64) {
 	rs := q.rareState()
+	if broker == s.self() {
+		rs.wantIndex = 0
+		if !withdraw {
+			rs.wantIndex = index
+			s.listRefresh(q)
+		}
+	}
 	if w, mine := s.ownApplied(q, event.Stamp{Broker: broker, Tag: tag}); mine {
 		defer s.ownOutcome(q, tag, w, nil)
 	}

@@ -41,12 +41,13 @@ type ownSim struct {
 	// bodies maps a Seq to its message; removed marks messages no
 	// member holds any more; seen counts deliveries; revoked is set once
 	// an own event took a lost broker's queue (flags may then over-count).
-	bodies  map[uint64]string
-	removed map[string]bool
-	seen    map[string]int
-	revoked bool
-	trace   []string
-	sessID  uint64
+	bodies    map[uint64]string
+	removed   map[string]bool
+	seen      map[string]int
+	revoked   bool
+	trace     []string
+	sessID    uint64
+	refreshes int
 	// committed holds every committed event by index, for a resync.
 	committed map[uint64]ownEvent
 }
@@ -90,6 +91,7 @@ func (r *ownRepl) Self() uint32           { return r.b.id }
 func (r *ownRepl) Owning(uint32) bool     { return r.b.id != 1 && !r.b.frozen && !r.b.thawing }
 func (r *ownRepl) Live(_, b uint32) bool  { return !r.d.bs[b-1].frozen }
 func (r *ownRepl) Resync(uint32, uint64)  { r.b.resync = true }
+func (r *ownRepl) Applied(uint32) uint64  { return r.d.index - uint64(len(r.b.backlog)) }
 func (r *ownRepl) propose(ev ownEvent) error {
 	ev.from = r.b.id
 	if r.b.id == 1 {
@@ -128,7 +130,7 @@ func newOwnSim(t *testing.T, seed int64) *ownSim {
 	}
 	for i := range 3 {
 		br := New(Config{Shards: 1, RingSize: 1024, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			OwnSlice: time.Duration(1+d.rng.Intn(5)) * time.Millisecond})
+			OwnSlice: time.Duration(1+d.rng.Intn(5)) * time.Millisecond, OwnRefresh: uint64(20 + d.rng.Intn(40))})
 		s := br.shards[0]
 		q := NewQueue("rq", QueueOptions{Durable: true, MaxDeliveries: maxDeliveries}, 0, &s.pool)
 		q.replicated, q.group = true, 1
@@ -234,6 +236,9 @@ func (d *ownSim) commit() {
 			d.fatalf("own: %v", err)
 		}
 		m := d.bs[0]
+		if o.Requeue == 0 && o.Gen > m.q.rareState().ownGen && o.Owner == m.q.rareState().ownedBy {
+			d.refreshes++ // an own event stated again (refreshOwnership)
+		}
 		if o.Requeue != 0 && o.Gen > m.q.rareState().ownGen {
 			lost = o.Requeue
 			before = map[uint64]uint32{}
@@ -341,7 +346,7 @@ func (d *ownSim) apply(b *ownBroker, ev ownEvent) {
 	case event.KindWant:
 		var w event.Want
 		_ = w.Decode(ev.data)
-		s.ApplyWant(q, w.Broker, w.Withdraw, w.Stamp.Tag)
+		s.ApplyWant(q, w.Broker, w.Withdraw, w.Stamp.Tag, ev.index)
 	}
 	d.loop(b)
 }
@@ -663,7 +668,7 @@ func TestOwnershipSimulation(t *testing.T) {
 		}
 		first, seeds = n, 1
 	}
-	handovers := 0
+	handovers, refreshes := 0, 0
 	for seed := first; seed < first+int64(seeds); seed++ {
 		ok := t.Run(strconv.FormatInt(seed, 10), func(t *testing.T) {
 			d := newOwnSim(t, seed)
@@ -676,13 +681,14 @@ func TestOwnershipSimulation(t *testing.T) {
 			}
 			d.drain()
 			handovers += int(d.bs[0].q.rareState().ownGen)
+			refreshes += d.refreshes
 		})
 		if !ok {
 			t.Fatalf("seed %d failed; replay it with BERTH_OWN_SIM_SEED=%d", seed, seed)
 		}
 	}
-	if handovers == 0 {
-		t.Fatal("no schedule moved the queue's ownership")
+	if handovers == 0 || refreshes == 0 {
+		t.Fatalf("%d own events (%d of them restated) over %d schedules: the schedules must move the queue and restate its ownership", handovers, refreshes, seeds)
 	}
-	t.Logf("%d own events over %d schedules", handovers, seeds)
+	t.Logf("%d own events (%d of them restated) over %d schedules", handovers, refreshes, seeds)
 }

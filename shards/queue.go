@@ -379,6 +379,12 @@ type queueRare struct {
 	removeDone      []func(error)
 	removesInFlight int
 	ownWatched      bool // on Shard.ownWatch
+	// ownIndex is the log index of the own event in effect, wantIndex
+	// that of this broker's want in effect: each stays in the group log
+	// (compaction stops at it) until superseded, so their proposer
+	// states them again once the log has moved on far (refreshOwnership).
+	ownIndex, wantIndex uint64
+	refreshListed       bool // on Shard.refresh
 	// heldReady is the last acquires event of this owner that committed
 	// while it was not delivering: its held deliveries wait for the
 	// owner's lease (own.go).

@@ -68,6 +68,9 @@ type Replicator interface {
 	// broker, g's master, recently enough to keep the queues it owns and
 	// the messages it holds (true if this broker is not g's master).
 	Live(g, b uint32) bool
+	// Applied is the index of the last entry of group g this broker
+	// applied, 0 if not known. Cheap, as Delivering.
+	Applied(g uint32) uint64
 	// Resync makes this broker drop its copies of group g's queues and
 	// apply g's log again: at index it applied an own event by which the
 	// group took back what this broker owned (own.go).
@@ -441,7 +444,7 @@ func resetGroup(g uint32) func(*Shard) {
 				for _, d := range rs.removeDone {
 					d(lost)
 				}
-				rs.ownedBy, rs.ownGen, rs.wanters, rs.acqBy = 0, 0, nil, nil
+				rs.ownedBy, rs.ownGen, rs.wanters, rs.acqBy, rs.ownIndex, rs.wantIndex = 0, 0, nil, nil, 0, 0
 				rs.handing, rs.ownInFlight, rs.wantInFlight, rs.heldReady, rs.maybeAcq = false, false, 0, 0, nil
 				rs.removingBy, rs.removeDone, rs.removesInFlight = nil, nil, 0
 			}

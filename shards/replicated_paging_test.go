@@ -85,6 +85,7 @@ func (r *journalReplicator) Self() uint32          { return 1 }
 func (r *journalReplicator) Owning(uint32) bool    { return false }
 func (r *journalReplicator) Live(_, _ uint32) bool { return true }
 func (r *journalReplicator) Resync(uint32, uint64) {}
+func (r *journalReplicator) Applied(uint32) uint64 { return 0 }
 
 func (r *journalReplicator) ReadEnqueue(_ *Queue, _ uint64, pos uint64, dst []byte) (*Body, []byte, error) {
 	rec, err := r.j.ReadAhead(journal.Pos(pos), &r.win, dst[:0])

@@ -47,6 +47,10 @@ type ShardConfig struct {
 	// OwnSlice is how long an owner of a replicated queue keeps it while
 	// another broker wants it (own.go); 0 means OwnSliceDefault.
 	OwnSlice time.Duration
+	// OwnRefresh is how many entries a group's log may move past an own
+	// or want event in effect before its proposer states it again (so
+	// that compaction can pass the old one); 0 means OwnRefreshDefault.
+	OwnRefresh uint64
 }
 
 // Shard owns a set of queues and runs them on one goroutine.
@@ -86,6 +90,9 @@ type Shard struct {
 	foreign  []*Queue
 	ownTicks int
 	ownTick  int64 // s.now at the last tickOwnership
+	// refresh lists the queues with an own or want event in effect
+	// (queueRare.ownIndex, wantIndex).
+	refresh []*Queue
 	// localAcq is set while this broker settles its own consumers'
 	// acquisitions (a removal it proposes, stamped if it is not the
 	// master), fromLog while it applies another broker's stamped

@@ -289,6 +289,8 @@ type member struct {
 	// changed, so that other goroutines read it whole.
 	ownUntil atomic.Int64
 	silent   atomic.Pointer[[]uint32]
+	// applied mirrors m.Applied() for the shards (Applied).
+	applied atomic.Uint64
 	// resynced is the highest index of an entry at which this member
 	// applied its log again for an ownership it lost (Resync).
 	resynced uint64
@@ -803,6 +805,16 @@ func (n *Node) Delivering(g uint32) bool {
 	return now >= mb.deliverFrom.Load() && now < mb.deliverUntil.Load()
 }
 
+// Applied is the index of the last entry of group g this node applied
+// (as of its last step), 0 if it holds no replica. Safe from any
+// goroutine.
+func (n *Node) Applied(g uint32) uint64 {
+	if mb := n.members[g]; mb != nil {
+		return mb.applied.Load()
+	}
+	return 0
+}
+
 // Holds reports whether this node holds a replica of group g.
 func (n *Node) Holds(g uint32) bool { return n.members[g] != nil }
 
@@ -1087,6 +1099,7 @@ func (n *Node) ready(mb *member) {
 // member, so a fence or a lease passing is seen within a tick here; the
 // shards compare the window with their own clock meanwhile.
 func (n *Node) publishLease(mb *member) {
+	mb.applied.Store(mb.m.Applied())
 	if h := mb.m.HeardFromMaster(); h != 0 {
 		mb.ownUntil.Store(h + int64(n.cfg.LagTicks)*int64(n.cfg.Tick)/2)
 	} else {
