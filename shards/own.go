@@ -390,12 +390,13 @@ func (s *Shard) ownOutcome(q *Queue, tag uint64, w acqWait, err error) {
 			// Not proposed, or its outcome unknown: proposed again (a
 			// removal applies once).
 			if !q.deleted && CodeOf(err) != wire.CodeShutdown {
+				// The messages are gone here: the removal must reach the
+				// log, and is proposed again (at the next tick, not at
+				// once). The settle is answered now, with the failure
+				// (unavailable, or outcome-unknown), as a master's is:
+				// it may have taken effect, and will.
 				rs.removingBy = append(rs.removingBy, w.seqs...)
-				if w.done != nil {
-					rs.removeDone = append(rs.removeDone, w.done)
-				}
-				s.acqRetry = append(s.acqRetry, q) // at the next tick, not at once
-				return
+				s.acqRetry = append(s.acqRetry, q)
 			}
 		}
 		if w.done != nil {
