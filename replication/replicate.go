@@ -694,6 +694,10 @@ func (r *Replicator) applyOwn(g uint32, index uint64, o *event.Own) {
 			r.retire(g, t.index)
 		}
 		t.gen, t.index = o.Gen, index
+		if i, ok := t.wants[o.Owner]; ok && o.Owner != 0 {
+			r.retire(g, i) // the new owner wants it no more (shards.Shard.ApplyOwn)
+			delete(t.wants, o.Owner)
+		}
 	}
 	q := r.wiring.Queue(o.Queue)
 	if q == nil {

@@ -179,10 +179,12 @@ func (s *Shard) tickOwnership() {
 			rs.heldReady = 0
 		}
 		credit := hasCredit(q)
-		// This broker's want follows its consumers' credit.
+		// This broker wants the queue while its consumers have credit
+		// and it does not own it (an own event that gives a broker the
+		// queue ends its want, on every member: ApplyOwn).
 		wanted := slices.Contains(rs.wanters, self)
-		if rs.wantInFlight == 0 && credit != wanted && (credit || len(q.consumers) == 0 || wanted) {
-			s.proposeWant(q, !credit)
+		if desire := credit && !s.owns(q); rs.wantInFlight == 0 && desire != wanted {
+			s.proposeWant(q, !desire)
 		}
 		if s.owns(q) {
 			others := len(rs.wanters) > 0 && (len(rs.wanters) > 1 || rs.wanters[0] != self)
@@ -519,6 +521,12 @@ func (s *Shard) ApplyOwn(q *Queue, o *event.Own, index uint64) {
 		s.requeueHeldBy(q, o.Requeue)
 	}
 	rs.ownedBy, rs.ownGen, rs.ownIndex = o.Owner, o.Gen, index
+	if i, found := slices.BinarySearch(rs.wanters, o.Owner); found && o.Owner != 0 {
+		rs.wanters = slices.Delete(rs.wanters, i, i+1) // it has what it wanted
+		if o.Owner == self {
+			rs.wantIndex = 0
+		}
+	}
 	rs.window, rs.handing = 0, false
 	s.listRefresh(q)
 	s.stats.OwnEvents++

@@ -692,3 +692,43 @@ func TestOwnershipSimulation(t *testing.T) {
 	}
 	t.Logf("%d own events (%d of them restated) over %d schedules", handovers, refreshes, seeds)
 }
+
+// TestOwnerStaysPutProposesNothing: consumers on the queue's owner only
+// (the master, and then a broker the queue passed to): no want or own
+// event enters the log, whatever their credit does.
+func TestOwnerStaysPutProposesNothing(t *testing.T) {
+	d := newOwnSim(t, 1)
+	count := func() (n int) {
+		for _, ev := range d.committed {
+			if ev.kind == event.KindOwn || ev.kind == event.KindWant {
+				n++
+			}
+		}
+		return n
+	}
+	m := d.bs[0]
+	c := d.subscribe(m, 3, false)
+	for i := range 400 {
+		d.now += int64(time.Millisecond)
+		switch i % 4 {
+		case 0:
+			d.publish()
+		case 1:
+			d.quiesce()
+		case 2:
+			for len(c.tags) > 0 {
+				d.settle(m, c, SettleAccept)
+			}
+		case 3:
+			m.s.handleCmd(Credit{Sess: c.sess, ConsumerID: c.id, Credit: uint32(i % 3)}.Command())
+		}
+		d.loopAll()
+	}
+	d.quiesce()
+	if n := count(); n != 0 {
+		t.Fatalf("%d want or own events with every consumer at the master", n)
+	}
+	if d.seen["m0"] == 0 {
+		t.Fatal("nothing was delivered")
+	}
+}
