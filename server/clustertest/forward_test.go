@@ -409,7 +409,7 @@ func TestProxiedConsumerMasterKilled(t *testing.T) {
 	const groups, total, accepted, held = 3, 300, 100, 50
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	c := startReplicated(t, ctx, groups)
+	c := startProxying(t, ctx, groups)
 	const queue = "proxied"
 	g, master, mnode, mconn := c.declare(queue, groups)
 	c.declareEverywhere(queue)
@@ -481,7 +481,7 @@ func TestProxiedConsumerMasterFrozen(t *testing.T) {
 	const groups, total, accepted = 3, 100, 10
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	c := startReplicated(t, ctx, groups)
+	c := startProxying(t, ctx, groups)
 	const queue = "proxied-frozen"
 	g, master, mnode, mconn := c.declare(queue, groups)
 	c.declareEverywhere(queue)

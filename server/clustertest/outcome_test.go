@@ -48,7 +48,7 @@ func TestOutcomeUnknownMasterFrozen(t *testing.T) {
 	const groups = 3
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	c := startReplicatedWith(t, ctx, groups, 3, 0, "-controller-broker-timeout", "60s")
+	c := startReplicatedWith(t, ctx, groups, 3, 0, "-controller-broker-timeout", "60s", "-consume-at-replicas=false")
 	const queue = "outcome-frozen"
 	_, _, mnode, mconn := c.declare(queue, groups)
 	c.declareEverywhere(queue)

@@ -39,7 +39,7 @@ func BenchmarkConsumeOwned(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	for _, flag := range []string{"off", "on"} {
-		var extra []string
+		extra := []string{"-consume-at-replicas=false"}
 		if flag == "on" {
 			extra = []string{"-consume-at-replicas"}
 			if sl := os.Getenv("BERTH_BENCH_OWN_SLICE"); sl != "" {
@@ -183,7 +183,7 @@ func BenchmarkConsumeOwnedLatency(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	for _, flag := range []string{"off", "on"} {
-		var extra []string
+		extra := []string{"-consume-at-replicas=false"}
 		if flag == "on" {
 			extra = []string{"-consume-at-replicas"}
 			if sl := os.Getenv("BERTH_BENCH_OWN_SLICE"); sl != "" {

@@ -35,7 +35,7 @@ func TestProxiedConsumerCancelledOnMasterKill(t *testing.T) {
 	const groups, total, accepted, held = 3, 120, 40, 10
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
-	c := startReplicated(t, ctx, groups)
+	c := startProxying(t, ctx, groups)
 	const plainQ = "cancel-plain"
 	g, master, mnode, mconn := c.declare(plainQ, groups)
 	reconQ := ""

@@ -35,6 +35,15 @@ func startReplicated(t testing.TB, ctx context.Context, groups uint32) *rcluster
 	return startReplicatedN(t, ctx, groups, 3, 0)
 }
 
+// startProxying is startReplicated with -consume-at-replicas=false: a
+// consumer at a follower is proxied to the group's master, as one at a
+// broker outside the group's replica set always is. The tests of the
+// proxy's behaviour run on it.
+func startProxying(t testing.TB, ctx context.Context, groups uint32) *rcluster {
+	t.Helper()
+	return startReplicatedWith(t, ctx, groups, 3, 0, "-consume-at-replicas=false")
+}
+
 // startReplicatedN is startReplicated with brokers brokers (each embedding
 // a controller member) and replicas brokers per group (0: the default).
 func startReplicatedN(t testing.TB, ctx context.Context, groups uint32, brokers int, replicas uint32) *rcluster {
