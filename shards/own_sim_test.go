@@ -646,12 +646,12 @@ func (d *ownSim) drain() {
 }
 
 // TestOwnershipSimulation runs seeded schedules of ownSim: 2,000 in the
-// plain pass, 300 under -short. BERTH_OWN_SIM_SEED replays one;
+// plain pass (about 7 s), 100 under -short. BERTH_OWN_SIM_SEED replays one;
 // BERTH_OWN_SIM_SEEDS runs that many.
 func TestOwnershipSimulation(t *testing.T) {
 	seeds, steps := 2000, 400
 	if testing.Short() {
-		seeds = 300
+		seeds = 100 // the race pass: about 4 s
 	}
 	first := int64(1)
 	if s := os.Getenv("BERTH_OWN_SIM_SEEDS"); s != "" {
