@@ -210,7 +210,7 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.StringVar(&f.controllerID, "controller-id", "", "this node's id in -controller-peers")
 	fs.StringVar(&f.controllerPeers, "controller-peers", "", "controller group members as id=host:port,... (1, 3 or 5), this node included; overrides -controller")
 	fs.BoolVar(&f.join, "controller-join", false, "start this controller member to be added to a running group (then run 'berthctl members add ID=ADDR'); -controller-peers lists this node and the members it knows")
-	fs.BoolVar(&f.consumeAtReplicas, "consume-at-replicas", true, "serve a consumer of a replicated queue on its own broker when that broker holds a replica of the queue's group, taking the queue's ownership in turns with the other brokers that consume it (false: proxy it to the group's master)")
+	fs.BoolVar(&f.consumeAtReplicas, "consume-at-replicas", false, "serve a consumer of a replicated queue on its own broker when that broker holds a replica of the queue's group, taking the queue's ownership in turns with the other brokers that consume it, rather than proxying it to the group's master (experimental)")
 	fs.DurationVar(&f.ownSlice, "own-slice", shards.OwnSliceDefault, "how long a broker that owns a replicated queue keeps it while consumers on another broker wait for it (with -consume-at-replicas)")
 	fs.BoolVar(&f.leaseRead, "controller-lease-read", false, "serve the controller's consistent reads from the leader's lease instead of a heartbeat round each; relies on bounded clock drift")
 	fs.DurationVar(&f.controllerWait, "controller-wait", server.ControllerWaitDefault, "how long a broker with a member of a 3- or 5-member controller group waits at start for the group to elect a leader before it gives up")
