@@ -506,9 +506,21 @@ func (s *Shard) ApplyOwn(q *Queue, o *event.Own, index uint64) {
 	self := s.self()
 	if o.Requeue != 0 && o.Requeue == self && !s.hasMastered(q.group) {
 		// This broker lost what it owned: what it did ahead of the log
-		// is void (own.go).
+		// is void. Its copies of the group's queues here go now (its
+		// settles in flight fail, and none of its events applied from
+		// here on counts as its own), and the node applies the group's
+		// log again, which resets its other shards too.
 		if r := s.broker.loadReplicator(); r != nil {
 			r.Resync(q.group, index)
+		}
+		if s.revokedAt == nil {
+			s.revokedAt = map[uint32]uint64{}
+		}
+		if s.revokedAt[q.group] < index {
+			// (Once: applied again, the event takes its course below.)
+			s.revokedAt[q.group] = index
+			resetGroup(q.group)(s)
+			return
 		}
 	}
 	lost := o.Requeue != 0 && o.Requeue == rs.ownedBy
@@ -675,10 +687,27 @@ func (s *Shard) proposeRemovesBy(q *Queue, done func(error)) error {
 func (s *Shard) ApplyRemovesBy(q *Queue, seqs []uint64, st event.Stamp) {
 	rs := q.rareState()
 	if w, mine := s.ownApplied(q, st); mine {
+		// It counts for the messages this broker holds in the log, and
+		// for those no broker holds while it owns the queue under st's
+		// number, as on every member; a message taken back from it
+		// meanwhile was not removed, and the settle fails.
+		owner := rs.ownedBy == st.Broker && rs.ownGen == st.Gen
+		var err error
 		for _, seq := range seqs {
-			delete(rs.acqBy, seq)
+			if by, held := rs.acqBy[seq]; held && by == st.Broker || !held && owner {
+				delete(rs.acqBy, seq)
+				continue
+			}
+			err = Errorf(wire.CodeOutcomeUnknown, "queue %q was taken back from this broker before its accept reached the group; the message was requeued", q.Name)
 		}
-		s.ownOutcome(q, st.Tag, w, nil)
+		if err == nil {
+			s.ownOutcome(q, st.Tag, w, nil)
+			return
+		}
+		rs.removesInFlight-- // (not proposed again: it cannot count)
+		if w.done != nil {
+			w.done(err)
+		}
 		return
 	}
 	if s.lost(st) {

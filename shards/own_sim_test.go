@@ -301,12 +301,12 @@ func (d *ownSim) commit() {
 			}
 		}
 	}
-	d.checkOwnership()
 	for _, b := range d.bs {
 		if b.resync && !b.frozen {
 			d.resync(b)
 		}
 	}
+	d.checkOwnership()
 }
 
 // apply applies ev on b, as the replicator does.

@@ -90,6 +90,10 @@ type Shard struct {
 	foreign  []*Queue
 	ownTicks int
 	ownTick  int64 // s.now at the last tickOwnership
+	// revokedAt is, by group, the index of the last own event that took
+	// this broker's queues back and made this shard drop its copies
+	// (ApplyOwn).
+	revokedAt map[uint32]uint64
 	// refresh lists the queues with an own or want event in effect
 	// (queueRare.ownIndex, wantIndex).
 	refresh []*Queue
