@@ -666,7 +666,9 @@ func (s *Shard) proposeRemovesBy(q *Queue, done func(error)) error {
 		if n == len(rs.removingBy) && len(dones) > 0 {
 			w.done = all
 		}
-		data := event.AppendRemoves(nil, q.Name, rs.removingBy[:n], s.stampFor(q, tag))
+		// Stamped by this broker even as master: these are what it
+		// acquired as an owner before (mineStamped).
+		data := event.AppendRemoves(nil, q.Name, rs.removingBy[:n], event.Stamp{Broker: r.Self(), Gen: rs.ownGen, Tag: tag})
 		rs.removesInFlight++
 		if err := r.ProposeEvent(q, data, tag); err != nil {
 			rs.removesInFlight--

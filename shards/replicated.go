@@ -344,14 +344,14 @@ func groupMastered(g uint32) func(*Shard) {
 		sh.setMastered(g, true)
 		for q := range sh.queues.all() {
 			if q.replicated && q.group == g {
-				if q.rare == nil || q.rare.ownedBy == 0 {
-					// The last master owned the queue: what it may have
-					// sent at once is this one's to flag. (An owner that
-					// is not the master keeps its queue and its window.)
-					if q.rare != nil {
-						sh.flagWindow(q)
-						q.rare.window = 0 // this master's own, from its first event
-					}
+				if q.rare != nil {
+					// What the last master may have sent at once is this
+					// one's to flag: only a master's acquires events
+					// declare a window (an owner that is not the master
+					// declares none), so a window here is the last
+					// master's, whoever owned the queue.
+					sh.flagWindow(q)
+					q.rare.window = 0 // this master's own, from its first event
 				}
 				sh.requeueInherited(q)
 				sh.markDirty(q)

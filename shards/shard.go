@@ -1016,12 +1016,18 @@ func (s *Shard) Removed(q *Queue, e *Entry) {
 			s.dlHeld = nil // its dead letter is on the way (DeadLetter)
 		case s.fromLog:
 		case s.localAcq && s.mineStamped(q, e.Seq):
-			s.noteRemovedBy(q, e.Seq) // own.go
+			// Its stamped removal ends the log's record of who holds it
+			// (acqBy), when it applies (own.go).
+			s.noteRemovedBy(q, e.Seq)
 		case s.masters(q):
 			s.noteRemoved(q, e.Seq)
-		}
-		if rs := q.rare; rs != nil && rs.acqBy != nil {
-			delete(rs.acqBy, e.Seq)
+			if rs := q.rare; rs != nil && rs.acqBy != nil {
+				delete(rs.acqBy, e.Seq)
+			}
+		default:
+			if rs := q.rare; rs != nil && rs.acqBy != nil && !s.localAcq {
+				delete(rs.acqBy, e.Seq)
+			}
 		}
 	}
 	if e.JournalPos != 0 && s.journal != nil {
