@@ -187,7 +187,7 @@ func Start(cfg Config) (*Server, error) {
 			cfg.Shards, s.cfg.Shards = n, n
 		}
 	}
-	bcfg := shards.Config{Shards: cfg.Shards, OwnSlice: cfg.OwnSlice, CreditMax: cfg.CreditMax, Logger: cfg.Logger, RingSize: cfg.RingSize,
+	bcfg := shards.Config{Shards: cfg.Shards, OwnSlice: cfg.OwnSlice, ConsumeAtReplicas: cfg.ConsumeAtReplicas, CreditMax: cfg.CreditMax, Logger: cfg.Logger, RingSize: cfg.RingSize,
 		MemoryLimit: cfg.MemoryLimit}
 	if cfg.DataDir != "" {
 		bcfg.PagingDir = filepath.Join(cfg.DataDir, "paging") // emptied at every start

@@ -560,9 +560,9 @@ func (s *Shard) sendHeld(q *Queue, con *Consumer, gen uint64) {
 		}
 		if con.ackNone {
 			ev := Event{Kind: EvDequeue, Seq: h.seq}
-			s.localAcq = true
+			s.localAcq, s.localStamped = true, q.replicated && s.stamped(q)
 			_ = q.Apply(&ev, s)
-			s.localAcq = false
+			s.localAcq, s.localStamped = false, false
 		}
 	}
 	clear(con.held[:n])

@@ -78,9 +78,10 @@ type Config struct {
 	PagingDir string
 	// OwnSlice is how long a broker that owns a replicated queue keeps it
 	// while another broker wants it (own.go); 0 means OwnSliceDefault.
-	// OwnRefresh is ShardConfig.OwnRefresh.
-	OwnSlice   time.Duration
-	OwnRefresh uint64
+	// OwnRefresh and ConsumeAtReplicas are ShardConfig's.
+	OwnSlice          time.Duration
+	OwnRefresh        uint64
+	ConsumeAtReplicas bool
 }
 
 // Router resolves an exchange and routing key to queues. The wiring layer
@@ -140,7 +141,7 @@ func New(cfg Config) *Broker {
 	}
 	b := &Broker{cfg: cfg, log: cfg.Logger, hooks: Hooks{Router: noRouter{}, AutoDeleted: func(*Queue) {}}}
 	for i := 0; i < cfg.Shards; i++ {
-		b.shards = append(b.shards, newShard(i, b, ShardConfig{RingSize: cfg.RingSize, CreditMax: cfg.CreditMax, Logger: cfg.Logger, OwnSlice: cfg.OwnSlice, OwnRefresh: cfg.OwnRefresh}))
+		b.shards = append(b.shards, newShard(i, b, ShardConfig{RingSize: cfg.RingSize, CreditMax: cfg.CreditMax, Logger: cfg.Logger, OwnSlice: cfg.OwnSlice, OwnRefresh: cfg.OwnRefresh, ConsumeAtReplicas: cfg.ConsumeAtReplicas}))
 	}
 	return b
 }

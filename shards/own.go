@@ -115,6 +115,17 @@ func (s *Shard) mineStamped(q *Queue, seq uint64) bool {
 	return rs != nil && rs.acqBy != nil && rs.acqBy[seq] == s.self() && rs.acqBy[seq] != 0
 }
 
+// acqByMine reports whether the log holds q's message seq as acquired by
+// this broker as an owner (acqBy).
+func (s *Shard) acqByMine(q *Queue, seq uint64) bool {
+	rs := q.rare
+	if rs == nil || rs.acqBy == nil {
+		return false
+	}
+	by, ok := rs.acqBy[seq]
+	return ok && by == s.self()
+}
+
 // watchOwnership lists q for the checks of the next tick (tickOwnership).
 func (s *Shard) watchOwnership(q *Queue) {
 	if !q.replicated {

@@ -130,7 +130,7 @@ func newOwnSim(t *testing.T, seed int64) *ownSim {
 	}
 	for i := range 3 {
 		br := New(Config{Shards: 1, RingSize: 1024, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			OwnSlice: time.Duration(1+d.rng.Intn(5)) * time.Millisecond, OwnRefresh: uint64(20 + d.rng.Intn(40))})
+			OwnSlice: time.Duration(1+d.rng.Intn(5)) * time.Millisecond, OwnRefresh: uint64(20 + d.rng.Intn(40)), ConsumeAtReplicas: true})
 		s := br.shards[0]
 		q := NewQueue("rq", QueueOptions{Durable: true, MaxDeliveries: maxDeliveries}, 0, &s.pool)
 		q.replicated, q.group = true, 1

@@ -47,6 +47,11 @@ type ShardConfig struct {
 	// OwnSlice is how long an owner of a replicated queue keeps it while
 	// another broker wants it (own.go); 0 means OwnSliceDefault.
 	OwnSlice time.Duration
+	// ConsumeAtReplicas lets a consumer of a replicated queue subscribe
+	// on a broker that is not its group's master, which then takes the
+	// queue's ownership in turns (own.go); off, such a subscribe is
+	// refused (the server proxies it to the master).
+	ConsumeAtReplicas bool
 	// OwnRefresh is how many entries a group's log may move past an own
 	// or want event in effect before its proposer states it again (so
 	// that compaction can pass the old one); 0 means OwnRefreshDefault.
@@ -102,6 +107,9 @@ type Shard struct {
 	// master), fromLog while it applies another broker's stamped
 	// removal (which it proposes nothing for).
 	localAcq, fromLog bool
+	// localStamped: the settle under way is of a broker that is not the
+	// master (its removals are stamped), as decided at its start.
+	localStamped bool
 	// mastered[g]: this shard took Broker.GroupMastered(g) from its ring,
 	// and no Broker.ResetGroup(g) since. The node readies a mastership
 	// only after it handed the shards every entry the new master
@@ -464,9 +472,17 @@ func (s *Shard) subscribe(sub *Subscribe) {
 		refuse(Errorf(wire.CodeNotFound, "queue %q was deleted", q.Name))
 		return
 	}
-	if q.replicated && s.broker.loadReplicator() == nil {
-		refuse(Errorf(wire.CodeUnavailable, "queue %q is replicated in group %d, and the shards are not connected to the replication groups yet; retry", q.Name, q.group))
-		return
+	if q.replicated {
+		r := s.broker.loadReplicator()
+		if r == nil {
+			refuse(Errorf(wire.CodeUnavailable, "queue %q is replicated in group %d, and the shards are not connected to the replication groups yet; retry", q.Name, q.group))
+			return
+		}
+		if !s.cfg.ConsumeAtReplicas && !r.IsMaster(q.group) {
+			refuse(Errorf(wire.CodeNotAllowed,
+				"queue %q is replicated in group %d, whose master is another broker: consume there", q.Name, q.group))
+			return
+		}
 	}
 	if q.owner != nil && q.owner != sub.Sess {
 		refuse(Errorf(wire.CodeNotAllowed, "queue %q is exclusive to another session", q.Name))
@@ -542,8 +558,13 @@ func (s *Shard) settle(st *Settle) {
 		return
 	}
 	q := con.queue
-	s.localAcq = true
-	defer func() { s.localAcq = false }()
+	// Whether this settle's removals are stamped is decided once: the
+	// broker's mastership may change under it (Replicator.IsMaster is
+	// read live), and a settle whose removals went one way must wait for
+	// them that way (own.go).
+	stampedSettle := q.replicated && s.stamped(q)
+	s.localAcq, s.localStamped = true, stampedSettle
+	defer func() { s.localAcq, s.localStamped = false, false }()
 	settleOne := func(tag uint64) {
 		seq, ok := con.unacked[tag]
 		if !ok {
@@ -605,7 +626,7 @@ func (s *Shard) settle(st *Settle) {
 			// that is not the master: once it applied them, own.go).
 			sess, id := st.Sess, st.CmdID
 			propose := s.proposeRemoves
-			if s.stamped(q) {
+			if stampedSettle {
 				propose = s.proposeRemovesBy
 			}
 			if err := propose(q, func(err error) { s.pushCompletion(sess, id, nil, err) }); err != nil {
@@ -887,9 +908,9 @@ func (s *Shard) dispatch(q *Queue) {
 		con.pendingBytes += size
 		if con.ackNone {
 			ev = Event{Kind: EvDequeue, Seq: ev.Seq}
-			s.localAcq = true
+			s.localAcq, s.localStamped = true, q.replicated && s.stamped(q)
 			_ = q.Apply(&ev, s)
-			s.localAcq = false
+			s.localAcq, s.localStamped = false, false
 		} else {
 			con.unacked[ev.Tag] = ev.Seq
 		}
@@ -1015,7 +1036,7 @@ func (s *Shard) Removed(q *Queue, e *Entry) {
 		case s.dlHeld == e:
 			s.dlHeld = nil // its dead letter is on the way (DeadLetter)
 		case s.fromLog:
-		case s.localAcq && s.mineStamped(q, e.Seq):
+		case s.localAcq && (s.localStamped || s.acqByMine(q, e.Seq)):
 			// Its stamped removal ends the log's record of who holds it
 			// (acqBy), when it applies (own.go).
 			s.noteRemovedBy(q, e.Seq)
