@@ -501,7 +501,7 @@ func (s *Shard) released(q *Queue, tag uint64, w acqWait, err error) {
 	if code := CodeOf(err); code != wire.CodeUnavailable && code != wire.CodeResourceLimit {
 		s.log.Warn("shards: a releases event of replicated messages did not commit", "queue", q.Name, "messages", len(w.seqs), "err", err)
 		if w.stamped {
-			s.loseTag(tag) // it may commit still: applied, it changes nothing here (own.go)
+			s.loseTag(tag, q.group) // it may commit still: applied, it changes nothing here (own.go)
 		}
 		return
 	}

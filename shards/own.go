@@ -399,7 +399,7 @@ func (s *Shard) ownOutcome(q *Queue, tag uint64, w acqWait, err error) {
 	case waitRemoves:
 		rs.removesInFlight--
 		if err != nil {
-			s.loseTag(tag)
+			s.loseTag(tag, q.group)
 			// Not proposed, or its outcome unknown: proposed again (a
 			// removal applies once).
 			if !q.deleted && CodeOf(err) != wire.CodeShutdown {
@@ -422,13 +422,24 @@ func (s *Shard) ownOutcome(q *Queue, tag uint64, w acqWait, err error) {
 // (the table is cleared), at the cost of a late commit applied here.
 const lostTagsMax = 1 << 14
 
-// loseTag notes tag as a stamped event of this broker that may still
-// commit after its failure came back.
-func (s *Shard) loseTag(tag uint64) {
+// loseTag notes tag as a stamped event of this broker, of group g, that
+// may still commit after its failure came back.
+func (s *Shard) loseTag(tag uint64, g uint32) {
 	if s.lostTags == nil || len(s.lostTags) >= lostTagsMax {
-		s.lostTags = map[uint64]struct{}{}
+		s.lostTags = map[uint64]uint32{}
 	}
-	s.lostTags[tag] = struct{}{}
+	s.lostTags[tag] = g
+}
+
+// forgetLost forgets the lost tags of group g: this broker dropped its
+// copies of g's queues (resetGroup), so an event of one, applied again
+// or late, is applied as any member's.
+func (s *Shard) forgetLost(g uint32) {
+	for tag, tg := range s.lostTags {
+		if tg == g {
+			delete(s.lostTags, tag)
+		}
+	}
 }
 
 // lost reports whether st is a stamped event of this broker given up on
@@ -451,7 +462,7 @@ func (s *Shard) lost(st event.Stamp) bool {
 // commit all the same, changes nothing here (loseTag).
 func (s *Shard) acquiresFailed(q *Queue, tag uint64, w acqWait) {
 	rs := q.rareState()
-	s.loseTag(tag)
+	s.loseTag(tag, q.group)
 	next := rs.acqGen + 1
 	for _, con := range q.consumers {
 		for i := range con.held {

@@ -396,6 +396,7 @@ func (b *Broker) ResetGroup(g uint32) {
 func resetGroup(g uint32) func(*Shard) {
 	return func(sh *Shard) {
 		sh.setMastered(g, false)
+		sh.forgetLost(g) // own.go
 		// What this broker's consumers hold of the group's queues is
 		// void here: held deliveries never go out, and a settle of an
 		// acquisition finds nothing (the log applied again holds the

@@ -79,7 +79,7 @@ type Shard struct {
 	// master (own.go): if one commits all the same, this broker applies
 	// nothing of it, having kept (acquires) or made (releases, removals)
 	// its effect here already. Bounded by lostTagsMax.
-	lostTags map[uint64]struct{}
+	lostTags map[uint64]uint32 // tag: its group
 	// acqRetry lists queues whose releases failed for now, listed again
 	// at the next tick (Shard.released); windowed those whose window may
 	// shrink at a tick (tickAcquires).
