@@ -39,32 +39,8 @@ func BenchmarkConsumeOwned(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	for _, flag := range []string{"off", "on"} {
-		extra := []string{"-consume-at-replicas=false"}
-		if flag == "on" {
-			extra = []string{"-consume-at-replicas"}
-			if sl := os.Getenv("BERTH_BENCH_OWN_SLICE"); sl != "" {
-				extra = append(extra, "-own-slice", sl)
-			}
-		}
-		c := startReplicatedWith(b, ctx, 3, 3, 3, extra...)
 		queue := "bench-owned-" + flag
-		g, _, mnode, mconn := c.declare(queue, 3)
-		c.declareEverywhere(queue)
-		var fnode *node
-		for _, n := range c.nodes {
-			if n != mnode {
-				fnode = n
-				break
-			}
-		}
-		for _, n := range c.nodes {
-			for {
-				if role, _, err := c.role(n, g); err == nil && role != "" {
-					break
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-		}
+		c, mnode, fnode, mconn := ownedBenchCluster(b, ctx, flag, queue)
 		rows := []struct {
 			name  string
 			nodes []*node
@@ -98,6 +74,43 @@ func BenchmarkConsumeOwned(b *testing.B) {
 			})
 		}
 	}
+}
+
+// ownedBenchCluster starts three brokers with -consume-at-replicas on or
+// off (flag; BERTH_BENCH_OWN_SLICE sets -own-slice when on), declares
+// queue and waits until every broker runs its replica of the queue's
+// group; it returns the cluster, the group's master, a follower, and a
+// connection to the master.
+func ownedBenchCluster(b *testing.B, ctx context.Context, flag, queue string) (*rcluster, *node, *node, *client.Conn) {
+	extra := []string{"-consume-at-replicas=false"}
+	if flag == "on" {
+		extra = []string{"-consume-at-replicas"}
+		if sl := os.Getenv("BERTH_BENCH_OWN_SLICE"); sl != "" {
+			extra = append(extra, "-own-slice", sl)
+		}
+	}
+	c := startReplicatedWith(b, ctx, 3, 3, 3, extra...)
+	g, _, mnode, mconn := c.declare(queue, 3)
+	c.declareEverywhere(queue)
+	var fnode *node
+	for _, n := range c.nodes {
+		if n != mnode {
+			fnode = n
+			break
+		}
+	}
+	for _, n := range c.nodes {
+		for {
+			if role, _, err := c.role(n, g); err == nil && role != "" {
+				break
+			}
+			if ctx.Err() != nil {
+				b.Fatalf("%s never ran its replica of group %d", n.name, g)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return c, mnode, fnode, mconn
 }
 
 // consumeAll subscribes one consumer on each of nodes to queue and
@@ -183,32 +196,8 @@ func BenchmarkConsumeOwnedLatency(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	for _, flag := range []string{"off", "on"} {
-		extra := []string{"-consume-at-replicas=false"}
-		if flag == "on" {
-			extra = []string{"-consume-at-replicas"}
-			if sl := os.Getenv("BERTH_BENCH_OWN_SLICE"); sl != "" {
-				extra = append(extra, "-own-slice", sl)
-			}
-		}
-		c := startReplicatedWith(b, ctx, 3, 3, 3, extra...)
 		queue := "bench-latency-" + flag
-		g, _, mnode, mconn := c.declare(queue, 3)
-		c.declareEverywhere(queue)
-		var fnode *node
-		for _, n := range c.nodes {
-			if n != mnode {
-				fnode = n
-				break
-			}
-		}
-		for _, n := range c.nodes {
-			for {
-				if role, _, err := c.role(n, g); err == nil && role != "" {
-					break
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-		}
+		c, mnode, fnode, mconn := ownedBenchCluster(b, ctx, flag, queue)
 		rows := map[string][]*node{"master": {mnode}, "follower": {fnode}}
 		order := []string{"master", "follower"}
 		if flag == "on" {
