@@ -465,25 +465,8 @@ func (d *acqSim) failover(exact bool) {
 // pass, about 5 s).
 // BERTH_ACQ_SIM_SEED replays one; BERTH_ACQ_SIM_SEEDS runs that many.
 func TestAcquisitionSimulation(t *testing.T) {
-	seeds, steps := 3000, 300
-	if testing.Short() {
-		seeds = 400
-	}
-	first := int64(1)
-	if s := os.Getenv("BERTH_ACQ_SIM_SEEDS"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		seeds = n
-	}
-	if s := os.Getenv("BERTH_ACQ_SIM_SEED"); s != "" {
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			t.Fatal(err)
-		}
-		first, seeds = n, 1
-	}
+	const steps = 300
+	first, seeds := simSeeds(t, "BERTH_ACQ_SIM", 3000, 400)
 	for seed := first; seed < first+int64(seeds); seed++ {
 		ok := t.Run(strconv.FormatInt(seed, 10), func(t *testing.T) {
 			d := newAcqSim(t, seed)
@@ -516,4 +499,30 @@ func TestAcquisitionSimulation(t *testing.T) {
 			t.Fatalf("seed %d failed; replay it with BERTH_ACQ_SIM_SEED=%d", seed, seed)
 		}
 	}
+}
+
+// simSeeds is the seeds a seeded simulation runs: plain of them from 1,
+// short under -short; env+"_SEEDS" runs that many, env+"_SEED" replays
+// that one alone.
+func simSeeds(t *testing.T, env string, plain, short int) (first int64, n int) {
+	t.Helper()
+	first, n = 1, plain
+	if testing.Short() {
+		n = short
+	}
+	if s := os.Getenv(env + "_SEEDS"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n = v
+	}
+	if s := os.Getenv(env + "_SEED"); s != "" {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first, n = v, 1
+	}
+	return first, n
 }

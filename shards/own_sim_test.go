@@ -649,25 +649,8 @@ func (d *ownSim) drain() {
 // plain pass (about 7 s), 100 under -short. BERTH_OWN_SIM_SEED replays one;
 // BERTH_OWN_SIM_SEEDS runs that many.
 func TestOwnershipSimulation(t *testing.T) {
-	seeds, steps := 2000, 400
-	if testing.Short() {
-		seeds = 100 // the race pass: about 4 s
-	}
-	first := int64(1)
-	if s := os.Getenv("BERTH_OWN_SIM_SEEDS"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		seeds = n
-	}
-	if s := os.Getenv("BERTH_OWN_SIM_SEED"); s != "" {
-		n, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
-			t.Fatal(err)
-		}
-		first, seeds = n, 1
-	}
+	const steps = 400
+	first, seeds := simSeeds(t, "BERTH_OWN_SIM", 2000, 100) // -short: the race pass, about 4 s
 	handovers, refreshes := 0, 0
 	for seed := first; seed < first+int64(seeds); seed++ {
 		ok := t.Run(strconv.FormatInt(seed, 10), func(t *testing.T) {

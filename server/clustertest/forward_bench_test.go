@@ -168,20 +168,7 @@ func BenchmarkConsumeProxied(b *testing.B) {
 		n    *node
 	}{{"master", mnode}, {"follower", fnode}} {
 		b.Run("size=128/via="+via.name, func(b *testing.B) {
-			payload := make([]byte, 128)
-			var wg sync.WaitGroup
-			wg.Add(b.N)
-			for range b.N {
-				if err := mconn.PublishAsync(ctx, "", queue, payload, client.PublishOptions{Persistent: true}, func(err error) {
-					if err != nil {
-						b.Error(err)
-					}
-					wg.Done()
-				}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			wg.Wait()
+			publishPersistent(b, ctx, mconn, queue, b.N, 128)
 			conn := dial(b, ctx, via.n.client)
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -270,4 +257,25 @@ func benchCredit() uint32 {
 		}
 	}
 	return 1000
+}
+
+// publishPersistent publishes n persistent messages of size bytes to
+// queue through conn, all in flight at once, and waits for every
+// completion (a failed one fails b).
+func publishPersistent(b *testing.B, ctx context.Context, conn *client.Conn, queue string, n, size int) {
+	b.Helper()
+	payload := make([]byte, size)
+	var wg sync.WaitGroup
+	wg.Add(n)
+	for range n {
+		if err := conn.PublishAsync(ctx, "", queue, payload, client.PublishOptions{Persistent: true}, func(err error) {
+			if err != nil {
+				b.Error(err)
+			}
+			wg.Done()
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	wg.Wait()
 }

@@ -53,20 +53,7 @@ func BenchmarkConsumeOwned(b *testing.B) {
 		}
 		for _, row := range rows {
 			b.Run("flag="+flag+"/at="+row.name, func(b *testing.B) {
-				payload := make([]byte, 128)
-				var wg sync.WaitGroup
-				wg.Add(b.N)
-				for range b.N {
-					if err := mconn.PublishAsync(ctx, "", queue, payload, client.PublishOptions{Persistent: true}, func(err error) {
-						if err != nil {
-							b.Error(err)
-						}
-						wg.Done()
-					}); err != nil {
-						b.Fatal(err)
-					}
-				}
-				wg.Wait()
+				publishPersistent(b, ctx, mconn, queue, b.N, 128)
 				b.ResetTimer()
 				elapsed := consumeAll(b, ctx, queue, row.nodes, b.N)
 				b.StopTimer()
