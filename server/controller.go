@@ -127,7 +127,7 @@ func (s *Server) startController(wait bool) (*controllerWiring, error) {
 		s.ctl = n
 		s.boot.ctl.Store(n)
 		watchController(n, cfg.Logger)
-		return &controllerWiring{n: n, timeout: wiringTimeout}, nil
+		return &controllerWiring{n: n, timeout: wiringTimeout, stop: s.regCtx}, nil
 	}
 	n, err := controlplane.Start(controlplane.Config{ID: cfg.ControllerID, Peers: maps.Clone(cfg.ControllerPeers), Dir: dir, LeaseRead: cfg.ControllerLeaseRead,
 		Join: cfg.ControllerJoin, Auth: s.peerAuth, Logger: cfg.Logger,
@@ -160,7 +160,7 @@ func (s *Server) startController(wait bool) (*controllerWiring, error) {
 			return nil, err // Start's abort stops the member
 		}
 	}
-	return &controllerWiring{cl: s.ctlClient, timeout: wiringTimeout}, nil
+	return &controllerWiring{cl: s.ctlClient, timeout: wiringTimeout, stop: s.regCtx}, nil
 }
 
 // waitControllerLeader waits up to wait for n to know a leader, logging
@@ -209,6 +209,18 @@ type controllerWiring struct {
 	n       *controlplane.Node // one member, in-process
 	cl      *ctlclient.Client  // 3 or 5 members
 	timeout time.Duration
+	// stop ends the calls when the broker stops (its registration's
+	// context): a wiring sync waiting for a controller without a leader
+	// held Close for the whole timeout.
+	stop context.Context
+}
+
+// ctx is a call's context: the timeout, and ended by the broker's stop.
+func (w *controllerWiring) ctx() (context.Context, context.CancelFunc) {
+	if w.stop == nil {
+		return context.WithTimeout(context.Background(), w.timeout)
+	}
+	return context.WithTimeout(w.stop, w.timeout)
 }
 
 // wiringRetryDelay spaces retries of a wiring call while the controller
@@ -216,7 +228,7 @@ type controllerWiring struct {
 const wiringRetryDelay = 50 * time.Millisecond
 
 func (w *controllerWiring) propose(ev ctlapi.Event) error {
-	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
+	ctx, cancel := w.ctx()
 	defer cancel()
 	if w.cl == nil {
 		res, err := w.n.Propose(ctx, ev)
@@ -314,7 +326,7 @@ func (w *controllerWiring) DeleteExchange(name string) error {
 // Load reads the wiring by a linearizable read, so it sees every change
 // the controller committed.
 func (w *controllerWiring) Load() (*wiring.Snapshot, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
+	ctx, cancel := w.ctx()
 	defer cancel()
 	var cw ctlapi.Wiring
 	if w.cl == nil {

@@ -61,6 +61,13 @@ func waitReadyz(t *testing.T, admin string, within time.Duration, ok func(code i
 // startAsync runs server.Start in the background; the channel yields its
 // result. The test's cleanup closes a server that started.
 func startAsync(t *testing.T, cfg server.Config) <-chan error {
+	done, _ := startAsyncServer(t, cfg)
+	return done
+}
+
+// startAsyncServer is startAsync, with a function that gives the server
+// once Start returned it (nil before, or if it failed).
+func startAsyncServer(t *testing.T, cfg server.Config) (<-chan error, func() *server.Server) {
 	t.Helper()
 	done := make(chan error, 1)
 	var mu sync.Mutex
@@ -79,7 +86,7 @@ func startAsync(t *testing.T, cfg server.Config) <-chan error {
 			_ = s.Close()
 		}
 	})
-	return done
+	return done, func() *server.Server { mu.Lock(); defer mu.Unlock(); return s }
 }
 
 func brokerConfig(t *testing.T) server.Config {
@@ -208,7 +215,7 @@ func TestReadyzWaitsForControllerLeader(t *testing.T) {
 	cfg.ControllerID, cfg.ControllerPeers = 1, peers
 	cfg.ControllerWait = time.Minute
 	cfg.AdminAddr = addrs[3]
-	done := startAsync(t, cfg)
+	done, started := startAsyncServer(t, cfg)
 
 	_, body := waitReadyz(t, cfg.AdminAddr, 20*time.Second, func(code int, body string) bool {
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "controller: no leader known")
@@ -269,4 +276,19 @@ func TestReadyzWaitsForControllerLeader(t *testing.T) {
 
 	m2 = member2()
 	waitReadyz(t, cfg.AdminAddr, 20*time.Second, func(code int, _ string) bool { return code == http.StatusOK })
+
+	// Stopped while its controller group has no leader, the broker does
+	// not wait out a controller call's timeout: its wiring sync, waiting
+	// for a leader, held Close for all of its 10 s.
+	if err := m2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitReadyz(t, cfg.AdminAddr, 20*time.Second, func(code int, _ string) bool { return code == http.StatusServiceUnavailable })
+	start := time.Now()
+	if err := started().Close(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Fatalf("Close took %v without a controller leader", took)
+	}
 }
