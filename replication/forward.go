@@ -23,7 +23,6 @@ package replication
 // those other brokers proxy to it (server/proxy.go).
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 
@@ -93,7 +92,7 @@ func forwardOutcome(g, master uint32, err error, sent bool) error {
 // serveForward takes an event another broker forwards to this one as its
 // group's master, on the forwarding connection's goroutine: it checks the
 // queue on its shard (reject-publish), proposes the event and answers when
-// it committed. event aliases the read buffer.
+// it committed. event is this function's to keep (ForwardHandler).
 func (r *Replicator) serveForward(from, g uint32, event []byte, reply groups.ForwardReply) {
 	refuse := func(code wire.ErrorCode, format string, args ...any) {
 		reply.Send(code, fmt.Sprintf(format, args...))
@@ -135,9 +134,13 @@ func (r *Replicator) serveForward(from, g uint32, event []byte, reply groups.For
 		refuse(wire.CodeInvalid, "queue %q is not replicated in group %d", name, g)
 		return
 	}
-	// Encoded again rather than copied: a forward from a broker that
-	// writes the older format enters the log in the new one.
-	data := groupevent.AppendEnqueue(make([]byte, 0, ev.Size()), &ev)
+	// An event in the format this broker writes enters the log as it
+	// came, not copied (the reader gave it to us); one in the older
+	// format is encoded again, and enters the log in the new one.
+	data := event
+	if h, _, _ := groupevent.ReadHeader(event); h.Legacy || h.Version != groupevent.EnqueueVersion || ev.Size() != len(event) {
+		data = groupevent.AppendEnqueue(make([]byte, 0, ev.Size()), &ev)
+	}
 	size := len(props) + len(payload)
 	call := func(sh *shards.Shard) {
 		// Admitted as the master's own clients' publishes are.
@@ -165,8 +168,8 @@ func (r *Replicator) serveForward(from, g uint32, event []byte, reply groups.For
 // master forwards (shards/own.go): a stamped acquires, releases, removes
 // or own event, or a want, each of the forwarding broker's own. It is
 // proposed as it is; every member applies the same rules to it, so the
-// master checks only that it is well formed and the sender's. event
-// aliases the read buffer.
+// master checks only that it is well formed and the sender's. data is
+// this function's to keep (ForwardHandler).
 func (r *Replicator) serveOwnerEvent(from, g uint32, k groupevent.Kind, data []byte, reply groups.ForwardReply) {
 	var ev groupevent.Event
 	if err := groupevent.Decode(data, &ev); err != nil {
@@ -198,7 +201,7 @@ func (r *Replicator) serveOwnerEvent(from, g uint32, k groupevent.Kind, data []b
 		reply.Send(wire.CodeUnavailable, fmt.Sprintf("broker %d is not the master of group %d (any more); retry", r.self, g))
 		return
 	}
-	err := n.ProposeAsync(g, bytes.Clone(data), funcWaiter(func(err error) { sendOutcome(reply, err) }), 0)
+	err := n.ProposeAsync(g, data, funcWaiter(func(err error) { sendOutcome(reply, err) }), 0)
 	if errors.Is(err, groups.ErrBusy) {
 		err = shards.Errorf(wire.CodeResourceLimit, "group %d is busy; retry", g)
 	}

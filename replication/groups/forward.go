@@ -461,9 +461,9 @@ type ForwardReply struct {
 func (r ForwardReply) Send(code wire.ErrorCode, text string) { r.c.send(r.id, code, text) }
 
 // ForwardHandler takes one forwarded event of group g from broker from,
-// on the connection's reader goroutine. event aliases the read buffer:
-// the handler copies what it keeps. It must answer through reply exactly
-// once, now or later.
+// on the connection's reader goroutine. event is the handler's to keep
+// (the reader does not use its bytes again). It must answer through reply
+// exactly once, now or later.
 type ForwardHandler func(from, g uint32, event []byte, reply ForwardReply)
 
 // forwardConn is the master's side of one forwarding connection: its
@@ -594,7 +594,7 @@ func (t *Transport) serveForwards(conn net.Conn, r *bufio.Reader, from uint32, v
 		}
 	}()
 	var hdr [wire.HeaderSize]byte
-	var body []byte
+	var scratch []byte
 	for {
 		if _, err := io.ReadFull(r, hdr[:]); err != nil {
 			return
@@ -605,10 +605,18 @@ func (t *Transport) serveForwards(conn net.Conn, r *bufio.Reader, from uint32, v
 			t.log.Warn("groups: bad frame on a forwarding connection", "peer", from, "type", hd.Type, "err", err)
 			return
 		}
-		if cap(body) < int(hd.Length) {
+		// A forward's body is its handler's to keep (the master's log
+		// holds the event as it came, without copying it again); the
+		// proxy frames, decoded at once, reuse one buffer.
+		var body []byte
+		if hd.Type == wire.TypeForward {
 			body = make([]byte, hd.Length)
+		} else {
+			if cap(scratch) < int(hd.Length) {
+				scratch = make([]byte, hd.Length)
+			}
+			body = scratch[:hd.Length]
 		}
-		body = body[:hd.Length]
 		if _, err := io.ReadFull(r, body); err != nil {
 			return
 		}
