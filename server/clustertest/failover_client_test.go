@@ -28,6 +28,7 @@ import (
 // was lost), no message whose accept completed comes back, none is there
 // twice unless its retry was ambiguous, and first tries are in order.
 func TestReconnectingProducerAcrossMasterKill(t *testing.T) {
+	testutil.Long(t, "a reconnecting producer across a killed master")
 	const groups, total, killAt = 3, 3000, 1000
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()

@@ -64,6 +64,7 @@ func cutGroupJournalTail(t *testing.T, n *node, bytes int64) {
 // once, in publish order; one that failed (its outcome unknown) is
 // delivered at most once; every member ends with the same messages.
 func TestReplicatedQueueThroughFailures(t *testing.T) {
+	testutil.Long(t, "a replicated queue through kills and restarts")
 	const groups = 3
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Second)
 	defer cancel()

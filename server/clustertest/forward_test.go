@@ -75,6 +75,7 @@ func spreadOf(counts map[uint32]int, ids map[*node]uint32) int {
 // which proxies it to the master, gets every message exactly once, in
 // order per producer, and its accepts reach the master.
 func TestForwardPlacement(t *testing.T) {
+	testutil.Long(t, "placement and forwarding over 3 and 5 brokers")
 	for _, tc := range []struct {
 		brokers int
 		groups  uint32
@@ -478,6 +479,7 @@ func TestProxiedConsumerMasterKilled(t *testing.T) {
 // master steps down, and the consumer subscribed again through the same
 // broker gets every message it had not accepted, in order.
 func TestProxiedConsumerMasterFrozen(t *testing.T) {
+	testutil.Long(t, "a proxied consumer across a frozen master")
 	const groups, total, accepted = 3, 100, 10
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()

@@ -44,6 +44,7 @@ func (c *rcluster) readyz(n *node) (int, string, error) {
 // and another broker takes over, the publishes meanwhile fail with
 // unavailable (never internal), and no completed publish is lost.
 func TestGroupJournalFailure(t *testing.T) {
+	testutil.Long(t, "a group journal failing on a member")
 	const faultFile = "groups-fault"
 	t.Setenv(server.GroupJournalFaultEnv, faultFile)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)

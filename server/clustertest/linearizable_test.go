@@ -15,6 +15,7 @@ import (
 	"github.com/anishathalye/porcupine"
 	"github.com/berthmq/berth/controlplane/ctlapi"
 	"github.com/berthmq/berth/controlplane/ctlclient"
+	"github.com/berthmq/berth/internal/testutil"
 )
 
 // A register per key over the controller's cluster attributes.
@@ -57,6 +58,7 @@ var regModel = porcupine.Model{
 // (-controller-lease-read), where a frozen leader that wakes up must not
 // answer from a lease its followers have moved past.
 func TestLinearizableWithProcessKills(t *testing.T) {
+	testutil.Long(t, "the controller linearizable across process kills")
 	for _, lease := range []bool{false, true} {
 		t.Run(fmt.Sprintf("lease=%v", lease), func(t *testing.T) { testLinearizableProcesses(t, lease) })
 	}

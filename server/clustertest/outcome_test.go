@@ -45,6 +45,7 @@ func waitStopped(t *testing.T, n *node) {
 // client of 1.3 gets unavailable for both, with the same text, as 1.3
 // brokers answered.
 func TestOutcomeUnknownMasterFrozen(t *testing.T) {
+	testutil.Long(t, "outcome-unknown across a frozen master")
 	const groups = 3
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()

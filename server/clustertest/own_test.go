@@ -213,7 +213,10 @@ func TestOwnerKilledRequeuesWhatItHeld(t *testing.T) { ownerLost(t, false) }
 // cannot complete an accept of what it held under its old ownership
 // (the accept fails, or its consumer was ended), and no message comes
 // again.
-func TestOwnerFrozenIsFenced(t *testing.T) { ownerLost(t, true) }
+func TestOwnerFrozenIsFenced(t *testing.T) {
+	testutil.Long(t, "a frozen owner fenced")
+	ownerLost(t, true)
+}
 
 func ownerLost(t *testing.T, freeze bool) {
 	const groups, total, accepted, held = 3, 300, 20, 40
