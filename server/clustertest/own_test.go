@@ -24,6 +24,7 @@ import (
 // consumer gets messages; each gets them in publish order; and every
 // message is delivered once, unflagged (no broker failed).
 func TestOwnershipFairness(t *testing.T) {
+	testutil.Long(t, "ownership shared fairly between brokers")
 	const groups, total = 3, 900
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -29,6 +29,7 @@ import (
 // ones comes back, and no publish refused as not taken (by its code:
 // unavailable during the handover, among others) is delivered at all.
 func TestRebalanceAfterRestart(t *testing.T) {
+	testutil.Long(t, "masters rebalanced after a restart")
 	const groups = 3
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()

@@ -429,6 +429,7 @@ func (c *rcluster) lastIndex(n *node, g uint32) uint64 {
 // committed log again, so its copy of the queue matches the others'. The
 // new master then delivers every message not accepted, in order.
 func TestFrozenMasterStepsDown(t *testing.T) {
+	testutil.Long(t, "a frozen master steps down")
 	const groups, total, accepted, held, more = 3, 300, 50, 50, 100
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
