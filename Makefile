@@ -58,7 +58,18 @@ certs: build
 # The tiers (docs/TESTING.md): check for the edit loop, test the gate
 # (CI's command), test-race-procs the process tests against a berthd
 # built with -race; soak, chaos, crash, hostile and the benchmarks below.
-test: vet test-plain test-race test-python
+#
+# The plain pass and the race pass run at once: the plain pass's process
+# tests mostly wait on timers, the race pass is bound by the CPU, and the
+# race pass runs at the lowest CPU and I/O priority (RACE_NICE), so that
+# it takes only what the brokers of the process tests leave. Run one
+# after the other they took 8 min 46 s; together, 6 min 53 s
+# (docs/TESTING.md). -Oline keeps each output line whole.
+test: vet test-berthd
+	$(MAKE) --no-print-directory -j2 -Oline test-plain test-race RACE_NICE='$(RACE_NICE_GATE)'
+	$(MAKE) --no-print-directory test-python
+
+RACE_NICE_GATE := nice -n 19 ionice -c 3
 
 # The edit loop: vet and the tests under -short, with go's test cache on
 # (a package whose inputs did not change since its last pass is not run
@@ -103,8 +114,10 @@ test-plain: test-berthd
 # seeds and records (the group and delivery simulations, the disk-use
 # and compaction volumes), which the plain pass runs in full. It saved
 # about 40 s of make test's 10 min 20 s (docs/TESTING.md).
+# RACE_NICE runs it under nice and ionice (make test sets it).
+RACE_NICE ?=
 test-race:
-	$(GO) test -count=1 -race -short -timeout 8m $(RACE_PKGS)
+	$(RACE_NICE) $(GO) test -count=1 -race -short -timeout 8m $(RACE_PKGS)
 
 # The Python client (clients/python) against a real berthd; the script
 # installs Debian's python3-pytest when pytest is missing.

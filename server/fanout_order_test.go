@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"testing"
@@ -19,7 +20,10 @@ import (
 func TestFanoutOrderWithFullRings(t *testing.T) {
 	s := startServer(t, func(c *server.Config) { c.Shards, c.RingSize = 4, 4 })
 	c := dial(t, s)
-	ctx := ctxT(t)
+	// 160,000 deliveries: under the race detector on a loaded machine
+	// they outlast ctxT's 20 s.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	const nq, n = 8, 20000
 	if err := c.DeclareExchange(ctx, "fan", client.Fanout, client.ExchangeOptions{}); err != nil {
 		t.Fatal(err)
