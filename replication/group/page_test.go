@@ -118,7 +118,7 @@ func TestPageLoad(t *testing.T) {
 				t.Fatalf("m%d holds entry %d in memory after paging it", id, m.first+uint64(i))
 			}
 		}
-		if held := len(m.data) - len(m.free); held != 0 {
+		if held := m.data.n - len(m.free); held != 0 {
 			t.Fatalf("m%d holds the data of %d entries after paging them all", id, held)
 		}
 	}
@@ -237,8 +237,8 @@ func TestDataRepack(t *testing.T) {
 		}
 	}
 	// Repacked when three quarters were free: to 2,500 entries.
-	if len(m.data) > n/4 || len(m.data)-len(m.free) != n/10 {
-		t.Fatalf("%d entries held in an array of %d (%d free), want it repacked to at most %d", n/10, len(m.data), len(m.free), n/4)
+	if m.data.n > n/4 || m.data.n-len(m.free) != n/10 {
+		t.Fatalf("%d entries held in an array of %d (%d free), want it repacked to at most %d", n/10, m.data.n, len(m.free), n/4)
 	}
 	m.Reapply()
 	applied := 0
