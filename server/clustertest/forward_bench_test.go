@@ -29,6 +29,9 @@ import (
 //
 //	make bench-forward
 //	go test ./server/clustertest -run '^$' -bench PublishForwarded -benchtime 20000x
+//
+// BERTH_BENCH_PROFILE=DIR takes a CPU profile of each broker during each
+// run (benchProfiles).
 func BenchmarkPublishForwarded(b *testing.B) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -90,6 +93,8 @@ func benchPublish(b *testing.B, ctx context.Context, addr, queue string, size in
 		conns0[c] = dial(b, ctx, addr)
 	}
 	cpu0 := cpuTime(b, cpuOf)
+	profiled := benchProfiles(b, cpuOf)
+	defer profiled()
 	b.ResetTimer()
 	start := time.Now()
 	for c := range conns {
