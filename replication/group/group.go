@@ -365,7 +365,7 @@ type heldData struct {
 	n      int // elements in use, the first n
 }
 
-func (h *heldData) at(k int) []byte       { return h.chunks[k/heldChunk][k%heldChunk] }
+func (h *heldData) at(k int) []byte        { return h.chunks[k/heldChunk][k%heldChunk] }
 func (h *heldData) set(k int, data []byte) { h.chunks[k/heldChunk][k%heldChunk] = data }
 
 // grow adds an element (nil) at the end and returns its place.
