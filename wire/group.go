@@ -118,6 +118,31 @@ func AppendGroupMessage(dst []byte, m *GroupMessage) []byte {
 // DecodeGroupMessage decodes a TypeGroupMessage body into m. The entries'
 // data are copied into one new buffer, so m outlives body.
 func DecodeGroupMessage(body []byte, m *GroupMessage) error {
+	return decodeGroupMessage(body, m, false)
+}
+
+// DecodeGroupMessageOwned is DecodeGroupMessage for a body the caller
+// gives up: the entries' data alias it, each capped at its own end,
+// instead of being copied into a buffer of their own (the body of one
+// frame, as the copy was).
+func DecodeGroupMessageOwned(body []byte, m *GroupMessage) error {
+	return decodeGroupMessage(body, m, true)
+}
+
+// GroupMessageKindOf is the kind of the TypeGroupMessage body that
+// starts with prefix (at least GroupKindPrefix bytes), for a reader that
+// chooses the buffer of a body before reading it.
+func GroupMessageKindOf(prefix []byte) uint8 { return prefix[4] }
+
+// GroupKindPrefix is the bytes of a TypeGroupMessage body that
+// GroupMessageKindOf needs.
+const GroupKindPrefix = 5
+
+// GroupAppendHeadSize is the size of the body of a GroupAppend without
+// entries (a heartbeat): a longer one holds entries.
+const GroupAppendHeadSize = 41
+
+func decodeGroupMessage(body []byte, m *GroupMessage, owned bool) error {
 	var r Reader
 	r.Reset(body)
 	*m = GroupMessage{}
@@ -132,12 +157,19 @@ func DecodeGroupMessage(body []byte, m *GroupMessage) error {
 			return ErrMalformed
 		}
 		if n > 0 {
-			data := make([]byte, 0, r.Remaining())
+			var data []byte
+			if !owned {
+				data = make([]byte, 0, r.Remaining())
+			}
 			m.Entries = make([]GroupEntry, n)
 			for i := range m.Entries {
 				e := &m.Entries[i]
 				e.Epoch, e.Index = r.U32(), r.U64()
 				b := r.Bytes(FrameSizeMax)
+				if owned {
+					e.Data = b[:len(b):len(b)]
+					continue
+				}
 				start := len(data)
 				data = append(data, b...)
 				e.Data = data[start:len(data):len(data)]

@@ -120,3 +120,53 @@ func TestGroupMessageSizeBound(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupMessageOwned: DecodeGroupMessageOwned decodes what
+// DecodeGroupMessage does, its entries alias the body, each capped at its
+// own end (an append to one does not write over the next), and
+// GroupMessageKindOf reads the kind from the body's first bytes.
+func TestGroupMessageOwned(t *testing.T) {
+	m := GroupMessage{Group: 2, Kind: GroupAppend, From: 1, To: 2, Epoch: 3, PrevIndex: 9, PrevEpoch: 3, Commit: 8,
+		Entries: []GroupEntry{{Epoch: 3, Index: 10, Data: []byte("first")}, {Epoch: 3, Index: 11, Data: []byte("second")}}}
+	for _, k := range []uint8{GroupAppend, GroupAppendResp, GroupInstall} {
+		mk := GroupMessage{Group: 2, Kind: k, From: 1, To: 2, Epoch: 3}
+		_, body, _, err := Next(AppendGroupMessage(nil, &mk), FrameSizeMax)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := GroupMessageKindOf(body[:GroupKindPrefix]); got != k {
+			t.Fatalf("GroupMessageKindOf: %d, want %d", got, k)
+		}
+		if k == GroupAppend && len(body) != GroupAppendHeadSize {
+			t.Fatalf("an append without entries has a body of %d bytes, not GroupAppendHeadSize (%d)", len(body), GroupAppendHeadSize)
+		}
+	}
+	_, body, _, err := Next(AppendGroupMessage(nil, &m), FrameSizeMax)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var copied, owned GroupMessage
+	if err := DecodeGroupMessage(body, &copied); err != nil {
+		t.Fatal(err)
+	}
+	if err := DecodeGroupMessageOwned(body, &owned); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(copied, owned) || !reflect.DeepEqual(owned, m) {
+		t.Fatalf("owned decode\n got %+v\nwant %+v", owned, m)
+	}
+	first := owned.Entries[0].Data
+	if cap(first) != len(first) {
+		t.Fatalf("entry data of cap %d, len %d: an append to it would write over what follows", cap(first), len(first))
+	}
+	_ = append(first, 'x')
+	if string(owned.Entries[1].Data) != "second" {
+		t.Fatalf("an append to the first entry changed the second: %q", owned.Entries[1].Data)
+	}
+	for i := range body {
+		body[i] = 0
+	}
+	if string(owned.Entries[0].Data) == "first" || string(copied.Entries[0].Data) != "first" {
+		t.Fatal("the owned decode's entries do not alias the body, or the copying decode's do")
+	}
+}

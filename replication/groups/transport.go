@@ -341,7 +341,7 @@ func (t *Transport) read(raw net.Conn) {
 	}
 	r := bufio.NewReaderSize(conn, 64<<10)
 	var hdr [wire.HeaderSize]byte
-	var body []byte
+	var body, scratch []byte
 	from := uint32(0)
 	defer func() {
 		if from == 0 {
@@ -365,10 +365,23 @@ func (t *Transport) read(raw net.Conn) {
 			t.log.Warn("groups: bad frame from peer", "peer", from, "remote", conn.RemoteAddr().String(), "err", err)
 			return
 		}
-		if cap(body) < int(h.Length) {
-			body = make([]byte, h.Length)
+		// The entries of an append that has some alias its body, which is
+		// its own (their data were copied out of a reused buffer before);
+		// every other frame is decoded from one reused buffer.
+		owned := false
+		if h.Type == wire.TypeGroupMessage && h.Length > wire.GroupAppendHeadSize {
+			if p, err := r.Peek(wire.GroupKindPrefix); err == nil {
+				owned = wire.GroupMessageKindOf(p) == wire.GroupAppend
+			}
 		}
-		body = body[:h.Length]
+		if owned {
+			body = make([]byte, h.Length)
+		} else {
+			if cap(scratch) < int(h.Length) {
+				scratch = make([]byte, h.Length)
+			}
+			body = scratch[:h.Length]
+		}
 		if _, err := io.ReadFull(r, body); err != nil {
 			return
 		}
@@ -390,7 +403,11 @@ func (t *Transport) read(raw net.Conn) {
 			return
 		case from != 0 && h.Type == wire.TypeGroupMessage:
 			var m wire.GroupMessage
-			if err := wire.DecodeGroupMessage(body, &m); err != nil || m.From != from || m.To != t.self {
+			decode := wire.DecodeGroupMessage
+			if owned {
+				decode = wire.DecodeGroupMessageOwned
+			}
+			if err := decode(body, &m); err != nil || m.From != from || m.To != t.self {
 				t.log.Warn("groups: bad message from peer", "peer", from, "err", err)
 				return
 			}
