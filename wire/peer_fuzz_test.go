@@ -48,8 +48,12 @@ func decodePeer(data []byte, maxFrame uint32) error {
 				panic("group hello does not encode back to its bytes")
 			}
 		case TypeGroupMessage:
-			var m GroupMessage
-			if err := DecodeGroupMessage(body, &m); err != nil {
+			var m, owned GroupMessage
+			err := DecodeGroupMessage(body, &m)
+			if oerr := DecodeGroupMessageOwned(bytes.Clone(body), &owned); (oerr == nil) != (err == nil) || err == nil && !sameGroupMessage(&m, &owned) {
+				panic("the owned decode of a group message differs from the copying one")
+			}
+			if err != nil {
 				break
 			}
 			if len(m.Entries) > GroupEntriesMax {
