@@ -379,7 +379,7 @@ func loopbackListen(addr string) bool {
 // client address off loopback when there are none. It runs in Start
 // before the client listeners.
 func (s *Server) startAuth() (applied uint64, err error) {
-	if s.ctl != nil {
+	if s.ctl != nil || s.ctlClient != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), wiringTimeout)
 		defer cancel()
 		cl := s.brokerClient()
@@ -407,7 +407,7 @@ func (s *Server) startAuth() (applied uint64, err error) {
 			continue
 		}
 		how := "start berthd with a loopback " + l.flag + " (127.0.0.1:7400), add a user with 'berthctl users add NAME' (password on standard input), then restart it on " + l.addr
-		if s.ctl == nil {
+		if s.ctl == nil && s.ctlClient == nil {
 			how = "users live in the controller: run berthd with -data and -controller, " + how
 		}
 		return 0, fmt.Errorf("server: %s %s is not a loopback address and no users are defined, so no client could log in there (the default user logs in from loopback only): %s", l.flag, l.addr, how)

@@ -138,6 +138,14 @@ type Config struct {
 	// validateController.
 	ControllerPeers map[uint64]string
 	ControllerID    uint64
+	// ControllerAddrs are the client addresses of a controller group's
+	// members, for a broker that runs no member of it: registration,
+	// heartbeats, wiring, users and groups go through them (any member
+	// answers or names its leader). The controller may run on
+	// controller-only nodes or inside other brokers; a group of 3 or 5
+	// members so serves any number of brokers. It excludes
+	// ControllerAddr and ControllerPeers and needs DataDir.
+	ControllerAddrs []string
 	// ControllerJoin starts this node's member as one being added to a
 	// running group: it has no configuration until the leader, once an
 	// operator ran "berthctl members add ID=ADDR", sends it a snapshot.

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/berthmq/berth/controlplane"
@@ -50,6 +51,9 @@ func (c *Config) validateController() error {
 	case "", RoleBroker, RoleController:
 	default:
 		return configErrorf([]string{"role"}, "role %q: want %s or %s", c.Role, RoleBroker, RoleController)
+	}
+	if len(c.ControllerAddrs) > 0 {
+		return c.validateControllerAddrs()
 	}
 	if c.ControllerJoin && len(c.ControllerPeers) < 2 {
 		return configErrorf([]string{"controller-join", "controller-peers"}, "joining a controller group needs controller peers naming this node and at least one running member")
@@ -99,12 +103,82 @@ func (c *Config) validateController() error {
 // controllerJoinPeersMax bounds ControllerPeers of a joining member.
 const controllerJoinPeersMax = 6
 
+// controllerAddrsMax bounds ControllerAddrs: a group's members, 5 at
+// most, and one more while a member is being replaced.
+const controllerAddrsMax = 6
+
+// validateControllerAddrs checks ControllerAddrs: a broker's, with a data
+// directory, without a member of its own, distinct host:port addresses.
+func (c *Config) validateControllerAddrs() error {
+	keys := []string{"controller-addrs"}
+	switch {
+	case c.Role == RoleController:
+		return configErrorf(append(keys, "role"), "a controller-only node runs a member: give it controller peers, not controller addresses")
+	case len(c.ControllerPeers) > 0 || c.ControllerID != 0 || c.ControllerJoin:
+		return configErrorf(append(keys, "controller-peers", "controller-id"), "controller addresses are for a broker that runs no controller member: give either them or controller peers, not both")
+	case c.ControllerAddr != "":
+		return configErrorf(append(keys, "controller"), "controller addresses are for a broker that runs no controller member: they exclude the in-process controller's address %s", c.ControllerAddr)
+	case len(c.ControllerAddrs) > controllerAddrsMax:
+		return configErrorf(keys, "%d controller addresses: a controller group has at most 5 members", len(c.ControllerAddrs))
+	case c.DataDir == "":
+		return configErrorf(append(keys, "data"), "a broker of a controller group needs a data directory (its journal and broker id)")
+	}
+	seen := map[string]bool{}
+	for _, addr := range c.ControllerAddrs {
+		if err := ctlapi.CheckControllerAddr(addr); err != nil {
+			return configErrorf(keys, "controller address %q: %w", addr, err)
+		}
+		if seen[addr] {
+			return configErrorf(keys, "controller address %s given twice", addr)
+		}
+		seen[addr] = true
+	}
+	return nil
+}
+
 // controllerEmbedded reports whether Start runs a controller member.
 func (c *Config) controllerEmbedded() bool {
 	if c.Role == RoleController {
 		return true
 	}
-	return c.DataDir != "" && (c.ControllerAddr != "" || len(c.ControllerPeers) > 0)
+	return c.DataDir != "" && len(c.ControllerAddrs) == 0 && (c.ControllerAddr != "" || len(c.ControllerPeers) > 0)
+}
+
+// controllerRemote reports whether the broker uses a controller group it
+// runs no member of (ControllerAddrs).
+func (c *Config) controllerRemote() bool {
+	return c.Role != RoleController && c.DataDir != "" && len(c.ControllerAddrs) > 0
+}
+
+// connectController makes the client of the controller group at
+// ControllerAddrs, which this broker runs no member of, and waits
+// (bounded by ControllerWait) until the group answers a consistent read,
+// so that the wiring restored next is the controller's. It returns the
+// wiring log over the client.
+func (s *Server) connectController() (*controllerWiring, error) {
+	cfg := s.cfg
+	s.ctlClient = ctlclient.NewClientAuth(slices.Clone(cfg.ControllerAddrs), s.peerAuth)
+	cfg.Logger.Info("server: using a controller group this broker runs no member of", "addrs", cfg.ControllerAddrs)
+	start := time.Now()
+	nextLog := start.Add(controllerWaitLog)
+	for {
+		ctx, cancel := context.WithTimeout(s.regCtx, time.Second)
+		_, err := s.ctlClient.GetClusterInfo(ctx, ctlapi.ReadConsistent)
+		cancel()
+		if err == nil {
+			cfg.Logger.Info("server: controller group answers", "waited", time.Since(start).Round(time.Millisecond))
+			break
+		}
+		if time.Since(start) > cfg.ControllerWait {
+			return nil, fmt.Errorf("server: the controller group at %s did not answer within %v (last error: %w); start its members, or check -controller-addrs", strings.Join(cfg.ControllerAddrs, ","), cfg.ControllerWait, err)
+		}
+		if now := time.Now(); now.After(nextLog) {
+			cfg.Logger.Warn("server: waiting for the controller group to answer", "addrs", cfg.ControllerAddrs, "waited", now.Sub(start).Round(time.Second), "err", err)
+			nextLog = now.Add(controllerWaitLog)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return &controllerWiring{cl: s.ctlClient, timeout: wiringTimeout, stop: s.regCtx}, nil
 }
 
 // startController starts this node's controller member and returns the

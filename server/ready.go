@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 
 	"github.com/berthmq/berth/controlplane"
@@ -69,6 +70,9 @@ func (s *Server) unready() []string {
 			}
 			out = append(out, msg)
 		}
+	}
+	if s.cfg.controllerRemote() && !s.registered.Load() {
+		out = append(out, "controller: this broker is not registered with the controller group at "+strings.Join(s.cfg.ControllerAddrs, ",")+" yet")
 	}
 	if s.cfg.Role == RoleController {
 		return out

@@ -68,7 +68,7 @@ const ControllerBrokerTimeoutDefault = controlplane.BrokerTimeoutDefault
 // registersWithController reports whether this node is a broker that gets
 // an id from the controller, registers and heartbeats.
 func (c *Config) registersWithController() bool {
-	return c.Role == RoleBroker && c.controllerEmbedded()
+	return c.Role == RoleBroker && (c.controllerEmbedded() || c.controllerRemote())
 }
 
 // BrokerID is this broker's id in the controller, or 0 when it runs

@@ -199,8 +199,14 @@ func Start(cfg Config) (*Server, error) {
 		}
 		bcfg.Journal = &shards.JournalConfig{Dir: cfg.DataDir, Fsync: cfg.Fsync, FS: cfg.JournalFS, SegmentBytes: cfg.JournalSegmentBytes,
 			CheckpointRecords: cfg.JournalCheckpointRecords}
-		if cfg.controllerEmbedded() {
-			wl, err := s.startController(true)
+		if cfg.controllerEmbedded() || cfg.controllerRemote() {
+			var wl *controllerWiring
+			var err error
+			if cfg.controllerRemote() {
+				wl, err = s.connectController()
+			} else {
+				wl, err = s.startController(true)
+			}
 			if err != nil {
 				return nil, s.abort(err)
 			}
@@ -292,7 +298,7 @@ func Start(cfg Config) (*Server, error) {
 	go s.heartbeats()
 	go func() { defer s.hbWG.Done(); s.stalls.run(s.stopHB) }()
 	s.arm(stopHeartbeats)
-	if s.ctl != nil {
+	if s.ctl != nil || s.ctlClient != nil {
 		s.regWG.Add(1)
 		go s.watchUsers(usersApplied)
 	}

@@ -149,6 +149,7 @@ func envName(flagName string) string {
 type flags struct {
 	listen, admin, dataDir, controller, fsync, role    string
 	controllerID, controllerPeers, advertise, logLevel string
+	controllerAddrs                                    string
 	logFormat, configPath, memoryLimit, frameSize      string
 	listenTLS, tlsCert, tlsKey, tlsClientCA            string
 	allowPlain                                         bool
@@ -207,6 +208,7 @@ func newFlagSet() (*flag.FlagSet, *flags) {
 	fs.IntVar(&f.mutexFraction, "mutex-profile-fraction", 0, "sample 1/n mutex contention events for /debug/pprof/mutex, 0 = off")
 	fs.IntVar(&f.blockRate, "block-profile-rate", 0, "sample blocking events of this many ns for /debug/pprof/block, 0 = off")
 	fs.StringVar(&f.role, "role", server.RoleBroker, "broker (serves clients, embeds its controller member) or controller (controller member only)")
+	fs.StringVar(&f.controllerAddrs, "controller-addrs", "", "a controller group's member addresses as host:port,...: this broker uses that group (registration, heartbeats, wiring, users, groups) and runs no member of it; excludes -controller and -controller-peers")
 	fs.StringVar(&f.controllerID, "controller-id", "", "this node's id in -controller-peers")
 	fs.StringVar(&f.controllerPeers, "controller-peers", "", "controller group members as id=host:port,... (1, 3 or 5), this node included; overrides -controller")
 	fs.BoolVar(&f.join, "controller-join", false, "start this controller member to be added to a running group (then run 'berthctl members add ID=ADDR'); -controller-peers lists this node and the members it knows")
@@ -416,6 +418,16 @@ func parseArgs(args []string) (options, error) {
 	cfg.MetricsQueueLimit = f.metricsQueueLimit
 	cfg.JournalSegmentBytes, cfg.JournalCheckpointRecords = f.segmentBytes, int(f.checkpointRecords)
 	cfg.Role, cfg.ControllerAddr, cfg.ControllerID, cfg.ControllerPeers = f.role, f.controller, id, peers
+	if addrs := strings.TrimSpace(f.controllerAddrs); addrs != "" {
+		// -controller's default (the one-member controller of make run)
+		// gives way; set explicitly, it conflicts (validateController).
+		if _, set := o["controller"]; !set && !cmdline["controller"] {
+			cfg.ControllerAddr = ""
+		}
+		for _, a := range strings.Split(addrs, ",") {
+			cfg.ControllerAddrs = append(cfg.ControllerAddrs, strings.TrimSpace(a))
+		}
+	}
 	cfg.ControllerJoin, cfg.ControllerLeaseRead, cfg.ControllerWait = f.join, f.leaseRead, f.controllerWait
 	cfg.ControllerBrokerTimeout, cfg.ControllerLeaderGrace = f.brokerTimeout, f.leaderGrace
 	cfg.AdvertiseAddr = f.advertise
