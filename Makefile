@@ -17,7 +17,7 @@ PKGS      := ./...
 RACE_PKGS := ./ring/... ./shards/... ./server ./replication/... ./server/wiring \
 	./client/... ./journal/... ./controlplane/... ./perf/... ./tools/... ./internal/...
 
-.PHONY: cluster certs all build run check test test-race test-plain test-berthd test-race-procs bench bench-forward bench-delayed bench-backlog bench-restart fuzz hostile vet crash soak chaos clean release deb
+.PHONY: cluster certs all build run check test test-race test-plain test-berthd test-race-procs bench bench-forward bench-ctl-scale bench-delayed bench-backlog bench-restart fuzz hostile vet crash soak chaos clean release deb
 
 # Version stamping (internal/version). VERSION is the latest vX.Y.Z tag as
 # git describe gives it, without the v (1.2.0; 1.2.0-3-gabc1234 three
@@ -148,6 +148,13 @@ bench:
 FORWARD_BENCHTIME ?= 20000x
 bench-forward:
 	$(GO) test -count=1 -run '^$$' -bench 'PublishForwarded|ConsumeProxied' -benchtime $(FORWARD_BENCHTIME) -timeout 10m ./server/clustertest
+
+# One 3-member controller (controller-only berthd processes) serving
+# CTL_BROKERS brokers played by perf/hbload: heartbeats held, their
+# latency, failover after a broker's death, controller CPU.
+CTL_BROKERS ?= 1000
+bench-ctl-scale:
+	BERTH_BENCH_BROKERS=$(CTL_BROKERS) $(GO) test -count=1 -run '^$$' -bench ControllerManyBrokers -benchtime 1x -timeout 10m -v ./server/clustertest
 
 # The long form of the kill -9 crash test.
 CRASH_ROUNDS ?= 20
