@@ -669,6 +669,21 @@ func dropHeld(con *Consumer) {
 	clear(con.unacked)
 }
 
+// voidHeld is dropHeld for a consumer that stays: the tags it held are
+// kept as void (Consumer.voided), so that their accepts and rejects fail.
+func voidHeld(con *Consumer) {
+	for tag := range con.unacked {
+		if len(con.voided) >= voidedMax {
+			break
+		}
+		if con.voided == nil {
+			con.voided = make(map[uint64]struct{}, len(con.unacked))
+		}
+		con.voided[tag] = struct{}{}
+	}
+	dropHeld(con)
+}
+
 // ApplyAcquires applies a committed acquires event of replicated queue q
 // on a member that did not propose it (a proposer acquired the messages
 // when it proposed the event): each message moves to the acquired set,

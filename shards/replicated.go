@@ -398,12 +398,12 @@ func resetGroup(g uint32) func(*Shard) {
 		sh.setMastered(g, false)
 		sh.forgetLost(g) // own.go
 		// What this broker's consumers hold of the group's queues is
-		// void here: held deliveries never go out, and a settle of an
-		// acquisition finds nothing (the log applied again holds the
+		// void here: held deliveries never go out, and an accept or
+		// reject of an acquisition fails (the log applied again holds the
 		// messages a next master requeues).
 		for _, con := range sh.consumers {
 			if q := con.queue; q.replicated && q.group == g {
-				dropHeld(con)
+				voidHeld(con)
 			}
 		}
 		sh.acqWaits.each(func(tag uint64, w *acqWait) {

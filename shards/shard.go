@@ -32,7 +32,18 @@ type Consumer struct {
 	// first; heldBytes is their size, counted against OutMax as pending.
 	held      []heldDelivery
 	heldBytes int64
+	// voided are the tags of deliveries this consumer held when its
+	// broker's copy of the queue's group was reset (dropHeld): their
+	// acquisitions are void, so an accept or reject of one fails rather
+	// than complete as a settle of an unknown tag would. At most
+	// voidedMax; voidHit: a part of the settle under way met one.
+	voided  map[uint64]struct{}
+	voidHit bool
 }
+
+// voidedMax bounds Consumer.voided: past it the tags of a further reset
+// are not kept (their settles then complete as unknown tags do).
+const voidedMax = 1 << 16
 
 type consumerKey struct {
 	sess *Session
@@ -568,6 +579,10 @@ func (s *Shard) settle(st *Settle) {
 	settleOne := func(tag uint64) {
 		seq, ok := con.unacked[tag]
 		if !ok {
+			if _, void := con.voided[tag]; void {
+				delete(con.voided, tag)
+				con.voidHit = true
+			}
 			return // settled already or unknown: settles are idempotent
 		}
 		delete(con.unacked, tag)
@@ -621,6 +636,13 @@ func (s *Shard) settle(st *Settle) {
 		con.Session.consumerGone(con.ID)
 	}
 	if st.Last {
+		var voidErr error
+		if con.voidHit && st.Kind != SettleRelease {
+			// A delivery whose acquisition the reset voided: the message
+			// went back to the queue, so this settle did not take it.
+			voidErr = Errorf(wire.CodeOutcomeUnknown, "queue %q's group was applied again on this broker with the delivery held (it lost the queue or its mastership); the message was requeued and this settle did not take it", q.Name)
+		}
+		con.voidHit = false
 		if q.replicated {
 			// An accept completes once its removes committed (an owner
 			// that is not the master: once it applied them, own.go).
@@ -629,7 +651,12 @@ func (s *Shard) settle(st *Settle) {
 			if stampedSettle {
 				propose = s.proposeRemovesBy
 			}
-			if err := propose(q, func(err error) { s.pushCompletion(sess, id, nil, err) }); err != nil {
+			if err := propose(q, func(err error) {
+				if voidErr != nil {
+					err = voidErr
+				}
+				s.pushCompletion(sess, id, nil, err)
+			}); err != nil {
 				s.completeCmd(sess, id, nil, err)
 			}
 			return
