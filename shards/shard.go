@@ -607,13 +607,19 @@ func (s *Shard) settle(st *Settle) {
 		r := st.Ranges[i]
 		// Tags past the consumer's last delivery were never handed out:
 		// a flood of settles for them costs a comparison each.
-		if r.First > con.nextTag || len(con.unacked) == 0 {
+		if r.First > con.nextTag || len(con.unacked) == 0 && len(con.voided) == 0 {
 			continue
 		}
 		r.Last = min(r.Last, con.nextTag)
-		if r.Last-r.First >= uint64(len(con.unacked)) {
-			// A wide range: walk what is acquired, not the range.
+		if r.Last-r.First >= uint64(len(con.unacked)+len(con.voided)) {
+			// A wide range: walk what is acquired (and void), not the
+			// range.
 			for tag := range con.unacked {
+				if tag >= r.First && tag <= r.Last {
+					settleOne(tag)
+				}
+			}
+			for tag := range con.voided {
 				if tag >= r.First && tag <= r.Last {
 					settleOne(tag)
 				}
@@ -657,6 +663,9 @@ func (s *Shard) settle(st *Settle) {
 				}
 				s.pushCompletion(sess, id, nil, err)
 			}); err != nil {
+				if voidErr != nil {
+					err = voidErr
+				}
 				s.completeCmd(sess, id, nil, err)
 			}
 			return
