@@ -268,7 +268,11 @@ func TestDelayedShard(t *testing.T) {
 	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: &discardWriter{}}
 	now := time.Now().UnixNano()
 	at1 := now + int64(150*time.Millisecond)
-	at2 := now + int64(400*time.Millisecond)
+	// The second's TTL is just shorter than its delay, with room for a
+	// loaded machine: under make test's race pass at the lowest priority
+	// a TTL of 100 ms after a 400 ms delay ran out before the restarted
+	// shard delivered it.
+	at2 := now + int64(1500*time.Millisecond)
 	push := func(c Command) {
 		t.Helper()
 		if err := sh.Push(ctx, c); err != nil {
@@ -279,7 +283,7 @@ func TestDelayedShard(t *testing.T) {
 	// be delivered, since its TTL starts at its deliver-at time.
 	push(Publish{Sess: sess, CmdID: 1, Queue: q, Body: prioBody("first", 0, at1, true), Now: now}.Command())
 	push(Publish{Sess: sess, CmdID: 2, Queue: q, Body: prioBody("second", 0, at2, true), Now: now,
-		TTLNanos: int64(100 * time.Millisecond)}.Command())
+		TTLNanos: int64(1400 * time.Millisecond)}.Command())
 	if infos := b.Queues(); len(infos) != 1 || infos[0].Delayed != 2 || infos[0].Ready != 0 {
 		t.Fatalf("queue stats with two delayed messages: %+v", infos)
 	}
