@@ -17,7 +17,7 @@ PKGS      := ./...
 RACE_PKGS := ./ring/... ./shards/... ./server ./replication/... ./server/wiring \
 	./client/... ./journal/... ./controlplane/... ./perf/... ./tools/... ./internal/...
 
-.PHONY: cluster certs all build run check test test-race test-plain test-berthd test-race-procs bench bench-forward bench-ctl-scale bench-delayed bench-backlog bench-restart fuzz hostile vet crash soak chaos clean release deb
+.PHONY: cluster certs all build run check test test-race test-plain test-berthd test-race-procs bench bench-forward bench-ctl-scale test-overlap bench-delayed bench-backlog bench-restart fuzz hostile vet crash soak chaos clean release deb
 
 # Version stamping (internal/version). VERSION is the latest vX.Y.Z tag as
 # git describe gives it, without the v (1.2.0; 1.2.0-3-gabc1234 three
@@ -59,13 +59,17 @@ certs: build
 # (CI's command), test-race-procs the process tests against a berthd
 # built with -race; soak, chaos, crash, hostile and the benchmarks below.
 #
-# The plain pass and the race pass run at once: the plain pass's process
-# tests mostly wait on timers, the race pass is bound by the CPU, and the
-# race pass runs at the lowest CPU and I/O priority (RACE_NICE), so that
-# it takes only what the brokers of the process tests leave. Run one
-# after the other they took 8 min 46 s; together, 6 min 53 s
-# (docs/TESTING.md). -Oline keeps each output line whole.
-test: vet test-berthd
+# The plain pass and the race pass run one after the other. Run at once
+# (the race pass under nice -n 19 and ionice -c 3) they took 6 min 25 s
+# to 8 min 8 s, but three of six such runs failed a timing-bound test:
+# TestOwnerFrozenIsFenced (a defect, fixed), TestDelayedShard (widened)
+# and TestReplacedMasterDeliversNothing (an accepted message delivered
+# again by a replaced master; 5 of 5 passed alone), so the gate keeps
+# the passes apart until that last one is understood (docs/TESTING.md).
+# `make test-overlap` runs them at once.
+test: vet test-plain test-race test-python
+
+test-overlap: vet test-berthd
 	$(MAKE) --no-print-directory -j2 -Oline test-plain test-race RACE_NICE='$(RACE_NICE_GATE)'
 	$(MAKE) --no-print-directory test-python
 
