@@ -150,19 +150,7 @@ func (d *acqSim) fatalf(format string, args ...any) {
 // loop runs one pass of the master shard's loop: its ring, then
 // dispatch, proposals and output; and reads what its consumers got.
 func (d *acqSim) loop(s *Shard) {
-	for {
-		n := s.in.PopBatch(s.cmds)
-		for i := 0; i < n; i++ {
-			s.handle(&s.cmds[i])
-			s.cmds[i] = Command{}
-		}
-		if n == 0 {
-			break
-		}
-	}
-	s.dispatchDirty()
-	s.flushRemoves()
-	s.flush()
+	runPass(s)
 	if s != d.m {
 		return
 	}

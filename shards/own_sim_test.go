@@ -166,19 +166,7 @@ func (d *ownSim) loop(b *ownBroker) {
 	}
 	s := b.s
 	s.now = d.now
-	for {
-		n := s.in.PopBatch(s.cmds)
-		for i := 0; i < n; i++ {
-			s.handle(&s.cmds[i])
-			s.cmds[i] = Command{}
-		}
-		if n == 0 {
-			break
-		}
-	}
-	s.dispatchDirty()
-	s.flushRemoves()
-	s.flush()
+	runPass(s)
 	for _, c := range b.cons {
 		for _, m := range c.w.take(d.t) {
 			p := string(m.Payload)

@@ -21,21 +21,7 @@ func TestSettleAfterGroupResetFails(t *testing.T) {
 	groupMastered(q.group)(s)
 	w := &captureWriter{}
 	sess := &Session{ID: 1, Version: wire.Current, FrameMax: wire.FrameSizeDefault, Out: w}
-	loop := func() {
-		for {
-			n := s.in.PopBatch(s.cmds)
-			for i := 0; i < n; i++ {
-				s.handle(&s.cmds[i])
-				s.cmds[i] = Command{}
-			}
-			if n == 0 {
-				break
-			}
-		}
-		s.dispatchDirty()
-		s.flushRemoves()
-		s.flush()
-	}
+	loop := func() { runPass(s) }
 	s.handleCmd(Subscribe{Sess: sess, CmdID: 1, Queue: q, ConsumerID: 1, Credit: 3}.Command())
 	for seq := uint64(1); seq <= 3; seq++ {
 		s.ApplyEnqueue(q, seq, NewBody(nil, []byte("rq"), nil, []byte{byte('a' + seq)}, true), 0, 0, 0, 0)
@@ -96,4 +82,23 @@ func TestSettleAfterGroupResetFails(t *testing.T) {
 			t.Errorf("settle %d: completed %v (%v), want %v", id, c, ok, code)
 		}
 	}
+}
+
+// runPass runs one pass of a shard's loop as its goroutine would, for a
+// test that drives the shard: what its ring holds, then dispatch,
+// proposals and output.
+func runPass(s *Shard) {
+	for {
+		n := s.in.PopBatch(s.cmds)
+		for i := 0; i < n; i++ {
+			s.handle(&s.cmds[i])
+			s.cmds[i] = Command{}
+		}
+		if n == 0 {
+			break
+		}
+	}
+	s.dispatchDirty()
+	s.flushRemoves()
+	s.flush()
 }
