@@ -33,7 +33,7 @@ type shardCollector struct {
 	qPublished, qDelivered, qAccepted, qDeadLettered, qExpired                   *prometheus.Desc
 	ringFull, storeErrors, droppedDeadLetters, duplicates, recovery, recoveredMs *prometheus.Desc
 	acquiresEvents, releasesEvents, inherited                                    *prometheus.Desc
-	ownEvents, ownedSeconds                                                      *prometheus.Desc
+	ownEvents, ownedSeconds, orphanRequeues                                      *prometheus.Desc
 	fsyncs, recordsPerFsync, fsyncSeconds, appends, segments                     *prometheus.Desc
 	diskBytes, liveBytes, journalFailed                                          *prometheus.Desc
 	memLimit, memUsed, memPaged, memThrottled, memThrottles                      *prometheus.Desc
@@ -78,6 +78,7 @@ func newShardCollector(s *Server) *shardCollector {
 		acquiresEvents:     d("berth_shard_acquires_events_total", "Acquires events the shard proposed as master of replicated queues' groups: each records deliveries, which go out once it commits.", sh),
 		releasesEvents:     d("berth_shard_releases_events_total", "Releases events the shard proposed as master of replicated queues' groups: acquired messages put back.", sh),
 		ownedSeconds:       d("berth_shard_owned_seconds_total", "Time this broker owned replicated queues whose group it does not master (consumers served at replicas, -consume-at-replicas), summed over the queues, counted at the shard's ticks.", sh),
+		orphanRequeues:     d("berth_shard_orphan_requeues_total", "Own events the shard proposed to requeue messages its group's log holds as acquired by this broker that no consumer here holds any more (after a step-down, a resync or a restart).", sh),
 		ownEvents:          d("berth_shard_own_events_total", "Own events the shard applied: handovers of replicated queues from one owner broker to another, and queues taken back from an owner that went silent.", sh),
 		inherited:          d("berth_shard_inherited_redeliveries_total", "Messages the shard requeued, flagged redelivered, on becoming master of a replicated queue's group, because an earlier master had handed them out and nobody settled them.", sh),
 		recovery:           d("berth_shard_recovery_seconds", "How long the shard's journal recovery took at start.", sh),
@@ -107,7 +108,7 @@ func (c *shardCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.qDepth, c.qReady, c.qUnacked, c.qDelayed, c.qConsumers, c.qBytes,
 		c.qPublished, c.qDelivered, c.qAccepted, c.qDeadLettered, c.qExpired,
 		c.ringFull, c.storeErrors, c.droppedDeadLetters, c.duplicates, c.recovery, c.recoveredMs,
-		c.acquiresEvents, c.releasesEvents, c.inherited, c.ownEvents, c.ownedSeconds,
+		c.acquiresEvents, c.releasesEvents, c.inherited, c.ownEvents, c.ownedSeconds, c.orphanRequeues,
 		c.fsyncs, c.recordsPerFsync, c.fsyncSeconds, c.appends, c.segments,
 		c.diskBytes, c.liveBytes, c.journalFailed,
 		c.memLimit, c.memUsed, c.memPaged, c.memThrottled, c.memThrottles, c.pageOuts, c.pageIns, c.pageErrors} {
@@ -172,6 +173,7 @@ func (c *shardCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.releasesEvents, m.Stats.ReleasesEvents, shard)
 		counter(c.inherited, m.Stats.Inherited, shard)
 		counter(c.ownEvents, m.Stats.OwnEvents, shard)
+		counter(c.orphanRequeues, m.Stats.OrphanRequeues, shard)
 		ch <- prometheus.MustNewConstMetric(c.ownedSeconds, prometheus.CounterValue, float64(m.Stats.OwnedNanos)/1e9, shard)
 		mem := &m.Memory
 		gauge(c.memLimit, float64(mem.LimitBytes), shard)

@@ -734,6 +734,11 @@ func (s *Shard) ApplyAcquires(q *Queue, seqs []uint64, window uint32, st event.S
 		}
 		return
 	}
+	if st.Broker != 0 && st.Broker == s.self() {
+		// This broker's, from before it restarted or applied the log
+		// again: no consumer of its holds what it acquired.
+		rs.orphans = true
+	}
 	rs.window = window
 	for _, seq := range seqs {
 		e := q.takeReady(seq)
@@ -864,17 +869,30 @@ func (s *Shard) windowEntries(q *Queue) []*Entry {
 	w := int(q.rare.window)
 	ev := Event{Kind: EvPromote, Now: s.now}
 	_ = q.Apply(&ev, s)
+	// A message the log holds as acquired by a broker that is not the
+	// master was not ready at the last master, so it is not in its window:
+	// here it is ready only because this broker released it (as an owner)
+	// ahead of the log, and its releases event counts it (ApplyReleases).
+	acqBy := q.rare.acqBy
 	var out []*Entry
 	for lv := range q.levels {
 		l := &q.levels[lv]
 		var level []*Entry
 		for i := range l.ready.len() {
-			level = append(level, l.ready.at(i))
+			e := l.ready.at(i)
+			if _, held := acqBy[e.Seq]; held {
+				continue
+			}
+			level = append(level, e)
 			if len(level) == w {
 				break
 			}
 		}
-		level = append(level, l.released...)
+		for _, e := range l.released {
+			if _, held := acqBy[e.Seq]; !held {
+				level = append(level, e)
+			}
+		}
 		slices.SortFunc(level, func(a, b *Entry) int { return cmp.Compare(a.Seq, b.Seq) })
 		out = append(out, level[:min(w, len(level))]...)
 	}

@@ -241,6 +241,9 @@ func (s *Shard) tickOwnership() {
 			}
 		}
 		keepF = append(keepF, q)
+		if rs.orphans {
+			s.checkOrphans(q)
+		}
 		if !s.masters(q) || rs.ownInFlight {
 			continue
 		}
@@ -261,6 +264,68 @@ func (s *Shard) tickOwnership() {
 	}
 	clear(s.foreign[len(keepF):])
 	s.foreign = keepF
+}
+
+// heldBy reports whether acqBy holds a message acquired by broker b.
+func heldBy(acqBy map[uint64]uint32, b uint32) bool {
+	for _, by := range acqBy {
+		if by == b && b != 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// checkOrphans looks, once nothing of q that this broker proposed is in
+// flight, for messages the log holds as acquired by this broker and that
+// no consumer of this broker holds: their consumers were ended when it
+// applied the log again (a master's step-down, whose consumers the server
+// ends; a lost owner's resync) or when it restarted, and nothing else
+// would settle them. It proposes an own event that requeues what it holds
+// (as a master does for a silent broker), keeping the queue's owner, or
+// giving it back to the master if this broker owns it. Every member
+// applies the requeue at the same index, this broker too, which applies
+// the log again then (ApplyOwn), so what its consumers acquired since is
+// void here as well: nothing stays held by two brokers.
+func (s *Shard) checkOrphans(q *Queue) {
+	rs := q.rare
+	self := s.self()
+	if q.deleted || self == 0 || !heldBy(rs.acqBy, self) {
+		rs.orphans = false
+		return
+	}
+	if rs.ownInFlight || !quiet(q) {
+		return // the next check
+	}
+	here := map[uint64]bool{}
+	for _, con := range s.consumers {
+		if con.queue != q {
+			continue
+		}
+		for _, seq := range con.unacked {
+			here[seq] = true
+		}
+		for _, h := range con.held {
+			here[h.seq] = true
+		}
+	}
+	n := 0
+	for seq, by := range rs.acqBy {
+		if by == self && !here[seq] {
+			n++
+		}
+	}
+	if n == 0 {
+		rs.orphans = false
+		return
+	}
+	owner := rs.ownedBy
+	if owner == self {
+		owner = 0
+	}
+	s.log.Warn("shards: the group's log holds messages of a replicated queue as acquired by this broker, which no consumer here holds any more; proposing their requeue", "queue", q.Name, "messages", n)
+	s.stats.OrphanRequeues++
+	s.proposeOwn(q, owner, self)
 }
 
 // listRefresh lists q for refreshOwnership, once.

@@ -50,6 +50,12 @@ type ownSim struct {
 	refreshes int
 	// committed holds every committed event by index, for a resync.
 	committed map[uint64]ownEvent
+	// master is the group's master (changeMaster moves it);
+	// masterChanges counts the moves.
+	master        uint32
+	masterChanges int
+	// masters: the schedule changes masters (BERTH_OWN_SIM_MASTERS=1).
+	masters bool
 }
 
 type ownBroker struct {
@@ -61,7 +67,15 @@ type ownBroker struct {
 	thawing bool       // applying its backlog: it owns nothing (groups.Node.Owning after a gap)
 	backlog []ownEvent // committed while frozen
 	resync  bool
-	cons    []*simConsumer
+	// resynced is the last index a resync was asked for at.
+	resynced uint64
+	// deposed: it was the master and another broker is now; it steps
+	// down (applies the log again) at its next stepDown, or when it
+	// thaws. Until then it runs on as a member that is not the master.
+	deposed bool
+	// later holds outcomes told while it was frozen, for its thaw.
+	later []func()
+	cons  []*simConsumer
 }
 
 type ownEvent struct {
@@ -85,16 +99,23 @@ type ownRepl struct {
 	b *ownBroker
 }
 
-func (r *ownRepl) IsMaster(uint32) bool   { return r.b.id == 1 }
-func (r *ownRepl) Delivering(uint32) bool { return r.b.id == 1 }
+func (r *ownRepl) IsMaster(uint32) bool   { return r.b.id == r.d.master }
+func (r *ownRepl) Delivering(uint32) bool { return r.b.id == r.d.master }
 func (r *ownRepl) Self() uint32           { return r.b.id }
-func (r *ownRepl) Owning(uint32) bool     { return r.b.id != 1 && !r.b.frozen && !r.b.thawing }
-func (r *ownRepl) Live(_, b uint32) bool  { return !r.d.bs[b-1].frozen }
-func (r *ownRepl) Resync(uint32, uint64)  { r.b.resync = true }
-func (r *ownRepl) Applied(uint32) uint64  { return r.d.index - uint64(len(r.b.backlog)) }
+func (r *ownRepl) Owning(uint32) bool {
+	return r.b.id != r.d.master && !r.b.frozen && !r.b.thawing
+}
+func (r *ownRepl) Live(_, b uint32) bool { return !r.d.bs[b-1].frozen }
+func (r *ownRepl) Resync(_ uint32, index uint64) {
+	// As the node: once for an index (groups.Node.Resync).
+	if index > r.b.resynced {
+		r.b.resynced, r.b.resync = index, true
+	}
+}
+func (r *ownRepl) Applied(uint32) uint64 { return r.d.index - uint64(len(r.b.backlog)) }
 func (r *ownRepl) propose(ev ownEvent) error {
 	ev.from = r.b.id
-	if r.b.id == 1 {
+	if r.b.id == r.d.master {
 		r.d.log = append(r.d.log, ev)
 	} else {
 		r.b.transit = append(r.b.transit, ev)
@@ -139,8 +160,78 @@ func newOwnSim(t *testing.T, seed int64) *ownSim {
 		br.SetReplicator(&ownRepl{journalReplicator: journalReplicator{sh: s}, d: d, b: b})
 		d.bs = append(d.bs, b)
 	}
+	d.master = 1
+	d.masters = os.Getenv("BERTH_OWN_SIM_MASTERS") == "1"
 	groupMastered(1)(d.bs[0].s)
 	return d
+}
+
+func (d *ownSim) masterBroker() *ownBroker { return d.bs[d.master-1] }
+
+// changeMaster elects another broker master of the group, as the
+// controller does after the master's death, freeze or a rebalance. The
+// new one is a broker that runs and applied every committed event. Of
+// the events proposed and not committed yet a random prefix survives
+// (the new master's log holds it) and commits before the new master
+// takes over (the node pushes GroupMastered behind what it inherited);
+// the rest are lost. Every proposer of an uncommitted event is told its
+// outcome is unknown (the old master gives up its waiters; a forward in
+// flight to it drops). The old master steps down later (stepDown), or
+// when it thaws if frozen.
+func (d *ownSim) changeMaster() bool {
+	old := d.masterBroker()
+	var cands []*ownBroker
+	for _, b := range d.bs {
+		if b != old && !b.frozen && !b.deposed && !b.resync && len(b.backlog) == 0 {
+			cands = append(cands, b)
+		}
+	}
+	if len(cands) == 0 {
+		return false
+	}
+	n := cands[d.rng.Intn(len(cands))]
+	keep := d.rng.Intn(len(d.log) + 1)
+	d.logf("master b%d -> b%d (%d of %d uncommitted events survive)", old.id, n.id, keep, len(d.log))
+	for i := range d.log {
+		ev := &d.log[i]
+		from := d.bs[ev.from-1]
+		err := Errorf(wire.CodeOutcomeUnknown, "the master changed (sim)")
+		tell := func() {}
+		if tag := ev.tag; tag != 0 {
+			tell = func() { from.s.acquired(tag, err) }
+		} else if done := ev.done; done != nil {
+			tell = func() { done(err) }
+		}
+		if from.frozen {
+			from.later = append(from.later, tell)
+		} else {
+			tell()
+		}
+		ev.tag, ev.done = 0, nil
+	}
+	d.log = d.log[:keep]
+	d.master = n.id
+	old.deposed = true
+	d.masterChanges++
+	d.revoked = true // a new master counts the old one's window as delivered: counts may run ahead
+	for range keep {
+		d.commit()
+	}
+	groupMastered(1)(n.s)
+	d.loop(n)
+	d.checkOwnership()
+	return true
+}
+
+// stepDown is what a deposed master that runs does when it learns of
+// the new one (groups' OnStepDown): it drops the group's state and
+// applies the log again (ResetGroup), and its consumers of the group's
+// queues are ended (the server's groupSteppedDown).
+func (d *ownSim) stepDown(b *ownBroker) {
+	d.logf("b%d steps down", b.id)
+	b.deposed = false
+	d.resync(b)
+	d.checkOwnership()
 }
 
 func (d *ownSim) logf(format string, args ...any) {
@@ -178,7 +269,7 @@ func (d *ownSim) loop(b *ownBroker) {
 			}
 			for _, o := range d.bs {
 				for _, oc := range o.cons {
-					if oc.gone || o.frozen || oc == c {
+					if oc.gone || o.frozen || o.deposed || oc == c { // (a deposed master's holdings are void: it steps down)
 						continue
 					}
 					for _, held := range oc.tags {
@@ -215,7 +306,14 @@ func (d *ownSim) commit() {
 	d.log = d.log[1:]
 	d.index++
 	ev.index = d.index
-	d.logf("commit %d from b%d %v seqs=%v %s", ev.index, ev.from, ev.kind, ev.seqs, ev.body)
+	seqs, st := ev.seqs, ev.st
+	if ev.kind == event.KindRemoves && ev.data != nil {
+		var rm event.Removes
+		if rm.Decode(ev.data) == nil {
+			seqs, st = rm.Seqs, rm.Stamp
+		}
+	}
+	d.logf("commit %d from b%d %v seqs=%v st=%d/%d %s", ev.index, ev.from, ev.kind, seqs, st.Broker, st.Gen, ev.body)
 	var lost uint32
 	var before map[uint64]uint32
 	if ev.kind == event.KindOwn {
@@ -223,7 +321,7 @@ func (d *ownSim) commit() {
 		if err := o.Decode(ev.data); err != nil {
 			d.fatalf("own: %v", err)
 		}
-		m := d.bs[0]
+		m := d.masterBroker()
 		if o.Requeue == 0 && o.Gen > m.q.rareState().ownGen && o.Owner == m.q.rareState().ownedBy {
 			d.refreshes++ // an own event stated again (refreshOwnership)
 		}
@@ -319,12 +417,12 @@ func (d *ownSim) apply(b *ownBroker, ev ownEvent) {
 		}
 	case event.KindAcquires:
 		s.ApplyAcquires(q, ev.seqs, ev.window, ev.st)
-		if ev.st.Broker == 0 && b.id == ev.from {
+		if ev.st.Broker == 0 && b.id == ev.from && ev.tag != 0 {
 			s.acquired(ev.tag, nil)
 		}
 	case event.KindReleases:
 		s.ApplyReleases(q, ev.seqs, ev.unseen, ev.st)
-		if ev.st.Broker == 0 && b.id == ev.from {
+		if ev.st.Broker == 0 && b.id == ev.from && ev.tag != 0 {
 			s.acquired(ev.tag, nil)
 		}
 	case event.KindOwn:
@@ -342,37 +440,46 @@ func (d *ownSim) apply(b *ownBroker, ev ownEvent) {
 // resync does what the node does at Replicator.Resync: the group's
 // state dropped, the committed log applied again, and the broker's
 // consumers of the group's queues ended (the server cancels them).
+//
+// An event applied again may ask for another resync (an own event that
+// requeues this broker's holdings, which it proposed as a master): the
+// node then applies the log again from its start, as here.
 func (d *ownSim) resync(b *ownBroker) {
-	b.resync = false
-	d.logf("b%d resyncs", b.id)
-	for _, c := range b.cons {
-		if !c.gone {
-			c.gone = true
-			c.sess.MarkClosed()
-			b.s.handleCmd(Command{op: opSessionClosed, sess: c.sess})
+	for again := false; ; again = true {
+		b.resync = false
+		d.logf("b%d resyncs (again: %v)", b.id, again)
+		for _, c := range b.cons {
+			if !c.gone {
+				c.gone = true
+				c.sess.MarkClosed()
+				b.s.handleCmd(Command{op: opSessionClosed, sess: c.sess})
+			}
+		}
+		resetGroup(1)(b.s)
+		for i := uint64(1); i <= d.index; i++ {
+			if ev, ok := d.committed[i]; ok {
+				d.apply(b, ev)
+			}
+		}
+		if !b.resync {
+			return
 		}
 	}
-	resetGroup(1)(b.s)
-	for i := uint64(1); i <= d.index; i++ {
-		if ev, ok := d.committed[i]; ok {
-			d.apply(b, ev)
-		}
-	}
-	b.resync = false
 }
 
 // checkOwnership checks that every broker that applied the same events
 // agrees who owns the queue, under which number, and who wants it.
 func (d *ownSim) checkOwnership() {
-	m := d.bs[0].q.rareState()
-	for _, b := range d.bs[1:] {
-		if b.frozen || len(b.backlog) > 0 {
+	mb := d.masterBroker()
+	m := mb.q.rareState()
+	for _, b := range d.bs {
+		if b == mb || b.frozen || b.deposed || len(b.backlog) > 0 {
 			continue
 		}
 		rs := b.q.rareState()
 		if rs.ownedBy != m.ownedBy || rs.ownGen != m.ownGen || !slices.Equal(rs.wanters, m.wanters) {
-			d.fatalf("broker %d: owner %d gen %d wanters %v; broker 1: owner %d gen %d wanters %v",
-				b.id, rs.ownedBy, rs.ownGen, rs.wanters, m.ownedBy, m.ownGen, m.wanters)
+			d.fatalf("broker %d: owner %d gen %d wanters %v; broker %d (the master): owner %d gen %d wanters %v",
+				b.id, rs.ownedBy, rs.ownGen, rs.wanters, mb.id, m.ownedBy, m.ownGen, m.wanters)
 		}
 	}
 }
@@ -410,7 +517,7 @@ func (d *ownSim) anyBroker() *ownBroker { return d.bs[d.rng.Intn(len(d.bs))] }
 func (d *ownSim) publish() {
 	p := "m" + strconv.Itoa(d.next)
 	d.next++
-	d.log = append(d.log, ownEvent{from: 1, kind: event.KindEnqueue, body: p})
+	d.log = append(d.log, ownEvent{from: d.master, kind: event.KindEnqueue, body: p})
 }
 
 func (d *ownSim) subscribe(b *ownBroker, credit uint32, ackNone bool) *simConsumer {
@@ -501,9 +608,15 @@ func (d *ownSim) step() {
 			c.sess.MarkClosed()
 			b.s.handleCmd(Command{op: opSessionClosed, sess: c.sess})
 		}
-	case r < 83 && b.id != 1 && !b.frozen && d.rng.Intn(3) == 0:
+	case r < 83 && b.id != d.master && !b.frozen && d.rng.Intn(3) == 0:
 		d.logf("b%d freezes", b.id)
 		b.frozen = true
+	case r < 83 && d.masters && b.id == d.master && d.rng.Intn(6) == 0:
+		// The master freezes past its lease: another is elected.
+		if d.changeMaster() {
+			d.logf("b%d freezes", b.id)
+			b.frozen = true
+		}
 	case r < 85 && b.frozen:
 		d.thaw(b)
 	case r < 97:
@@ -511,6 +624,10 @@ func (d *ownSim) step() {
 			b.s.now = d.now
 			b.s.tick()
 		}
+	case r < 98 && d.masters && d.rng.Intn(2) == 0:
+		d.changeMaster() // a rebalance, or the master's death
+	case r < 100 && b.deposed && !b.frozen:
+		d.stepDown(b)
 	}
 	d.loopAll()
 }
@@ -526,7 +643,14 @@ func (d *ownSim) thaw(b *ownBroker) {
 		d.apply(b, ev)
 	}
 	b.thawing = false
-	if b.resync {
+	later := b.later
+	b.later = nil
+	for _, f := range later {
+		f()
+	}
+	if b.deposed {
+		d.stepDown(b)
+	} else if b.resync {
 		d.resync(b)
 	}
 	d.checkOwnership()
@@ -536,6 +660,11 @@ func (d *ownSim) thaw(b *ownBroker) {
 func (d *ownSim) quiesce() {
 	for range 400 {
 		moved := false
+		for _, b := range d.bs {
+			if b.deposed && !b.frozen {
+				d.stepDown(b)
+			}
+		}
 		for _, b := range d.bs {
 			for len(b.transit) > 0 && !b.frozen {
 				d.forward(b, 0)
@@ -569,20 +698,21 @@ func (d *ownSim) quiesce() {
 // agree checks that every broker that is not frozen holds the same
 // messages in the same states with the same counts as the master.
 func (d *ownSim) agree() {
-	ms := queueStates(d.bs[0].q)
-	for _, b := range d.bs[1:] {
-		if b.frozen {
+	mb := d.masterBroker()
+	ms := queueStates(mb.q)
+	for _, b := range d.bs {
+		if b == mb || b.frozen || b.deposed {
 			continue
 		}
 		bs := queueStates(b.q)
 		for seq, m := range ms {
 			if o := bs[seq]; o != m {
-				d.fatalf("message %d (%s): broker 1 %q, broker %d %q", seq, d.bodies[seq], m, b.id, o)
+				d.fatalf("message %d (%s): broker %d (the master) %q, broker %d %q", seq, d.bodies[seq], mb.id, m, b.id, o)
 			}
 		}
 		for seq, o := range bs {
 			if _, ok := ms[seq]; !ok {
-				d.fatalf("message %d (%s): broker %d %q, broker 1 has none", seq, d.bodies[seq], b.id, o)
+				d.fatalf("message %d (%s): broker %d %q, broker %d (the master) has none", seq, d.bodies[seq], b.id, o, mb.id)
 			}
 		}
 	}
@@ -618,15 +748,15 @@ func (d *ownSim) drain() {
 			}
 		}
 		d.loopAll()
-		if d.bs[0].q.Depth() == 0 && len(d.bs[0].q.acquiredMap()) == 0 {
+		if mq := d.masterBroker().q; mq.Depth() == 0 && len(mq.acquiredMap()) == 0 {
 			break
 		}
 	}
 	d.quiesce()
 	d.agree()
 	for seq, p := range d.bodies {
-		if st, ok := queueStates(d.bs[0].q)[seq]; ok {
-			rs := d.bs[0].q.rareState()
+		if st, ok := queueStates(d.masterBroker().q)[seq]; ok {
+			rs := d.masterBroker().q.rareState()
 			by, held := rs.acqBy[seq]
 			d.fatalf("message %s (%d) is still in the queue after the drain: %s (held by %d: %v; owner %d, wanters %v)", p, seq, st, by, held, rs.ownedBy, rs.wanters)
 		}
@@ -639,7 +769,7 @@ func (d *ownSim) drain() {
 func TestOwnershipSimulation(t *testing.T) {
 	const steps = 400
 	first, seeds := simSeeds(t, "BERTH_OWN_SIM", 2000, 100) // -short: the race pass, about 4 s
-	handovers, refreshes := 0, 0
+	handovers, refreshes, masterChanges := 0, 0, 0
 	for seed := first; seed < first+int64(seeds); seed++ {
 		ok := t.Run(strconv.FormatInt(seed, 10), func(t *testing.T) {
 			d := newOwnSim(t, seed)
@@ -651,17 +781,18 @@ func TestOwnershipSimulation(t *testing.T) {
 				}
 			}
 			d.drain()
-			handovers += int(d.bs[0].q.rareState().ownGen)
+			handovers += int(d.masterBroker().q.rareState().ownGen)
+			masterChanges += d.masterChanges
 			refreshes += d.refreshes
 		})
 		if !ok {
 			t.Fatalf("seed %d failed; replay it with BERTH_OWN_SIM_SEED=%d", seed, seed)
 		}
 	}
-	if handovers == 0 || refreshes == 0 {
-		t.Fatalf("%d own events (%d of them restated) over %d schedules: the schedules must move the queue and restate its ownership", handovers, refreshes, seeds)
+	if handovers == 0 || refreshes == 0 || masterChanges == 0 && os.Getenv("BERTH_OWN_SIM_MASTERS") == "1" {
+		t.Fatalf("%d own events (%d of them restated) and %d master changes over %d schedules: the schedules must move the queue, restate its ownership and change masters", handovers, refreshes, masterChanges, seeds)
 	}
-	t.Logf("%d own events (%d of them restated) over %d schedules", handovers, refreshes, seeds)
+	t.Logf("%d own events (%d of them restated) and %d master changes over %d schedules", handovers, refreshes, masterChanges, seeds)
 }
 
 // TestOwnerStaysPutProposesNothing: consumers on the queue's owner only

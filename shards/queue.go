@@ -394,6 +394,10 @@ type queueRare struct {
 	// needs a release event all the same.
 	maybeAcq      map[uint64]struct{}
 	foreignListed bool // on Shard.foreign
+	// orphans: the log may hold messages as acquired by this broker that
+	// none of its consumers holds any more (it applied the log again
+	// after a step-down, or it restarted); checkOrphans looks.
+	orphans bool
 }
 
 // rareState returns q.rare, making it first.

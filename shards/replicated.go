@@ -445,6 +445,10 @@ func resetGroup(g uint32) func(*Shard) {
 				for _, d := range rs.removeDone {
 					d(lost)
 				}
+				// What the log holds as acquired by this broker was held
+				// by consumers that are now void (and ended): once the
+				// log is applied again, checkOrphans has it requeued.
+				rs.orphans = rs.orphans || heldBy(rs.acqBy, sh.self())
 				rs.ownedBy, rs.ownGen, rs.wanters, rs.acqBy, rs.ownIndex, rs.wantIndex = 0, 0, nil, nil, 0, 0
 				rs.handing, rs.ownInFlight, rs.wantInFlight, rs.heldReady, rs.maybeAcq = false, false, 0, 0, nil
 				rs.removingBy, rs.removeDone, rs.removesInFlight = nil, nil, 0

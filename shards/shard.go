@@ -182,6 +182,10 @@ type ShardStats struct {
 	// owned replicated queues it does not master the group of, summed
 	// over those queues that had consumers here, counted at ticks.
 	OwnEvents, OwnedNanos uint64
+	// OrphanRequeues counts the own events this broker proposed to requeue
+	// messages the log holds as acquired by it that no consumer of its
+	// holds any more (checkOrphans).
+	OrphanRequeues uint64
 }
 
 // deferredMax bounds dead letters waiting for room in another shard's
