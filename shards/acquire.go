@@ -739,7 +739,7 @@ func (s *Shard) ApplyAcquires(q *Queue, seqs []uint64, window uint32, st event.S
 		// again: no consumer of its holds what it acquired.
 		rs.orphans = true
 	}
-	rs.window = window
+	rs.window, rs.windowBy = window, st.Broker
 	for _, seq := range seqs {
 		e := q.takeReady(seq)
 		if e == nil {

@@ -614,7 +614,10 @@ func (s *Shard) ApplyOwn(q *Queue, o *event.Own, index uint64) {
 	if o.Requeue != 0 {
 		// The window first: it counts what is ready, and what comes
 		// back next is counted by its requeue.
-		if lost {
+		// (Only the lost owner's own window: one an earlier master
+		// declared is stale on a follower, flagged by the master that
+		// followed it, and 0 on the master, which reset it.)
+		if lost && rs.windowBy == o.Requeue {
 			s.flagWindowHere(q)
 		}
 		s.requeueHeldBy(q, o.Requeue)

@@ -398,6 +398,10 @@ type queueRare struct {
 	// none of its consumers holds any more (it applied the log again
 	// after a step-down, or it restarted); checkOrphans looks.
 	orphans bool
+	// windowBy is the broker whose acquires event declared window (0:
+	// a master): an own event that takes a lost owner's queue back
+	// counts the window only if that owner declared it.
+	windowBy uint32
 }
 
 // rareState returns q.rare, making it first.
