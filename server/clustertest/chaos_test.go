@@ -60,7 +60,7 @@ type chaosQueue struct {
 
 // note adds an event to message i's history; q.mu is held.
 func (q *chaosQueue) note(start time.Time, i int, format string, args ...any) {
-	const keep = 50_000
+	const keep = 150_000 // about 15 s at 10,000 messages a second per queue; some 45 MB each
 	if i-keep > q.prunedTo+keep {
 		for k := range q.history {
 			if k < i-keep && !q.suspect[k] {
